@@ -1,0 +1,1 @@
+"""The ``dpone`` command line: thin commands over the library."""

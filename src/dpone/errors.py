@@ -1,0 +1,81 @@
+"""The error hierarchy of dpone.
+
+Every error carries a stable machine-readable ``code`` and optional ``details`` that
+name where the problem is (file, record ordinal, column, byte offset, query id).
+Middle classes group errors by kind so callers can catch a family without string
+matching. The original exception is always kept as ``__cause__`` by the raiser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+
+class DponeError(Exception):
+    """Root of every error dpone raises on purpose."""
+
+    code: str = "dpone_error"
+
+    def __init__(self, message: str, *, code: str | None = None, **details: Any) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.message = message
+        self.details: Mapping[str, Any] = MappingProxyType(dict(details))
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description (code, message, details) for ``--json`` output."""
+        return {"code": self.code, "message": self.message, "details": dict(self.details)}
+
+
+class ConfigurationError(DponeError):
+    """The caller asked for something that cannot work as configured."""
+
+    code = "configuration_error"
+
+
+class FormatError(DponeError):
+    """Input bytes do not follow the declared format."""
+
+    code = "format_error"
+
+
+class PolicyError(DponeError):
+    """A value or schema is outside the declared finite policy."""
+
+    code = "policy_error"
+
+
+class TransportError(DponeError):
+    """A request to ClickHouse failed or its outcome is not proven."""
+
+    code = "transport_error"
+
+
+class DeadlineError(DponeError):
+    """An absolute deadline expired."""
+
+    code = "deadline_expired"
+
+
+class JournalError(DponeError):
+    """A durable record could not be written or does not verify."""
+
+    code = "journal_error"
+
+
+class StateError(DponeError):
+    """An operation is not allowed in the current state."""
+
+    code = "state_error"
+
+
+class LocalServerError(DponeError):
+    """The managed local ClickHouse server could not be started, found or stopped."""
+
+    code = "local_server_error"

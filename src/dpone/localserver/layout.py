@@ -1,0 +1,132 @@
+"""Where the managed server keeps its files inside one data directory.
+
+    <data_dir>/server.lock   held (flock) by the running server process
+    <data_dir>/state.json    pid, ports and version of the running server
+    <data_dir>/store/        the ClickHouse data (databases, tables, UUIDs)
+    <data_dir>/run/          config.xml, users.xml (0600), control FIFO, ports file
+    <data_dir>/log/          server.log, server.err.log, child.log
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpone.localserver.errors import DataDirNotWritable
+
+DEFAULT_DATA_DIR = Path(".dpone") / "clickhouse"
+
+
+@dataclass(frozen=True)
+class DataDirLayout:
+    """The paths of one data directory; creating them is :meth:`prepare`'s job."""
+
+    root: Path
+
+    @classmethod
+    def at(cls, data_dir: str | os.PathLike[str] | None) -> DataDirLayout:
+        """Layout for ``data_dir`` (default ``./.dpone/clickhouse``), made absolute."""
+        return cls(Path(data_dir if data_dir is not None else DEFAULT_DATA_DIR).absolute())
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / "server.lock"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def store_dir(self) -> Path:
+        return self.root / "store"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def config_file(self) -> Path:
+        return self.run_dir / "config.xml"
+
+    @property
+    def users_file(self) -> Path:
+        return self.run_dir / "users.xml"
+
+    @property
+    def control_fifo(self) -> Path:
+        return self.run_dir / "control.fifo"
+
+    @property
+    def ports_file(self) -> Path:
+        return self.run_dir / "ports.tsv"
+
+    @property
+    def child_log(self) -> Path:
+        return self.log_dir / "child.log"
+
+    @property
+    def error_log(self) -> Path:
+        return self.log_dir / "server.err.log"
+
+    def prepare(self) -> None:
+        """Create the directories and prove the data directory is writable."""
+        try:
+            for d in (self.root, self.store_dir, self.run_dir, self.log_dir):
+                d.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.run_dir, 0o700)
+            # A real write, not os.access: access() answers for the real uid and
+            # says nothing about read-only mounts or full disks.
+            with tempfile.NamedTemporaryFile(dir=self.root, prefix=".probe-") as probe:
+                probe.write(b"x")
+                probe.flush()
+                os.fsync(probe.fileno())
+        except OSError as exc:
+            raise DataDirNotWritable(
+                f"data directory {self.root} is not writable: {exc.strerror or exc}",
+                path=str(self.root),
+                errno=exc.errno,
+            ) from exc
+
+
+def write_private_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` with mode 0600, replacing it atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def lock_is_held(lock_file: Path) -> bool:
+    """True when some process holds the server lock on ``lock_file``.
+
+    The lock is an advisory ``flock`` that the server process takes before it starts
+    and that the kernel releases when it exits, however it exits.
+    """
+    try:
+        fd = os.open(lock_file, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return True
+        raise
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
