@@ -30,24 +30,47 @@ def server() -> None:
 
 @server.command()
 @data_dir_option
-@click.option("--http-port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="HTTP port; 0 lets the system choose.")
-@click.option("--tcp-port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="Native protocol port; 0 lets the system choose.")
-@click.option("--foreground", is_flag=True,
-              help="Stay attached; stop the server on Ctrl-C or SIGTERM.")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
-              help="Seconds to wait for readiness.")
+@click.option(
+    "--http-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="HTTP port; 0 lets the system choose.",
+)
+@click.option(
+    "--tcp-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Native protocol port; 0 lets the system choose.",
+)
+@click.option(
+    "--foreground", is_flag=True, help="Stay attached; stop the server on Ctrl-C or SIGTERM."
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for readiness.",
+)
 @json_option
 def start(
-    data_dir: Path, http_port: int, tcp_port: int, foreground: bool, timeout: float,
+    data_dir: Path,
+    http_port: int,
+    tcp_port: int,
+    foreground: bool,
+    timeout: float,
     as_json: bool,
 ) -> None:
     """Start a server on DATA_DIR and wait until both ports accept connections."""
     with reported_errors(as_json):
         local = LocalServer(
-            data_dir, http_port=http_port, tcp_port=tcp_port,
-            watch_parent=foreground, start_timeout=timeout,
+            data_dir,
+            http_port=http_port,
+            tcp_port=tcp_port,
+            watch_parent=foreground,
+            start_timeout=timeout,
         )
         info = local.start()
         if as_json:
@@ -78,16 +101,27 @@ def _serve_until_signalled(local: LocalServer) -> None:
 
 @server.command()
 @data_dir_option
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
-              help="Seconds to wait for a clean stop before signals are sent.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=15.0,
+    show_default=True,
+    help="Seconds to wait for a clean stop before signals are sent.",
+)
 @json_option
 def stop(data_dir: Path, timeout: float, as_json: bool) -> None:
     """Stop the server running on DATA_DIR."""
     with reported_errors(as_json):
         report = stop_running(data_dir, timeout=timeout)
         if as_json:
-            emit_json({"ok": True, "pid": report.pid, "forced": report.forced,
-                       "seconds": round(report.seconds, 3)})
+            emit_json(
+                {
+                    "ok": True,
+                    "pid": report.pid,
+                    "forced": report.forced,
+                    "seconds": round(report.seconds, 3),
+                }
+            )
         else:
             how = "after signals" if report.forced else "cleanly"
             click.echo(f"server pid {report.pid} stopped {how} in {report.seconds:.2f} s")

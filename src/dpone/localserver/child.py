@@ -13,18 +13,22 @@ from __future__ import annotations
 import argparse
 import errno
 import fcntl
+import importlib
 import os
 import sys
 import threading
 import time
+from typing import Any
 
+from dpone.localserver.protocol import (
+    EXIT_LOCKED,
+    EXIT_NO_CHDB,
+    EXIT_OK,
+    EXIT_PARENT_GONE,
+    EXIT_QUERY_FAILED,
+    request_stop,
+)
 from dpone.sql import quote_literal
-
-EXIT_OK = 0
-EXIT_QUERY_FAILED = 1
-EXIT_LOCKED = 3
-EXIT_NO_CHDB = 4
-EXIT_PARENT_GONE = 5
 
 # After the parent is gone, how long a clean stop may take before a hard exit.
 ORPHAN_GRACE_SECONDS = 3.0
@@ -41,21 +45,6 @@ def _take_lock(path: str) -> int:
             sys.exit(EXIT_LOCKED)
         raise
     return fd  # held until the process exits
-
-
-def request_stop(fifo: str) -> bool:
-    """Ask the server blocked on ``fifo`` to finish; False if nobody is reading."""
-    try:
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        if exc.errno in (errno.ENXIO, errno.ENOENT):
-            return False
-        raise
-    try:
-        os.write(fd, b"stop\n")
-    finally:
-        os.close(fd)
-    return True
 
 
 def _watch_parent(parent_pid: int, fifo: str) -> None:
@@ -92,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     # The engine reads config.xml from the working directory, already at import.
     os.chdir(args.run_dir)
     try:
-        import chdb._chdb as engine
+        # Only the module-level query of _chdb runs the program that can listen.
+        engine: Any = importlib.import_module("chdb._chdb")
     except ImportError as exc:
         print(f"dpone-child: cannot import chdb: {exc}", file=sys.stderr)
         return EXIT_NO_CHDB

@@ -65,9 +65,7 @@ class ServerUser:
 DEFAULT_USERS: tuple[ServerUser, ...] = (ServerUser("default"),)
 
 
-def render_config_xml(
-    *, http_port: int, tcp_port: int, log_dir: str, users_file: str
-) -> str:
+def render_config_xml(*, http_port: int, tcp_port: int, log_dir: str, users_file: str) -> str:
     """The server ``config.xml``: loopback only, given ports, query log on."""
     return f"""<clickhouse>
   <listen_host>127.0.0.1</listen_host>

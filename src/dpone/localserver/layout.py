@@ -1,10 +1,10 @@
 """Where the managed server keeps its files inside one data directory.
 
-    <data_dir>/server.lock   held (flock) by the running server process
-    <data_dir>/state.json    pid, ports and version of the running server
-    <data_dir>/store/        the ClickHouse data (databases, tables, UUIDs)
-    <data_dir>/run/          config.xml, users.xml (0600), control FIFO, ports file
-    <data_dir>/log/          server.log, server.err.log, child.log
+<data_dir>/server.lock   held (flock) by the running server process
+<data_dir>/state.json    pid, ports and version of the running server
+<data_dir>/store/        the ClickHouse data (databases, tables, UUIDs)
+<data_dir>/run/          config.xml, users.xml (0600), control FIFO, ports file
+<data_dir>/log/          server.log, server.err.log, child.log
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import Any
 
 import dpone
-from dpone.localserver import child
+from dpone.localserver import protocol
 from dpone.localserver.config import (
     DEFAULT_USERS,
     ServerUser,
@@ -112,6 +112,7 @@ class LocalServer:
         self.stop_timeout = stop_timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._info: ServerInfo | None = None
+        self._log_offsets: dict[Path, int] = {}
 
     @property
     def info(self) -> ServerInfo:
@@ -132,6 +133,8 @@ class LocalServer:
         users_xml = render_users_xml(self.users)
         self._write_run_files(users_xml)
         started = time.monotonic()
+        # Start-failure reports quote only what this start wrote to the logs.
+        self._log_offsets = _log_sizes(layout)
         self._process = self._spawn()
         try:
             self._info = self._wait_ready(started + self.start_timeout)
@@ -190,7 +193,7 @@ class LocalServer:
         argv = [
             self.python,
             "-m",
-            "dpone.localserver.child",
+            protocol.CHILD_MODULE,
             "--run-dir", str(layout.run_dir),
             "--store-dir", str(layout.store_dir),
             "--lock-file", str(layout.lock_file),
@@ -220,7 +223,7 @@ class LocalServer:
         while True:
             code = self._process.poll()
             if code is not None:
-                raise _start_failure(layout, code)
+                raise _start_failure(layout, code, log_tail(layout, since=self._log_offsets))
             ports = _read_ports(layout.ports_file)
             if (
                 ports is not None
@@ -240,7 +243,7 @@ class LocalServer:
                 raise ServerStartTimeout(
                     f"server on {layout.root} was not ready within {self.start_timeout:g} s",
                     data_dir=str(layout.root),
-                    log_tail=log_tail(layout),
+                    log_tail=log_tail(layout, since=self._log_offsets),
                 )
             time.sleep(POLL_SECONDS)
 
@@ -265,12 +268,19 @@ def stop_running(
     return _stop(layout, info.pid, timeout, None)
 
 
-def log_tail(layout: DataDirLayout, lines: int = LOG_TAIL_LINES) -> str:
-    """The last lines of the server's error log and of the child's own output."""
+def log_tail(
+    layout: DataDirLayout, lines: int = LOG_TAIL_LINES, since: Mapping[Path, int] | None = None
+) -> str:
+    """The last lines of the server's error log and of the child's own output.
+
+    ``since`` maps a log file to the byte offset where the interesting part starts.
+    """
     parts = []
     for path in (layout.error_log, layout.child_log):
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
+            with open(path, "rb") as log:
+                log.seek((since or {}).get(path, 0))
+                text = log.read().decode("utf-8", errors="replace")
         except FileNotFoundError:
             continue
         tail = text.splitlines()[-lines:]
@@ -283,7 +293,7 @@ def _stop(
     layout: DataDirLayout, pid: int, timeout: float, process: subprocess.Popen[bytes] | None
 ) -> StopReport:
     started = time.monotonic()
-    child.request_stop(str(layout.control_fifo))
+    protocol.request_stop(str(layout.control_fifo))
     forced = False
     if not _wait_released(layout, process, started + timeout):
         forced = True
@@ -291,9 +301,7 @@ def _stop(
         if not _wait_released(layout, process, time.monotonic() + TERM_GRACE_SECONDS):
             _signal_server(pid, signal.SIGKILL)
             if not _wait_released(layout, process, time.monotonic() + TERM_GRACE_SECONDS):
-                raise ServerStopTimeout(
-                    f"server pid {pid} on {layout.root} did not stop", pid=pid
-                )
+                raise ServerStopTimeout(f"server pid {pid} on {layout.root} did not stop", pid=pid)
     layout.state_file.unlink(missing_ok=True)
     return StopReport(pid=pid, forced=forced, seconds=time.monotonic() - started)
 
@@ -320,7 +328,7 @@ def _signal_server(pid: int, sig: signal.Signals) -> None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return
-    if b"dpone.localserver.child" in cmdline:
+    if protocol.CHILD_MODULE.encode() in cmdline:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
 
@@ -375,18 +383,27 @@ def _already_running(layout: DataDirLayout) -> ServerAlreadyRunning:
     )
 
 
-def _start_failure(layout: DataDirLayout, code: int) -> Exception:
-    tail = log_tail(layout)
-    if code == child.EXIT_LOCKED:
+def _log_sizes(layout: DataDirLayout) -> dict[Path, int]:
+    sizes = {}
+    for path in (layout.error_log, layout.child_log):
+        with contextlib.suppress(FileNotFoundError):
+            sizes[path] = path.stat().st_size
+    return sizes
+
+
+def _start_failure(layout: DataDirLayout, code: int, tail: str) -> Exception:
+    if code == protocol.EXIT_LOCKED:
         return _already_running(layout)
-    if code == child.EXIT_NO_CHDB:
+    if code == protocol.EXIT_NO_CHDB:
         return ChdbNotInstalled(
             "the chdb package is not installed for the server's interpreter; "
             "install it with: pip install 'chdb==4.4.0'",
             log_tail=tail,
         )
     if "Address already in use" in tail:
-        return PortInUse("a server port is already in use", data_dir=str(layout.root), log_tail=tail)
+        return PortInUse(
+            "a server port is already in use", data_dir=str(layout.root), log_tail=tail
+        )
     return ServerDiedDuringStart(
         f"server on {layout.root} exited with code {code} before it was ready",
         data_dir=str(layout.root),

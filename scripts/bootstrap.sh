@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project virtual environment in .venv and install dpone into it.
+# Needs only Python 3.11+ on the machine; set PYTHON to choose the interpreter.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+"$PYTHON" - <<'PY'
+import sys
+if sys.version_info < (3, 11):
+    sys.exit(f"dpone needs Python 3.11 or newer, found {sys.version.split()[0]}")
+PY
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[dev]"

@@ -1,0 +1,74 @@
+"""A test-side HTTP client for ClickHouse, standard library only.
+
+Independent of dpone's transports on purpose: tests check the server's answers
+through a path that shares no code with what they test.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: bytes
+    exception_code: str | None
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8")
+
+
+def post(
+    port: int,
+    sql: str,
+    *,
+    user: str = "default",
+    password: str = "",
+    data: bytes | None = None,
+) -> Answer:
+    """POST ``sql`` (or ``data`` with ``sql`` in the URL) and return the raw answer."""
+    if data is None:
+        url = f"http://127.0.0.1:{port}/?wait_end_of_query=1"
+        body = sql.encode("utf-8")
+    else:
+        url = f"http://127.0.0.1:{port}/?" + urllib.parse.urlencode(
+            {"query": sql, "wait_end_of_query": "1"}
+        )
+        body = data
+    request = urllib.request.Request(url, data=body, method="POST")
+    request.add_header("X-ClickHouse-User", user)
+    # UTF-8 bytes: http.client would refuse non-Latin-1 text in a header.
+    request.add_header("X-ClickHouse-Key", password.encode("utf-8"))  # type: ignore[arg-type]
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return Answer(
+                response.status,
+                response.read(),
+                response.headers.get("X-ClickHouse-Exception-Code"),
+            )
+    except urllib.error.HTTPError as exc:
+        return Answer(exc.code, exc.read(), exc.headers.get("X-ClickHouse-Exception-Code"))
+
+
+def query(port: int, sql: str, **kwargs: Any) -> str:
+    """Run ``sql`` and return its text; fail the test on any error."""
+    answer = post(port, sql, **kwargs)
+    assert answer.status == 200 and answer.exception_code is None, answer.text
+    return answer.text
+
+
+def rows(port: int, sql: str, **kwargs: Any) -> list[dict[str, Any]]:
+    """Run a SELECT and return its rows as dicts (JSONEachRow, 64-bit ints unquoted)."""
+    text = query(
+        port,
+        f"{sql} SETTINGS output_format_json_quote_64bit_integers = 0 FORMAT JSONEachRow",
+        **kwargs,
+    )
+    return [json.loads(line) for line in text.splitlines()]

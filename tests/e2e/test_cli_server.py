@@ -1,0 +1,97 @@
+"""The ``dpone`` command in a subprocess: server lifecycle, demo, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests import chhttp
+
+
+def dpone(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
+    return subprocess.run(
+        [sys.executable, "-m", "dpone", *args],
+        capture_output=True, text=True, timeout=120, check=False, cwd=cwd, env=env,
+    )  # fmt: skip
+
+
+def as_json(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout
+    payload = json.loads(lines[0])
+    assert isinstance(payload, dict)
+    return payload
+
+
+def test_version_and_help() -> None:
+    import dpone as package
+
+    done = dpone("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"dpone, version {package.__version__}"
+    helped = dpone("--help")
+    assert helped.returncode == 0
+    assert "server" in helped.stdout and "demo" in helped.stdout and "Exit codes" in helped.stdout
+
+
+def test_usage_error_exits_2() -> None:
+    done = dpone("server", "start", "--http-port", "not-a-port")
+    assert done.returncode == 2
+    assert "--http-port" in done.stderr
+
+
+def test_server_lifecycle_through_the_cli(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    started = dpone("server", "start", "--data-dir", data, "--json")
+    assert started.returncode == 0, started.stderr
+    info = as_json(started)
+    try:
+        assert info["running"] is True and info["data_dir"] == data
+        assert chhttp.query(info["http_port"], "SELECT 42") == "42\n"
+
+        status = dpone("server", "status", "--data-dir", data, "--json")
+        assert status.returncode == 0
+        assert {k: as_json(status)[k] for k in ("pid", "http_port", "tcp_port", "version")} == {
+            k: info[k] for k in ("pid", "http_port", "tcp_port", "version")
+        }
+        url = dpone("server", "url", "--data-dir", data)
+        assert url.stdout.strip() == f"http://127.0.0.1:{info['http_port']}"
+
+        again = dpone("server", "start", "--data-dir", data)
+        assert again.returncode == 1
+        assert "server_already_running" in again.stderr and str(info["pid"]) in again.stderr
+    finally:
+        stopped = dpone("server", "stop", "--data-dir", data, "--json")
+    assert stopped.returncode == 0, stopped.stderr
+    report = as_json(stopped)
+    assert report["ok"] is True and report["pid"] == info["pid"] and report["forced"] is False
+
+    status = dpone("server", "status", "--data-dir", data, "--json")
+    assert status.returncode == 1 and as_json(status) == {"running": False, "data_dir": data}
+    missing = dpone("server", "stop", "--data-dir", data)
+    assert missing.returncode == 1 and "server_not_running" in missing.stderr
+    assert dpone("server", "url", "--data-dir", data).returncode == 1
+
+
+def test_demo_uses_default_data_dir_under_working_directory(tmp_path: Path) -> None:
+    done = dpone("demo", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    payload = as_json(done)
+    assert payload["data_dir"] == str(tmp_path / ".dpone" / "clickhouse")
+    assert payload["database_engine"] == "Atomic"
+    assert payload["version"].startswith("26.")
+    assert payload["server_was_running"] is False
+    # The demo stopped the server it started.
+    assert dpone("server", "status", cwd=tmp_path).returncode == 1
+
+
+def test_start_error_is_reported_with_exit_1(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    done = dpone("server", "start", "--data-dir", str(blocker / "d"), "--json")
+    assert done.returncode == 1
+    assert as_json(done)["error"]["code"] == "data_dir_not_writable"
