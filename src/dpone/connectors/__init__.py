@@ -1,0 +1,1 @@
+"""Codecs and transports: bulk text, RowBinary, HTTP, client process."""

@@ -1,0 +1,1 @@
+"""Documents dpone writes and reads, and their canonical JSON. Pure, no I/O."""

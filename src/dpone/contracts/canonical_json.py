@@ -1,0 +1,134 @@
+"""Canonical JSON: the one encoding of every document dpone writes.
+
+Rules (see ``docs/canonical-json.md``):
+
+- UTF-8 bytes, no BOM; objects with keys sorted by code point; no insignificant
+  whitespace (``,`` and ``:`` separators).
+- Values are objects, arrays, strings, integers, ``true``, ``false`` and ``null``.
+  There are no floating-point numbers at all (decimals travel as strings), so there
+  is no NaN, no infinity and no question of how to print a float.
+- Strings: ``"`` and ``\\`` escaped with a backslash; U+0000..U+001F as ``\\b \\t \\n
+  \\f \\r`` where JSON has a short form, else ``\\u00XX`` (lowercase hex); U+007F and
+  everything above written as raw UTF-8. Lone surrogates are refused.
+- Integers in decimal without leading zeros, ``-0`` refused.
+
+``loads`` accepts exactly the bytes ``dumps`` would produce for what it parsed:
+duplicate members, floats, NaN, BOMs, whitespace and escapes in other spellings are
+all refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from dpone.errors import FormatError
+
+JsonValue = Any
+
+
+class CanonicalJsonError(FormatError):
+    """Bytes or values that are not canonical JSON."""
+
+    code = "noncanonical_json"
+
+
+def dumps(value: JsonValue) -> bytes:
+    """Encode ``value`` to its canonical UTF-8 bytes."""
+    _check_value(value, "$")
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8")
+
+
+def sha256_hex(value: JsonValue) -> str:
+    """SHA-256 (lowercase hex) of the canonical bytes of ``value``."""
+    return hashlib.sha256(dumps(value)).hexdigest()
+
+
+def loads(data: bytes, *, what: str = "document") -> JsonValue:
+    """Parse canonical JSON bytes; refuse anything that is not exactly canonical."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CanonicalJsonError(
+            f"{what} is not UTF-8 (byte offset {exc.start})", offset=exc.start
+        ) from exc
+    try:
+        value = json.loads(
+            text,
+            object_pairs_hook=_unique_members,
+            parse_float=_refuse_float,
+            parse_constant=_refuse_constant,
+        )
+    except CanonicalJsonError:
+        raise
+    except json.JSONDecodeError as exc:
+        raise CanonicalJsonError(
+            f"{what} is not JSON: {exc.msg} at character {exc.pos}", position=exc.pos
+        ) from exc
+    try:
+        again = dumps(value)
+    except CanonicalJsonError as exc:
+        raise CanonicalJsonError(f"{what}: {exc.message}") from exc
+    if again != data:
+        first = next(
+            (i for i, (a, b) in enumerate(zip(again, data, strict=False)) if a != b),
+            min(len(again), len(data)),
+        )
+        raise CanonicalJsonError(
+            f"{what} is valid JSON but not canonical (first difference at byte {first})",
+            offset=first,
+        )
+    return value
+
+
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise CanonicalJsonError(
+                f"duplicate member {key!r}", code="duplicate_member", member=key
+            )
+        out[key] = value
+    return out
+
+
+def _refuse_float(text: str) -> Any:
+    raise CanonicalJsonError(f"number {text} is not an integer", code="float_not_allowed")
+
+
+def _refuse_constant(text: str) -> Any:
+    raise CanonicalJsonError(f"{text} is not allowed", code="float_not_allowed")
+
+
+def _check_value(value: JsonValue, where: str) -> None:
+    if value is None or isinstance(value, bool | int):
+        return
+    if isinstance(value, str):
+        _check_text(value, where)
+    elif isinstance(value, float):
+        raise CanonicalJsonError(
+            f"{where}: floats are not allowed in canonical JSON", code="float_not_allowed"
+        )
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_value(item, f"{where}[{i}]")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise CanonicalJsonError(f"{where}: member name {key!r} is not a string")
+            _check_text(key, where)
+            _check_value(item, f"{where}.{key}")
+    else:
+        raise CanonicalJsonError(f"{where}: {type(value).__name__} is not a JSON value")
+
+
+def _check_text(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CanonicalJsonError(
+            f"{where}: string holds a lone surrogate at index {exc.start}", code="lone_surrogate"
+        ) from exc

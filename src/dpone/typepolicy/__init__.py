@@ -1,0 +1,12 @@
+"""The finite SQL Server to ClickHouse type policy and its exact converters."""
+
+from dpone.typepolicy.converters import Refused
+from dpone.typepolicy.policy import (
+    POLICY_ID,
+    POLICY_VERSION,
+    ColumnPlan,
+    plan_column,
+    plan_columns,
+)
+
+__all__ = ["POLICY_ID", "POLICY_VERSION", "ColumnPlan", "Refused", "plan_column", "plan_columns"]
