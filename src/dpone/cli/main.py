@@ -6,6 +6,7 @@ import click
 
 import dpone
 from dpone.cli.demo import demo
+from dpone.cli.files import export, validate, verify
 from dpone.cli.server import server
 
 
@@ -20,6 +21,9 @@ def cli() -> None:
 
 cli.add_command(server)
 cli.add_command(demo)
+cli.add_command(export)
+cli.add_command(validate)
+cli.add_command(verify)
 
 
 def main() -> None:

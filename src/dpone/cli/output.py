@@ -40,6 +40,22 @@ def reported_errors(as_json: bool) -> Iterator[None]:
             if tail:
                 click.echo(f"server log tail:\n{tail}", err=True)
         sys.exit(exit_code)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        if as_json:
+            emit_json(
+                {
+                    "ok": False,
+                    "error": {
+                        "code": "os_error",
+                        "message": f"{exc.strerror}{where}",
+                        "details": {"errno": exc.errno},
+                    },
+                }
+            )
+        else:
+            click.echo(f"dpone: error: [os_error] {exc.strerror}{where}", err=True)
+        sys.exit(EXIT_FAILED)
 
 
 def json_option(func: Callable[..., Any]) -> Callable[..., Any]:

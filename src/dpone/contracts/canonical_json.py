@@ -47,8 +47,12 @@ def sha256_hex(value: JsonValue) -> str:
     return hashlib.sha256(dumps(value)).hexdigest()
 
 
-def loads(data: bytes, *, what: str = "document") -> JsonValue:
-    """Parse canonical JSON bytes; refuse anything that is not exactly canonical."""
+def loads(data: bytes, *, what: str = "document", canonical: bool = True) -> JsonValue:
+    """Parse canonical JSON bytes; refuse anything that is not exactly canonical.
+
+    With ``canonical=False`` (for hand-written input such as a schema file) layout and
+    member order are free, but duplicates, floats and non-UTF-8 are still refused.
+    """
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -68,6 +72,8 @@ def loads(data: bytes, *, what: str = "document") -> JsonValue:
         raise CanonicalJsonError(
             f"{what} is not JSON: {exc.msg} at character {exc.pos}", position=exc.pos
         ) from exc
+    if not canonical:
+        return value
     try:
         again = dumps(value)
     except CanonicalJsonError as exc:

@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpone.durable_files import atomic_write_bytes
 from dpone.localserver.errors import DataDirNotWritable
 
 DEFAULT_DATA_DIR = Path(".dpone") / "clickhouse"
@@ -98,15 +99,7 @@ class DataDirLayout:
 
 def write_private_file(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` with mode 0600, replacing it atomically."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, text.encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, text.encode("utf-8"), mode=0o600)
 
 
 def lock_is_held(lock_file: Path) -> bool:

@@ -243,9 +243,7 @@ def datetime64(precision: int, *, whole_minutes: bool = False) -> Encoder:
         day = _day(text, y, mo, d)
         _in_range(day, text)
         scale: int = 10**precision
-        ticks = day * SECONDS_PER_DAY * scale + _clock_ticks(
-            text, hh, mi, ss, frac, precision
-        )
+        ticks = day * SECONDS_PER_DAY * scale + _clock_ticks(text, hh, mi, ss, frac, precision)
         return _I64.pack(ticks)
 
     return encode

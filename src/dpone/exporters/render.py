@@ -1,0 +1,203 @@
+"""Rendering of driver values to the canonical cells the type policy expects.
+
+Shared by every source (SQLite, SQL Server): the Python value a driver returns for a
+column of a given SQL Server type becomes ``None``, ``str`` (text or canonical text)
+or ``bytes``. Anything that cannot be rendered exactly is refused with the column.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import uuid
+from collections.abc import Callable
+
+from dpone.connectors.bulk_text_codec import Cell
+from dpone.errors import PolicyError
+from dpone.typepolicy.converters import shortest_float32
+from dpone.typepolicy.policy import BINARY_TYPES, TEXT_TYPES
+from dpone.typepolicy.source_types import SourceType
+
+Renderer = Callable[[object], Cell]
+
+# SQLite keeps a REAL in a NUMERIC column only when 15 significant digits round-trip.
+_REVERSIBLE_DIGITS = 15
+
+
+class RenderError(PolicyError):
+    """A driver value that has no exact canonical text for its column's type."""
+
+    code = "value_not_renderable"
+
+
+def _refuse(value: object, what: str) -> RenderError:
+    return RenderError(f"cannot render {type(value).__name__} as {what}")
+
+
+def _integer(value: object) -> Cell:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _refuse(value, "an integer")
+    return str(value)
+
+
+def _bit(value: object) -> Cell:
+    if value in (0, 1) and isinstance(value, bool | int):
+        return "1" if value else "0"
+    raise _refuse(value, "a bit")
+
+
+def _decimal(value: object) -> Cell:
+    if isinstance(value, bool):
+        raise _refuse(value, "a decimal")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        text = repr(value)
+        if len(decimal.Decimal(text).as_tuple().digits) > _REVERSIBLE_DIGITS:
+            raise _refuse(value, "an exact decimal (binary float with too many digits)")
+        value = decimal.Decimal(text)
+    if isinstance(value, str):
+        value = decimal.Decimal(value)
+    if isinstance(value, decimal.Decimal) and value.is_finite():
+        text = format(value, "f")
+        return text[1:] if text.startswith("-") and not value else text  # no negative zero
+    raise _refuse(value, "a decimal")
+
+
+def _float64(value: object) -> Cell:
+    if isinstance(value, int) and not isinstance(value, bool) and float(value) == value:
+        return repr(float(value))
+    if isinstance(value, float):
+        return repr(value)
+    raise _refuse(value, "a float")
+
+
+def _float32(value: object) -> Cell:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, float):
+        return shortest_float32(value)
+    raise _refuse(value, "a real")
+
+
+def _fraction(t: dt.datetime | dt.time, digits: int) -> str:
+    # Python stops at microseconds; a 7th digit from a driver value is always 0.
+    text = f"{t.microsecond:06d}0"[:digits]
+    return f".{text}" if digits else ""
+
+
+def _datetime(digits: int) -> Renderer:
+    def render(value: object) -> Cell:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, dt.datetime) and value.tzinfo is None:
+            if digits == 3 and value.microsecond % 1000:
+                return value.strftime("%Y-%m-%d %H:%M:%S") + _fraction(value, 7)
+            return value.strftime("%Y-%m-%d %H:%M:%S") + _fraction(value, digits)
+        raise _refuse(value, "a datetime without time zone")
+
+    return render
+
+
+def _datetimeoffset(value: object) -> Cell:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dt.datetime) and value.utcoffset() is not None:
+        offset = value.utcoffset()
+        assert offset is not None
+        minutes = int(offset.total_seconds()) // 60
+        sign = "-" if minutes < 0 else "+"
+        hh, mm = divmod(abs(minutes), 60)
+        return (
+            value.strftime("%Y-%m-%d %H:%M:%S") + _fraction(value, 7) + f" {sign}{hh:02d}:{mm:02d}"
+        )
+    raise _refuse(value, "a datetimeoffset")
+
+
+def _date(value: object) -> Cell:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        return f"{value.year:04d}-{value.month:02d}-{value.day:02d}"
+    raise _refuse(value, "a date")
+
+
+def _time(value: object) -> Cell:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dt.time) and value.tzinfo is None:
+        return value.strftime("%H:%M:%S") + _fraction(value, 7)
+    raise _refuse(value, "a time")
+
+
+def _uuid(value: object) -> Cell:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, str):
+        try:
+            return str(uuid.UUID(value))
+        except ValueError as exc:
+            raise _refuse(value, "a GUID") from exc
+    raise _refuse(value, "a GUID")
+
+
+def _text(value: object) -> Cell:
+    if isinstance(value, str):
+        return value
+    raise _refuse(value, "text")
+
+
+def _binary(value: object) -> Cell:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    raise _refuse(value, "binary")
+
+
+def renderer_for(st: SourceType) -> Renderer:
+    """The renderer of one SQL Server type (the type policy decides acceptance)."""
+    name = st.name
+    if name in ("tinyint", "smallint", "int", "bigint"):
+        return _integer
+    if name == "bit":
+        return _bit
+    if name in ("decimal", "numeric", "money", "smallmoney"):
+        return _decimal
+    if name == "real" or (name == "float" and st.params and int(st.params[0]) <= 24):
+        return _float32
+    if name == "float":
+        return _float64
+    if name == "date":
+        return _date
+    if name == "datetime2":
+        return _datetime(7)
+    if name == "datetime":
+        return _datetime(3)
+    if name == "smalldatetime":
+        return _datetime(0)
+    if name == "datetimeoffset":
+        return _datetimeoffset
+    if name == "time":
+        return _time
+    if name == "uniqueidentifier":
+        return _uuid
+    if name in TEXT_TYPES:
+        return _text
+    if name in BINARY_TYPES or name in ("rowversion", "timestamp"):
+        return _binary
+    raise RenderError(f"no renderer for SQL Server type {st}", code="unsupported_type")
+
+
+def render_row(renderers: list[Renderer], names: list[str], row: tuple[object, ...]) -> list[Cell]:
+    """Render one driver row; NULL stays None. Errors name the column."""
+    cells: list[Cell] = []
+    for render, name, value in zip(renderers, names, row, strict=True):
+        if value is None:
+            cells.append(None)
+            continue
+        try:
+            cells.append(render(value))
+        except (RenderError, decimal.InvalidOperation, ValueError) as exc:
+            raise RenderError(
+                f"column {name!r}: {exc}", code="value_not_renderable", column=name
+            ) from exc
+    return cells

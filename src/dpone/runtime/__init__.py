@@ -1,0 +1,1 @@
+"""Services and state machines: validation, preparation, staging, publication."""
