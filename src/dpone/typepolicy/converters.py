@@ -132,8 +132,11 @@ def shortest_float32(value: float) -> str:
         return "-0.0" if str(value).startswith("-") else "0.0"
     for digits in range(1, 10):
         text = f"{value:.{digits}g}"
-        if _F32.unpack(_F32.pack(float(text)))[0] == value:
-            return repr(float(text))
+        try:
+            if _F32.unpack(_F32.pack(float(text)))[0] == value:
+                return repr(float(text))
+        except OverflowError:
+            continue  # a short rounding of a value near the maximum overshoots it
     return repr(value)
 
 

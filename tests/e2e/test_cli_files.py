@@ -1,0 +1,68 @@
+"""``dpone export``, ``validate`` and ``verify`` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from tests.e2e.test_cli_server import as_json, dpone
+from tests.integration.test_export_validate import make_hostile_db
+
+
+def test_export_then_validate_then_verify(tmp_path: Path) -> None:
+    rows = make_hostile_db(tmp_path / "src.db")
+    out = tmp_path / "hostile.tsv"
+    exported = dpone("export", "--source", f"sqlite:{tmp_path / 'src.db'}", "--table", "hostile",
+                     "--out", str(out), "--json")  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    summary = as_json(exported)
+    assert summary["rows"] == len(rows) and summary["file"] == str(out)
+    receipt = json.loads(Path(summary["receipt"]).read_bytes())
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(receipt["schema"], indent=2))
+
+    validated = dpone("validate", str(out), "--schema", str(schema), "--receipt-out",
+                      str(tmp_path / "again.json"), "--json")  # fmt: skip
+    assert validated.returncode == 0, validated.stderr
+    assert as_json(validated)["receipt_sha256"] == summary["receipt_sha256"]
+    assert (tmp_path / "again.json").read_bytes() == Path(summary["receipt"]).read_bytes()
+
+    verified = dpone("verify", str(out), "--receipt", summary["receipt"])
+    assert verified.returncode == 0 and "matches its receipt" in verified.stdout
+    with open(out, "ab") as f:
+        f.write(b"1\t\t\t\t\t\n")
+    broken = dpone("verify", str(out), "--receipt", summary["receipt"], "--json")
+    assert broken.returncode == 1
+    assert as_json(broken)["error"]["code"] == "artifact_size_mismatch"
+
+
+def test_invalid_file_gets_no_receipt_and_a_located_error(tmp_path: Path) -> None:
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"schema_version": 1, "columns": [
+        {"name": "id", "source_type": "int", "nullable": False},
+        {"name": "s", "source_type": "nvarchar(10)", "nullable": True},
+    ]}))  # fmt: skip
+    data = tmp_path / "bad.tsv"
+    data.write_bytes(b"1\tok\n2\tbad\x1dQ\n")
+    done = dpone("validate", str(data), "--schema", str(schema))
+    assert done.returncode == 1
+    assert "unknown_escape" in done.stderr and "record 2" in done.stderr and "'s'" in done.stderr
+    assert "byte offset 10" in done.stderr
+    assert not (tmp_path / "bad.tsv.receipt.json").exists()
+
+
+def test_schema_with_unknown_member_is_refused(tmp_path: Path) -> None:
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"schema_version": 1, "columns": [], "extra": 1}')
+    data = tmp_path / "f.tsv"
+    data.write_bytes(b"")
+    done = dpone("validate", str(data), "--schema", str(schema), "--json")
+    assert done.returncode == 1 and as_json(done)["error"]["code"] == "unknown_member"
+
+
+def test_export_of_unknown_table(tmp_path: Path) -> None:
+    sqlite3.connect(tmp_path / "src.db").close()
+    done = dpone("export", "--source", f"sqlite:{tmp_path / 'src.db'}", "--table", "nope",
+                 "--out", str(tmp_path / "o.tsv"))  # fmt: skip
+    assert done.returncode == 1 and "source_error" in done.stderr
