@@ -40,7 +40,9 @@ def make_hostile_db(path: Path) -> list[tuple[object, ...]]:
 
 def test_hostile_export_validates_and_every_value_agrees(tmp_path: Path) -> None:
     rows = make_hostile_db(tmp_path / "src.db")
-    result = export_table(open_source(f"sqlite:{tmp_path / 'src.db'}"), "hostile", tmp_path / "out.tsv")
+    result = export_table(
+        open_source(f"sqlite:{tmp_path / 'src.db'}"), "hostile", tmp_path / "out.tsv"
+    )
     assert result.receipt.rows_validated == len(rows)
     data = result.path.read_bytes()
     assert result.receipt.artifact_size == len(data)
@@ -125,7 +127,9 @@ def test_unsupported_type_is_refused_before_reading(tmp_path: Path) -> None:
 def test_not_null_violation_names_row_and_column(tmp_path: Path) -> None:
     path = tmp_path / "f.tsv"
     path.write_bytes(b"1\tx\n\ty\n")
-    schema = SourceSchema.of([SourceColumn("id", "int", False), SourceColumn("s", "varchar(5)", True)])
+    schema = SourceSchema.of(
+        [SourceColumn("id", "int", False), SourceColumn("s", "varchar(5)", True)]
+    )
     with pytest.raises(ValueNotRepresentable) as caught:
         validate_file(path, schema)
     assert caught.value.code == "null_not_allowed"

@@ -9,7 +9,14 @@ from __future__ import annotations
 ESC = 0x1D
 TAB = 0x09
 LF = 0x0A
-LETTERS = {ord("P"): "\x1d", ord("T"): "\t", ord("R"): "\r", ord("N"): "\n", ord("U"): "\x1f", ord("S"): "\x1e"}
+LETTERS = {
+    ord("P"): "\x1d",
+    ord("T"): "\t",
+    ord("R"): "\r",
+    ord("N"): "\n",
+    ord("U"): "\x1f",
+    ord("S"): "\x1e",
+}
 
 
 class OracleError(Exception):

@@ -27,7 +27,9 @@ COLUMNS = [
 KINDS = ["raw", "text", "binary"]
 
 
-def read_all(data: bytes, columns: list[CodecColumn] = COLUMNS, **kwargs: object) -> list[tuple[object, ...]]:
+def read_all(
+    data: bytes, columns: list[CodecColumn] = COLUMNS, **kwargs: object
+) -> list[tuple[object, ...]]:
     return list(BulkTextReader(io.BytesIO(data), columns, **kwargs))  # type: ignore[arg-type]
 
 
@@ -68,7 +70,9 @@ def test_exact_producer_bytes_for_reference_values() -> None:
 
 @pytest.mark.parametrize("length", [127, 128, 16383, 16384])
 def test_leb128_boundary_lengths_round_trip(length: int) -> None:
-    rows: list[tuple[object, ...]] = [("1", "é" * (length // 2) + "x" * (length % 2), b"\x01" * length)]
+    rows: list[tuple[object, ...]] = [
+        ("1", "é" * (length // 2) + "x" * (length % 2), b"\x01" * length)
+    ]
     data = write_all(rows)
     assert read_all(data) == rows == oracle.decode(data, KINDS)
 
@@ -146,7 +150,13 @@ def test_reader_freezes_its_columns() -> None:
 
 
 def test_unencodable_values_are_refused_by_the_producer() -> None:
-    for cells in [("", "x", None), ("a\tb", "x", None), ("1", "\ud800", None), ("1", b"x", None), ("1", "x", "ff")]:
+    for cells in [
+        ("", "x", None),
+        ("a\tb", "x", None),
+        ("1", "\ud800", None),
+        ("1", b"x", None),
+        ("1", "x", "ff"),
+    ]:
         with pytest.raises(BulkTextError) as caught:
             encode_record(COLUMNS, cells)
         assert caught.value.code == "unencodable_value"
@@ -162,9 +172,7 @@ def test_streaming_memory_does_not_hold_the_file() -> None:
 
 text_values = st.one_of(st.none(), st.text(alphabet=st.characters(exclude_categories=["Cs"])))
 binary_values = st.one_of(st.none(), st.binary(max_size=64))
-raw_values = st.one_of(
-    st.none(), st.from_regex(r"-?[0-9]{1,12}(\.[0-9]{1,6})?", fullmatch=True)
-)
+raw_values = st.one_of(st.none(), st.from_regex(r"-?[0-9]{1,12}(\.[0-9]{1,6})?", fullmatch=True))
 row_strategy = st.tuples(raw_values, text_values, binary_values)
 
 
@@ -189,7 +197,9 @@ def test_any_corruption_is_rejected_or_decodes_differently(
     kind = data.draw(st.sampled_from(["flip", "delete", "insert", "truncate"]))
     if kind == "flip":
         mask = data.draw(st.integers(1, 255))
-        corrupted = original[:position] + bytes([original[position] ^ mask]) + original[position + 1 :]
+        corrupted = (
+            original[:position] + bytes([original[position] ^ mask]) + original[position + 1 :]
+        )
     elif kind == "delete":
         corrupted = original[:position] + original[position + 1 :]
     elif kind == "insert":

@@ -12,7 +12,7 @@ from dpone.contracts import canonical_json as cj
 
 
 def test_exact_bytes() -> None:
-    value = {"b": [1, -2, True, None], "a": "é\u0001\"\\\n\x7f😀", "c": {}}
+    value = {"b": [1, -2, True, None], "a": 'é\u0001"\\\n\x7f😀', "c": {}}
     assert cj.dumps(value) == (
         '{"a":"é\\u0001\\"\\\\\\n\x7f😀","b":[1,-2,true,null],"c":{}}'.encode()
     )
@@ -23,7 +23,9 @@ def test_keys_sort_by_code_point() -> None:
     assert cj.dumps({"b": 1, "B": 2, "é": 3, "a": 4}) == '{"B":2,"a":4,"b":1,"é":3}'.encode()
 
 
-@pytest.mark.parametrize("value", [1.5, float("nan"), float("inf"), {"x": 0.0}, "\ud800", {1: "x"}, b"x"])
+@pytest.mark.parametrize(
+    "value", [1.5, float("nan"), float("inf"), {"x": 0.0}, "\ud800", {1: "x"}, b"x"]
+)
 def test_unencodable_values(value: object) -> None:
     with pytest.raises(cj.CanonicalJsonError):
         cj.dumps(value)
@@ -62,8 +64,13 @@ def test_loose_parse_still_refuses_duplicates_and_floats() -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(alphabet=st.characters(exclude_categories=["Cs"])),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(alphabet=st.characters(exclude_categories=["Cs"])),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 

@@ -13,7 +13,9 @@ from dpone.contracts.receipt import FileReceipt
 from dpone.contracts.schema import SourceColumn, SourceSchema
 from dpone.errors import FormatError
 
-SCHEMA = SourceSchema.of([SourceColumn("id", "bigint", False), SourceColumn("s", "nvarchar(10)", True)])
+SCHEMA = SourceSchema.of(
+    [SourceColumn("id", "bigint", False), SourceColumn("s", "nvarchar(10)", True)]
+)
 
 
 def receipt() -> FileReceipt:

@@ -78,7 +78,9 @@ def test_render_row_names_the_column() -> None:
      (("nvarchar", 100, 0, 0), "nvarchar(50)"), (("datetime2", 8, 27, 7), "datetime2(7)"),
      (("float", 8, 53, 0), "float(53)"), (("real", 4, 24, 0), "real"), (("binary", 16, 0, 0), "binary(16)")],
 )  # fmt: skip
-def test_sqlserver_catalog_metadata_to_type_text(meta: tuple[str, int, int, int], text: str) -> None:
+def test_sqlserver_catalog_metadata_to_type_text(
+    meta: tuple[str, int, int, int], text: str
+) -> None:
     assert sqlserver_type_text(*meta) == text
 
 

@@ -28,6 +28,13 @@ _DECODE = {"P": MARK, "T": "\t", "R": "\r", "N": "\n", "U": "\x1f", "S": "\x1e"}
 _ENCODE = str.maketrans({v: MARK + k for k, v in _DECODE.items()})
 # Characters a text field may not hold raw (TAB and LF cannot occur inside a field).
 _RAW_FORBIDDEN = re.compile("[\r\x1e\x1f]")
+_ESCAPE = re.compile("\x1d(.?)", re.DOTALL)
+
+
+def _unescape_one(match: re.Match[str]) -> str:
+    return _DECODE[match.group(1)]  # KeyError: not one of the six, decided exactly later
+
+
 _HEX_WS = b" \x0b\x0c\r"
 _HEX_PAIRS = re.compile(rb"(?:[0-9A-Fa-f]{2}[ \x0b\x0c\r]*)*[0-9A-Fa-f]{2}")
 READ_CHUNK_BYTES = 1 << 20
@@ -168,6 +175,7 @@ class BulkTextReader:
             raise BulkTextError("a reader needs at least one column", code="no_columns")
         self._stream = stream
         self.columns = tuple(columns)  # frozen: later changes to the caller's list do not apply
+        self._kinds = tuple(c.kind for c in self.columns)
         self.source = source
         self.max_record_bytes = max_record_bytes
         self.max_records = max_records
@@ -222,6 +230,9 @@ class BulkTextReader:
                 offset, column=None, record=ordinal,
             )  # fmt: skip
         self.records = ordinal
+        fast = self._fast_record(line)
+        if fast is not None:
+            return fast
         fields = line.split(b"\t")
         if len(fields) != len(self.columns):
             raise self._width_error(fields, offset, ordinal)
@@ -230,6 +241,48 @@ class BulkTextReader:
         for column, field in zip(self.columns, fields, strict=True):
             cells.append(self._cell(column, field, field_offset, ordinal) if field else None)
             field_offset += len(field) + 1
+        return tuple(cells)
+
+    def _fast_record(self, line: bytes) -> tuple[Cell, ...] | None:
+        """The common case in C-speed steps; None sends the record to the exact path.
+
+        Taken only when the record is valid UTF-8, holds no CR, U+001E or U+001F, has
+        the right width, every escape is one of the six and every hex field is plain
+        pairs. Anything else is decided (and, if wrong, located) field by field below.
+        """
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if _RAW_FORBIDDEN.search(text) is not None:
+            return None
+        fields = text.split("\t")
+        if len(fields) != len(self._kinds):
+            return None
+        cells: list[Cell] = []
+        for kind, field in zip(self._kinds, fields, strict=True):
+            if not field:
+                cells.append(None)
+            elif MARK in field:
+                if field == EMPTY_FIELD and kind is not ColumnKind.RAW:
+                    cells.append(b"" if kind is ColumnKind.BINARY else "")
+                elif kind is ColumnKind.TEXT:
+                    try:
+                        cells.append(_ESCAPE.sub(_unescape_one, field))
+                    except KeyError:
+                        return None
+                else:
+                    return None
+            elif kind is ColumnKind.BINARY:
+                try:
+                    data = bytes.fromhex(field)
+                except ValueError:
+                    return None
+                if len(data) * 2 != len(field):
+                    return None  # whitespace between pairs: checked exactly below
+                cells.append(data)
+            else:
+                cells.append(field)
         return tuple(cells)
 
     def _cell(self, column: CodecColumn, field: bytes, offset: int, ordinal: int) -> Cell:
