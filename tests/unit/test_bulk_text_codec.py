@@ -158,7 +158,7 @@ def test_unencodable_values_are_refused_by_the_producer() -> None:
         ("1", "x", "ff"),
     ]:
         with pytest.raises(BulkTextError) as caught:
-            encode_record(COLUMNS, cells)
+            encode_record(COLUMNS, cells)  # type: ignore[arg-type]
         assert caught.value.code == "unencodable_value"
 
 
