@@ -9,6 +9,7 @@ between two verifications.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import stat
 from dataclasses import dataclass
@@ -58,6 +59,28 @@ def scan_descriptor(fd: int, *, chunk_bytes: int = VERIFY_CHUNK_BYTES) -> FileOb
     return FileObservation(offset, digest.hexdigest(), before.st_dev, before.st_ino)
 
 
+class DescriptorStream(io.RawIOBase):
+    """A read-only stream over a shared descriptor that reads with ``pread``.
+
+    It keeps its own offset, so the descriptor's position (shared with others who
+    hold it) never moves.
+    """
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+        self._offset = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = os.pread(self._fd, len(buffer), self._offset)
+        buffer[: len(data)] = data
+        self._offset += len(data)
+        return len(data)
+
+
 class HeldArtifact:
     """An open, read-only descriptor on a source file, checked against a receipt."""
 
@@ -101,6 +124,10 @@ class HeldArtifact:
                 code="artifact_hash_mismatch", path=str(self.path),
             )  # fmt: skip
         return observed
+
+    def stream(self) -> io.BufferedReader:
+        """A fresh buffered stream from the start of the held file (position-neutral)."""
+        return io.BufferedReader(DescriptorStream(self.fd), buffer_size=VERIFY_CHUNK_BYTES)
 
     def close(self) -> None:
         os.close(self.fd)
