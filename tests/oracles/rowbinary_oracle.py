@@ -66,7 +66,9 @@ def decode_value(cur: Cursor, ch_type: str) -> Any:
     if t == "Float32":
         return struct.unpack("<f", cur.take(4))[0]
     if t == "Date32":
-        return dt.date(1970, 1, 1) + dt.timedelta(days=int.from_bytes(cur.take(4), "little", signed=True))
+        return dt.date(1970, 1, 1) + dt.timedelta(
+            days=int.from_bytes(cur.take(4), "little", signed=True)
+        )
     if m := re.fullmatch(r"DateTime64\((\d), 'UTC'\)", t):
         return _ticks_to_text(int.from_bytes(cur.take(8), "little", signed=True), int(m[1]))
     if m := re.fullmatch(r"Time64\((\d)\)", t):

@@ -18,7 +18,9 @@ from tests.oracles.rowbinary_oracle import decode_rows
 D = decimal.Decimal
 
 
-def roundtrip(source_type: str, cell: Any, *, nullable: bool = False, override: str | None = None) -> Any:
+def roundtrip(
+    source_type: str, cell: Any, *, nullable: bool = False, override: str | None = None
+) -> Any:
     plan = plan_column(SourceColumn("c", source_type, nullable), override)
     data = plan.encode(cell)
     [(value,)] = decode_rows(data, [plan.clickhouse_type])
@@ -83,9 +85,14 @@ def test_every_datetime2_and_time_precision(p: int) -> None:
     text = "2024-05-06 07:08:09" + (f".{frac}" if p else "")
     assert roundtrip(f"datetime2({p})", text) == text
     assert roundtrip(f"time({p})", text[11:]) == text[11:]
-    assert roundtrip(f"datetime2({p})", "2024-05-06 07:08:09.0000000") == "2024-05-06 07:08:09" + ("." + "0" * p if p else "")
+    assert roundtrip(f"datetime2({p})", "2024-05-06 07:08:09.0000000") == "2024-05-06 07:08:09" + (
+        "." + "0" * p if p else ""
+    )
     if p < 7:
-        assert refused(f"datetime2({p})", "2024-05-06 07:08:09." + "0" * p + "1").code == "value_not_representable"
+        assert (
+            refused(f"datetime2({p})", "2024-05-06 07:08:09." + "0" * p + "1").code
+            == "value_not_representable"
+        )
 
 
 def test_float_specials() -> None:
@@ -135,7 +142,10 @@ def test_refused_values(source_type: str, text: str, code: str) -> None:
 
 @pytest.mark.parametrize("length", [0, 1, 127, 128, 16383, 16384, 2**21])
 def test_strings_and_binary_at_leb128_boundaries(length: int) -> None:
-    assert roundtrip("nvarchar(max)", "é" * (length // 2) + "x" * (length % 2)) == ("é" * (length // 2) + "x" * (length % 2)).encode()
+    assert (
+        roundtrip("nvarchar(max)", "é" * (length // 2) + "x" * (length % 2))
+        == ("é" * (length // 2) + "x" * (length % 2)).encode()
+    )
     assert roundtrip("varbinary(max)", b"\xab" * length) == b"\xab" * length
 
 
@@ -166,7 +176,9 @@ def test_not_null_columns_refuse_null() -> None:
         ("datetime2(3)", "DateTime64(7, 'UTC')", "2020-01-01 00:00:00.123", "2020-01-01 00:00:00.1230000", "DateTime64(7, 'UTC')"),
     ],
 )  # fmt: skip
-def test_overrides_within_family(source_type: str, override: str, cell: Any, expected: Any, ch_type: str) -> None:
+def test_overrides_within_family(
+    source_type: str, override: str, cell: Any, expected: Any, ch_type: str
+) -> None:
     assert plan_column(SourceColumn("c", source_type, False), override).clickhouse_type == ch_type
     assert roundtrip(source_type, cell, override=override) == expected
 
