@@ -1,0 +1,143 @@
+"""Preparation throughput against a raw ``INSERT ... FORMAT TabSeparated`` baseline.
+
+Usage: python bench/prepare.py [--rows 1000000]
+
+Generates a realistic bulk text file (mixed types: decimals, datetime2, strings with
+escapes, nullable columns, binary, GUIDs), validates it, and measures in the same run:
+
+- preparation (exact conversion to a sealed RowBinary spool), in its own process so
+  its peak RSS is its own;
+- the raw insert of equivalent data: the same rows as ClickHouse's own TabSeparated
+  (produced by the server from the prepared table), POSTed over HTTP into a fresh
+  table of the managed local server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+
+from bench.bulk_text_read import SCHEMA, generate
+from dpone.contracts.receipt import FileReceipt
+from dpone.localserver import LocalServer
+from dpone.localserver.control import run_admin_sql
+from dpone.runtime.file_validation import validate_file
+from dpone.runtime.preparation import prepare_rowbinary
+
+
+def _post_file(port: int, query: str, path: Path) -> float:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    started = time.perf_counter()
+    with open(path, "rb") as body:
+        conn.request(
+            "POST",
+            "/?"
+            + urllib.parse.urlencode(
+                {"query": query, "async_insert": "0", "wait_end_of_query": "1"}
+            ),
+            body=body,
+            headers={"Content-Length": str(path.stat().st_size)},
+        )
+        response = conn.getresponse()
+        answer = response.read()
+    seconds = time.perf_counter() - started
+    conn.close()
+    if response.status != 200:
+        raise RuntimeError(answer.decode(errors="replace")[:500])
+    return seconds
+
+
+def _fetch_to_file(port: int, query: str, path: Path) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/", body=query.encode())
+    response = conn.getresponse()
+    with open(path, "wb") as out:
+        while chunk := response.read(1 << 20):
+            out.write(chunk)
+    conn.close()
+    if response.status != 200:
+        raise RuntimeError(f"HTTP {response.status}")
+
+
+def child_prepare(source: str, receipt_path: str, spool: str) -> None:
+    receipt = FileReceipt.from_bytes(Path(receipt_path).read_bytes())
+    started = time.perf_counter()
+    prepared = prepare_rowbinary(source, receipt, spool)
+    seconds = time.perf_counter() - started
+    print(json.dumps({
+        "seconds": seconds,
+        "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rows": prepared.identity.prepared_rows,
+        "rowbinary_bytes": prepared.identity.rowbinary_bytes,
+        "ddl": ", ".join(f"`{c.name}` {c.clickhouse_type}" for c in prepared.identity.target_schema),
+    }))  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--child", nargs=3)
+    args = parser.parse_args()
+    if args.child:
+        child_prepare(*args.child)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        source = work / "snapshot.tsv"
+        # ~140 bytes per row in this generator
+        rows = generate(source, args.rows * 140)
+        size = source.stat().st_size
+        receipt = validate_file(source, SCHEMA)
+        (work / "receipt.json").write_bytes(receipt.to_bytes())
+        print(f"input: {rows:,} rows, {size / 2**20:.1f} MiB")
+
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.prepare", "--child", str(source),
+             str(work / "receipt.json"), str(work / "spool")],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        prep = json.loads(out.stdout)
+        spool = work / "spool" / "data.rowbinary"
+
+        with LocalServer(work / "ch") as server:
+            port = server.info.http_port
+            run_admin_sql(port, "CREATE DATABASE bench ENGINE = Atomic")
+            for table in ("prepared", "raw"):
+                run_admin_sql(
+                    port,
+                    f"CREATE TABLE bench.{table} ({prep['ddl']}) ENGINE = MergeTree ORDER BY tuple()",
+                )
+            rowbinary_insert = _post_file(
+                port, "INSERT INTO bench.prepared FORMAT RowBinary", spool
+            )
+            tsv = work / "equivalent.tsv"
+            _fetch_to_file(port, "SELECT * FROM bench.prepared FORMAT TabSeparated", tsv)
+            raw_insert = _post_file(port, "INSERT INTO bench.raw FORMAT TabSeparated", tsv)
+            counted = run_admin_sql(port, "SELECT count() FROM bench.raw").strip()
+        assert int(counted) == rows == prep["rows"], (counted, rows, prep["rows"])
+
+        mib = size / 2**20
+        print(
+            f"preparation:         {prep['seconds']:7.2f} s  {rows / prep['seconds']:>10,.0f} rows/s  "
+            f"{mib / prep['seconds']:6.1f} MiB/s of input  peak RSS {prep['peak_mib']:.0f} MiB"
+        )
+        print(
+            f"raw TSV insert:      {raw_insert:7.2f} s  {rows / raw_insert:>10,.0f} rows/s  "
+            f"({tsv.stat().st_size / 2**20:.1f} MiB TSV)"
+        )
+        print(
+            f"RowBinary insert:    {rowbinary_insert:7.2f} s  ({prep['rowbinary_bytes'] / 2**20:.1f} MiB)"
+        )
+        print(f"ratio preparation / raw insert: {prep['seconds'] / raw_insert:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
