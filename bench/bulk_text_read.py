@@ -38,13 +38,14 @@ SCHEMA = SourceSchema.of([
 WORDS = ["alpha", "beta", "gamma\ttab", "delta\nline", "ünï", "quote'd", "back\\slash", "x\x1dy"]
 
 
-def generate(path: Path, target_bytes: int) -> int:
+def generate(path: Path, target_bytes: int, rows_wanted: int | None = None) -> int:
+    """Write rows until ``target_bytes`` (or exactly ``rows_wanted`` rows when given)."""
     rng = random.Random(42)
     plans = plan_columns(SCHEMA.columns)
     rows = 0
     with open(path, "wb", buffering=1 << 20) as out:
         writer = BulkTextWriter(out, [p.codec_column for p in plans])
-        while writer.bytes < target_bytes:
+        while (writer.bytes < target_bytes) if rows_wanted is None else (rows < rows_wanted):
             i = rows
             writer.write([
                 str(i),
