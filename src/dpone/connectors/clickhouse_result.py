@@ -24,6 +24,9 @@ class QueryResult:
     sent_sha256: str | None
     transport: str
     summary: dict[str, Any] | None = None
+    # Pinned settings the transport could not send (an old client); the server's
+    # profile must pin them.
+    settings_not_sent: tuple[str, ...] = ()
 
     def json_rows(self) -> list[dict[str, Any]]:
         """Parse JSONEachRow control output; integers stay integers, floats refused."""

@@ -105,8 +105,9 @@ def render_users_xml(users: Sequence[ServerUser]) -> str:
         )
     profiles = sorted({u.profile for u in users} | {"default"})
     profile_xml = "".join(
-        # poll_interval 1 lets an idle connection notice shutdown promptly
-        f"    <{p}><poll_interval>1</poll_interval></{p}>\n"
+        # poll_interval 1 lets an idle connection notice shutdown promptly; async_insert 0
+        # makes every insert synchronous even from clients too old to send the setting.
+        f"    <{p}><poll_interval>1</poll_interval><async_insert>0</async_insert></{p}>\n"
         for p in profiles
     )
     return (

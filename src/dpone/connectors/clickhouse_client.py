@@ -1,0 +1,295 @@
+"""The controlled native-protocol transport: a configured ``clickhouse-client`` child.
+
+The spool goes to the child's stdin; stdout and stderr are read without blocking and
+with caps; the absolute deadline is checked on every turn and before and after the
+final wait. Credentials travel in a private 0600 configuration file that is removed
+afterwards, never in argv or the environment of other processes. On any
+BaseException (KeyboardInterrupt included) the child is killed and reaped first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import hashlib
+import os
+import re
+import selectors
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+from dpone.connectors.clickhouse_errors import (
+    ClickHouseServerError,
+    NotSubmitted,
+    OutcomeUnknown,
+    TransportDeadline,
+)
+from dpone.connectors.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
+from dpone.connectors.clickhouse_result import QueryResult
+
+OUTPUT_CAP = 64 * 1024
+ERROR_CAP = 64 * 1024
+PIPE_CHUNK = 64 * 1024
+_CODE = re.compile(r"Code: (\d+)\. ")
+NETWORK_ERROR = 210
+
+
+class ClientTransport:
+    """Executes :class:`ClickHouseRequest` objects through ``clickhouse-client``."""
+
+    name = "client"
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        credentials: Credentials,
+        *,
+        client_path: str = "clickhouse-client",
+        clock: Callable[[], float] = time.monotonic,
+        output_cap: int = OUTPUT_CAP,
+        error_cap: int = ERROR_CAP,
+    ) -> None:
+        self.endpoint = endpoint
+        self._credentials = credentials
+        self.client_path = client_path
+        self._clock = clock
+        self._output_cap = output_cap
+        self._error_cap = error_cap
+        self._options: dict[str, bool] = {}
+
+    def supports_setting(self, name: str, value: str) -> bool:
+        """Whether this client accepts ``--name=value`` (old clients know fewer settings).
+
+        Probed once per setting with ``--version``, which parses options and exits;
+        ``--help`` cannot be used (some builds print it without end).
+        """
+        if name not in self._options:
+            try:
+                done = subprocess.run(
+                    [self.client_path, f"--{name}={value}", "--version"],
+                    stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False,
+                )  # fmt: skip
+            except FileNotFoundError as exc:
+                raise NotSubmitted(
+                    f"clickhouse-client not found at {self.client_path!r}", code="client_missing"
+                ) from exc
+            self._options[name] = done.returncode == 0
+        return self._options[name]
+
+    def passed_settings(self, request: ClickHouseRequest) -> tuple[dict[str, str], list[str]]:
+        """Settings sent on the command line, and those this client cannot carry.
+
+        A setting the client does not know cannot be sent by it; such settings must be
+        pinned by the server's user profile (the managed server pins async_insert=0).
+        """
+        wanted = request.all_settings(http=False)
+        passed = {k: v for k, v in wanted.items() if self.supports_setting(k, v)}
+        return passed, sorted(set(wanted) - set(passed))
+
+    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
+        """Run ``request`` once; return its complete acknowledgment or raise a typed outcome."""
+        if self._clock() >= deadline:
+            raise TransportDeadline(
+                "deadline expired before starting the client",
+                submitted=False,
+                query_id=request.query_id,
+            )
+        settings, unpassed = self.passed_settings(request)
+        private = Path(tempfile.mkdtemp(prefix="dpone-client-"))  # 0700 by construction
+        try:
+            config = private / "client.xml"
+            fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(
+                    f"<config><user>{escape(self._credentials.user)}</user>"
+                    f"<password>{escape(self._credentials.password)}</password></config>\n"
+                )
+            argv = [
+                self.client_path, "--config-file", str(config),
+                "--host", self.endpoint.host, "--port", str(self.endpoint.tcp_port),
+                "--database", self.endpoint.database, "--query_id", request.query_id,
+                *[f"--{name}={value}" for name, value in settings.items()],
+                "--query", request.statement,
+            ]  # fmt: skip
+            result = self._run(argv, request, deadline)
+            return dataclasses.replace(result, settings_not_sent=tuple(unpassed))
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+
+    def _run(self, argv: list[str], request: ClickHouseRequest, deadline: float) -> QueryResult:
+        try:
+            child = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE if request.body is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        except FileNotFoundError as exc:
+            raise NotSubmitted(
+                f"clickhouse-client not found at {self.client_path!r}",
+                code="client_missing", query_id=request.query_id,
+            ) from exc  # fmt: skip
+        try:
+            sent, digest, stdout, stderr = self._pump(child, request, deadline)
+            self._check_deadline(deadline, request, "before the final wait")
+            try:
+                code = child.wait(timeout=max(deadline - self._clock(), 0.001))
+            except subprocess.TimeoutExpired as exc:
+                raise TransportDeadline(
+                    f"client for query {request.query_id} did not exit before the deadline",
+                    submitted=True, query_id=request.query_id,
+                ) from exc  # fmt: skip
+            # An already-exited process cannot authorize a late acknowledgment.
+            self._check_deadline(deadline, request, "after the final wait")
+        except BaseException:
+            _kill_and_reap(child)
+            raise
+        _close_pipes(child)
+        return self._acknowledge(request, code, stdout, stderr, sent, digest)
+
+    def _pump(
+        self, child: subprocess.Popen[bytes], request: ClickHouseRequest, deadline: float
+    ) -> tuple[int | None, str | None, bytes, bytes]:
+        selector = selectors.DefaultSelector()
+        assert child.stdout is not None and child.stderr is not None
+        outputs = {child.stdout.fileno(): bytearray(), child.stderr.fileno(): bytearray()}
+        caps = {child.stdout.fileno(): self._output_cap, child.stderr.fileno(): self._error_cap}
+        for stream in (child.stdout, child.stderr):
+            os.set_blocking(stream.fileno(), False)
+            selector.register(stream.fileno(), selectors.EVENT_READ)
+        spool = None
+        pending = b""
+        sent = 0
+        digest = hashlib.sha256()
+        if request.body is not None:
+            assert child.stdin is not None
+            os.set_blocking(child.stdin.fileno(), False)
+            selector.register(child.stdin.fileno(), selectors.EVENT_WRITE)
+            spool = open(request.body, "rb")  # noqa: SIM115 - closed in finally
+        try:
+            while selector.get_map():
+                left = self._check_deadline(deadline, request, "while exchanging data")
+                for key, _ in selector.select(timeout=left):
+                    fd = int(key.fd)
+                    if fd in outputs:
+                        chunk = os.read(fd, PIPE_CHUNK)
+                        if not chunk:
+                            selector.unregister(fd)
+                            continue
+                        outputs[fd] += chunk
+                        if len(outputs[fd]) > caps[fd]:
+                            raise OutcomeUnknown(
+                                f"client output for query {request.query_id} exceeds its cap of {caps[fd]} bytes",
+                                code="output_budget_exceeded", query_id=request.query_id,
+                            )  # fmt: skip
+                        continue
+                    assert spool is not None and child.stdin is not None
+                    if not pending:
+                        pending = spool.read(PIPE_CHUNK)
+                        if not pending:
+                            selector.unregister(fd)
+                            child.stdin.close()
+                            continue
+                        digest.update(pending)
+                    try:
+                        written = os.write(fd, pending)
+                    except BrokenPipeError:
+                        # The client stopped reading (it failed); its stderr says why.
+                        selector.unregister(fd)
+                        with contextlib.suppress(OSError):
+                            child.stdin.close()
+                        pending = b""
+                        continue
+                    except OSError as exc:
+                        if exc.errno == errno.EAGAIN:
+                            continue
+                        raise
+                    sent += written
+                    pending = pending[written:]
+        finally:
+            selector.close()
+            if spool is not None:
+                spool.close()
+        if request.body is None:
+            return (
+                None,
+                None,
+                bytes(outputs[child.stdout.fileno()]),
+                bytes(outputs[child.stderr.fileno()]),
+            )
+        return (
+            sent,
+            digest.hexdigest(),
+            bytes(outputs[child.stdout.fileno()]),
+            bytes(outputs[child.stderr.fileno()]),
+        )
+
+    def _check_deadline(self, deadline: float, request: ClickHouseRequest, when: str) -> float:
+        left = deadline - self._clock()
+        if left <= 0:
+            raise TransportDeadline(
+                f"deadline expired {when} for query {request.query_id}",
+                submitted=True, query_id=request.query_id,
+            )  # fmt: skip
+        return left
+
+    def _acknowledge(
+        self,
+        request: ClickHouseRequest,
+        code: int,
+        stdout: bytes,
+        stderr: bytes,
+        sent: int | None,
+        digest: str | None,
+    ) -> QueryResult:
+        text = stderr.decode("utf-8", errors="replace").strip()
+        if code < 0:
+            raise OutcomeUnknown(
+                f"client for query {request.query_id} was killed by signal {-code}",
+                code="client_killed", query_id=request.query_id, signal=-code,
+            )  # fmt: skip
+        if code != 0 or text:
+            match = _CODE.search(text)
+            ch_code = int(match.group(1)) if match else None
+            first = text.splitlines()[0][:400] if text else ""
+            if ch_code == NETWORK_ERROR and "Connection refused" in text:
+                raise NotSubmitted(
+                    f"client could not connect for query {request.query_id}: {first}",
+                    code="connect_failed", query_id=request.query_id,
+                )  # fmt: skip
+            if ch_code is None:
+                raise OutcomeUnknown(
+                    f"client for query {request.query_id} exited {code}: {first}",
+                    code="client_failed", query_id=request.query_id, exit_code=code,
+                )  # fmt: skip
+            raise ClickHouseServerError(
+                f"query {request.query_id} failed with ClickHouse code {ch_code}: {first}",
+                query_id=request.query_id, clickhouse_code=ch_code, exit_code=code,
+            )  # fmt: skip
+        if request.body is not None and sent != Path(request.body).stat().st_size:
+            raise OutcomeUnknown(
+                f"only {sent} bytes of the spool reached the client", code="short_send", query_id=request.query_id,
+            )  # fmt: skip
+        return QueryResult(
+            query_id=request.query_id, output=stdout, sent_bytes=sent, sent_sha256=digest, transport=self.name,
+        )  # fmt: skip
+
+
+def _kill_and_reap(child: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        child.kill()
+    child.wait()
+    _close_pipes(child)
+
+
+def _close_pipes(child: subprocess.Popen[bytes]) -> None:
+    for stream in (child.stdin, child.stdout, child.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
