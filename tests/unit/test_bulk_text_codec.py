@@ -213,4 +213,9 @@ def test_any_corruption_is_rejected_or_decodes_differently(
         decoded = read_all(corrupted)
     except BulkTextError:
         return  # rejected with a typed error: fine
-    assert decoded != rows
+    if decoded == rows:
+        # The format's one alternative spelling: ASCII whitespace between hex pairs.
+        def strip(b: bytes) -> bytes:
+            return b.translate(None, b" \x0b\x0c\r")
+
+        assert strip(corrupted) == strip(original)

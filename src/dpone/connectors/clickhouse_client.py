@@ -263,10 +263,16 @@ class ClientTransport:
                     f"client could not connect for query {request.query_id}: {first}",
                     code="connect_failed", query_id=request.query_id,
                 )  # fmt: skip
-            if ch_code is None:
+            from_server = (
+                "Received exception from server" in text or "Exception: Received from" in text
+            )
+            if ch_code is None or not from_server:
+                # The client's own failure (a lost connection, a reset): the server may
+                # have run the query, so nothing is known until it is proven.
                 raise OutcomeUnknown(
                     f"client for query {request.query_id} exited {code}: {first}",
                     code="client_failed", query_id=request.query_id, exit_code=code,
+                    client_code=ch_code,
                 )  # fmt: skip
             raise ClickHouseServerError(
                 f"query {request.query_id} failed with ClickHouse code {ch_code}: {first}",

@@ -232,7 +232,7 @@ class HttpTransport:
         if tagged is not None:
             raise tagged
         if 300 <= response.status < 400:
-            raise ClickHouseServerError(
+            raise OutcomeUnknown(
                 f"HTTP {response.status} redirect to {response.getheader('Location')!r} refused "
                 f"for query {request.query_id}; the query's outcome must be proven",
                 code="redirect_refused", query_id=request.query_id, status=response.status,

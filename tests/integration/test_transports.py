@@ -1,0 +1,312 @@
+"""Both controlled transports against the real server: one contract, typed faults."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpone.connectors.clickhouse_client import ClientTransport
+from dpone.connectors.clickhouse_errors import (
+    ClickHouseServerError,
+    NotSubmitted,
+    OutcomeUnknown,
+    TransportDeadline,
+)
+from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.connectors.clickhouse_request import (
+    Credentials,
+    Endpoint,
+    mutation,
+    mutation_query_id,
+    read,
+)
+from dpone.connectors.endpoint_identity import EndpointIdentityError, observe_identity
+from dpone.connectors.remote_termination import (
+    Termination,
+    kill_query,
+    prove_termination,
+    query_log_state,
+)
+from dpone.localserver import LocalServer, ServerInfo
+from tests import chhttp
+from tests.conftest import READER_PASSWORD, TEST_DATABASE
+
+Factory = Callable[..., Any]
+DB = "transport_db"
+
+
+def soon(seconds: float = 30.0) -> float:
+    return time.monotonic() + seconds
+
+
+def make_transport(kind: str, info: ServerInfo, *, user: str = "default", password: str = "",
+                   database: str = DB, **kwargs: Any) -> HttpTransport | ClientTransport:  # fmt: skip
+    endpoint = Endpoint("127.0.0.1", info.http_port, info.tcp_port, database)
+    if kind == "http":
+        return HttpTransport(endpoint, Credentials(user, password), **kwargs)
+    return ClientTransport(endpoint, Credentials(user, password), **kwargs)
+
+
+@pytest.fixture(params=["http", "client"])
+def kind(request: pytest.FixtureRequest, clickhouse: ServerInfo) -> str:
+    if request.param == "client":
+        request.getfixturevalue("clickhouse_client")
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    return str(request.param)
+
+
+def spool(tmp_path: Path, rows: int) -> Path:
+    path = tmp_path / "spool.rowbinary"
+    path.write_bytes(
+        b"".join(i.to_bytes(4, "little", signed=True) + b"\x03abc" for i in range(rows))
+    )
+    return path
+
+
+def test_create_insert_count_drop(kind: str, clickhouse: ServerInfo, tmp_path: Path) -> None:
+    t = make_transport(kind, clickhouse)
+    table = f"{DB}.contract_{kind}"
+    t.execute(mutation(f"CREATE TABLE {table} (id Int32, s String) ENGINE = MergeTree ORDER BY id",
+                       mutation_query_id(f"contract-{kind}", "create")), deadline=soon())  # fmt: skip
+    data = spool(tmp_path, 5000)
+    result = t.execute(mutation(f"INSERT INTO {table} FORMAT RowBinary", mutation_query_id(f"contract-{kind}", "insert"),
+                                body=data), deadline=soon())  # fmt: skip
+    assert result.sent_bytes == data.stat().st_size
+    assert result.sent_sha256 == hashlib.sha256(data.read_bytes()).hexdigest()
+    rows = t.execute(
+        read(
+            f"SELECT count() AS n, sum(id) AS total FROM {table} FORMAT JSONEachRow", f"r-{kind}-1"
+        ),
+        deadline=soon(),
+    ).json_rows()
+    assert rows == [{"n": 5000, "total": sum(range(5000))}]
+    assert type(rows[0]["n"]) is int
+    t.execute(
+        mutation(f"DROP TABLE {table}", mutation_query_id(f"contract-{kind}", "drop")),
+        deadline=soon(),
+    )
+    assert chhttp.query(clickhouse.http_port, f"EXISTS TABLE {table}") == "0\n"
+    # The server saw exactly these query ids, synchronously.
+    chhttp.query(clickhouse.http_port, "SYSTEM FLUSH LOGS")
+    logged = chhttp.rows(clickhouse.http_port,
+        f"SELECT query_id, Settings['async_insert'] AS a FROM system.query_log WHERE query_id = 'dpone-b02-contract-{kind}-insert' AND type = 'QueryFinish'")  # fmt: skip
+    assert logged == [{"query_id": f"dpone-b02-contract-{kind}-insert", "a": "0"}]
+
+
+def test_unknown_table_is_a_server_error(kind: str, clickhouse: ServerInfo) -> None:
+    t = make_transport(kind, clickhouse)
+    with pytest.raises(ClickHouseServerError) as caught:
+        t.execute(
+            read(
+                f"SELECT count() FROM {DB}.does_not_exist FORMAT JSONEachRow", f"r-{kind}-missing"
+            ),
+            deadline=soon(),
+        )
+    assert caught.value.details["clickhouse_code"] == 60
+    assert caught.value.details["query_id"] == f"r-{kind}-missing"
+
+
+def test_permission_denied_for_restricted_user(kind: str, clickhouse: ServerInfo) -> None:
+    chhttp.query(
+        clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {TEST_DATABASE} ENGINE = Atomic"
+    )
+    t = make_transport(
+        kind, clickhouse, user="reader", password=READER_PASSWORD, database=TEST_DATABASE
+    )
+    assert t.execute(
+        read("SELECT 1 AS one FORMAT JSONEachRow", f"r-{kind}-reader"), deadline=soon()
+    ).json_rows() == [{"one": 1}]
+    with pytest.raises(ClickHouseServerError) as caught:
+        t.execute(
+            mutation(
+                f"CREATE TABLE {TEST_DATABASE}.nope_{kind} (a Int8) ENGINE = Memory",
+                f"m-{kind}-denied",
+            ),
+            deadline=soon(),
+        )
+    assert caught.value.details["clickhouse_code"] == 497
+    assert READER_PASSWORD not in str(caught.value)
+    wrong = make_transport(
+        kind, clickhouse, user="reader", password="wrong", database=TEST_DATABASE
+    )
+    with pytest.raises(ClickHouseServerError) as auth:
+        wrong.execute(read("SELECT 1", f"r-{kind}-wrong"), deadline=soon())
+    assert auth.value.details["clickhouse_code"] == 516
+
+
+def test_exception_after_rows_started_streaming(clickhouse: ServerInfo) -> None:
+    t = make_transport("http", clickhouse)
+    with pytest.raises(ClickHouseServerError) as caught:
+        t.execute(read("SELECT number, throwIf(number = 1500) FROM numbers(3000) SETTINGS max_block_size = 100 FORMAT TabSeparated",
+                       "r-after-200", stream_output=True), deadline=soon())  # fmt: skip
+    assert caught.value.code == "exception_after_status"
+    assert caught.value.details["clickhouse_code"] == 395
+
+
+def test_client_reports_a_failure_after_rows_started(
+    clickhouse: ServerInfo, clickhouse_client: str
+) -> None:
+    t = make_transport("client", clickhouse)
+    with pytest.raises(ClickHouseServerError) as caught:
+        t.execute(read("SELECT number, throwIf(number = 1500) FROM numbers(3000) SETTINGS max_block_size = 100 FORMAT TabSeparated",
+                       "r-client-after-rows"), deadline=soon())  # fmt: skip
+    assert caught.value.details["clickhouse_code"] == 395
+
+
+def test_deadline_expiry_while_slow_then_proven_by_kill(kind: str, clickhouse: ServerInfo) -> None:
+    t = make_transport(kind, clickhouse)
+    qid = f"r-{kind}-slow"
+    with pytest.raises(TransportDeadline) as caught:
+        t.execute(read("SELECT sleepEachRow(0.5) FROM numbers(8) SETTINGS max_block_size = 1 FORMAT TabSeparated", qid),
+                  deadline=soon(1.0))  # fmt: skip
+    assert caught.value.details["submitted"] is True
+    admin = make_transport("http", clickhouse)
+    state = prove_termination(admin, qid, probe_prefix=f"probe-{kind}-slow", deadline=soon())
+    assert state.proven_terminal, state
+
+
+def test_kill_of_a_running_query(kind: str, clickhouse: ServerInfo) -> None:
+    t = make_transport(kind, clickhouse)
+    qid = f"r-{kind}-to-kill"
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            t.execute(
+                read(
+                    "SELECT sleepEachRow(0.5) FROM numbers(40) SETTINGS max_block_size = 1 FORMAT TabSeparated",
+                    qid,
+                ),
+                deadline=soon(60),
+            )
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    admin = make_transport("http", clickhouse)
+    deadline = soon(20)
+    while not chhttp.rows(
+        clickhouse.http_port, f"SELECT 1 AS x FROM system.processes WHERE query_id = '{qid}'"
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    state = kill_query(admin, qid, probe_id=f"kill-{kind}", deadline=soon())
+    worker.join(30)
+    assert state.termination is Termination.KILLED and state.source == "kill_sync"
+    assert len(outcome) == 1 and isinstance(outcome[0], ClickHouseServerError | OutcomeUnknown)
+    # A KILL naming a query that does not run proves nothing.
+    assert (
+        kill_query(
+            admin, "no-such-query", probe_id=f"kill-none-{kind}", deadline=soon()
+        ).termination
+        is Termination.UNKNOWN
+    )
+
+
+def test_server_stopped_mid_insert_is_unknown_until_proven(
+    kind: str, clickhouse: ServerInfo, tmp_path: Path
+) -> None:
+    with LocalServer(tmp_path / "victim") as victim:
+        chhttp.query(victim.info.http_port, f"CREATE DATABASE {DB} ENGINE = Atomic")
+        chhttp.query(
+            victim.info.http_port,
+            f"CREATE TABLE {DB}.t (id Int32, s String) ENGINE = MergeTree ORDER BY id",
+        )
+        calls = 0
+
+        def killing_clock() -> float:
+            nonlocal calls
+            calls += 1
+            if calls == 4:  # a few chunks in: the server dies mid-INSERT
+                os.kill(victim.info.pid, signal.SIGKILL)
+                time.sleep(0.3)
+            return time.monotonic()
+
+        t = make_transport(kind, victim.info, clock=killing_clock)
+        qid = mutation_query_id(f"victim-{kind}", "insert")
+        with pytest.raises(OutcomeUnknown) as caught:
+            t.execute(
+                mutation(
+                    f"INSERT INTO {DB}.t FORMAT RowBinary", qid, body=spool(tmp_path, 2_000_000)
+                ),
+                deadline=soon(60),
+            )
+        assert not isinstance(caught.value, NotSubmitted)
+        victim._process.wait()  # type: ignore[union-attr]
+        victim._process = None  # already dead; nothing to stop
+    with LocalServer(tmp_path / "victim") as again:
+        admin = make_transport("http", again.info)
+        state = query_log_state(admin, qid, probe_id=f"after-{kind}", deadline=soon())
+        # The kill lost the query log: the outcome stays unknown, never guessed.
+        assert state.termination is Termination.UNKNOWN
+
+
+def test_client_binary_missing(clickhouse: ServerInfo) -> None:
+    t = make_transport("client", clickhouse, client_path="/nonexistent/clickhouse-client")
+    with pytest.raises(NotSubmitted) as caught:
+        t.execute(read("SELECT 1", "r-missing-client"), deadline=soon())
+    assert caught.value.code == "client_missing"
+
+
+def fake_client(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "fake-client"
+    script.write_text("#!/bin/sh\n" + body + "\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_client_killed_by_signal(clickhouse: ServerInfo, tmp_path: Path) -> None:
+    # Accepts the setting probe (--version), then dies by SIGKILL on the real call.
+    path = fake_client(
+        tmp_path, 'for a in "$@"; do [ "$a" = "--version" ] && exit 0; done\nkill -9 $$'
+    )
+    t = make_transport("client", clickhouse, client_path=path)
+    with pytest.raises(OutcomeUnknown) as caught:
+        t.execute(read("SELECT 1", "r-killed-client"), deadline=soon())
+    assert caught.value.code == "client_killed" and caught.value.details["signal"] == 9
+
+
+def test_client_credentials_stay_out_of_argv_and_are_removed(
+    clickhouse: ServerInfo, tmp_path: Path
+) -> None:
+    record = tmp_path / "record"
+    path = fake_client(tmp_path, f"""for a in "$@"; do [ "$a" = "--version" ] && exit 0; done
+echo "$@" > {record}.argv
+env > {record}.env
+cfg=$2; stat -c %a "$cfg" > {record}.mode; cat "$cfg" > {record}.cfg; echo "$cfg" > {record}.path
+echo '{{"ok":1}}'""")  # fmt: skip
+    t = make_transport(
+        "client", clickhouse, user="reader", password=READER_PASSWORD, client_path=path
+    )
+    assert t.execute(read("SELECT 1", "r-fake"), deadline=soon()).json_rows() == [{"ok": 1}]
+    assert READER_PASSWORD not in Path(f"{record}.argv").read_text()
+    assert READER_PASSWORD not in Path(f"{record}.env").read_text()
+    assert Path(f"{record}.mode").read_text().strip() == "600"
+    assert READER_PASSWORD in Path(f"{record}.cfg").read_text()  # it did travel, privately
+    assert not Path(Path(f"{record}.path").read_text().strip()).exists()  # and was removed
+
+
+def test_endpoint_identity_on_the_managed_server(clickhouse: ServerInfo) -> None:
+    t = make_transport("http", clickhouse)
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    first = observe_identity(t, DB, probe_prefix="ident-1", deadline=soon())
+    second = observe_identity(t, DB, probe_prefix="ident-2", deadline=soon())
+    assert first == second
+    assert first.server_id_source == "dpone_identity_table"  # serverUUID() is Nil here
+    assert first.server_id != "00000000-0000-0000-0000-000000000000"
+    assert first.database_engine == "Atomic"
+    with pytest.raises(EndpointIdentityError) as overlay:
+        observe_identity(t, "default", probe_prefix="ident-3", deadline=soon())
+    assert overlay.value.code == "database_not_atomic"
+    with pytest.raises(EndpointIdentityError) as missing:
+        observe_identity(t, "no_such_db", probe_prefix="ident-4", deadline=soon())
+    assert missing.value.code == "identity_unobservable"
