@@ -28,6 +28,10 @@ class DponeError(Exception):
     def __str__(self) -> str:
         return f"[{self.code}] {self.message}"
 
+    def add_details(self, **more: Any) -> None:
+        """Attach facts learned while the error travelled up (never removes any)."""
+        self.details = MappingProxyType({**self.details, **more})
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready description (code, message, details) for ``--json`` output."""
         return {"code": self.code, "message": self.message, "details": dict(self.details)}

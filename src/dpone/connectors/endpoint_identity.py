@@ -102,8 +102,7 @@ def _dpone_identity(transport: Transport, probe_prefix: str, deadline: float) ->
     try:
         transport.execute(
             mutation(
-                f"CREATE DATABASE IF NOT EXISTS {IDENTITY_DATABASE} ENGINE = Atomic "
-                "COMMENT 'dpone server identity: do not drop'",
+                f"CREATE DATABASE IF NOT EXISTS {IDENTITY_DATABASE} ENGINE = Atomic",
                 f"{probe_prefix}-identity-create",
             ),
             deadline=deadline,

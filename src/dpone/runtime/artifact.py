@@ -12,12 +12,14 @@ import hashlib
 import io
 import os
 import stat
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from dpone.contracts.receipt import FileReceipt
-from dpone.errors import DponeError
+from dpone.errors import DeadlineError, DponeError
 
 VERIFY_CHUNK_BYTES = 1 << 20
 
@@ -38,13 +40,46 @@ class FileObservation:
     inode: int
 
 
-def scan_descriptor(fd: int, *, chunk_bytes: int = VERIFY_CHUNK_BYTES) -> FileObservation:
+@dataclass
+class FileVerificationBudget:
+    """Bounds for verification scans: one absolute deadline and a per-scan byte cap.
+
+    The clock is injected (monotonic). Checks run before and after every fixed-size
+    read, including the read that finds EOF. These are cooperative limits checked
+    between reads, not preemption of a blocked system call.
+    """
+
+    deadline: float
+    max_scan_bytes: int
+    clock: Callable[[], float] = time.monotonic
+
+    def check(self, scanned: int, when: str) -> None:
+        if self.clock() >= self.deadline:
+            raise DeadlineError(
+                f"verification deadline expired {when}", code="verification_deadline"
+            )
+        if scanned > self.max_scan_bytes:
+            raise ArtifactMismatch(
+                f"verification scan passed its cap of {self.max_scan_bytes} bytes",
+                code="verification_budget_exceeded",
+            )
+
+
+def scan_descriptor(
+    fd: int, *, chunk_bytes: int = VERIFY_CHUNK_BYTES, budget: FileVerificationBudget | None = None
+) -> FileObservation:
     """Hash every byte of ``fd`` with ``pread``; the size must not change meanwhile."""
     before = os.fstat(fd)
+    if budget is not None:
+        budget.check(before.st_size, "before the scan (file size)")
     digest = hashlib.sha256()
     offset = 0
     while True:
+        if budget is not None:
+            budget.check(offset, f"before reading at offset {offset}")
         chunk = os.pread(fd, chunk_bytes, offset)
+        if budget is not None:
+            budget.check(offset + len(chunk), f"after reading at offset {offset}")
         if not chunk:
             break
         digest.update(chunk)
@@ -97,9 +132,9 @@ class HeldArtifact:
             os.close(self.fd)
             raise
 
-    def verify(self) -> FileObservation:
+    def verify(self, budget: FileVerificationBudget | None = None) -> FileObservation:
         """Re-hash through the held descriptor; refuse a replaced or modified file."""
-        observed = scan_descriptor(self.fd)
+        observed = scan_descriptor(self.fd, budget=budget)
         try:
             current = os.stat(self.path)
         except FileNotFoundError as exc:

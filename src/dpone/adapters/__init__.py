@@ -1,0 +1,1 @@
+"""Concrete implementations of the ports: journals, stores, catalogs."""
