@@ -66,6 +66,14 @@ class ClickHouseFileAttemptJournal:
         fsync_directory(self.attempt_dir)
         fsync_directory(self.work_dir)
 
+    def resume(self) -> list[JournalEvent]:
+        """Continue an existing, verified journal (for recovery); returns its events."""
+        events = read_events(self.attempt_dir)
+        if events:
+            self.sequence = events[-1].sequence
+            self.last_sha256 = events[-1].sha256
+        return events
+
     def record(self, fields: Mapping[str, Any]) -> JournalEvent:
         """Publish the next event durably; only then advance sequence and hash."""
         sequence = self.sequence + 1

@@ -8,6 +8,7 @@ import dpone
 from dpone.cli.demo import demo
 from dpone.cli.files import export, validate, verify
 from dpone.cli.server import server
+from dpone.cli.staging import attempts, journal, stage
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,6 +25,9 @@ cli.add_command(demo)
 cli.add_command(export)
 cli.add_command(validate)
 cli.add_command(verify)
+cli.add_command(stage)
+cli.add_command(journal)
+cli.add_command(attempts)
 
 
 def main() -> None:

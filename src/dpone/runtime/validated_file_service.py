@@ -13,6 +13,7 @@ A durable journal intent precedes every mutation; each mutation has exactly one
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from dpone.connectors.clickhouse_request import (
 from dpone.connectors.clickhouse_result import QueryResult
 from dpone.connectors.endpoint_identity import observe_identity
 from dpone.connectors.remote_termination import prove_termination
-from dpone.errors import DeadlineError, DponeError
+from dpone.errors import DeadlineError, DponeError, TransportError
 from dpone.runtime.artifact import FileVerificationBudget
 from dpone.runtime.clickhouse_file_stage_contract import (
     PhysicalDesign,
@@ -131,9 +132,14 @@ class ClickHouseValidatedFileService:
         prep_deadline = self.clock() + self.policy.preparation_seconds
         budget = FileVerificationBudget(prep_deadline, self.policy.max_scan_bytes, self.clock)
         try:
-            with artifact.file_validation_attempt(
-                attempt_id, verification_budget=budget
-            ) as attempt:
+            with contextlib.ExitStack() as stack:
+                try:
+                    attempt = stack.enter_context(
+                        artifact.file_validation_attempt(attempt_id, verification_budget=budget)
+                    )
+                except BaseException as exc:
+                    self._terminal(run, S.FAILED_CLEANED, exc)  # admission failure: nothing exists
+                    raise
                 return self._stage(run, attempt, table, prep_deadline, overrides)
         except BaseException as exc:
             if isinstance(exc, DponeError) and run.last is not None:
@@ -351,7 +357,13 @@ class ClickHouseValidatedFileService:
         try:
             self._move(run, S.CLEANUP)
             self._event(run, S.CLEANUP, "started", error_code=_code(exc))
-            if not self._remote_settled(run, exc):
+            try:
+                settled = self._remote_settled(run, exc)
+            except TransportError as unreachable:
+                # The server cannot be asked: its state is unknown, never assumed.
+                exc.add_note(f"remote state could not be observed: {unreachable}")
+                settled = False
+            if not settled:
                 self._terminal(run, S.RETAINED_UNKNOWN, exc)
                 return
             dropped = self._drop_if_owned(run, table)

@@ -1,0 +1,182 @@
+"""``dpone stage``, ``dpone journal`` and ``dpone attempts``."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from dpone.adapters.file_attempt_journal import read_events
+from dpone.cli.output import emit_json, json_option, reported_errors
+from dpone.cli.server import data_dir_option
+from dpone.connectors.clickhouse_request import Credentials, Endpoint
+from dpone.errors import ConfigurationError
+from dpone.localserver import find_running
+from dpone.runtime.attempt_recovery import RECOVERY_STEPS, cleanup_attempt, list_attempts
+from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
+from dpone.sinks import ClickHouseSink
+
+existing_file = click.Path(exists=True, dir_okay=False, path_type=Path)
+work_dir_option = click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+                               help="Directory holding attempt journals and spools.")  # fmt: skip
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def server_options(func: F) -> F:
+    """Where the ClickHouse server is: the managed local one by default."""
+    for option in reversed([
+        data_dir_option,
+        click.option("--host", help="A ClickHouse host instead of the managed local server."),
+        click.option("--http-port", type=int, help="HTTP port (with --host)."),
+        click.option("--tcp-port", type=int, help="Native port (with --host)."),
+        click.option("--database", required=True, help="The Atomic database to stage into."),
+        click.option("--transport", type=click.Choice(["http", "client"]), default="http", show_default=True,
+                     help="Controlled transport; chosen explicitly, never auto."),
+        click.option("--client-path", default="clickhouse-client", show_default=True,
+                     help="clickhouse-client binary for --transport client."),
+    ]):  # fmt: skip
+        func = option(func)
+    return func
+
+
+def staging_config(data_dir: Path, host: str | None, http_port: int | None, tcp_port: int | None,
+                   database: str, transport: str, client_path: str, work_dir: Path) -> StagingConfig:  # fmt: skip
+    """Endpoint from options, credentials from DPONE_CLICKHOUSE_USER/PASSWORD."""
+    if host is None:
+        info = find_running(data_dir)
+        if info is None:
+            raise ConfigurationError(
+                f"no managed server runs on {data_dir}; start one with `dpone server start` or pass --host",
+                code="no_server",
+            )
+        endpoint = Endpoint("127.0.0.1", info.http_port, info.tcp_port, database)
+    else:
+        if http_port is None or tcp_port is None:
+            raise ConfigurationError(
+                "--host needs --http-port and --tcp-port", code="incomplete_endpoint"
+            )
+        endpoint = Endpoint(host, http_port, tcp_port, database)
+    credentials = Credentials(os.environ.get("DPONE_CLICKHOUSE_USER", "default"),
+                              os.environ.get("DPONE_CLICKHOUSE_PASSWORD", ""))  # fmt: skip
+    return StagingConfig(
+        endpoint, credentials, work_dir, transport=transport, client_path=client_path
+    )
+
+
+@click.command()
+@click.argument("file", type=existing_file)
+@click.option(
+    "--receipt", "receipt_path", type=existing_file, required=True, help="The file's receipt."
+)
+@work_dir_option
+@click.option("--attempt-id", help="Attempt id (default: time and random).")
+@server_options
+@json_option
+def stage(
+    file: Path,
+    receipt_path: Path,
+    work_dir: Path,
+    attempt_id: str | None,
+    as_json: bool,
+    **server: object,
+) -> None:
+    """Stage FILE into a private, verified ClickHouse table."""
+    with reported_errors(as_json):
+        config = staging_config(work_dir=work_dir, **server)  # type: ignore[arg-type]
+        staged = ClickHouseSink(config).stage_validated_file(
+            file, receipt_path, attempt_id=attempt_id
+        )
+        payload = {"ok": True, "database": staged.database, "table": staged.table, "uuid": staged.uuid,
+                   "rows": staged.rows, "semantic_id": staged.semantic_id, "journal": str(staged.journal_path)}  # fmt: skip
+        if as_json:
+            emit_json(payload)
+        else:
+            click.echo(
+                f"staged {staged.rows} rows into {staged.database}.{staged.table} (uuid {staged.uuid})"
+            )
+            click.echo(f"semantic id {staged.semantic_id}")
+            click.echo(f"journal {staged.journal_path}")
+
+
+@click.group()
+def journal() -> None:
+    """Read and verify attempt journals."""
+
+
+@journal.command("show")
+@click.argument("attempt_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+def journal_show(attempt_dir: Path) -> None:
+    """Print every event of ATTEMPT_DIR, one JSON object per line."""
+    with reported_errors(False):
+        for event in read_events(attempt_dir):
+            click.echo(
+                json.dumps(
+                    {"sha256": event.sha256, **event.document}, sort_keys=True, ensure_ascii=False
+                )
+            )
+
+
+@journal.command("verify")
+@click.argument("attempt_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@json_option
+def journal_verify(attempt_dir: Path, as_json: bool) -> None:
+    """Check sequence, hash chain and canonical bytes; exit 1 naming the first break."""
+    with reported_errors(as_json):
+        events = read_events(attempt_dir)
+        last = events[-1] if events else None
+        if as_json:
+            emit_json({"ok": True, "events": len(events), "last_sha256": last.sha256 if last else None,
+                       "state": last.document.get("state") if last else None})  # fmt: skip
+        else:
+            click.echo(f"{attempt_dir}: {len(events)} events verify"
+                       + (f"; last state {last.document.get('state')}" if last else ""))  # fmt: skip
+
+
+@click.group()
+def attempts() -> None:
+    """Attempts that need an operator, and their verified cleanup."""
+
+
+@attempts.command("list")
+@work_dir_option
+@click.option("--all", "show_all", is_flag=True, help="Also list attempts that need nothing.")
+@json_option
+def attempts_list(work_dir: Path, show_all: bool, as_json: bool) -> None:
+    """List attempts that ended retained_unknown or cleanup_failed, or never ended."""
+    with reported_errors(as_json):
+        found = [a for a in list_attempts(work_dir) if show_all or a.needs_operator]
+        if as_json:
+            emit_json({"ok": True, "attempts": [a.to_dict() for a in found]})
+            return
+        if not found:
+            click.echo("no attempt needs an operator")
+            return
+        for a in found:
+            click.echo(f"{a.attempt_id}: {a.state} (event {a.last_sequence}, error {a.error_code})")
+            click.echo(
+                f"  table {a.planned_table} uuid {a.table_uuid}; sent {', '.join(a.sent_mutations) or 'nothing'}"
+            )
+            click.echo(f"  inventory {json.dumps(a.inventory, sort_keys=True)}")
+        click.echo("recovery: " + "; then ".join(RECOVERY_STEPS))
+
+
+@attempts.command("cleanup")
+@click.argument("attempt_id")
+@work_dir_option
+@server_options
+@json_option
+def attempts_cleanup(attempt_id: str, work_dir: Path, as_json: bool, **server: object) -> None:
+    """Clean ATTEMPT_ID up when its queries' terminal state is proven; refuse otherwise."""
+    with reported_errors(as_json):
+        config = staging_config(work_dir=work_dir, **server)  # type: ignore[arg-type]
+        summary = cleanup_attempt(build_transport(config), work_dir, attempt_id)
+        if as_json:
+            emit_json({"ok": True, **summary.to_dict()})
+        else:
+            click.echo(f"{attempt_id}: cleaned up, now {summary.state}")
