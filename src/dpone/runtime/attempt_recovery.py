@@ -20,13 +20,13 @@ from dpone.adapters.file_attempt_journal import (
     JournalEvent,
     read_events,
 )
-from dpone.connectors.clickhouse_request import mutation, read
+from dpone.connectors.clickhouse_request import mutation
 from dpone.connectors.remote_termination import prove_termination
 from dpone.errors import DponeError, JournalError, StateError
 from dpone.runtime.clickhouse_file_stage_contract import QueryPort
 from dpone.runtime.staging_states import NEEDS_OPERATOR, TERMINAL
-from dpone.runtime.validated_file_service import ownership_comment
-from dpone.sql import quote_identifier, quote_literal
+from dpone.runtime.validated_file_service import observe_ownership, ownership_comment
+from dpone.sql import quote_identifier
 
 RECOVERY_STEPS = (
     "prove the exact query's terminal state (KILL QUERY WHERE query_id = ... SYNC, or system.query_log)",
@@ -152,19 +152,14 @@ def _drop_if_owned(
 ) -> None:  # fmt: skip
     assert summary.planned_table is not None
     database, table = str(summary.planned_table["database"]), str(summary.planned_table["table"])
-    rows = transport.execute(
-        read("SELECT toString(t.uuid) AS uuid, c.comment AS comment FROM system.tables AS t "
-             "LEFT JOIN (SELECT database, table, comment FROM system.columns WHERE position = 1) AS c "
-             "ON c.database = t.database AND c.table = t.name "
-             f"WHERE t.database = {quote_literal(database)} AND t.name = {quote_literal(table)} FORMAT JSONEachRow",
-             f"dpone-b02-{summary.attempt_id}-read-recovery-owned"),
-        deadline=deadline,
-    ).json_rows()  # fmt: skip
-    if not rows:
+    counter = iter(range(1, 1000))
+    found = observe_ownership(transport, database, table,
+                              lambda: f"dpone-b02-{summary.attempt_id}-read-recovery-owned-{next(counter)}", deadline)  # fmt: skip
+    if found is None:
         return
-    owned = rows[0]["comment"] == ownership_comment(
+    owned = found["comment"] == ownership_comment(
         summary.attempt_id, summary.semantic_id or ""
-    ) and (summary.table_uuid is None or rows[0]["uuid"] == summary.table_uuid)
+    ) and (summary.table_uuid is None or found["uuid"] == summary.table_uuid)
     if not owned:
         raise StateError(f"{database}.{table} is not proven to be attempt {summary.attempt_id}'s; not dropped",
                          code="ownership_unverified")  # fmt: skip
@@ -175,7 +170,7 @@ def _drop_if_owned(
                          code="drop_already_sent")  # fmt: skip
     journal.record({**base, "state": "cleanup", "outcome": "drop_intent",
                     "query": {"kind": "drop", "query_id": drop_id},
-                    "observed_ownership": {"table_uuid": rows[0]["uuid"]}, "cleanup_inventory": summary.inventory})  # fmt: skip
+                    "observed_ownership": {"table_uuid": found["uuid"]}, "cleanup_inventory": summary.inventory})  # fmt: skip
     try:
         transport.execute(mutation(f"DROP TABLE {quote_identifier(database)}.{quote_identifier(table)}", drop_id),
                           deadline=deadline)  # fmt: skip

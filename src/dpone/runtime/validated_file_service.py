@@ -72,6 +72,26 @@ def ownership_comment(attempt_id: str, semantic_id: str) -> str:
     return f"dpone-owned attempt={attempt_id} semantic={semantic_id}"
 
 
+def observe_ownership(
+    transport: QueryPort, database: str, table: str, next_id: Callable[[], str], deadline: float
+) -> dict[str, Any] | None:
+    """The table's UUID and its first column's comment, or None when it does not exist."""
+    where = f"database = {quote_literal(database)} AND "
+    tables = transport.execute(
+        read(f"SELECT toString(uuid) AS uuid FROM system.tables WHERE {where}name = {quote_literal(table)} "
+             "FORMAT JSONEachRow", next_id()),
+        deadline=deadline,
+    ).json_rows()  # fmt: skip
+    if not tables:
+        return None
+    columns = transport.execute(
+        read(f"SELECT comment FROM system.columns WHERE {where}table = {quote_literal(table)} AND position = 1 "
+             "FORMAT JSONEachRow", next_id()),
+        deadline=deadline,
+    ).json_rows()  # fmt: skip
+    return {"uuid": tables[0]["uuid"], "comment": columns[0]["comment"] if columns else None}
+
+
 class _Run:
     """The mutable state of one attempt, in one place."""
 
@@ -191,9 +211,12 @@ class ClickHouseValidatedFileService:
         self._event(
             run, S.CREATING_STAGING, "intent", query={"kind": "create", "query_id": create_id}
         )
+        # The ownership mark is the first column's comment: every client can send a
+        # column COMMENT (Debian's clickhouse-client 18.16 cannot parse a table COMMENT).
         columns = ", ".join(
             f"{quote_identifier(c.name)} {c.clickhouse_type}"
-            for c in prepared.identity.target_schema
+            + (f" COMMENT {quote_literal(comment)}" if i == 0 else "")
+            for i, c in enumerate(prepared.identity.target_schema)
         )
         run.table_created_maybe = True
         self._mutate(
@@ -298,7 +321,7 @@ class ClickHouseValidatedFileService:
         ):
             problems.append("physical design differs")
         cols = self.transport.execute(
-            read("SELECT name, type FROM system.columns "
+            read("SELECT name, type, comment FROM system.columns "
                  f"WHERE database = {quote_literal(self.database)} AND table = {quote_literal(table)} "
                  "ORDER BY position FORMAT JSONEachRow", self._read_id(run, "columns")),
             deadline=self._bounded(deadline),
@@ -306,8 +329,10 @@ class ClickHouseValidatedFileService:
         expected = [
             {"name": c.name, "type": c.clickhouse_type} for c in prepared.identity.target_schema
         ]
-        if cols != expected:
+        if [{"name": c["name"], "type": c["type"]} for c in cols] != expected:
             problems.append("columns differ from the prepared schema")
+        if not cols or cols[0]["comment"] != comment:
+            problems.append("ownership comment differs")
         if problems:
             raise StagingError(f"staging table {table} fails its identity check: {'; '.join(problems)}",
                                code="table_identity_mismatch", problems=problems)  # fmt: skip
@@ -406,26 +431,20 @@ class ClickHouseValidatedFileService:
 
     def _drop_if_owned(self, run: _Run, table: str) -> bool | None:
         """Drop the staging table if it is ours; None when ownership cannot be settled."""
-        found = self.transport.execute(
-            read("SELECT toString(t.uuid) AS uuid, c.comment AS comment FROM system.tables AS t "
-                 "LEFT JOIN (SELECT database, table, comment FROM system.columns WHERE position = 1) AS c "
-                 "ON c.database = t.database AND c.table = t.name "
-                 f"WHERE t.database = {quote_literal(self.database)} AND t.name = {quote_literal(table)} "
-                 "FORMAT JSONEachRow", self._read_id(run, "owned")),
-            deadline=self.clock() + self.policy.verification_seconds,
-        ).json_rows()  # fmt: skip
+        found = observe_ownership(self.transport, self.database, table, lambda: self._read_id(run, "owned"),
+                                  self.clock() + self.policy.verification_seconds)  # fmt: skip
         if not found:
             return False  # nothing was created
         semantic = run.prepared.semantic_id if run.prepared else ""
-        ours = found[0]["comment"] == ownership_comment(run.journal.attempt_id, semantic) and (
-            run.table_uuid is None or found[0]["uuid"] == run.table_uuid
+        ours = found["comment"] == ownership_comment(run.journal.attempt_id, semantic) and (
+            run.table_uuid is None or found["uuid"] == run.table_uuid
         )
         if not ours:
             run.inventory["table_not_owned"] = table
             return None
         drop_id = mutation_query_id(run.journal.attempt_id, "drop")
         self._event(run, S.CLEANUP, "drop_intent", query={"kind": "drop", "query_id": drop_id},
-                    observed_ownership={"table_uuid": found[0]["uuid"]})  # fmt: skip
+                    observed_ownership={"table_uuid": found["uuid"]})  # fmt: skip
         try:
             self._mutate(run, f"DROP TABLE {self._qualified(table)}", drop_id)
         except ClickHouseServerError:

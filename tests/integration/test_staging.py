@@ -1,0 +1,353 @@
+"""stage_validated_file end to end on the real server, with faults."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal, read_events
+from dpone.connectors.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
+from dpone.connectors.clickhouse_result import QueryResult
+from dpone.errors import DponeError, JournalError
+from dpone.exporters.export import export_table
+from dpone.exporters.sources import SqliteSource
+from dpone.localserver import ServerInfo
+from dpone.runtime.attempt_recovery import list_attempts
+from dpone.runtime.clickhouse_file_stage_contract import StagingPolicy
+from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
+from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
+from dpone.runtime.validated_file_service import ClickHouseValidatedFileService
+from dpone.sinks import ClickHouseSink
+from tests import chhttp
+from tests.hostile_values import HOSTILE_BINARY, HOSTILE_TEXT
+
+DB = "staging_db"
+
+
+def export_hostile(
+    tmp_path: Path, rows: int | None = None
+) -> tuple[Path, Path, list[tuple[Any, ...]]]:
+    """A hostile-values table with types every client can insert."""
+    data: list[tuple[Any, ...]] = [(i, t, None, None) for i, t in enumerate(HOSTILE_TEXT)]
+    data += [
+        (1000 + i, None, b, "6F9619FF-8B86-D011-B42D-00C04FC964FF")
+        for i, b in enumerate(HOSTILE_BINARY)
+    ]
+    data += [(5000, "dup", b"d", None)] * 2
+    if rows is not None:
+        data = data[:rows]
+    db = tmp_path / "src.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "CREATE TABLE t (id bigint NOT NULL, txt nvarchar, bin varbinary, g uniqueidentifier)"
+        )
+        conn.executemany("INSERT INTO t VALUES (?, ?, ?, ?)", data)
+    result = export_table(SqliteSource(db), "t", tmp_path / "t.tsv")
+    return result.path, result.receipt_path, data
+
+
+def config(info: ServerInfo, work: Path, kind: str = "http", **policy: Any) -> StagingConfig:
+    return StagingConfig(Endpoint("127.0.0.1", info.http_port, info.tcp_port, DB), Credentials("default"), work,
+                         transport=kind, policy=StagingPolicy(**policy))  # fmt: skip
+
+
+@pytest.fixture(params=["http", "client"])
+def kind(request: pytest.FixtureRequest, clickhouse: ServerInfo) -> str:
+    if request.param == "client":
+        request.getfixturevalue("clickhouse_client")
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    return str(request.param)
+
+
+def table_exists(info: ServerInfo, table: str) -> bool:
+    return chhttp.query(info.http_port, f"EXISTS TABLE {DB}.{table}") == "1\n"
+
+
+def states(attempt_dir: Path) -> list[str]:
+    return [e.document["state"] for e in read_events(attempt_dir)]
+
+
+def test_hostile_values_stage_and_read_back_equal(
+    kind: str, clickhouse: ServerInfo, tmp_path: Path
+) -> None:
+    path, receipt, data = export_hostile(tmp_path)
+    staged = ClickHouseSink(config(clickhouse, tmp_path / "work", kind)).stage_validated_file(
+        path, receipt, attempt_id=f"hostile-{kind}"
+    )
+    assert staged.rows == len(data)
+    got = chhttp.rows(
+        clickhouse.http_port,
+        f"SELECT id, hex(txt) AS t, isNull(txt) AS tn, hex(bin) AS b, isNull(bin) AS bn, toString(g) AS g FROM {DB}.{staged.table} ORDER BY id",
+    )
+    expected = sorted(data, key=lambda r: r[0])
+    assert [r["id"] for r in got] == [r[0] for r in expected]
+    for row, (_, text, blob, guid) in zip(got, expected, strict=True):
+        assert (row["tn"], row["bn"]) == (text is None, blob is None)
+        assert text is None or bytes.fromhex(row["t"]).decode() == text
+        assert blob is None or bytes.fromhex(row["b"]) == blob
+        assert row["g"] == (None if guid is None else guid.lower())
+    assert states(staged.journal_path) == [
+        "checking",
+        "prepared",
+        "creating_staging",
+        "loading",
+        "verifying",
+        "staged",
+    ]
+    consumption = staged.metadata["validated_file_consumption"]
+    assert consumption["record"]["state"] == "staged" and consumption["journal"] == str(
+        staged.journal_path
+    )
+    assert consumption["record"]["counts"] == {
+        "prepared_rows": len(data),
+        "observed_count": len(data),
+    }
+    assert not (staged.journal_path / "spool").exists()
+    journal_text = b"".join(p.read_bytes() for p in staged.journal_path.rglob("attempt.json"))
+    assert str(path).encode() not in journal_text  # no source path
+    for value in (b"NULL", "עברית".encode(), b"dup"):
+        assert value not in journal_text  # no source values
+
+
+def test_empty_input_is_not_submitted_and_counted_zero(
+    clickhouse: ServerInfo, tmp_path: Path
+) -> None:
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    path, receipt, _ = export_hostile(tmp_path, rows=0)
+    staged = ClickHouseSink(config(clickhouse, tmp_path / "work")).stage_validated_file(
+        path, receipt, attempt_id="empty-1"
+    )
+    assert staged.rows == 0
+    events = read_events(staged.journal_path)
+    loading = next(e.document for e in events if e.document["state"] == "loading")
+    assert loading["outcome"] == "not_submitted_empty" and loading["query"] == {
+        "kind": "insert",
+        "query_id": None,
+    }
+    assert events[-1].document["counts"] == {"prepared_rows": 0, "observed_count": 0}
+
+
+class Interfering:
+    """A real transport with a hook that runs before chosen requests (faults a server cannot make)."""
+
+    def __init__(self, inner: Any, hook: Callable[[ClickHouseRequest], QueryResult | None]) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.endpoint = inner.endpoint
+        self.hook = hook
+
+    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
+        replaced = self.hook(request)
+        result = self.inner.execute(request, deadline=deadline)
+        return replaced if replaced is not None else result
+
+
+def service(
+    info: ServerInfo,
+    work: Path,
+    hook: Callable[[ClickHouseRequest], QueryResult | None],
+    **policy: Any,
+) -> ClickHouseValidatedFileService:
+    cfg = config(info, work, **policy)
+    return ClickHouseValidatedFileService(
+        Interfering(build_transport(cfg), hook), DB, work, policy=cfg.policy
+    )
+
+
+def fake_count(output: bytes) -> Callable[[ClickHouseRequest], QueryResult | None]:
+    def hook(request: ClickHouseRequest) -> QueryResult | None:
+        if "-read-count-" in request.query_id:
+            return QueryResult(request.query_id, output, None, None, "http")
+        return None
+
+    return hook
+
+
+@pytest.mark.parametrize(
+    ("output", "code"),
+    [(b'{"n":88}\n', "count_mismatch"), (b'{"n":true}\n', "count_unobservable"), (b'{"n":"87"}\n', "count_unobservable"),
+     (b"", "count_unobservable"), (b'{"n":87}\n{"n":87}\n', "count_unobservable"), (b'{"m":87}\n', "count_unobservable")],
+)  # fmt: skip
+def test_wrong_counts_fail_and_clean_up(
+    clickhouse: ServerInfo, tmp_path: Path, output: bytes, code: str
+) -> None:
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    path, receipt, data = export_hostile(tmp_path)
+    if b"87" in output:
+        output = output.replace(b"87", str(len(data)).encode())
+    svc = service(clickhouse, tmp_path / "work", fake_count(output))
+    attempt = f"count-{abs(hash(output)) % 10**8}"
+    with pytest.raises(DponeError) as caught:
+        svc.stage(ContractValidatedFileArtifact(path, receipt), attempt)
+    assert caught.value.code == code
+    assert caught.value.details["last_event"]["state"] == "failed_cleaned"
+    assert not table_exists(clickhouse, f"dpone_stage_{attempt.replace('-', '_')}")
+    assert states(tmp_path / "work" / attempt)[-3:] == ["cleanup", "cleanup", "failed_cleaned"]
+    assert not (tmp_path / "work" / attempt / "spool").exists()
+
+
+def test_table_altered_between_checks_is_refused(clickhouse: ServerInfo, tmp_path: Path) -> None:
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    path, receipt, _ = export_hostile(tmp_path)
+
+    seen = 0
+
+    def alter(request: ClickHouseRequest) -> None:
+        nonlocal seen
+        if "-read-table-" in request.query_id:
+            seen += 1
+            if seen == 2:  # after the INSERT, before the second identity check
+                chhttp.query(
+                    clickhouse.http_port,
+                    f"ALTER TABLE {DB}.dpone_stage_altered_1 ADD COLUMN extra Int8",
+                )
+
+    with pytest.raises(DponeError) as caught:
+        service(clickhouse, tmp_path / "work", alter).stage(
+            ContractValidatedFileArtifact(path, receipt), "altered-1"
+        )
+    assert caught.value.code == "table_identity_mismatch"
+    assert "columns differ" in str(caught.value)
+    assert not table_exists(clickhouse, "dpone_stage_altered_1")  # ours (comment, UUID) and dropped
+
+
+def test_source_modified_during_insert_is_detected(clickhouse: ServerInfo, tmp_path: Path) -> None:
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    path, receipt, _ = export_hostile(tmp_path)
+
+    def tamper(request: ClickHouseRequest) -> None:
+        if request.query_id.endswith("-insert"):
+            with open(path, "r+b") as f:
+                f.write(b"9")
+
+    with pytest.raises(DponeError) as caught:
+        service(clickhouse, tmp_path / "work", tamper).stage(
+            ContractValidatedFileArtifact(path, receipt), "tamper-1"
+        )
+    assert caught.value.code == "artifact_hash_mismatch"
+    assert states(tmp_path / "work" / "tamper-1")[-1] == "failed_cleaned"
+    assert not table_exists(clickhouse, "dpone_stage_tamper_1")
+
+
+def test_spool_modified_before_insert_is_detected(clickhouse: ServerInfo, tmp_path: Path) -> None:
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    path, receipt, _ = export_hostile(tmp_path)
+
+    def tamper(request: ClickHouseRequest) -> None:
+        if request.query_id.endswith("-insert") and request.body is not None:
+            os.chmod(request.body, 0o600)
+            with open(request.body, "r+b") as f:
+                f.write(b"\x07")
+
+    with pytest.raises(DponeError) as caught:
+        service(clickhouse, tmp_path / "work", tamper).stage(
+            ContractValidatedFileArtifact(path, receipt), "spool-1"
+        )
+    assert caught.value.code == "sent_bytes_mismatch"
+    assert not table_exists(clickhouse, "dpone_stage_spool_1")
+
+
+def test_source_modified_before_admission_fails_clean(
+    clickhouse: ServerInfo, tmp_path: Path
+) -> None:
+    path, receipt, _ = export_hostile(tmp_path)
+    with open(path, "ab") as f:
+        f.write(b"1\t\t\t\n")
+    with pytest.raises(DponeError) as caught:
+        ClickHouseSink(config(clickhouse, tmp_path / "work")).stage_validated_file(
+            path, receipt, attempt_id="early-1"
+        )
+    assert caught.value.code == "artifact_size_mismatch"
+    assert states(tmp_path / "work" / "early-1") == ["failed_cleaned"]
+
+
+def test_receipt_replaced_during_the_attempt(clickhouse: ServerInfo, tmp_path: Path) -> None:
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    path, receipt, _ = export_hostile(tmp_path)
+    original = receipt.read_bytes()
+
+    def replace_receipt(request: ClickHouseRequest) -> None:
+        if request.query_id.endswith("-insert"):
+            receipt.write_bytes(
+                original.replace(b'"validator_version"', b'"validator_version"')
+            )  # same bytes,
+            os.replace(receipt, tmp_path / "moved.json")  # but the file itself is gone
+
+    with pytest.raises(DponeError) as caught:
+        service(clickhouse, tmp_path / "work", replace_receipt).stage(
+            ContractValidatedFileArtifact(path, receipt), "receipt-1"
+        )
+    assert caught.value.code == "receipt_replaced"
+
+
+def test_preparation_deadline_fails_before_anything_remote(
+    clickhouse: ServerInfo, tmp_path: Path
+) -> None:
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    path, receipt, _ = export_hostile(tmp_path)
+    ticks = iter(range(0, 10**6, 1000))
+    cfg = config(clickhouse, tmp_path / "work", preparation_seconds=1.5)
+    svc = ClickHouseValidatedFileService(build_transport(cfg), DB, tmp_path / "work", policy=cfg.policy,
+                                         clock=lambda: float(next(ticks)))  # fmt: skip
+    with pytest.raises(DponeError) as caught:
+        svc.stage(ContractValidatedFileArtifact(path, receipt), "deadline-1")
+    assert "deadline" in caught.value.code
+    assert states(tmp_path / "work" / "deadline-1")[-1] == "failed_cleaned"
+    assert not table_exists(clickhouse, "dpone_stage_deadline_1")
+
+
+class FailingJournal(ClickHouseFileAttemptJournal):
+    fail_at = 0
+
+    def record(self, fields: Any) -> Any:
+        if self.sequence + 1 == self.fail_at:
+            raise JournalError("disk full (simulated)", code="journal_write_failed")
+        return super().record(fields)
+
+
+@pytest.mark.parametrize(("fail_at", "table_left"), [(3, False), (4, True), (6, True)])
+def test_journal_failure_never_drops_without_a_durable_intent(
+    clickhouse: ServerInfo, tmp_path: Path, fail_at: int, table_left: bool
+) -> None:
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    path, receipt, _ = export_hostile(tmp_path)
+    journal_cls = type("J", (FailingJournal,), {"fail_at": fail_at})
+    cfg = config(clickhouse, tmp_path / "work")
+    svc = ClickHouseValidatedFileService(
+        build_transport(cfg), DB, tmp_path / "work", policy=cfg.policy, journal_factory=journal_cls
+    )
+    attempt = f"journal-{fail_at}"
+    with pytest.raises(JournalError):
+        svc.stage(ContractValidatedFileArtifact(path, receipt), attempt)
+    # Event 3 is the CREATE intent: without it nothing is created. Later failures leave
+    # the table (no durable DROP intent can be written) and the journal still verifies.
+    assert table_exists(clickhouse, f"dpone_stage_{attempt.replace('-', '_')}") is table_left
+    events = read_events(tmp_path / "work" / attempt)
+    assert len(events) == fail_at - 1
+    # No terminal record could be written, so an operator is always asked to look.
+    assert any(
+        a.attempt_id == attempt and a.needs_operator for a in list_attempts(tmp_path / "work")
+    )
+
+
+def test_existing_attempt_is_refused(clickhouse: ServerInfo, tmp_path: Path) -> None:
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    path, receipt, _ = export_hostile(tmp_path)
+    sink = ClickHouseSink(config(clickhouse, tmp_path / "work"))
+    sink.stage_validated_file(path, receipt, attempt_id="twice-1")
+    with pytest.raises(JournalError) as caught:
+        sink.stage_validated_file(path, receipt, attempt_id="twice-1")
+    assert caught.value.code == "attempt_exists"
+    assert states(tmp_path / "work" / "twice-1")[-1] == "staged"
+
+
+def test_auto_transport_is_refused(clickhouse: ServerInfo, tmp_path: Path) -> None:
+    with pytest.raises(DponeError) as caught:
+        build_transport(dataclasses.replace(config(clickhouse, tmp_path), transport="auto"))
+    assert caught.value.code == "invalid_transport"
