@@ -82,9 +82,14 @@ def test_demo_uses_default_data_dir_under_working_directory(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     payload = as_json(done)
     assert payload["data_dir"] == str(tmp_path / ".dpone" / "clickhouse")
-    assert payload["database_engine"] == "Atomic"
     assert payload["version"].startswith("26.")
     assert payload["server_was_running"] is False
+    assert payload["rows"] == 5 and payload["database"] == "dpone_demo"
+    verified = dpone("journal", "verify", str(tmp_path / payload["journal"]), "--json")
+    assert verified.returncode == 0 and json.loads(verified.stdout)["state"] == "staged"
+    # A second run stages a fresh attempt with the same semantic identity.
+    again = as_json(dpone("demo", "--json", cwd=tmp_path))
+    assert again["semantic_id"] == payload["semantic_id"] and again["table"] != payload["table"]
     # The demo stopped the server it started.
     assert dpone("server", "status", cwd=tmp_path).returncode == 1
 

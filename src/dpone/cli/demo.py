@@ -1,26 +1,63 @@
-"""``dpone demo``: the main job on the embedded default."""
+"""``dpone demo``: the main job on the embedded default.
+
+A SQLite source (created once with a few hostile values) is exported to a bulk text
+file with its receipt, validated, prepared into exact RowBinary and staged into a
+private, verified table of the managed local ClickHouse server.
+"""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import click
 
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option
+from dpone.connectors.clickhouse_request import Credentials, Endpoint
+from dpone.exporters.export import export_table
+from dpone.exporters.sources import SqliteSource
 from dpone.localserver import LocalServer, find_running
 from dpone.localserver.control import run_admin_sql
-from dpone.sql import quote_identifier, quote_literal
+from dpone.runtime.clickhouse_staging_composition import StagingConfig
+from dpone.sinks import ClickHouseSink
+from dpone.sql import quote_identifier
 
 DEMO_DATABASE = "dpone_demo"
+DEMO_ROWS = [
+    (1, "Ada Lovelace", "1234.50", "2024-02-29 23:59:59.1234567", "6F9619FF-8B86-D011-B42D-00C04FC964FF", b"\x00\xff"),
+    (2, "tab\there, newline\nthere", "-0.01", "1900-01-01 00:00:00.0000000", None, b""),
+    (3, "NULL", None, "2299-12-31 23:59:59.9999999", None, None),
+    (4, "", "9999999999999.99", "1970-01-01 00:00:00.0000000", None, bytes(range(256))),
+    (5, "\x1d marker, 'quotes', \\backslash, emoji 🎉, עברית", "0", "2000-01-01 12:00:00.5000000", None, None),
+]  # fmt: skip
+
+
+def ensure_source(path: Path) -> None:
+    """Create the demo SQLite source once (declared types are SQL Server types)."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TABLE customers (id bigint NOT NULL, name nvarchar(200), "
+            "balance decimal(18, 2), updated_at datetime2(7) NOT NULL, external_id uniqueidentifier, "
+            "avatar varbinary)"
+        )
+        conn.executemany("INSERT INTO customers VALUES (?, ?, ?, ?, ?, ?)", DEMO_ROWS)
 
 
 @click.command()
 @data_dir_option
+@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".dpone/demo"),
+              show_default=True, help="Where the demo source, file, receipt and journals go.")  # fmt: skip
 @json_option
-def demo(data_dir: Path, as_json: bool) -> None:
-    """Start the local server (or use the running one) and prepare the demo database."""
+def demo(data_dir: Path, work_dir: Path, as_json: bool) -> None:
+    """Export a SQLite table, validate it and stage it into the local ClickHouse server."""
     with reported_errors(as_json):
+        source = work_dir / "source.db"
+        ensure_source(source)
+        exported = export_table(SqliteSource(source), "customers", work_dir / "customers.tsv")
         running = find_running(data_dir)
         local = None
         if running is None:
@@ -33,29 +70,30 @@ def demo(data_dir: Path, as_json: bool) -> None:
                 info.http_port,
                 f"CREATE DATABASE IF NOT EXISTS {quote_identifier(DEMO_DATABASE)} ENGINE = Atomic",
             )
-            row = run_admin_sql(
-                info.http_port,
-                "SELECT engine, toString(uuid) FROM system.databases "
-                f"WHERE name = {quote_literal(DEMO_DATABASE)} FORMAT TabSeparated",
+            endpoint = Endpoint("127.0.0.1", info.http_port, info.tcp_port, DEMO_DATABASE)
+            sink = ClickHouseSink(
+                StagingConfig(endpoint, Credentials("default"), work_dir / "attempts")
             )
-            engine, uuid = row.rstrip("\n").split("\t")
+            staged = sink.stage_validated_file(exported.path, exported.receipt_path)
         finally:
             if local is not None:
                 local.stop()
         payload = {
-            "ok": True,
-            "version": info.version,
-            "http_port": info.http_port,
-            "tcp_port": info.tcp_port,
-            "data_dir": info.data_dir,
-            "database": DEMO_DATABASE,
-            "database_engine": engine,
-            "database_uuid": uuid,
-            "server_was_running": running is not None,
-        }
+            "ok": True, "version": info.version, "http_port": info.http_port, "tcp_port": info.tcp_port,
+            "data_dir": info.data_dir, "database": staged.database, "table": staged.table, "uuid": staged.uuid,
+            "rows": staged.rows, "semantic_id": staged.semantic_id, "journal": str(staged.journal_path),
+            "file": str(exported.path), "receipt": str(exported.receipt_path), "server_was_running": running is not None,
+        }  # fmt: skip
         if as_json:
             emit_json(payload)
         else:
-            click.echo(f"ClickHouse {info.version} on http {info.http_port}, tcp {info.tcp_port}")
-            click.echo(f"database {DEMO_DATABASE}: engine {engine}, uuid {uuid}")
-            click.echo(f"data dir {info.data_dir}")
+            click.echo(
+                f"ClickHouse {info.version} on http {info.http_port}, tcp {info.tcp_port} ({info.data_dir})"
+            )
+            click.echo(
+                f"exported {exported.receipt.rows_validated} rows to {exported.path} (receipt {exported.receipt_path})"
+            )
+            click.echo(
+                f"staged {staged.rows} rows into {staged.database}.{staged.table} (uuid {staged.uuid})"
+            )
+            click.echo(f"semantic id {staged.semantic_id}; journal {staged.journal_path}")

@@ -1,0 +1,36 @@
+"""``dpone stage`` as a user runs it, against a managed server started by the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests import chhttp
+from tests.e2e.test_cli_server import as_json, dpone
+from tests.integration.test_staging import export_hostile
+
+
+def test_stage_through_the_cli(tmp_path: Path) -> None:
+    path, receipt, data = export_hostile(tmp_path)
+    server = as_json(dpone("server", "start", "--data-dir", str(tmp_path / "ch"), "--json"))
+    try:
+        chhttp.query(server["http_port"], "CREATE DATABASE stg ENGINE = Atomic")
+        done = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
+                     "--database", "stg", "--data-dir", str(tmp_path / "ch"), "--attempt-id", "cli-1", "--json")  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        staged = as_json(done)
+        assert staged["rows"] == len(data) and staged["table"] == "dpone_stage_cli_1"
+        assert (
+            chhttp.query(server["http_port"], "SELECT count() FROM stg.dpone_stage_cli_1")
+            == f"{len(data)}\n"
+        )
+        shown = dpone("journal", "show", staged["journal"])
+        assert [json.loads(line)["state"] for line in shown.stdout.splitlines()][-1] == "staged"
+        text = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
+                     "--database", "stg", "--data-dir", str(tmp_path / "ch"), "--attempt-id", "cli-1")  # fmt: skip
+        assert text.returncode == 1 and "attempt_exists" in text.stderr
+        missing = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
+                        "--database", "stg", "--data-dir", str(tmp_path / "nowhere"))  # fmt: skip
+        assert missing.returncode == 2 and "no_server" in missing.stderr
+    finally:
+        dpone("server", "stop", "--data-dir", str(tmp_path / "ch"))

@@ -1,0 +1,77 @@
+"""ContractValidatedFileArtifact and FileVerificationBudget."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from dpone.errors import DeadlineError, StateError
+from dpone.runtime.artifact import ArtifactMismatch, FileVerificationBudget, HeldArtifact
+from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
+from tests.integration.test_staging import export_hostile
+
+
+def test_binding_complete_and_busy(tmp_path: Path) -> None:
+    path, receipt, data = export_hostile(tmp_path)
+    artifact = ContractValidatedFileArtifact(path, receipt)
+    with artifact.file_validation_attempt("a1") as attempt:
+        with pytest.raises(StateError) as busy, artifact.file_validation_attempt("a2"):
+            pass
+        assert busy.value.code == "artifact_busy"
+        assert artifact.active is attempt  # the busy entry did not reset the active attempt
+        for bad in (True, float(len(data)), str(len(data))):
+            with pytest.raises(StateError) as caught:
+                attempt.complete(bad)
+            assert caught.value.code == "invalid_count"
+        with pytest.raises(StateError) as mismatch:
+            attempt.complete(len(data) + 1)
+        assert mismatch.value.code == "count_mismatch"
+        summary = attempt.complete(len(data))
+    assert artifact.latest_summary == summary and summary.rows == len(data)
+    with pytest.raises(RuntimeError), artifact.file_validation_attempt("a3"):
+        raise RuntimeError("boom")
+    assert artifact.latest_summary is None  # exceptional exit resets the summary
+
+
+def test_receipt_replacement_is_rejected(tmp_path: Path) -> None:
+    path, receipt, data = export_hostile(tmp_path)
+    artifact = ContractValidatedFileArtifact(path, receipt)
+    with artifact.file_validation_attempt("a1") as attempt:
+        receipt.write_bytes(receipt.read_bytes())  # same bytes: still the same receipt
+        attempt.verify()
+        replacement = tmp_path / "r2"
+        replacement.write_bytes(
+            receipt.read_bytes().replace(b'"rows_validated":', b'"rows_validated":', 1)
+        )
+        receipt.write_bytes(receipt.read_bytes()[:-1] + b" ")
+        with pytest.raises(ArtifactMismatch) as caught:
+            attempt.complete(len(data))
+        assert caught.value.code == "receipt_replaced"
+
+
+def test_verification_budget_deadline_and_cap(tmp_path: Path) -> None:
+    path, receipt, _ = export_hostile(tmp_path)
+    from dpone.contracts.receipt import FileReceipt
+
+    parsed = FileReceipt.from_bytes(receipt.read_bytes())
+    ticks = iter([0.0, 0.0, 5.0, 5.0, 5.0])
+    with HeldArtifact(path, parsed) as held:
+        with pytest.raises(DeadlineError) as late:
+            held.verify(
+                FileVerificationBudget(
+                    deadline=1.0, max_scan_bytes=10**9, clock=lambda: next(ticks)
+                )
+            )
+        assert late.value.code == "verification_deadline"
+        with pytest.raises(ArtifactMismatch) as big:
+            held.verify(
+                FileVerificationBudget(deadline=float("inf"), max_scan_bytes=10, clock=lambda: 0.0)
+            )
+        assert big.value.code == "verification_budget_exceeded"
+        os.lseek(held.fd, 3, os.SEEK_SET)
+        held.verify(
+            FileVerificationBudget(deadline=float("inf"), max_scan_bytes=10**9, clock=lambda: 0.0)
+        )
+        assert os.lseek(held.fd, 0, os.SEEK_CUR) == 3
