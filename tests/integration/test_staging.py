@@ -351,3 +351,52 @@ def test_auto_transport_is_refused(clickhouse: ServerInfo, tmp_path: Path) -> No
     with pytest.raises(DponeError) as caught:
         build_transport(dataclasses.replace(config(clickhouse, tmp_path), transport="auto"))
     assert caught.value.code == "invalid_transport"
+
+
+def test_server_stopped_mid_insert_retains_everything(kind: str, tmp_path: Path) -> None:
+    import signal
+    import time
+
+    from dpone.connectors.clickhouse_client import ClientTransport
+    from dpone.connectors.clickhouse_http import HttpTransport
+    from dpone.localserver import LocalServer
+
+    path, receipt, _ = export_hostile(tmp_path)
+    with LocalServer(tmp_path / "victim") as victim:
+        info = victim.info
+        chhttp.query(info.http_port, f"CREATE DATABASE {DB} ENGINE = Atomic")
+        inserting = False
+        readings = 0
+
+        def clock() -> float:
+            nonlocal readings
+            if inserting:
+                readings += 1
+                if readings == 3:  # the request is on its way: the server dies mid-INSERT
+                    os.kill(info.pid, signal.SIGKILL)
+                    time.sleep(0.3)
+            return time.monotonic()
+
+        endpoint = Endpoint("127.0.0.1", info.http_port, info.tcp_port, DB)
+        inner = (HttpTransport if kind == "http" else ClientTransport)(
+            endpoint, Credentials("default"), clock=clock
+        )
+
+        def arm(request: ClickHouseRequest) -> None:
+            nonlocal inserting
+            inserting = request.query_id.endswith("-insert")
+
+        svc = ClickHouseValidatedFileService(Interfering(inner, arm), DB, tmp_path / "work")
+        with pytest.raises(DponeError) as caught:
+            svc.stage(ContractValidatedFileArtifact(path, receipt), f"victim-{kind}")
+        victim._process.wait()  # type: ignore[union-attr]
+        victim._process = None
+    assert caught.value.details["last_event"]["state"] == "retained_unknown", getattr(
+        caught.value, "__notes__", None
+    )
+    attempt_dir = tmp_path / "work" / f"victim-{kind}"
+    assert (attempt_dir / "spool" / "data.rowbinary").exists()  # retained for the operator
+    [summary] = list_attempts(tmp_path / "work")
+    assert summary.needs_operator and summary.state == "retained_unknown"
+    assert summary.inventory["table"] == {"database": DB, "table": f"dpone_stage_victim_{kind}"}
+    assert summary.sent_mutations[-1] == f"dpone-b02-victim-{kind}-insert"

@@ -383,15 +383,15 @@ class ClickHouseValidatedFileService:
             self._move(run, S.CLEANUP)
             self._event(run, S.CLEANUP, "started", error_code=_code(exc))
             try:
-                settled = self._remote_settled(run, exc)
+                dropped = (
+                    self._drop_if_owned(run, table) if self._remote_settled(run, exc) else None
+                )
             except TransportError as unreachable:
+                if isinstance(unreachable, ClickHouseServerError):
+                    raise  # the server refused a cleanup step: verified cleanup cannot finish
                 # The server cannot be asked: its state is unknown, never assumed.
                 exc.add_note(f"remote state could not be observed: {unreachable}")
-                settled = False
-            if not settled:
-                self._terminal(run, S.RETAINED_UNKNOWN, exc)
-                return
-            dropped = self._drop_if_owned(run, table)
+                dropped = None
             if dropped is None:
                 self._terminal(run, S.RETAINED_UNKNOWN, exc)
                 return
