@@ -50,3 +50,11 @@ def clickhouse_client() -> str:
             pytest.fail("clickhouse-client is required (DPONE_REQUIRE_CLICKHOUSE_CLIENT=1)")
         pytest.skip("clickhouse-client is not installed (apt-get install clickhouse-client)")
     return path
+
+
+@pytest.fixture(params=["http", "client"])
+def transport_kind(request: pytest.FixtureRequest) -> str:
+    """Each controlled transport in turn; the client needs its binary (see above)."""
+    if request.param == "client":
+        request.getfixturevalue("clickhouse_client")
+    return str(request.param)

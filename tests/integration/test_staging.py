@@ -57,12 +57,10 @@ def config(info: ServerInfo, work: Path, kind: str = "http", **policy: Any) -> S
                          transport=kind, policy=StagingPolicy(**policy))  # fmt: skip
 
 
-@pytest.fixture(params=["http", "client"])
-def kind(request: pytest.FixtureRequest, clickhouse: ServerInfo) -> str:
-    if request.param == "client":
-        request.getfixturevalue("clickhouse_client")
+@pytest.fixture
+def kind(transport_kind: str, clickhouse: ServerInfo) -> str:
     chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
-    return str(request.param)
+    return transport_kind
 
 
 def table_exists(info: ServerInfo, table: str) -> bool:

@@ -55,12 +55,10 @@ def make_transport(kind: str, info: ServerInfo, *, user: str = "default", passwo
     return ClientTransport(endpoint, Credentials(user, password), **kwargs)
 
 
-@pytest.fixture(params=["http", "client"])
-def kind(request: pytest.FixtureRequest, clickhouse: ServerInfo) -> str:
-    if request.param == "client":
-        request.getfixturevalue("clickhouse_client")
+@pytest.fixture
+def kind(transport_kind: str, clickhouse: ServerInfo) -> str:
     chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
-    return str(request.param)
+    return transport_kind
 
 
 def spool(tmp_path: Path, rows: int) -> Path:
