@@ -398,3 +398,70 @@ def test_server_stopped_mid_insert_retains_everything(kind: str, tmp_path: Path)
     assert summary.needs_operator and summary.state == "retained_unknown"
     assert summary.inventory["table"] == {"database": DB, "table": f"dpone_stage_victim_{kind}"}
     assert summary.sent_mutations[-1] == f"dpone-b02-victim-{kind}-insert"
+
+
+def test_lost_insert_acknowledgment_is_proven_before_cleanup(
+    clickhouse: ServerInfo, tmp_path: Path
+) -> None:
+    from dpone.connectors.clickhouse_errors import OutcomeUnknown
+
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    path, receipt, _ = export_hostile(tmp_path)
+    cfg = config(clickhouse, tmp_path / "work")
+    inner = build_transport(cfg)
+
+    class LosingAcks:
+        name = inner.name
+        endpoint = inner.endpoint
+
+        def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
+            result = inner.execute(request, deadline=deadline)
+            if request.query_id.endswith("-insert"):  # the INSERT ran; its answer is lost
+                raise OutcomeUnknown(
+                    "connection lost (simulated)", code="connection_lost", query_id=request.query_id
+                )
+            return result
+
+    phases: list[tuple[str, int, int]] = []
+    svc = ClickHouseValidatedFileService(LosingAcks(), DB, tmp_path / "work", policy=cfg.policy,
+                                         progress=lambda *p: phases.append(p))  # fmt: skip
+    with pytest.raises(OutcomeUnknown):
+        svc.stage(ContractValidatedFileArtifact(path, receipt), "lost-ack-1")
+    events = [e.document for e in read_events(tmp_path / "work" / "lost-ack-1")]
+    observed = next(e for e in events if e["outcome"] == "termination_observed")
+    assert observed["remote"] == {
+        "query_id": "dpone-b02-lost-ack-1-insert",
+        "termination": "finished_ok",
+        "source": "query_log",
+    }
+    assert [e["outcome"] for e in events][-3:] == [
+        "termination_observed",
+        "drop_intent",
+        "terminal",
+    ]
+    assert events[-1]["state"] == "failed_cleaned"
+    assert not table_exists(clickhouse, "dpone_stage_lost_ack_1")
+    assert phases and phases[-1][0] == "loading"
+
+
+def test_verification_deadline_after_the_insert(clickhouse: ServerInfo, tmp_path: Path) -> None:
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    path, receipt, _ = export_hostile(tmp_path)
+    now = [0.0]
+
+    def jump(request: ClickHouseRequest) -> None:
+        if "-read-count-" in request.query_id:
+            now[0] += 10_000.0  # the verification phase overruns
+
+    from dpone.connectors.clickhouse_http import HttpTransport
+
+    cfg = config(clickhouse, tmp_path / "work", verification_seconds=60.0)
+    inner = HttpTransport(cfg.endpoint, cfg.credentials, clock=lambda: now[0])  # one clock for both
+    svc = ClickHouseValidatedFileService(Interfering(inner, jump), DB, tmp_path / "work",
+                                         policy=cfg.policy, clock=lambda: now[0])  # fmt: skip
+    with pytest.raises(DponeError) as caught:
+        svc.stage(ContractValidatedFileArtifact(path, receipt), "late-verify-1")
+    # The COUNT request finds the verification deadline already spent and is never sent.
+    assert caught.value.code == "transport_deadline" and caught.value.details["submitted"] is False
+    assert states(tmp_path / "work" / "late-verify-1")[-1] == "failed_cleaned"
+    assert not table_exists(clickhouse, "dpone_stage_late_verify_1")

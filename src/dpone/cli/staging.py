@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -69,6 +70,21 @@ def staging_config(data_dir: Path, host: str | None, http_port: int | None, tcp_
     )
 
 
+class TerminalProgress:
+    """Rows and bytes of long phases on one rewritten stderr line (terminals only)."""
+
+    def __init__(self) -> None:
+        self._shown = False
+
+    def __call__(self, phase: str, rows: int, size: int) -> None:
+        click.echo(f"\r{phase}: {rows:,} rows, {size / 2**20:,.1f} MiB   ", nl=False, err=True)
+        self._shown = True
+
+    def finish(self) -> None:
+        if self._shown:
+            click.echo("", err=True)
+
+
 @click.command()
 @click.argument("file", type=existing_file)
 @click.option(
@@ -89,9 +105,12 @@ def stage(
     """Stage FILE into a private, verified ClickHouse table."""
     with reported_errors(as_json):
         config = staging_config(work_dir=work_dir, **server)  # type: ignore[arg-type]
-        staged = ClickHouseSink(config).stage_validated_file(
+        progress = None if as_json or not sys.stderr.isatty() else TerminalProgress()
+        staged = ClickHouseSink(config, progress=progress).stage_validated_file(
             file, receipt_path, attempt_id=attempt_id
         )
+        if progress is not None:
+            progress.finish()
         payload = {"ok": True, "database": staged.database, "table": staged.table, "uuid": staged.uuid,
                    "rows": staged.rows, "semantic_id": staged.semantic_id, "journal": str(staged.journal_path)}  # fmt: skip
         if as_json:

@@ -10,6 +10,7 @@ one controlled transport, ``http`` or ``client``; ``auto`` is refused.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,7 +107,9 @@ def build_transport(config: StagingConfig) -> QueryPort:
     )
 
 
-def build_clickhouse_staging_components(config: StagingConfig) -> StagingComponents:
+def build_clickhouse_staging_components(
+    config: StagingConfig, *, progress: Callable[[str, int, int], None] | None = None
+) -> StagingComponents:
     """Build service, decoder and finalizer in order, around one transport."""
     transport = build_transport(config)
     service = ClickHouseValidatedFileService(
@@ -115,6 +118,7 @@ def build_clickhouse_staging_components(config: StagingConfig) -> StagingCompone
         config.work_dir,
         policy=config.policy,
         design=config.design,
+        progress=progress,
     )
     return StagingComponents(
         service, ReceiptDecoder(), StagingFinalizer(transport, config.policy.request_seconds)

@@ -72,6 +72,7 @@ def prepare_rowbinary(
     overrides: Mapping[str, str] | None = None,
     budget: PreparationBudget | None = None,
     held: HeldArtifact | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> PreparedSpool:
     """Convert ``source`` (described by ``receipt``) into a sealed RowBinary spool.
 
@@ -97,7 +98,7 @@ def prepare_rowbinary(
         _check_deadline(budget, deadline, "entry verification")
         path = directory / SPOOL_NAME
         digest, size, rows = _write_spool(
-            artifact, receipt, plans, path, budget, deadline, str(source)
+            artifact, receipt, plans, path, budget, deadline, str(source), progress
         )
         _check_deadline(budget, deadline, "sealing")
         sealed = _seal(path)
@@ -132,6 +133,7 @@ def _write_spool(
     budget: PreparationBudget,
     deadline: float | None,
     source: str,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[str, int, int]:
     source_digest = hashlib.sha256()
     spool_digest = hashlib.sha256()
@@ -161,6 +163,8 @@ def _write_spool(
             if rows_done % CHECK_EVERY_ROWS == 0:
                 _check_deadline(budget, deadline, f"conversion (record {rows_done})")
                 _check_free_space(path, budget, rows_done)
+                if progress is not None:
+                    progress(rows_done, reader.bytes_read)
 
         try:
             rows = convert_records(reader, plans, write, source=source)

@@ -122,6 +122,7 @@ class ClickHouseValidatedFileService:
         journal_factory: Callable[
             [Path, str], ClickHouseFileAttemptJournal
         ] = ClickHouseFileAttemptJournal,
+        progress: Callable[[str, int, int], None] | None = None,
     ) -> None:
         self.transport = transport
         self.database = database
@@ -130,6 +131,8 @@ class ClickHouseValidatedFileService:
         self.design = design or PhysicalDesign()
         self.clock = clock
         self.journal_factory = journal_factory
+        # progress(phase, rows, bytes): for a terminal display; never part of the evidence.
+        self.progress = progress
         self._reads = 0
 
     # ------------------------------------------------------------------ the sequence
@@ -176,7 +179,7 @@ class ClickHouseValidatedFileService:
             self._move(run, S.PREPARING)
             prepared = prepare_rowbinary(
                 attempt.held.path, receipt, run.journal.attempt_dir / "spool",
-                overrides=overrides, held=attempt.held,
+                overrides=overrides, held=attempt.held, progress=self._preparation_progress,
                 budget=PreparationBudget(
                     max_record_bytes=self.policy.max_record_bytes, max_rows=self.policy.max_rows,
                     max_spool_bytes=self.policy.max_spool_bytes,
@@ -235,13 +238,12 @@ class ClickHouseValidatedFileService:
         else:
             self._event(run, S.LOADING, "intent", query={"kind": "insert", "query_id": insert_id},
                         observed_ownership={"table_uuid": run.table_uuid})  # fmt: skip
-            result = self.transport.execute(
-                mutation(
-                    f"INSERT INTO {self._qualified(table)} FORMAT RowBinary",
-                    insert_id,
-                    body=prepared.path,
-                ),
-                deadline=self.clock() + self.policy.request_seconds,
+            self._phase("loading", rows, prepared.identity.rowbinary_bytes)
+            result = self._mutate(
+                run,
+                f"INSERT INTO {self._qualified(table)} FORMAT RowBinary",
+                insert_id,
+                body=prepared.path,
             )
             if (result.sent_bytes, result.sent_sha256) != (
                 prepared.identity.rowbinary_bytes,
@@ -291,6 +293,14 @@ class ClickHouseValidatedFileService:
                 }
             },
         )
+
+    def _preparation_progress(self, rows: int, source_bytes: int) -> None:
+        if self.progress is not None:
+            self.progress("preparing", rows, source_bytes)
+
+    def _phase(self, phase: str, rows: int, size: int) -> None:
+        if self.progress is not None:
+            self.progress(phase, rows, size)
 
     # ------------------------------------------------------------------ checks
 

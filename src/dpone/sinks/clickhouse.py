@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,9 +24,11 @@ def new_attempt_id() -> str:
 class ClickHouseSink:
     """Configured with an endpoint, credentials and a finite policy (in ``StagingConfig``)."""
 
-    def __init__(self, config: StagingConfig) -> None:
+    def __init__(
+        self, config: StagingConfig, *, progress: Callable[[str, int, int], None] | None = None
+    ) -> None:
         self.config = config
-        components = build_clickhouse_staging_components(config)
+        components = build_clickhouse_staging_components(config, progress=progress)
         self.validated_file = components.validated_file
         self.decoder = components.decoder
         self.finalizer = components.finalizer
