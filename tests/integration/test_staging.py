@@ -408,7 +408,7 @@ def test_lost_insert_acknowledgment_is_proven_before_cleanup(
     chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
     cfg = config(clickhouse, tmp_path / "work")
-    inner = build_transport(cfg)
+    inner: Any = build_transport(cfg)
 
     class LosingAcks:
         name = inner.name

@@ -275,10 +275,11 @@ class ClickHouseValidatedFileService:
         self._check_deadline(verify_deadline, "completion")
         shutil.rmtree(prepared.path.parent)
         run.inventory.pop("spool", None)
+        # The last check before the final event: once "staged" is durable it is the truth.
+        self._check_deadline(verify_deadline, "return")
         final = self._event(run, S.STAGED, "staged", semantic_id=prepared.semantic_id,
                             counts={"prepared_rows": rows, "observed_count": count},
                             observed_ownership={"table_uuid": run.table_uuid})  # fmt: skip
-        self._check_deadline(verify_deadline, "return")
         return StagedTable(
             self.database,
             table,
