@@ -415,7 +415,7 @@ def test_lost_insert_acknowledgment_is_proven_before_cleanup(
         endpoint = inner.endpoint
 
         def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
-            result = inner.execute(request, deadline=deadline)
+            result: QueryResult = inner.execute(request, deadline=deadline)
             if request.query_id.endswith("-insert"):  # the INSERT ran; its answer is lost
                 raise OutcomeUnknown(
                     "connection lost (simulated)", code="connection_lost", query_id=request.query_id
