@@ -18,6 +18,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from dpone.connectors.clickhouse_request import (
     read_query_id,
 )
 from dpone.connectors.clickhouse_result import QueryResult
-from dpone.connectors.endpoint_identity import observe_identity
+from dpone.connectors.endpoint_identity import NIL_UUID, observe_identity
 from dpone.connectors.remote_termination import prove_termination
 from dpone.errors import DeadlineError, DponeError, TransportError
 from dpone.runtime.artifact import FileVerificationBudget
@@ -179,7 +180,7 @@ class ClickHouseValidatedFileService:
             self._move(run, S.PREPARING)
             prepared = prepare_rowbinary(
                 attempt.held.path, receipt, run.journal.attempt_dir / "spool",
-                overrides=overrides, held=attempt.held, progress=self._preparation_progress,
+                overrides=overrides, held=attempt.held, progress=partial(self._phase, "preparing"),
                 budget=PreparationBudget(
                     max_record_bytes=self.policy.max_record_bytes, max_rows=self.policy.max_rows,
                     max_spool_bytes=self.policy.max_spool_bytes,
@@ -295,10 +296,6 @@ class ClickHouseValidatedFileService:
             },
         )
 
-    def _preparation_progress(self, rows: int, source_bytes: int) -> None:
-        if self.progress is not None:
-            self.progress("preparing", rows, source_bytes)
-
     def _phase(self, phase: str, rows: int, size: int) -> None:
         if self.progress is not None:
             self.progress(phase, rows, size)
@@ -320,7 +317,7 @@ class ClickHouseValidatedFileService:
             )
         t = rows[0]
         problems = []
-        if t["uuid"] in ("", "00000000-0000-0000-0000-000000000000"):
+        if t["uuid"] in ("", NIL_UUID):
             problems.append("Nil table UUID")
         if t["engine"] != self.design.engine:
             problems.append(f"engine {t['engine']}")
