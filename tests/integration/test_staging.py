@@ -309,7 +309,7 @@ class FailingJournal(ClickHouseFileAttemptJournal):
         return super().record(fields)
 
 
-@pytest.mark.parametrize(("fail_at", "table_left"), [(3, False), (4, True), (6, True)])
+@pytest.mark.parametrize(("fail_at", "table_left"), [(3, False), (4, True), (5, True), (6, True)])
 def test_journal_failure_never_drops_without_a_durable_intent(
     clickhouse: ServerInfo, tmp_path: Path, fail_at: int, table_left: bool
 ) -> None:
@@ -465,3 +465,40 @@ def test_verification_deadline_after_the_insert(clickhouse: ServerInfo, tmp_path
     assert caught.value.code == "transport_deadline" and caught.value.details["submitted"] is False
     assert states(tmp_path / "work" / "late-verify-1")[-1] == "failed_cleaned"
     assert not table_exists(clickhouse, "dpone_stage_late_verify_1")
+
+
+def test_loading_deadline_expires_mid_insert_and_stays_unknown(
+    clickhouse: ServerInfo, tmp_path: Path
+) -> None:
+    from dpone.connectors.clickhouse_http import HttpTransport
+
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    path, receipt, _ = export_hostile(tmp_path)
+    now = [0.0]
+    sending = [False]
+
+    def clock() -> float:
+        if sending[0]:
+            now[0] += 400.0  # each reading while the INSERT streams costs 400 s
+        return now[0]
+
+    def arm(request: ClickHouseRequest) -> None:
+        sending[0] = request.query_id.endswith("-insert")
+
+    cfg = config(clickhouse, tmp_path / "work", request_seconds=1000.0)
+    inner = HttpTransport(cfg.endpoint, cfg.credentials, clock=clock)
+    svc = ClickHouseValidatedFileService(
+        Interfering(inner, arm), DB, tmp_path / "work", policy=cfg.policy, clock=clock
+    )
+    with pytest.raises(DponeError) as caught:
+        svc.stage(ContractValidatedFileArtifact(path, receipt), "late-load-1")
+    assert caught.value.code == "transport_deadline" and caught.value.details["submitted"] is True
+    events = [e.document for e in read_events(tmp_path / "work" / "late-load-1")]
+    observed = next(e for e in events if e["outcome"] == "termination_observed")
+    assert observed["remote"]["query_id"] == "dpone-b02-late-load-1-insert"
+    # A truncated INSERT body leaves nothing on this server: no process, no query-log
+    # entry. Without evidence the outcome stays unknown and everything is retained.
+    assert observed["remote"]["termination"] == "unknown"
+    assert events[-1]["state"] == "retained_unknown"
+    assert table_exists(clickhouse, "dpone_stage_late_load_1")
+    assert (tmp_path / "work" / "late-load-1" / "spool" / "data.rowbinary").exists()

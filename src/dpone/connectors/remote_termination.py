@@ -10,6 +10,7 @@ missing output is unknown. Never a wildcard KILL: the statement always names one
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -94,13 +95,24 @@ def prove_termination(
     *,
     probe_prefix: str,
     deadline: float,
+    settle_seconds: float = 5.0,
+    poll_seconds: float = 0.25,
 ) -> RemoteState:
     """Kill the query if it still runs, then read its terminal event from the log.
 
-    The answer is terminal only with evidence; otherwise UNKNOWN (never a guess).
+    A server notices a closed connection a moment later, so the observation is
+    repeated (reads only, never the mutation) for up to ``settle_seconds``. The answer
+    is terminal only with evidence; otherwise UNKNOWN (never a guess).
     """
-    killed = kill_query(transport, query_id, probe_id=f"{probe_prefix}-kill", deadline=deadline)
-    logged = query_log_state(transport, query_id, probe_id=f"{probe_prefix}-log", deadline=deadline)
-    if logged.proven_terminal:
-        return logged
-    return killed
+    give_up = time.monotonic() + settle_seconds
+    round_ = 0
+    while True:
+        round_ += 1
+        prefix = f"{probe_prefix}-{round_}"
+        killed = kill_query(transport, query_id, probe_id=f"{prefix}-kill", deadline=deadline)
+        logged = query_log_state(transport, query_id, probe_id=f"{prefix}-log", deadline=deadline)
+        if logged.proven_terminal:
+            return logged
+        if killed.proven_terminal or time.monotonic() >= give_up:
+            return killed
+        time.sleep(poll_seconds)
