@@ -18,7 +18,7 @@ import urllib.parse
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from dpone.connectors.clickhouse_errors import (
     ClickHouseServerError,
@@ -331,8 +331,3 @@ def _server_error(
         + (f", ClickHouse code {code}" if code is not None else "") + (f": {first}" if first else ""),
         query_id=request.query_id, clickhouse_code=code, status=status,
     )  # fmt: skip
-
-
-def describe_settings(request: ClickHouseRequest) -> dict[str, Any]:
-    """The settings the HTTP transport sends with ``request`` (for journals)."""
-    return request.all_settings(http=True)
