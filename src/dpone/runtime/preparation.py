@@ -24,6 +24,7 @@ from dpone.durable_files import fsync_directory
 from dpone.errors import DeadlineError, DponeError
 from dpone.runtime.artifact import ArtifactMismatch, HeldArtifact, scan_descriptor
 from dpone.runtime.conversion import convert_records
+from dpone.runtime.engine_conversion import MODE_ENGINE, EngineUnavailable, convert_with_engine
 from dpone.typepolicy import POLICY_ID, POLICY_VERSION, ColumnPlan, plan_columns
 
 MODE_PYTHON = "python-reference"
@@ -73,13 +74,18 @@ def prepare_rowbinary(
     budget: PreparationBudget | None = None,
     held: HeldArtifact | None = None,
     progress: Callable[[int, int], None] | None = None,
+    mode: str = MODE_PYTHON,
 ) -> PreparedSpool:
     """Convert ``source`` (described by ``receipt``) into a sealed RowBinary spool.
 
     ``spool_dir`` must not exist; it is created 0700. On any failure it is removed
     with everything in it. ``held`` lets a caller keep one descriptor for the whole
-    attempt; otherwise one is opened here.
+    attempt; otherwise one is opened here. ``mode`` selects the converter: the
+    Python reference or the engine fast path, which produces identical bytes and,
+    when it refuses anything, hands over to the reference to name the exact error.
     """
+    if mode not in (MODE_PYTHON, MODE_ENGINE):
+        raise PreparationError(f"unknown preparation mode {mode!r}", code="invalid_mode")
     budget = budget or PreparationBudget()
     deadline = None if budget.deadline_seconds is None else budget.clock() + budget.deadline_seconds
     plans = plan_columns(receipt.schema.columns, dict(overrides or {}))  # before any read
@@ -97,9 +103,21 @@ def prepare_rowbinary(
         artifact.verify()
         _check_deadline(budget, deadline, "entry verification")
         path = directory / SPOOL_NAME
-        digest, size, rows = _write_spool(
-            artifact, receipt, plans, path, budget, deadline, str(source), progress
-        )
+        engine_result = None
+        if mode == MODE_ENGINE:
+            engine_result = _engine_spool(artifact, receipt, plans, path, budget, deadline)
+        if engine_result is None:
+            digest, size, rows = _write_spool(
+                artifact, receipt, plans, path, budget, deadline, str(source), progress
+            )
+            if mode == MODE_ENGINE:
+                # The engine refused what the reference accepts: never silently.
+                raise PreparationError(
+                    "the engine refused a file the reference converter accepts",
+                    code="engine_divergence",
+                )
+        else:
+            digest, size, rows = engine_result
         _check_deadline(budget, deadline, "sealing")
         sealed = _seal(path)
         if (sealed.sha256, sealed.size) != (digest, size):
@@ -117,7 +135,7 @@ def prepare_rowbinary(
         target_schema=tuple(TargetColumn(p.name, p.clickhouse_type) for p in plans),
         source_receipt_sha256=receipt.sha256,
         binary_policy=f"{POLICY_ID}/{POLICY_VERSION}",
-        selected_mode=MODE_PYTHON,
+        selected_mode=mode,
         rowbinary_bytes=size,
         rowbinary_sha256=digest,
         prepared_rows=rows,
@@ -188,6 +206,83 @@ def _write_spool(
         )
     _check_free_space(path, budget, rows)
     return spool_digest.hexdigest(), written, rows
+
+
+def _engine_spool(
+    artifact: HeldArtifact,
+    receipt: FileReceipt,
+    plans: tuple[ColumnPlan, ...],
+    path: Path,
+    budget: PreparationBudget,
+    deadline: float | None,
+) -> tuple[str, int, int] | None:
+    """The engine fast path; None hands the file to the reference converter.
+
+    The engine reads a private copy made through the held descriptor and hashed on the
+    way, so the bytes it converts are provably the receipt's. Records, their longest
+    length and the final LF are counted on the way too; any budget the copy breaks,
+    and any refusal by the engine, goes to the reference, which reports it exactly.
+    """
+    copy = path.with_name("source.copy")
+    _check_free_space(path, budget, 0)
+    digest = hashlib.sha256()
+    size = records = longest = pending = 0
+    last = b""
+    fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as out, artifact.stream() as stream:
+            while chunk := stream.read(WRITE_BUFFER_BYTES):
+                digest.update(chunk)
+                out.write(chunk)
+                size += len(chunk)
+                lines = chunk.split(b"\n")
+                records += len(lines) - 1
+                if len(lines) > 1:
+                    inner = max((len(x) + 1 for x in lines[1:-1]), default=0)
+                    longest = max(longest, pending + len(lines[0]) + 1, inner)
+                    pending = len(lines[-1])
+                else:
+                    pending += len(chunk)
+                last = chunk[-1:]
+        if (digest.hexdigest(), size) != (receipt.artifact_sha256, receipt.artifact_size):
+            raise ArtifactMismatch(
+                "the source changed after verification: the bytes copied are not the receipt's",
+                code="artifact_changed_during_preparation",
+            )
+        too_long = (
+            budget.max_record_bytes is not None and max(longest, pending) > budget.max_record_bytes
+        )
+        too_many = budget.max_rows is not None and records > budget.max_rows
+        if (size and last != b"\n") or too_long or too_many or records != receipt.rows_validated:
+            return None
+        remaining = 3600.0 if deadline is None else deadline - budget.clock()
+        _check_deadline(budget, deadline, "engine conversion")
+        try:
+            accepted = convert_with_engine(plans, copy, path, timeout=remaining)
+        except EngineUnavailable as exc:
+            if exc.code == "engine_timeout":
+                raise DeadlineError(
+                    f"preparation deadline of {budget.deadline_seconds:g} s expired during engine conversion",
+                    code="preparation_deadline", phase="engine conversion",
+                ) from exc  # fmt: skip
+            raise
+        if not accepted:
+            path.unlink(missing_ok=True)
+            return None
+    finally:
+        copy.unlink(missing_ok=True)
+    _check_deadline(budget, deadline, "engine conversion")
+    written = path.stat().st_size
+    if budget.max_spool_bytes is not None and written > budget.max_spool_bytes:
+        path.unlink()
+        return None  # the reference names the record where the budget ran out
+    _check_free_space(path, budget, records)
+    spool_digest = hashlib.sha256()
+    with open(path, "rb") as spool:
+        while chunk := spool.read(WRITE_BUFFER_BYTES):
+            spool_digest.update(chunk)
+        os.fsync(spool.fileno())
+    return spool_digest.hexdigest(), written, records
 
 
 def _seal(path: Path) -> _Sealed:

@@ -163,6 +163,9 @@ def float32() -> Encoder:
         if _FLOAT.fullmatch(text) is None:
             raise Refused(f"{text!r} is not a finite decimal number", code="invalid_value")
         number = float(text)
+        if number in (float("inf"), float("-inf")):
+            # Beyond binary64 the text reads as infinity, which packs without error.
+            raise Refused(f"{text} is outside the range of Float32")
         try:
             packed = _F32.pack(number)
         except OverflowError as exc:

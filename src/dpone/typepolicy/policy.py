@@ -218,10 +218,17 @@ class ColumnPlan:
     kind: ColumnKind
     clickhouse_type: str
     encode: Callable[[Cell], bytes]
+    target: TargetType | None = None
 
     @property
     def codec_column(self) -> CodecColumn:
         return CodecColumn(self.name, self.kind)
+
+
+def target_of(plan: ColumnPlan) -> TargetType:
+    """The resolved ClickHouse target type of a plan (family and parameters)."""
+    assert plan.target is not None
+    return plan.target
 
 
 class NullNotAllowed(cv.Refused):
@@ -253,7 +260,9 @@ def plan_column(column: SourceColumn, override: str | None = None) -> ColumnPlan
                 raise NullNotAllowed("NULL in a NOT NULL column", code="null_not_allowed")
             return value_encoder(cell)
 
-    return ColumnPlan(column.name, column.source_type, column.nullable, kind, ch_type, encode)
+    return ColumnPlan(
+        column.name, column.source_type, column.nullable, kind, ch_type, encode, target
+    )
 
 
 def plan_columns(

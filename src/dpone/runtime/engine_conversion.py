@@ -1,0 +1,275 @@
+"""The engine fast path: the same conversion, done by the embedded ClickHouse engine.
+
+The pure-Python converter (:mod:`dpone.runtime.conversion` with the type policy) is
+the specification. This module expresses the same acceptance rules and the same
+bytes as SQL over the raw lines of the file, run by chdb in a child process of its
+own. The policy, not the engine's lenient parsing, decides: every field is checked
+with explicit rules before it is converted, values are built from exact integer
+arithmetic on the digits (scaled decimals, ticks, days), and the file is read with
+``LineAsString`` and split on TAB by us, so no TSV quirk (``\\N``, header detection,
+escapes) applies. If the engine refuses anything, the caller runs the reference
+converter, which names the first bad value exactly. Differential tests hold the two
+to identical bytes and identical refusals.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from dpone.connectors.bulk_text_codec import ColumnKind
+from dpone.errors import DponeError
+from dpone.sql import quote_literal
+from dpone.typepolicy import ColumnPlan
+from dpone.typepolicy.converters import MAX_DAY, MIN_DAY
+from dpone.typepolicy.policy import target_of
+
+MODE_ENGINE = "engine-chdb"
+MARK = "\x1d"
+# The engine's only accepted way to refuse: anything else means it could not run.
+REFUSAL = "dpone: value refused by the policy"
+
+
+class EngineUnavailable(DponeError):
+    """The engine could not run at all (not a refusal of the data)."""
+
+    code = "engine_unavailable"
+
+
+def _lit(text: str) -> str:
+    return quote_literal(text)
+
+
+def _digits(expr: str) -> str:
+    return f"match({expr}, '^[0-9]+$')"
+
+
+def _date_checks(d: str) -> tuple[str, str]:
+    """(check, Int64 days since epoch) for a 'YYYY-MM-DD' expression."""
+    check = (
+        f"match({d}, '^[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}$') AND {d} >= '1900-01-01' AND {d} <= '2299-12-31' "
+        f"AND toString(toDate32OrNull({d})) = {d}"
+    )
+    return check, f"toInt64(toDate32OrZero({d}))"
+
+
+def _clock(t: str, precision: int) -> tuple[str, str]:
+    """(check, Int64 ticks since midnight) for 'HH:MM:SS[.f{1,9}]' expression ``t``."""
+    frac = f"substring({t}, 10)"
+    check = (
+        f"match({t}, '^[0-9]{{2}}:[0-9]{{2}}:[0-9]{{2}}(\\\\.[0-9]{{1,9}})?$') "
+        f"AND toUInt8OrZero(substring({t}, 1, 2)) <= 23 AND toUInt8OrZero(substring({t}, 4, 2)) <= 59 "
+        f"AND toUInt8OrZero(substring({t}, 7, 2)) <= 59 "
+        f"AND match(substring({frac}, {precision + 1}), '^0*$')"
+    )
+    seconds = (
+        f"(toInt64(toUInt8OrZero(substring({t}, 1, 2))) * 3600 + toInt64(toUInt8OrZero(substring({t}, 4, 2))) * 60 "
+        f"+ toInt64(toUInt8OrZero(substring({t}, 7, 2))))"
+    )
+    fraction = f"toInt64OrZero(rightPad(substring({frac}, 1, {precision}), {precision}, '0'))"
+    return check, f"({seconds} * {10**precision} + {fraction})"
+
+
+def field_expressions(plan: ColumnPlan, f: str) -> tuple[str, str]:
+    """(check, value expression) for the non-NULL field ``f`` of ``plan``."""
+    t = target_of(plan)
+    fam, p = t.family, t.params
+    raw_ok = f"isValidUTF8({f}) AND NOT match({f}, '[\\\\x1d\\\\r\\\\x1e\\\\x1f]')"
+    if plan.kind is ColumnKind.TEXT:
+        ok = (
+            f"isValidUTF8({f}) AND NOT match({f}, '[\\\\r\\\\x1e\\\\x1f]') "
+            f"AND ({f} = {_lit(MARK + 'E')} OR NOT match({f}, '\\\\x1d([^PTRNUS]|$)'))"
+        )
+        decoded = f
+        for letter, char in (
+            ("T", "\t"),
+            ("R", "\r"),
+            ("N", "\n"),
+            ("U", "\x1f"),
+            ("S", "\x1e"),
+            ("P", MARK),
+        ):
+            decoded = f"replaceAll({decoded}, {_lit(MARK + letter)}, {_lit(char)})"
+        value = f"if({f} = {_lit(MARK + 'E')}, '', {decoded})"
+    elif plan.kind is ColumnKind.BINARY:
+        ok = (
+            f"({f} = {_lit(MARK + 'E')} OR match({f}, "
+            "'^(?:[0-9A-Fa-f]{2}[ \\\\x0b\\\\x0c\\\\r]*)*[0-9A-Fa-f]{2}$'))"
+        )
+        value = f"if({f} = {_lit(MARK + 'E')}, '', unhex(replaceRegexpAll({f}, '[ \\\\x0b\\\\x0c\\\\r]', '')))"
+    else:
+        ok, value = raw_ok, ""
+    if fam in ("string", "lowcardinality"):
+        return ok, value
+    if fam == "fixed":
+        return f"{ok} AND length({value}) = {p[0]}", f"toFixedString({value}, {p[0]})"
+    if fam in ("int", "uint"):
+        bits = p[0]
+        low, high = (
+            (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if fam == "int" else (0, (1 << bits) - 1)
+        )
+        ctype = f"{'' if fam == 'int' else 'U'}Int{bits}"
+        ok += (
+            f" AND match({f}, '^-?(0|[1-9][0-9]*)$') AND {f} != '-0' AND length({f}) <= 25 "
+            f"AND toInt256OrZero({f}) >= toInt256('{low}') AND toInt256OrZero({f}) <= toInt256('{high}')"
+        )
+        return ok, f"CAST(toInt256OrZero({f}) AS {ctype})"
+    if fam == "bool":
+        return f"{ok} AND {f} IN ('0', '1')", f"toUInt8({f} = '1')"
+    if fam == "decimal":
+        precision, scale = p
+        body = f"if(startsWith({f}, '-'), substring({f}, 2), {f})"
+        whole = f"splitByChar('.', {body})[1]"
+        frac = f"if(position({body}, '.') > 0, splitByChar('.', {body})[2], '')"
+        ok += (
+            f" AND match({f}, '^-?(0|[1-9][0-9]*)(\\\\.[0-9]+)?$') "
+            f"AND ({whole} = '0' OR length({whole}) <= {precision - scale}) "
+            f"AND match(substring({frac}, {scale + 1}), '^0*$') "
+            f"AND NOT (startsWith({f}, '-') AND match(concat({whole}, {frac}), '^0*$'))"
+        )
+        width = 32 if precision <= 9 else 64 if precision <= 18 else 128 if precision <= 38 else 256
+        scaled = f"toInt256OrZero(concat({whole}, rightPad(substring({frac}, 1, {scale}), {scale}, '0')))"
+        return ok, f"CAST(if(startsWith({f}, '-'), -{scaled}, {scaled}) AS Int{width})"
+    if fam == "float":
+        grammar = f"match({f}, '^-?(0|[1-9][0-9]*)(\\\\.[0-9]+)?([eE][-+]?[0-9]+)?$')"
+        v64 = f"toFloat64OrZero({f})"
+        if p[0] == 64:
+            return f"{ok} AND {grammar} AND isFinite({v64})", f"toFloat64({v64})"
+        v32 = f"toFloat32({v64})"
+        exact = f"(toFloat64({v32}) = {v64} OR toFloat64OrZero(toString({v32})) = {v64})"
+        return f"{ok} AND {grammar} AND isFinite({v32}) AND {exact}", v32
+    if fam == "date":
+        check, days = _date_checks(f)
+        return f"{ok} AND {check}", f"toInt32({days})"
+    if fam == "datetime":
+        precision, whole_minutes = p[0], bool(p[1])
+        d, clock = f"substring({f}, 1, 10)", f"substring({f}, 12)"
+        dcheck, days = _date_checks(d)
+        ccheck, ticks = _clock(clock, precision)
+        ok += f" AND substring({f}, 11, 1) = ' ' AND {dcheck} AND {ccheck}"
+        if whole_minutes:
+            ok += f" AND substring({clock}, 7, 2) = '00' AND match(substring({clock}, 10), '^0*$')"
+        return ok, f"toInt64({days} * {86400 * 10**precision} + {ticks})"
+    if fam == "time":
+        ccheck, ticks = _clock(f, p[0])
+        return f"{ok} AND {ccheck}", f"toInt64({ticks})"
+    if fam == "dto":
+        precision = p[0]
+        scale = 10**precision
+        d = f"substring({f}, 1, 10)"
+        clock = f"splitByChar(' ', {f})[2]"
+        off = f"splitByChar(' ', {f})[3]"
+        dcheck, days = _date_checks(d)
+        ccheck, ticks = _clock(clock, precision)
+        minutes = f"(toInt64(toUInt8OrZero(substring({off}, 2, 2))) * 60 + toInt64(toUInt8OrZero(substring({off}, 5, 2))))"
+        signed = f"if(substring({off}, 1, 1) = '-', -{minutes}, {minutes})"
+        utc = f"({days} * {86400 * scale} + {ticks} - {signed} * {60 * scale})"
+        ok += (
+            f" AND length(splitByChar(' ', {f})) = 3 AND substring({f}, 11, 1) = ' ' AND {dcheck} AND {ccheck} "
+            f"AND match({off}, '^[+-][0-9]{{2}}:[0-9]{{2}}$') AND toUInt8OrZero(substring({off}, 5, 2)) <= 59 "
+            f"AND {minutes} <= 840 "
+            f"AND {utc} >= {MIN_DAY * 86400 * scale} AND {utc} < {(MAX_DAY + 1) * 86400 * scale}"
+        )
+        return ok, f"tuple(toInt64({utc}), toInt16({signed}))"
+    if fam == "uuid":
+        hexed = f"replaceAll({f}, '-', '')"
+        half = "reinterpretAsUInt64(reverse(unhex(substring({h}, {start}, 16))))"
+        ok += f" AND match({f}, '^[0-9A-Fa-f]{{8}}-[0-9A-Fa-f]{{4}}-[0-9A-Fa-f]{{4}}-[0-9A-Fa-f]{{4}}-[0-9A-Fa-f]{{12}}$')"
+        return ok, f"tuple({half.format(h=hexed, start=1)}, {half.format(h=hexed, start=17)})"
+    raise EngineUnavailable(
+        f"no engine conversion for {plan.clickhouse_type}", code="engine_unsupported_type"
+    )
+
+
+def conversion_sql(plans: tuple[ColumnPlan, ...], source: Path, out: Path) -> str:
+    """One SELECT that checks every field and writes the RowBinary spool."""
+    columns, checks = [], [f"length(r) = {len(plans)}"]
+    for i, plan in enumerate(plans, start=1):
+        f = f"r[{i}]"
+        ok, value = field_expressions(plan, f)
+        if plan.nullable:
+            columns.append(f"if({f} = '', NULL, {value}) AS c{i}")
+            checks.append(f"({f} = '' OR ({ok}))")
+        else:
+            columns.append(f"{value} AS c{i}")
+            checks.append(f"({f} != '' AND ({ok}))")
+    return (
+        f"SELECT {', '.join(columns)} FROM (SELECT splitByChar('\\t', line) AS r "
+        f"FROM file({_lit(str(source))}, 'LineAsString', 'line String')) "
+        f"WHERE throwIf(NOT ({' AND '.join(checks)}), {_lit(REFUSAL)}) = 0 "
+        f"INTO OUTFILE {_lit(str(out))} TRUNCATE FORMAT RowBinary "
+        "SETTINGS max_threads = 1, input_format_parallel_parsing = 0"
+    )
+
+
+def run_engine_query(sql: str, *, timeout: float = 120.0, python: str | None = None) -> bytes:
+    """Run one query in a fresh engine process and return its TSV output (for checks)."""
+    child = _CHILD.replace(
+        'conn.query(sql, "TSV")', 'sys.stdout.buffer.write(conn.query(sql, "TSV").bytes())'
+    )
+    with tempfile.TemporaryDirectory(prefix="dpone-engine-") as work:
+        script = Path(work) / "query.sql"
+        script.write_text(sql, encoding="utf-8")
+        done = subprocess.run(
+            [python or sys.executable, "-c", child, str(script)],
+            cwd=work, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False,
+        )  # fmt: skip
+    if done.returncode != 0:
+        raise EngineUnavailable(
+            f"engine query failed: {done.stderr.decode('utf-8', 'replace')[-500:]}"
+        )
+    return done.stdout
+
+
+_CHILD = """
+import sys
+import chdb
+sql = open(sys.argv[1], encoding="utf-8").read()
+conn = chdb.connect(":memory:")
+# Generated checks make long statements; the default 256 KiB parse limit is too small.
+conn.query("SET max_query_size = 1073741824", "TSV")
+try:
+    conn.query(sql, "TSV")
+except Exception as exc:
+    print(str(exc)[:2000], file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+def convert_with_engine(
+    plans: tuple[ColumnPlan, ...],
+    source: Path,
+    out: Path,
+    *,
+    timeout: float,
+    python: str | None = None,
+) -> bool:
+    """Run the conversion in a child process; False when the engine refused the data."""
+    with tempfile.TemporaryDirectory(prefix="dpone-engine-") as work:
+        script = Path(work) / "convert.sql"
+        # Absolute paths: the child runs in an empty directory of its own.
+        script.write_text(
+            conversion_sql(plans, source.absolute(), out.absolute()), encoding="utf-8"
+        )
+        try:
+            done = subprocess.run(
+                [python or sys.executable, "-c", _CHILD, str(script)],
+                cwd=work,  # the engine reads config.xml from its working directory: an empty one
+                stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False,
+                env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"},
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            raise EngineUnavailable(
+                f"engine conversion exceeded {timeout:g} s", code="engine_timeout"
+            ) from exc
+    if done.returncode == 3 and REFUSAL.encode() in done.stderr:
+        return False
+    if done.returncode != 0:
+        raise EngineUnavailable(
+            f"engine conversion failed to run (exit {done.returncode}): "
+            f"{done.stderr.decode('utf-8', 'replace')[-500:]}",
+        )
+    return True

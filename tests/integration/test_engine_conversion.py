@@ -1,0 +1,294 @@
+"""The engine fast path against the Python reference: identical bytes, identical refusals."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dpone.connectors.bulk_text_codec import BulkTextReader, encode_record
+from dpone.contracts.schema import SourceColumn
+from dpone.errors import DponeError
+from dpone.exporters.export import export_table
+from dpone.exporters.sources import SqliteSource
+from dpone.runtime.conversion import ValueNotRepresentable, convert_records
+from dpone.runtime.engine_conversion import (
+    MODE_ENGINE,
+    convert_with_engine,
+    field_expressions,
+    run_engine_query,
+)
+from dpone.runtime.preparation import PreparationBudget, PreparationError, prepare_rowbinary
+from dpone.sql import quote_literal
+from dpone.typepolicy import ColumnPlan, plan_column, plan_columns
+from tests.hostile_values import HOSTILE_BINARY, HOSTILE_TEXT
+from tests.integration.test_export_validate import make_hostile_db
+from tests.unit import test_type_policy as tp
+
+REFUSED = tp.REFUSED
+
+
+def reference(plans: tuple[ColumnPlan, ...], data: bytes) -> bytes | None:
+    out = io.BytesIO()
+    try:
+        convert_records(
+            BulkTextReader(io.BytesIO(data), [p.codec_column for p in plans]), plans, out.write
+        )
+    except DponeError:
+        return None
+    return out.getvalue()
+
+
+def engine(plans: tuple[ColumnPlan, ...], data: bytes, tmp_path: Path) -> bytes | None:
+    source, out = tmp_path / "in.tsv", tmp_path / "out.rb"
+    source.write_bytes(data)
+    return out.read_bytes() if convert_with_engine(plans, source, out, timeout=120) else None
+
+
+def encode_rows(plans: tuple[ColumnPlan, ...], rows: list[list[Any]]) -> bytes:
+    return b"".join(encode_record([p.codec_column for p in plans], row) for row in rows)
+
+
+def test_every_edge_value_of_every_type_gives_identical_bytes(tmp_path: Path) -> None:
+    by_type: dict[str, list[str]] = {}
+    for source_type, text, _ in tp.EXACT:
+        by_type.setdefault(source_type, []).append(text)
+    plans = plan_columns([SourceColumn(f"c{i}", t, True) for i, t in enumerate(by_type)])
+    depth = max(len(v) for v in by_type.values())
+    rows = [
+        [values[r] if r < len(values) else None for values in by_type.values()]
+        for r in range(depth)
+    ]
+    rows.append([None] * len(plans))
+    data = encode_rows(plans, rows)
+    expected = reference(plans, data)
+    assert expected is not None
+    assert engine(plans, data, tmp_path) == expected
+
+
+def test_hostile_text_and_binary_give_identical_bytes(tmp_path: Path) -> None:
+    plans = plan_columns([SourceColumn("t", "nvarchar(max)", True), SourceColumn("b", "varbinary(max)", True),
+                          SourceColumn("f", "char(3)", False)], {"f": "FixedString(3)"})  # fmt: skip
+    rows = [[t, None, "abc"] for t in HOSTILE_TEXT] + [[None, b, "xyz"] for b in HOSTILE_BINARY]
+    data = (
+        encode_rows(plans, rows) + b"\\N\tab CD\x0b01\rFF\tabc\n"
+    )  # literal \N text; hex with whitespace
+    expected = reference(plans, data)
+    assert expected is not None
+    assert engine(plans, data, tmp_path) == expected
+
+
+def acceptance(cases: list[tuple[str, bool, bytes]]) -> list[bool]:
+    """The engine's verdict on single fields, in one engine run."""
+    selects: list[str] = []
+    for source_type, nullable, field in cases:
+        plan = plan_column(SourceColumn("c", source_type, nullable))
+        literal = (
+            quote_literal(field.decode("utf-8", errors="surrogateescape"))
+            if _utf8(field)
+            else f"unhex('{field.hex()}')"
+        )
+        ok, _ = field_expressions(plan, literal)
+        not_null = f"({literal} = '' OR ({ok}))" if nullable else f"({literal} != '' AND ({ok}))"
+        selects.append(f"SELECT {len(selects)} AS i, toUInt8({not_null}) AS ok")
+    out = run_engine_query(f"SELECT ok FROM ({' UNION ALL '.join(selects)}) ORDER BY i")
+    return [line == b"1" for line in out.splitlines()]
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+EXTRA_FIELDS = [
+    ("nvarchar(5)", b"a\x1dX"), ("nvarchar(5)", b"a\x1d"), ("nvarchar(5)", b"\x1dEa"), ("nvarchar(5)", b"a\rb"),
+    ("nvarchar(5)", b"\xff"), ("nvarchar(5)", b"\x1dE"), ("nvarchar(5)", b"a\x1ePb"), ("varbinary(5)", b" ab"),
+    ("varbinary(5)", b"ab "), ("varbinary(5)", b"a b"), ("varbinary(5)", b"ab cd"), ("varbinary(5)", b"abc"),
+    ("varbinary(5)", b"\x1dE"), ("int", b"1\x1d"), ("int", b"\x1dE"), ("bigint", b"9223372036854775807"),
+    ("decimal(38, 0)", b"-" + b"9" * 38), ("decimal(5, 2)", b"123.450"), ("decimal(5, 2)", b"1234.5"),
+    ("real", b"3.4028236e38"), ("real", b"1e-46"), ("float", b"1e-400"), ("datetimeoffset(3)", b"2020-01-01 00:00:00 +14:00"),
+    ("datetimeoffset(3)", b"2020-01-01 00:00:00  +01:00"), ("time(7)", b"23:59:59.99999999"), ("date", b"2000-02-30"),
+]  # fmt: skip
+
+
+def test_refusals_agree_with_the_reference() -> None:
+    cases: list[tuple[str, bool, bytes]] = []
+    for source_type, text, _ in REFUSED:
+        cases += [(source_type, False, text.encode()), (source_type, True, text.encode())]
+    for source_type, text, _ in tp.EXACT:
+        cases.append((source_type, False, text.encode()))
+    for source_type, field in EXTRA_FIELDS:
+        cases += [
+            (source_type, False, field),
+            (source_type, True, field),
+            (source_type, False, b""),
+        ]
+    verdicts = acceptance(cases)
+    for (source_type, nullable, field), engine_ok in zip(cases, verdicts, strict=True):
+        plans = (plan_column(SourceColumn("c", source_type, nullable)),)
+        python_ok = reference(plans, field + b"\n") is not None
+        assert engine_ok == python_ok, (source_type, nullable, field)
+
+
+def test_a_refused_file_is_refused_by_the_engine(tmp_path: Path) -> None:
+    plans = plan_columns([SourceColumn("d", "date", False)])
+    assert engine(plans, b"2000-01-01\n1899-12-31\n", tmp_path) is None
+    assert engine(plans, b"2000-01-01\n2000-01-02\textra\n", tmp_path) is None
+
+
+numbers = st.one_of(
+    st.integers(-(2**63), 2**63 - 1).map(str),
+    st.decimals(min_value=-(10**12), max_value=10**12, places=4, allow_nan=False).map(
+        lambda d: format(d, "f")
+    ),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.floats(width=32, allow_nan=False, allow_infinity=False).map(repr),
+    st.text(alphabet="0123456789-.eE+ ", max_size=12),
+)
+NUMERIC_TYPES = [
+    "int",
+    "bigint",
+    "decimal(18, 4)",
+    "decimal(38, 10)",
+    "float",
+    "real",
+    "smallmoney",
+    "tinyint",
+]
+
+
+@settings(
+    max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(numbers, min_size=50, max_size=50))
+def test_random_numbers_agree(values: list[str]) -> None:
+    cases = [(t, True, v.encode()) for t in NUMERIC_TYPES for v in values]
+    verdicts = acceptance(cases)
+    for (source_type, nullable, field), engine_ok in zip(cases, verdicts, strict=True):
+        plans = (plan_column(SourceColumn("c", source_type, nullable)),)
+        assert engine_ok == (reference(plans, field + b"\n") is not None), (source_type, field)
+
+
+@settings(
+    max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.one_of(
+            st.none(), st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=40)
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+    st.lists(
+        st.one_of(
+            st.none(), st.decimals(min_value=-(10**13), max_value=10**13, places=4, allow_nan=False)
+        ),
+        min_size=60,
+        max_size=60,
+    ),
+    st.lists(
+        st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False)),
+        min_size=60,
+        max_size=60,
+    ),
+    st.lists(
+        st.one_of(
+            st.none(),
+            st.datetimes(
+                min_value=__import__("datetime").datetime(1900, 1, 1),
+                max_value=__import__("datetime").datetime(2299, 12, 31),
+            ),
+        ),
+        min_size=60,
+        max_size=60,
+    ),
+)
+def test_random_valid_rows_give_identical_bytes(
+    tmp_path_factory: pytest.TempPathFactory,
+    texts: list[Any],
+    decimals: list[Any],
+    floats: list[Any],
+    stamps: list[Any],
+) -> None:
+    plans = plan_columns([SourceColumn("t", "nvarchar(max)", True), SourceColumn("d", "decimal(18, 4)", True),
+                          SourceColumn("f", "float", True), SourceColumn("s", "datetime2(6)", True)])  # fmt: skip
+    rows = [[t, None if d is None else format(d, "f"), None if f is None else repr(f),
+             None if s is None else s.strftime("%Y-%m-%d %H:%M:%S.%f")]
+            for t, d, f, s in zip(texts, decimals, floats, stamps, strict=False)]  # fmt: skip
+    data = encode_rows(plans, rows)
+    expected = reference(plans, data)
+    assert expected is not None
+    assert engine(plans, data, tmp_path_factory.mktemp("eng")) == expected
+
+
+def test_engine_mode_prepares_the_same_spool(tmp_path: Path) -> None:
+    make_hostile_db(tmp_path / "src.db")
+    exported = export_table(SqliteSource(tmp_path / "src.db"), "hostile", tmp_path / "h.tsv")
+    python = prepare_rowbinary(exported.path, exported.receipt, tmp_path / "a")
+    fast = prepare_rowbinary(exported.path, exported.receipt, tmp_path / "b", mode=MODE_ENGINE)
+    assert fast.path.read_bytes() == python.path.read_bytes()
+    assert fast.identity.rowbinary_sha256 == python.identity.rowbinary_sha256
+    assert fast.identity.selected_mode == MODE_ENGINE and fast.semantic_id != python.semantic_id
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
+        "data.rowbinary"
+    ]  # the private copy is gone
+    assert oct(os.stat(fast.path).st_mode & 0o777) == "0o400"
+
+
+def test_engine_mode_refusals_name_the_same_position(tmp_path: Path) -> None:
+    from dpone.contracts.schema import SourceSchema
+    from dpone.runtime.file_validation import validate_file
+
+    path = tmp_path / "in.tsv"
+    path.write_bytes(b"1\t2020-01-01\n2\t2020-01-02\n")
+    receipt = validate_file(
+        path,
+        SourceSchema.of(
+            [SourceColumn("id", "int", False), SourceColumn("d", "nvarchar(20)", True)]
+        ),
+    )
+    lying = type(receipt)(
+        **{
+            **receipt.__dict__,
+            "schema": SourceSchema.of(
+                [SourceColumn("id", "tinyint", False), SourceColumn("d", "date", True)]
+            ),
+        }
+    )
+    path.write_bytes(
+        b"1\t2020-01-01\n2\t1800-01-02\n"
+    )  # same size, different bytes: refused before conversion
+    with pytest.raises(DponeError):
+        prepare_rowbinary(path, lying, tmp_path / "x", mode=MODE_ENGINE)
+    path.write_bytes(b"1\t2020-01-01\n2\t2020-01-02\n")
+    bad = tmp_path / "bad.tsv"
+    bad.write_bytes(b"1\t2020-01-01\n2\t1800-01-02\n")
+    receipt_bad = validate_file(
+        bad,
+        SourceSchema.of(
+            [SourceColumn("id", "int", False), SourceColumn("d", "nvarchar(20)", True)]
+        ),
+    )
+    lying_bad = type(receipt_bad)(**{**receipt_bad.__dict__, "schema": lying.schema})
+    with pytest.raises(ValueNotRepresentable) as caught:
+        prepare_rowbinary(bad, lying_bad, tmp_path / "y", mode=MODE_ENGINE)
+    assert (caught.value.details["record"], caught.value.details["column"]) == (2, "d")
+    assert not (tmp_path / "y").exists()
+    with pytest.raises(PreparationError) as budget:
+        prepare_rowbinary(
+            path,
+            receipt,
+            tmp_path / "z",
+            mode=MODE_ENGINE,
+            budget=PreparationBudget(max_record_bytes=5),
+        )
+    assert budget.value.code == "record_too_large" and budget.value.details["record"] == 1
