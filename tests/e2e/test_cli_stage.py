@@ -24,6 +24,17 @@ def test_stage_through_the_cli(tmp_path: Path) -> None:
             chhttp.query(server["http_port"], "SELECT count() FROM stg.dpone_stage_cli_1")
             == f"{len(data)}\n"
         )
+        fast = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
+                     "--database", "stg", "--data-dir", str(tmp_path / "ch"), "--attempt-id", "cli-2",
+                     "--preparation", "engine-chdb", "--json")  # fmt: skip
+        assert fast.returncode == 0, fast.stdout + fast.stderr
+        assert as_json(fast)["rows"] == len(data)
+        same = chhttp.query(
+            server["http_port"],
+            "SELECT (SELECT groupArray(cityHash64(*)) FROM (SELECT * FROM stg.dpone_stage_cli_1 ORDER BY id, txt, bin)) = "
+            "(SELECT groupArray(cityHash64(*)) FROM (SELECT * FROM stg.dpone_stage_cli_2 ORDER BY id, txt, bin))",
+        )
+        assert same == "1\n"  # both converters staged the same values
         shown = dpone("journal", "show", staged["journal"])
         assert [json.loads(line)["state"] for line in shown.stdout.splitlines()][-1] == "staged"
         text = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),

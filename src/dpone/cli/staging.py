@@ -19,6 +19,8 @@ from dpone.errors import ConfigurationError
 from dpone.localserver import find_running
 from dpone.runtime.attempt_recovery import RECOVERY_STEPS, cleanup_attempt, list_attempts
 from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
+from dpone.runtime.engine_conversion import MODE_ENGINE
+from dpone.runtime.preparation import MODE_PYTHON
 from dpone.sinks import ClickHouseSink
 
 existing_file = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -41,13 +43,17 @@ def server_options(func: F) -> F:
                      help="Controlled transport; chosen explicitly, never auto."),
         click.option("--client-path", default="clickhouse-client", show_default=True,
                      help="clickhouse-client binary for --transport client."),
+        click.option("--preparation", "preparation_mode", type=click.Choice([MODE_PYTHON, MODE_ENGINE]),
+                     default=MODE_PYTHON, show_default=True,
+                     help="RowBinary converter: the Python reference or the engine fast path (same bytes)."),
     ]):  # fmt: skip
         func = option(func)
     return func
 
 
 def staging_config(data_dir: Path, host: str | None, http_port: int | None, tcp_port: int | None,
-                   database: str, transport: str, client_path: str, work_dir: Path) -> StagingConfig:  # fmt: skip
+                   database: str, transport: str, client_path: str, work_dir: Path,
+                   preparation_mode: str = MODE_PYTHON) -> StagingConfig:  # fmt: skip
     """Endpoint from options, credentials from DPONE_CLICKHOUSE_USER/PASSWORD."""
     if host is None:
         info = find_running(data_dir)
@@ -66,8 +72,9 @@ def staging_config(data_dir: Path, host: str | None, http_port: int | None, tcp_
     credentials = Credentials(os.environ.get("DPONE_CLICKHOUSE_USER", "default"),
                               os.environ.get("DPONE_CLICKHOUSE_PASSWORD", ""))  # fmt: skip
     return StagingConfig(
-        endpoint, credentials, work_dir, transport=transport, client_path=client_path
-    )
+        endpoint, credentials, work_dir, transport=transport, client_path=client_path,
+        preparation_mode=preparation_mode,
+    )  # fmt: skip
 
 
 class TerminalProgress:

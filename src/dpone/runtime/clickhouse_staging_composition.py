@@ -25,6 +25,7 @@ from dpone.runtime.clickhouse_file_stage_contract import (
     StagingError,
     StagingPolicy,
 )
+from dpone.runtime.preparation import MODE_PYTHON
 from dpone.runtime.validated_file_service import ClickHouseValidatedFileService, StagedTable
 from dpone.sql import quote_identifier, quote_literal
 from dpone.typepolicy import ColumnPlan, plan_columns
@@ -43,6 +44,7 @@ class StagingConfig:
     client_path: str = "clickhouse-client"
     policy: StagingPolicy = field(default_factory=StagingPolicy)
     design: PhysicalDesign = field(default_factory=PhysicalDesign)
+    preparation_mode: str = MODE_PYTHON
 
 
 class ReceiptDecoder:
@@ -119,6 +121,7 @@ def build_clickhouse_staging_components(
         policy=config.policy,
         design=config.design,
         progress=progress,
+        preparation_mode=config.preparation_mode,
     )
     return StagingComponents(
         service, ReceiptDecoder(), StagingFinalizer(transport, config.policy.request_seconds)

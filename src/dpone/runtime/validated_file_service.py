@@ -42,7 +42,12 @@ from dpone.runtime.clickhouse_file_stage_contract import (
     StagingError,
     StagingPolicy,
 )
-from dpone.runtime.preparation import PreparationBudget, PreparedSpool, prepare_rowbinary
+from dpone.runtime.preparation import (
+    MODE_PYTHON,
+    PreparationBudget,
+    PreparedSpool,
+    prepare_rowbinary,
+)
 from dpone.runtime.staging_states import StageState, check_transition
 from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact, FileAttempt
 from dpone.sql import quote_identifier, quote_literal
@@ -124,6 +129,7 @@ class ClickHouseValidatedFileService:
             [Path, str], ClickHouseFileAttemptJournal
         ] = ClickHouseFileAttemptJournal,
         progress: Callable[[str, int, int], None] | None = None,
+        preparation_mode: str = MODE_PYTHON,
     ) -> None:
         self.transport = transport
         self.database = database
@@ -134,6 +140,7 @@ class ClickHouseValidatedFileService:
         self.journal_factory = journal_factory
         # progress(phase, rows, bytes): for a terminal display; never part of the evidence.
         self.progress = progress
+        self.preparation_mode = preparation_mode
         self._reads = 0
 
     # ------------------------------------------------------------------ the sequence
@@ -181,6 +188,7 @@ class ClickHouseValidatedFileService:
             prepared = prepare_rowbinary(
                 attempt.held.path, receipt, run.journal.attempt_dir / "spool",
                 overrides=overrides, held=attempt.held, progress=partial(self._phase, "preparing"),
+                mode=self.preparation_mode,
                 budget=PreparationBudget(
                     max_record_bytes=self.policy.max_record_bytes, max_rows=self.policy.max_rows,
                     max_spool_bytes=self.policy.max_spool_bytes,
