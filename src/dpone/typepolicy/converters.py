@@ -140,17 +140,25 @@ def shortest_float32(value: float) -> str:
     return repr(value)
 
 
+def _finite_binary64(value: str | bytes, target: str) -> tuple[str, float]:
+    """The text and its nearest binary64; refused unless canonical and finite.
+
+    Beyond binary64 the text reads as infinity (which would even pack as Float32).
+    """
+    text = _text(value)
+    if _FLOAT.fullmatch(text) is None:
+        raise Refused(f"{text!r} is not a finite decimal number", code="invalid_value")
+    number = float(text)
+    if number in (float("inf"), float("-inf")):
+        raise Refused(f"{text} is outside the range of {target}")
+    return text, number
+
+
 def float64() -> Encoder:
     """Float64 from decimal text (the text of a binary64 reads back exactly)."""
 
     def encode(value: str | bytes) -> bytes:
-        text = _text(value)
-        if _FLOAT.fullmatch(text) is None:
-            raise Refused(f"{text!r} is not a finite decimal number", code="invalid_value")
-        number = float(text)
-        if number in (float("inf"), float("-inf")):
-            raise Refused(f"{text} is outside the range of Float64")
-        return _F64.pack(number)
+        return _F64.pack(_finite_binary64(value, "Float64")[1])
 
     return encode
 
@@ -159,13 +167,7 @@ def float32() -> Encoder:
     """Float32 from decimal text; refused unless it names one binary32 value exactly."""
 
     def encode(value: str | bytes) -> bytes:
-        text = _text(value)
-        if _FLOAT.fullmatch(text) is None:
-            raise Refused(f"{text!r} is not a finite decimal number", code="invalid_value")
-        number = float(text)
-        if number in (float("inf"), float("-inf")):
-            # Beyond binary64 the text reads as infinity, which packs without error.
-            raise Refused(f"{text} is outside the range of Float32")
+        text, number = _finite_binary64(value, "Float32")
         try:
             packed = _F32.pack(number)
         except OverflowError as exc:
