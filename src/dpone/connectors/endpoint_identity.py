@@ -13,8 +13,8 @@ from typing import Any
 
 from dpone.connectors.clickhouse_errors import ClickHouseServerError
 from dpone.connectors.clickhouse_request import mutation, read
-from dpone.connectors.remote_termination import Transport
 from dpone.errors import StateError
+from dpone.ports.clickhouse import QueryPort
 from dpone.sql import quote_literal
 
 NIL_UUID = "00000000-0000-0000-0000-000000000000"
@@ -58,7 +58,7 @@ def _one_row(rows: list[dict[str, Any]], what: str) -> dict[str, Any]:
 
 
 def observe_identity(
-    transport: Transport, database: str, *, probe_prefix: str, deadline: float
+    transport: QueryPort, database: str, *, probe_prefix: str, deadline: float
 ) -> EndpointIdentity:
     """Observe (and, on a Nil-UUID server, establish once) the endpoint identity."""
     row = _one_row(
@@ -96,7 +96,7 @@ def observe_identity(
     return EndpointIdentity(server_id, source, database, str(db["uuid"]), str(db["engine"]))
 
 
-def _dpone_identity(transport: Transport, probe_prefix: str, deadline: float) -> str:
+def _dpone_identity(transport: QueryPort, probe_prefix: str, deadline: float) -> str:
     # The database's own UUID, assigned by the server at creation and persisted with
     # it, is the identity: creating it is idempotent and needs no data rows.
     try:

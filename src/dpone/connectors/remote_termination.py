@@ -12,17 +12,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass
-from typing import Protocol
 
-from dpone.connectors.clickhouse_request import ClickHouseRequest, read
-from dpone.connectors.clickhouse_result import QueryResult
+from dpone.connectors.clickhouse_request import read
+from dpone.ports.clickhouse import QueryPort
 from dpone.sql import quote_literal
 
 TERMINAL_LOG_TYPES = ("QueryFinish", "ExceptionBeforeStart", "ExceptionWhileProcessing")
-
-
-class Transport(Protocol):
-    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult: ...
 
 
 class Termination(enum.Enum):
@@ -50,7 +45,7 @@ class RemoteState:
 
 
 def kill_query(
-    transport: Transport, query_id: str, *, probe_id: str, deadline: float
+    transport: QueryPort, query_id: str, *, probe_id: str, deadline: float
 ) -> RemoteState:
     """``KILL QUERY WHERE query_id = ... SYNC`` for exactly one id."""
     result = transport.execute(
@@ -68,7 +63,7 @@ def kill_query(
 
 
 def query_log_state(
-    transport: Transport, query_id: str, *, probe_id: str, deadline: float
+    transport: QueryPort, query_id: str, *, probe_id: str, deadline: float
 ) -> RemoteState:
     """The terminal event of ``query_id`` in ``system.query_log`` (after a log flush)."""
     transport.execute(read("SYSTEM FLUSH LOGS", probe_id + "-flush"), deadline=deadline)
@@ -90,7 +85,7 @@ def query_log_state(
 
 
 def prove_termination(
-    transport: Transport,
+    transport: QueryPort,
     query_id: str,
     *,
     probe_prefix: str,

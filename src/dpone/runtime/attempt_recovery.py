@@ -23,7 +23,7 @@ from dpone.adapters.file_attempt_journal import (
 from dpone.connectors.clickhouse_request import mutation
 from dpone.connectors.remote_termination import prove_termination
 from dpone.errors import DponeError, JournalError, StateError
-from dpone.runtime.clickhouse_file_stage_contract import QueryPort
+from dpone.ports.clickhouse import QueryPort
 from dpone.runtime.staging_states import NEEDS_OPERATOR, TERMINAL
 from dpone.runtime.validated_file_service import observe_ownership, ownership_comment
 from dpone.sql import quote_identifier

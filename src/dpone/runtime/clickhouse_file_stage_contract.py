@@ -1,7 +1,7 @@
-"""Contracts of validated file staging: the query port, the finite policy, the design.
+"""Contracts of validated file staging: the finite policy, the design, the errors.
 
-The service depends on these and nothing concrete: a transport that executes one
-request once, a policy whose every bound is finite, and the physical design the
+The service depends on these, on the query port of :mod:`dpone.ports.clickhouse`
+and nothing concrete: a policy whose every bound is finite, and the physical design the
 staging table is created with (so it can later equal a publication target's).
 """
 
@@ -9,23 +9,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from dpone.connectors.clickhouse_request import ClickHouseRequest
-from dpone.connectors.clickhouse_result import QueryResult
 from dpone.errors import ConfigurationError, DponeError
 
 _KEY_EXPRESSION = re.compile(r"^[A-Za-z0-9_`(), ]*$")
-
-
-class QueryPort(Protocol):
-    """What staging needs from a transport (HTTP or client): one request, once."""
-
-    name: str
-
-    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
-        """Send once; return a complete acknowledgment or raise a typed outcome."""
-        ...
 
 
 class StagingError(DponeError):

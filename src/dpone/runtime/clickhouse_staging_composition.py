@@ -19,9 +19,9 @@ from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_request import Credentials, Endpoint, mutation, read
 from dpone.contracts.receipt import FileReceipt
 from dpone.errors import ConfigurationError
+from dpone.ports.clickhouse import QueryPort
 from dpone.runtime.clickhouse_file_stage_contract import (
     PhysicalDesign,
-    QueryPort,
     StagingError,
     StagingPolicy,
 )

@@ -35,10 +35,10 @@ from dpone.connectors.clickhouse_result import QueryResult
 from dpone.connectors.endpoint_identity import NIL_UUID, observe_identity
 from dpone.connectors.remote_termination import prove_termination
 from dpone.errors import DeadlineError, DponeError, TransportError
+from dpone.ports.clickhouse import QueryPort
 from dpone.runtime.artifact import FileVerificationBudget
 from dpone.runtime.clickhouse_file_stage_contract import (
     PhysicalDesign,
-    QueryPort,
     StagingError,
     StagingPolicy,
 )

@@ -1,0 +1,1 @@
+"""The protocols services depend on, documented once; adapters need not inherit."""
