@@ -20,12 +20,13 @@ from dpone.adapters.file_attempt_journal import (
     JournalEvent,
     read_events,
 )
-from dpone.connectors.clickhouse_request import mutation
+from dpone.connectors.clickhouse_request import mutation, mutation_query_id
 from dpone.connectors.remote_termination import prove_termination
-from dpone.errors import DponeError, JournalError, StateError
+from dpone.errors import DponeError, StateError
 from dpone.ports.clickhouse import QueryPort
+from dpone.runtime.clickhouse_file_stage_contract import StagingError
 from dpone.runtime.staging_states import NEEDS_OPERATOR, TERMINAL
-from dpone.runtime.validated_file_service import observe_ownership, ownership_comment
+from dpone.runtime.validated_file_service import observe_ownership, table_exists
 from dpone.sql import quote_identifier
 
 RECOVERY_STEPS = (
@@ -157,24 +158,24 @@ def _drop_if_owned(
                               lambda: f"dpone-b02-{summary.attempt_id}-read-recovery-owned-{next(counter)}", deadline)  # fmt: skip
     if found is None:
         return
-    owned = found["comment"] == ownership_comment(
-        summary.attempt_id, summary.semantic_id or ""
-    ) and (summary.table_uuid is None or found["uuid"] == summary.table_uuid)
-    if not owned:
+    if not found.belongs_to(summary.attempt_id, summary.semantic_id or "", summary.table_uuid):
         raise StateError(f"{database}.{table} is not proven to be attempt {summary.attempt_id}'s; not dropped",
                          code="ownership_unverified")  # fmt: skip
-    drop_id = f"dpone-b02-{summary.attempt_id}-drop"
+    drop_id = mutation_query_id(summary.attempt_id, "drop")
     if drop_id in summary.sent_mutations:
         # One query id per mutation, ever: a second DROP would need a new id and a person.
         raise StateError(f"attempt {summary.attempt_id} already sent its DROP and the table remains",
                          code="drop_already_sent")  # fmt: skip
     journal.record({**base, "state": "cleanup", "outcome": "drop_intent",
                     "query": {"kind": "drop", "query_id": drop_id},
-                    "observed_ownership": {"table_uuid": found["uuid"]}, "cleanup_inventory": summary.inventory})  # fmt: skip
+                    "observed_ownership": {"table_uuid": found.uuid}, "cleanup_inventory": summary.inventory})  # fmt: skip
     try:
         transport.execute(mutation(f"DROP TABLE {quote_identifier(database)}.{quote_identifier(table)}", drop_id),
                           deadline=deadline)  # fmt: skip
     except DponeError as exc:
-        raise JournalError(
+        raise StagingError(
             f"DROP of {database}.{table} did not complete: {exc.message}", code="cleanup_failed"
         ) from exc
+    probe = f"dpone-b02-{summary.attempt_id}-read-recovery-dropped-1"
+    if table_exists(transport, database, table, probe, deadline):
+        raise StagingError(f"{database}.{table} still exists after DROP", code="drop_unverified")

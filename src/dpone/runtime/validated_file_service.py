@@ -78,9 +78,40 @@ def ownership_comment(attempt_id: str, semantic_id: str) -> str:
     return f"dpone-owned attempt={attempt_id} semantic={semantic_id}"
 
 
+@dataclass(frozen=True)
+class Ownership:
+    """What the server shows about a staging table: its UUID and ownership mark."""
+
+    uuid: str
+    comment: str | None
+
+    def belongs_to(self, attempt_id: str, semantic_id: str, table_uuid: str | None) -> bool:
+        """True when the mark is the attempt's and the UUID is the one it observed (if any)."""
+        return self.comment == ownership_comment(attempt_id, semantic_id) and (
+            table_uuid is None or self.uuid == table_uuid
+        )
+
+
+def table_exists(
+    transport: QueryPort, database: str, table: str, query_id: str, deadline: float
+) -> bool:
+    """Whether ``database.table`` exists now; anything but one exact count is an error."""
+    rows = transport.execute(
+        read(f"SELECT count() AS n FROM system.tables WHERE database = {quote_literal(database)} "
+             f"AND name = {quote_literal(table)} FORMAT JSONEachRow", query_id),
+        deadline=deadline,
+    ).json_rows()  # fmt: skip
+    if rows not in ([{"n": 0}], [{"n": 1}]):
+        raise StagingError(
+            f"existence of {database}.{table} is unobservable: {rows!r:.200}",
+            code="table_unobservable",
+        )
+    return rows == [{"n": 1}]
+
+
 def observe_ownership(
     transport: QueryPort, database: str, table: str, next_id: Callable[[], str], deadline: float
-) -> dict[str, Any] | None:
+) -> Ownership | None:
     """The table's UUID and its first column's comment, or None when it does not exist."""
     where = f"database = {quote_literal(database)} AND "
     tables = transport.execute(
@@ -95,7 +126,7 @@ def observe_ownership(
              "FORMAT JSONEachRow", next_id()),
         deadline=deadline,
     ).json_rows()  # fmt: skip
-    return {"uuid": tables[0]["uuid"], "comment": columns[0]["comment"] if columns else None}
+    return Ownership(str(tables[0]["uuid"]), columns[0]["comment"] if columns else None)
 
 
 class _Run:
@@ -375,12 +406,13 @@ class ClickHouseValidatedFileService:
         return value
 
     def _absent_before_create(self, run: _Run, table: str, deadline: float) -> None:
-        rows = self.transport.execute(
-            read(f"SELECT count() AS n FROM system.tables WHERE database = {quote_literal(self.database)} "
-                 f"AND name = {quote_literal(table)} FORMAT JSONEachRow", self._read_id(run, "absent")),
-            deadline=self._bounded(deadline),
-        ).json_rows()  # fmt: skip
-        if rows != [{"n": 0}]:
+        if table_exists(
+            self.transport,
+            self.database,
+            table,
+            self._read_id(run, "absent"),
+            self._bounded(deadline),
+        ):
             raise StagingError(
                 f"staging table {table} already exists; it is not this attempt's",
                 code="table_exists",
@@ -449,18 +481,15 @@ class ClickHouseValidatedFileService:
         """Drop the staging table if it is ours; None when ownership cannot be settled."""
         found = observe_ownership(self.transport, self.database, table, lambda: self._read_id(run, "owned"),
                                   self.clock() + self.policy.verification_seconds)  # fmt: skip
-        if not found:
+        if found is None:
             return False  # nothing was created
         semantic = run.prepared.semantic_id if run.prepared else ""
-        ours = found["comment"] == ownership_comment(run.journal.attempt_id, semantic) and (
-            run.table_uuid is None or found["uuid"] == run.table_uuid
-        )
-        if not ours:
+        if not found.belongs_to(run.journal.attempt_id, semantic, run.table_uuid):
             run.inventory["table_not_owned"] = table
             return None
         drop_id = mutation_query_id(run.journal.attempt_id, "drop")
         self._event(run, S.CLEANUP, "drop_intent", query={"kind": "drop", "query_id": drop_id},
-                    observed_ownership={"table_uuid": found["uuid"]})  # fmt: skip
+                    observed_ownership={"table_uuid": found.uuid})  # fmt: skip
         try:
             self._mutate(run, f"DROP TABLE {self._qualified(table)}", drop_id)
         except ClickHouseServerError:
@@ -470,12 +499,8 @@ class ClickHouseValidatedFileService:
                                       deadline=self.clock() + self.policy.verification_seconds)  # fmt: skip
             if not state.proven_terminal:
                 return None
-        left = self.transport.execute(
-            read(f"SELECT count() AS n FROM system.tables WHERE database = {quote_literal(self.database)} "
-                 f"AND name = {quote_literal(table)} FORMAT JSONEachRow", self._read_id(run, "dropped")),
-            deadline=self.clock() + self.policy.verification_seconds,
-        ).json_rows()  # fmt: skip
-        if left != [{"n": 0}]:
+        if table_exists(self.transport, self.database, table, self._read_id(run, "dropped"),
+                        self.clock() + self.policy.verification_seconds):  # fmt: skip
             raise StagingError(
                 f"staging table {table} still exists after DROP", code="drop_unverified"
             )
