@@ -117,10 +117,11 @@ def prepare_rowbinary(
                     code="engine_divergence",
                 )
         else:
-            digest, size, rows = engine_result
+            # The engine wrote the spool itself: its digest is the one the seal reads.
+            digest, size, rows = None, *engine_result
         _check_deadline(budget, deadline, "sealing")
         sealed = _seal(path)
-        if (sealed.sha256, sealed.size) != (digest, size):
+        if sealed.size != size or digest not in (None, sealed.sha256):
             raise PreparationError(
                 "the spool on disk differs from what was written", code="spool_mismatch"
             )
@@ -137,7 +138,7 @@ def prepare_rowbinary(
         binary_policy=f"{POLICY_ID}/{POLICY_VERSION}",
         selected_mode=mode,
         rowbinary_bytes=size,
-        rowbinary_sha256=digest,
+        rowbinary_sha256=sealed.sha256,
         prepared_rows=rows,
     )
     return PreparedSpool(path, identity, plans)
@@ -215,8 +216,8 @@ def _engine_spool(
     path: Path,
     budget: PreparationBudget,
     deadline: float | None,
-) -> tuple[str, int, int] | None:
-    """The engine fast path; None hands the file to the reference converter.
+) -> tuple[int, int] | None:
+    """The engine fast path: (spool bytes, records), or None to hand over to the reference.
 
     The engine reads a private copy made through the held descriptor and hashed on the
     way, so the bytes it converts are provably the receipt's. Records, their longest
@@ -277,12 +278,9 @@ def _engine_spool(
         path.unlink()
         return None  # the reference names the record where the budget ran out
     _check_free_space(path, budget, records)
-    spool_digest = hashlib.sha256()
     with open(path, "rb") as spool:
-        while chunk := spool.read(WRITE_BUFFER_BYTES):
-            spool_digest.update(chunk)
         os.fsync(spool.fileno())
-    return spool_digest.hexdigest(), written, records
+    return written, records
 
 
 def _seal(path: Path) -> _Sealed:
