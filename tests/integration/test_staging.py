@@ -502,3 +502,26 @@ def test_loading_deadline_expires_mid_insert_and_stays_unknown(
     assert events[-1]["state"] == "retained_unknown"
     assert table_exists(clickhouse, "dpone_stage_late_load_1")
     assert (tmp_path / "work" / "late-load-1" / "spool" / "data.rowbinary").exists()
+
+
+def test_decoder_and_finalizer_of_the_bundle(clickhouse: ServerInfo, tmp_path: Path) -> None:
+    from dpone.runtime.clickhouse_staging_composition import build_clickhouse_staging_components
+
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    path, receipt, data = export_hostile(tmp_path)
+    components = build_clickhouse_staging_components(config(clickhouse, tmp_path / "work"))
+    loaded = components.decoder.load(receipt)
+    assert loaded.rows_validated == len(data)
+    assert [p.clickhouse_type for p in components.decoder.plans(loaded)] == [
+        "Int64", "Nullable(String)", "Nullable(String)", "Nullable(UUID)",
+    ]  # fmt: skip
+    staged = components.validated_file.stage(
+        ContractValidatedFileArtifact(path, receipt), "bundle-1"
+    )
+    impostor = dataclasses.replace(staged, uuid="00000000-0000-0000-0000-000000000001")
+    with pytest.raises(DponeError) as refused:
+        components.finalizer.discard(impostor, "bundle-1-discard")
+    assert refused.value.code == "ownership_unverified"
+    assert table_exists(clickhouse, staged.table)  # nothing dropped on a mismatch
+    components.finalizer.discard(staged, "bundle-1-discard")
+    assert not table_exists(clickhouse, staged.table)

@@ -9,8 +9,10 @@ and no exception anywhere in it (ClickHouse can send one after a 200).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
+import json
 import re
 import socket
 import time
@@ -250,12 +252,9 @@ class HttpTransport:
         summary = None
         raw_summary = response.getheader("X-ClickHouse-Summary")
         if raw_summary:
-            import json
-
-            try:
+            # A hint only (never a count): an unreadable summary is simply absent.
+            with contextlib.suppress(ValueError):
                 summary = json.loads(raw_summary)
-            except ValueError:
-                summary = None
         return QueryResult(
             query_id=request.query_id,
             output=body,

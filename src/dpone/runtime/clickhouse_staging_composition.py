@@ -16,7 +16,14 @@ from pathlib import Path
 
 from dpone.connectors.clickhouse_client import ClientTransport
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_request import Credentials, Endpoint, mutation, read
+from dpone.connectors.clickhouse_request import (
+    Credentials,
+    Endpoint,
+    mutation,
+    mutation_query_id,
+    read,
+    read_query_id,
+)
 from dpone.contracts.receipt import FileReceipt
 from dpone.errors import ConfigurationError
 from dpone.ports.clickhouse import QueryPort
@@ -72,7 +79,7 @@ class StagingFinalizer:
         rows = self._transport.execute(
             read("SELECT toString(uuid) AS uuid FROM system.tables "
                  f"WHERE database = {quote_literal(staged.database)} AND name = {quote_literal(staged.table)} "
-                 "FORMAT JSONEachRow", f"dpone-b02-{attempt_id}-read-discard-1"),
+                 "FORMAT JSONEachRow", read_query_id(attempt_id, "discard", 1)),
             deadline=deadline,
         ).json_rows()  # fmt: skip
         if rows != [{"uuid": staged.uuid}]:
@@ -82,7 +89,7 @@ class StagingFinalizer:
             )
         self._transport.execute(
             mutation(f"DROP TABLE {quote_identifier(staged.database)}.{quote_identifier(staged.table)}",
-                     f"dpone-b02-{attempt_id}-drop"),
+                     mutation_query_id(attempt_id, "drop")),
             deadline=deadline,
         )  # fmt: skip
 
