@@ -22,7 +22,7 @@ from dpone.contracts.preparation import DerivedIdentity, TargetColumn
 from dpone.contracts.receipt import FileReceipt
 from dpone.durable_files import fsync_directory
 from dpone.errors import DeadlineError, DponeError
-from dpone.runtime.artifact import ArtifactMismatch, HeldArtifact, scan_descriptor
+from dpone.runtime.artifact import ArtifactMismatch, FileObservation, HeldArtifact, scan_descriptor
 from dpone.runtime.conversion import convert_records
 from dpone.runtime.engine_conversion import MODE_ENGINE, EngineUnavailable, convert_with_engine
 from dpone.typepolicy import POLICY_ID, POLICY_VERSION, ColumnPlan, plan_columns
@@ -283,7 +283,8 @@ def _engine_spool(
     return written, records
 
 
-def _seal(path: Path) -> _Sealed:
+def _seal(path: Path) -> FileObservation:
+    """Make the spool read-only, make that durable, and read it back whole."""
     os.chmod(path, 0o400)
     fsync_directory(path.parent)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -291,13 +292,7 @@ def _seal(path: Path) -> _Sealed:
         observed = scan_descriptor(fd)
     finally:
         os.close(fd)
-    return _Sealed(observed.sha256, observed.size)
-
-
-@dataclass(frozen=True)
-class _Sealed:
-    sha256: str
-    size: int
+    return observed
 
 
 def _check_deadline(budget: PreparationBudget, deadline: float | None, phase: str) -> None:
