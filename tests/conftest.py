@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dpone.connectors.clickhouse_request import Credentials
 from dpone.localserver import LocalServer, ServerInfo, ServerUser
 
 READER_PASSWORD = "reader-secret-Δ-42"
@@ -39,6 +40,12 @@ def clickhouse(session_data_dir: Path) -> Iterator[ServerInfo]:
         yield info
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def admin_credentials(clickhouse: ServerInfo) -> Credentials:
+    """The managed server's administrator; tests never spell these out themselves."""
+    return Credentials("default")
 
 
 @pytest.fixture(scope="session")
