@@ -19,6 +19,7 @@ from dpone.contracts.schema import SourceColumn, SourceSchema
 from dpone.errors import ConfigurationError, DponeError, PolicyError
 from dpone.sql.quoting import quote_literal
 from dpone.typepolicy import plan_column
+from dpone.typepolicy.source_types import parse_source_type
 
 FETCH_ROWS = 10_000
 
@@ -90,7 +91,7 @@ def sqlite_column_type(declared: str, *, column: str) -> str:
     """The SQL Server type of a SQLite column declared ``declared``.
 
     SQLite's own names INTEGER, REAL, TEXT and BLOB map to lossless SQL Server types;
-    any SQL Server type dpone accepts is kept verbatim (so ``decimal(18, 4)`` or
+    any SQL Server type dpone accepts is kept, canonically spelled (so ``decimal(18, 4)`` or
     ``float(24)`` still choose the stored type); everything else is refused with the
     type to declare instead.
     """
@@ -105,6 +106,8 @@ def sqlite_column_type(declared: str, *, column: str) -> str:
         )  # fmt: skip
     try:
         plan_column(SourceColumn(column, declared, nullable=True))
+        # SQLite upper-cases some names it knows (INT): keep the canonical spelling.
+        return str(parse_source_type(declared, column=column))
     except PolicyError as exc:
         instead = _declare_instead(declared)
         raise PolicyError(
@@ -112,7 +115,6 @@ def sqlite_column_type(declared: str, *, column: str) -> str:
             f"dpone accepts nor one of SQLite's INTEGER, REAL, TEXT, BLOB; declare {instead}",
             code="unsupported_type", column=column, source_type=declared, declare=instead,
         ) from exc  # fmt: skip
-    return declared
 
 
 class SqliteSource:
