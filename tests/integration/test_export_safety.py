@@ -268,3 +268,12 @@ def test_sql_server_type_names_keep_working_in_sqlite(tmp_path: Path) -> None:
         "int", "nvarchar(max)", "varbinary(max)", "float(53)", "nvarchar(max)",
     ]  # fmt: skip
     assert plan_column(SourceColumn("a", "int", True)).clickhouse_type == "Nullable(Int32)"
+
+
+def test_a_source_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe.db")  # opening it to read the header would block
+    (tmp_path / "dir.db").mkdir()
+    for name in ("pipe.db", "dir.db"):
+        with pytest.raises(SourceError) as caught:
+            SqliteSource(tmp_path / name)
+        assert caught.value.code == "source_not_found" and "regular file" in caught.value.message

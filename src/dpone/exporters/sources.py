@@ -129,14 +129,15 @@ class SqliteSource:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         try:
+            # stat before open: opening a FIFO or a device could block or have effects.
+            if not stat.S_ISREG(os.stat(self.path).st_mode):
+                raise SourceError(
+                    f"SQLite source {self.path} is not a regular file",
+                    code="source_not_found", path=str(self.path),
+                )  # fmt: skip
             with open(self.path, "rb") as stream:
-                if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
-                    raise SourceError(
-                        f"SQLite source {self.path} is not a regular file",
-                        code="source_not_found", path=str(self.path),
-                    )  # fmt: skip
                 header = stream.read(len(SQLITE_HEADER))
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+        except (FileNotFoundError, NotADirectoryError) as exc:
             hint = (
                 " (the path after 'sqlite:' is taken literally; '?', '#' and '%' are part "
                 "of the file name)"
