@@ -66,3 +66,43 @@ def test_export_of_unknown_table(tmp_path: Path) -> None:
     done = dpone("export", "--source", f"sqlite:{tmp_path / 'src.db'}", "--table", "nope",
                  "--out", str(tmp_path / "o.tsv"))  # fmt: skip
     assert done.returncode == 1 and "source_error" in done.stderr
+
+
+def test_validate_never_writes_its_receipt_over_an_input(tmp_path: Path) -> None:
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"schema_version": 1, "columns": [
+        {"name": "id", "source_type": "int", "nullable": False}]}))  # fmt: skip
+    data = tmp_path / "f.tsv"
+    data.write_bytes(b"1\n2\n")
+    inputs = {p: p.read_bytes() for p in (data, schema)}
+    for target in (data, schema):
+        done = dpone("validate", str(data), "--schema", str(schema), "--receipt-out", str(target),
+                     "--force", "--json")  # fmt: skip
+        assert done.returncode == 2 and as_json(done)["error"]["code"] == "output_is_input"
+    assert {p: p.read_bytes() for p in inputs} == inputs
+    receipt = tmp_path / "f.tsv.receipt.json"
+    receipt.write_bytes(b"an older receipt")
+    kept = dpone("validate", str(data), "--schema", str(schema), "--json")
+    assert kept.returncode == 2 and as_json(kept)["error"]["code"] == "output_exists"
+    assert receipt.read_bytes() == b"an older receipt"
+    forced = dpone("validate", str(data), "--schema", str(schema), "--force", "--json")
+    assert forced.returncode == 0 and as_json(forced)["rows"] == 2
+    assert json.loads(receipt.read_bytes())["rows_validated"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "f.tsv",
+        "f.tsv.receipt.json",
+        "schema.json",
+    ]
+
+
+def test_export_over_its_source_is_refused_and_the_source_survives(tmp_path: Path) -> None:
+    make_hostile_db(tmp_path / "src.db")
+    before = (tmp_path / "src.db").read_bytes()
+    done = dpone("export", "--source", f"sqlite:{tmp_path / 'src.db'}", "--table", "hostile",
+                 "--out", str(tmp_path / "src.db"), "--force")  # fmt: skip
+    assert done.returncode == 2 and "[output_is_input]" in done.stderr
+    assert (tmp_path / "src.db").read_bytes() == before
+    again = dpone("export", "--source", f"sqlite:{tmp_path / 'src.db'}", "--table", "hostile",
+                  "--out", str(tmp_path / "o.tsv"), "--receipt-out", str(tmp_path / "o.tsv"))  # fmt: skip
+    assert again.returncode == 2 and "[outputs_collide]" in again.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src.db"]

@@ -71,7 +71,11 @@ def test_server_lifecycle_through_the_cli(tmp_path: Path) -> None:
     assert report["ok"] is True and report["pid"] == info["pid"] and report["forced"] is False
 
     status = dpone("server", "status", "--data-dir", data, "--json")
-    assert status.returncode == 1 and as_json(status) == {"running": False, "data_dir": data}
+    assert status.returncode == 1 and as_json(status) == {
+        "ok": True,
+        "running": False,
+        "data_dir": data,
+    }
     missing = dpone("server", "stop", "--data-dir", data)
     assert missing.returncode == 1 and "server_not_running" in missing.stderr
     assert dpone("server", "url", "--data-dir", data).returncode == 1

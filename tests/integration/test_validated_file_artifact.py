@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dpone.contracts.receipt import FileReceipt
 from dpone.errors import DeadlineError, StateError
 from dpone.runtime.artifact import ArtifactMismatch, FileVerificationBudget, HeldArtifact
 from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
@@ -37,18 +38,30 @@ def test_binding_complete_and_busy(tmp_path: Path) -> None:
 
 def test_receipt_replacement_is_rejected(tmp_path: Path) -> None:
     path, receipt, data = export_hostile(tmp_path)
+    original = receipt.read_bytes()
     artifact = ContractValidatedFileArtifact(path, receipt)
     with artifact.file_validation_attempt("a1") as attempt:
-        receipt.write_bytes(receipt.read_bytes())  # same bytes: still the same receipt
+        receipt.write_bytes(original)  # same bytes rewritten: still the same receipt
         attempt.verify()
-        replacement = tmp_path / "r2"
-        replacement.write_bytes(
-            receipt.read_bytes().replace(b'"rows_validated":', b'"rows_validated":', 1)
+        # Another valid receipt for the same file, renamed over the original.
+        forged = original.replace(
+            b'"rows_validated":%d' % len(data), b'"rows_validated":%d' % (len(data) + 1)
         )
-        receipt.write_bytes(receipt.read_bytes()[:-1] + b" ")
+        assert forged != original and FileReceipt.from_bytes(forged).artifact_sha256
+        replacement = tmp_path / "r2"
+        replacement.write_bytes(forged)
+        os.replace(replacement, receipt)
         with pytest.raises(ArtifactMismatch) as caught:
-            attempt.complete(len(data))
+            attempt.verify()
         assert caught.value.code == "receipt_replaced"
+        with pytest.raises(ArtifactMismatch) as completing:
+            attempt.complete(len(data))
+        assert completing.value.code == "receipt_replaced"
+        assert attempt.completed is None
+        receipt.unlink()
+        with pytest.raises(ArtifactMismatch) as removed:
+            attempt.verify()
+        assert removed.value.code == "receipt_replaced"
 
 
 def test_verification_budget_deadline_and_cap(tmp_path: Path) -> None:

@@ -64,12 +64,24 @@ def test_values_without_exact_rendering_are_refused(source_type: str, value: obj
         render(value)
 
 
-def test_render_row_names_the_column() -> None:
-    renderers = [renderer_for(parse_source_type(t, column="c")) for t in ("int", "bit")]
-    assert render_row(renderers, ["a", "b"], (1, None)) == ["1", None]
+def test_render_row_names_the_record_and_column_never_the_value() -> None:
+    renderers = [
+        renderer_for(parse_source_type(t, column="c")) for t in ("int", "bit", "decimal(9, 2)")
+    ]
+    assert render_row(renderers, ["a", "b", "d"], (1, None, None), record=1) == ["1", None, None]
     with pytest.raises(RenderError) as caught:
-        render_row(renderers, ["a", "b"], (1, 7))
-    assert caught.value.details["column"] == "b"
+        render_row(renderers, ["a", "b", "d"], (1, 7, None), record=41)
+    assert (caught.value.details["record"], caught.value.details["column"]) == (41, "b")
+    assert caught.value.message.startswith("record 41, column 'b':")
+    assert "7" not in caught.value.message.removeprefix("record 41")
+    secret = "s3cr3t-card-4111111111111111"
+    with pytest.raises(RenderError) as text_in_int:
+        render_row(renderers, ["a", "b", "d"], (secret, 1, None), record=2)
+    with pytest.raises(RenderError) as text_in_decimal:  # decimal.InvalidOperation inside
+        render_row(renderers, ["a", "b", "d"], (1, 1, secret), record=3)
+    for error in (text_in_int.value, text_in_decimal.value):
+        assert secret not in str(error) and secret not in repr(error.to_dict())
+    assert text_in_decimal.value.details == {"record": 3, "column": "d"}
 
 
 @pytest.mark.parametrize(

@@ -57,7 +57,10 @@ def demo(data_dir: Path, work_dir: Path, as_json: bool) -> None:
     with reported_errors(as_json):
         source = work_dir / "source.db"
         ensure_source(source)
-        exported = export_table(SqliteSource(source), "customers", work_dir / "customers.tsv")
+        # The demo owns its work directory: a second run replaces its own export.
+        exported = export_table(
+            SqliteSource(source), "customers", work_dir / "customers.tsv", force=True
+        )
         running = find_running(data_dir)
         local = None
         if running is None:

@@ -2,22 +2,46 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
-from dpone.cli.output import emit_json, json_option, reported_errors
+from dpone.cli.output import TerminalProgress, emit_json, json_option, reported_errors
 from dpone.contracts import canonical_json
 from dpone.contracts.receipt import FileReceipt
 from dpone.contracts.schema import SourceSchema
-from dpone.durable_files import atomic_write_bytes
+from dpone.durable_files import atomic_outputs
 from dpone.errors import ConfigurationError
 from dpone.exporters.export import export_table, receipt_path_for
 from dpone.exporters.sources import open_source
-from dpone.runtime.artifact import HeldArtifact
-from dpone.runtime.file_validation import validate_file
+from dpone.runtime.file_validation import validate_file, verify_file
 
 existing_file = click.Path(exists=True, dir_okay=False, path_type=Path)
+F = TypeVar("F", bound=Callable[..., Any])
+force_option = click.option(
+    "--force", is_flag=True, help="Replace outputs that already exist (never an input)."
+)
+
+
+def _refuse_dash(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    # click.Path takes "-" as a file named "-"; an output here is a validated file put
+    # in place by rename, never a stream, so say so instead of creating that file.
+    if value is not None and str(value) == "-":
+        raise click.BadParameter(
+            "'-' is not standard output here: dpone writes files through a temporary name "
+            "and a rename; give a file path (./- for a file named '-')"
+        )
+    return value
+
+
+def output_option(name: str, *, help: str, required: bool = False) -> Callable[[F], F]:
+    """An option naming an output file (see :func:`dpone.durable_files.atomic_outputs`)."""
+    return click.option(
+        name, type=click.Path(dir_okay=False, path_type=Path), callback=_refuse_dash,
+        required=required, help=help,
+    )  # fmt: skip
 
 
 def load_schema(path: Path) -> SourceSchema:
@@ -54,13 +78,10 @@ def _summary(receipt: FileReceipt) -> dict[str, object]:
     required=True,
     help='Schema JSON: {"schema_version": 1, "columns": [...]}.',
 )
-@click.option(
-    "--receipt-out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Where to write the receipt [default: FILE.receipt.json].",
-)
+@output_option("--receipt-out", help="Where to write the receipt [default: FILE.receipt.json].")
 @click.option("--max-record-bytes", type=click.IntRange(min=1), help="Refuse longer records.")
 @click.option("--max-records", type=click.IntRange(min=0), help="Refuse more records.")
+@force_option
 @json_option
 def validate(
     file: Path,
@@ -68,16 +89,18 @@ def validate(
     receipt_out: Path | None,
     max_record_bytes: int | None,
     max_records: int | None,
+    force: bool,
     as_json: bool,
 ) -> None:
     """Validate FILE against a schema and write its receipt (only if it passes)."""
     with reported_errors(as_json):
-        schema = load_schema(schema_path)
-        receipt = validate_file(
-            file, schema, max_record_bytes=max_record_bytes, max_records=max_records
-        )
         target = receipt_out or receipt_path_for(file)
-        atomic_write_bytes(target, receipt.to_bytes())
+        with atomic_outputs([target], [file, schema_path], force=force) as (stream,):
+            schema = load_schema(schema_path)
+            receipt = validate_file(
+                file, schema, max_record_bytes=max_record_bytes, max_records=max_records
+            )
+            stream.write(receipt.to_bytes())
         if as_json:
             emit_json({"ok": True, "receipt": str(target), **_summary(receipt)})
         else:
@@ -95,11 +118,10 @@ def validate(
 )
 @json_option
 def verify(file: Path, receipt_path: Path, as_json: bool) -> None:
-    """Check that FILE is exactly the file its receipt describes."""
+    """Check that FILE is exactly the file its receipt describes (bytes and records)."""
     with reported_errors(as_json):
         receipt = load_receipt(receipt_path)
-        with HeldArtifact(file, receipt) as held:
-            held.verify()
+        verify_file(file, receipt)
         if as_json:
             emit_json({"ok": True, **_summary(receipt)})
         else:
@@ -111,25 +133,24 @@ def verify(file: Path, receipt_path: Path, as_json: bool) -> None:
     "--source",
     "dsn",
     required=True,
-    help="sqlite:PATH or mssql://HOST[:PORT]/DATABASE (credentials from env).",
+    help="sqlite:PATH (taken literally, opened read-only) or mssql://HOST[:PORT]/DATABASE "
+    "(credentials from env).",
 )
 @click.option("--table", required=True, help="Table to export (schema.table for SQL Server).")
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="The bulk text file to write.",
-)
-@click.option(
-    "--receipt-out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Where to write the receipt [default: OUT.receipt.json].",
-)
+@output_option("--out", required=True, help="The bulk text file to write.")
+@output_option("--receipt-out", help="Where to write the receipt [default: OUT.receipt.json].")
+@force_option
 @json_option
-def export(dsn: str, table: str, out: Path, receipt_out: Path | None, as_json: bool) -> None:
-    """Export a table to a bulk text file and its receipt."""
+def export(
+    dsn: str, table: str, out: Path, receipt_out: Path | None, force: bool, as_json: bool
+) -> None:
+    """Export a table to a bulk text file and its receipt (both appear, or neither)."""
     with reported_errors(as_json):
-        result = export_table(open_source(dsn), table, out, receipt_out=receipt_out)
+        progress = TerminalProgress("exported") if TerminalProgress.on_terminal(as_json) else None
+        result = export_table(
+            open_source(dsn), table, out, receipt_out=receipt_out, force=force, progress=progress
+        )
+        TerminalProgress.finish()
         if as_json:
             emit_json(
                 {

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+from types import FrameType
+
 import click
 
 import dpone
 from dpone.cli.demo import demo
 from dpone.cli.files import export, validate, verify
+from dpone.cli.output import Terminated, report_failure
 from dpone.cli.server import server
 from dpone.cli.staging import attempts, journal, stage
 
@@ -30,6 +35,36 @@ cli.add_command(journal)
 cli.add_command(attempts)
 
 
-def main() -> None:
-    """Console-script entry point."""
-    cli(prog_name="dpone")
+def _wants_json(args: list[str]) -> bool:
+    # Decided from the raw arguments, so a usage error that stops parsing is still
+    # reported as JSON when the user asked for JSON.
+    options = args[: args.index("--")] if "--" in args else args
+    return "--json" in options
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
+
+
+def main(args: list[str] | None = None) -> None:
+    """Console-script entry point and the CLI's one error boundary.
+
+    Every outcome ends here: success, a usage error, a coded dpone error, a signal,
+    a closed output pipe, or an unexpected exception (reported as ``internal_error``
+    without its text and without a traceback). With ``--json`` exactly one JSON
+    object is printed either way. SIGTERM raises :class:`Terminated`, so temporary
+    files are removed on the way out, as on Ctrl-C.
+    """
+    argv = list(sys.argv[1:] if args is None else args)
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        result = cli.main(args=argv, prog_name="dpone", standalone_mode=False)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # the boundary: nothing passes it unreported
+        try:
+            code = report_failure(exc, _wants_json(argv))
+        except BrokenPipeError as closed:  # the report itself met a closed pipe
+            code = report_failure(closed, False)
+        sys.exit(code)
+    sys.exit(result if isinstance(result, int) else 0)

@@ -1,61 +1,189 @@
-"""Shared output and error handling for CLI commands.
+"""Shared output and error handling for CLI commands: the one place outcomes become
+exit codes, messages and JSON objects.
 
-Exit codes: 0 success, 1 the operation failed, 2 usage or configuration error.
+Exit codes: 0 success, 1 the operation failed, 2 usage or configuration error; after a
+signal 128 + its number (130 Ctrl-C, 141 closed output pipe, 143 SIGTERM).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import click
 
+import dpone
 from dpone.errors import ConfigurationError, DponeError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived; raised by the CLI's handler so ``finally`` blocks clean up.
+
+    A ``BaseException`` like ``KeyboardInterrupt``: code that handles ``Exception``
+    must not swallow it.
+    """
 
 
 def emit_json(payload: dict[str, Any]) -> None:
-    """Print one JSON object on one line of standard output."""
-    click.echo(json.dumps(payload, sort_keys=True, ensure_ascii=False))
+    """Print one JSON object on one line of standard output.
+
+    Every object carries ``ok``; a payload without one reports a success.
+    """
+    document = {"ok": True, **payload}
+    click.echo(json.dumps(document, sort_keys=True, ensure_ascii=False))
+
+
+class _StderrLine:
+    """Whether progress text is waiting on the current stderr line (no newline yet)."""
+
+    open = False
+
+    @classmethod
+    def close(cls) -> None:
+        if cls.open:
+            click.echo("", err=True)
+            cls.open = False
+
+
+class TerminalProgress:
+    """Rows, bytes and rate of a long phase on one rewritten stderr line (terminals only).
+
+    Any error printed later starts on a fresh line (see :func:`report_failure`).
+    """
+
+    def __init__(self, phase: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._phase = phase
+        self._clock = clock
+        self._started = clock()
+
+    def __call__(self, rows: int, size: int) -> None:
+        elapsed = self._clock() - self._started
+        rate = f", {rows / elapsed:,.0f} rows/s" if elapsed > 0 else ""
+        click.echo(
+            f"\r{self._phase}: {rows:,} rows, {size / 2**20:,.1f} MiB{rate}   ", nl=False, err=True
+        )
+        _StderrLine.open = True
+
+    @staticmethod
+    def finish() -> None:
+        """End the progress line."""
+        _StderrLine.close()
+
+    @staticmethod
+    def on_terminal(as_json: bool) -> bool:
+        """Progress is shown only when stderr is a terminal and the output is text."""
+        return not as_json and sys.stderr.isatty()
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost dpone frame of a traceback, as ``path:line (function)``."""
+    root = Path(dpone.__file__).parent
+    found = "unknown"
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = Path(frame.filename)
+        if path.is_relative_to(root):
+            found = f"dpone/{path.relative_to(root)}:{frame.lineno} ({frame.name})"
+    return found
+
+
+def describe_failure(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """The exit code and the JSON ``error`` object of any exception reaching the CLI.
+
+    An unexpected exception becomes ``internal_error``: its type and where it was
+    raised, never its text (which may hold a value or a credential).
+    """
+    if isinstance(exc, DponeError):
+        code = EXIT_USAGE if isinstance(exc, ConfigurationError) else EXIT_FAILED
+        return code, exc.to_dict()
+    if isinstance(exc, click.UsageError):
+        return exc.exit_code, {
+            "code": "usage_error",
+            "message": exc.format_message(),
+            "details": {},
+        }
+    if isinstance(exc, click.ClickException):
+        return exc.exit_code, {"code": "cli_error", "message": exc.format_message(), "details": {}}
+    if isinstance(exc, click.Abort | KeyboardInterrupt):
+        return EXIT_INTERRUPTED, {"code": "interrupted", "message": "interrupted", "details": {}}
+    if isinstance(exc, Terminated):
+        message = "stopped by SIGTERM"
+        return EXIT_TERMINATED, {"code": "terminated", "message": message, "details": {}}
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        error = {
+            "code": "os_error",
+            "message": f"{exc.strerror}{where}",
+            "details": {"errno": exc.errno},
+        }
+        return EXIT_FAILED, error
+    name, where = type(exc).__name__, _where(exc)
+    return EXIT_FAILED, {
+        "code": "internal_error",
+        "message": f"unexpected {name} at {where}; this is a bug in dpone, please report it",
+        "details": {"exception": name, "where": where},
+    }
+
+
+def _silence_stdout() -> None:
+    # The reader of standard output is gone: later writes and the final flush at exit
+    # would raise again, so standard output points at /dev/null from now on.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
+def report_failure(exc: BaseException, as_json: bool) -> int:
+    """Print one failure (one JSON object with ``as_json``) and return its exit code.
+
+    A closed output pipe (``dpone ... | head``) is not an error to report: it ends
+    the command quietly with 141, like a tool killed by SIGPIPE.
+    """
+    if isinstance(exc, BrokenPipeError):
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    exit_code, error = describe_failure(exc)
+    _StderrLine.close()
+    if as_json:
+        emit_json({"ok": False, "error": error})
+    elif isinstance(exc, click.ClickException):
+        exc.show()
+    else:
+        click.echo(f"dpone: error: [{error['code']}] {error['message']}", err=True)
+        tail = error["details"].get("log_tail")
+        if tail:
+            click.echo(f"server log tail:\n{tail}", err=True)
+    return exit_code
 
 
 @contextmanager
 def reported_errors(as_json: bool) -> Iterator[None]:
-    """Turn a :class:`DponeError` into a message (or JSON object) and an exit code."""
+    """Turn a :class:`DponeError` or ``OSError`` into a message (or JSON) and an exit code.
+
+    Anything else travels on to the boundary in :func:`dpone.cli.main.main`.
+    """
     try:
         yield
-    except DponeError as exc:
-        exit_code = EXIT_USAGE if isinstance(exc, ConfigurationError) else EXIT_FAILED
-        if as_json:
-            emit_json({"ok": False, "error": exc.to_dict()})
-        else:
-            click.echo(f"dpone: error: {exc}", err=True)
-            tail = exc.details.get("log_tail")
-            if tail:
-                click.echo(f"server log tail:\n{tail}", err=True)
-        sys.exit(exit_code)
-    except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename else ""
-        if as_json:
-            emit_json(
-                {
-                    "ok": False,
-                    "error": {
-                        "code": "os_error",
-                        "message": f"{exc.strerror}{where}",
-                        "details": {"errno": exc.errno},
-                    },
-                }
-            )
-        else:
-            click.echo(f"dpone: error: [os_error] {exc.strerror}{where}", err=True)
-        sys.exit(EXIT_FAILED)
+    except BrokenPipeError:
+        raise
+    except (DponeError, OSError) as exc:
+        sys.exit(report_failure(exc, as_json))
 
 
 def json_option(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpone.connectors.bulk_text_codec import BulkTextWriter
+from dpone.connectors.bulk_text_codec import BulkTextError, BulkTextWriter
 from dpone.contracts.receipt import FileReceipt
-from dpone.durable_files import atomic_output, atomic_write_bytes
-from dpone.exporters.render import render_row, renderer_for
+from dpone.durable_files import OutputError, atomic_outputs
+from dpone.exporters.render import RenderError, render_row, renderer_for
 from dpone.exporters.sources import Source
 from dpone.runtime.file_validation import validate_file
 from dpone.typepolicy import plan_columns
 from dpone.typepolicy.source_types import parse_source_type
+
+# Progress is reported every this many records (and once at the end).
+PROGRESS_EVERY = 10_000
+
+Progress = Callable[[int, int], None]
+"""Called with (records written, bytes written) while an export runs."""
 
 
 @dataclass(frozen=True)
@@ -31,30 +38,62 @@ def receipt_path_for(path: Path) -> Path:
 
 
 def export_table(
-    source: Source, table: str, out: str | os.PathLike[str], *, receipt_out: Path | None = None
+    source: Source,
+    table: str,
+    out: str | os.PathLike[str],
+    *,
+    receipt_out: Path | None = None,
+    force: bool = False,
+    progress: Progress | None = None,
 ) -> ExportResult:
     """Export ``table`` to ``out``; the receipt comes from re-reading what was written.
 
-    The data goes to a temporary name, is fsynced, validated by the same reader and
-    policy a consumer uses, and only then renamed to ``out``. A failed or interrupted
-    export leaves neither a file nor a receipt under the final names.
+    Both outputs are checked before anything is read (neither may be an input of the
+    source or the other output; an existing one is refused unless ``force``). The data
+    and the receipt are written under temporary names; the data is fsynced and
+    validated by the same reader and policy a consumer uses, then the data and then
+    the receipt are renamed into place. A failed or interrupted export leaves neither.
     """
     path = Path(out)
-    schema = source.schema(table)
-    plans = plan_columns(schema.columns)  # unsupported types are refused before reading
-    renderers = [
-        renderer_for(parse_source_type(c.source_type, column=c.name)) for c in schema.columns
-    ]
-    names = [c.name for c in schema.columns]
-    with atomic_output(path) as stream:
-        writer = BulkTextWriter(stream, [p.codec_column for p in plans])
-        for row in source.rows(table, schema):
-            writer.write(render_row(renderers, names, row))
-        stream.flush()
-        receipt = validate_file(_fd_path(stream.fileno()), schema, source_name=str(path))
     receipt_path = receipt_out or receipt_path_for(path)
-    atomic_write_bytes(receipt_path, receipt.to_bytes())
+    outputs = [path, receipt_path]
+    with atomic_outputs(outputs, source.local_files, force=force) as (stream, receipt_stream):
+        schema = source.schema(table)
+        plans = plan_columns(schema.columns)  # unsupported types are refused before reading
+        renderers = [
+            renderer_for(parse_source_type(c.source_type, column=c.name)) for c in schema.columns
+        ]
+        names = [c.name for c in schema.columns]
+        writer = BulkTextWriter(stream, [p.codec_column for p in plans])
+        for ordinal, row in enumerate(source.rows(table, schema), start=1):
+            cells = render_row(renderers, names, row, record=ordinal)
+            try:
+                writer.write(cells)
+            except BulkTextError as exc:
+                raise _unwritable(exc, ordinal) from exc
+            except OSError as exc:
+                raise OutputError(f"cannot write {path}: {exc.strerror}", path=str(path)) from exc
+            if progress is not None and ordinal % PROGRESS_EVERY == 0:
+                progress(writer.records, writer.bytes)
+        if progress is not None:
+            progress(writer.records, writer.bytes)
+        try:
+            stream.flush()
+        except OSError as exc:
+            raise OutputError(f"cannot write {path}: {exc.strerror}", path=str(path)) from exc
+        receipt = validate_file(_fd_path(stream.fileno()), schema, source_name=str(path))
+        receipt_stream.write(receipt.to_bytes())
     return ExportResult(path, receipt_path, receipt)
+
+
+def _unwritable(exc: BulkTextError, ordinal: int) -> RenderError:
+    # The codec's message may quote the value; the export names only where it is.
+    column = exc.details.get("column")
+    where = f"record {ordinal}" + (f", column {column!r}" if column else "")
+    reason = {
+        "unencodable_value": "the value holds a character the bulk text format cannot carry",
+    }.get(exc.code, exc.code)
+    return RenderError(f"{where}: {reason}", code=exc.code, record=ordinal, column=column)
 
 
 def _fd_path(fd: int) -> str:

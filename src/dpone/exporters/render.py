@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from dpone.connectors.bulk_text_codec import Cell
 from dpone.errors import PolicyError
-from dpone.typepolicy.converters import shortest_float32
+from dpone.typepolicy.converters import is_binary32, shortest_float32
 from dpone.typepolicy.policy import BINARY_TYPES, TEXT_TYPES
 from dpone.typepolicy.source_types import SourceType
 
@@ -74,8 +74,14 @@ def _float64(value: object) -> Cell:
 
 def _float32(value: object) -> Cell:
     if isinstance(value, int) and not isinstance(value, bool):
+        if float(value) != value:
+            raise _refuse(value, "a real (the integer is not exactly a binary32 value)")
         value = float(value)
     if isinstance(value, float):
+        # A driver hands binary64; only a value that widens back unchanged from binary32
+        # is a real. The shortest text of the nearest binary32 would round silently.
+        if not is_binary32(value):
+            raise _refuse(value, "a real (not exactly a binary32 value; declare float(53))")
         return shortest_float32(value)
     raise _refuse(value, "a real")
 
@@ -187,8 +193,13 @@ def renderer_for(st: SourceType) -> Renderer:
     raise RenderError(f"no renderer for SQL Server type {st}", code="unsupported_type")
 
 
-def render_row(renderers: list[Renderer], names: list[str], row: tuple[object, ...]) -> list[Cell]:
-    """Render one driver row; NULL stays None. Errors name the column."""
+def render_row(
+    renderers: list[Renderer], names: list[str], row: tuple[object, ...], *, record: int
+) -> list[Cell]:
+    """Render driver row number ``record`` (1-based); NULL stays None.
+
+    Errors name the record and the column, never the value (it may be confidential).
+    """
     cells: list[Cell] = []
     for render, name, value in zip(renderers, names, row, strict=True):
         if value is None:
@@ -196,8 +207,15 @@ def render_row(renderers: list[Renderer], names: list[str], row: tuple[object, .
             continue
         try:
             cells.append(render(value))
-        except (RenderError, decimal.InvalidOperation, ValueError) as exc:
+        except (RenderError, ArithmeticError, ValueError) as exc:
+            # Only our own reasons are known to be free of the value's text.
+            reason = (
+                exc.message
+                if isinstance(exc, RenderError)
+                else (f"cannot render this {type(value).__name__} value")
+            )
             raise RenderError(
-                f"column {name!r}: {exc}", code="value_not_renderable", column=name
-            ) from exc
+                f"record {record}, column {name!r}: {reason}",
+                code="value_not_renderable", record=record, column=name,
+            ) from exc  # fmt: skip
     return cells

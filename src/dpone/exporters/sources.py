@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from dpone.contracts.schema import SourceColumn, SourceSchema
-from dpone.errors import ConfigurationError, DponeError
+from dpone.errors import ConfigurationError, DponeError, PolicyError
 from dpone.sql.quoting import quote_literal
+from dpone.typepolicy import plan_column
+from dpone.typepolicy.source_types import parse_source_type
 
 FETCH_ROWS = 10_000
 
@@ -29,6 +32,11 @@ class SourceError(DponeError):
 
 class Source(Protocol):
     """What an exporter needs from a database."""
+
+    @property
+    def local_files(self) -> tuple[Path, ...]:
+        """Files on this machine the source reads (an export must never write over them)."""
+        ...
 
     def schema(self, table: str) -> SourceSchema:
         """The table's ordered columns with SQL Server type names and nullability."""
@@ -43,39 +51,166 @@ def _quote_sqlite(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-class SqliteSource:
-    """A SQLite database whose declared column types are SQL Server type names.
+SQLITE_HEADER = b"SQLite format 3\x00"
 
-    SQLite keeps the declared type text verbatim, so a table created with
+# SQLite's own type names and the SQL Server types that hold every value SQLite
+# stores under them: INTEGER is 64-bit, REAL is binary64, TEXT and BLOB are unbounded.
+SQLITE_TYPES = {
+    "integer": "bigint",
+    "real": "float(53)",
+    "text": "nvarchar(max)",
+    "blob": "varbinary(max)",
+}
+
+# Declarations that are SQL Server types but that SQLite users mean differently.
+_AMBIGUOUS = {
+    "timestamp": "datetime2(7) for date-times, or rowversion for SQL Server row versions",
+}
+
+
+def _declare_instead(declared: str) -> str:
+    """The SQL Server type to declare for a column SQLite gives ``declared`` affinity.
+
+    SQLite's affinity rules (https://sqlite.org/datatype3.html, 3.1), in their order.
+    """
+    upper = declared.upper()
+    if "INT" in upper:
+        return "bigint"
+    if any(word in upper for word in ("CHAR", "CLOB", "TEXT", "STRING")):
+        return "nvarchar(max) (or nvarchar(N))"
+    if "BLOB" in upper or not upper.strip():
+        return "varbinary(max)"
+    if any(word in upper for word in ("REAL", "FLOA", "DOUB")):
+        return "float(53)"
+    if "BOOL" in upper:
+        return "bit"
+    return "decimal(P, S) with the precision and scale of its values, or float(53)"
+
+
+def sqlite_column_type(declared: str, *, column: str) -> str:
+    """The SQL Server type of a SQLite column declared ``declared``.
+
+    SQLite's own names INTEGER, REAL, TEXT and BLOB map to lossless SQL Server types;
+    any SQL Server type dpone accepts is kept, canonically spelled (so ``decimal(18, 4)`` or
+    ``float(24)`` still choose the stored type); everything else is refused with the
+    type to declare instead.
+    """
+    key = " ".join(declared.lower().split())
+    if key in SQLITE_TYPES:
+        return SQLITE_TYPES[key]
+    if key in _AMBIGUOUS:
+        raise PolicyError(
+            f"column {column!r}: declared type {declared!r} is ambiguous in SQLite; declare "
+            f"{_AMBIGUOUS[key]}",
+            code="ambiguous_sqlite_type", column=column, source_type=declared,
+        )  # fmt: skip
+    try:
+        plan_column(SourceColumn(column, declared, nullable=True))
+        # SQLite upper-cases some names it knows (INT): keep the canonical spelling.
+        return str(parse_source_type(declared, column=column))
+    except PolicyError as exc:
+        instead = _declare_instead(declared)
+        raise PolicyError(
+            f"column {column!r}: declared type {declared!r} is neither a SQL Server type "
+            f"dpone accepts nor one of SQLite's INTEGER, REAL, TEXT, BLOB; declare {instead}",
+            code="unsupported_type", column=column, source_type=declared, declare=instead,
+        ) from exc  # fmt: skip
+
+
+class SqliteSource:
+    """A SQLite database, opened read-only; it must exist and be a SQLite database.
+
+    Declared column types are SQL Server type names or SQLite's own INTEGER, REAL,
+    TEXT and BLOB (see :func:`sqlite_column_type`), so a table created with
     ``amount decimal(18, 4) NOT NULL`` exports as ``decimal(18, 4)``, not null.
+    The path is taken literally: ``?``, ``#`` and ``%`` are part of the file name.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        if not self.path.is_file():
-            raise SourceError(f"SQLite database {self.path} does not exist", path=str(self.path))
+        try:
+            # stat before open: opening a FIFO or a device could block or have effects.
+            if not stat.S_ISREG(os.stat(self.path).st_mode):
+                raise SourceError(
+                    f"SQLite source {self.path} is not a regular file",
+                    code="source_not_found", path=str(self.path),
+                )  # fmt: skip
+            with open(self.path, "rb") as stream:
+                header = stream.read(len(SQLITE_HEADER))
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            hint = (
+                " (the path after 'sqlite:' is taken literally; '?', '#' and '%' are part "
+                "of the file name)"
+                if any(c in str(path) for c in "?#%")
+                else ""
+            )
+            raise SourceError(
+                f"SQLite database {self.path} does not exist{hint}",
+                code="source_not_found", path=str(self.path),
+            ) from exc  # fmt: skip
+        except OSError as exc:
+            raise SourceError(
+                f"cannot read SQLite database {self.path}: {exc.strerror}",
+                code="source_read_failed", path=str(self.path),
+            ) from exc  # fmt: skip
+        # SQLite itself treats an empty file as an empty database.
+        if header and header != SQLITE_HEADER:
+            raise SourceError(
+                f"{self.path} is not a SQLite database (its header is not SQLite's)",
+                code="not_a_sqlite_database", path=str(self.path),
+            )  # fmt: skip
+        # A file: URI with the path percent-encoded by as_uri(), so '?', '#' and '%'
+        # in a name stay in the name, and mode=ro so nothing is ever created or written.
+        self._uri = self.path.absolute().as_uri() + "?mode=ro"
+
+    @property
+    def local_files(self) -> tuple[Path, ...]:
+        return (self.path,)
 
     def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        return sqlite3.connect(self._uri, uri=True)
+
+    def _failed(self, exc: sqlite3.Error) -> SourceError:
+        if isinstance(exc, sqlite3.DatabaseError) and "not a database" in str(exc):
+            return SourceError(
+                f"{self.path} is not a SQLite database", code="not_a_sqlite_database",
+                path=str(self.path),
+            )  # fmt: skip
+        return SourceError(
+            f"cannot read SQLite database {self.path}: {exc}", code="source_read_failed",
+            path=str(self.path),
+        )  # fmt: skip
 
     def schema(self, table: str) -> SourceSchema:
-        with closing(self._connect()) as conn:
-            info = conn.execute(f"PRAGMA table_info({_quote_sqlite(table)})").fetchall()
+        try:
+            with closing(self._connect()) as conn:
+                info = conn.execute(f"PRAGMA table_info({_quote_sqlite(table)})").fetchall()
+        except sqlite3.Error as exc:
+            raise self._failed(exc) from exc
         if not info:
             raise SourceError(f"table {table!r} not found in {self.path}", table=table)
         columns = []
         for _cid, name, declared, notnull, _default, _pk in info:
             if not declared:
-                raise SourceError(f"column {name!r} of {table!r} has no declared type", column=name)
-            columns.append(SourceColumn(name, declared, nullable=not notnull))
+                raise SourceError(
+                    f"column {name!r} of {table!r} has no declared type; declare a SQL Server "
+                    "type or one of SQLite's INTEGER, REAL, TEXT, BLOB",
+                    column=name,
+                )
+            columns.append(
+                SourceColumn(name, sqlite_column_type(declared, column=name), nullable=not notnull)
+            )
         return SourceSchema.of(columns)
 
     def rows(self, table: str, schema: SourceSchema) -> Iterator[tuple[Any, ...]]:
         names = ", ".join(_quote_sqlite(c.name) for c in schema.columns)
-        with closing(self._connect()) as conn:
-            cursor = conn.execute(f"SELECT {names} FROM {_quote_sqlite(table)}")
-            while batch := cursor.fetchmany(FETCH_ROWS):
-                yield from batch
+        try:
+            with closing(self._connect()) as conn:
+                cursor = conn.execute(f"SELECT {names} FROM {_quote_sqlite(table)}")
+                while batch := cursor.fetchmany(FETCH_ROWS):
+                    yield from batch
+        except sqlite3.Error as exc:
+            raise self._failed(exc) from exc
 
 
 # SQL Server types whose full precision a Python driver value cannot carry: they are
@@ -96,6 +231,10 @@ class SqlServerSource:
 
     def __init__(self, host: str, port: int, database: str) -> None:
         self.host, self.port, self.database = host, port, database
+
+    @property
+    def local_files(self) -> tuple[Path, ...]:
+        return ()
 
     def _connect(self) -> Any:
         try:
@@ -179,14 +318,40 @@ def sqlserver_type_text(name: str, max_length: int, precision: int, scale: int) 
     return name
 
 
+def sqlite_path(dsn: str) -> Path:
+    """The file a ``sqlite:`` DSN names; everything after the prefix is the path, verbatim.
+
+    Accepted: ``sqlite:PATH`` (relative or absolute) and ``sqlite:///ABS/PATH`` (the
+    file-URL spelling of ``sqlite:/ABS/PATH``). Nothing is percent-decoded and there
+    are no URL parameters: ``?``, ``#`` and ``%`` are characters of the file name.
+    Refused: SQLAlchemy's ``sqlite:////ABS/PATH``, a host (``sqlite://HOST/...``) and
+    an empty path.
+    """
+    rest = dsn[len("sqlite:") :]
+    if rest.startswith("////"):
+        raise ConfigurationError(
+            f"{dsn!r} is SQLAlchemy's spelling; dpone takes the path after 'sqlite:' "
+            f"literally: write sqlite:{rest[3:]} (or sqlite://{rest[3:]})",
+            code="invalid_dsn",
+        )
+    if rest.startswith("///"):
+        rest = rest[2:]
+    elif rest.startswith("//"):
+        raise ConfigurationError(
+            f"{dsn!r} names a host; a SQLite source is a local file: write sqlite:PATH "
+            "or sqlite:///ABSOLUTE/PATH",
+            code="invalid_dsn",
+        )
+    if not rest:
+        raise ConfigurationError(f"no database path in {dsn!r}", code="invalid_dsn")
+    return Path(rest)
+
+
 def open_source(dsn: str) -> Source:
-    """``sqlite:///abs/path.db``, ``sqlite:rel/path.db`` or ``mssql://host[:port]/db``."""
+    """``sqlite:PATH``, ``sqlite:///ABS/PATH`` or ``mssql://host[:port]/db``."""
+    if dsn[: len("sqlite:")].lower() == "sqlite:":
+        return SqliteSource(sqlite_path(dsn))
     parts = urlsplit(dsn)
-    if parts.scheme == "sqlite":
-        path = unquote(parts.path if parts.netloc == "" else parts.netloc + parts.path)
-        if not path:
-            raise ConfigurationError(f"no database path in {dsn!r}", code="invalid_dsn")
-        return SqliteSource(path)
     if parts.scheme == "mssql":
         if parts.username or parts.password:
             raise ConfigurationError(

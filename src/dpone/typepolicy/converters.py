@@ -7,6 +7,7 @@ adds the position (row, column) to the error it reports.
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from collections.abc import Callable
@@ -124,6 +125,16 @@ def decimal(precision: int, scale: int) -> Encoder:
 _FLOAT = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 _F64 = struct.Struct("<d")
 _F32 = struct.Struct("<f")
+
+
+def is_binary32(value: float) -> bool:
+    """True when the binary64 ``value`` is exactly a finite binary32 value (widened)."""
+    if not math.isfinite(value):
+        return False
+    try:
+        return bool(_F32.unpack(_F32.pack(value))[0] == value)
+    except OverflowError:
+        return False
 
 
 def shortest_float32(value: float) -> str:
