@@ -56,14 +56,12 @@ class Credentials:
 def _check_credential(what: str, text: str, *, show: bool) -> None:
     """Refuse what HTTP headers and XML cannot carry unchanged; never quote a secret."""
     named = {"user": text} if show else {}
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        # No cause kept on purpose: a UnicodeEncodeError's repr quotes the whole text.
+    # Checked by code point, not by encoding: a UnicodeEncodeError quotes the text.
+    if any(0xD800 <= ord(ch) <= 0xDFFF for ch in text):
         raise ConfigurationError(
             f"the ClickHouse {what} has no UTF-8 form (a lone surrogate)",
             code="invalid_credentials", field=what, **named,
-        ) from None  # fmt: skip
+        )  # fmt: skip
     bad = sorted({f"U+{ord(ch):04X}" for ch in text if unicodedata.category(ch) == "Cc"})
     if bad:
         raise ConfigurationError(
