@@ -126,7 +126,7 @@ def test_session_parameters_and_their_checks() -> None:
         {"session_id": "s", "session_timeout": True},
     ):
         with pytest.raises(ConfigurationError) as caught:
-            ClickHouseRequest("SELECT 1", "q", RequestKind.READ, **bad)  # type: ignore[arg-type]
+            ClickHouseRequest("SELECT 1", "q", RequestKind.READ, **bad)
         assert caught.value.code == "invalid_session"
     with pytest.raises(ConfigurationError) as limit:
         ClickHouseRequest("SELECT 1", "q", RequestKind.READ, max_body_bytes=-1)
