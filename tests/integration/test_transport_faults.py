@@ -249,10 +249,16 @@ def test_a_child_past_the_deadline_is_killed_and_reaped(
     pid_file = tmp_path / "pid"
     path = fake_client(tmp_path, f"""for a in "$@"; do [ "$a" = "--version" ] && exit 0; done
 echo $$ > {pid_file}
+echo started
 exec sleep 60""")  # fmt: skip
-    t = make_transport("client", clickhouse, client_path=path)
+
+    def clock() -> float:
+        # The deadline passes once the child runs (no race with its start-up).
+        return time.monotonic() + (1000.0 if pid_file.exists() else 0.0)
+
+    t = make_transport("client", clickhouse, client_path=path, clock=clock)
     with pytest.raises(TransportDeadline) as caught:
-        t.execute(read("SELECT 1", "r-sleeper"), deadline=soon(1.0))
+        t.execute(read("SELECT 1", "r-sleeper"), deadline=soon())
     assert caught.value.details["submitted"] is True
     assert gone(int(pid_file.read_text()))
 
