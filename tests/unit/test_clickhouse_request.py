@@ -63,3 +63,71 @@ def test_pinned_settings_cannot_be_overridden() -> None:
 def test_credentials_never_print_the_password() -> None:
     c = Credentials("loader", "hunter2")
     assert "hunter2" not in repr(c) and "hunter2" not in str(c) and "loader" in repr(c)
+
+
+SECRET = "s3cr3t-\r\nX-Injected: 1"
+
+
+@pytest.mark.parametrize(
+    ("user", "password", "field", "shown"),
+    [
+        ("loader", "pa\rss-" + SECRET, "password", ["U+000A", "U+000D"]),
+        ("loader", "pass\x00word-s3cr3t", "password", ["U+0000"]),
+        ("loader", "tab\tand\x7fdel-s3cr3t", "password", ["U+0009", "U+007F"]),
+        ("loader", "next-line\x85-s3cr3t", "password", ["U+0085"]),
+        ("load\ner", "s3cr3t", "user name", ["U+000A"]),
+    ],
+)
+def test_credentials_that_headers_and_xml_cannot_carry_are_refused(
+    user: str, password: str, field: str, shown: list[str]
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Credentials(user, password)
+    error = caught.value
+    assert error.code == "invalid_credentials"
+    assert error.details["field"] == field and error.details["characters"] == shown
+    assert error.__cause__ is None
+    for text in (str(error), repr(error), repr(error.details), repr(error.to_dict())):
+        assert "s3cr3t" not in text
+
+
+def test_a_password_without_utf8_form_is_refused_without_quoting_it() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Credentials("loader", "s3cr3t-\ud800")
+    assert caught.value.code == "invalid_credentials"
+    # No UnicodeEncodeError anywhere in the chain: it would carry the whole password.
+    assert caught.value.__cause__ is None and caught.value.__context__ is None
+    assert "s3cr3t" not in str(caught.value) and "s3cr3t" not in repr(caught.value.to_dict())
+
+
+def test_credentials_accept_any_utf8_text() -> None:
+    c = Credentials("Łukasz-пользователь", "pässwörd €-ok with spaces")
+    assert c.user == "Łukasz-пользователь"
+    with pytest.raises(ConfigurationError):
+        Credentials("", "x")
+
+
+def test_session_parameters_and_their_checks() -> None:
+    assert read("SELECT 1", "q").session_parameters() == {}
+    gate = ClickHouseRequest(
+        "SELECT 1", "q", RequestKind.READ, session_id="pub-1", session_timeout=3,
+        session_check=True,
+    )  # fmt: skip
+    assert gate.session_parameters() == {
+        "session_id": "pub-1",
+        "session_timeout": "3",
+        "session_check": "1",
+    }
+    for bad in (
+        {"session_timeout": 3},
+        {"session_check": True},
+        {"session_id": "a b"},
+        {"session_id": "s", "session_timeout": 0},
+        {"session_id": "s", "session_timeout": True},
+    ):
+        with pytest.raises(ConfigurationError) as caught:
+            ClickHouseRequest("SELECT 1", "q", RequestKind.READ, **bad)
+        assert caught.value.code == "invalid_session"
+    with pytest.raises(ConfigurationError) as limit:
+        ClickHouseRequest("SELECT 1", "q", RequestKind.READ, max_body_bytes=-1)
+    assert limit.value.code == "invalid_body_limit"

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,8 @@ class Peer:
         with conn:
             conn.settimeout(10)
             data = b""
-            while b"\r\n\r\n" not in data:
-                data += conn.recv(65536)
+            while b"\r\n\r\n" not in data and (more := conn.recv(65536)):
+                data += more
             head, _, rest = data.partition(b"\r\n\r\n")
             length = next(
                 (
@@ -50,8 +51,8 @@ class Peer:
                 ),
                 0,
             )
-            while len(rest) < length:
-                rest += conn.recv(65536)
+            while len(rest) < length and (more := conn.recv(65536)):
+                rest += more
             self.request = head + b"\r\n\r\n" + rest
             if self.stall:
                 time.sleep(self.stall)
@@ -59,8 +60,9 @@ class Peer:
                 conn.sendall(self.answer)
 
     def close(self) -> None:
-        self.listener.close()
+        # Every test connects; the peer may accept only after the client gave up.
         self.thread.join(15)
+        self.listener.close()
 
 
 @pytest.fixture
@@ -206,3 +208,174 @@ def test_connect_refused_is_not_submitted() -> None:
     with pytest.raises(NotSubmitted) as caught:
         t.execute(read("SELECT 1", "q-refused"), deadline=time.monotonic() + 5)
     assert caught.value.code == "connect_failed"
+
+
+# --- only ClickHouse's own evidence makes a server error (issue 9, item 7)
+
+
+@pytest.mark.parametrize(
+    ("answer", "status"),
+    [
+        (
+            b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/html\r\nContent-Length: 41\r\n\r\n"
+            b"<html><h1>502 Bad Gateway</h1></html>\r\n\r\n",
+            502,
+        ),
+        (b"HTTP/1.1 100 Continue\r\n\r\n", 100),
+        (b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nnot found", 404),
+        (b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\noops", 500),
+    ],
+)
+def test_a_status_without_clickhouse_evidence_is_unknown(
+    peer_factory: list[Peer], answer: bytes, status: int
+) -> None:
+    with pytest.raises(OutcomeUnknown) as caught:
+        run(peer_factory, answer)
+    assert not isinstance(caught.value, ClickHouseServerError)
+    assert caught.value.code == "unexpected_status"
+    assert caught.value.details["status"] == status
+    assert caught.value.details["query_id"] == "q-1"
+
+
+@pytest.mark.parametrize(
+    ("answer", "status", "clickhouse_code"),
+    [
+        # The exception code header alone is ClickHouse's evidence, whatever the status.
+        (
+            b"HTTP/1.1 404 Not Found\r\nX-ClickHouse-Exception-Code: 60\r\nContent-Length: 0\r\n\r\n",
+            404,
+            60,
+        ),
+        # So is its exception text, when a header was lost on the way.
+        (
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 52\r\n\r\n"
+            b"Code: 62. DB::Exception: Syntax error. (SYNTAX_ERROR)",
+            500,
+            62,
+        ),
+    ],
+)
+def test_clickhouse_evidence_makes_a_server_error(
+    peer_factory: list[Peer], answer: bytes, status: int, clickhouse_code: int
+) -> None:
+    with pytest.raises(ClickHouseServerError) as caught:
+        run(peer_factory, answer)
+    assert caught.value.details["status"] == status
+    assert caught.value.details["clickhouse_code"] == clickhouse_code
+
+
+# --- ports, hosts and deadlines that mean "nothing was sent" (items 13, 24)
+
+NATIVE_PORT_ANSWER = (
+    b"HTTP/1.0 400 Bad Request\r\n\r\nPort 9000 is for clickhouse-client program\r\n"
+    b"You must use port 8123 for HTTP.\r\n"
+)
+
+
+def test_the_native_port_answer_is_named(peer_factory: list[Peer]) -> None:
+    with pytest.raises(NotSubmitted) as caught:
+        run(peer_factory, NATIVE_PORT_ANSWER)
+    assert caught.value.code == "native_port"
+    assert "native (TCP) port" in str(caught.value) and "swapped" in str(caught.value)
+
+
+def test_a_peer_that_does_not_speak_http_gets_a_hint(peer_factory: list[Peer]) -> None:
+    with pytest.raises(OutcomeUnknown) as caught:
+        run(peer_factory, b"\x00\x01\x02 binary hello\r\n")
+    assert caught.value.code == "response_bad_status_line"
+    assert "does not speak HTTP" in str(caught.value) and "native port" in str(caught.value)
+
+
+def test_an_unresolvable_host_is_named_and_not_submitted() -> None:
+    def no_dns(host: str, port: int) -> list[str]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    with pytest.raises(NotSubmitted) as at_start:
+        HttpTransport(Endpoint("db.nowhere.example", 8123, 9000, "db"), Credentials("u"),
+                      resolver=no_dns)  # fmt: skip
+    assert at_start.value.code == "host_not_found"
+    assert "'db.nowhere.example'" in str(at_start.value)
+    assert at_start.value.details["host"] == "db.nowhere.example"
+    assert isinstance(at_start.value.__cause__, socket.gaierror)
+    answers: list[Callable[[], list[str]]] = [lambda: ["127.0.0.1"], lambda: no_dns("", 0)]
+    later = HttpTransport(Endpoint("db.example", 8123, 9000, "db"), Credentials("u"),
+                         resolver=lambda h, p: answers.pop(0)())  # fmt: skip
+    with pytest.raises(NotSubmitted) as at_request:
+        later.execute(read("SELECT 1", "q-dns"), deadline=time.monotonic() + 5)
+    assert at_request.value.code == "host_not_found"
+    assert at_request.value.details["query_id"] == "q-dns"
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_deadline_spent_before_sending_is_not_submitted() -> None:
+    t = HttpTransport(Endpoint("127.0.0.1", closed_port(), 0, "db"), Credentials("u"))
+    with pytest.raises(TransportDeadline) as caught:
+        t.execute(mutation("CREATE TABLE t (a Int8) ENGINE = Memory", "q-late"),
+                  deadline=time.monotonic() - 1)  # fmt: skip
+    # Both a deadline and provably not sent: callers settle it without any probe.
+    assert isinstance(caught.value, NotSubmitted)
+    assert caught.value.details["submitted"] is False
+    assert caught.value.code == "transport_deadline"
+
+
+# --- credentials (item 8)
+
+
+def test_a_utf8_user_name_travels_as_utf8(peer_factory: list[Peer]) -> None:
+    peer = Peer(OK_HEAD + b"Content-Length: 0\r\n\r\n")
+    peer_factory.append(peer)
+    user = "Łukasz-пользователь"
+    t = HttpTransport(Endpoint("127.0.0.1", peer.port, 0, "db"), Credentials(user, "pässwörd-€"))
+    t.execute(read("SELECT 1", "q-1"), deadline=time.monotonic() + 5)
+    assert b"\r\nX-ClickHouse-User: " + user.encode("utf-8") + b"\r\n" in peer.request
+    assert b"\r\nX-ClickHouse-Key: " + "pässwörd-€".encode() + b"\r\n" in peer.request
+
+
+# --- the wire-byte ceiling (publication addition c)
+
+
+def test_a_body_over_its_ceiling_is_refused_before_connecting(tmp_path: Path) -> None:
+    body = tmp_path / "spool"
+    body.write_bytes(b"x" * 1001)
+    # Nothing listens on this port: a connect attempt would be connect_failed.
+    t = HttpTransport(Endpoint("127.0.0.1", closed_port(), 0, "db"), Credentials("u"))
+    request = dataclasses.replace(
+        mutation("INSERT INTO t FORMAT RowBinary", "q-big", body=body), max_body_bytes=1000
+    )
+    with pytest.raises(NotSubmitted) as caught:
+        t.execute(request, deadline=time.monotonic() + 5)
+    assert caught.value.code == "body_limit_exceeded"
+    assert caught.value.details["size"] == 1001 and caught.value.details["limit"] == 1000
+
+
+def test_the_ceiling_holds_while_the_body_streams(peer_factory: list[Peer], tmp_path: Path) -> None:
+    body = tmp_path / "spool"
+    body.write_bytes(b"a" * 100_000)  # under the ceiling when it is opened
+    peer = Peer(OK_HEAD + b"Content-Length: 0\r\n\r\n", stall=1.0)
+    peer_factory.append(peer)
+    calls = 0
+
+    def growing_clock() -> float:
+        # The spool grows while it is sent (a second writer, a reused path...).
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            with body.open("ab") as more:
+                more.write(b"b" * 65536)
+        return time.monotonic()
+
+    t = HttpTransport(Endpoint("127.0.0.1", peer.port, 0, "db"), Credentials("u"),
+                      clock=growing_clock)  # fmt: skip
+    request = dataclasses.replace(
+        mutation("INSERT INTO t FORMAT RowBinary", "q-grow", body=body), max_body_bytes=150_000
+    )
+    with pytest.raises(OutcomeUnknown) as caught:
+        t.execute(request, deadline=time.monotonic() + 5)
+    assert caught.value.code == "body_limit_exceeded"
+    assert caught.value.details["limit"] == 150_000
+    assert caught.value.details["sent"] <= 150_000

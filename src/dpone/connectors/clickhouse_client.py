@@ -22,22 +22,27 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 from xml.sax.saxutils import escape
 
 from dpone.connectors.clickhouse_errors import (
     ClickHouseServerError,
+    DeadlineBeforeSend,
     NotSubmitted,
     OutcomeUnknown,
     TransportDeadline,
 )
 from dpone.connectors.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
 from dpone.connectors.clickhouse_result import QueryResult
+from dpone.errors import ConfigurationError
 
 OUTPUT_CAP = 64 * 1024
 ERROR_CAP = 64 * 1024
 PIPE_CHUNK = 64 * 1024
 _CODE = re.compile(r"Code: (\d+)\. ")
 NETWORK_ERROR = 210
+# A failed name lookup: 198 DNS_ERROR (recent clients), Poco's "Host not found" (18.16).
+_HOST_NOT_FOUND = re.compile(r"Not found address of host|Host not found")
 
 
 class ClientTransport:
@@ -94,11 +99,17 @@ class ClientTransport:
 
     def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
         """Run ``request`` once; return its complete acknowledgment or raise a typed outcome."""
+        if request.session_id is not None:
+            # HTTP sessions do not exist in the native protocol: sending without one
+            # would silently drop the guarantee the caller asked for.
+            raise ConfigurationError(
+                f"query {request.query_id} needs HTTP session {request.session_id!r}; "
+                "the client transport cannot carry sessions (use the HTTP transport)",
+                code="session_unsupported", query_id=request.query_id,
+            )  # fmt: skip
         if self._clock() >= deadline:
-            raise TransportDeadline(
-                "deadline expired before starting the client",
-                submitted=False,
-                query_id=request.query_id,
+            raise DeadlineBeforeSend(
+                "deadline expired before starting the client", query_id=request.query_id
             )
         settings, unpassed = self.passed_settings(request)
         private = Path(tempfile.mkdtemp(prefix="dpone-client-"))  # 0700 by construction
@@ -123,6 +134,17 @@ class ClientTransport:
             shutil.rmtree(private, ignore_errors=True)
 
     def _run(self, argv: list[str], request: ClickHouseRequest, deadline: float) -> QueryResult:
+        # Opened before the child starts: an unreadable spool means nothing was sent.
+        spool = _open_spool(request)
+        try:
+            return self._run_child(argv, request, deadline, spool)
+        finally:
+            if spool is not None:
+                spool.close()
+
+    def _run_child(
+        self, argv: list[str], request: ClickHouseRequest, deadline: float, spool: BinaryIO | None
+    ) -> QueryResult:
         try:
             child = subprocess.Popen(
                 argv,
@@ -136,7 +158,7 @@ class ClientTransport:
                 code="client_missing", query_id=request.query_id,
             ) from exc  # fmt: skip
         try:
-            sent, digest, stdout, stderr = self._pump(child, request, deadline)
+            sent, digest, stdout, stderr = self._pump(child, request, deadline, spool)
             self._check_deadline(deadline, request, "before the final wait")
             try:
                 code = child.wait(timeout=max(deadline - self._clock(), 0.001))
@@ -154,7 +176,11 @@ class ClientTransport:
         return self._acknowledge(request, code, stdout, stderr, sent, digest)
 
     def _pump(
-        self, child: subprocess.Popen[bytes], request: ClickHouseRequest, deadline: float
+        self,
+        child: subprocess.Popen[bytes],
+        request: ClickHouseRequest,
+        deadline: float,
+        spool: BinaryIO | None,
     ) -> tuple[int | None, str | None, bytes, bytes]:
         selector = selectors.DefaultSelector()
         assert child.stdout is not None and child.stderr is not None
@@ -163,7 +189,6 @@ class ClientTransport:
         for stream in (child.stdout, child.stderr):
             os.set_blocking(stream.fileno(), False)
             selector.register(stream.fileno(), selectors.EVENT_READ)
-        spool = None
         pending = b""
         sent = 0
         digest = hashlib.sha256()
@@ -171,7 +196,6 @@ class ClientTransport:
             assert child.stdin is not None
             os.set_blocking(child.stdin.fileno(), False)
             selector.register(child.stdin.fileno(), selectors.EVENT_WRITE)
-            spool = open(request.body, "rb")  # noqa: SIM115 - closed in finally
         try:
             while selector.get_map():
                 left = self._check_deadline(deadline, request, "while exchanging data")
@@ -196,6 +220,7 @@ class ClientTransport:
                             selector.unregister(fd)
                             child.stdin.close()
                             continue
+                        _check_streamed(request, sent, len(pending))
                         digest.update(pending)
                     try:
                         written = os.write(fd, pending)
@@ -214,8 +239,6 @@ class ClientTransport:
                     pending = pending[written:]
         finally:
             selector.close()
-            if spool is not None:
-                spool.close()
         if request.body is None:
             return (
                 None,
@@ -263,6 +286,12 @@ class ClientTransport:
                     f"client could not connect for query {request.query_id}: {first}",
                     code="connect_failed", query_id=request.query_id,
                 )  # fmt: skip
+            if _HOST_NOT_FOUND.search(text):
+                raise NotSubmitted(
+                    f"cannot resolve ClickHouse host {self.endpoint.host!r} for query "
+                    f"{request.query_id}: {first}",
+                    code="host_not_found", host=self.endpoint.host, query_id=request.query_id,
+                )  # fmt: skip
             from_server = (
                 "Received exception from server" in text or "Exception: Received from" in text
             )
@@ -284,6 +313,48 @@ class ClientTransport:
             )  # fmt: skip
         return QueryResult(
             query_id=request.query_id, output=stdout, sent_bytes=sent, sent_sha256=digest, transport=self.name,
+        )  # fmt: skip
+
+
+def _open_spool(request: ClickHouseRequest) -> BinaryIO | None:
+    """The request's spool, open, checked against its ceiling; refusals send nothing."""
+    if request.body is None:
+        _check_body_limit(request, len(request.statement.encode("utf-8")))
+        return None
+    try:
+        spool = open(request.body, "rb")  # noqa: SIM115 - closed by the caller
+    except OSError as exc:
+        raise NotSubmitted(
+            f"cannot open the body of query {request.query_id}: {exc.strerror or exc}",
+            code="spool_unreadable", query_id=request.query_id, path=str(request.body),
+        ) from exc  # fmt: skip
+    try:
+        _check_body_limit(request, os.fstat(spool.fileno()).st_size)
+    except BaseException:
+        spool.close()
+        raise
+    return spool
+
+
+def _check_body_limit(request: ClickHouseRequest, size: int) -> None:
+    """Refuse a body over the request's ceiling before the client starts."""
+    if request.max_body_bytes is not None and size > request.max_body_bytes:
+        raise NotSubmitted(
+            f"the body of query {request.query_id} has {size} bytes, over its ceiling of "
+            f"{request.max_body_bytes}; nothing was sent",
+            code="body_limit_exceeded", query_id=request.query_id,
+            limit=request.max_body_bytes, size=size,
+        )  # fmt: skip
+
+
+def _check_streamed(request: ClickHouseRequest, sent: int, more: int) -> None:
+    """Refuse the next chunk before it leaves if it would pass the ceiling."""
+    if request.max_body_bytes is not None and sent + more > request.max_body_bytes:
+        raise OutcomeUnknown(
+            f"the body of query {request.query_id} exceeded its ceiling of "
+            f"{request.max_body_bytes} bytes while it was sent; part of it left",
+            code="body_limit_exceeded", query_id=request.query_id,
+            limit=request.max_body_bytes, sent=sent,
         )  # fmt: skip
 
 

@@ -4,7 +4,8 @@ The split that matters to callers: a :class:`ClickHouseServerError` is a termina
 answer from the server (the query failed there); a :class:`OutcomeUnknown` means the
 request may or may not have run, and only a proof of remote termination (see
 :mod:`dpone.connectors.remote_termination`) settles it; a :class:`NotSubmitted`
-means the request provably never reached the server.
+means the request provably never reached the server (a deadline that expired before
+anything was sent is :class:`DeadlineBeforeSend`, both a deadline and not submitted).
 """
 
 from __future__ import annotations
@@ -34,3 +35,14 @@ class TransportDeadline(DeadlineError):
     """The absolute deadline expired; ``submitted`` says whether bytes had left."""
 
     code = "transport_deadline"
+
+
+class DeadlineBeforeSend(TransportDeadline, NotSubmitted):
+    """The deadline expired before any byte left: a deadline, and provably not sent.
+
+    Callers that settle outcomes by ``isinstance(exc, NotSubmitted)`` treat it as not
+    sent (nothing to prove remotely); callers that look for deadlines still find one.
+    """
+
+    def __init__(self, message: str, *, query_id: str) -> None:
+        super().__init__(message, submitted=False, query_id=query_id)

@@ -19,7 +19,7 @@ from typing import Any
 METADATA_BUDGET = 64 * 1024
 BODY_BUDGET = 64 * 1024
 RECV_BYTES = 16 * 1024
-_STATUS = re.compile(rb"HTTP/1\.[01] ([0-9]{3})(?: ([^\r\n]*))?\r\n")
+_STATUS = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: ([^\r\n]*))?\r\n")
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})\r\n")
 
 
@@ -70,6 +70,7 @@ class BoundedResponse:
         self._buffer = bytearray()
         self._state = _State.STATUS
         self.method = method
+        self.version = 0  # 10 or 11 once the status line is read (http.client's spelling)
         self.status = 0
         self.reason = ""
         self.headers: list[tuple[str, str]] = []
@@ -86,8 +87,9 @@ class BoundedResponse:
         match = _STATUS.fullmatch(line)
         if match is None:
             raise FramingError(f"malformed status line {line[:80]!r}", "bad_status_line")
-        self.status = int(match.group(1))
-        self.reason = (match.group(2) or b"").decode("latin-1")
+        self.version = 10 + int(match.group(1))
+        self.status = int(match.group(2))
+        self.reason = (match.group(3) or b"").decode("latin-1")
         self._state = _State.HEADERS
         while True:
             line = self._line(metadata=True)
@@ -146,6 +148,19 @@ class BoundedResponse:
         self._state = _State.DONE
         self.body = bytes(self.raw_body)
         return self.body
+
+    def read_to_close(self) -> bytes:
+        """Diagnosis only: what arrives until the peer closes, within the body budget.
+
+        Never an acknowledgment (a body framed by the close cannot prove it is whole);
+        used to recognise who answered when the framing is not HTTP/1.1's.
+        """
+        while len(self._buffer) <= self._body_budget:
+            try:
+                self._fill()
+            except FramingError:
+                break  # the close (or anything else) ends the diagnosis
+        return bytes(self._buffer[: self._body_budget])
 
     def _read_chunked(self) -> None:
         while True:

@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import http.client
 import json
+import os
 import re
 import socket
 import time
@@ -24,6 +25,7 @@ from typing import BinaryIO
 
 from dpone.connectors.clickhouse_errors import (
     ClickHouseServerError,
+    DeadlineBeforeSend,
     NotSubmitted,
     OutcomeUnknown,
     TransportDeadline,
@@ -37,10 +39,14 @@ from dpone.connectors.clickhouse_file_response import (
 )
 from dpone.connectors.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
 from dpone.connectors.clickhouse_result import QueryResult
-from dpone.errors import ConfigurationError
+from dpone.errors import ConfigurationError, DponeError
 
 SEND_CHUNK_BYTES = 64 * 1024
 _CODE = re.compile(rb"Code: (\d+)\. ")
+# ClickHouse's own error text: what a proxy or another program never writes.
+_CLICKHOUSE_EXCEPTION = re.compile(rb"\A\s*Code: (\d+)\. DB::Exception: ")
+# What ClickHouse's native (TCP) port answers to an HTTP request.
+_NATIVE_PORT_ANSWER = b"is for clickhouse-client program"
 Resolver = Callable[[str, int], list[str]]
 
 
@@ -50,18 +56,28 @@ def resolve_ipv4_and_ipv6(host: str, port: int) -> list[str]:
     return sorted({str(info[4][0]) for info in infos})
 
 
-class _BodyStream:
-    """A spool reader for http.client that counts, hashes and checks the deadline."""
+class _BodyLimit(Exception):
+    """The body would exceed the request's ``max_body_bytes``."""
 
-    def __init__(self, stream: BinaryIO, on_read: Callable[[], None]) -> None:
+
+class _BodyStream:
+    """A spool reader that counts, hashes, checks the deadline and the byte ceiling."""
+
+    def __init__(
+        self, stream: BinaryIO, on_read: Callable[[], None], limit: int | None = None
+    ) -> None:
         self._stream = stream
         self._on_read = on_read
+        self._limit = limit
         self.sent = 0
         self.digest = hashlib.sha256()
 
     def read(self, size: int = -1) -> bytes:
         self._on_read()
         chunk = self._stream.read(min(size if size > 0 else SEND_CHUNK_BYTES, SEND_CHUNK_BYTES))
+        # Checked before the chunk leaves: no byte over the ceiling is ever sent.
+        if self._limit is not None and self.sent + len(chunk) > self._limit:
+            raise _BodyLimit(f"{self.sent + len(chunk)} > {self._limit}")
         self.sent += len(chunk)
         self.digest.update(chunk)
         return chunk
@@ -106,7 +122,7 @@ class HttpTransport:
         self._clock = clock
         self._metadata_budget = metadata_budget
         self._body_budget = body_budget
-        addresses = resolver(endpoint.host, endpoint.http_port)
+        addresses = self._resolve(None)
         if len(addresses) != 1:
             # dpone binds one server; several addresses mean a balancer or failover.
             raise ConfigurationError(
@@ -119,25 +135,14 @@ class HttpTransport:
     def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
         """Send ``request`` once; return its complete acknowledgment or raise a typed outcome."""
         if self._clock() >= deadline:
-            raise TransportDeadline(
-                "deadline expired before sending", submitted=False, query_id=request.query_id
-            )
-        now = self._resolver(self.endpoint.host, self.endpoint.http_port)
+            raise DeadlineBeforeSend("deadline expired before sending", query_id=request.query_id)
+        now = self._resolve(request.query_id)
         if now != [self.address]:
             raise NotSubmitted(
                 f"{self.endpoint.host} now resolves to {now}, not the pinned {self.address}",
                 code="address_drift", query_id=request.query_id,
             )  # fmt: skip
-        params = {"query_id": request.query_id, "database": self.endpoint.database}
-        params.update(request.all_settings(http=True))
-        headers = {
-            "X-ClickHouse-User": self._credentials.user,
-            "Host": f"{self.endpoint.host}:{self.endpoint.http_port}",
-            "Connection": "close",
-        }
-        password = self._credentials.password.encode("utf-8")
-        if request.body is not None:
-            params["query"] = request.statement
+        spool, size = _open_body(request)
         remaining = partial(self._remaining, deadline)
         conn = _PinnedConnection(
             self.address, self.endpoint.http_port, self.endpoint.host, max(remaining(), 0.001)
@@ -146,82 +151,52 @@ class HttpTransport:
             BoundedResponse, remaining=remaining,
             metadata_budget=self._metadata_budget, body_budget=self._body_budget,
         )  # fmt: skip
-        path = "/?" + urllib.parse.urlencode(params)
-        body_stream: _BodyStream | None = None
-        spool: BinaryIO | None = None
-        response: BoundedResponse | None = None
-        submitted = False
+        exchange = _Exchange(self, request, conn, spool, deadline)
         try:
-            try:
-                try:
-                    conn.connect()
-                except OSError as exc:
-                    raise NotSubmitted(
-                        f"cannot connect to {self.endpoint.describe()}: {exc.strerror or exc}",
-                        code="connect_failed", query_id=request.query_id,
-                    ) from exc  # fmt: skip
-                submitted = True  # from here on, bytes may reach the server
-                conn.putrequest("POST", path, skip_host=True, skip_accept_encoding=True)
-                for name, value in headers.items():
-                    conn.putheader(name, value)
-                conn.putheader("X-ClickHouse-Key", password)
-                if request.body is not None:
-                    spool = open(Path(request.body), "rb")  # noqa: SIM115 - closed in finally
-                    size = Path(request.body).stat().st_size
-                    body_stream = _BodyStream(
-                        spool, partial(self._before_send, conn, deadline, request)
-                    )
-                    conn.putheader("Content-Length", str(size))
-                    conn.endheaders()
-                    while chunk := body_stream.read(SEND_CHUNK_BYTES):
-                        conn.send(chunk)
-                    if body_stream.sent != size:
-                        raise OutcomeUnknown(
-                            "spool changed size while it was sent",
-                            code="spool_changed",
-                            query_id=request.query_id,
-                        )
-                else:
-                    data = request.statement.encode("utf-8")
-                    conn.putheader("Content-Length", str(len(data)))
-                    conn.endheaders(data)
-                self._before_send(conn, deadline, request)
-                raw = conn.getresponse()
-                assert isinstance(raw, BoundedResponse)
-                response = raw
-                body = response.read_body()
-            except (ResponseDeadline, TimeoutError) as exc:
-                raise TransportDeadline(
-                    f"deadline expired waiting for query {request.query_id}",
-                    submitted=submitted, query_id=request.query_id,
-                ) from exc  # fmt: skip
-            except FramingError as exc:
-                partial_body = bytes(response.raw_body) if response is not None else b""
-                tagged = self._exception_in_body(response, partial_body, request)
-                if tagged is not None:
-                    raise tagged from exc
-                raise OutcomeUnknown(
-                    f"response to query {request.query_id} is not valid HTTP framing: {exc}",
-                    code=f"response_{exc.code}", query_id=request.query_id,
-                ) from exc  # fmt: skip
-            except (OSError, http.client.HTTPException) as exc:
-                raise OutcomeUnknown(
-                    f"connection lost during query {request.query_id}: {type(exc).__name__}",
-                    code="connection_lost", query_id=request.query_id,
-                ) from exc  # fmt: skip
+            body = exchange.run(size)
         except BaseException as exc:
-            for failure in _cleanup(response, conn, spool):
+            for failure in _cleanup(exchange.response, conn, spool):
                 exc.add_note(f"cleanup also failed: {type(failure).__name__}: {failure}")
             raise
         # Cleanup runs before completion is recorded; if it fails there is no success.
-        failures = _cleanup(response, conn, spool)
+        failures = _cleanup(exchange.response, conn, spool)
         if failures:
             raise OutcomeUnknown(
                 f"cleanup after query {request.query_id} failed: {failures[0]}",
                 code="cleanup_failed", query_id=request.query_id,
             ) from failures[0]  # fmt: skip
-        assert response is not None
-        return self._acknowledge(request, response, body, body_stream)
+        assert exchange.response is not None
+        return self._acknowledge(request, exchange.response, body, exchange.body_stream)
+
+    def _resolve(self, query_id: str | None) -> list[str]:
+        """The host's addresses; a failed lookup means nothing was sent, host named."""
+        host, port = self.endpoint.host, self.endpoint.http_port
+        try:
+            return self._resolver(host, port)
+        except OSError as exc:  # socket.gaierror and friends
+            where = {"query_id": query_id} if query_id is not None else {}
+            raise NotSubmitted(
+                f"cannot resolve ClickHouse host {host!r}: {exc.strerror or exc}",
+                code="host_not_found", host=host, **where,
+            ) from exc  # fmt: skip
+
+    def _url(self, request: ClickHouseRequest) -> str:
+        params = {"query_id": request.query_id, "database": self.endpoint.database}
+        params.update(request.all_settings(http=True))
+        params.update(request.session_parameters())
+        if request.body is not None:
+            params["query"] = request.statement
+        return "/?" + urllib.parse.urlencode(params)
+
+    def _headers(self) -> dict[str, bytes | str]:
+        # UTF-8 bytes: http.client would encode text as Latin-1 (and fail beyond it);
+        # ClickHouse reads both headers as UTF-8. Credentials forbid CR/LF/NUL.
+        return {
+            "X-ClickHouse-User": self._credentials.user.encode("utf-8"),
+            "X-ClickHouse-Key": self._credentials.password.encode("utf-8"),
+            "Host": f"{self.endpoint.host}:{self.endpoint.http_port}",
+            "Connection": "close",
+        }
 
     def _acknowledge(
         self,
@@ -233,16 +208,25 @@ class HttpTransport:
         tagged = self._exception_in_body(response, body, request)
         if tagged is not None:
             raise tagged
+        header_code = response.getheader("X-ClickHouse-Exception-Code")
+        evidence = _CLICKHOUSE_EXCEPTION.match(body)
+        # Only ClickHouse's own evidence (its exception code header, its exception text)
+        # makes a server answer; a proxy's 502 or an interim 1xx proves nothing.
+        if header_code or (response.status != 200 and evidence is not None):
+            raise _server_error(request, response.status, body, header_code)
         if 300 <= response.status < 400:
             raise OutcomeUnknown(
                 f"HTTP {response.status} redirect to {response.getheader('Location')!r} refused "
                 f"for query {request.query_id}; the query's outcome must be proven",
                 code="redirect_refused", query_id=request.query_id, status=response.status,
             )  # fmt: skip
-        if response.status != 200 or response.getheader("X-ClickHouse-Exception-Code"):
-            raise _server_error(
-                request, response.status, body, response.getheader("X-ClickHouse-Exception-Code")
-            )
+        if response.status != 200:
+            raise OutcomeUnknown(
+                f"HTTP {response.status} {response.reason} without a ClickHouse exception for "
+                f"query {request.query_id} (a proxy or another program answered?); the query's "
+                "outcome must be proven",
+                code="unexpected_status", query_id=request.query_id, status=response.status,
+            )  # fmt: skip
         if response.getheader("X-ClickHouse-Query-Id") not in (None, request.query_id):
             raise OutcomeUnknown(
                 f"response names query {response.getheader('X-ClickHouse-Query-Id')!r}, "
@@ -276,6 +260,34 @@ class HttpTransport:
         if conn.sock is not None:
             conn.sock.settimeout(left)
 
+    def _framing_outcome(
+        self, exc: FramingError, response: BoundedResponse | None, request: ClickHouseRequest
+    ) -> DponeError:
+        tagged = self._exception_in_body(
+            response, bytes(response.raw_body) if response is not None else b"", request
+        )
+        if tagged is not None:
+            return tagged
+        where = f"{self.endpoint.host}:{self.endpoint.http_port}"
+        # ClickHouse's HTTP interface answers HTTP/1.1; its native port answers an HTTP
+        # request with a fixed HTTP/1.0 text (no framing) and runs nothing.
+        if (
+            response is not None and response.version == 10 and exc.code == "bad_framing"
+            and _NATIVE_PORT_ANSWER in response.read_to_close()
+        ):  # fmt: skip
+            return NotSubmitted(
+                f"port {where} is ClickHouse's native (TCP) port, not its HTTP port; "
+                "nothing was run. Are the HTTP and native ports swapped?",
+                code="native_port", query_id=request.query_id, port=self.endpoint.http_port,
+            )  # fmt: skip
+        hint = ""
+        if response is None or response.status == 0 or response.version != 11:
+            hint = f"; port {where} does not speak HTTP as ClickHouse does: is it the native port?"
+        return OutcomeUnknown(
+            f"response to query {request.query_id} is not valid HTTP framing: {exc}{hint}",
+            code=f"response_{exc.code}", query_id=request.query_id,
+        )  # fmt: skip
+
     @staticmethod
     def _exception_in_body(
         response: BoundedResponse | None, body: bytes, request: ClickHouseRequest
@@ -293,6 +305,129 @@ class HttpTransport:
             f"exception after HTTP {response.status}: {error.message}",
             code="exception_after_status", query_id=request.query_id,
             clickhouse_code=error.details.get("clickhouse_code"),
+        )  # fmt: skip
+
+
+class _Exchange:
+    """One request on one connection; maps every low-level failure to a typed outcome."""
+
+    def __init__(
+        self,
+        transport: HttpTransport,
+        request: ClickHouseRequest,
+        conn: _PinnedConnection,
+        spool: BinaryIO | None,
+        deadline: float,
+    ) -> None:
+        self.transport = transport
+        self.request = request
+        self.conn = conn
+        self.spool = spool
+        self.deadline = deadline
+        self.response: BoundedResponse | None = None
+        self.body_stream: _BodyStream | None = None
+        self.submitted = False
+
+    def run(self, size: int) -> bytes:
+        request = self.request
+        try:
+            self._connect()
+            self._send(size)
+            self.transport._before_send(self.conn, self.deadline, request)
+            raw = self.conn.getresponse()
+            assert isinstance(raw, BoundedResponse)
+            self.response = raw
+            return raw.read_body()
+        except (ResponseDeadline, TimeoutError) as exc:
+            raise TransportDeadline(
+                f"deadline expired waiting for query {request.query_id}",
+                submitted=self.submitted, query_id=request.query_id,
+            ) from exc  # fmt: skip
+        except _BodyLimit as exc:
+            raise OutcomeUnknown(
+                f"the body of query {request.query_id} exceeded its ceiling of "
+                f"{request.max_body_bytes} bytes while it was sent; part of it left",
+                code="body_limit_exceeded", query_id=request.query_id,
+                limit=request.max_body_bytes, sent=self.body_stream.sent if self.body_stream else 0,
+            ) from exc  # fmt: skip
+        except FramingError as exc:
+            raise self.transport._framing_outcome(exc, self.response, request) from exc
+        except (OSError, http.client.HTTPException) as exc:
+            raise OutcomeUnknown(
+                f"connection lost during query {request.query_id}: {type(exc).__name__}",
+                code="connection_lost", query_id=request.query_id,
+            ) from exc  # fmt: skip
+
+    def _connect(self) -> None:
+        request, endpoint = self.request, self.transport.endpoint
+        try:
+            self.conn.connect()
+        except TimeoutError as exc:
+            raise DeadlineBeforeSend(
+                f"deadline expired while connecting to {endpoint.describe()}",
+                query_id=request.query_id,
+            ) from exc
+        except OSError as exc:
+            raise NotSubmitted(
+                f"cannot connect to {endpoint.describe()}: {exc.strerror or exc}",
+                code="connect_failed", query_id=request.query_id,
+            ) from exc  # fmt: skip
+
+    def _send(self, size: int) -> None:
+        conn, request = self.conn, self.request
+        conn.putrequest("POST", self.transport._url(request), skip_host=True,
+                        skip_accept_encoding=True)  # fmt: skip
+        for name, value in self.transport._headers().items():
+            conn.putheader(name, value)
+        conn.putheader("Content-Length", str(size))
+        self.submitted = True  # from here on, bytes may reach the server
+        if self.spool is None:
+            conn.endheaders(request.statement.encode("utf-8"))
+            return
+        self.body_stream = _BodyStream(
+            self.spool,
+            partial(self.transport._before_send, conn, self.deadline, request),
+            request.max_body_bytes,
+        )
+        conn.endheaders()
+        while chunk := self.body_stream.read(SEND_CHUNK_BYTES):
+            conn.send(chunk)
+        if self.body_stream.sent != size:
+            raise OutcomeUnknown(
+                "spool changed size while it was sent",
+                code="spool_changed", query_id=request.query_id,
+            )  # fmt: skip
+
+
+def _open_body(request: ClickHouseRequest) -> tuple[BinaryIO | None, int]:
+    """The spool (open) and the body size; refused before connecting, so never sent."""
+    if request.body is None:
+        size = len(request.statement.encode("utf-8"))
+        _check_body_limit(request, size)
+        return None, size
+    try:
+        spool = open(Path(request.body), "rb")  # noqa: SIM115 - closed by the caller
+    except OSError as exc:
+        raise NotSubmitted(
+            f"cannot open the body of query {request.query_id}: {exc.strerror or exc}",
+            code="spool_unreadable", query_id=request.query_id, path=str(request.body),
+        ) from exc  # fmt: skip
+    try:
+        size = os.fstat(spool.fileno()).st_size
+        _check_body_limit(request, size)
+    except BaseException:
+        spool.close()
+        raise
+    return spool, size
+
+
+def _check_body_limit(request: ClickHouseRequest, size: int) -> None:
+    if request.max_body_bytes is not None and size > request.max_body_bytes:
+        raise NotSubmitted(
+            f"the body of query {request.query_id} has {size} bytes, over its ceiling of "
+            f"{request.max_body_bytes}; nothing was sent",
+            code="body_limit_exceeded", query_id=request.query_id,
+            limit=request.max_body_bytes, size=size,
         )  # fmt: skip
 
 

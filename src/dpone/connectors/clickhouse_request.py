@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import enum
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpone.errors import ConfigurationError
 
 _ATTEMPT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
+_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 MUTATION_KINDS = ("create", "insert", "drop")
 
 
@@ -27,13 +29,46 @@ class RequestKind(enum.Enum):
 
 @dataclass(frozen=True)
 class Credentials:
-    """A user and password; the password never appears in ``repr`` or ``str``."""
+    """A user and password; the password never appears in ``repr``, ``str`` or errors.
+
+    Both travel as UTF-8: in HTTP headers (``X-ClickHouse-User``/``X-ClickHouse-Key``)
+    and in the client's XML configuration file. Control characters (CR, LF, NUL and
+    the rest of Unicode category Cc) would split a header or be rewritten by the XML
+    parser, so the server would check something else than what was configured: they
+    are refused here, at configuration time, as is text that has no UTF-8 form.
+    """
 
     user: str
     password: str = field(default="", repr=False)
 
+    def __post_init__(self) -> None:
+        if not self.user:
+            raise ConfigurationError(
+                "the ClickHouse user name is empty", code="invalid_credentials"
+            )
+        _check_credential("user name", self.user, show=True)
+        _check_credential("password", self.password, show=False)
+
     def __str__(self) -> str:
         return f"Credentials(user={self.user!r})"
+
+
+def _check_credential(what: str, text: str, *, show: bool) -> None:
+    """Refuse what HTTP headers and XML cannot carry unchanged; never quote a secret."""
+    named = {"user": text} if show else {}
+    # Checked by code point, not by encoding: a UnicodeEncodeError quotes the text.
+    if any(0xD800 <= ord(ch) <= 0xDFFF for ch in text):
+        raise ConfigurationError(
+            f"the ClickHouse {what} has no UTF-8 form (a lone surrogate)",
+            code="invalid_credentials", field=what, **named,
+        )  # fmt: skip
+    bad = sorted({f"U+{ord(ch):04X}" for ch in text if unicodedata.category(ch) == "Cc"})
+    if bad:
+        raise ConfigurationError(
+            f"the ClickHouse {what} contains control characters ({', '.join(bad)}); "
+            "HTTP headers and the client's configuration file cannot carry them",
+            code="invalid_credentials", field=what, characters=bad, **named,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -76,12 +111,54 @@ class ClickHouseRequest:
     # A read may let the server stream its output (no wait_end_of_query); then an
     # exception can arrive after status 200, which the HTTP transport detects.
     stream_output: bool = False
+    # An HTTP session (HTTP transport only; the client transport refuses it): the
+    # server keeps it ``session_timeout`` seconds after its last request, and with
+    # ``session_check`` a request fails (372 SESSION_NOT_FOUND) unless it exists.
+    session_id: str | None = None
+    session_timeout: int | None = None
+    session_check: bool = False
+    # A ceiling on the request body bytes that may leave this process (the spool, or
+    # the statement when there is no spool), enforced while the body streams.
+    max_body_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.stream_output and self.kind is RequestKind.MUTATION:
             raise ConfigurationError(
                 "a mutation must wait for the end of the query", code="pinned_setting"
             )
+        if self.session_id is not None and not _SESSION_ID.match(self.session_id):
+            raise ConfigurationError(
+                f"session id {self.session_id!r} must match {_SESSION_ID.pattern}",
+                code="invalid_session", query_id=self.query_id,
+            )  # fmt: skip
+        if self.session_id is None and (self.session_timeout is not None or self.session_check):
+            raise ConfigurationError(
+                "session_timeout and session_check need a session_id",
+                code="invalid_session", query_id=self.query_id,
+            )  # fmt: skip
+        if self.session_timeout is not None and not _positive_int(self.session_timeout):
+            raise ConfigurationError(
+                f"session_timeout must be a positive number of seconds, not {self.session_timeout!r}",
+                code="invalid_session", query_id=self.query_id,
+            )  # fmt: skip
+        if self.max_body_bytes is not None and not (
+            _positive_int(self.max_body_bytes) or self.max_body_bytes == 0
+        ):
+            raise ConfigurationError(
+                f"max_body_bytes must be a byte count, not {self.max_body_bytes!r}",
+                code="invalid_body_limit", query_id=self.query_id,
+            )  # fmt: skip
+
+    def session_parameters(self) -> dict[str, str]:
+        """The HTTP URL parameters of this request's session (empty without one)."""
+        if self.session_id is None:
+            return {}
+        params = {"session_id": self.session_id}
+        if self.session_timeout is not None:
+            params["session_timeout"] = str(self.session_timeout)
+        if self.session_check:
+            params["session_check"] = "1"
+        return params
 
     def all_settings(self, *, http: bool) -> dict[str, str]:
         """Pinned settings for this kind and transport, then the request's own."""
@@ -100,6 +177,10 @@ class ClickHouseRequest:
                 )  # fmt: skip
             merged[name] = value
         return merged
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def check_attempt_id(attempt_id: str) -> str:

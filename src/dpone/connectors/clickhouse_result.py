@@ -29,23 +29,45 @@ class QueryResult:
     settings_not_sent: tuple[str, ...] = ()
 
     def json_rows(self) -> list[dict[str, Any]]:
-        """Parse JSONEachRow control output; integers stay integers, floats refused."""
+        """Parse JSONEachRow control output; integers stay integers, floats refused.
+
+        Rows end at LF only: ClickHouse leaves U+0085 unescaped inside JSON strings,
+        and ``str.splitlines`` would cut a row there (and at U+2028, U+001C...). Each
+        row must be strict UTF-8; anything else is an unreadable answer, never a guess.
+        """
         rows = []
-        for number, line in enumerate(self.output.decode("utf-8").splitlines(), start=1):
-            try:
-                row = json.loads(line, parse_float=_refuse_float, parse_constant=_refuse_float)
-            except (ValueError, json.JSONDecodeError) as exc:
-                raise OutcomeUnknown(
-                    f"control output line {number} of query {self.query_id} is not a JSON row",
-                    code="invalid_control_output", query_id=self.query_id, line=number,
-                ) from exc  # fmt: skip
-            if not isinstance(row, dict):
-                raise OutcomeUnknown(
-                    f"control output line {number} of query {self.query_id} is not an object",
-                    code="invalid_control_output", query_id=self.query_id, line=number,
-                )  # fmt: skip
-            rows.append(row)
+        offset = 0
+        lines = self.output.split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()  # the LF that ends the last row
+        for number, line in enumerate(lines, start=1):
+            rows.append(self._json_row(line, number, offset))
+            offset += len(line) + 1
         return rows
+
+    def _json_row(self, line: bytes, number: int, offset: int) -> dict[str, Any]:
+        where = {"query_id": self.query_id, "line": number, "byte_offset": offset}
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise OutcomeUnknown(
+                f"control output line {number} of query {self.query_id} is not UTF-8 "
+                f"(byte offset {offset + exc.start})",
+                code="invalid_control_output", **{**where, "byte_offset": offset + exc.start},
+            ) from exc  # fmt: skip
+        try:
+            row = json.loads(text, parse_float=_refuse_float, parse_constant=_refuse_float)
+        except ValueError as exc:
+            raise OutcomeUnknown(
+                f"control output line {number} of query {self.query_id} is not a JSON row",
+                code="invalid_control_output", **where,
+            ) from exc  # fmt: skip
+        if not isinstance(row, dict):
+            raise OutcomeUnknown(
+                f"control output line {number} of query {self.query_id} is not an object",
+                code="invalid_control_output", **where,
+            )  # fmt: skip
+        return row
 
 
 def _refuse_float(text: str) -> Any:
