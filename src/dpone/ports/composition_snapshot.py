@@ -398,6 +398,20 @@ class SnapshotPublicationStore(Protocol):
         """The full history of one intent, oldest first."""
         ...
 
+    def note_step(self, key: str, facts: Mapping[str, Any]) -> None:
+        """Durably append a step note under ``key`` before any intent exists; return after commit.
+
+        The first publication's CREATE of the empty target is noted here, keyed by its
+        query id (``create_target_query_id(generation_ref)``), before it is dispatched,
+        so that a crash between the CREATE and PREPARED leaves a trace. Notes are
+        append-only; ``facts`` is canonical-JSON-ready.
+        """
+        ...
+
+    def step_notes(self, key: str) -> list[Mapping[str, Any]]:
+        """Every note under ``key``, oldest first (empty when there is none)."""
+        ...
+
 
 class ClickHouseSnapshotCatalog(Protocol):
     """A fresh observation of the publication's two names; never partial, never cached."""
