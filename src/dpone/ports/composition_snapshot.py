@@ -246,6 +246,16 @@ class HistoryEntry:
     facts: Mapping[str, Any]
 
 
+@dataclass(frozen=True)
+class StepNote:
+    """A durable note of a step taken before any record exists (e.g. a first CREATE)."""
+
+    sequence: int
+    key: str
+    at: str  # UTC, ISO 8601
+    facts: Mapping[str, Any]
+
+
 # ---------------------------------------------------------------------- catalog
 
 
@@ -398,7 +408,7 @@ class SnapshotPublicationStore(Protocol):
         """The full history of one intent, oldest first."""
         ...
 
-    def note_step(self, key: str, facts: Mapping[str, Any]) -> None:
+    def note_step(self, key: str, facts: Mapping[str, Any]) -> StepNote:
         """Durably append a step note under ``key`` before any intent exists; return after commit.
 
         The first publication's CREATE of the empty target is noted here, keyed by its
@@ -408,7 +418,7 @@ class SnapshotPublicationStore(Protocol):
         """
         ...
 
-    def step_notes(self, key: str) -> list[Mapping[str, Any]]:
+    def step_notes(self, key: str) -> list[StepNote]:
         """Every note under ``key``, oldest first (empty when there is none)."""
         ...
 
