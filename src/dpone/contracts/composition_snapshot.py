@@ -146,6 +146,17 @@ class SnapshotLimits:
         return cls(**values)
 
 
+# Defaults in line with the staging policy's bounds (StagingPolicy): finite, generous.
+DEFAULT_LIMITS = SnapshotLimits(
+    source_rows=100_000_000,
+    source_bytes=256 * 1024**3,
+    wire_bytes=64 * 1024**3,
+    generation_storage_bytes=64 * 1024**3,
+    retained_storage_bytes=256 * 1024**3,
+    total_transient_storage_bytes=512 * 1024**3,
+)
+
+
 @dataclass(frozen=True)
 class IntentPrincipal:
     """An issued principal as bound in the intent (no credentials)."""

@@ -359,6 +359,14 @@ class SnapshotPublicationAuthority(Protocol):
         """The exact publisher bound in ``intent``, only while its lease is active."""
         ...
 
+    def principal_credentials(self, principal: PrincipalRef) -> IssuedPrincipal:
+        """The credentials of an issued ``principal``, only while its lease is active.
+
+        A first publication's CREATE of the empty target runs as the publisher before
+        any intent exists, so :meth:`publisher_credentials` cannot serve it.
+        """
+        ...
+
     def recheck(self, intent: SnapshotIntent) -> ParentAuthority:
         """The run is still admitted, not fenced and ACTIVE; returns the CAS authority."""
         ...
