@@ -276,7 +276,11 @@ class ClickHouseAtomicSnapshotPublisher:
         record = loaded.record
         if record.state in TERMINAL:
             return _historical(record)  # replay: no authority, no observation
-        if record.state is not P.PREPARED:
+        if record.state is P.EXCHANGE_INTENT:
+            # Another call holds the claim and may be dispatching right now: closing its
+            # publisher here could cut its EXCHANGE, so wait for its outcome instead.
+            return self._await_claim_holder(intent_sha256)
+        if record.state is P.COMMIT_UNKNOWN:
             # An old claim never grants another EXCHANGE: resolve it instead.
             return self.reconcile(intent_sha256)
         intent = loaded.intent
@@ -338,13 +342,27 @@ class ClickHouseAtomicSnapshotPublisher:
         self, intent_sha256: str, prepared: SnapshotRecord, exc: DponeError
     ) -> PublicationReceipt:
         """Another caller won (or the authority refused): close nothing, report its record."""
+        if self._load(intent_sha256).record.raw == prepared.raw:
+            raise exc  # nobody claimed: the authority refused this caller
+        return self._await_claim_holder(intent_sha256)
+
+    def _await_claim_holder(self, intent_sha256: str) -> PublicationReceipt:
+        """Wait (bounded) until the claim's holder records its outcome; report that record.
+
+        Raises ``claim_exists`` if the record is still EXCHANGE_INTENT after the wait (its
+        holder may have died): only ``reconcile`` may resolve it, never another dispatch.
+        """
         deadline = time.monotonic() + self.claim_wait_seconds
         while True:
             current = self._load(intent_sha256).record
-            if current.raw == prepared.raw:
-                raise exc  # nobody claimed: the authority refused this caller
-            if current.state is not P.EXCHANGE_INTENT or time.monotonic() >= deadline:
+            if current.state is not P.EXCHANGE_INTENT:
                 return _receipt_from_record(current, historical=current.state in TERMINAL)
+            if time.monotonic() >= deadline:
+                raise SnapshotPublicationError(
+                    f"{intent_sha256} is claimed (EXCHANGE_INTENT@2) and its holder has not"
+                    " recorded an outcome; run reconcile",
+                    code="claim_exists", intent_sha256=intent_sha256,
+                )  # fmt: skip
             self.sleep(CLAIM_POLL_SECONDS)
 
     # ------------------------------------------------------------------ reconcile
