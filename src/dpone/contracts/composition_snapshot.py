@@ -68,8 +68,8 @@ def transition_ok(
     current: SnapshotState | None, revision: int | None, target: SnapshotState, new_revision: int
 ) -> bool:
     """Whether ``current@revision -> target@new_revision`` is an allowed edge."""
-    if current is None:
-        return target is P.PREPARED and new_revision == 1
+    if current is None:  # nothing stored yet: there is no revision either
+        return revision is None and target is P.PREPARED and new_revision == 1
     if revision is None or new_revision != revision + 1 or not revision_ok(current, revision):
         return False
     if current is P.PREPARED:
