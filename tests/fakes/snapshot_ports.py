@@ -23,7 +23,7 @@ import hashlib
 import threading
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -538,7 +538,3 @@ class World:
             b_uuid=b_uuid, generation_ref=generation_ref,
             attempt=AttemptRef(Path("/nonexistent/attempt"), SLOT),
         )  # fmt: skip
-
-    def with_generation(self, **changes: Any) -> None:
-        """Change what the staging journal says about B (the evidence), not B itself."""
-        self.authority.generation = replace(self.authority.generation, **changes)

@@ -187,6 +187,9 @@ def test_first_publication_creates_the_target_as_a_noted_step() -> None:
     )
     key = create_target_query_id(world.generation_ref)
     assert world.executor.creates == [key]
+    # One publisher, issued before the CREATE, is the one the intent binds.
+    assert world.authority.calls.count("issue_publisher") == 1
+    assert world.authority.leases[intent.publisher.lease_id].active
     notes = world.store.step_notes(key)
     assert [n.facts["step"] for n in notes] == ["create_target", "create_target_answer"]
     assert notes[1].facts["outcome"] == "acknowledged"
