@@ -246,6 +246,16 @@ class HistoryEntry:
     facts: Mapping[str, Any]
 
 
+@dataclass(frozen=True)
+class StepNote:
+    """A durable note of a step taken before any record exists (e.g. a first CREATE)."""
+
+    sequence: int
+    key: str
+    at: str  # UTC, ISO 8601
+    facts: Mapping[str, Any]
+
+
 # ---------------------------------------------------------------------- catalog
 
 
@@ -349,6 +359,14 @@ class SnapshotPublicationAuthority(Protocol):
         """The exact publisher bound in ``intent``, only while its lease is active."""
         ...
 
+    def principal_credentials(self, principal: PrincipalRef) -> IssuedPrincipal:
+        """The credentials of an issued ``principal``, only while its lease is active.
+
+        A first publication's CREATE of the empty target runs as the publisher before
+        any intent exists, so :meth:`publisher_credentials` cannot serve it.
+        """
+        ...
+
     def recheck(self, intent: SnapshotIntent) -> ParentAuthority:
         """The run is still admitted, not fenced and ACTIVE; returns the CAS authority."""
         ...
@@ -396,6 +414,20 @@ class SnapshotPublicationStore(Protocol):
 
     def history(self, intent_sha256: str) -> list[HistoryEntry]:
         """The full history of one intent, oldest first."""
+        ...
+
+    def note_step(self, key: str, facts: Mapping[str, Any]) -> StepNote:
+        """Durably append a step note under ``key`` before any intent exists; return after commit.
+
+        The first publication's CREATE of the empty target is noted here, keyed by its
+        query id (``create_target_query_id(generation_ref)``), before it is dispatched,
+        so that a crash between the CREATE and PREPARED leaves a trace. Notes are
+        append-only; ``facts`` is canonical-JSON-ready.
+        """
+        ...
+
+    def step_notes(self, key: str) -> list[StepNote]:
+        """Every note under ``key``, oldest first (empty when there is none)."""
         ...
 
 
