@@ -338,7 +338,7 @@ class SqliteSnapshotStore:
                 code="store_unavailable", **where,
             ) from exc  # fmt: skip
         with self._reading("open") as conn:
-            self._check_identity(conn)  # before anything could modify a foreign file
+            fresh = self._check_identity(conn)  # before anything could modify a foreign file
         conn = self._connect("open")
         try:
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
@@ -351,8 +351,10 @@ class SqliteSnapshotStore:
                 f"{self.path} cannot use WAL mode (journal_mode is {mode})",
                 code="store_unavailable", **where,
             )  # fmt: skip
+        if not fresh:
+            return
         with self._write("open", "store_commit_unknown") as work:
-            if self._check_identity(work):
+            if self._check_identity(work):  # another process may have created it meanwhile
                 for statement in _statements(_SCHEMA):
                     work.execute(statement)
                 work.execute(f"PRAGMA application_id = {APPLICATION_ID}")
