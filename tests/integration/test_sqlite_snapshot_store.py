@@ -607,10 +607,14 @@ def test_a_store_of_another_schema_version_is_refused(store: SqliteSnapshotStore
 
 
 class CommitThenRaise(SqliteSnapshotStore):
-    """The commit reaches the file, then the caller's answer is lost."""
+    """The commit of ``operation`` reaches the file, then the caller's answer is lost."""
+
+    def __init__(self, path: Path, operation: str) -> None:
+        super().__init__(path)
+        self.operation = operation
 
     def _after_commit(self, operation: str) -> None:
-        if operation == "compare_and_set":
+        if operation == self.operation:
             raise sqlite3.OperationalError("disk I/O error")
 
 
@@ -626,7 +630,7 @@ class ReadBackMissing(SqliteSnapshotStore):
 
 
 def test_commit_then_raise_is_uncertain_but_written(prepared: Prepared) -> None:
-    faulty = CommitThenRaise(prepared.store.path)
+    faulty = CommitThenRaise(prepared.store.path, "compare_and_set")
     with pytest.raises(SnapshotStoreError) as caught:
         faulty.compare_and_set(
             prepared.intent_sha256,
@@ -640,6 +644,17 @@ def test_commit_then_raise_is_uncertain_but_written(prepared: Prepared) -> None:
     # Only the read-back tells: here the record was written, with its history row.
     assert prepared.store.read_back(prepared.intent_sha256) == CLAIMED
     assert [e.revision for e in prepared.store.history(prepared.intent_sha256)] == [1, 2]
+
+
+def test_a_prepared_record_whose_commit_answer_is_lost_is_uncertain(
+    store: SqliteSnapshotStore,
+) -> None:
+    admission = store.admit(SLOT, "a")
+    authority = ParentAuthority(admission.parent_request, SLOT, 1)
+    with pytest.raises(SnapshotStoreError) as caught:
+        CommitThenRaise(store.path, "create").create(b'{"i":2}', PREPARED, authority)
+    assert code_of(caught) == "prepare_uncertain"
+    assert store.read_back(hashlib.sha256(b'{"i":2}').hexdigest()) == PREPARED
 
 
 def test_a_failure_before_commit_is_uncertain_and_rolled_back(prepared: Prepared) -> None:

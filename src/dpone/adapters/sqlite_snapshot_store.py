@@ -77,10 +77,9 @@ from dpone.ports.composition_snapshot import (
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x64703031  # "dp01": marks the file as a dpone snapshot store
 BUSY_TIMEOUT_SECONDS = 10.0
-# A record in one of these states holds its slot: no new admission until it resolves.
-BLOCKING_STATES = (SnapshotState.EXCHANGE_INTENT.value, SnapshotState.COMMIT_UNKNOWN.value)
-# Reconciling a durable claim needs retained ownership, which RETIRING still is.
-RECONCILED_STATES = BLOCKING_STATES
+# A durable claim not yet resolved: it blocks new admissions to its slot, and RETIRING
+# ownership (still retained) may resolve it.
+UNRESOLVED_STATES = (SnapshotState.EXCHANGE_INTENT.value, SnapshotState.COMMIT_UNKNOWN.value)
 _OWNERSHIP_NEXT = {
     OwnershipState.ACTIVE: OwnershipState.RETIRING,
     OwnershipState.RETIRING: OwnershipState.RETIRED,
@@ -192,8 +191,9 @@ def _store_error(
         phase = "while committing" if committing else "while the database was busy"
         return SnapshotStoreError(
             f"{operation} on {path} failed {phase}; whether it was written is unknown: {text}",
-            code=uncertain, **where,
-        )  # fmt: skip
+            code=uncertain,
+            **where,
+        )
     if primary == _SQLITE_NOTADB or "file is not a database" in text:
         return SnapshotStoreError(
             f"{path} is not an SQLite database: {text}", code="store_not_sqlite", **where
@@ -203,7 +203,7 @@ def _store_error(
     )
 
 
-def record_position(record_bytes: bytes) -> tuple[SnapshotState, int]:
+def _record_position(record_bytes: bytes) -> tuple[SnapshotState, int]:
     """A record's ``state`` and ``revision`` members, read from its canonical bytes."""
     document = canonical_json.loads(record_bytes, what="snapshot record")
     if not isinstance(document, dict):
@@ -266,9 +266,12 @@ class _UnitOfWork:
 
     def _mapped(self, exc: BaseException) -> SnapshotStoreError:
         return _store_error(
-            exc, path=self.store.path, operation=self.operation,
-            committing=self.committing, uncertain=self.uncertain,
-        )  # fmt: skip
+            exc,
+            path=self.store.path,
+            operation=self.operation,
+            committing=self.committing,
+            uncertain=self.uncertain,
+        )
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -282,7 +285,9 @@ class _UnitOfWork:
         finally:
             self.conn.close()
         # An exception raised by a commit hook is part of the commit: the outcome is unknown.
-        mappable = isinstance(exc, sqlite3.Error) or self.committing
+        mappable = isinstance(exc, sqlite3.Error) or (
+            self.committing and isinstance(exc, Exception)
+        )
         if exc is not None and mappable and not isinstance(exc, SnapshotStoreError):
             raise self._mapped(exc) from exc
 
@@ -320,10 +325,9 @@ class SqliteSnapshotStore:
         """Create the file ``0600`` if needed, refuse a foreign one, set WAL, create the schema."""
         where = {"path": str(self.path)}
         try:
-            if not self.path.parent.exists():
-                self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
-            flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-            fd = os.open(self.path, flags, 0o600)
+            # The mode applies only to directories created here; existing ones stay as they are.
+            self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise SnapshotStoreError(
@@ -335,8 +339,9 @@ class SqliteSnapshotStore:
         except OSError as exc:
             raise SnapshotStoreError(
                 f"cannot open the snapshot store {self.path}: {exc}",
-                code="store_unavailable", **where,
-            ) from exc  # fmt: skip
+                code="store_unavailable",
+                **where,
+            ) from exc
         with self._reading("open") as conn:
             fresh = self._check_identity(conn)  # before anything could modify a foreign file
         conn = self._connect("open")
@@ -349,8 +354,9 @@ class SqliteSnapshotStore:
         if str(mode).lower() != "wal":
             raise SnapshotStoreError(
                 f"{self.path} cannot use WAL mode (journal_mode is {mode})",
-                code="store_unavailable", **where,
-            )  # fmt: skip
+                code="store_unavailable",
+                **where,
+            )
         if not fresh:
             return
         with self._write("open", "store_commit_unknown") as work:
@@ -371,9 +377,11 @@ class SqliteSnapshotStore:
             raise SnapshotStoreError(
                 f"{self.path} is not a dpone snapshot store of schema version {SCHEMA_VERSION}"
                 f" (application_id {app}, user_version {version})",
-                code="store_schema_mismatch", path=str(self.path),
-                application_id=app, user_version=version,
-            )  # fmt: skip
+                code="store_schema_mismatch",
+                path=str(self.path),
+                application_id=app,
+                user_version=version,
+            )
         return False
 
     def _connect(self, operation: str) -> sqlite3.Connection:
@@ -427,7 +435,7 @@ class SqliteSnapshotStore:
         The authority must be admitted, unfenced and ACTIVE in the same transaction.
         """
         canonical_json.loads(intent_bytes, what="snapshot intent")
-        state, revision = record_position(record_bytes)
+        state, revision = _record_position(record_bytes)
         check_transition(None, None, state, revision)
         intent_sha256 = hashlib.sha256(intent_bytes).hexdigest()
         slot = authority.slot
@@ -437,21 +445,29 @@ class SqliteSnapshotStore:
             ).fetchone():
                 raise SnapshotStoreError(
                     f"intent {intent_sha256} is already stored",
-                    code="intent_exists", intent_sha256=intent_sha256,
-                )  # fmt: skip
+                    code="intent_exists",
+                    intent_sha256=intent_sha256,
+                )
             problem = _authority_problem(conn, authority, allow_retiring=False)
             if problem is not None:
                 raise SnapshotStoreError(
                     f"intent {intent_sha256} was not stored: {problem[1]}",
-                    code=problem[0], intent_sha256=intent_sha256,
+                    code=problem[0],
+                    intent_sha256=intent_sha256,
                     parent_request=authority.parent_request,
-                )  # fmt: skip
+                )
             at = _now()
             conn.execute(
                 "INSERT INTO intents VALUES (?, ?, ?, ?, ?, ?)",
-                (intent_sha256, intent_bytes, at, authority.parent_request,
-                 slot.database, slot.table),
-            )  # fmt: skip
+                (
+                    intent_sha256,
+                    intent_bytes,
+                    at,
+                    authority.parent_request,
+                    slot.database,
+                    slot.table,
+                ),
+            )
             conn.execute(
                 "INSERT INTO records VALUES (?, ?, ?, ?)",
                 (intent_sha256, record_bytes, revision, state.value),
@@ -486,8 +502,8 @@ class SqliteSnapshotStore:
         RETIRING ownership may still resolve a durable claim (EXCHANGE_INTENT or
         COMMIT_UNKNOWN); every other move needs ACTIVE.
         """
-        current, revision = record_position(expected)
-        target, new_revision = record_position(replacement)
+        current, revision = _record_position(expected)
+        target, new_revision = _record_position(replacement)
         check_transition(current, revision, target, new_revision)
         facts_bytes = canonical_json.dumps(dict(facts))
         where = {"intent_sha256": intent_sha256, "revision": revision}
@@ -502,17 +518,24 @@ class SqliteSnapshotStore:
                 raise SnapshotStoreError(
                     f"claim on {intent_sha256} lost: the stored record is at revision"
                     f" {row[1]} and differs from the expected revision {revision}",
-                    code="claim_lost", reason="stale_record", stored_revision=row[1], **where,
-                )  # fmt: skip
+                    code="claim_lost",
+                    reason="stale_record",
+                    stored_revision=row[1],
+                    **where,
+                )
             problem = _authority_problem(
-                conn, authority, intent_sha256=intent_sha256,
-                allow_retiring=current.value in RECONCILED_STATES,
-            )  # fmt: skip
+                conn,
+                authority,
+                intent_sha256=intent_sha256,
+                allow_retiring=current.value in UNRESOLVED_STATES,
+            )
             if problem is not None:
                 raise SnapshotStoreError(
                     f"claim on {intent_sha256} lost: {problem[1]}",
-                    code="claim_lost", reason=problem[0], **where,
-                )  # fmt: skip
+                    code="claim_lost",
+                    reason=problem[0],
+                    **where,
+                )
             updated = conn.execute(
                 "UPDATE records SET record_bytes = ?, revision = ?, state = ?"
                 " WHERE intent_sha256 = ? AND revision = ? AND record_bytes = ?",
@@ -521,8 +544,9 @@ class SqliteSnapshotStore:
             if updated != 1:  # the checks above ran in this transaction: a broken store
                 raise SnapshotStoreError(
                     f"record {intent_sha256} changed inside its own transaction",
-                    code="store_unavailable", **where,
-                )  # fmt: skip
+                    code="store_unavailable",
+                    **where,
+                )
             _append_history(
                 conn, intent_sha256, new_revision, target.value, replacement, _now(), facts_bytes
             )
@@ -609,23 +633,25 @@ class SqliteSnapshotStore:
                     raise SnapshotStoreError(
                         f"attempt {attempt_id} is admitted for"
                         f" {existing.slot.database}.{existing.slot.table}",
-                        code="admission_conflict", attempt_id=attempt_id,
-                    )  # fmt: skip
+                        code="admission_conflict",
+                        attempt_id=attempt_id,
+                    )
                 return existing
             blocking = conn.execute(
                 "SELECT r.intent_sha256, r.state FROM records r JOIN intents i"
                 " USING (intent_sha256) WHERE i.database = ? AND i.target_table = ?"
-                f" AND r.state IN ({', '.join('?' for _ in BLOCKING_STATES)})"
+                f" AND r.state IN ({', '.join('?' for _ in UNRESOLVED_STATES)})"
                 " ORDER BY r.intent_sha256",
-                (slot.database, slot.table, *BLOCKING_STATES),
+                (slot.database, slot.table, *UNRESOLVED_STATES),
             ).fetchall()
             if blocking:
                 raise SnapshotStoreError(
                     f"{slot.database}.{slot.table} is held by an unresolved publication"
                     f" ({blocking[0][1]} {blocking[0][0]})",
-                    code="slot_blocked", attempt_id=attempt_id,
+                    code="slot_blocked",
+                    attempt_id=attempt_id,
                     intents=[row[0] for row in blocking],
-                )  # fmt: skip
+                )
             epoch = _slot_epoch(conn, slot) + 1
             conn.execute(
                 "INSERT INTO slots VALUES (?, ?, ?) ON CONFLICT (database, target_table)"
@@ -635,19 +661,34 @@ class SqliteSnapshotStore:
             conn.execute(
                 "UPDATE runs SET ownership = ? WHERE database = ? AND target_table = ?"
                 " AND ownership = ?",
-                (OwnershipState.RETIRING.value, slot.database, slot.table,
-                 OwnershipState.ACTIVE.value),
-            )  # fmt: skip
+                (
+                    OwnershipState.RETIRING.value,
+                    slot.database,
+                    slot.table,
+                    OwnershipState.ACTIVE.value,
+                ),
+            )
             number = conn.execute("SELECT coalesce(max(attempt_epoch), 0) + 1 FROM runs")
             admission = Admission(
-                uuid.uuid4().hex, slot, attempt_id,
-                AttemptEpochs(epoch, number.fetchone()[0]), OwnershipState.ACTIVE,
-            )  # fmt: skip
+                uuid.uuid4().hex,
+                slot,
+                attempt_id,
+                AttemptEpochs(epoch, number.fetchone()[0]),
+                OwnershipState.ACTIVE,
+            )
             conn.execute(
                 "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (admission.parent_request, slot.database, slot.table, attempt_id, epoch,
-                 admission.epochs.attempt_epoch, admission.ownership.value, _now()),
-            )  # fmt: skip
+                (
+                    admission.parent_request,
+                    slot.database,
+                    slot.table,
+                    attempt_id,
+                    epoch,
+                    admission.epochs.attempt_epoch,
+                    admission.ownership.value,
+                    _now(),
+                ),
+            )
         return admission
 
     def admission(self, attempt_id: str) -> Admission | None:
@@ -667,16 +708,18 @@ class SqliteSnapshotStore:
             if run is None:
                 raise SnapshotStoreError(
                     f"no run {parent_request} is admitted",
-                    code="admission_not_found", parent_request=parent_request,
-                )  # fmt: skip
+                    code="admission_not_found",
+                    parent_request=parent_request,
+                )
             if run.ownership is state:
                 return
             if _OWNERSHIP_NEXT.get(run.ownership) is not state:
                 raise SnapshotStoreError(
                     f"ownership of {parent_request} cannot move from"
                     f" {run.ownership.value} to {state.value}",
-                    code="invalid_ownership_transition", parent_request=parent_request,
-                )  # fmt: skip
+                    code="invalid_ownership_transition",
+                    parent_request=parent_request,
+                )
             conn.execute(
                 "UPDATE runs SET ownership = ? WHERE parent_request = ?",
                 (state.value, parent_request),
@@ -693,8 +736,10 @@ class SqliteSnapshotStore:
             if not free:
                 raise SnapshotStoreError(
                     f"every {role} principal is leased ({', '.join(candidates) or 'none'})",
-                    code="pool_exhausted", role=role, attempt_id=attempt_id,
-                )  # fmt: skip
+                    code="pool_exhausted",
+                    role=role,
+                    attempt_id=attempt_id,
+                )
             lease = Lease(uuid.uuid4().hex, free[0], role, attempt_id, True)
             conn.execute(
                 "INSERT INTO leases VALUES (?, ?, ?, ?, 1, ?, NULL)",
@@ -737,8 +782,9 @@ _RUN_COLUMNS = (
 def _not_found(intent_sha256: str) -> SnapshotStoreError:
     return SnapshotStoreError(
         f"no snapshot intent {intent_sha256} is stored",
-        code="snapshot_not_found", intent_sha256=intent_sha256,
-    )  # fmt: skip
+        code="snapshot_not_found",
+        intent_sha256=intent_sha256,
+    )
 
 
 def _facts(data: bytes) -> Mapping[str, Any]:
@@ -778,9 +824,12 @@ def _admission_row(conn: sqlite3.Connection, column: str, value: str) -> Admissi
     if row is None:
         return None
     return Admission(
-        row[0], TargetSlot(row[1], row[2]), row[3], AttemptEpochs(row[4], row[5]),
+        row[0],
+        TargetSlot(row[1], row[2]),
+        row[3],
+        AttemptEpochs(row[4], row[5]),
         OwnershipState(row[6]),
-    )  # fmt: skip
+    )
 
 
 def _lease(row: tuple[Any, ...]) -> Lease:
