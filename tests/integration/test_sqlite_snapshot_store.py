@@ -123,17 +123,20 @@ def test_create_refuses_a_record_that_is_not_prepared_at_one(store: SqliteSnapsh
 
 def test_create_needs_an_admitted_current_active_run(store: SqliteSnapshotStore) -> None:
     old = store.admit(SLOT, "old")
-    store.admit(SLOT, "new")
-    cases = {
-        "attempt_fenced": ParentAuthority(old.parent_request, SLOT, old.epochs.slot_epoch),
-        "ownership_not_active": ParentAuthority(old.parent_request, SLOT, 2),
-    }
-    unknown = ParentAuthority("no-such-run", SLOT, 2)
-    for expected, authority in [*cases.items(), ("attempt_fenced", unknown)]:
-        intent = canonical_json.dumps({"case": authority.parent_request, "epoch": expected})
+    new = store.admit(SLOT, "new")
+    store.set_ownership(new.parent_request, OwnershipState.RETIRING)
+    cases = [
+        ("attempt_fenced", ParentAuthority(old.parent_request, SLOT, 1)),  # fenced epoch
+        ("attempt_fenced", ParentAuthority(old.parent_request, SLOT, 2)),  # not its epoch
+        ("attempt_fenced", ParentAuthority("no-such-run", SLOT, 2)),
+        ("attempt_fenced", ParentAuthority(new.parent_request, TargetSlot("x", "y"), 2)),
+        ("ownership_not_active", ParentAuthority(new.parent_request, SLOT, 2)),
+    ]
+    for number, (expected, authority) in enumerate(cases):
+        intent = canonical_json.dumps({"case": number})
         with pytest.raises(SnapshotStoreError) as caught:
             store.create(intent, PREPARED, authority)
-        assert code_of(caught) in (expected, "attempt_fenced")
+        assert (number, code_of(caught)) == (number, expected)
         with pytest.raises(SnapshotStoreError) as missing:
             store.load(hashlib.sha256(intent).hexdigest())
         assert code_of(missing) == "snapshot_not_found"
@@ -161,10 +164,20 @@ def test_compare_and_set_moves_to_the_next_revision(prepared: Prepared) -> None:
 
 def test_stale_bytes_lose_the_claim_and_write_nothing(prepared: Prepared) -> None:
     store, sha = prepared.store, prepared.intent_sha256
+    same_revision_other_bytes = record("prepared", 1, note="another")
+    with pytest.raises(SnapshotStoreError) as same_revision:
+        store.compare_and_set(
+            sha,
+            expected=same_revision_other_bytes,
+            replacement=CLAIMED,
+            authority=prepared.authority,
+            facts={},
+        )
+    assert code_of(same_revision) == "claim_lost"
+    assert store.read_back(sha) == PREPARED
     store.compare_and_set(
         sha, expected=PREPARED, replacement=CLAIMED, authority=prepared.authority, facts={}
     )
-    same_revision_other_bytes = record("prepared", 1, note="another")
     for expected in (PREPARED, same_revision_other_bytes):
         with pytest.raises(SnapshotStoreError) as caught:
             store.compare_and_set(
