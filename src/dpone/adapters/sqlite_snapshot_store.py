@@ -52,7 +52,6 @@ import stat
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -70,6 +69,7 @@ from dpone.ports.composition_snapshot import (
     Lease,
     OwnershipState,
     ParentAuthority,
+    StepNote,
     StoredSnapshot,
     TargetSlot,
 )
@@ -162,16 +162,6 @@ class SnapshotStoreError(StateError):
     """
 
     code = "store_unavailable"
-
-
-@dataclass(frozen=True)
-class StepNote:
-    """A durable note of a step taken before any record exists (e.g. a first CREATE)."""
-
-    sequence: int
-    key: str
-    at: str
-    facts: Mapping[str, Any]
 
 
 def _now() -> str:
