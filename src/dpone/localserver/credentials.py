@@ -5,11 +5,19 @@
 
 Both files are 0600 inside the 0700 ``run/`` directory and hold
 ``{"users": [{"user": ..., "password": ...}, ...]}``. They list the users whose
-password dpone generated (every declared user without one, the administrator
-``default`` included); a password the caller declared stays the caller's. Only
-SHA-256 hashes reach ``users.xml``, and the server reads that file at start only, so
-a rotation is written beside the active file and takes effect at the next start:
-until then every dpone command keeps using the passwords the server accepts.
+password dpone generated (every declared user without one); a password the caller
+declared stays the caller's. Only SHA-256 hashes reach ``users.xml``, and the server
+reads that file at start only, so a rotation is written beside the active file and
+takes effect at the next start: until then every dpone command keeps using the
+passwords the server accepts.
+
+The exception is ``default`` (:data:`ENGINE_USER`). The embedded engine runs its own
+session (the batch that opens the listeners) as ``default`` with an empty password,
+and chdb 4.4 offers no way to give that session a password: a password in
+config.xml, ``CLICKHOUSE_USER``/``CLICKHOUSE_PASSWORD``, connection-string options,
+a network restriction (the session counts as loopback) and ``SYSTEM RELOAD USERS``
+were all tried. ``default`` therefore keeps an empty password and is the
+administrator that :func:`admin_credentials` returns until the engine allows one.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from dpone.localserver.errors import CredentialsCorrupt, CredentialsMissing
 from dpone.localserver.layout import DataDirLayout, write_private_file
 
 ADMIN_USER = "default"
+# The user the engine's own session authenticates as, always without a password.
+ENGINE_USER = "default"
 # 32 random bytes, URL-safe text: safe in an HTTP header, XML and a JSON string.
 PASSWORD_BYTES = 32
 
@@ -49,14 +59,14 @@ def load_credentials(data_dir: str | os.PathLike[str] | None = None) -> dict[str
 
 
 def admin_credentials(data_dir: str | os.PathLike[str] | None = None) -> Credentials:
-    """The administrator's (``default``) credentials for the server on ``data_dir``."""
-    found = load_credentials(data_dir).get(ADMIN_USER)
-    if found is None:
-        path = DataDirLayout.at(data_dir).credentials_file
-        raise CredentialsMissing(
-            f"{path} holds no password for {ADMIN_USER!r}", path=str(path), user=ADMIN_USER
-        )
-    return found
+    """The administrator's credentials for the server on ``data_dir``.
+
+    Every caller goes through here, so the day the engine lets ``default`` have a
+    password (see the module notes) no caller changes.
+    """
+    if ADMIN_USER == ENGINE_USER:
+        return Credentials(ADMIN_USER)
+    return load_credentials(data_dir)[ADMIN_USER]  # pragma: no cover - see module notes
 
 
 def rotate_credentials(data_dir: str | os.PathLike[str] | None = None) -> tuple[str, ...]:
@@ -87,13 +97,13 @@ def resolve_users(layout: DataDirLayout, users: Sequence[ServerUser]) -> tuple[S
     generated: dict[str, str] = {}
     resolved = []
     for user in users:
-        if user.password is not None:
+        if user.password is not None or user.name == ENGINE_USER:
             resolved.append(user)
             continue
         password = pending.get(user.name) or stored.get(user.name) or generate_password()
         generated[user.name] = password
         resolved.append(dataclasses.replace(user, password=password))
-    if generated != stored:
+    if generated != stored or not layout.credentials_file.exists():
         _write(layout.credentials_file, generated)
     layout.pending_credentials_file.unlink(missing_ok=True)
     return tuple(resolved)

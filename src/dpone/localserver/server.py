@@ -8,8 +8,9 @@ lock, not the state file, decides whether a server is alive. The server writes i
 pid into the lock file, so a missing or corrupt ``state.json`` is rebuilt from the
 lock and the ports file: start, status and stop never contradict each other.
 
-Every user authenticates: declared users without a password get a generated one
-(see :mod:`dpone.localserver.credentials`), and the server runs with umask 077.
+Declared users without a password get a generated one (see
+:mod:`dpone.localserver.credentials`, which also says why ``default`` cannot have
+one), and the server runs with umask 077.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from dpone.localserver.config import (
     render_config_xml,
     render_users_xml,
 )
-from dpone.localserver.credentials import ADMIN_USER, resolve_users
+from dpone.localserver.credentials import ADMIN_USER, ENGINE_USER, resolve_users
 from dpone.localserver.errors import (
     ChdbNotInstalled,
     PortInUse,
@@ -104,8 +105,9 @@ class LocalServer:
     ``watch_parent`` (the default for library callers) the server stops by itself
     within a few seconds after the process that started it dies.
 
-    ``users`` declares every user; one without a password gets a generated one at
-    its first start, kept in the data directory's credentials file for later starts.
+    ``users`` declares every user; one without a password (other than the engine's
+    ``default``) gets a generated one at its first start, kept in the data
+    directory's credentials file for later starts.
     """
 
     def __init__(
@@ -127,6 +129,14 @@ class LocalServer:
                 code="ports_must_differ",
                 port=http_port,
             )
+        for user in users:
+            if user.name == ENGINE_USER and user.password:
+                raise ConfigurationError(
+                    f"user {ENGINE_USER!r} cannot have a password on the managed server: "
+                    "the embedded engine's own session signs in as it without one",
+                    code="engine_user_password",
+                    user=user.name,
+                )
         self.layout = DataDirLayout.at(data_dir)
         self.http_port = http_port
         self.tcp_port = tcp_port
