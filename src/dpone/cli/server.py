@@ -237,7 +237,9 @@ def rotate(data_dir: Path, as_json: bool) -> None:
                        "credentials_file": _credentials_file(data_dir)})  # fmt: skip
             return
         if not users:
-            click.echo("no generated passwords to rotate ('default' has none: see docs/local-server.md)")
+            click.echo(
+                "no generated passwords to rotate ('default' has none: see docs/local-server.md)"
+            )
             return
         click.echo(f"new passwords prepared for: {', '.join(users)}")
         if running:
