@@ -26,6 +26,7 @@ import urllib.parse
 from pathlib import Path
 
 from bench.bulk_text_read import SCHEMA, generate
+from dpone.connectors.clickhouse_request import Credentials
 from dpone.contracts.receipt import FileReceipt
 from dpone.localserver import LocalServer
 from dpone.localserver.control import run_admin_sql
@@ -34,7 +35,11 @@ from dpone.runtime.file_validation import validate_file
 from dpone.runtime.preparation import MODE_PYTHON, prepare_rowbinary
 
 
-def _post_file(port: int, query: str, path: Path) -> float:
+def _auth(credentials: Credentials) -> dict[str, str]:
+    return {"X-ClickHouse-User": credentials.user, "X-ClickHouse-Key": credentials.password}
+
+
+def _post_file(port: int, query: str, path: Path, credentials: Credentials) -> float:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     started = time.perf_counter()
     with open(path, "rb") as body:
@@ -45,7 +50,7 @@ def _post_file(port: int, query: str, path: Path) -> float:
                 {"query": query, "async_insert": "0", "wait_end_of_query": "1"}
             ),
             body=body,
-            headers={"Content-Length": str(path.stat().st_size)},
+            headers={"Content-Length": str(path.stat().st_size), **_auth(credentials)},
         )
         response = conn.getresponse()
         answer = response.read()
@@ -56,9 +61,9 @@ def _post_file(port: int, query: str, path: Path) -> float:
     return seconds
 
 
-def _fetch_to_file(port: int, query: str, path: Path) -> None:
+def _fetch_to_file(port: int, query: str, path: Path, credentials: Credentials) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("POST", "/", body=query.encode())
+    conn.request("POST", "/", body=query.encode(), headers=_auth(credentials))
     response = conn.getresponse()
     with open(path, "wb") as out:
         while chunk := response.read(1 << 20):
@@ -117,19 +122,23 @@ def main() -> None:
 
         with LocalServer(work / "ch") as server:
             port = server.info.http_port
-            run_admin_sql(port, "CREATE DATABASE bench ENGINE = Atomic")
+            admin = server.credentials()
+            run_admin_sql(port, "CREATE DATABASE bench ENGINE = Atomic", credentials=admin)
             for table in ("prepared", "raw"):
                 run_admin_sql(
                     port,
                     f"CREATE TABLE bench.{table} ({prep['ddl']}) ENGINE = MergeTree ORDER BY tuple()",
+                    credentials=admin,
                 )
             rowbinary_insert = _post_file(
-                port, "INSERT INTO bench.prepared FORMAT RowBinary", spool
+                port, "INSERT INTO bench.prepared FORMAT RowBinary", spool, admin
             )
             tsv = work / "equivalent.tsv"
-            _fetch_to_file(port, "SELECT * FROM bench.prepared FORMAT TabSeparated", tsv)
-            raw_insert = _post_file(port, "INSERT INTO bench.raw FORMAT TabSeparated", tsv)
-            counted = run_admin_sql(port, "SELECT count() FROM bench.raw").strip()
+            _fetch_to_file(port, "SELECT * FROM bench.prepared FORMAT TabSeparated", tsv, admin)
+            raw_insert = _post_file(port, "INSERT INTO bench.raw FORMAT TabSeparated", tsv, admin)
+            counted = run_admin_sql(
+                port, "SELECT count() FROM bench.raw", credentials=admin
+            ).strip()
         assert int(counted) == rows == prep["rows"], (counted, rows, prep["rows"])
 
         mib = size / 2**20

@@ -1,17 +1,42 @@
 """A test-side HTTP client for ClickHouse, standard library only.
 
 Independent of dpone's transports on purpose: tests check the server's answers
-through a path that shares no code with what they test.
+through a path that shares no code with what they test. It reads the managed
+server's administrator password from the data directory's credentials file itself.
+Calls without a user act as ``default`` with the password registered for the port
+(:func:`register_server`; the ``clickhouse`` fixture registers the session server).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
+
+ADMIN = "default"
+# http port -> the administrator's password on the server listening there.
+_ADMIN_PASSWORDS: dict[int, str] = {}
+
+
+def admin_password(data_dir: str | os.PathLike[str]) -> str:
+    """The ``default`` user's password from ``<data_dir>/run/credentials.json``.
+
+    Empty when the file lists none: the embedded engine's own session needs
+    ``default`` without a password (see dpone.localserver.credentials).
+    """
+    with open(os.path.join(data_dir, "run", "credentials.json"), encoding="utf-8") as f:
+        document = json.load(f)
+    found = [u["password"] for u in document["users"] if u["user"] == ADMIN]
+    return str(found[0]) if found else ""
+
+
+def register_server(http_port: int, data_dir: str | os.PathLike[str]) -> None:
+    """Let calls to ``http_port`` without a password authenticate as its administrator."""
+    _ADMIN_PASSWORDS[http_port] = admin_password(data_dir)
 
 
 @dataclass(frozen=True)
@@ -29,11 +54,17 @@ def post(
     port: int,
     sql: str,
     *,
-    user: str = "default",
-    password: str = "",
+    user: str = ADMIN,
+    password: str | None = None,
     data: bytes | None = None,
 ) -> Answer:
-    """POST ``sql`` (or ``data`` with ``sql`` in the URL) and return the raw answer."""
+    """POST ``sql`` (or ``data`` with ``sql`` in the URL) and return the raw answer.
+
+    ``password=None`` means the registered administrator password for ``port`` (when
+    ``user`` is the administrator), else none at all.
+    """
+    if password is None:
+        password = _ADMIN_PASSWORDS.get(port, "") if user == ADMIN else ""
     if data is None:
         url = f"http://127.0.0.1:{port}/?wait_end_of_query=1"
         body = sql.encode("utf-8")

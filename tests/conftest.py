@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from dpone.connectors.clickhouse_request import Credentials
-from dpone.localserver import LocalServer, ServerInfo, ServerUser
+from dpone.localserver import LocalServer, ServerInfo, ServerUser, admin_credentials
+from tests import chhttp
 
 READER_PASSWORD = "reader-secret-Δ-42"
 TEST_DATABASE = "dpone_test"
@@ -36,16 +37,17 @@ def clickhouse(session_data_dir: Path) -> Iterator[ServerInfo]:
     """The session's managed local ClickHouse server."""
     server = LocalServer(session_data_dir, users=SESSION_USERS)
     info = server.start()
+    chhttp.register_server(info.http_port, session_data_dir)
     try:
         yield info
     finally:
         server.stop()
 
 
-@pytest.fixture(scope="session")
-def admin_credentials(clickhouse: ServerInfo) -> Credentials:
-    """The managed server's administrator; tests never spell these out themselves."""
-    return Credentials("default")
+@pytest.fixture(scope="session", name="admin_credentials")
+def admin_credentials_fixture(clickhouse: ServerInfo) -> Credentials:
+    """The managed server's administrator (generated password, read from its file)."""
+    return admin_credentials(clickhouse.data_dir)
 
 
 @pytest.fixture(scope="session")

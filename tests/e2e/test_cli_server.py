@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests import chhttp
 
@@ -55,9 +58,13 @@ def test_server_lifecycle_through_the_cli(tmp_path: Path) -> None:
 
         status = dpone("server", "status", "--data-dir", data, "--json")
         assert status.returncode == 0
-        assert {k: as_json(status)[k] for k in ("pid", "http_port", "tcp_port", "version")} == {
+        reported = as_json(status)
+        assert {k: reported[k] for k in ("pid", "http_port", "tcp_port", "version")} == {
             k: info[k] for k in ("pid", "http_port", "tcp_port", "version")
         }
+        assert reported["ok"] is True and reported["running"] is True
+        assert reported["credentials_file"] == f"{data}/run/credentials.json"
+        assert info["credentials_file"] == reported["credentials_file"]
         url = dpone("server", "url", "--data-dir", data)
         assert url.stdout.strip() == f"http://127.0.0.1:{info['http_port']}"
 
@@ -71,10 +78,12 @@ def test_server_lifecycle_through_the_cli(tmp_path: Path) -> None:
     assert report["ok"] is True and report["pid"] == info["pid"] and report["forced"] is False
 
     status = dpone("server", "status", "--data-dir", data, "--json")
-    assert status.returncode == 1 and as_json(status) == {
-        "ok": True,
+    assert status.returncode == 1
+    assert as_json(status) == {
+        "ok": False,
         "running": False,
         "data_dir": data,
+        "error": {"code": "server_not_running", "message": "no server is running", "details": {}},
     }
     missing = dpone("server", "stop", "--data-dir", data)
     assert missing.returncode == 1 and "server_not_running" in missing.stderr
@@ -104,3 +113,82 @@ def test_start_error_is_reported_with_exit_1(tmp_path: Path) -> None:
     done = dpone("server", "start", "--data-dir", str(blocker / "d"), "--json")
     assert done.returncode == 1
     assert as_json(done)["error"]["code"] == "data_dir_not_writable"
+
+
+def test_same_port_for_http_and_tcp_is_refused_with_what_is_wrong(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    done = dpone("server", "start", "--data-dir", str(data), "--http-port", "18124",
+                 "--tcp-port", "18124", "--json")  # fmt: skip
+    assert done.returncode == 2
+    error = as_json(done)["error"]
+    assert error["code"] == "ports_must_differ" and "must differ" in error["message"]
+    assert not data.exists()
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_status_and_stop_find_the_server_without_its_state_file(
+    tmp_path: Path, damage: str
+) -> None:
+    data = tmp_path / "data"
+    started = dpone("server", "start", "--data-dir", str(data), "--json")
+    assert started.returncode == 0, started.stderr
+    info = as_json(started)
+    try:
+        if damage == "missing":
+            (data / "state.json").unlink()
+        else:
+            (data / "state.json").write_text("{not json")
+        status = dpone("server", "status", "--data-dir", str(data), "--json")
+        assert status.returncode == 0, status.stdout
+        found = as_json(status)
+        keys = ("pid", "http_port", "tcp_port", "version")
+        assert {k: found[k] for k in keys} == {k: info[k] for k in keys}
+        again = dpone("server", "start", "--data-dir", str(data))
+        assert again.returncode == 1 and str(info["pid"]) in again.stderr
+    finally:
+        stopped = dpone("server", "stop", "--data-dir", str(data), "--json")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert as_json(stopped)["pid"] == info["pid"] and as_json(stopped)["forced"] is False
+    assert dpone("server", "status", "--data-dir", str(data)).returncode == 1
+
+
+def test_demo_leaves_only_private_files(tmp_path: Path) -> None:
+    done = dpone("demo", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    root = tmp_path / ".dpone"
+    entries = [root, *root.rglob("*")]
+    assert len(entries) > 20  # the server's data, logs, the demo's files and journals
+    wide = [
+        f"{p} {stat.S_IMODE(p.lstat().st_mode):04o}"
+        for p in entries
+        if not p.is_symlink() and stat.S_IMODE(p.lstat().st_mode) & 0o077
+    ]
+    assert wide == []
+
+
+def test_server_client_runs_clickhouse_client_without_credentials_in_argv(
+    tmp_path: Path, clickhouse_client: str
+) -> None:
+    data = tmp_path / "data"
+    assert dpone("server", "start", "--data-dir", str(data)).returncode == 0
+    try:
+        done = dpone("server", "client", "--data-dir", str(data), "--client-path",
+                     clickhouse_client, "--", "--query", "SELECT currentUser(), 7")  # fmt: skip
+    finally:
+        dpone("server", "stop", "--data-dir", str(data))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "default\t7\n"
+
+
+def test_rotate_credentials_says_when_it_applies(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    assert dpone("server", "start", "--data-dir", str(data)).returncode == 0
+    try:
+        done = dpone("server", "rotate-credentials", "--data-dir", str(data))
+        status = as_json(dpone("server", "status", "--data-dir", str(data), "--json"))
+    finally:
+        dpone("server", "stop", "--data-dir", str(data))
+    assert done.returncode == 0, done.stderr
+    # The CLI's server declares only the engine's passwordless 'default'.
+    assert "no generated passwords to rotate" in done.stdout
+    assert status["ok"] is True and status["credentials_rotation_pending"] is True

@@ -2,19 +2,23 @@
 
 A SQLite source (created once with a few hostile values) is exported to a bulk text
 file with its receipt, validated, prepared into exact RowBinary and staged into a
-private, verified table of the managed local ClickHouse server.
+private, verified table of the managed local ClickHouse server, as its
+administrator (credentials read from the server's credentials file). Everything the
+demo writes is private to the user (umask 077).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
 import click
 
+from dpone.cli.connection import managed_credentials
 from dpone.cli.output import emit_json, json_option, reported_errors
-from dpone.cli.server import data_dir_option
-from dpone.connectors.clickhouse_request import Credentials, Endpoint
+from dpone.cli.server import data_dir_option, echo_warnings
+from dpone.connectors.clickhouse_request import Endpoint
 from dpone.exporters.export import export_table
 from dpone.exporters.sources import SqliteSource
 from dpone.localserver import LocalServer, find_running
@@ -54,6 +58,8 @@ def ensure_source(path: Path) -> None:
 @json_option
 def demo(data_dir: Path, work_dir: Path, as_json: bool) -> None:
     """Export a SQLite table, validate it and stage it into the local ClickHouse server."""
+    # The demo's source, files, journals and server data are nobody else's business.
+    os.umask(0o077)
     with reported_errors(as_json):
         source = work_dir / "source.db"
         ensure_source(source)
@@ -66,17 +72,18 @@ def demo(data_dir: Path, work_dir: Path, as_json: bool) -> None:
         if running is None:
             local = LocalServer(data_dir)
             info = local.start()
+            echo_warnings(local.warnings)
         else:
             info = running
         try:
+            credentials = managed_credentials(data_dir)
             run_admin_sql(
                 info.http_port,
                 f"CREATE DATABASE IF NOT EXISTS {quote_identifier(DEMO_DATABASE)} ENGINE = Atomic",
+                credentials=credentials,
             )
             endpoint = Endpoint("127.0.0.1", info.http_port, info.tcp_port, DEMO_DATABASE)
-            sink = ClickHouseSink(
-                StagingConfig(endpoint, Credentials("default"), work_dir / "attempts")
-            )
+            sink = ClickHouseSink(StagingConfig(endpoint, credentials, work_dir / "attempts"))
             staged = sink.stage_validated_file(exported.path, exported.receipt_path)
         finally:
             if local is not None:

@@ -1,17 +1,39 @@
-"""``dpone server``: start, stop and inspect the managed local ClickHouse server."""
+"""``dpone server``: start, stop and inspect the managed local ClickHouse server.
+
+Every user of the server authenticates; the administrator's generated password is in
+the data directory's credentials file, which dpone's commands read themselves.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from xml.sax.saxutils import escape
 
 import click
 
 from dpone.cli.output import emit_json, json_option, reported_errors
-from dpone.localserver import LocalServer, ServerNotRunning, find_running, stop_running
-from dpone.localserver.layout import DEFAULT_DATA_DIR
+from dpone.connectors.clickhouse_request import Credentials
+from dpone.errors import LocalServerError
+from dpone.localserver import (
+    LocalServer,
+    ServerInfo,
+    ServerNotRunning,
+    admin_credentials,
+    find_running,
+    rotate_credentials,
+    rotation_pending,
+    stop_running,
+)
+from dpone.localserver.layout import DEFAULT_DATA_DIR, DataDirLayout
 
 data_dir_option = click.option(
     "--data-dir",
@@ -73,15 +95,37 @@ def start(
             start_timeout=timeout,
         )
         info = local.start()
+        echo_warnings(local.warnings)
         if as_json:
-            emit_json({"ok": True, "running": True, **info.to_dict()})
+            emit_json({"ok": True, **_described(info), "warnings": list(local.warnings)})
         else:
             click.echo(
                 f"server ready: pid {info.pid}, http {info.http_port}, tcp {info.tcp_port}, "
                 f"version {info.version}, data dir {info.data_dir}"
             )
+            click.echo(f"credentials: {_credentials_file(info.data_dir)}")
         if foreground:
             _serve_until_signalled(local)
+
+
+def echo_warnings(warnings: Iterable[str]) -> None:
+    """Print each warning on standard error (never on the JSON output)."""
+    for warning in warnings:
+        click.echo(f"dpone: warning: {warning}", err=True)
+
+
+def _credentials_file(data_dir: str | Path) -> str:
+    return str(DataDirLayout.at(data_dir).credentials_file)
+
+
+def _described(info: ServerInfo) -> dict[str, object]:
+    """A running server's facts for ``--json``: where the credentials are, never them."""
+    return {
+        "running": True,
+        **info.to_dict(),
+        "credentials_file": _credentials_file(info.data_dir),
+        "credentials_rotation_pending": rotation_pending(info.data_dir),
+    }
 
 
 def _serve_until_signalled(local: LocalServer) -> None:
@@ -131,29 +175,126 @@ def stop(data_dir: Path, timeout: float, as_json: bool) -> None:
 @data_dir_option
 @json_option
 def status(data_dir: Path, as_json: bool) -> None:
-    """Report whether a server runs on DATA_DIR (exit 1 when none does)."""
-    info = find_running(data_dir)
+    """Report whether a server runs on DATA_DIR (exit 1 when none does).
+
+    ``ok`` says the question was answered; ``running`` gives the answer.
+    """
+    with reported_errors(as_json):
+        info = find_running(data_dir)
     if info is None:
         if as_json:
-            emit_json({"running": False, "data_dir": str(data_dir.absolute())})
+            # ok follows the exit code: "no server" is the answer scripts test for.
+            emit_json({
+                "ok": False, "running": False, "data_dir": str(data_dir.absolute()),
+                "error": {"code": "server_not_running", "message": "no server is running",
+                          "details": {}},
+            })  # fmt: skip
         else:
             click.echo(f"no server is running on {data_dir.absolute()}")
         sys.exit(1)
     if as_json:
-        emit_json({"running": True, **info.to_dict()})
+        emit_json({"ok": True, **_described(info)})
     else:
         click.echo(
             f"running: pid {info.pid}, http {info.http_port}, tcp {info.tcp_port}, "
             f"version {info.version}, data dir {info.data_dir}, since {info.started_at}"
         )
+        click.echo(f"credentials: {_credentials_file(info.data_dir)}")
+        if rotation_pending(info.data_dir):
+            click.echo(
+                "rotated credentials wait for a restart (dpone server stop; dpone server start)"
+            )
+
+
+def _running(data_dir: Path) -> ServerInfo:
+    info = find_running(data_dir)
+    if info is None:
+        raise ServerNotRunning(f"no server is running on {data_dir.absolute()}")
+    return info
 
 
 @server.command()
 @data_dir_option
 def url(data_dir: Path) -> None:
-    """Print the HTTP URL of the server running on DATA_DIR."""
+    """Print the HTTP URL of the server running on DATA_DIR (never with a password).
+
+    Other tools authenticate with the user and password of the credentials file
+    (``dpone server status`` names it).
+    """
     with reported_errors(False):
-        info = find_running(data_dir)
-        if info is None:
-            raise ServerNotRunning(f"no server is running on {data_dir.absolute()}")
-        click.echo(info.http_url)
+        click.echo(_running(data_dir).http_url)
+
+
+@server.command("rotate-credentials")
+@data_dir_option
+@json_option
+def rotate(data_dir: Path, as_json: bool) -> None:
+    """Replace the generated passwords; the next start of the server applies them.
+
+    The server reads its users only at start: until it restarts, the old passwords
+    stay valid and dpone keeps using them.
+    """
+    with reported_errors(as_json):
+        users = rotate_credentials(data_dir)
+        running = find_running(data_dir) is not None
+        if as_json:
+            emit_json({"ok": True, "users": list(users), "applied_at_next_start": True,
+                       "credentials_file": _credentials_file(data_dir)})  # fmt: skip
+            return
+        if not users:
+            click.echo(
+                "no generated passwords to rotate ('default' has none: see docs/local-server.md)"
+            )
+            return
+        click.echo(f"new passwords prepared for: {', '.join(users)}")
+        if running:
+            click.echo(
+                "they take effect when the server restarts: dpone server stop; dpone server start"
+            )
+        else:
+            click.echo("they take effect at the next dpone server start")
+
+
+@server.command(context_settings={"ignore_unknown_options": True})
+@data_dir_option
+@click.option("--client-path", default="clickhouse-client", show_default=True,
+              help="The clickhouse-client binary.")  # fmt: skip
+@click.argument("client_args", nargs=-1, type=click.UNPROCESSED)
+def client(data_dir: Path, client_path: str, client_args: tuple[str, ...]) -> None:
+    """Open clickhouse-client on the server as its administrator.
+
+    The credentials reach the client through a private (0600) configuration file,
+    never its arguments. CLIENT_ARGS (after ``--``) are passed on, e.g.
+    ``dpone server client -- --query 'SELECT 1'``.
+    """
+    with reported_errors(False):
+        info = _running(data_dir)
+        credentials = admin_credentials(data_dir)
+        with _client_config(credentials) as config:
+            argv = [client_path, "--config-file", str(config),
+                    "--host", "127.0.0.1", "--port", str(info.tcp_port), *client_args]  # fmt: skip
+            try:
+                code = subprocess.call(argv)
+            except FileNotFoundError as exc:
+                raise LocalServerError(
+                    f"{client_path!r} not found; install clickhouse-client or pass --client-path",
+                    code="client_not_found",
+                ) from exc
+    sys.exit(code)
+
+
+@contextmanager
+def _client_config(credentials: Credentials) -> Iterator[Path]:
+    """A 0600 clickhouse-client configuration file with ``credentials``, removed after."""
+    private = Path(tempfile.mkdtemp(prefix="dpone-client-"))  # 0700 by construction
+    try:
+        config = private / "client.xml"
+        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(
+                f"<config><user>{escape(credentials.user)}</user>"
+                f"<password>{escape(credentials.password)}</password></config>\n"
+            )
+        yield config
+    finally:
+        shutil.rmtree(private, ignore_errors=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,9 +11,10 @@ from typing import Any, TypeVar
 import click
 
 from dpone.adapters.file_attempt_journal import read_events
+from dpone.cli.connection import managed_credentials
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option
-from dpone.connectors.clickhouse_request import Credentials, Endpoint
+from dpone.connectors.clickhouse_request import Endpoint
 from dpone.errors import ConfigurationError
 from dpone.localserver import find_running
 from dpone.runtime.attempt_recovery import RECOVERY_STEPS, cleanup_attempt, list_attempts
@@ -54,7 +54,7 @@ def server_options(func: F) -> F:
 def staging_config(data_dir: Path, host: str | None, http_port: int | None, tcp_port: int | None,
                    database: str, transport: str, client_path: str, work_dir: Path,
                    preparation_mode: str = MODE_PYTHON) -> StagingConfig:  # fmt: skip
-    """Endpoint from options, credentials from DPONE_CLICKHOUSE_USER/PASSWORD."""
+    """Endpoint from options; credentials from the environment or the managed server's file."""
     if host is None:
         info = find_running(data_dir)
         if info is None:
@@ -69,8 +69,7 @@ def staging_config(data_dir: Path, host: str | None, http_port: int | None, tcp_
                 "--host needs --http-port and --tcp-port", code="incomplete_endpoint"
             )
         endpoint = Endpoint(host, http_port, tcp_port, database)
-    credentials = Credentials(os.environ.get("DPONE_CLICKHOUSE_USER", "default"),
-                              os.environ.get("DPONE_CLICKHOUSE_PASSWORD", ""))  # fmt: skip
+    credentials = managed_credentials(data_dir, managed=host is None)
     return StagingConfig(
         endpoint, credentials, work_dir, transport=transport, client_path=client_path,
         preparation_mode=preparation_mode,

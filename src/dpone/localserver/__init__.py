@@ -1,14 +1,23 @@
 """The managed local ClickHouse server: dpone's embedded default and test server."""
 
 from dpone.localserver.config import DEFAULT_USERS, ServerUser
+from dpone.localserver.credentials import (
+    admin_credentials,
+    load_credentials,
+    rotate_credentials,
+    rotation_pending,
+)
 from dpone.localserver.errors import (
     ChdbNotInstalled,
+    CredentialsCorrupt,
+    CredentialsMissing,
     DataDirNotWritable,
     PortInUse,
     ServerAlreadyRunning,
     ServerDiedDuringStart,
     ServerNotRunning,
     ServerStartTimeout,
+    ServerStateUnknown,
     ServerStopTimeout,
 )
 from dpone.localserver.layout import DEFAULT_DATA_DIR, DataDirLayout
@@ -25,6 +34,8 @@ __all__ = [
     "DEFAULT_DATA_DIR",
     "DEFAULT_USERS",
     "ChdbNotInstalled",
+    "CredentialsCorrupt",
+    "CredentialsMissing",
     "DataDirLayout",
     "DataDirNotWritable",
     "LocalServer",
@@ -34,10 +45,15 @@ __all__ = [
     "ServerInfo",
     "ServerNotRunning",
     "ServerStartTimeout",
+    "ServerStateUnknown",
     "ServerStopTimeout",
     "ServerUser",
     "StopReport",
+    "admin_credentials",
     "find_running",
+    "load_credentials",
     "log_tail",
+    "rotate_credentials",
+    "rotation_pending",
     "stop_running",
 ]

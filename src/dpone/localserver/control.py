@@ -9,21 +9,31 @@ from __future__ import annotations
 
 import http.client
 
+from dpone.connectors.clickhouse_request import Credentials
 from dpone.errors import TransportError
 from dpone.localserver.probe import LOOPBACK
 
 MAX_ANSWER_BYTES = 1 << 20
 
 
-def run_admin_sql(http_port: int, sql: str, *, timeout: float = 30.0) -> str:
-    """Run one statement as the built-in ``default`` user; return its text answer."""
+def run_admin_sql(
+    http_port: int, sql: str, *, credentials: Credentials, timeout: float = 30.0
+) -> str:
+    """Run one statement as ``credentials`` (the administrator); return its text answer.
+
+    The password travels in a header, never in the URL.
+    """
     conn = http.client.HTTPConnection(LOOPBACK, http_port, timeout=timeout)
     try:
         conn.request(
             "POST",
             "/?wait_end_of_query=1",
             body=sql.encode("utf-8"),
-            headers={"X-ClickHouse-User": "default"},
+            headers={
+                "X-ClickHouse-User": credentials.user,
+                # Bytes: http.client refuses non-Latin-1 text in a header.
+                "X-ClickHouse-Key": credentials.password.encode("utf-8"),
+            },
         )
         response = conn.getresponse()
         body = response.read(MAX_ANSWER_BYTES + 1)

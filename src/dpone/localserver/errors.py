@@ -51,3 +51,21 @@ class ServerStopTimeout(LocalServerError):
     """The server did not stop within the bound, even after signals."""
 
     code = "server_stop_timeout"
+
+
+class CredentialsMissing(LocalServerError):
+    """The data directory has no credentials file (or no entry for a user)."""
+
+    code = "credentials_missing"
+
+
+class CredentialsCorrupt(LocalServerError):
+    """The credentials file cannot be read or parsed; its content is never quoted."""
+
+    code = "credentials_corrupt"
+
+
+class ServerStateUnknown(LocalServerError):
+    """A server holds the data directory's lock but its ports cannot be learned."""
+
+    code = "server_state_unknown"

@@ -1,10 +1,16 @@
 """Where the managed server keeps its files inside one data directory.
 
-<data_dir>/server.lock   held (flock) by the running server process
+<data_dir>/server.lock   held (flock) by the running server process, holds its pid
+<data_dir>/start.lock    held by a process while it starts a server
 <data_dir>/state.json    pid, ports and version of the running server
 <data_dir>/store/        the ClickHouse data (databases, tables, UUIDs)
-<data_dir>/run/          config.xml, users.xml (0600), control FIFO, ports file
-<data_dir>/log/          server.log, server.err.log, child.log
+<data_dir>/run/          config.xml, users.xml, credentials.json (all 0600), control
+                         FIFO, ports file
+<data_dir>/log/          server.log, server.err.log, child.log, query_log.<engine>.native
+                         (the query log kept across a clean restart)
+
+Everything is private to the owner: directories 0700, files 0600 (the server runs
+with umask 077).
 """
 
 from __future__ import annotations
@@ -38,6 +44,10 @@ class DataDirLayout:
         return self.root / "server.lock"
 
     @property
+    def start_lock_file(self) -> Path:
+        return self.root / "start.lock"
+
+    @property
     def state_file(self) -> Path:
         return self.root / "state.json"
 
@@ -62,6 +72,14 @@ class DataDirLayout:
         return self.run_dir / "users.xml"
 
     @property
+    def credentials_file(self) -> Path:
+        return self.run_dir / "credentials.json"
+
+    @property
+    def pending_credentials_file(self) -> Path:
+        return self.run_dir / "credentials.next.json"
+
+    @property
     def control_fifo(self) -> Path:
         return self.run_dir / "control.fifo"
 
@@ -77,11 +95,21 @@ class DataDirLayout:
     def error_log(self) -> Path:
         return self.log_dir / "server.err.log"
 
-    def prepare(self) -> None:
-        """Create the directories and prove the data directory is writable."""
+    def prepare(self) -> list[str]:
+        """Create the directories (0700) and prove the data directory is writable.
+
+        Returns one warning naming the existing directories that other users can
+        enter or read, with the ``chmod`` that fixes them: the owner's data is not
+        re-permissioned behind their back (only ``run/``, which holds secrets).
+        """
+        wide = []
         try:
             for d in (self.root, self.store_dir, self.run_dir, self.log_dir):
-                d.mkdir(parents=True, exist_ok=True)
+                d.mkdir(mode=0o700, parents=True, exist_ok=True)
+                mode = d.stat().st_mode & 0o777
+                if mode & 0o077 and d != self.run_dir:
+                    wide.append(f"{d} (mode {mode:04o})")
+            # Configuration and credentials: never open to anyone else, whatever was there.
             os.chmod(self.run_dir, 0o700)
             # A real write, not os.access: access() answers for the real uid and
             # says nothing about read-only mounts or full disks.
@@ -95,11 +123,26 @@ class DataDirLayout:
                 path=str(self.root),
                 errno=exc.errno,
             ) from exc
+        if not wide:
+            return []
+        return [
+            f"open to other users: {', '.join(wide)}; "
+            f"make the data directory private with: chmod -R go-rwx {self.root}"
+        ]
 
 
 def write_private_file(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` with mode 0600, replacing it atomically."""
     atomic_write_bytes(path, text.encode("utf-8"), mode=0o600)
+
+
+def lock_holder(lock_file: Path) -> int | None:
+    """The pid the server wrote into its lock file, None when unreadable."""
+    try:
+        text = lock_file.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def lock_is_held(lock_file: Path) -> bool:

@@ -4,19 +4,26 @@ The server runs in a child process (see :mod:`dpone.localserver.child`). Readine
 reported only once the chosen ports are known and both accept connections and the
 HTTP interface answers ``/ping``. A running server is found again through the
 ``state.json`` of its data directory together with the lock the server holds: the
-lock, not the state file, decides whether a server is alive.
+lock, not the state file, decides whether a server is alive. The server writes its
+pid into the lock file, so a missing or corrupt ``state.json`` is rebuilt from the
+lock and the ports file: start, status and stop never contradict each other.
+
+Declared users without a password get a generated one (see
+:mod:`dpone.localserver.credentials`, which also says why ``default`` cannot have
+one), and the server runs with umask 077.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +31,8 @@ from types import TracebackType
 from typing import Any
 
 import dpone
+from dpone.connectors.clickhouse_request import Credentials
+from dpone.errors import ConfigurationError
 from dpone.localserver import protocol
 from dpone.localserver.config import (
     DEFAULT_USERS,
@@ -31,6 +40,7 @@ from dpone.localserver.config import (
     render_config_xml,
     render_users_xml,
 )
+from dpone.localserver.credentials import ADMIN_USER, ENGINE_USER, resolve_users
 from dpone.localserver.errors import (
     ChdbNotInstalled,
     PortInUse,
@@ -38,9 +48,15 @@ from dpone.localserver.errors import (
     ServerDiedDuringStart,
     ServerNotRunning,
     ServerStartTimeout,
+    ServerStateUnknown,
     ServerStopTimeout,
 )
-from dpone.localserver.layout import DataDirLayout, lock_is_held, write_private_file
+from dpone.localserver.layout import (
+    DataDirLayout,
+    lock_holder,
+    lock_is_held,
+    write_private_file,
+)
 from dpone.localserver.probe import LOOPBACK, accepts_connections, http_ping, port_is_free
 
 # A cold first start was seen to take over 4 s on these machines.
@@ -88,6 +104,10 @@ class LocalServer:
     Used as a context manager it starts on entry and stops on exit. With
     ``watch_parent`` (the default for library callers) the server stops by itself
     within a few seconds after the process that started it dies.
+
+    ``users`` declares every user; one without a password (other than the engine's
+    ``default``) gets a generated one at its first start, kept in the data
+    directory's credentials file for later starts.
     """
 
     def __init__(
@@ -102,6 +122,21 @@ class LocalServer:
         start_timeout: float = DEFAULT_START_TIMEOUT,
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
     ) -> None:
+        if http_port == tcp_port != 0:
+            raise ConfigurationError(
+                f"the HTTP and TCP ports must differ (both are {http_port}); "
+                "choose two ports or 0 to let the system choose",
+                code="ports_must_differ",
+                port=http_port,
+            )
+        for user in users:
+            if user.name == ENGINE_USER and user.password:
+                raise ConfigurationError(
+                    f"user {ENGINE_USER!r} cannot have a password on the managed server: "
+                    "the embedded engine's own session signs in as it without one",
+                    code="engine_user_password",
+                    user=user.name,
+                )
         self.layout = DataDirLayout.at(data_dir)
         self.http_port = http_port
         self.tcp_port = tcp_port
@@ -113,6 +148,8 @@ class LocalServer:
         self._process: subprocess.Popen[bytes] | None = None
         self._info: ServerInfo | None = None
         self._log_offsets: dict[Path, int] = {}
+        self._resolved: tuple[ServerUser, ...] = ()
+        self.warnings: tuple[str, ...] = ()
 
     @property
     def info(self) -> ServerInfo:
@@ -121,28 +158,39 @@ class LocalServer:
             raise ServerNotRunning("this LocalServer has not been started")
         return self._info
 
+    def credentials(self, user: str = ADMIN_USER) -> Credentials:
+        """The credentials of a declared ``user`` of this started server."""
+        for declared in self._resolved:
+            if declared.name == user:
+                return Credentials(user, declared.password or "")
+        raise ServerNotRunning(f"no started server of this LocalServer declares {user!r}")
+
     def start(self) -> ServerInfo:
-        """Start the server and wait until it is ready; returns its facts."""
+        """Start the server and wait until it is ready; returns its facts.
+
+        Data-directory permission warnings are left in :attr:`warnings`.
+        """
         layout = self.layout
-        layout.prepare()
-        if lock_is_held(layout.lock_file):
-            raise _already_running(layout)
-        for name, port in (("http", self.http_port), ("tcp", self.tcp_port)):
-            if not port_is_free(port):
-                raise PortInUse(f"{name} port {port} is already in use", port=port, kind=name)
-        users_xml = render_users_xml(self.users)
-        self._write_run_files(users_xml)
-        started = time.monotonic()
-        # Start-failure reports quote only what this start wrote to the logs.
-        self._log_offsets = _log_sizes(layout)
-        self._process = self._spawn()
-        try:
-            self._info = self._wait_ready(started + self.start_timeout)
-        except BaseException:
-            _terminate(self._process)
-            self._process = None
-            raise
-        _write_state(layout, self._info)
+        self.warnings = tuple(layout.prepare())
+        with _start_lock(layout):
+            if lock_is_held(layout.lock_file):
+                raise _already_running(layout)
+            for name, port in (("http", self.http_port), ("tcp", self.tcp_port)):
+                if not port_is_free(port):
+                    raise PortInUse(f"{name} port {port} is already in use", port=port, kind=name)
+            self._resolved = resolve_users(layout, self.users)
+            self._write_run_files(render_users_xml(self._resolved))
+            started = time.monotonic()
+            # Start-failure reports quote only what this start wrote to the logs.
+            self._log_offsets = _log_sizes(layout)
+            self._process = self._spawn()
+            try:
+                self._info = self._wait_ready(started + self.start_timeout)
+            except BaseException:
+                _terminate(self._process)
+                self._process = None
+                raise
+            _write_state(layout, self._info)
         return self._info
 
     def stop(self) -> StopReport:
@@ -199,6 +247,7 @@ class LocalServer:
             "--lock-file", str(layout.lock_file),
             "--fifo", str(layout.control_fifo),
             "--ports-file", str(layout.ports_file),
+            "--log-dir", str(layout.log_dir),
         ]  # fmt: skip
         if self.watch_parent:
             argv += ["--watch-parent", str(os.getpid())]
@@ -206,7 +255,8 @@ class LocalServer:
         # The child must import this very dpone, also under another interpreter.
         package_root = str(Path(dpone.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        with open(layout.child_log, "ab") as log:
+        fd = os.open(layout.child_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "ab") as log:
             return subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -215,6 +265,8 @@ class LocalServer:
                 env=env,
                 # Own session: a terminal's Ctrl-C goes to the parent, which stops us.
                 start_new_session=True,
+                # Parts, metadata and logs the server writes are the owner's alone.
+                umask=0o077,
             )
 
     def _wait_ready(self, deadline: float) -> ServerInfo:
@@ -249,11 +301,19 @@ class LocalServer:
 
 
 def find_running(data_dir: str | os.PathLike[str] | None = None) -> ServerInfo | None:
-    """The server running on ``data_dir``, or None when none holds its lock."""
+    """The server running on ``data_dir``, or None when none holds its lock.
+
+    Without a readable ``state.json`` the facts come from the lock file (pid) and the
+    ports file; raises :class:`ServerStateUnknown` when a server holds the lock but
+    has not told its ports yet (still starting, or stuck).
+    """
     layout = DataDirLayout.at(data_dir)
     if not lock_is_held(layout.lock_file):
         return None
-    return _read_state(layout)
+    info = _read_state(layout)
+    if info is not None and info.pid == lock_holder(layout.lock_file):
+        return info
+    return _rebuild_state(layout)
 
 
 def stop_running(
@@ -261,11 +321,17 @@ def stop_running(
 ) -> StopReport:
     """Stop the server running on ``data_dir`` (started by any process)."""
     layout = DataDirLayout.at(data_dir)
-    info = find_running(layout.root)
-    if info is None:
+    if not lock_is_held(layout.lock_file):
         layout.state_file.unlink(missing_ok=True)  # stale: no process holds the lock
         raise ServerNotRunning(f"no server is running on {layout.root}", data_dir=str(layout.root))
-    return _stop(layout, info.pid, timeout, None)
+    # The lock's holder is the server, whatever state.json says or lacks.
+    pid = lock_holder(layout.lock_file)
+    if pid is None:
+        raise ServerStateUnknown(
+            f"a process holds the server lock on {layout.root} but its pid is unreadable",
+            data_dir=str(layout.root),
+        )
+    return _stop(layout, pid, timeout, None)
 
 
 def log_tail(
@@ -347,7 +413,7 @@ def _read_ports(path: Path) -> tuple[int, int, str] | None:
     if not text.endswith("\n"):
         return None  # still being written
     fields = text.rstrip("\n").split("\t")
-    if len(fields) != 3:
+    if len(fields) != 3 or not (fields[0].isdigit() and fields[1].isdigit()):
         return None
     return int(fields[0]), int(fields[1]), fields[2]
 
@@ -358,23 +424,64 @@ def _write_state(layout: DataDirLayout, info: ServerInfo) -> None:
 
 
 def _read_state(layout: DataDirLayout) -> ServerInfo | None:
+    # None: started but not yet recorded, recorded by a crashed starter, or damaged.
     try:
         raw = json.loads(layout.state_file.read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None  # started but not yet recorded, or recorded by a crashed starter
+        return ServerInfo(
+            pid=int(raw["pid"]),
+            http_port=int(raw["http_port"]),
+            tcp_port=int(raw["tcp_port"]),
+            data_dir=str(raw["data_dir"]),
+            version=str(raw["version"]),
+            started_at=str(raw["started_at"]),
+        )
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _rebuild_state(layout: DataDirLayout) -> ServerInfo:
+    pid = lock_holder(layout.lock_file)
+    ports = _read_ports(layout.ports_file)
+    if pid is None or ports is None:
+        raise ServerStateUnknown(
+            f"a server holds the lock on {layout.root}"
+            + (f" (pid {pid})" if pid else "")
+            + " but has not reported its ports; it may still be starting. "
+            "`dpone server stop` stops it",
+            data_dir=str(layout.root),
+            pid=pid,
+        )
+    # The child writes the ports file once it listens: close to its start time.
+    started = datetime.fromtimestamp(layout.ports_file.stat().st_mtime, UTC)
     return ServerInfo(
-        pid=int(raw["pid"]),
-        http_port=int(raw["http_port"]),
-        tcp_port=int(raw["tcp_port"]),
-        data_dir=str(raw["data_dir"]),
-        version=str(raw["version"]),
-        started_at=str(raw["started_at"]),
+        pid=pid,
+        http_port=ports[0],
+        tcp_port=ports[1],
+        data_dir=str(layout.root),
+        version=ports[2],
+        started_at=started.isoformat(timespec="seconds"),
     )
 
 
+@contextlib.contextmanager
+def _start_lock(layout: DataDirLayout) -> Iterator[None]:
+    """Held while this process starts a server, so two starts never interleave."""
+    fd = os.open(layout.start_lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ServerAlreadyRunning(
+                f"another process is starting a server on {layout.root}",
+                data_dir=str(layout.root),
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
 def _already_running(layout: DataDirLayout) -> ServerAlreadyRunning:
-    info = _read_state(layout)
-    pid = info.pid if info else None
+    pid = lock_holder(layout.lock_file)
     return ServerAlreadyRunning(
         f"a server is already running on {layout.root}"
         + (f" (pid {pid}); stop it first" if pid else "; stop it first"),

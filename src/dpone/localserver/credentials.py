@@ -1,0 +1,154 @@
+"""The managed server's passwords: generated once, kept private, rotated on request.
+
+<data_dir>/run/credentials.json        the passwords the running server accepts
+<data_dir>/run/credentials.next.json   a rotation waiting for the next start
+
+Both files are 0600 inside the 0700 ``run/`` directory and hold
+``{"users": [{"user": ..., "password": ...}, ...]}``. They list the users whose
+password dpone generated (every declared user without one); a password the caller
+declared stays the caller's. Only SHA-256 hashes reach ``users.xml``, and the server
+reads that file at start only, so a rotation is written beside the active file and
+takes effect at the next start: until then every dpone command keeps using the
+passwords the server accepts.
+
+The exception is ``default`` (:data:`ENGINE_USER`). The embedded engine runs its own
+session (the batch that opens the listeners) as ``default`` with an empty password,
+and chdb 4.4 offers no way to give that session a password: a password in
+config.xml, ``CLICKHOUSE_USER``/``CLICKHOUSE_PASSWORD``, connection-string options,
+a network restriction (the session counts as loopback) and ``SYSTEM RELOAD USERS``
+were all tried. ``default`` therefore keeps an empty password and is the
+administrator that :func:`admin_credentials` returns until the engine allows one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+from collections.abc import Sequence
+from pathlib import Path
+
+from dpone.connectors.clickhouse_request import Credentials
+from dpone.localserver.config import ServerUser
+from dpone.localserver.errors import CredentialsCorrupt, CredentialsMissing
+from dpone.localserver.layout import DataDirLayout, write_private_file
+
+ADMIN_USER = "default"
+# The user the engine's own session authenticates as, always without a password.
+ENGINE_USER = "default"
+# 32 random bytes, URL-safe text: safe in an HTTP header, XML and a JSON string.
+PASSWORD_BYTES = 32
+
+
+def generate_password() -> str:
+    """A fresh random password (256 bits)."""
+    return secrets.token_urlsafe(PASSWORD_BYTES)
+
+
+def load_credentials(data_dir: str | os.PathLike[str] | None = None) -> dict[str, Credentials]:
+    """The generated credentials the server on ``data_dir`` accepts, by user name."""
+    path = DataDirLayout.at(data_dir).credentials_file
+    passwords = _read(path)
+    if passwords is None:
+        raise CredentialsMissing(
+            f"no credentials file at {path}; start the server once with `dpone server start`",
+            path=str(path),
+        )
+    return {user: Credentials(user, password) for user, password in passwords.items()}
+
+
+def admin_credentials(data_dir: str | os.PathLike[str] | None = None) -> Credentials:
+    """The administrator's credentials for the server on ``data_dir``.
+
+    Every caller goes through here, so the day the engine lets ``default`` have a
+    password (see the module notes) no caller changes.
+    """
+    if ADMIN_USER == ENGINE_USER:
+        return Credentials(ADMIN_USER)
+    return load_credentials(data_dir)[ADMIN_USER]  # pragma: no cover - see module notes
+
+
+def rotate_credentials(data_dir: str | os.PathLike[str] | None = None) -> tuple[str, ...]:
+    """Prepare new passwords for every generated user; the next start applies them.
+
+    Returns the user names whose passwords will change.
+    """
+    layout = DataDirLayout.at(data_dir)
+    current = load_credentials(layout.root)
+    pending = {user: generate_password() for user in sorted(current)}
+    _write(layout.pending_credentials_file, pending)
+    return tuple(pending)
+
+
+def rotation_pending(data_dir: str | os.PathLike[str] | None = None) -> bool:
+    """True when a rotation waits for the next start."""
+    return DataDirLayout.at(data_dir).pending_credentials_file.exists()
+
+
+def resolve_users(layout: DataDirLayout, users: Sequence[ServerUser]) -> tuple[ServerUser, ...]:
+    """``users`` with a password each: a pending rotation, else the stored one, else new.
+
+    Called by a start (and only while no server runs on ``layout``): it records the
+    generated passwords first, then retires the applied rotation.
+    """
+    stored = _read(layout.credentials_file) or {}
+    pending = _read(layout.pending_credentials_file) or {}
+    generated: dict[str, str] = {}
+    resolved = []
+    for user in users:
+        if user.password is not None or user.name == ENGINE_USER:
+            resolved.append(user)
+            continue
+        password = pending.get(user.name) or stored.get(user.name) or generate_password()
+        generated[user.name] = password
+        resolved.append(dataclasses.replace(user, password=password))
+    if generated != stored or not layout.credentials_file.exists():
+        _write(layout.credentials_file, generated)
+    layout.pending_credentials_file.unlink(missing_ok=True)
+    return tuple(resolved)
+
+
+def _write(path: Path, passwords: dict[str, str]) -> None:
+    users = [{"user": user, "password": password} for user, password in passwords.items()]
+    write_private_file(path, json.dumps({"users": users}, indent=2) + "\n")
+
+
+def _read(path: Path) -> dict[str, str] | None:
+    """The file's passwords by user, None when it does not exist.
+
+    Errors name the file, never its content: a broken file may still hold secrets.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CredentialsCorrupt(f"cannot read credentials file {path}", path=str(path)) from exc
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        # Not chained: the decode error carries the whole document (its ``doc``).
+        raise CredentialsCorrupt(
+            f"credentials file {path} is not JSON (line {exc.lineno}, column {exc.colno})",
+            path=str(path),
+        ) from None
+    entries = document.get("users") if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        raise CredentialsCorrupt(f"credentials file {path} has no 'users' list", path=str(path))
+    passwords: dict[str, str] = {}
+    for ordinal, entry in enumerate(entries):
+        user = entry.get("user") if isinstance(entry, dict) else None
+        password = entry.get("password") if isinstance(entry, dict) else None
+        if not (isinstance(user, str) and isinstance(password, str) and password):
+            raise CredentialsCorrupt(
+                f"credentials file {path}: entry {ordinal} needs a 'user' and a non-empty 'password'",
+                path=str(path),
+                entry=ordinal,
+            )
+        if user in passwords:
+            raise CredentialsCorrupt(
+                f"credentials file {path} lists user {user!r} twice", path=str(path), user=user
+            )
+        passwords[user] = password
+    return passwords
