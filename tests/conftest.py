@@ -15,6 +15,7 @@ from tests import chhttp
 
 READER_PASSWORD = "reader-secret-Δ-42"
 TEST_DATABASE = "dpone_test"
+CATALOG_PASSWORD = "catalog-secret-7"
 
 SESSION_USERS = (
     ServerUser("default"),
@@ -24,6 +25,27 @@ SESSION_USERS = (
         grants=(f"GRANT SELECT ON {TEST_DATABASE}.*",),
     ),
     ServerUser("nobody", password="nobody-secret", grants=()),
+    # The snapshot catalog's tests: a read-only observer and a writer on their databases.
+    ServerUser(
+        "cat_observer",
+        password=CATALOG_PASSWORD,
+        grants=(
+            "GRANT SELECT ON *.*",
+            "GRANT SYSTEM FLUSH LOGS ON *.*",
+            "GRANT SHOW USERS, SHOW ROLES, SHOW ROW POLICIES ON *.*",
+        ),
+    ),
+    ServerUser(
+        "cat_writer",
+        password=CATALOG_PASSWORD,
+        grants=(
+            "GRANT SELECT ON system.*",
+            "GRANT INSERT ON dpone_cat_dbwide.*",
+            "GRANT ALTER UPDATE ON dpone_cat_table.target_t",
+            "GRANT INSERT ON dpone_cat_prefix.gen_*",
+            "GRANT TRUNCATE ON dpone_cat_dbpre*.*",
+        ),
+    ),
 )
 
 

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpone.connectors.bulk_text_codec import BulkTextReader, encode_record
+from dpone.contracts.preparation import rows_digest
 from dpone.contracts.schema import SourceColumn
 from dpone.errors import DponeError
 from dpone.exporters.export import export_table
@@ -33,21 +34,27 @@ from tests.unit import test_type_policy as tp
 REFUSED = tp.REFUSED
 
 
-def reference(plans: tuple[ColumnPlan, ...], data: bytes) -> bytes | None:
-    out = io.BytesIO()
+def reference(plans: tuple[ColumnPlan, ...], data: bytes) -> tuple[bytes, str] | None:
+    """The reference's spool bytes and the rows digest of its rows, split by the converter."""
+    rows: list[bytes] = []
     try:
         convert_records(
-            BulkTextReader(io.BytesIO(data), [p.codec_column for p in plans]), plans, out.write
+            BulkTextReader(io.BytesIO(data), [p.codec_column for p in plans]), plans, rows.append
         )
     except DponeError:
         return None
-    return out.getvalue()
+    return b"".join(rows), rows_digest(rows)
 
 
-def engine(plans: tuple[ColumnPlan, ...], data: bytes, tmp_path: Path) -> bytes | None:
+def engine(plans: tuple[ColumnPlan, ...], data: bytes, tmp_path: Path) -> tuple[bytes, str] | None:
+    """The engine's spool bytes and the rows digest it computed from the spool it wrote."""
     source, out = tmp_path / "in.tsv", tmp_path / "out.rb"
     source.write_bytes(data)
-    return out.read_bytes() if convert_with_engine(plans, source, out, timeout=120) else None
+    written = convert_with_engine(plans, source, out, timeout=120)
+    if written is None:
+        return None
+    assert written.rows == data.count(b"\n")
+    return out.read_bytes(), written.rows_digest
 
 
 def encode_rows(plans: tuple[ColumnPlan, ...], rows: list[list[Any]]) -> bytes:
@@ -237,6 +244,8 @@ def test_engine_mode_prepares_the_same_spool(tmp_path: Path) -> None:
     fast = prepare_rowbinary(exported.path, exported.receipt, tmp_path / "b", mode=MODE_ENGINE)
     assert fast.path.read_bytes() == python.path.read_bytes()
     assert fast.identity.rowbinary_sha256 == python.identity.rowbinary_sha256
+    assert fast.identity.rows_digest == python.identity.rows_digest
+    assert python.identity.rows_digest != "0" * 32
     assert fast.identity.selected_mode == MODE_ENGINE and fast.semantic_id != python.semantic_id
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
         "data.rowbinary"
@@ -292,3 +301,22 @@ def test_engine_mode_refusals_name_the_same_position(tmp_path: Path) -> None:
             budget=PreparationBudget(max_record_bytes=5),
         )
     assert budget.value.code == "record_too_large" and budget.value.details["record"] == 1
+
+
+def test_engine_rows_digest_of_an_empty_file_is_zero(tmp_path: Path) -> None:
+    plans = plan_columns([SourceColumn("id", "int", False), SourceColumn("s", "nvarchar(5)", True)])
+    assert engine(plans, b"", tmp_path) == (b"", "0" * 32) == reference(plans, b"")
+
+
+def test_engine_rows_digest_ignores_row_order_but_not_content(tmp_path: Path) -> None:
+    plans = plan_columns([SourceColumn("id", "int", False), SourceColumn("s", "nvarchar(5)", True)])
+    rows = [[str(i), None if i % 3 == 0 else f"v{i}"] for i in range(50)]
+    for name in "fbc":
+        (tmp_path / name).mkdir()
+    forward = engine(plans, encode_rows(plans, rows), tmp_path / "f")
+    backward = engine(plans, encode_rows(plans, rows[::-1]), tmp_path / "b")
+    changed = engine(plans, encode_rows(plans, [*rows[:-1], ["49", "v48"]]), tmp_path / "c")
+    assert forward is not None and backward is not None and changed is not None
+    assert forward[0] != backward[0] and forward[1] == backward[1]
+    assert changed[1] != forward[1]
+    assert forward == reference(plans, encode_rows(plans, rows))

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 from collections.abc import Iterator
+from datetime import date
 from pathlib import Path
 
 import pytest
 
+from dpone.contracts.preparation import rows_digest_sql
 from dpone.contracts.schema import SourceColumn, SourceSchema
 from dpone.errors import DeadlineError
 from dpone.exporters.export import export_table
@@ -52,6 +55,17 @@ def test_spool_is_private_sealed_and_exact(sample: Path, tmp_path: Path) -> None
     import hashlib
 
     assert ident.rowbinary_sha256 == hashlib.sha256(data).hexdigest()
+    # The rows digest, from rows encoded here by hand (Int32, Nullable(String), Nullable(Date32)).
+    by_hand = [
+        struct.pack("<i", i) + b"\x00" + bytes([len(b"name %d" % i)]) + b"name %d" % i
+        + b"\x00" + struct.pack("<i", (date(2020, 1, i % 28 + 1) - date(1970, 1, 1)).days)
+        for i in range(1, 3001)
+    ]  # fmt: skip
+    assert b"".join(by_hand) == data
+    total = sum(int.from_bytes(hashlib.sha256(r).digest()[:16], "little") for r in by_hand)
+    assert ident.rows_digest == format(total % 2**128, "032x")
+    assert ident.to_document()["rows_digest"] == ident.rows_digest
+    assert ident.to_document()["preparation_version"] == "dpone-rowbinary-preparation/2"
     assert ident.source_receipt_sha256 == receipt.sha256
     rows = decode_rows(data, [c.clickhouse_type for c in ident.target_schema])
     assert rows[0][0] == 1 and rows[0][1] == b"name 1" and str(rows[0][2]) == "2020-01-02"
@@ -182,6 +196,12 @@ def test_hostile_export_prepared_and_read_back_from_the_server(
     chhttp.query(
         port, "INSERT INTO prep_db.hostile FORMAT RowBinary", data=prepared.path.read_bytes()
     )
+    # The server's order-independent digest of what it stored equals preparation's.
+    names = [f"`{c.name}`" for c in prepared.identity.target_schema]
+    server_digest = chhttp.rows(
+        port, f"SELECT {rows_digest_sql(names)} AS d FROM prep_db.hostile"
+    )  # fmt: skip
+    assert server_digest == [{"d": prepared.identity.rows_digest}]
     got = chhttp.rows(
         port,
         "SELECT id, hex(txt) AS t, isNull(txt) AS tn, hex(bin) AS b, isNull(bin) AS bn, toString(amount) AS a FROM prep_db.hostile",

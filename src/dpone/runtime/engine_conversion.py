@@ -15,12 +15,15 @@ to identical bytes and identical refusals.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from dpone.connectors.bulk_text_codec import ColumnKind
+from dpone.contracts.preparation import rows_digest_sql
 from dpone.errors import DponeError
 from dpone.sql import quote_literal
 from dpone.typepolicy import ColumnPlan
@@ -130,7 +133,7 @@ def field_expressions(plan: ColumnPlan, f: str) -> tuple[str, str]:
             f"AND match(substring({frac}, {scale + 1}), '^0*$') "
             f"AND NOT (startsWith({f}, '-') AND match(concat({whole}, {frac}), '^0*$'))"
         )
-        width = 32 if precision <= 9 else 64 if precision <= 18 else 128 if precision <= 38 else 256
+        width = _decimal_width(precision)
         scaled = f"toInt256OrZero(concat({whole}, rightPad(substring({frac}, 1, {scale}), {scale}, '0')))"
         return ok, f"CAST(if(startsWith({f}, '-'), -{scaled}, {scaled}) AS Int{width})"
     if fam == "float":
@@ -184,6 +187,60 @@ def field_expressions(plan: ColumnPlan, f: str) -> tuple[str, str]:
     )
 
 
+def _decimal_width(precision: int) -> int:
+    return 32 if precision <= 9 else 64 if precision <= 18 else 128 if precision <= 38 else 256
+
+
+def wire_type(plan: ColumnPlan) -> str:
+    """The type :func:`field_expressions` produces for ``plan``.
+
+    Its RowBinary bytes are exactly the target type's (ticks and days are the
+    integers the target types store), so the spool reads back under it without any
+    engine support for the target type itself.
+    """
+    t = target_of(plan)
+    fam, p = t.family, t.params
+    if fam in ("string", "lowcardinality"):
+        base = "String"
+    elif fam == "fixed":
+        base = f"FixedString({p[0]})"
+    elif fam in ("int", "uint"):
+        base = f"{'' if fam == 'int' else 'U'}Int{p[0]}"
+    elif fam == "bool":
+        base = "UInt8"
+    elif fam == "decimal":
+        base = f"Int{_decimal_width(p[0])}"
+    elif fam == "float":
+        base = f"Float{p[0]}"
+    elif fam == "date":
+        base = "Int32"
+    elif fam in ("datetime", "time"):
+        base = "Int64"
+    elif fam == "dto":
+        base = "Tuple(Int64, Int16)"
+    elif fam == "uuid":
+        base = "Tuple(UInt64, UInt64)"
+    else:
+        raise EngineUnavailable(
+            f"no engine conversion for {plan.clickhouse_type}", code="engine_unsupported_type"
+        )
+    return f"Nullable({base})" if plan.nullable else base
+
+
+def digest_sql(plans: tuple[ColumnPlan, ...], spool: Path) -> str:
+    """One SELECT over the written spool: its row count and its rows digest.
+
+    Each row is read back under :func:`wire_type` and re-encoded by
+    ``formatRowNoNewline``, which gives back its exact RowBinary bytes.
+    """
+    names = [f"c{i}" for i in range(1, len(plans) + 1)]
+    structure = ", ".join(f"{n} {wire_type(p)}" for n, p in zip(names, plans, strict=True))
+    return (
+        f"SELECT count(), {rows_digest_sql(names)} "
+        f"FROM file({_lit(str(spool))}, 'RowBinary', {_lit(structure)})"
+    )
+
+
 def conversion_sql(plans: tuple[ColumnPlan, ...], source: Path, out: Path) -> str:
     """One SELECT that checks every field and writes the RowBinary spool."""
     columns, checks = [], [f"length(r) = {len(plans)}"]
@@ -207,14 +264,11 @@ def conversion_sql(plans: tuple[ColumnPlan, ...], source: Path, out: Path) -> st
 
 def run_engine_query(sql: str, *, timeout: float = 120.0, python: str | None = None) -> bytes:
     """Run one query in a fresh engine process and return its TSV output (for checks)."""
-    child = _CHILD.replace(
-        'conn.query(sql, "TSV")', 'sys.stdout.buffer.write(conn.query(sql, "TSV").bytes())'
-    )
     with tempfile.TemporaryDirectory(prefix="dpone-engine-") as work:
         script = Path(work) / "query.sql"
         script.write_text(sql, encoding="utf-8")
         done = subprocess.run(
-            [python or sys.executable, "-c", child, str(script)],
+            [python or sys.executable, "-c", _CHILD, str(script)],
             cwd=work, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False,
         )  # fmt: skip
     if done.returncode != 0:
@@ -224,19 +278,30 @@ def run_engine_query(sql: str, *, timeout: float = 120.0, python: str | None = N
     return done.stdout
 
 
+# Runs each script in turn in one engine and writes their TSV output to stdout.
 _CHILD = """
 import sys
 import chdb
-sql = open(sys.argv[1], encoding="utf-8").read()
 conn = chdb.connect(":memory:")
 # Generated checks make long statements; the default 256 KiB parse limit is too small.
 conn.query("SET max_query_size = 1073741824", "TSV")
 try:
-    conn.query(sql, "TSV")
+    for path in sys.argv[1:]:
+        sql = open(path, encoding="utf-8").read()
+        sys.stdout.buffer.write(conn.query(sql, "TSV").bytes())
 except Exception as exc:
     print(str(exc)[:2000], file=sys.stderr)
     sys.exit(3)
 """
+_DIGEST_LINE = re.compile(rb"([0-9]+)\t([0-9a-f]{32})\n")
+
+
+@dataclass(frozen=True)
+class EngineSpool:
+    """What the engine wrote: the spool's row count and rows digest, read back from it."""
+
+    rows: int
+    rows_digest: str
 
 
 def convert_with_engine(
@@ -246,17 +311,22 @@ def convert_with_engine(
     *,
     timeout: float,
     python: str | None = None,
-) -> bool:
-    """Run the conversion in a child process; False when the engine refused the data."""
+) -> EngineSpool | None:
+    """Run the conversion in a child process; None when the engine refused the data.
+
+    The same child then reads the spool it wrote back and computes its rows digest
+    (:class:`dpone.contracts.preparation.RowsDigest`) from the bytes on disk.
+    """
     with tempfile.TemporaryDirectory(prefix="dpone-engine-") as work:
-        script = Path(work) / "convert.sql"
+        script, digest = Path(work) / "convert.sql", Path(work) / "digest.sql"
         # Absolute paths: the child runs in an empty directory of its own.
         script.write_text(
             conversion_sql(plans, source.absolute(), out.absolute()), encoding="utf-8"
         )
+        digest.write_text(digest_sql(plans, out.absolute()), encoding="utf-8")
         try:
             done = subprocess.run(
-                [python or sys.executable, "-c", _CHILD, str(script)],
+                [python or sys.executable, "-c", _CHILD, str(script), str(digest)],
                 cwd=work,  # the engine reads config.xml from its working directory: an empty one
                 stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False,
                 env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"},
@@ -266,10 +336,15 @@ def convert_with_engine(
                 f"engine conversion exceeded {timeout:g} s", code="engine_timeout"
             ) from exc
     if done.returncode == 3 and REFUSAL.encode() in done.stderr:
-        return False
+        return None
     if done.returncode != 0:
         raise EngineUnavailable(
             f"engine conversion failed to run (exit {done.returncode}): "
             f"{done.stderr.decode('utf-8', 'replace')[-500:]}",
         )
-    return True
+    answer = _DIGEST_LINE.fullmatch(done.stdout)
+    if answer is None:
+        raise EngineUnavailable(
+            f"engine digest output is malformed: {done.stdout[:200]!r}", code="engine_output"
+        )
+    return EngineSpool(int(answer.group(1)), answer.group(2).decode("ascii"))

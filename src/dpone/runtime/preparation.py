@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpone.connectors.bulk_text_codec import BulkTextError, BulkTextReader
-from dpone.contracts.preparation import DerivedIdentity, TargetColumn
+from dpone.contracts.preparation import DerivedIdentity, RowsDigest, TargetColumn
 from dpone.contracts.receipt import FileReceipt
 from dpone.durable_files import fsync_directory
 from dpone.errors import DeadlineError, DponeError
@@ -107,7 +107,7 @@ def prepare_rowbinary(
         if mode == MODE_ENGINE:
             engine_result = _engine_spool(artifact, receipt, plans, path, budget, deadline)
         if engine_result is None:
-            digest, size, rows = _write_spool(
+            digest, size, rows, content = _write_spool(
                 artifact, receipt, plans, path, budget, deadline, str(source), progress
             )
             if mode == MODE_ENGINE:
@@ -118,7 +118,7 @@ def prepare_rowbinary(
                 )
         else:
             # The engine wrote the spool itself: its digest is the one the seal reads.
-            digest, size, rows = None, *engine_result
+            digest, size, rows, content = None, *engine_result
         _check_deadline(budget, deadline, "sealing")
         sealed = _seal(path)
         if sealed.size != size or digest not in (None, sealed.sha256):
@@ -140,6 +140,7 @@ def prepare_rowbinary(
         rowbinary_bytes=size,
         rowbinary_sha256=sealed.sha256,
         prepared_rows=rows,
+        rows_digest=content,
     )
     return PreparedSpool(path, identity, plans)
 
@@ -153,9 +154,11 @@ def _write_spool(
     deadline: float | None,
     source: str,
     progress: Callable[[int, int], None] | None = None,
-) -> tuple[str, int, int]:
+) -> tuple[str, int, int, str]:
+    """The reference path: (spool SHA-256, spool bytes, records, rows digest)."""
     source_digest = hashlib.sha256()
     spool_digest = hashlib.sha256()
+    content = RowsDigest()
     written = 0
     rows_done = 0
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -178,6 +181,7 @@ def _write_spool(
                     code="spool_budget_exceeded", record=rows_done,
                 )  # fmt: skip
             spool_digest.update(row)
+            content.add(row)
             out.write(row)
             if rows_done % CHECK_EVERY_ROWS == 0:
                 _check_deadline(budget, deadline, f"conversion (record {rows_done})")
@@ -206,7 +210,7 @@ def _write_spool(
             code="row_count_mismatch",
         )
     _check_free_space(path, budget, rows)
-    return spool_digest.hexdigest(), written, rows
+    return spool_digest.hexdigest(), written, rows, content.hexdigest()
 
 
 def _engine_spool(
@@ -216,13 +220,15 @@ def _engine_spool(
     path: Path,
     budget: PreparationBudget,
     deadline: float | None,
-) -> tuple[int, int] | None:
-    """The engine fast path: (spool bytes, records), or None to hand over to the reference.
+) -> tuple[int, int, str] | None:
+    """The engine fast path: (spool bytes, records, rows digest), or None to hand over.
 
     The engine reads a private copy made through the held descriptor and hashed on the
     way, so the bytes it converts are provably the receipt's. Records, their longest
     length and the final LF are counted on the way too; any budget the copy breaks,
     and any refusal by the engine, goes to the reference, which reports it exactly.
+    The engine reads the written spool back for the rows digest, and the rows it
+    counts there must be the records counted here.
     """
     copy = path.with_name("source.copy")
     _check_free_space(path, budget, 0)
@@ -259,7 +265,7 @@ def _engine_spool(
         remaining = 3600.0 if deadline is None else deadline - budget.clock()
         _check_deadline(budget, deadline, "engine conversion")
         try:
-            accepted = convert_with_engine(plans, copy, path, timeout=remaining)
+            written_spool = convert_with_engine(plans, copy, path, timeout=remaining)
         except EngineUnavailable as exc:
             if exc.code == "engine_timeout":
                 raise DeadlineError(
@@ -267,9 +273,15 @@ def _engine_spool(
                     code="preparation_deadline", phase="engine conversion",
                 ) from exc  # fmt: skip
             raise
-        if not accepted:
+        if written_spool is None:
             path.unlink(missing_ok=True)
             return None
+        if written_spool.rows != records:
+            raise PreparationError(
+                f"the engine read {written_spool.rows} rows back from its spool, "
+                f"the file has {records} records",
+                code="engine_divergence",
+            )
     finally:
         copy.unlink(missing_ok=True)
     _check_deadline(budget, deadline, "engine conversion")
@@ -280,7 +292,7 @@ def _engine_spool(
     _check_free_space(path, budget, records)
     with open(path, "rb") as spool:
         os.fsync(spool.fileno())
-    return written, records
+    return written, records, written_spool.rows_digest
 
 
 def _seal(path: Path) -> FileObservation:
