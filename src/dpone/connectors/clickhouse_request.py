@@ -15,7 +15,7 @@ from pathlib import Path
 from dpone.errors import ConfigurationError
 
 _ATTEMPT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
-MUTATION_KINDS = ("create", "insert", "drop")
+MUTATION_KINDS = ("create", "insert", "drop", "identity", "discard")
 
 
 class RequestKind(enum.Enum):
