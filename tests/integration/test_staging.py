@@ -185,7 +185,7 @@ def test_wrong_counts_fail_and_clean_up(
         svc.stage(ContractValidatedFileArtifact(path, receipt), attempt)
     assert caught.value.code == code
     assert caught.value.details["last_event"]["state"] == "failed_cleaned"
-    assert not table_exists(clickhouse, f"dpone_stage_{attempt.replace('-', '_')}")
+    assert not table_exists(clickhouse, f"dpone_stage_{attempt.replace('-', '_h')}")
     assert states(tmp_path / "work" / attempt)[-3:] == ["cleanup", "cleanup", "failed_cleaned"]
     assert not (tmp_path / "work" / attempt / "spool").exists()
 
@@ -203,7 +203,7 @@ def test_table_altered_between_checks_is_refused(clickhouse: ServerInfo, tmp_pat
             if seen == 2:  # after the INSERT, before the second identity check
                 chhttp.query(
                     clickhouse.http_port,
-                    f"ALTER TABLE {DB}.dpone_stage_altered_1 ADD COLUMN extra Int8",
+                    f"ALTER TABLE {DB}.dpone_stage_altered_h1 ADD COLUMN extra Int8",
                 )
 
     with pytest.raises(DponeError) as caught:
@@ -212,7 +212,7 @@ def test_table_altered_between_checks_is_refused(clickhouse: ServerInfo, tmp_pat
         )
     assert caught.value.code == "table_identity_mismatch"
     assert "columns differ" in str(caught.value)
-    assert not table_exists(clickhouse, "dpone_stage_altered_1")  # ours (comment, UUID) and dropped
+    assert not table_exists(clickhouse, "dpone_stage_altered_h1")  # ours (comment, UUID) and dropped
 
 
 def test_source_modified_during_insert_is_detected(clickhouse: ServerInfo, tmp_path: Path) -> None:
@@ -230,7 +230,7 @@ def test_source_modified_during_insert_is_detected(clickhouse: ServerInfo, tmp_p
         )
     assert caught.value.code == "artifact_hash_mismatch"
     assert states(tmp_path / "work" / "tamper-1")[-1] == "failed_cleaned"
-    assert not table_exists(clickhouse, "dpone_stage_tamper_1")
+    assert not table_exists(clickhouse, "dpone_stage_tamper_h1")
 
 
 def test_spool_modified_before_insert_is_detected(clickhouse: ServerInfo, tmp_path: Path) -> None:
@@ -248,7 +248,7 @@ def test_spool_modified_before_insert_is_detected(clickhouse: ServerInfo, tmp_pa
             ContractValidatedFileArtifact(path, receipt), "spool-1"
         )
     assert caught.value.code == "sent_bytes_mismatch"
-    assert not table_exists(clickhouse, "dpone_stage_spool_1")
+    assert not table_exists(clickhouse, "dpone_stage_spool_h1")
 
 
 def test_source_modified_before_admission_fails_clean(
@@ -297,7 +297,7 @@ def test_preparation_deadline_fails_before_anything_remote(
         svc.stage(ContractValidatedFileArtifact(path, receipt), "deadline-1")
     assert "deadline" in caught.value.code
     assert states(tmp_path / "work" / "deadline-1")[-1] == "failed_cleaned"
-    assert not table_exists(clickhouse, "dpone_stage_deadline_1")
+    assert not table_exists(clickhouse, "dpone_stage_deadline_h1")
 
 
 class FailingJournal(ClickHouseFileAttemptJournal):
@@ -325,7 +325,7 @@ def test_journal_failure_never_drops_without_a_durable_intent(
         svc.stage(ContractValidatedFileArtifact(path, receipt), attempt)
     # Event 3 is the CREATE intent: without it nothing is created. Later failures leave
     # the table (no durable DROP intent can be written) and the journal still verifies.
-    assert table_exists(clickhouse, f"dpone_stage_{attempt.replace('-', '_')}") is table_left
+    assert table_exists(clickhouse, f"dpone_stage_{attempt.replace('-', '_h')}") is table_left
     events = read_events(tmp_path / "work" / attempt)
     assert len(events) == fail_at - 1
     # No terminal record could be written, so an operator is always asked to look.
@@ -396,7 +396,7 @@ def test_server_stopped_mid_insert_retains_everything(kind: str, tmp_path: Path)
     assert (attempt_dir / "spool" / "data.rowbinary").exists()  # retained for the operator
     [summary] = list_attempts(tmp_path / "work")
     assert summary.needs_operator and summary.state == "retained_unknown"
-    assert summary.inventory["table"] == {"database": DB, "table": f"dpone_stage_victim_{kind}"}
+    assert summary.inventory["table"] == {"database": DB, "table": f"dpone_stage_victim_h{kind}"}
     assert summary.sent_mutations[-1] == f"dpone-b02-victim-{kind}-insert"
 
 
@@ -440,7 +440,7 @@ def test_lost_insert_acknowledgment_is_proven_before_cleanup(
         "terminal",
     ]
     assert events[-1]["state"] == "failed_cleaned"
-    assert not table_exists(clickhouse, "dpone_stage_lost_ack_1")
+    assert not table_exists(clickhouse, "dpone_stage_lost_hack_h1")
     assert phases and phases[-1][0] == "loading"
 
 
@@ -464,7 +464,7 @@ def test_verification_deadline_after_the_insert(clickhouse: ServerInfo, tmp_path
     # The COUNT request finds the verification deadline already spent and is never sent.
     assert caught.value.code == "transport_deadline" and caught.value.details["submitted"] is False
     assert states(tmp_path / "work" / "late-verify-1")[-1] == "failed_cleaned"
-    assert not table_exists(clickhouse, "dpone_stage_late_verify_1")
+    assert not table_exists(clickhouse, "dpone_stage_late_hverify_h1")
 
 
 def test_loading_deadline_expires_mid_insert_and_stays_unknown(
@@ -500,7 +500,7 @@ def test_loading_deadline_expires_mid_insert_and_stays_unknown(
     # entry. Without evidence the outcome stays unknown and everything is retained.
     assert observed["remote"]["termination"] == "unknown"
     assert events[-1]["state"] == "retained_unknown"
-    assert table_exists(clickhouse, "dpone_stage_late_load_1")
+    assert table_exists(clickhouse, "dpone_stage_late_hload_h1")
     assert (tmp_path / "work" / "late-load-1" / "spool" / "data.rowbinary").exists()
 
 
@@ -520,8 +520,8 @@ def test_decoder_and_finalizer_of_the_bundle(clickhouse: ServerInfo, tmp_path: P
     )
     impostor = dataclasses.replace(staged, uuid="00000000-0000-0000-0000-000000000001")
     with pytest.raises(DponeError) as refused:
-        components.finalizer.discard(impostor, "bundle-1-discard")
+        components.finalizer.discard(impostor)
     assert refused.value.code == "ownership_unverified"
     assert table_exists(clickhouse, staged.table)  # nothing dropped on a mismatch
-    components.finalizer.discard(staged, "bundle-1-discard")
+    components.finalizer.discard(staged)
     assert not table_exists(clickhouse, staged.table)

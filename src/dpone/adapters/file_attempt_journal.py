@@ -173,7 +173,9 @@ class ClickHouseFileAttemptJournal:
         }
 
 
-def verify_journal(attempt_dir: str | os.PathLike[str], *, head: str | None = None) -> list[JournalEvent]:
+def verify_journal(
+    attempt_dir: str | os.PathLike[str], *, head: str | None = None
+) -> list[JournalEvent]:
     """``read_events`` for a person: an empty journal fails, and ``head`` (the SHA-256
     of the final event, as ``dpone stage`` printed it) must be the last event's.
 
