@@ -57,9 +57,19 @@ def config(info: ServerInfo, work: Path, kind: str = "http", **policy: Any) -> S
                          transport=kind, policy=StagingPolicy(**policy))  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def staging_database(clickhouse: ServerInfo) -> None:
+    """The Atomic database, and the server's dpone identity (so event numbers are fixed)."""
+    create_databases(clickhouse.http_port)
+
+
+def create_databases(port: int) -> None:
+    chhttp.query(port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    chhttp.query(port, "CREATE DATABASE IF NOT EXISTS _dpone_identity ENGINE = Atomic")
+
+
 @pytest.fixture
-def kind(transport_kind: str, clickhouse: ServerInfo) -> str:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+def kind(transport_kind: str) -> str:
     return transport_kind
 
 
@@ -116,7 +126,6 @@ def test_hostile_values_stage_and_read_back_equal(
 def test_empty_input_is_not_submitted_and_counted_zero(
     clickhouse: ServerInfo, tmp_path: Path
 ) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path, rows=0)
     staged = ClickHouseSink(config(clickhouse, tmp_path / "work")).stage_validated_file(
         path, receipt, attempt_id="empty-1"
@@ -175,7 +184,6 @@ def fake_count(output: bytes) -> Callable[[ClickHouseRequest], QueryResult | Non
 def test_wrong_counts_fail_and_clean_up(
     clickhouse: ServerInfo, tmp_path: Path, output: bytes, code: str
 ) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, data = export_hostile(tmp_path)
     if b"87" in output:
         output = output.replace(b"87", str(len(data)).encode())
@@ -191,7 +199,6 @@ def test_wrong_counts_fail_and_clean_up(
 
 
 def test_table_altered_between_checks_is_refused(clickhouse: ServerInfo, tmp_path: Path) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
 
     seen = 0
@@ -216,7 +223,6 @@ def test_table_altered_between_checks_is_refused(clickhouse: ServerInfo, tmp_pat
 
 
 def test_source_modified_during_insert_is_detected(clickhouse: ServerInfo, tmp_path: Path) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
 
     def tamper(request: ClickHouseRequest) -> None:
@@ -234,7 +240,6 @@ def test_source_modified_during_insert_is_detected(clickhouse: ServerInfo, tmp_p
 
 
 def test_spool_modified_before_insert_is_detected(clickhouse: ServerInfo, tmp_path: Path) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
 
     def tamper(request: ClickHouseRequest) -> None:
@@ -266,7 +271,6 @@ def test_source_modified_before_admission_fails_clean(
 
 
 def test_receipt_replaced_during_the_attempt(clickhouse: ServerInfo, tmp_path: Path) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
     original = receipt.read_bytes()
 
@@ -287,7 +291,6 @@ def test_receipt_replaced_during_the_attempt(clickhouse: ServerInfo, tmp_path: P
 def test_preparation_deadline_fails_before_anything_remote(
     clickhouse: ServerInfo, tmp_path: Path
 ) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
     ticks = iter(range(0, 10**6, 1000))
     cfg = config(clickhouse, tmp_path / "work", preparation_seconds=1.5)
@@ -313,7 +316,6 @@ class FailingJournal(ClickHouseFileAttemptJournal):
 def test_journal_failure_never_drops_without_a_durable_intent(
     clickhouse: ServerInfo, tmp_path: Path, fail_at: int, table_left: bool
 ) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
     journal_cls = type("J", (FailingJournal,), {"fail_at": fail_at})
     cfg = config(clickhouse, tmp_path / "work")
@@ -335,7 +337,6 @@ def test_journal_failure_never_drops_without_a_durable_intent(
 
 
 def test_existing_attempt_is_refused(clickhouse: ServerInfo, tmp_path: Path) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
     sink = ClickHouseSink(config(clickhouse, tmp_path / "work"))
     sink.stage_validated_file(path, receipt, attempt_id="twice-1")
@@ -396,7 +397,10 @@ def test_server_stopped_mid_insert_retains_everything(kind: str, tmp_path: Path)
     assert (attempt_dir / "spool" / "data.rowbinary").exists()  # retained for the operator
     [summary] = list_attempts(tmp_path / "work")
     assert summary.needs_operator and summary.state == "retained_unknown"
-    assert summary.inventory["table"] == {"database": DB, "table": f"dpone_stage_victim_h{kind}"}
+    assert summary.table_uuid is not None
+    assert summary.inventory["table"] == {
+        "database": DB, "table": f"dpone_stage_victim_h{kind}", "uuid": summary.table_uuid,
+    }  # fmt: skip
     assert summary.sent_mutations[-1] == f"dpone-b02-victim-{kind}-insert"
 
 
@@ -405,7 +409,6 @@ def test_lost_insert_acknowledgment_is_proven_before_cleanup(
 ) -> None:
     from dpone.connectors.clickhouse_errors import OutcomeUnknown
 
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
     cfg = config(clickhouse, tmp_path / "work")
     inner: Any = build_transport(cfg)
@@ -445,7 +448,6 @@ def test_lost_insert_acknowledgment_is_proven_before_cleanup(
 
 
 def test_verification_deadline_after_the_insert(clickhouse: ServerInfo, tmp_path: Path) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
     now = [0.0]
 
@@ -472,7 +474,6 @@ def test_loading_deadline_expires_mid_insert_and_stays_unknown(
 ) -> None:
     from dpone.connectors.clickhouse_http import HttpTransport
 
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
     now = [0.0]
     sending = [False]
@@ -507,7 +508,6 @@ def test_loading_deadline_expires_mid_insert_and_stays_unknown(
 def test_decoder_and_finalizer_of_the_bundle(clickhouse: ServerInfo, tmp_path: Path) -> None:
     from dpone.runtime.clickhouse_staging_composition import build_clickhouse_staging_components
 
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, data = export_hostile(tmp_path)
     components = build_clickhouse_staging_components(config(clickhouse, tmp_path / "work"))
     loaded = components.decoder.load(receipt)

@@ -22,7 +22,7 @@ from dpone.localserver import ServerInfo
 from dpone.runtime.attempt_recovery import list_attempts
 from tests import chhttp
 from tests.e2e.test_cli_server import dpone
-from tests.integration.test_staging import DB, export_hostile
+from tests.integration.test_staging import DB, create_databases, export_hostile
 
 CHILD = textwrap.dedent(
     f"""
@@ -54,7 +54,7 @@ CHILD = textwrap.dedent(
 # 5 verifying, 6 staged.
 @pytest.mark.parametrize("crash_after", [1, 2, 3, 4, 5, 6])
 def test_crash_after_each_event(clickhouse: ServerInfo, tmp_path: Path, crash_after: int) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    create_databases(clickhouse.http_port)
     path, receipt, _data = export_hostile(tmp_path)
     work = tmp_path / "work"
     attempt = f"crash-{crash_after}"
@@ -102,7 +102,7 @@ def test_crash_after_each_event(clickhouse: ServerInfo, tmp_path: Path, crash_af
 
 
 def test_cleanup_refuses_a_table_that_is_not_owned(clickhouse: ServerInfo, tmp_path: Path) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    create_databases(clickhouse.http_port)
     path, receipt, _ = export_hostile(tmp_path)
     work = tmp_path / "work"
     child = subprocess.run(

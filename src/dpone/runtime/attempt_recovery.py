@@ -17,6 +17,7 @@ verified, a durable intent, its own query id (``-discard``), removal verified.
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -55,7 +56,7 @@ class SentMutation:
 
     query_id: str
     kind: str
-    not_after: float | None  # wall time after which it can no longer have been sent
+    not_after_ms: int | None  # wall time after which it can no longer have been sent
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
             window = doc.get("dispatch") or {}
             sent.append(
                 SentMutation(
-                    str(query["query_id"]), str(query.get("kind")), window.get("not_after")
+                    str(query["query_id"]), str(query.get("kind")), window.get("not_after_ms")
                 )
             )
         if isinstance(doc.get("settled"), dict):
@@ -200,13 +201,13 @@ class _Operator:
         proofs: list[dict[str, Any]] = []
         started: float | None = None
         for sent in self.summary.unsettled:
-            if sent.not_after is not None:
+            if sent.not_after_ms is not None:
                 if started is None:
                     started = observe_server_start(self.transport, query_id=self.read_id("uptime"),
                                                    deadline=self.deadline, wall_clock=self.wall_clock)  # fmt: skip
-                if started > sent.not_after:
+                if started * 1000 > sent.not_after_ms:
                     proofs.append({"query_id": sent.query_id, "termination": "server_restart",
-                                   "source": "uptime", "server_started_after": started})  # fmt: skip
+                                   "source": "uptime", "server_started_after_ms": math.floor(started * 1000)})  # fmt: skip
                     continue
             state = prove_termination(self.transport, sent.query_id, probe_prefix=self.read_id("termination"),
                                       deadline=self.deadline)  # fmt: skip

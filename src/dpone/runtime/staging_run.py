@@ -3,7 +3,7 @@
 ``AttemptRun`` writes every event of an attempt: it moves the state machine (never
 implicitly), keeps the base fields every event carries, and records how each sent
 mutation settled. A mutation's intent carries its dispatch window on this machine's
-wall clock (``not_before``, ``not_after``): the transport never starts sending after
+wall clock (``not_before_ms``, ``not_after_ms``): the transport never starts sending after
 the request deadline, so a server that started after ``not_after`` cannot be running
 it. The first event after a mutation returns (or fails with a settled outcome)
 carries ``settled`` with its query id: acknowledged mutations need no further proof.
@@ -11,6 +11,7 @@ carries ``settled`` with its query id: acknowledged mutations need no further pr
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -92,10 +93,12 @@ class AttemptRun:
         self, state: StageState, kind: str, query_id: str, window_seconds: float, **fields: Any
     ) -> JournalEvent:
         """The durable intent of one mutation, with its dispatch window."""
+        # Milliseconds since the epoch (canonical JSON has no floats), rounded outward.
         now = self.wall_clock()
+        window = {"not_before_ms": math.floor(now * 1000),
+                  "not_after_ms": math.ceil((now + window_seconds) * 1000)}  # fmt: skip
         event = self.event(state, "drop_intent" if kind in ("drop", "discard") else "intent",
-                           query={"kind": kind, "query_id": query_id},
-                           dispatch={"not_before": now, "not_after": now + window_seconds}, **fields)  # fmt: skip
+                           query={"kind": kind, "query_id": query_id}, dispatch=window, **fields)  # fmt: skip
         self.in_flight = query_id
         return event
 
