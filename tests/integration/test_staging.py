@@ -219,7 +219,9 @@ def test_table_altered_between_checks_is_refused(clickhouse: ServerInfo, tmp_pat
         )
     assert caught.value.code == "table_identity_mismatch"
     assert "columns differ" in str(caught.value)
-    assert not table_exists(clickhouse, "dpone_stage_altered_h1")  # ours (comment, UUID) and dropped
+    assert not table_exists(
+        clickhouse, "dpone_stage_altered_h1"
+    )  # ours (comment, UUID) and dropped
 
 
 def test_source_modified_during_insert_is_detected(clickhouse: ServerInfo, tmp_path: Path) -> None:

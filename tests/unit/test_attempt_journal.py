@@ -108,7 +108,7 @@ def test_failing_fsync_does_not_advance_and_the_next_event_repairs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     journal = journal_with(tmp_path, 1)
-    monkeypatch.setattr(journal_module.os, "fsync", failing_once(os.fsync))
+    monkeypatch.setattr("dpone.adapters.file_attempt_journal.os.fsync", failing_once(os.fsync))
     with pytest.raises(JournalError) as caught:
         journal.record({"state": "checking", "outcome": "lost"})
     monkeypatch.undo()

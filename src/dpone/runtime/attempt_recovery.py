@@ -18,6 +18,7 @@ verified, a durable intent, its own query id (``-discard``), removal verified.
 from __future__ import annotations
 
 import math
+import shlex
 import shutil
 import time
 from collections.abc import Callable
@@ -149,6 +150,35 @@ def list_attempts(work_dir: Path) -> list[AttemptSummary]:
     return [
         summarize(d, read_events(d)) for d in sorted(work_dir.iterdir()) if (d / "events").is_dir()
     ]
+
+
+def left_behind(last: dict[str, Any], journal: Path) -> dict[str, str]:
+    """What a failed attempt left, from its last event: table, spool, journal."""
+    remains: dict[str, str] = {}
+    inventory = last.get("cleanup_inventory") or {}
+    table = inventory.get("table")
+    if isinstance(table, dict):
+        uuid = f" (uuid {table['uuid']})" if table.get("uuid") else ""
+        remains["table"] = f"{table.get('database')}.{table.get('table')}{uuid}, may exist"
+    if inventory.get("table_not_owned"):
+        remains["table not proven ours"] = str(inventory["table_not_owned"])
+    if inventory.get("spool"):
+        remains["spool"] = str(inventory["spool"])
+    remains["journal"] = str(journal)
+    return remains
+
+
+def finishing_command(state: str, attempt_id: str, work_dir: Path, database: str) -> str | None:
+    """The command that finishes what an attempt in ``state`` left (None: nothing to do).
+
+    Server options (``--host``, ``--http-port``, ...) are the ones the stage used.
+    """
+    verb = {"staged": "discard", "failed_cleaned": None, "discarded": None}.get(state, "cleanup")
+    if verb is None:
+        return None
+    return shlex.join(
+        ["dpone", "attempts", verb, attempt_id, "--work-dir", str(work_dir), "--database", database]
+    )
 
 
 class _Operator:
