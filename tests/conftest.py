@@ -14,6 +14,10 @@ from dpone.localserver import LocalServer, ServerInfo, ServerUser
 
 READER_PASSWORD = "reader-secret-Δ-42"
 TEST_DATABASE = "dpone_test"
+# A user who may stage into one database and nothing else; its password is searched for
+# in every file a stage writes.
+STAGER_PASSWORD = "stager-Pw-9f3c1e-secret"
+STAGING_DATABASE = "staging_db"
 
 SESSION_USERS = (
     ServerUser("default"),
@@ -23,6 +27,15 @@ SESSION_USERS = (
         grants=(f"GRANT SELECT ON {TEST_DATABASE}.*",),
     ),
     ServerUser("nobody", password="nobody-secret", grants=()),
+    ServerUser(
+        "stager",
+        password=STAGER_PASSWORD,
+        grants=(
+            f"GRANT SELECT, INSERT, CREATE TABLE, DROP TABLE ON {STAGING_DATABASE}.*",
+            "GRANT SHOW DATABASES ON _dpone_identity.*",
+            "GRANT TABLE ENGINE ON MergeTree",
+        ),
+    ),
 )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal, read_events
+from dpone.adapters.file_attempt_journal import read_events
 from dpone.connectors.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
 from dpone.connectors.clickhouse_result import QueryResult
 from dpone.errors import DponeError, JournalError
@@ -270,72 +270,6 @@ def test_source_modified_before_admission_fails_clean(
         )
     assert caught.value.code == "artifact_size_mismatch"
     assert states(tmp_path / "work" / "early-1") == ["failed_cleaned"]
-
-
-def test_receipt_replaced_during_the_attempt(clickhouse: ServerInfo, tmp_path: Path) -> None:
-    path, receipt, _ = export_hostile(tmp_path)
-    original = receipt.read_bytes()
-
-    def replace_receipt(request: ClickHouseRequest) -> None:
-        if request.query_id.endswith("-insert"):
-            receipt.write_bytes(
-                original.replace(b'"validator_version"', b'"validator_version"')
-            )  # same bytes,
-            os.replace(receipt, tmp_path / "moved.json")  # but the file itself is gone
-
-    with pytest.raises(DponeError) as caught:
-        service(clickhouse, tmp_path / "work", replace_receipt).stage(
-            ContractValidatedFileArtifact(path, receipt), "receipt-1"
-        )
-    assert caught.value.code == "receipt_replaced"
-
-
-def test_preparation_deadline_fails_before_anything_remote(
-    clickhouse: ServerInfo, tmp_path: Path
-) -> None:
-    path, receipt, _ = export_hostile(tmp_path)
-    ticks = iter(range(0, 10**6, 1000))
-    cfg = config(clickhouse, tmp_path / "work", preparation_seconds=1.5)
-    svc = ClickHouseValidatedFileService(build_transport(cfg), DB, tmp_path / "work", policy=cfg.policy,
-                                         clock=lambda: float(next(ticks)))  # fmt: skip
-    with pytest.raises(DponeError) as caught:
-        svc.stage(ContractValidatedFileArtifact(path, receipt), "deadline-1")
-    assert "deadline" in caught.value.code
-    assert states(tmp_path / "work" / "deadline-1")[-1] == "failed_cleaned"
-    assert not table_exists(clickhouse, "dpone_stage_deadline_h1")
-
-
-class FailingJournal(ClickHouseFileAttemptJournal):
-    fail_at = 0
-
-    def record(self, fields: Any) -> Any:
-        if self.sequence + 1 == self.fail_at:
-            raise JournalError("disk full (simulated)", code="journal_write_failed")
-        return super().record(fields)
-
-
-@pytest.mark.parametrize(("fail_at", "table_left"), [(3, False), (4, True), (5, True), (6, True)])
-def test_journal_failure_never_drops_without_a_durable_intent(
-    clickhouse: ServerInfo, tmp_path: Path, fail_at: int, table_left: bool
-) -> None:
-    path, receipt, _ = export_hostile(tmp_path)
-    journal_cls = type("J", (FailingJournal,), {"fail_at": fail_at})
-    cfg = config(clickhouse, tmp_path / "work")
-    svc = ClickHouseValidatedFileService(
-        build_transport(cfg), DB, tmp_path / "work", policy=cfg.policy, journal_factory=journal_cls
-    )
-    attempt = f"journal-{fail_at}"
-    with pytest.raises(JournalError):
-        svc.stage(ContractValidatedFileArtifact(path, receipt), attempt)
-    # Event 3 is the CREATE intent: without it nothing is created. Later failures leave
-    # the table (no durable DROP intent can be written) and the journal still verifies.
-    assert table_exists(clickhouse, f"dpone_stage_{attempt.replace('-', '_h')}") is table_left
-    events = read_events(tmp_path / "work" / attempt)
-    assert len(events) == fail_at - 1
-    # No terminal record could be written, so an operator is always asked to look.
-    assert any(
-        a.attempt_id == attempt and a.needs_operator for a in list_attempts(tmp_path / "work")
-    )
 
 
 def test_existing_attempt_is_refused(clickhouse: ServerInfo, tmp_path: Path) -> None:

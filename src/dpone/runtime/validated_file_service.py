@@ -28,6 +28,7 @@ from typing import Any
 
 from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal
 from dpone.connectors.bulk_text_codec import CODEC_ID, CODEC_VERSION
+from dpone.connectors.clickhouse_errors import ClickHouseServerError
 from dpone.connectors.clickhouse_request import (
     check_attempt_id,
     mutation,
@@ -44,6 +45,7 @@ from dpone.connectors.clickhouse_tables import (
 )
 from dpone.connectors.endpoint_identity import (
     NIL_UUID,
+    EndpointIdentityError,
     observe_identity,
     observe_principal,
 )
@@ -76,6 +78,7 @@ from dpone.sql import quote_identifier, quote_literal
 from dpone.typepolicy import POLICY_ID, POLICY_VERSION, plan_columns
 
 S = StageState
+UNKNOWN_DATABASE = 81  # ClickHouse's error code
 # check_types(columns): refuses (name, ClickHouse type) pairs the transport cannot send.
 TypeCheck = Callable[[Sequence[tuple[str, str]]], None]
 
@@ -172,8 +175,18 @@ class ClickHouseValidatedFileService:
     def _preflight(self, run: AttemptRun, deadline: float) -> None:
         """Before the file is even scanned: who we are and where we stage (reads only,
         except the one-time creation of a Nil-UUID server's identity)."""
-        principal = observe_principal(self.transport, self.user, probe_prefix=self._read_id(run, "principal"),
-                                      deadline=self._bounded(deadline))  # fmt: skip
+        try:
+            principal = observe_principal(self.transport, self.user, probe_prefix=self._read_id(run, "principal"),
+                                          deadline=self._bounded(deadline))  # fmt: skip
+        except ClickHouseServerError as exc:
+            # The transport names the database on every request: the first one says so.
+            if exc.details.get("clickhouse_code") != UNKNOWN_DATABASE:
+                raise
+            raise EndpointIdentityError(
+                f"database {self.database!r} does not exist; create it with "
+                f"CREATE DATABASE {quote_identifier(self.database)} ENGINE = Atomic",
+                code="database_missing", database=self.database,
+            ) from exc  # fmt: skip
         if principal["user_uuid"] is None:
             principal["user_uuid"] = self.user_uuid
         run.base["principal"] = principal
