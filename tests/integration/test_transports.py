@@ -297,7 +297,9 @@ def test_endpoint_identity_on_the_managed_server(clickhouse: ServerInfo) -> None
     t = make_transport("http", clickhouse)
     chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     # Creating the identity is a journaled mutation of staging; here it exists already.
-    chhttp.query(clickhouse.http_port, "CREATE DATABASE IF NOT EXISTS _dpone_identity ENGINE = Atomic")
+    chhttp.query(
+        clickhouse.http_port, "CREATE DATABASE IF NOT EXISTS _dpone_identity ENGINE = Atomic"
+    )
     first = observe_identity(t, DB, probe_prefix="ident-1", deadline=soon())
     second = observe_identity(t, DB, probe_prefix="ident-2", deadline=soon())
     assert first == second
