@@ -16,6 +16,10 @@ from tests import chhttp
 READER_PASSWORD = "reader-secret-Δ-42"
 TEST_DATABASE = "dpone_test"
 CATALOG_PASSWORD = "catalog-secret-7"
+# A user who may stage into one database and nothing else; its password is searched for
+# in every file a stage writes.
+STAGER_PASSWORD = "stager-Pw-9f3c1e-secret"
+STAGING_DATABASE = "staging_db"
 
 SESSION_USERS = (
     ServerUser("default"),
@@ -44,6 +48,15 @@ SESSION_USERS = (
             "GRANT ALTER UPDATE ON dpone_cat_table.target_t",
             "GRANT INSERT ON dpone_cat_prefix.gen_*",
             "GRANT TRUNCATE ON dpone_cat_dbpre*.*",
+        ),
+    ),
+    ServerUser(
+        "stager",
+        password=STAGER_PASSWORD,
+        grants=(
+            f"GRANT SELECT, INSERT, CREATE TABLE, DROP TABLE ON {STAGING_DATABASE}.*",
+            "GRANT SHOW DATABASES ON _dpone_identity.*",
+            "GRANT TABLE ENGINE ON MergeTree",
         ),
     ),
 )

@@ -19,9 +19,9 @@ def test_stage_through_the_cli(tmp_path: Path) -> None:
                      "--database", "stg", "--data-dir", str(tmp_path / "ch"), "--attempt-id", "cli-1", "--json")  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
         staged = as_json(done)
-        assert staged["rows"] == len(data) and staged["table"] == "dpone_stage_cli_1"
+        assert staged["rows"] == len(data) and staged["table"] == "dpone_stage_cli_h1"
         assert (
-            chhttp.query(server["http_port"], "SELECT count() FROM stg.dpone_stage_cli_1")
+            chhttp.query(server["http_port"], "SELECT count() FROM stg.dpone_stage_cli_h1")
             == f"{len(data)}\n"
         )
         fast = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
@@ -31,8 +31,8 @@ def test_stage_through_the_cli(tmp_path: Path) -> None:
         assert as_json(fast)["rows"] == len(data)
         same = chhttp.query(
             server["http_port"],
-            "SELECT (SELECT groupArray(cityHash64(*)) FROM (SELECT * FROM stg.dpone_stage_cli_1 ORDER BY id, txt, bin)) = "
-            "(SELECT groupArray(cityHash64(*)) FROM (SELECT * FROM stg.dpone_stage_cli_2 ORDER BY id, txt, bin))",
+            "SELECT (SELECT groupArray(cityHash64(*)) FROM (SELECT * FROM stg.dpone_stage_cli_h1 ORDER BY id, txt, bin)) = "
+            "(SELECT groupArray(cityHash64(*)) FROM (SELECT * FROM stg.dpone_stage_cli_h2 ORDER BY id, txt, bin))",
         )
         assert same == "1\n"  # both converters staged the same values
         shown = dpone("journal", "show", staged["journal"])

@@ -23,10 +23,10 @@ from dpone.adapters.clickhouse_snapshot_catalog import (
 from dpone.connectors.clickhouse_errors import ClickHouseServerError
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_request import Credentials, Endpoint, mutation
+from dpone.connectors.clickhouse_tables import ownership_comment, staging_table_name
 from dpone.contracts.preparation import rows_digest
 from dpone.localserver import LocalServer, ServerInfo, ServerUser
 from dpone.ports.composition_snapshot import Blocker, TableObservation, TargetSlot
-from dpone.runtime.validated_file_service import ownership_comment, staging_table_name
 from tests import chhttp
 from tests.conftest import CATALOG_PASSWORD, SESSION_USERS
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal, read_events
+from dpone.adapters.file_attempt_journal import read_events
 from dpone.connectors.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
 from dpone.connectors.clickhouse_result import QueryResult
 from dpone.errors import DponeError, JournalError
@@ -57,9 +57,19 @@ def config(info: ServerInfo, work: Path, kind: str = "http", **policy: Any) -> S
                          transport=kind, policy=StagingPolicy(**policy))  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def staging_database(clickhouse: ServerInfo) -> None:
+    """The Atomic database, and the server's dpone identity (so event numbers are fixed)."""
+    create_databases(clickhouse.http_port)
+
+
+def create_databases(port: int) -> None:
+    chhttp.query(port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    chhttp.query(port, "CREATE DATABASE IF NOT EXISTS _dpone_identity ENGINE = Atomic")
+
+
 @pytest.fixture
-def kind(transport_kind: str, clickhouse: ServerInfo) -> str:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+def kind(transport_kind: str) -> str:
     return transport_kind
 
 
@@ -116,7 +126,6 @@ def test_hostile_values_stage_and_read_back_equal(
 def test_empty_input_is_not_submitted_and_counted_zero(
     clickhouse: ServerInfo, tmp_path: Path
 ) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path, rows=0)
     staged = ClickHouseSink(config(clickhouse, tmp_path / "work")).stage_validated_file(
         path, receipt, attempt_id="empty-1"
@@ -175,7 +184,6 @@ def fake_count(output: bytes) -> Callable[[ClickHouseRequest], QueryResult | Non
 def test_wrong_counts_fail_and_clean_up(
     clickhouse: ServerInfo, tmp_path: Path, output: bytes, code: str
 ) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, data = export_hostile(tmp_path)
     if b"87" in output:
         output = output.replace(b"87", str(len(data)).encode())
@@ -185,13 +193,12 @@ def test_wrong_counts_fail_and_clean_up(
         svc.stage(ContractValidatedFileArtifact(path, receipt), attempt)
     assert caught.value.code == code
     assert caught.value.details["last_event"]["state"] == "failed_cleaned"
-    assert not table_exists(clickhouse, f"dpone_stage_{attempt.replace('-', '_')}")
+    assert not table_exists(clickhouse, f"dpone_stage_{attempt.replace('-', '_h')}")
     assert states(tmp_path / "work" / attempt)[-3:] == ["cleanup", "cleanup", "failed_cleaned"]
     assert not (tmp_path / "work" / attempt / "spool").exists()
 
 
 def test_table_altered_between_checks_is_refused(clickhouse: ServerInfo, tmp_path: Path) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
 
     seen = 0
@@ -203,7 +210,7 @@ def test_table_altered_between_checks_is_refused(clickhouse: ServerInfo, tmp_pat
             if seen == 2:  # after the INSERT, before the second identity check
                 chhttp.query(
                     clickhouse.http_port,
-                    f"ALTER TABLE {DB}.dpone_stage_altered_1 ADD COLUMN extra Int8",
+                    f"ALTER TABLE {DB}.dpone_stage_altered_h1 ADD COLUMN extra Int8",
                 )
 
     with pytest.raises(DponeError) as caught:
@@ -212,11 +219,12 @@ def test_table_altered_between_checks_is_refused(clickhouse: ServerInfo, tmp_pat
         )
     assert caught.value.code == "table_identity_mismatch"
     assert "columns differ" in str(caught.value)
-    assert not table_exists(clickhouse, "dpone_stage_altered_1")  # ours (comment, UUID) and dropped
+    assert not table_exists(
+        clickhouse, "dpone_stage_altered_h1"
+    )  # ours (comment, UUID) and dropped
 
 
 def test_source_modified_during_insert_is_detected(clickhouse: ServerInfo, tmp_path: Path) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
 
     def tamper(request: ClickHouseRequest) -> None:
@@ -230,11 +238,10 @@ def test_source_modified_during_insert_is_detected(clickhouse: ServerInfo, tmp_p
         )
     assert caught.value.code == "artifact_hash_mismatch"
     assert states(tmp_path / "work" / "tamper-1")[-1] == "failed_cleaned"
-    assert not table_exists(clickhouse, "dpone_stage_tamper_1")
+    assert not table_exists(clickhouse, "dpone_stage_tamper_h1")
 
 
 def test_spool_modified_before_insert_is_detected(clickhouse: ServerInfo, tmp_path: Path) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
 
     def tamper(request: ClickHouseRequest) -> None:
@@ -248,7 +255,7 @@ def test_spool_modified_before_insert_is_detected(clickhouse: ServerInfo, tmp_pa
             ContractValidatedFileArtifact(path, receipt), "spool-1"
         )
     assert caught.value.code == "sent_bytes_mismatch"
-    assert not table_exists(clickhouse, "dpone_stage_spool_1")
+    assert not table_exists(clickhouse, "dpone_stage_spool_h1")
 
 
 def test_source_modified_before_admission_fails_clean(
@@ -265,77 +272,7 @@ def test_source_modified_before_admission_fails_clean(
     assert states(tmp_path / "work" / "early-1") == ["failed_cleaned"]
 
 
-def test_receipt_replaced_during_the_attempt(clickhouse: ServerInfo, tmp_path: Path) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
-    path, receipt, _ = export_hostile(tmp_path)
-    original = receipt.read_bytes()
-
-    def replace_receipt(request: ClickHouseRequest) -> None:
-        if request.query_id.endswith("-insert"):
-            receipt.write_bytes(
-                original.replace(b'"validator_version"', b'"validator_version"')
-            )  # same bytes,
-            os.replace(receipt, tmp_path / "moved.json")  # but the file itself is gone
-
-    with pytest.raises(DponeError) as caught:
-        service(clickhouse, tmp_path / "work", replace_receipt).stage(
-            ContractValidatedFileArtifact(path, receipt), "receipt-1"
-        )
-    assert caught.value.code == "receipt_replaced"
-
-
-def test_preparation_deadline_fails_before_anything_remote(
-    clickhouse: ServerInfo, tmp_path: Path
-) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
-    path, receipt, _ = export_hostile(tmp_path)
-    ticks = iter(range(0, 10**6, 1000))
-    cfg = config(clickhouse, tmp_path / "work", preparation_seconds=1.5)
-    svc = ClickHouseValidatedFileService(build_transport(cfg), DB, tmp_path / "work", policy=cfg.policy,
-                                         clock=lambda: float(next(ticks)))  # fmt: skip
-    with pytest.raises(DponeError) as caught:
-        svc.stage(ContractValidatedFileArtifact(path, receipt), "deadline-1")
-    assert "deadline" in caught.value.code
-    assert states(tmp_path / "work" / "deadline-1")[-1] == "failed_cleaned"
-    assert not table_exists(clickhouse, "dpone_stage_deadline_1")
-
-
-class FailingJournal(ClickHouseFileAttemptJournal):
-    fail_at = 0
-
-    def record(self, fields: Any) -> Any:
-        if self.sequence + 1 == self.fail_at:
-            raise JournalError("disk full (simulated)", code="journal_write_failed")
-        return super().record(fields)
-
-
-@pytest.mark.parametrize(("fail_at", "table_left"), [(3, False), (4, True), (5, True), (6, True)])
-def test_journal_failure_never_drops_without_a_durable_intent(
-    clickhouse: ServerInfo, tmp_path: Path, fail_at: int, table_left: bool
-) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
-    path, receipt, _ = export_hostile(tmp_path)
-    journal_cls = type("J", (FailingJournal,), {"fail_at": fail_at})
-    cfg = config(clickhouse, tmp_path / "work")
-    svc = ClickHouseValidatedFileService(
-        build_transport(cfg), DB, tmp_path / "work", policy=cfg.policy, journal_factory=journal_cls
-    )
-    attempt = f"journal-{fail_at}"
-    with pytest.raises(JournalError):
-        svc.stage(ContractValidatedFileArtifact(path, receipt), attempt)
-    # Event 3 is the CREATE intent: without it nothing is created. Later failures leave
-    # the table (no durable DROP intent can be written) and the journal still verifies.
-    assert table_exists(clickhouse, f"dpone_stage_{attempt.replace('-', '_')}") is table_left
-    events = read_events(tmp_path / "work" / attempt)
-    assert len(events) == fail_at - 1
-    # No terminal record could be written, so an operator is always asked to look.
-    assert any(
-        a.attempt_id == attempt and a.needs_operator for a in list_attempts(tmp_path / "work")
-    )
-
-
 def test_existing_attempt_is_refused(clickhouse: ServerInfo, tmp_path: Path) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
     sink = ClickHouseSink(config(clickhouse, tmp_path / "work"))
     sink.stage_validated_file(path, receipt, attempt_id="twice-1")
@@ -396,7 +333,10 @@ def test_server_stopped_mid_insert_retains_everything(kind: str, tmp_path: Path)
     assert (attempt_dir / "spool" / "data.rowbinary").exists()  # retained for the operator
     [summary] = list_attempts(tmp_path / "work")
     assert summary.needs_operator and summary.state == "retained_unknown"
-    assert summary.inventory["table"] == {"database": DB, "table": f"dpone_stage_victim_{kind}"}
+    assert summary.table_uuid is not None
+    assert summary.inventory["table"] == {
+        "database": DB, "table": f"dpone_stage_victim_h{kind}", "uuid": summary.table_uuid,
+    }  # fmt: skip
     assert summary.sent_mutations[-1] == f"dpone-b02-victim-{kind}-insert"
 
 
@@ -405,7 +345,6 @@ def test_lost_insert_acknowledgment_is_proven_before_cleanup(
 ) -> None:
     from dpone.connectors.clickhouse_errors import OutcomeUnknown
 
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
     cfg = config(clickhouse, tmp_path / "work")
     inner: Any = build_transport(cfg)
@@ -440,12 +379,11 @@ def test_lost_insert_acknowledgment_is_proven_before_cleanup(
         "terminal",
     ]
     assert events[-1]["state"] == "failed_cleaned"
-    assert not table_exists(clickhouse, "dpone_stage_lost_ack_1")
+    assert not table_exists(clickhouse, "dpone_stage_lost_hack_h1")
     assert phases and phases[-1][0] == "loading"
 
 
 def test_verification_deadline_after_the_insert(clickhouse: ServerInfo, tmp_path: Path) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
     now = [0.0]
 
@@ -464,7 +402,7 @@ def test_verification_deadline_after_the_insert(clickhouse: ServerInfo, tmp_path
     # The COUNT request finds the verification deadline already spent and is never sent.
     assert caught.value.code == "transport_deadline" and caught.value.details["submitted"] is False
     assert states(tmp_path / "work" / "late-verify-1")[-1] == "failed_cleaned"
-    assert not table_exists(clickhouse, "dpone_stage_late_verify_1")
+    assert not table_exists(clickhouse, "dpone_stage_late_hverify_h1")
 
 
 def test_loading_deadline_expires_mid_insert_and_stays_unknown(
@@ -472,7 +410,6 @@ def test_loading_deadline_expires_mid_insert_and_stays_unknown(
 ) -> None:
     from dpone.connectors.clickhouse_http import HttpTransport
 
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
     now = [0.0]
     sending = [False]
@@ -500,14 +437,13 @@ def test_loading_deadline_expires_mid_insert_and_stays_unknown(
     # entry. Without evidence the outcome stays unknown and everything is retained.
     assert observed["remote"]["termination"] == "unknown"
     assert events[-1]["state"] == "retained_unknown"
-    assert table_exists(clickhouse, "dpone_stage_late_load_1")
+    assert table_exists(clickhouse, "dpone_stage_late_hload_h1")
     assert (tmp_path / "work" / "late-load-1" / "spool" / "data.rowbinary").exists()
 
 
 def test_decoder_and_finalizer_of_the_bundle(clickhouse: ServerInfo, tmp_path: Path) -> None:
     from dpone.runtime.clickhouse_staging_composition import build_clickhouse_staging_components
 
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, data = export_hostile(tmp_path)
     components = build_clickhouse_staging_components(config(clickhouse, tmp_path / "work"))
     loaded = components.decoder.load(receipt)
@@ -520,8 +456,8 @@ def test_decoder_and_finalizer_of_the_bundle(clickhouse: ServerInfo, tmp_path: P
     )
     impostor = dataclasses.replace(staged, uuid="00000000-0000-0000-0000-000000000001")
     with pytest.raises(DponeError) as refused:
-        components.finalizer.discard(impostor, "bundle-1-discard")
+        components.finalizer.discard(impostor)
     assert refused.value.code == "ownership_unverified"
     assert table_exists(clickhouse, staged.table)  # nothing dropped on a mismatch
-    components.finalizer.discard(staged, "bundle-1-discard")
+    components.finalizer.discard(staged)
     assert not table_exists(clickhouse, staged.table)

@@ -22,7 +22,7 @@ from dpone.localserver import ServerInfo
 from dpone.runtime.attempt_recovery import list_attempts
 from tests import chhttp
 from tests.e2e.test_cli_server import dpone
-from tests.integration.test_staging import DB, export_hostile
+from tests.integration.test_staging import DB, create_databases, export_hostile
 
 CHILD = textwrap.dedent(
     f"""
@@ -54,11 +54,11 @@ CHILD = textwrap.dedent(
 # 5 verifying, 6 staged.
 @pytest.mark.parametrize("crash_after", [1, 2, 3, 4, 5, 6])
 def test_crash_after_each_event(clickhouse: ServerInfo, tmp_path: Path, crash_after: int) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    create_databases(clickhouse.http_port)
     path, receipt, _data = export_hostile(tmp_path)
     work = tmp_path / "work"
     attempt = f"crash-{crash_after}"
-    table = f"dpone_stage_crash_{crash_after}"
+    table = f"dpone_stage_crash_h{crash_after}"
     child = subprocess.run(
         [sys.executable, "-c", CHILD, str(clickhouse.http_port), str(clickhouse.tcp_port), str(work),
          str(path), str(receipt), attempt, str(crash_after)],
@@ -102,7 +102,7 @@ def test_crash_after_each_event(clickhouse: ServerInfo, tmp_path: Path, crash_af
 
 
 def test_cleanup_refuses_a_table_that_is_not_owned(clickhouse: ServerInfo, tmp_path: Path) -> None:
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    create_databases(clickhouse.http_port)
     path, receipt, _ = export_hostile(tmp_path)
     work = tmp_path / "work"
     child = subprocess.run(
@@ -112,14 +112,14 @@ def test_cleanup_refuses_a_table_that_is_not_owned(clickhouse: ServerInfo, tmp_p
     )  # fmt: skip
     assert child.returncode == -9
     # Someone replaces the staging table with their own under the same name.
-    chhttp.query(clickhouse.http_port, f"DROP TABLE {DB}.dpone_stage_swap_1")
+    chhttp.query(clickhouse.http_port, f"DROP TABLE {DB}.dpone_stage_swap_h1")
     chhttp.query(
         clickhouse.http_port,
-        f"CREATE TABLE {DB}.dpone_stage_swap_1 (id Int64 COMMENT 'theirs') ENGINE = Memory",
+        f"CREATE TABLE {DB}.dpone_stage_swap_h1 (id Int64 COMMENT 'theirs') ENGINE = Memory",
     )
     cleaned = dpone("attempts", "cleanup", "swap-1", "--work-dir", str(work), "--database", DB,
                     "--host", "127.0.0.1", "--http-port", str(clickhouse.http_port),
                     "--tcp-port", str(clickhouse.tcp_port), "--json")  # fmt: skip
     assert cleaned.returncode == 1
     assert json.loads(cleaned.stdout)["error"]["code"] == "ownership_unverified"
-    assert chhttp.query(clickhouse.http_port, f"EXISTS TABLE {DB}.dpone_stage_swap_1") == "1\n"
+    assert chhttp.query(clickhouse.http_port, f"EXISTS TABLE {DB}.dpone_stage_swap_h1") == "1\n"

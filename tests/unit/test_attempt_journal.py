@@ -6,13 +6,21 @@ import itertools
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal, read_events
+from dpone.adapters import file_attempt_journal as journal_module
+from dpone.adapters.file_attempt_journal import (
+    ClickHouseFileAttemptJournal,
+    read_events,
+    verify_journal,
+)
+from dpone.durable_files import fsync_directory
 from dpone.errors import JournalError, StateError
-from dpone.runtime.staging_states import StageState, check_transition
+from dpone.runtime.staging_states import StageState, check_reentry, check_transition
 
 
 def journal_with(tmp_path: Path, n: int = 3) -> ClickHouseFileAttemptJournal:
@@ -82,20 +90,125 @@ def test_unfinished_last_publication_is_not_an_event(tmp_path: Path) -> None:
     assert [e.sequence for e in read_events(journal.attempt_dir)] == [1, 2]
 
 
-def test_failed_write_does_not_advance_and_leaves_no_event(tmp_path: Path) -> None:
+def failing_once(real: Callable[..., Any], fail_on: int = 1) -> Callable[..., Any]:
+    """``real``, except that its ``fail_on``-th call raises (a disk that fails once)."""
+    calls = 0
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == fail_on:
+            raise OSError(5, "Input/output error (simulated)")
+        return real(*args, **kwargs)
+
+    return call
+
+
+def test_failing_fsync_does_not_advance_and_the_next_event_repairs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     journal = journal_with(tmp_path, 1)
-    os.chmod(journal.events_dir, 0o500)
-    try:
-        if os.geteuid() == 0:
-            (
-                journal.events_dir / "000002"
-            ).mkdir()  # root ignores modes: block the sequence instead
-        with pytest.raises(JournalError) as caught:
-            journal.record({"state": "checking"})
-    finally:
-        os.chmod(journal.events_dir, 0o700)
+    monkeypatch.setattr("dpone.adapters.file_attempt_journal.os.fsync", failing_once(os.fsync))
+    with pytest.raises(JournalError) as caught:
+        journal.record({"state": "checking", "outcome": "lost"})
+    monkeypatch.undo()
     assert caught.value.code == "journal_write_failed"
+    assert "Input/output error" in str(caught.value)
     assert (journal.sequence, len(read_events(journal.attempt_dir))) == (1, 1)
+    torn = journal.events_dir / "000002"
+    assert sorted(p.name for p in torn.iterdir()) == [".attempt.json.partial"]
+    # The torn publication does not block the journal: it is moved aside and named.
+    event = journal.record({"state": "checking", "outcome": "next"})
+    assert event.sequence == 2 and event.document["outcome"] == "next"
+    partial_size = (tmp_path / "a-1" / "torn" / "000002" / ".attempt.json.partial").stat().st_size
+    assert event.document["journal_repair"] == {
+        "torn_publication": {
+            "sequence": 2,
+            "found": {".attempt.json.partial": partial_size},
+            "moved_to": "torn/000002",
+        }
+    }
+    assert [e.document["outcome"] for e in read_events(journal.attempt_dir)] == [
+        "step-0",
+        "next",
+    ]
+
+
+def test_failure_after_the_link_takes_the_event_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = journal_with(tmp_path, 1)
+    monkeypatch.setattr(journal_module, "fsync_directory", failing_once(fsync_directory))
+    with pytest.raises(JournalError) as caught:
+        journal.record({"state": "checking", "outcome": "unconfirmed"})
+    monkeypatch.undo()
+    assert caught.value.code == "journal_write_failed"
+    # The link had made the event visible; its writer failed, so it was taken back.
+    assert not (journal.events_dir / "000002" / "attempt.json").exists()
+    assert len(read_events(journal.attempt_dir)) == 1
+    event = journal.record({"state": "checking", "outcome": "next"})
+    assert event.document["journal_repair"]["torn_publication"]["found"] == {}
+    assert [e.sequence for e in read_events(journal.attempt_dir)] == [1, 2]
+
+
+def test_an_event_that_could_not_be_taken_back_is_adopted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = journal_with(tmp_path, 1)
+    monkeypatch.setattr(journal_module, "fsync_directory", failing_once(fsync_directory))
+    real_unlink = Path.unlink
+
+    def unlink(self: Path, missing_ok: bool = False) -> None:
+        if self.name == "attempt.json":
+            raise OSError(30, "Read-only file system (simulated)")
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with pytest.raises(JournalError) as caught:
+        journal.record({"state": "checking", "outcome": "unconfirmed"})
+    monkeypatch.undo()
+    assert "could not be removed" in "".join(getattr(caught.value.__cause__, "__notes__", []))
+    assert journal.sequence == 1  # never advanced on an unconfirmed write
+    # Complete and chained, the event verifies: the next one adopts it and says so.
+    event = journal.record({"state": "checking", "outcome": "next"})
+    events = read_events(journal.attempt_dir)
+    assert [e.document["outcome"] for e in events] == ["step-0", "unconfirmed", "next"]
+    assert event.sequence == 3 and event.document["previous_sha256"] == events[1].sha256
+    assert event.document["journal_repair"] == {"adopted_unconfirmed_event": 2}
+
+
+def test_a_crash_left_directory_does_not_block_later_writes(tmp_path: Path) -> None:
+    journal_with(tmp_path, 2)
+    (tmp_path / "a-1" / "events" / "000003").mkdir()  # a crash right after mkdir
+    again = ClickHouseFileAttemptJournal(tmp_path, "a-1")
+    assert len(again.resume()) == 2
+    event = again.record({"state": "cleanup"})
+    assert event.sequence == 3
+    assert event.document["journal_repair"]["torn_publication"]["moved_to"] == "torn/000003"
+    assert len(read_events(again.attempt_dir)) == 3
+
+
+def test_a_renamed_journal_verifies_and_a_head_pins_its_end(tmp_path: Path) -> None:
+    journal = journal_with(tmp_path, 3)
+    head = read_events(journal.attempt_dir)[-1].sha256
+    archived = journal.attempt_dir.rename(tmp_path / "archive-of-a-1")
+    assert len(verify_journal(archived, head=head)) == 3
+    assert len(verify_journal(archived, head=head.upper())) == 3
+    shutil.rmtree(archived / "events" / "000003")  # trailing events deleted
+    assert len(read_events(archived)) == 2  # the chain alone cannot tell
+    with pytest.raises(JournalError) as caught:
+        verify_journal(archived, head=head)
+    assert caught.value.code == "journal_head_mismatch"
+    assert caught.value.details["events"] == 2
+
+
+def test_an_empty_journal_does_not_verify(tmp_path: Path) -> None:
+    journal = ClickHouseFileAttemptJournal(tmp_path, "a-1")
+    journal.open()
+    assert read_events(journal.attempt_dir) == []
+    with pytest.raises(JournalError) as caught:
+        verify_journal(journal.attempt_dir)
+    assert caught.value.code == "journal_empty"
 
 
 def test_resume_continues_the_chain(tmp_path: Path) -> None:
@@ -106,29 +219,42 @@ def test_resume_continues_the_chain(tmp_path: Path) -> None:
     assert [e.sequence for e in read_events(again.attempt_dir)] == [1, 2, 3]
 
 
-def test_state_machine() -> None:
-    s = StageState
-    path = [
-        s.CHECKING,
-        s.PREPARING,
-        s.PREPARED,
-        s.CREATING_STAGING,
-        s.LOADING,
-        s.VERIFYING,
-        s.STAGED,
-    ]
-    for a, b in itertools.pairwise(path):
+PATH = ["checking", "preparing", "prepared", "creating_staging", "loading", "verifying", "staged"]
+# Written out independently of the module: every edge the attempt itself may take.
+EDGES = set(itertools.pairwise(PATH)) | {
+    ("checking", "failed_cleaned"), ("preparing", "failed_cleaned"), ("prepared", "failed_cleaned"),
+    ("creating_staging", "cleanup"), ("loading", "cleanup"), ("verifying", "cleanup"),
+    ("cleanup", "failed_cleaned"), ("cleanup", "retained_unknown"), ("cleanup", "cleanup_failed"),
+    ("discarding", "discarded"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("current", "target"), list(itertools.product([s.value for s in StageState], repeat=2))
+)
+def test_state_machine(current: str, target: str) -> None:
+    a, b = StageState(current), StageState(target)
+    if (current, target) in EDGES:
         assert check_transition(a, b) is b
-    for source in (s.CREATING_STAGING, s.LOADING, s.VERIFYING):
-        assert check_transition(source, s.CLEANUP) is s.CLEANUP
-    for end in (s.FAILED_CLEANED, s.RETAINED_UNKNOWN, s.CLEANUP_FAILED):
-        assert check_transition(s.CLEANUP, end) is end
-    for bad in [
-        (s.CHECKING, s.LOADING),
-        (s.STAGED, s.CLEANUP),
-        (s.PREPARED, s.RETAINED_UNKNOWN),
-        (s.LOADING, s.STAGED),
-        (s.RETAINED_UNKNOWN, s.FAILED_CLEANED),
-    ]:
+    else:
         with pytest.raises(StateError):
-            check_transition(*bad)
+            check_transition(a, b)
+
+
+@pytest.mark.parametrize("current", [s.value for s in StageState])
+def test_reentry(current: str) -> None:
+    """An operator may clean up what needs one; only a staged table may be discarded."""
+    state = StageState(current)
+    needs = current in ("retained_unknown", "cleanup_failed") or current not in (
+        "staged", "failed_cleaned", "discarded",
+    )  # fmt: skip
+    if needs and current != "discarding":
+        assert check_reentry(state, StageState.CLEANUP) is StageState.CLEANUP
+    else:
+        with pytest.raises(StateError):
+            check_reentry(state, StageState.CLEANUP)
+    if current in ("staged", "discarding"):
+        assert check_reentry(state, StageState.DISCARDING) is StageState.DISCARDING
+    else:
+        with pytest.raises(StateError):
+            check_reentry(state, StageState.DISCARDING)

@@ -7,6 +7,14 @@ hard-linked to ``attempt.json`` (a link never replaces), and the directories are
 fsynced. The sequence and the previous event's SHA-256 advance only after all of
 that succeeded. A visible file whose writer failed is not an event: ``verify`` and
 ``read_events`` stop at the first sequence whose publication did not complete.
+
+A publication that did not complete (a crash, a failed write) leaves a torn
+``events/<n>/`` directory. The next ``record`` repairs it instead of being blocked by
+it: a torn directory (no ``attempt.json``) is moved to ``<attempt>/torn/`` and the
+new event says what was found there (``journal_repair``); a complete event whose
+writer could not confirm it (its take-back failed) verifies like any other and is
+adopted, and the next event says so. The attempt id of a journal is the one its
+events carry, so an archived (renamed) attempt directory still verifies.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from dpone.errors import JournalError
 JOURNAL_VERSION = 1
 EVENT_FILE = "attempt.json"
 PARTIAL_FILE = ".attempt.json.partial"
+TORN_DIR = "torn"
 _SEQUENCE = re.compile(r"^[0-9]{6}$")
 # Members every event has; the rest of an event is the service's business.
 ENVELOPE = ("journal_version", "attempt_id", "sequence", "previous_sha256")
@@ -76,9 +85,18 @@ class ClickHouseFileAttemptJournal:
 
     def record(self, fields: Mapping[str, Any]) -> JournalEvent:
         """Publish the next event durably; only then advance sequence and hash."""
+        try:
+            repair = self._clear_the_way()
+        except OSError as exc:
+            raise JournalError(
+                f"the torn event {self.sequence + 1} of attempt {self.attempt_id} could not be "
+                f"moved aside: {exc}",
+                code="journal_write_failed", attempt_id=self.attempt_id,
+            ) from exc  # fmt: skip
         sequence = self.sequence + 1
         document = {
             **fields,
+            **({"journal_repair": repair} if repair else {}),
             "journal_version": JOURNAL_VERSION,
             "attempt_id": self.attempt_id,
             "sequence": sequence,
@@ -118,6 +136,63 @@ class ClickHouseFileAttemptJournal:
         self.last_sha256 = digest
         return JournalEvent(sequence, document, digest, directory / EVENT_FILE)
 
+    def _clear_the_way(self) -> dict[str, Any] | None:
+        """Repair what an earlier publication of the next sequence left; say what it was."""
+        sequence = self.sequence + 1
+        directory = self.events_dir / f"{sequence:06d}"
+        if not os.path.lexists(directory):
+            return None
+        if os.path.lexists(directory / EVENT_FILE):
+            # Written completely and linked, but its writer could not confirm it (the
+            # take-back failed too). If it verifies it is an event like any other.
+            events = read_events(self.attempt_dir)
+            if not events or events[-1].sequence != sequence:
+                raise JournalError(
+                    f"{directory} is neither an event nor a torn publication",
+                    code="journal_diverged", event=str(directory),
+                )  # fmt: skip
+            self.sequence, self.last_sha256 = sequence, events[-1].sha256
+            return {"adopted_unconfirmed_event": sequence}
+        found = {p.name: p.stat().st_size for p in sorted(directory.iterdir())}
+        torn = self.attempt_dir / TORN_DIR
+        torn.mkdir(mode=0o700, exist_ok=True)
+        target = torn / f"{sequence:06d}"
+        n = 1
+        while os.path.lexists(target):
+            n += 1
+            target = torn / f"{sequence:06d}.{n}"
+        os.rename(directory, target)
+        fsync_directory(torn)
+        fsync_directory(self.events_dir)
+        return {
+            "torn_publication": {
+                "sequence": sequence,
+                "found": found,
+                "moved_to": f"{TORN_DIR}/{target.name}",
+            }
+        }
+
+
+def verify_journal(
+    attempt_dir: str | os.PathLike[str], *, head: str | None = None
+) -> list[JournalEvent]:
+    """``read_events`` for a person: an empty journal fails, and ``head`` (the SHA-256
+    of the final event, as ``dpone stage`` printed it) must be the last event's.
+
+    Without ``head`` a journal whose trailing events were deleted still verifies: the
+    chain only proves what precedes each event.
+    """
+    events = read_events(attempt_dir)
+    if not events:
+        raise JournalError(f"{attempt_dir} holds no event", code="journal_empty")
+    if head is not None and events[-1].sha256 != head.lower():
+        raise JournalError(
+            f"{attempt_dir} ends at event {events[-1].sequence} with SHA-256 "
+            f"{events[-1].sha256}, not at {head}",
+            code="journal_head_mismatch", events=len(events), last_sha256=events[-1].sha256,
+        )  # fmt: skip
+    return events
+
 
 def read_events(attempt_dir: str | os.PathLike[str]) -> list[JournalEvent]:
     """Read and verify every event of an attempt: sequence, chain and canonical bytes.
@@ -130,7 +205,7 @@ def read_events(attempt_dir: str | os.PathLike[str]) -> list[JournalEvent]:
     names = sorted(p.name for p in events_dir.iterdir())
     events: list[JournalEvent] = []
     previous: str | None = None
-    attempt_id = Path(attempt_dir).name
+    attempt_id: str | None = None  # the first event's; the directory may be renamed
     for expected, name in enumerate(names, start=1):
         where = events_dir / name
         if not _SEQUENCE.match(name) or int(name) != expected:
@@ -166,6 +241,8 @@ def read_events(attempt_dir: str | os.PathLike[str]) -> list[JournalEvent]:
                 code="journal_sequence_gap",
                 event=str(path),
             )
+        if attempt_id is None:
+            attempt_id = document["attempt_id"]
         if document["attempt_id"] != attempt_id:
             raise JournalError(
                 f"{path} belongs to attempt {document['attempt_id']}",

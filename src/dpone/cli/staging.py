@@ -10,18 +10,26 @@ from typing import Any, TypeVar
 
 import click
 
-from dpone.adapters.file_attempt_journal import read_events
+from dpone.adapters.file_attempt_journal import read_events, verify_journal
 from dpone.cli.connection import managed_credentials
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option
 from dpone.connectors.clickhouse_request import Endpoint
-from dpone.errors import ConfigurationError
+from dpone.errors import ConfigurationError, DponeError
 from dpone.localserver import find_running
-from dpone.runtime.attempt_recovery import RECOVERY_STEPS, cleanup_attempt, list_attempts
+from dpone.runtime.attempt_recovery import (
+    RECOVERY_STEPS,
+    cleanup_attempt,
+    discard_attempt,
+    finishing_command,
+    left_behind,
+    list_attempts,
+)
 from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
 from dpone.runtime.engine_conversion import MODE_ENGINE
 from dpone.runtime.preparation import MODE_PYTHON
 from dpone.sinks import ClickHouseSink
+from dpone.sinks.clickhouse import new_attempt_id
 
 existing_file = click.Path(exists=True, dir_okay=False, path_type=Path)
 work_dir_option = click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
@@ -112,13 +120,21 @@ def stage(
     with reported_errors(as_json):
         config = staging_config(work_dir=work_dir, **server)  # type: ignore[arg-type]
         progress = None if as_json or not sys.stderr.isatty() else TerminalProgress()
-        staged = ClickHouseSink(config, progress=progress).stage_validated_file(
-            file, receipt_path, attempt_id=attempt_id
-        )
+        attempt_id = attempt_id or new_attempt_id()
+        try:
+            staged = ClickHouseSink(config, progress=progress).stage_validated_file(
+                file, receipt_path, attempt_id=attempt_id
+            )
+        except DponeError as exc:
+            if progress is not None:
+                progress.finish()
+            _tell_what_remains(exc, attempt_id, work_dir, config.endpoint.database, as_json)
+            raise
         if progress is not None:
             progress.finish()
         payload = {"ok": True, "database": staged.database, "table": staged.table, "uuid": staged.uuid,
-                   "rows": staged.rows, "semantic_id": staged.semantic_id, "journal": str(staged.journal_path)}  # fmt: skip
+                   "rows": staged.rows, "semantic_id": staged.semantic_id, "journal": str(staged.journal_path),
+                   "journal_head": staged.journal_head}  # fmt: skip
         if as_json:
             emit_json(payload)
         else:
@@ -127,6 +143,28 @@ def stage(
             )
             click.echo(f"semantic id {staged.semantic_id}")
             click.echo(f"journal {staged.journal_path}")
+            click.echo(
+                f"journal head {staged.journal_head} (dpone journal verify --head checks it)"
+            )
+
+
+def _tell_what_remains(
+    exc: DponeError, attempt_id: str, work_dir: Path, database: str, as_json: bool
+) -> None:
+    """Say what a failed stage left behind and the command that finishes the job."""
+    last = exc.details.get("last_event")
+    if "journal" not in exc.details or not isinstance(last, dict):
+        return  # nothing was journaled (the attempt never started)
+    remains = left_behind(last, Path(exc.details["journal"]))
+    finish = finishing_command(str(last.get("state")), attempt_id, work_dir, database)
+    exc.add_details(left_behind=remains, next_command=finish)
+    if as_json:
+        return
+    lines = [f"the attempt {attempt_id} ended {last.get('state')}; it left behind:"]
+    lines += [f"  {what}: {where}" for what, where in remains.items()]
+    if finish:
+        lines.append(f"to finish: {finish}")
+    click.echo("\n".join(lines), err=True)
 
 
 @click.group()
@@ -149,18 +187,25 @@ def journal_show(attempt_dir: Path) -> None:
 
 @journal.command("verify")
 @click.argument("attempt_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--head", help="SHA-256 of the final event (as `dpone stage` printed it): "
+                             "the journal must end exactly there.")  # fmt: skip
 @json_option
-def journal_verify(attempt_dir: Path, as_json: bool) -> None:
-    """Check sequence, hash chain and canonical bytes; exit 1 naming the first break."""
+def journal_verify(attempt_dir: Path, head: str | None, as_json: bool) -> None:
+    """Check sequence, hash chain and canonical bytes; exit 1 naming the first break.
+
+    An empty journal fails. Without --head, deleted trailing events cannot be noticed.
+    """
     with reported_errors(as_json):
-        events = read_events(attempt_dir)
-        last = events[-1] if events else None
+        events = verify_journal(attempt_dir, head=head)
+        last = events[-1]
         if as_json:
-            emit_json({"ok": True, "events": len(events), "last_sha256": last.sha256 if last else None,
-                       "state": last.document.get("state") if last else None})  # fmt: skip
+            emit_json({"ok": True, "events": len(events), "last_sha256": last.sha256,
+                       "attempt_id": last.document["attempt_id"], "state": last.document.get("state"),
+                       "head_checked": head is not None})  # fmt: skip
         else:
-            click.echo(f"{attempt_dir}: {len(events)} events verify"
-                       + (f"; last state {last.document.get('state')}" if last else ""))  # fmt: skip
+            click.echo(f"{attempt_dir}: {len(events)} events verify; last state "
+                       f"{last.document.get('state')}; head {last.sha256}"
+                       + (" (as expected)" if head else ""))  # fmt: skip
 
 
 @click.group()
@@ -180,15 +225,20 @@ def attempts_list(work_dir: Path, show_all: bool, as_json: bool) -> None:
             emit_json({"ok": True, "attempts": [a.to_dict() for a in found]})
             return
         if not found:
-            click.echo("no attempt needs an operator")
+            click.echo("no attempt" if show_all else "no attempt needs an operator")
             return
         for a in found:
             click.echo(f"{a.attempt_id}: {a.state} (event {a.last_sequence}, error {a.error_code})")
-            click.echo(
-                f"  table {a.planned_table} uuid {a.table_uuid}; sent {', '.join(a.sent_mutations) or 'nothing'}"
-            )
-            click.echo(f"  inventory {json.dumps(a.inventory, sort_keys=True)}")
-        click.echo("recovery: " + "; then ".join(RECOVERY_STEPS))
+            table = a.planned_table or {}
+            click.echo(f"  table {table.get('database')}.{table.get('table')} uuid {a.table_uuid}; "
+                       f"sent {', '.join(a.sent_mutations) or 'nothing'}")  # fmt: skip
+            if a.state == "staged":
+                click.echo(f"  staged, not published by dpone; drop it with: "
+                           f"{finishing_command(a.state, a.attempt_id, work_dir, str(table.get('database')))}")  # fmt: skip
+            else:
+                click.echo(f"  inventory {json.dumps(a.inventory, sort_keys=True)}")
+        if any(a.needs_operator for a in found):
+            click.echo("recovery: " + "; then ".join(RECOVERY_STEPS))
 
 
 @attempts.command("cleanup")
@@ -200,8 +250,30 @@ def attempts_cleanup(attempt_id: str, work_dir: Path, as_json: bool, **server: o
     """Clean ATTEMPT_ID up when its queries' terminal state is proven; refuse otherwise."""
     with reported_errors(as_json):
         config = staging_config(work_dir=work_dir, **server)  # type: ignore[arg-type]
-        summary = cleanup_attempt(build_transport(config), work_dir, attempt_id)
+        summary = cleanup_attempt(
+            build_transport(config), work_dir, attempt_id, database=config.endpoint.database
+        )
         if as_json:
             emit_json({"ok": True, **summary.to_dict()})
         else:
             click.echo(f"{attempt_id}: cleaned up, now {summary.state}")
+
+
+@attempts.command("discard")
+@click.argument("attempt_id")
+@work_dir_option
+@server_options
+@json_option
+def attempts_discard(attempt_id: str, work_dir: Path, as_json: bool, **server: object) -> None:
+    """Drop the staged table of ATTEMPT_ID (never published) after verifying it is its own."""
+    with reported_errors(as_json):
+        config = staging_config(work_dir=work_dir, **server)  # type: ignore[arg-type]
+        summary = discard_attempt(
+            build_transport(config), work_dir, attempt_id, database=config.endpoint.database
+        )
+        if as_json:
+            emit_json({"ok": True, **summary.to_dict()})
+        else:
+            table = summary.planned_table or {}
+            click.echo(f"{attempt_id}: dropped {table.get('database')}.{table.get('table')}, "
+                       f"now {summary.state}")  # fmt: skip

@@ -17,7 +17,7 @@ from dpone.errors import ConfigurationError
 
 _ATTEMPT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-MUTATION_KINDS = ("create", "insert", "drop")
+MUTATION_KINDS = ("create", "insert", "drop", "identity", "discard")
 
 
 class RequestKind(enum.Enum):

@@ -2,17 +2,25 @@
 
 ``serverUUID()`` is the server's own identity. The managed local server (the chdb
 engine) reports the Nil UUID, which is never an identity; there dpone keeps a
-persistent identity of its own in ``_dpone_identity.server`` on that server, created
-once, and records that this is where the identity came from.
+persistent identity of its own: the UUID of the database ``_dpone_identity`` on that
+server, created once, and records that this is where the identity came from. Creating
+it is a mutation: the caller passes ``establish``, which journals a durable intent
+and sends the statement under its own query id; without ``establish`` a missing
+identity database is an error (a re-check must never create one).
+
+Also here: who the server says the caller is (:func:`observe_principal`) and how
+long it has been running (:func:`observe_server_start`).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from dpone.connectors.clickhouse_errors import ClickHouseServerError
-from dpone.connectors.clickhouse_request import mutation, read
+from dpone.connectors.clickhouse_request import read
 from dpone.errors import StateError
 from dpone.ports.clickhouse import QueryPort
 from dpone.sql import quote_literal
@@ -21,6 +29,8 @@ NIL_UUID = "00000000-0000-0000-0000-000000000000"
 IDENTITY_DATABASE = "_dpone_identity"
 SOURCE_SERVER_UUID = "server_uuid"
 SOURCE_DPONE_TABLE = "dpone_identity_table"
+IDENTITY_CREATE = f"CREATE DATABASE IF NOT EXISTS {IDENTITY_DATABASE} ENGINE = Atomic"
+ACCESS_DENIED = 497
 
 
 class EndpointIdentityError(StateError):
@@ -57,33 +67,49 @@ def _one_row(rows: list[dict[str, Any]], what: str) -> dict[str, Any]:
     return rows[0]
 
 
+def _rows(
+    transport: QueryPort, statement: str, query_id: str, deadline: float
+) -> list[dict[str, Any]]:
+    return transport.execute(
+        read(f"{statement} FORMAT JSONEachRow", query_id), deadline=deadline
+    ).json_rows()
+
+
 def observe_identity(
-    transport: QueryPort, database: str, *, probe_prefix: str, deadline: float
+    transport: QueryPort,
+    database: str,
+    *,
+    probe_prefix: str,
+    deadline: float,
+    establish: Callable[[str], object] | None = None,
 ) -> EndpointIdentity:
-    """Observe (and, on a Nil-UUID server, establish once) the endpoint identity."""
+    """Observe the endpoint identity; on a Nil-UUID server, ``establish`` creates it once.
+
+    Also proves the target database exists and is ``Atomic`` (EXCHANGE TABLES needs it).
+    """
     row = _one_row(
-        transport.execute(
-            read(
-                "SELECT toString(serverUUID()) AS id FORMAT JSONEachRow", f"{probe_prefix}-server"
-            ),
-            deadline=deadline,
-        ).json_rows(),
+        _rows(transport, "SELECT toString(serverUUID()) AS id", f"{probe_prefix}-server", deadline),
         "serverUUID()",
     )
     server_id, source = str(row["id"]), SOURCE_SERVER_UUID
     if server_id == NIL_UUID:
-        server_id, source = _dpone_identity(transport, probe_prefix, deadline), SOURCE_DPONE_TABLE
-    db = _one_row(
-        transport.execute(
-            read(
-                "SELECT toString(uuid) AS uuid, engine FROM system.databases "
-                f"WHERE name = {quote_literal(database)} FORMAT JSONEachRow",
-                f"{probe_prefix}-database",
-            ),
-            deadline=deadline,
-        ).json_rows(),
-        f"database {database!r}",
+        server_id, source = (
+            _dpone_identity(transport, probe_prefix, deadline, establish),
+            SOURCE_DPONE_TABLE,
+        )
+    dbs = _rows(
+        transport,
+        f"SELECT toString(uuid) AS uuid, engine FROM system.databases WHERE name = {quote_literal(database)}",
+        f"{probe_prefix}-database",
+        deadline,
     )
+    if not dbs:
+        raise EndpointIdentityError(
+            f"database {database!r} does not exist (or this user may not see it); "
+            f"create it with CREATE DATABASE {database} ENGINE = Atomic",
+            code="database_missing", database=database,
+        )  # fmt: skip
+    db = _one_row(dbs, f"database {database!r}")
     if db["uuid"] == NIL_UUID:
         raise EndpointIdentityError(
             f"database {database!r} has the Nil UUID", code="nil_database_uuid"
@@ -96,36 +122,106 @@ def observe_identity(
     return EndpointIdentity(server_id, source, database, str(db["uuid"]), str(db["engine"]))
 
 
-def _dpone_identity(transport: QueryPort, probe_prefix: str, deadline: float) -> str:
+def _dpone_identity(
+    transport: QueryPort,
+    probe_prefix: str,
+    deadline: float,
+    establish: Callable[[str], object] | None,
+) -> str:
     # The database's own UUID, assigned by the server at creation and persisted with
-    # it, is the identity: creating it is idempotent and needs no data rows.
-    try:
-        transport.execute(
-            mutation(
-                f"CREATE DATABASE IF NOT EXISTS {IDENTITY_DATABASE} ENGINE = Atomic",
-                f"{probe_prefix}-identity-create",
-            ),
-            deadline=deadline,
-        )
-    except ClickHouseServerError as exc:
-        raise EndpointIdentityError(
-            "this server reports a Nil serverUUID() and dpone cannot create its identity "
-            f"database {IDENTITY_DATABASE}: {exc.message}",
-            code="identity_unavailable",
-        ) from exc
-    row = _one_row(
-        transport.execute(
-            read(
-                "SELECT toString(uuid) AS uuid FROM system.databases "
-                f"WHERE name = {quote_literal(IDENTITY_DATABASE)} FORMAT JSONEachRow",
-                f"{probe_prefix}-identity",
-            ),
-            deadline=deadline,
-        ).json_rows(),
-        "dpone identity database",
+    # it, is the identity: it needs no data rows. It is created only when missing, so
+    # a user without CREATE DATABASE can stage once an administrator created it.
+    statement = (
+        "SELECT toString(uuid) AS uuid FROM system.databases "
+        f"WHERE name = {quote_literal(IDENTITY_DATABASE)}"
     )
+    rows = _rows(transport, statement, f"{probe_prefix}-identity", deadline)
+    if not rows and establish is not None:
+        try:
+            establish(IDENTITY_CREATE)
+        except ClickHouseServerError as exc:
+            raise EndpointIdentityError(
+                "this server reports a Nil serverUUID() and dpone cannot create its identity "
+                f"database {IDENTITY_DATABASE}: {exc.message}",
+                code="identity_unavailable",
+            ) from exc
+        rows = _rows(transport, statement, f"{probe_prefix}-identity-created", deadline)
+    if not rows:
+        raise EndpointIdentityError(
+            f"this server reports a Nil serverUUID() and its dpone identity database "
+            f"{IDENTITY_DATABASE} does not exist (or this user may not see it)",
+            code="identity_unavailable",
+        )
+    row = _one_row(rows, "dpone identity database")
     if row["uuid"] == NIL_UUID:
         raise EndpointIdentityError(
             "dpone identity database has the Nil UUID", code="identity_unavailable"
         )
     return str(row["uuid"])
+
+
+def observe_principal(
+    transport: QueryPort, user: str | None, *, probe_prefix: str, deadline: float
+) -> dict[str, str | None]:
+    """``{"user", "user_uuid"}``: the user the server says it serves, and its id.
+
+    The server must name the user the credentials name (``user``; None takes the
+    server's word). ``system.users`` needs a grant
+    that a user limited to its databases lacks (checked on the managed server: code
+    497); then ``user_uuid`` is None and only an administrator can observe it
+    (:func:`observe_user_uuid`).
+    """
+    row = _one_row(
+        _rows(transport, "SELECT currentUser() AS user", f"{probe_prefix}-user", deadline),
+        "currentUser()",
+    )
+    user = user if user is not None else str(row["user"])
+    if row["user"] != user:
+        raise EndpointIdentityError(
+            f"the server serves user {row['user']!r}, the credentials name {user!r}",
+            code="principal_mismatch",
+        )
+    try:
+        uuid = observe_user_uuid(
+            transport, user, query_id=f"{probe_prefix}-user-id", deadline=deadline
+        )
+    except ClickHouseServerError as exc:
+        if exc.details.get("clickhouse_code") not in (ACCESS_DENIED, str(ACCESS_DENIED)):
+            raise
+        uuid = None
+    return {"user": user, "user_uuid": uuid}
+
+
+def observe_user_uuid(transport: QueryPort, user: str, *, query_id: str, deadline: float) -> str:
+    """``system.users.id`` of ``user`` as text (needs SELECT on system.users)."""
+    row = _one_row(
+        _rows(
+            transport,
+            f"SELECT toString(id) AS id FROM system.users WHERE name = {quote_literal(user)}",
+            query_id,
+            deadline,
+        ),
+        f"system.users id of {user!r}",
+    )
+    return str(row["id"])
+
+
+def observe_server_start(
+    transport: QueryPort,
+    *,
+    query_id: str,
+    deadline: float,
+    wall_clock: Callable[[], float] = time.time,
+) -> float:
+    """A lower bound of the server's start, on this machine's wall clock (seconds).
+
+    The server started ``uptime()`` whole seconds (rounded down) before it answered,
+    and it answered after this call began: ``began - uptime - 1`` is earlier than the
+    start whatever the two clocks say (no clock skew enters).
+    """
+    began = wall_clock()
+    row = _one_row(_rows(transport, "SELECT uptime() AS up", query_id, deadline), "uptime()")
+    up = row["up"]
+    if isinstance(up, bool) or not isinstance(up, int) or up < 0:
+        raise EndpointIdentityError(f"uptime() returned {up!r}", code="identity_unobservable")
+    return began - up - 1

@@ -1,16 +1,27 @@
-"""Finding attempts that need an operator, and their verified cleanup.
+"""Finding attempts that need an operator, their verified cleanup, and discarding staged tables.
 
 An attempt needs an operator when its journal ends in ``retained_unknown`` or
 ``cleanup_failed``, or ends without a terminal state at all (the process died).
-Cleanup is allowed only when the terminal state of every mutation the journal shows
-as sent is proven on the server, and only a table proven to be the attempt's own is
-dropped. Nothing is ever inferred from silence.
+
+Cleanup needs every mutation the journal shows as sent to be settled: acknowledged
+(or answered with an exception, or never sent) as a later event records, or proven
+terminal now: by ``KILL QUERY ... SYNC`` / ``system.query_log``, or by the server
+having started after the mutation's dispatch window closed (a restarted server runs
+nothing of its previous life; its query log may be empty). Only a table proven to be
+the attempt's own (UUID, ownership mark, name) is dropped. A refused cleanup writes
+nothing: ``attempts list`` shows the same afterwards. Nothing is inferred from silence.
+
+A staged table that will never be published is discarded the same way: ownership
+verified, a durable intent, its own query id (``-discard``), removal verified.
 """
 
 from __future__ import annotations
 
+import math
+import shlex
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,21 +31,33 @@ from dpone.adapters.file_attempt_journal import (
     JournalEvent,
     read_events,
 )
-from dpone.connectors.clickhouse_request import mutation, mutation_query_id
+from dpone.connectors.clickhouse_request import mutation_query_id, read_query_id
+from dpone.connectors.clickhouse_tables import Ownership, observe_ownership
+from dpone.connectors.endpoint_identity import observe_server_start
 from dpone.connectors.remote_termination import prove_termination
-from dpone.errors import DponeError, StateError
+from dpone.errors import StateError
 from dpone.ports.clickhouse import QueryPort
-from dpone.runtime.clickhouse_file_stage_contract import StagingError
-from dpone.runtime.staging_states import NEEDS_OPERATOR, TERMINAL
-from dpone.runtime.validated_file_service import observe_ownership, table_exists
-from dpone.sql import quote_identifier
+from dpone.runtime.staging_cleanup import UNOBSERVABLE, CleanupRefused, drop_owned_table
+from dpone.runtime.staging_run import AttemptRun
+from dpone.runtime.staging_states import NEEDS_OPERATOR, TERMINAL, StageState
 
 RECOVERY_STEPS = (
-    "prove the exact query's terminal state (KILL QUERY WHERE query_id = ... SYNC, or system.query_log)",
+    "prove the exact query's terminal state (its acknowledgment in the journal, a server "
+    "start after its dispatch window, KILL QUERY WHERE query_id = ... SYNC, or system.query_log)",
     "verify the staging table's ownership (its UUID and first-column comment) before any DROP",
     "archive the attempt directory (journal and spool)",
     "start a fresh attempt with a new attempt id",
 )
+_PROVEN = frozenset({"finished_ok", "failed", "killed", "server_restart"})
+
+
+@dataclass(frozen=True)
+class SentMutation:
+    """One mutation the journal shows as sent: its id, kind and dispatch window."""
+
+    query_id: str
+    kind: str
+    not_after_ms: int | None  # wall time after which it can no longer have been sent
 
 
 @dataclass(frozen=True)
@@ -45,12 +68,23 @@ class AttemptSummary:
     path: Path
     state: str
     last_sequence: int
-    sent_mutations: tuple[str, ...]
+    last_sha256: str | None
+    sent: tuple[SentMutation, ...]
+    settled: frozenset[str]
     planned_table: dict[str, Any] | None
     table_uuid: str | None
     semantic_id: str | None
     error_code: str | None
     inventory: dict[str, Any]
+
+    @property
+    def sent_mutations(self) -> tuple[str, ...]:
+        return tuple(m.query_id for m in self.sent)
+
+    @property
+    def unsettled(self) -> tuple[SentMutation, ...]:
+        """Sent mutations whose end no event records: each needs a proof before a DROP."""
+        return tuple(m for m in self.sent if m.query_id not in self.settled)
 
     @property
     def needs_operator(self) -> bool:
@@ -61,7 +95,9 @@ class AttemptSummary:
     def to_dict(self) -> dict[str, Any]:
         return {
             "attempt_id": self.attempt_id, "path": str(self.path), "state": self.state,
-            "last_sequence": self.last_sequence, "sent_mutations": list(self.sent_mutations),
+            "last_sequence": self.last_sequence, "last_sha256": self.last_sha256,
+            "sent_mutations": list(self.sent_mutations),
+            "unsettled_mutations": [m.query_id for m in self.unsettled],
             "planned_table": self.planned_table, "table_uuid": self.table_uuid,
             "semantic_id": self.semantic_id, "error_code": self.error_code,
             "inventory": self.inventory, "needs_operator": self.needs_operator,
@@ -71,7 +107,8 @@ class AttemptSummary:
 
 def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
     """Condense a verified journal."""
-    sent: list[str] = []
+    sent: list[SentMutation] = []
+    settled: set[str] = set()
     uuid = semantic = planned = None
     for event in events:
         doc = event.document
@@ -81,16 +118,28 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
             and query.get("query_id")
             and doc.get("outcome") in ("intent", "drop_intent")
         ):
-            sent.append(str(query["query_id"]))
-        uuid = (doc.get("observed_ownership") or {}).get("table_uuid", uuid)
+            window = doc.get("dispatch") or {}
+            sent.append(
+                SentMutation(
+                    str(query["query_id"]), str(query.get("kind")), window.get("not_after_ms")
+                )
+            )
+        if isinstance(doc.get("settled"), dict):
+            settled.add(str(doc["settled"]["query_id"]))
+        remote = doc.get("remote")
+        if isinstance(remote, dict) and remote.get("termination") in _PROVEN:
+            settled.add(str(remote["query_id"]))
+        uuid = (doc.get("observed_ownership") or {}).get("table_uuid") or uuid
         semantic = doc.get("semantic_id", semantic)
         planned = doc.get("planned_ownership", planned)
-    last = events[-1].document if events else {}
+    last = events[-1] if events else None
+    doc = last.document if last else {}
     return AttemptSummary(
-        attempt_id=attempt_dir.name, path=attempt_dir, state=str(last.get("state", "no_events")),
-        last_sequence=events[-1].sequence if events else 0, sent_mutations=tuple(sent),
+        attempt_id=str(doc.get("attempt_id", attempt_dir.name)), path=attempt_dir,
+        state=str(doc.get("state", "no_events")), last_sequence=last.sequence if last else 0,
+        last_sha256=last.sha256 if last else None, sent=tuple(sent), settled=frozenset(settled),
         planned_table=planned, table_uuid=uuid, semantic_id=semantic,
-        error_code=last.get("error_code"), inventory=dict(last.get("cleanup_inventory") or {}),
+        error_code=doc.get("error_code"), inventory=dict(doc.get("cleanup_inventory") or {}),
     )  # fmt: skip
 
 
@@ -103,79 +152,194 @@ def list_attempts(work_dir: Path) -> list[AttemptSummary]:
     ]
 
 
-def cleanup_attempt(
-    transport: QueryPort, work_dir: Path, attempt_id: str, *, seconds: float = 120.0
-) -> AttemptSummary:
-    """Verified cleanup of an attempt that needs an operator; refuses without proof."""
-    attempt_dir = work_dir / attempt_id
-    journal = ClickHouseFileAttemptJournal(work_dir, attempt_id)
-    events = journal.resume()
-    summary = summarize(attempt_dir, events)
-    if not summary.needs_operator:
-        raise StateError(
-            f"attempt {attempt_id} ended {summary.state}; nothing to clean", code="nothing_to_clean"
-        )
-    deadline = time.monotonic() + seconds
-    base = {
-        k: events[-1].document.get(k)
-        for k in ("endpoint", "transport", "planned_ownership")
-        if events
-    }
-    for n, query_id in enumerate(summary.sent_mutations, start=1):
-        state = prove_termination(
-            transport,
-            query_id,
-            probe_prefix=f"dpone-b02-{attempt_id}-read-recovery-{n}",
-            deadline=deadline,
-        )
-        journal.record({**base, "state": "cleanup", "outcome": "termination_observed",
-                        "remote": {"query_id": query_id, "termination": state.termination.value, "source": state.source},
-                        "cleanup_inventory": summary.inventory})  # fmt: skip
-        if not state.proven_terminal:
-            raise StateError(
-                f"query {query_id} of attempt {attempt_id} has no proven terminal state; nothing dropped",
-                code="termination_unproven", query_id=query_id,
-            )  # fmt: skip
-    if summary.planned_table is not None:
-        _drop_if_owned(transport, journal, base, summary, deadline)
-    spool = attempt_dir / "spool"
-    if spool.exists():
-        shutil.rmtree(spool)
-    journal.record(
-        {**base, "state": "failed_cleaned", "outcome": "operator_cleanup", "cleanup_inventory": {}}
+def left_behind(last: dict[str, Any], journal: Path) -> dict[str, str]:
+    """What a failed attempt left, from its last event: table, spool, journal."""
+    remains: dict[str, str] = {}
+    inventory = last.get("cleanup_inventory") or {}
+    table = inventory.get("table")
+    if isinstance(table, dict):
+        uuid = f" (uuid {table['uuid']})" if table.get("uuid") else ""
+        remains["table"] = f"{table.get('database')}.{table.get('table')}{uuid}, may exist"
+    if inventory.get("table_not_owned"):
+        remains["table not proven ours"] = str(inventory["table_not_owned"])
+    if inventory.get("spool"):
+        remains["spool"] = str(inventory["spool"])
+    remains["journal"] = str(journal)
+    return remains
+
+
+def finishing_command(state: str, attempt_id: str, work_dir: Path, database: str) -> str | None:
+    """The command that finishes what an attempt in ``state`` left (None: nothing to do).
+
+    Server options (``--host``, ``--http-port``, ...) are the ones the stage used.
+    """
+    verb = {"staged": "discard", "failed_cleaned": None, "discarded": None}.get(state, "cleanup")
+    if verb is None:
+        return None
+    return shlex.join(
+        ["dpone", "attempts", verb, attempt_id, "--work-dir", str(work_dir), "--database", database]
     )
-    return summarize(attempt_dir, read_events(attempt_dir))
 
 
-def _drop_if_owned(
-    transport: QueryPort, journal: ClickHouseFileAttemptJournal, base: dict[str, Any],
-    summary: AttemptSummary, deadline: float,
-) -> None:  # fmt: skip
-    assert summary.planned_table is not None
-    database, table = str(summary.planned_table["database"]), str(summary.planned_table["table"])
-    counter = iter(range(1, 1000))
-    found = observe_ownership(transport, database, table,
-                              lambda: f"dpone-b02-{summary.attempt_id}-read-recovery-owned-{next(counter)}", deadline)  # fmt: skip
-    if found is None:
-        return
-    if not found.belongs_to(summary.attempt_id, summary.semantic_id or "", summary.table_uuid):
-        raise StateError(f"{database}.{table} is not proven to be attempt {summary.attempt_id}'s; not dropped",
-                         code="ownership_unverified")  # fmt: skip
-    drop_id = mutation_query_id(summary.attempt_id, "drop")
-    if drop_id in summary.sent_mutations:
+class _Operator:
+    """One later actor on one attempt: its transport, deadline and read ids."""
+
+    def __init__(self, transport: QueryPort, work_dir: Path, attempt_id: str, seconds: float,
+                 wall_clock: Callable[[], float]) -> None:  # fmt: skip
+        self.transport = transport
+        self.attempt_dir = work_dir / attempt_id
+        self.journal = ClickHouseFileAttemptJournal(work_dir, attempt_id)
+        self.run = AttemptRun.resume(self.journal, wall_clock=wall_clock)
+        self.summary = summarize(self.attempt_dir, read_events(self.attempt_dir))
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+        self.wall_clock = wall_clock
+        self._reads = 0
+
+    def read_id(self, purpose: str) -> str:
+        self._reads += 1
+        return read_query_id(self.summary.attempt_id, f"recovery_{purpose}", self._reads)
+
+    def table(self, database: str | None) -> tuple[str, str] | None:
+        planned = self.summary.planned_table
+        if planned is None:
+            return None
+        if database is not None and planned["database"] != database:
+            raise StateError(
+                f"attempt {self.summary.attempt_id} staged into {planned['database']}, not {database}",
+                code="database_mismatch",
+            )  # fmt: skip
+        return str(planned["database"]), str(planned["table"])
+
+    def ownership(self, database: str, table: str, expected_uuid: str | None) -> Ownership | None:
+        """The table if it exists and is provably the attempt's; refuses otherwise."""
+        found = observe_ownership(
+            self.transport, database, table, lambda: self.read_id("owned"), self.deadline
+        )
+        if found is None:
+            return None
+        s = self.summary
+        if not found.belongs_to(s.attempt_id, s.semantic_id or "", s.table_uuid) or (
+            expected_uuid is not None and found.uuid != expected_uuid
+        ):
+            raise StateError(f"{database}.{table} is not proven to be attempt {s.attempt_id}'s; not dropped",
+                             code="ownership_unverified", table_uuid=found.uuid)  # fmt: skip
+        return found
+
+    def prove_settled(self) -> list[dict[str, Any]]:
+        """A proof for every unsettled mutation (reads only); refuses at the first without."""
+        proofs: list[dict[str, Any]] = []
+        started: float | None = None
+        for sent in self.summary.unsettled:
+            if sent.not_after_ms is not None:
+                if started is None:
+                    started = observe_server_start(self.transport, query_id=self.read_id("uptime"),
+                                                   deadline=self.deadline, wall_clock=self.wall_clock)  # fmt: skip
+                if started * 1000 > sent.not_after_ms:
+                    proofs.append({"query_id": sent.query_id, "termination": "server_restart",
+                                   "source": "uptime", "server_started_after_ms": math.floor(started * 1000)})  # fmt: skip
+                    continue
+            state = prove_termination(self.transport, sent.query_id, probe_prefix=self.read_id("termination"),
+                                      deadline=self.deadline)  # fmt: skip
+            if not state.proven_terminal:
+                raise StateError(
+                    f"query {sent.query_id} of attempt {self.summary.attempt_id} has no proven terminal "
+                    "state (no acknowledgment in the journal, the server has run since before its "
+                    "dispatch window closed, and neither KILL QUERY nor the query log knows it); nothing done",
+                    code="termination_unproven", query_id=sent.query_id,
+                )  # fmt: skip
+            proofs.append({"query_id": sent.query_id, "termination": state.termination.value,
+                           "source": state.source})  # fmt: skip
+        return proofs
+
+    def drop(
+        self, state: StageState, kind: str, database: str, table: str, found: Ownership
+    ) -> bool:
+        return drop_owned_table(
+            self.transport, self.run, state, kind=kind, database=database, table=table, found=found,
+            request_seconds=self.seconds, clock=time.monotonic, read_id=self.read_id,
+        )  # fmt: skip
+
+
+def cleanup_attempt(
+    transport: QueryPort, work_dir: Path, attempt_id: str, *, seconds: float = 120.0,
+    database: str | None = None, wall_clock: Callable[[], float] = time.time,
+) -> AttemptSummary:  # fmt: skip
+    """Verified cleanup of an attempt that needs an operator; refuses without proof.
+
+    Every check is made before anything is written: a refusal leaves the journal as it
+    was. Once the proofs hold, the journal records them, the DROP (with its intent)
+    and the end: ``failed_cleaned``, or ``cleanup_failed`` / ``retained_unknown`` when
+    the DROP is refused or its outcome stays unknown.
+    """
+    op = _Operator(transport, work_dir, attempt_id, seconds, wall_clock)
+    if not op.summary.needs_operator:
+        raise StateError(f"attempt {attempt_id} ended {op.summary.state}; nothing to clean",
+                         code="nothing_to_clean")  # fmt: skip
+    proofs = op.prove_settled()
+    where = op.table(database)
+    found = op.ownership(*where, None) if where else None
+    drop_id = mutation_query_id(op.summary.attempt_id, "drop")
+    if found is not None and drop_id in op.summary.sent_mutations:
         # One query id per mutation, ever: a second DROP would need a new id and a person.
-        raise StateError(f"attempt {summary.attempt_id} already sent its DROP and the table remains",
+        raise StateError(f"attempt {attempt_id} already sent its DROP and the table remains",
                          code="drop_already_sent")  # fmt: skip
-    journal.record({**base, "state": "cleanup", "outcome": "drop_intent",
-                    "query": {"kind": "drop", "query_id": drop_id},
-                    "observed_ownership": {"table_uuid": found.uuid}, "cleanup_inventory": summary.inventory})  # fmt: skip
-    try:
-        transport.execute(mutation(f"DROP TABLE {quote_identifier(database)}.{quote_identifier(table)}", drop_id),
-                          deadline=deadline)  # fmt: skip
-    except DponeError as exc:
-        raise StagingError(
-            f"DROP of {database}.{table} did not complete: {exc.message}", code="cleanup_failed"
-        ) from exc
-    probe = f"dpone-b02-{summary.attempt_id}-read-recovery-dropped-1"
-    if table_exists(transport, database, table, probe, deadline):
-        raise StagingError(f"{database}.{table} still exists after DROP", code="drop_unverified")
+    run = op.run
+    run.enter(StageState.CLEANUP)
+    run.table_created_maybe = found is not None
+    run.table_uuid = found.uuid if found else None
+    for proof in proofs:
+        run.event(StageState.CLEANUP, "termination_observed", remote=proof)
+    ending = StageState.FAILED_CLEANED
+    if found is not None and where is not None:
+        try:
+            gone = op.drop(StageState.CLEANUP, "drop", *where, found)
+        except CleanupRefused as exc:
+            run.record_failure(StageState.CLEANUP_FAILED, exc)
+            raise
+        except UNOBSERVABLE as exc:
+            run.record_failure(StageState.RETAINED_UNKNOWN, exc)
+            raise
+        ending = StageState.FAILED_CLEANED if gone else StageState.RETAINED_UNKNOWN
+    if ending is StageState.FAILED_CLEANED:
+        shutil.rmtree(op.attempt_dir / "spool", ignore_errors=True)
+        run.inventory = {}
+    else:
+        run.inventory["table"] = {**run.base["planned_ownership"], "uuid": run.table_uuid}
+    run.event(ending, "operator_cleanup")
+    return summarize(op.attempt_dir, read_events(op.attempt_dir))
+
+
+def discard_attempt(
+    transport: QueryPort, work_dir: Path, attempt_id: str, *, seconds: float = 120.0,
+    database: str | None = None, expected_uuid: str | None = None,
+    wall_clock: Callable[[], float] = time.time,
+) -> AttemptSummary:  # fmt: skip
+    """Drop the staged table of a ``staged`` attempt that will never be published.
+
+    Ownership is verified first (UUID as the journal and ``expected_uuid`` say, the
+    ownership mark, the name); the DROP has a durable intent and the query id
+    ``dpone-b02-<attempt>-discard``. Ends ``discarded``; an unknown DROP outcome leaves
+    ``discarding`` (an operator looks, and may run discard again).
+    """
+    op = _Operator(transport, work_dir, attempt_id, seconds, wall_clock)
+    state = StageState(op.summary.state)
+    if state not in (StageState.STAGED, StageState.DISCARDING):
+        raise StateError(f"attempt {attempt_id} is {state.value}, not staged; nothing to discard",
+                         code="not_staged")  # fmt: skip
+    where = op.table(database)
+    assert where is not None  # a staged attempt always planned its table
+    if state is StageState.DISCARDING:
+        op.prove_settled()
+    found = op.ownership(*where, expected_uuid)
+    discard_id = mutation_query_id(op.summary.attempt_id, "discard")
+    if found is not None and discard_id in op.summary.sent_mutations:
+        raise StateError(f"attempt {attempt_id} already sent its discard and the table remains",
+                         code="discard_already_sent")  # fmt: skip
+    run = op.run
+    run.enter(StageState.DISCARDING)
+    if found is not None and not op.drop(StageState.DISCARDING, "discard", *where, found):
+        raise StateError(f"the discard of {where[0]}.{where[1]} has an unknown outcome; the journal "
+                         "stays at discarding", code="discard_unknown")  # fmt: skip
+    run.event(StageState.DISCARDED, "discarded")
+    return summarize(op.attempt_dir, read_events(op.attempt_dir))

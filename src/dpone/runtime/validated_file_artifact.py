@@ -45,14 +45,23 @@ class FileAttempt:
         self._budget = budget
         self.completed: AttemptSummary | None = None
 
-    def verify(self) -> None:
-        """Re-check receipt bytes (before and after) and the file through the held fd."""
+    def verify(self, budget: FileVerificationBudget | None = None) -> None:
+        """Re-check receipt bytes (before and after) and the file through the held fd.
+
+        ``budget`` bounds this scan; by default the one the attempt was bound with.
+        """
         self._owner.check_receipt_unchanged(self._receipt_bytes)
-        self.held.verify(self._budget)
+        self.held.verify(budget or self._budget)
         self._owner.check_receipt_unchanged(self._receipt_bytes)
 
-    def complete(self, count: object) -> AttemptSummary:
-        """Record completion with the exact row count; only while active, after checks."""
+    def complete(
+        self, count: object, budget: FileVerificationBudget | None = None
+    ) -> AttemptSummary:
+        """Record completion with the exact row count; only while active, after checks.
+
+        Completion re-scans the source; a caller whose phase has its own deadline (the
+        staging service's verification deadline) passes that ``budget``.
+        """
         if self._owner.active is not self:
             raise StateError("attempt is not active", code="attempt_not_active")
         if isinstance(count, bool) or not isinstance(count, int):
@@ -64,7 +73,7 @@ class FileAttempt:
                 f"count {count} differs from the receipt's {self.receipt.rows_validated} rows",
                 code="count_mismatch",
             )
-        self.verify()
+        self.verify(budget)
         self.completed = AttemptSummary(
             self.attempt_id, count, self.receipt.artifact_sha256, self.receipt.sha256
         )

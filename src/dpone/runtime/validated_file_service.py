@@ -5,10 +5,14 @@ It owns the attempt sequence, query ownership and failure cleanup:
     checking -> preparing -> prepared -> creating_staging -> loading -> verifying -> staged
     a failure before CREATE ends failed_cleaned; after it, cleanup decides:
     failed_cleaned (terminal query and verified removal), retained_unknown (local or
-    remote state unknown: table, spool and journal are kept) or cleanup_failed.
+    remote state unknown: table, spool and journal are kept) or cleanup_failed (a
+    cleanup step ran and failed: the server refused the DROP).
 
-A durable journal intent precedes every mutation; each mutation has exactly one
-``dpone-b02-<attempt>-<create|insert|drop>`` query id and is never retried.
+Before the expensive work it checks what it can: the server answers as the expected
+user, the database exists and is Atomic, the receipt was made with the codec and
+policy this build uses, and the transport can carry every target type. A durable
+journal intent precedes every mutation; each mutation has exactly one
+``dpone-b02-<attempt>-<identity|create|insert|drop>`` query id and is never retried.
 """
 
 from __future__ import annotations
@@ -16,14 +20,15 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal, JournalEvent
-from dpone.connectors.clickhouse_errors import ClickHouseServerError, NotSubmitted
+from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal
+from dpone.connectors.bulk_text_codec import CODEC_ID, CODEC_VERSION
+from dpone.connectors.clickhouse_errors import ClickHouseServerError
 from dpone.connectors.clickhouse_request import (
     check_attempt_id,
     mutation,
@@ -32,9 +37,21 @@ from dpone.connectors.clickhouse_request import (
     read_query_id,
 )
 from dpone.connectors.clickhouse_result import QueryResult
-from dpone.connectors.endpoint_identity import NIL_UUID, observe_identity
+from dpone.connectors.clickhouse_tables import (
+    observe_ownership,
+    ownership_comment,
+    staging_table_name,
+    table_exists,
+)
+from dpone.connectors.endpoint_identity import (
+    NIL_UUID,
+    EndpointIdentityError,
+    observe_identity,
+    observe_principal,
+)
 from dpone.connectors.remote_termination import prove_termination
-from dpone.errors import DeadlineError, DponeError, TransportError
+from dpone.contracts.receipt import FileReceipt
+from dpone.errors import DeadlineError, DponeError
 from dpone.ports.clickhouse import QueryPort
 from dpone.runtime.artifact import FileVerificationBudget
 from dpone.runtime.clickhouse_file_stage_contract import (
@@ -48,16 +65,27 @@ from dpone.runtime.preparation import (
     PreparedSpool,
     prepare_rowbinary,
 )
-from dpone.runtime.staging_states import StageState, check_transition
+from dpone.runtime.staging_cleanup import UNOBSERVABLE, CleanupRefused, drop_owned_table
+from dpone.runtime.staging_run import (
+    SETTLED_ACKNOWLEDGED,
+    AttemptRun,
+    error_code,
+    settlement,
+)
+from dpone.runtime.staging_states import StageState
 from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact, FileAttempt
 from dpone.sql import quote_identifier, quote_literal
+from dpone.typepolicy import POLICY_ID, POLICY_VERSION, plan_columns
 
 S = StageState
+UNKNOWN_DATABASE = 81  # ClickHouse's error code
+# check_types(columns): refuses (name, ClickHouse type) pairs the transport cannot send.
+TypeCheck = Callable[[Sequence[tuple[str, str]]], None]
 
 
 @dataclass(frozen=True)
 class StagedTable:
-    """The handle of a verified staging table."""
+    """The handle of a verified staging table; ``journal_head`` is the final event's SHA-256."""
 
     database: str
     table: str
@@ -65,83 +93,8 @@ class StagedTable:
     rows: int
     semantic_id: str
     journal_path: Path
+    journal_head: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
-
-
-def staging_table_name(attempt_id: str) -> str:
-    """The private staging table of an attempt."""
-    return "dpone_stage_" + "".join(c if c.isalnum() else "_" for c in attempt_id)
-
-
-def ownership_comment(attempt_id: str, semantic_id: str) -> str:
-    """The COMMENT that marks a table as created by this attempt."""
-    return f"dpone-owned attempt={attempt_id} semantic={semantic_id}"
-
-
-@dataclass(frozen=True)
-class Ownership:
-    """What the server shows about a staging table: its UUID and ownership mark."""
-
-    uuid: str
-    comment: str | None
-
-    def belongs_to(self, attempt_id: str, semantic_id: str, table_uuid: str | None) -> bool:
-        """True when the mark is the attempt's and the UUID is the one it observed (if any)."""
-        return self.comment == ownership_comment(attempt_id, semantic_id) and (
-            table_uuid is None or self.uuid == table_uuid
-        )
-
-
-def table_exists(
-    transport: QueryPort, database: str, table: str, query_id: str, deadline: float
-) -> bool:
-    """Whether ``database.table`` exists now; anything but one exact count is an error."""
-    rows = transport.execute(
-        read(f"SELECT count() AS n FROM system.tables WHERE database = {quote_literal(database)} "
-             f"AND name = {quote_literal(table)} FORMAT JSONEachRow", query_id),
-        deadline=deadline,
-    ).json_rows()  # fmt: skip
-    if rows not in ([{"n": 0}], [{"n": 1}]):
-        raise StagingError(
-            f"existence of {database}.{table} is unobservable: {rows!r:.200}",
-            code="table_unobservable",
-        )
-    return rows == [{"n": 1}]
-
-
-def observe_ownership(
-    transport: QueryPort, database: str, table: str, next_id: Callable[[], str], deadline: float
-) -> Ownership | None:
-    """The table's UUID and its first column's comment, or None when it does not exist."""
-    where = f"database = {quote_literal(database)} AND "
-    tables = transport.execute(
-        read(f"SELECT toString(uuid) AS uuid FROM system.tables WHERE {where}name = {quote_literal(table)} "
-             "FORMAT JSONEachRow", next_id()),
-        deadline=deadline,
-    ).json_rows()  # fmt: skip
-    if not tables:
-        return None
-    columns = transport.execute(
-        read(f"SELECT comment FROM system.columns WHERE {where}table = {quote_literal(table)} AND position = 1 "
-             "FORMAT JSONEachRow", next_id()),
-        deadline=deadline,
-    ).json_rows()  # fmt: skip
-    return Ownership(str(tables[0]["uuid"]), columns[0]["comment"] if columns else None)
-
-
-class _Run:
-    """The mutable state of one attempt, in one place."""
-
-    def __init__(self, journal: ClickHouseFileAttemptJournal) -> None:
-        self.journal = journal
-        self.state = S.CHECKING
-        self.last: JournalEvent | None = None
-        self.base: dict[str, Any] = {}
-        self.table_uuid: str | None = None
-        self.table_created_maybe = False
-        self.inventory: dict[str, Any] = {}
-        self.prepared: PreparedSpool | None = None
-        self.in_flight: str | None = None  # a mutation sent and not yet acknowledged
 
 
 class ClickHouseValidatedFileService:
@@ -156,11 +109,15 @@ class ClickHouseValidatedFileService:
         policy: StagingPolicy | None = None,
         design: PhysicalDesign | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         journal_factory: Callable[
             [Path, str], ClickHouseFileAttemptJournal
         ] = ClickHouseFileAttemptJournal,
         progress: Callable[[str, int, int], None] | None = None,
         preparation_mode: str = MODE_PYTHON,
+        user: str | None = None,
+        user_uuid: str | None = None,
+        check_types: TypeCheck | None = None,
     ) -> None:
         self.transport = transport
         self.database = database
@@ -168,10 +125,16 @@ class ClickHouseValidatedFileService:
         self.policy = policy or StagingPolicy()
         self.design = design or PhysicalDesign()
         self.clock = clock
+        self.wall_clock = wall_clock
         self.journal_factory = journal_factory
         # progress(phase, rows, bytes): for a terminal display; never part of the evidence.
         self.progress = progress
         self.preparation_mode = preparation_mode
+        # The user the credentials name (None: whoever the server says), and its
+        # system.users id when an administrator observed it for a user who cannot.
+        self.user = user
+        self.user_uuid = user_uuid
+        self.check_types = check_types
         self._reads = 0
 
     # ------------------------------------------------------------------ the sequence
@@ -184,23 +147,24 @@ class ClickHouseValidatedFileService:
         check_attempt_id(attempt_id)
         journal = self.journal_factory(self.work_dir, attempt_id)
         journal.open()
-        run = _Run(journal)
         table = staging_table_name(attempt_id)
-        run.base = {
+        run = AttemptRun(journal, {
             "endpoint": self._endpoint_description(),
             "transport": self.transport.name,
             "planned_ownership": {"database": self.database, "table": table},
-        }
+            "principal": {"user": self.user, "user_uuid": self.user_uuid},
+        }, wall_clock=self.wall_clock)  # fmt: skip
         prep_deadline = self.clock() + self.policy.preparation_seconds
         budget = FileVerificationBudget(prep_deadline, self.policy.max_scan_bytes, self.clock)
         try:
             with contextlib.ExitStack() as stack:
                 try:
+                    self._preflight(run, prep_deadline)
                     attempt = stack.enter_context(
                         artifact.file_validation_attempt(attempt_id, verification_budget=budget)
                     )
                 except BaseException as exc:
-                    self._terminal(run, S.FAILED_CLEANED, exc)  # admission failure: nothing exists
+                    run.record_failure(S.FAILED_CLEANED, exc)  # nothing exists remotely
                     raise
                 return self._stage(run, attempt, table, prep_deadline, overrides)
         except BaseException as exc:
@@ -208,14 +172,40 @@ class ClickHouseValidatedFileService:
                 exc.add_details(last_event=run.last.document, journal=str(journal.attempt_dir))
             raise
 
+    def _preflight(self, run: AttemptRun, deadline: float) -> None:
+        """Before the file is even scanned: who we are and where we stage (reads only,
+        except the one-time creation of a Nil-UUID server's identity)."""
+        try:
+            principal = observe_principal(self.transport, self.user, probe_prefix=self._read_id(run, "principal"),
+                                          deadline=self._bounded(deadline))  # fmt: skip
+        except ClickHouseServerError as exc:
+            # The transport names the database on every request: the first one says so.
+            if exc.details.get("clickhouse_code") != UNKNOWN_DATABASE:
+                raise
+            raise EndpointIdentityError(
+                f"database {self.database!r} does not exist; create it with "
+                f"CREATE DATABASE {quote_identifier(self.database)} ENGINE = Atomic",
+                code="database_missing", database=self.database,
+            ) from exc  # fmt: skip
+        if principal["user_uuid"] is None:
+            principal["user_uuid"] = self.user_uuid
+        run.base["principal"] = principal
+        identity = observe_identity(
+            self.transport, self.database, probe_prefix=self._read_id(run, "identity"),
+            deadline=self._bounded(deadline),
+            establish=lambda statement: self._mutate(run, S.CHECKING, "identity", statement),
+        )  # fmt: skip
+        run.base["endpoint_identity"] = identity.to_document()
+
     def _stage(
-        self, run: _Run, attempt: FileAttempt, table: str, prep_deadline: float,
+        self, run: AttemptRun, attempt: FileAttempt, table: str, prep_deadline: float,
         overrides: dict[str, str] | None,
     ) -> StagedTable:  # fmt: skip
         receipt = attempt.receipt
-        self._event(run, S.CHECKING, "admitted", source_identity=receipt.to_document())
+        run.event(S.CHECKING, "admitted", source_identity=receipt.to_document())
         try:
-            self._move(run, S.PREPARING)
+            self._check_receipt(receipt, overrides)
+            run.move(S.PREPARING)
             prepared = prepare_rowbinary(
                 attempt.held.path, receipt, run.journal.attempt_dir / "spool",
                 overrides=overrides, held=attempt.held, progress=partial(self._phase, "preparing"),
@@ -229,12 +219,9 @@ class ClickHouseValidatedFileService:
             )  # fmt: skip
             run.prepared = prepared
             run.inventory["spool"] = str(prepared.path)
-            self._event(run, S.PREPARED, "prepared", derived_identity=prepared.identity.to_document(),
-                        semantic_id=prepared.semantic_id, counts={"prepared_rows": prepared.identity.prepared_rows,
-                                                                  "observed_count": None})  # fmt: skip
-            identity = observe_identity(self.transport, self.database, probe_prefix=self._read_id(run, "identity"),
-                                        deadline=self._bounded(prep_deadline))  # fmt: skip
-            run.base["endpoint_identity"] = identity.to_document()
+            run.event(S.PREPARED, "prepared", derived_identity=prepared.identity.to_document(),
+                      semantic_id=prepared.semantic_id, counts={"prepared_rows": prepared.identity.prepared_rows,
+                                                                "observed_count": None})  # fmt: skip
             self._absent_before_create(run, table, prep_deadline)
             self._check_deadline(prep_deadline, "pre-CREATE checks")
         except BaseException as exc:
@@ -246,14 +233,50 @@ class ClickHouseValidatedFileService:
             self._cleanup(run, table, exc)
             raise
 
+    def _check_receipt(self, receipt: FileReceipt, overrides: dict[str, str] | None) -> None:
+        """The receipt must describe the codec and policy this build reads and converts with."""
+        used = {"codec": (CODEC_ID, CODEC_VERSION), "policy": (POLICY_ID, POLICY_VERSION)}
+        found = {"codec": (receipt.codec_id, receipt.codec_version),
+                 "policy": (receipt.policy_id, receipt.policy_version)}  # fmt: skip
+        for what, expected in used.items():
+            if found[what] != expected:
+                raise StagingError(
+                    f"the receipt was made with {what} {found[what][0]} version {found[what][1]}; "
+                    f"this dpone uses {expected[0]} version {expected[1]}: validate the file again",
+                    code=f"receipt_{what}_mismatch", receipt=list(found[what]), used=list(expected),
+                )  # fmt: skip
+        if self.check_types is not None:
+            plans = plan_columns(receipt.schema.columns, overrides)
+            self.check_types([(p.name, p.clickhouse_type) for p in plans])
+
     def _create_load_verify(
-        self, run: _Run, attempt: FileAttempt, prepared: PreparedSpool, table: str
+        self, run: AttemptRun, attempt: FileAttempt, prepared: PreparedSpool, table: str
     ) -> StagedTable:
-        create_id = mutation_query_id(run.journal.attempt_id, "create")
-        comment = ownership_comment(run.journal.attempt_id, prepared.semantic_id)
-        self._event(
-            run, S.CREATING_STAGING, "intent", query={"kind": "create", "query_id": create_id}
-        )
+        comment = ownership_comment(run.attempt_id, prepared.semantic_id)
+        self._create(run, table, comment, prepared)
+        rows = prepared.identity.prepared_rows
+        self._load(run, table, prepared)
+        # One verification deadline covers COUNT, metadata, identity scans and completion.
+        verify_deadline = self.clock() + self.policy.verification_seconds
+        insert_id = mutation_query_id(run.attempt_id, "insert") if rows else None
+        run.event(S.VERIFYING, "acknowledged" if rows else "not_submitted_empty",
+                  query={"kind": "insert", "query_id": insert_id})  # fmt: skip
+        count = self._verify(run, attempt, table, comment, prepared, verify_deadline)
+        shutil.rmtree(prepared.path.parent)
+        run.inventory.pop("spool", None)
+        # The last check before the final event: once "staged" is durable it is the truth.
+        self._check_deadline(verify_deadline, "return")
+        final = run.event(S.STAGED, "staged", semantic_id=prepared.semantic_id,
+                          counts={"prepared_rows": rows, "observed_count": count},
+                          observed_ownership={"table_uuid": run.table_uuid})  # fmt: skip
+        return StagedTable(
+            self.database, table, run.table_uuid or "", count, prepared.semantic_id,
+            run.journal.attempt_dir, final.sha256,
+            metadata={"validated_file_consumption": {"record": final.document,
+                                                     "journal": str(run.journal.attempt_dir)}},
+        )  # fmt: skip
+
+    def _create(self, run: AttemptRun, table: str, comment: str, prepared: PreparedSpool) -> None:
         # The ownership mark is the first column's comment: every client can send a
         # column COMMENT (Debian's clickhouse-client 18.16 cannot parse a table COMMENT).
         columns = ", ".join(
@@ -262,78 +285,59 @@ class ClickHouseValidatedFileService:
             for i, c in enumerate(prepared.identity.target_schema)
         )
         run.table_created_maybe = True
-        self._mutate(
-            run,
-            f"CREATE TABLE {self._qualified(table)} ({columns}) {self.design.clause()}",
-            create_id,
-        )
-        run.table_uuid = self._verify_table(
-            run, table, comment, prepared, self.clock() + self.policy.verification_seconds
-        )
-        rows = prepared.identity.prepared_rows
-        insert_id = mutation_query_id(run.journal.attempt_id, "insert")
-        if rows == 0:
-            self._event(run, S.LOADING, "not_submitted_empty", query={"kind": "insert", "query_id": None},
-                        observed_ownership={"table_uuid": run.table_uuid})  # fmt: skip
-        else:
-            self._event(run, S.LOADING, "intent", query={"kind": "insert", "query_id": insert_id},
-                        observed_ownership={"table_uuid": run.table_uuid})  # fmt: skip
-            self._phase("loading", rows, prepared.identity.rowbinary_bytes)
-            result = self._mutate(
-                run,
-                f"INSERT INTO {self._qualified(table)} FORMAT RowBinary",
-                insert_id,
-                body=prepared.path,
-            )
-            if (result.sent_bytes, result.sent_sha256) != (
-                prepared.identity.rowbinary_bytes,
-                prepared.identity.rowbinary_sha256,
-            ):
-                raise StagingError(
-                    f"sent {result.sent_bytes} bytes with SHA-256 {result.sent_sha256}, prepared "
-                    f"{prepared.identity.rowbinary_bytes} with {prepared.identity.rowbinary_sha256}",
-                    code="sent_bytes_mismatch",
-                )
-        # One verification deadline covers COUNT, metadata, identity scans and completion.
-        verify_deadline = self.clock() + self.policy.verification_seconds
-        self._event(run, S.VERIFYING, "acknowledged" if rows else "not_submitted_empty",
-                    query={"kind": "insert", "query_id": insert_id if rows else None})  # fmt: skip
-        again = self._verify_table(run, table, comment, prepared, verify_deadline)
+        statement = f"CREATE TABLE {self._qualified(table)} ({columns}) {self.design.clause()}"
+        self._mutate(run, S.CREATING_STAGING, "create", statement)
+        verify_by = self.clock() + self.policy.verification_seconds
+        run.table_uuid = self._verify_table(run, table, comment, prepared, verify_by)
+
+    def _load(self, run: AttemptRun, table: str, prepared: PreparedSpool) -> None:
+        identity = prepared.identity
+        if identity.prepared_rows == 0:
+            run.event(S.LOADING, "not_submitted_empty", query={"kind": "insert", "query_id": None},
+                      observed_ownership={"table_uuid": run.table_uuid})  # fmt: skip
+            return
+        self._phase("loading", identity.prepared_rows, identity.rowbinary_bytes)
+        result = self._mutate(run, S.LOADING, "insert", f"INSERT INTO {self._qualified(table)} FORMAT RowBinary",
+                              body=prepared.path, observed_ownership={"table_uuid": run.table_uuid})  # fmt: skip
+        if (result.sent_bytes, result.sent_sha256) != (
+            identity.rowbinary_bytes,
+            identity.rowbinary_sha256,
+        ):
+            raise StagingError(
+                f"sent {result.sent_bytes} bytes with SHA-256 {result.sent_sha256}, prepared "
+                f"{identity.rowbinary_bytes} with {identity.rowbinary_sha256}",
+                code="sent_bytes_mismatch",
+            )  # fmt: skip
+
+    def _verify(self, run: AttemptRun, attempt: FileAttempt, table: str, comment: str,
+                prepared: PreparedSpool, deadline: float) -> int:  # fmt: skip
+        """Everything after the INSERT, under the verification deadline."""
+        again = self._verify_table(run, table, comment, prepared, deadline)
         if again != run.table_uuid:
             raise StagingError(
                 f"staging table UUID changed from {run.table_uuid} to {again}",
                 code="table_replaced",
             )
-        count = self._count(run, table, verify_deadline)
+        endpoint = observe_identity(self.transport, self.database, probe_prefix=self._read_id(run, "identity"),
+                                    deadline=self._bounded(deadline))  # fmt: skip
+        if endpoint.to_document() != run.base["endpoint_identity"]:
+            raise StagingError(
+                f"the endpoint's identity changed during the attempt: {endpoint.to_document()} "
+                f"after the INSERT, {run.base['endpoint_identity']} before",
+                code="endpoint_changed",
+            )  # fmt: skip
+        rows = prepared.identity.prepared_rows
+        count = self._count(run, table, deadline)
         if count != rows:
             raise StagingError(
-                f"COUNT observed {count} rows, prepared {rows}",
-                code="count_mismatch",
-                observed=count,
-            )
-        attempt.complete(count)
-        self._check_deadline(verify_deadline, "completion")
-        shutil.rmtree(prepared.path.parent)
-        run.inventory.pop("spool", None)
-        # The last check before the final event: once "staged" is durable it is the truth.
-        self._check_deadline(verify_deadline, "return")
-        final = self._event(run, S.STAGED, "staged", semantic_id=prepared.semantic_id,
-                            counts={"prepared_rows": rows, "observed_count": count},
-                            observed_ownership={"table_uuid": run.table_uuid})  # fmt: skip
-        return StagedTable(
-            self.database,
-            table,
-            run.table_uuid or "",
-            count,
-            prepared.semantic_id,
-            run.journal.attempt_dir,
-            metadata={
-                "validated_file_consumption": {
-                    "record": final.document,
-                    "journal": str(run.journal.attempt_dir),
-                }
-            },
+                f"COUNT observed {count} rows, prepared {rows}", code="count_mismatch", observed=count
+            )  # fmt: skip
+        # Completion re-scans the source: it belongs to this deadline, not preparation's.
+        attempt.complete(
+            count, FileVerificationBudget(deadline, self.policy.max_scan_bytes, self.clock)
         )
+        self._check_deadline(deadline, "completion")
+        return count
 
     def _phase(self, phase: str, rows: int, size: int) -> None:
         if self.progress is not None:
@@ -342,7 +346,7 @@ class ClickHouseValidatedFileService:
     # ------------------------------------------------------------------ checks
 
     def _verify_table(
-        self, run: _Run, table: str, comment: str, prepared: PreparedSpool, deadline: float
+        self, run: AttemptRun, table: str, comment: str, prepared: PreparedSpool, deadline: float
     ) -> str:
         rows = self.transport.execute(
             read("SELECT toString(uuid) AS uuid, engine, is_temporary, sorting_key, partition_key "
@@ -385,7 +389,7 @@ class ClickHouseValidatedFileService:
                                code="table_identity_mismatch", problems=problems)  # fmt: skip
         return str(t["uuid"])
 
-    def _count(self, run: _Run, table: str, deadline: float) -> int:
+    def _count(self, run: AttemptRun, table: str, deadline: float) -> int:
         rows = self.transport.execute(
             read(
                 f"SELECT count() AS n FROM {self._qualified(table)} FORMAT JSONEachRow",
@@ -405,7 +409,7 @@ class ClickHouseValidatedFileService:
             )
         return value
 
-    def _absent_before_create(self, run: _Run, table: str, deadline: float) -> None:
+    def _absent_before_create(self, run: AttemptRun, table: str, deadline: float) -> None:
         if table_exists(
             self.transport,
             self.database,
@@ -420,115 +424,93 @@ class ClickHouseValidatedFileService:
 
     # ------------------------------------------------------------------ failure
 
-    def _fail_before_create(self, run: _Run, exc: BaseException) -> None:
+    def _fail_before_create(self, run: AttemptRun, exc: BaseException) -> None:
         if run.prepared is not None:
             shutil.rmtree(run.prepared.path.parent, ignore_errors=True)
             run.inventory.pop("spool", None)
-        self._terminal(run, S.FAILED_CLEANED, exc)
+        run.record_failure(S.FAILED_CLEANED, exc)
 
-    def _cleanup(self, run: _Run, table: str, exc: BaseException) -> None:
+    def _cleanup(self, run: AttemptRun, table: str, exc: BaseException) -> None:
+        """After the CREATE intent: decide and record how the attempt ends; never raises."""
         try:
-            self._move(run, S.CLEANUP)
-            self._event(run, S.CLEANUP, "started", error_code=_code(exc))
+            run.event(S.CLEANUP, "started", error_code=error_code(exc))
             try:
-                dropped = (
-                    self._drop_if_owned(run, table) if self._remote_settled(run, exc) else None
-                )
-            except TransportError as unreachable:
-                if isinstance(unreachable, ClickHouseServerError):
-                    raise  # the server refused a cleanup step: verified cleanup cannot finish
-                # The server cannot be asked: its state is unknown, never assumed.
-                exc.add_note(f"remote state could not be observed: {unreachable}")
-                dropped = None
-            if dropped is None:
-                self._terminal(run, S.RETAINED_UNKNOWN, exc)
-                return
-            if run.prepared is not None:
+                ending = self._clean(run, table, exc)
+            except CleanupRefused as refused:
+                exc.add_note(f"cleanup did not finish: {refused}")
+                ending = S.CLEANUP_FAILED
+            except UNOBSERVABLE as unobservable:
+                # The server could not be asked, or did not answer exactly: its state is
+                # unknown, never assumed; everything is kept.
+                exc.add_note(f"remote state could not be observed: {unobservable}")
+                ending = S.RETAINED_UNKNOWN
+            if ending is S.FAILED_CLEANED and run.prepared is not None:
                 shutil.rmtree(run.prepared.path.parent, ignore_errors=True)
                 run.inventory.pop("spool", None)
-            self._terminal(run, S.FAILED_CLEANED, exc)
+            run.terminal(ending, exc)
         except BaseException as cleanup_exc:
             exc.add_note(f"cleanup did not finish: {type(cleanup_exc).__name__}: {cleanup_exc}")
-            try:
-                if run.state is S.CLEANUP:
-                    self._terminal(run, S.CLEANUP_FAILED, cleanup_exc)
-            except BaseException as journal_exc:
-                exc.add_note(f"the failure record could not be published: {journal_exc}")
+            if run.state is S.CLEANUP:
+                run.record_failure(S.CLEANUP_FAILED, cleanup_exc, primary=exc)
 
-    def _remote_settled(self, run: _Run, exc: BaseException) -> bool:
-        """True when every mutation sent so far is proven finished on the server."""
-        query_id = run.in_flight
-        if query_id is None:
-            return True  # every mutation sent was acknowledged; the failure was local
-        if isinstance(exc, ClickHouseServerError | NotSubmitted):
-            return True  # the server answered with an exception, or nothing left
-        state = prove_termination(self.transport, query_id, probe_prefix=self._read_id(run, "termination"),
-                                  deadline=self.clock() + self.policy.verification_seconds)  # fmt: skip
-        self._event(run, S.CLEANUP, "termination_observed",
-                    remote={"query_id": query_id, "termination": state.termination.value, "source": state.source})  # fmt: skip
-        return state.proven_terminal
-
-    def _mutate(
-        self, run: _Run, statement: str, query_id: str, body: Path | None = None
-    ) -> QueryResult:
-        run.in_flight = query_id
-        result = self.transport.execute(mutation(statement, query_id, body=body),
-                                        deadline=self.clock() + self.policy.request_seconds)  # fmt: skip
-        run.in_flight = None
-        return result
-
-    def _drop_if_owned(self, run: _Run, table: str) -> bool | None:
-        """Drop the staging table if it is ours; None when ownership cannot be settled."""
+    def _clean(self, run: AttemptRun, table: str, exc: BaseException) -> StageState:
+        if not self._remote_settled(run, exc):
+            return S.RETAINED_UNKNOWN
         found = observe_ownership(self.transport, self.database, table, lambda: self._read_id(run, "owned"),
                                   self.clock() + self.policy.verification_seconds)  # fmt: skip
         if found is None:
-            return False  # nothing was created
+            return S.FAILED_CLEANED  # nothing was created
         semantic = run.prepared.semantic_id if run.prepared else ""
-        if not found.belongs_to(run.journal.attempt_id, semantic, run.table_uuid):
+        if not found.belongs_to(run.attempt_id, semantic, run.table_uuid):
             run.inventory["table_not_owned"] = table
-            return None
-        drop_id = mutation_query_id(run.journal.attempt_id, "drop")
-        self._event(run, S.CLEANUP, "drop_intent", query={"kind": "drop", "query_id": drop_id},
-                    observed_ownership={"table_uuid": found.uuid})  # fmt: skip
+            return S.RETAINED_UNKNOWN
+        gone = drop_owned_table(
+            self.transport, run, S.CLEANUP, kind="drop", database=self.database, table=table,
+            found=found, request_seconds=self.policy.request_seconds, clock=self.clock,
+            read_id=partial(self._read_id, run),
+        )  # fmt: skip
+        return S.FAILED_CLEANED if gone else S.RETAINED_UNKNOWN
+
+    def _remote_settled(self, run: AttemptRun, exc: BaseException) -> bool:
+        """True when every mutation sent so far is proven finished on the server."""
+        query_id = run.in_flight
+        if query_id is None:
+            return True  # every mutation sent was settled; the failure was local
+        how = settlement(exc)
+        if how is not None:
+            run.settle(query_id, how)
+            return True  # the server answered with an exception, or nothing left
+        state = prove_termination(self.transport, query_id, probe_prefix=self._read_id(run, "termination"),
+                                  deadline=self.clock() + self.policy.verification_seconds)  # fmt: skip
+        if state.proven_terminal:
+            run.settle(query_id, state.termination.value)
+        run.event(S.CLEANUP, "termination_observed",
+                  remote={"query_id": query_id, "termination": state.termination.value, "source": state.source})  # fmt: skip
+        return state.proven_terminal
+
+    def _mutate(self, run: AttemptRun, state: StageState, kind: str, statement: str,
+                body: Path | None = None, **intent_fields: Any) -> QueryResult:  # fmt: skip
+        """A durable intent, then the one request under its own id; records how it settled."""
+        query_id = mutation_query_id(run.attempt_id, kind)
+        deadline = self.clock() + self.policy.request_seconds  # before the intent (its window)
+        run.intent(state, kind, query_id, self.policy.request_seconds, **intent_fields)
         try:
-            self._mutate(run, f"DROP TABLE {self._qualified(table)}", drop_id)
-        except ClickHouseServerError:
-            raise
-        except DponeError:
-            state = prove_termination(self.transport, drop_id, probe_prefix=self._read_id(run, "termination"),
-                                      deadline=self.clock() + self.policy.verification_seconds)  # fmt: skip
-            if not state.proven_terminal:
-                return None
-        if table_exists(self.transport, self.database, table, self._read_id(run, "dropped"),
-                        self.clock() + self.policy.verification_seconds):  # fmt: skip
-            raise StagingError(
-                f"staging table {table} still exists after DROP", code="drop_unverified"
+            result = self.transport.execute(
+                mutation(statement, query_id, body=body), deadline=deadline
             )
-        return True
-
-    # ------------------------------------------------------------------ journal
-
-    def _move(self, run: _Run, target: StageState) -> None:
-        run.state = check_transition(run.state, target)
-
-    def _event(self, run: _Run, state: StageState, outcome: str, **fields: Any) -> JournalEvent:
-        if state is not run.state:
-            self._move(run, state)
-        document = {**run.base, "state": state.value, "outcome": outcome,
-                    "cleanup_inventory": dict(run.inventory), **fields}  # fmt: skip
-        run.last = run.journal.record(document)
-        return run.last
-
-    def _terminal(self, run: _Run, state: StageState, exc: BaseException) -> None:
-        if state is S.RETAINED_UNKNOWN and run.table_created_maybe:
-            run.inventory["table"] = run.base["planned_ownership"]
-        self._event(run, state, "terminal", error_code=_code(exc))
+        except BaseException as exc:
+            how = settlement(exc)
+            if how is not None:
+                run.settle(query_id, how)
+            raise
+        run.settle(query_id, SETTLED_ACKNOWLEDGED)
+        return result
 
     # ------------------------------------------------------------------ helpers
 
-    def _read_id(self, run: _Run, purpose: str) -> str:
+    def _read_id(self, run: AttemptRun, purpose: str) -> str:
         self._reads += 1
-        return read_query_id(run.journal.attempt_id, purpose, self._reads)
+        return read_query_id(run.attempt_id, purpose, self._reads)
 
     def _bounded(self, phase_deadline: float) -> float:
         return min(phase_deadline, self.clock() + self.policy.request_seconds)
@@ -545,7 +527,3 @@ class ClickHouseValidatedFileService:
     def _endpoint_description(self) -> str:
         endpoint = getattr(self.transport, "endpoint", None)
         return endpoint.describe() if endpoint is not None else self.transport.name
-
-
-def _code(exc: BaseException) -> str:
-    return exc.code if isinstance(exc, DponeError) else type(exc).__name__

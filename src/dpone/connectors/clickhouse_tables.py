@@ -1,0 +1,106 @@
+"""Tables dpone owns on a ClickHouse server: their names, ownership marks and existence.
+
+One neutral owner for what staging, recovery and publication all need to know about a
+table before they touch it: the private staging name of an attempt (an injective
+mapping, so two attempt ids never share a table), the ownership mark dpone writes
+into the first column's comment, and reads of ``system.tables`` / ``system.columns``
+that either answer exactly or raise (a missing observation is never "absent").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dpone.connectors.clickhouse_request import check_attempt_id, read
+from dpone.errors import StateError
+from dpone.ports.clickhouse import QueryPort
+from dpone.sql import quote_literal
+
+STAGING_PREFIX = "dpone_stage_"
+# Attempt ids may hold letters, digits, "_", "-" and ".". Letters and digits stay as
+# they are; "_" is the escape character, so each of the three others becomes "_" plus
+# a letter of its own. Decoding is unambiguous, hence the mapping is injective:
+# a-b -> a_hb, a_b -> a__b, a.b -> a_db.
+_ESCAPES = {"_": "__", "-": "_h", ".": "_d"}
+
+
+class TableObservationError(StateError):
+    """What the server shows about a table could not be observed exactly."""
+
+    code = "table_unobservable"
+
+
+def staging_table_name(attempt_id: str) -> str:
+    """The private staging table of an attempt; distinct attempt ids give distinct names."""
+    return STAGING_PREFIX + "".join(_ESCAPES.get(c, c) for c in check_attempt_id(attempt_id))
+
+
+def ownership_comment(attempt_id: str, semantic_id: str) -> str:
+    """The first column's COMMENT that marks a table as created by this attempt."""
+    return f"dpone-owned attempt={attempt_id} semantic={semantic_id}"
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """What the server shows about a table: its UUID and ownership mark."""
+
+    uuid: str
+    comment: str | None
+
+    def belongs_to(self, attempt_id: str, semantic_id: str, table_uuid: str | None) -> bool:
+        """True when the mark is the attempt's and the UUID is the one it observed (if any)."""
+        return self.comment == ownership_comment(attempt_id, semantic_id) and (
+            table_uuid is None or self.uuid == table_uuid
+        )
+
+
+def _where(database: str, table: str, name_column: str = "name") -> str:
+    return f"database = {quote_literal(database)} AND {name_column} = {quote_literal(table)}"
+
+
+def table_exists(
+    transport: QueryPort, database: str, table: str, query_id: str, deadline: float
+) -> bool:
+    """Whether ``database.table`` exists now; anything but one exact count is an error."""
+    statement = f"SELECT count() AS n FROM system.tables WHERE {_where(database, table)}"
+    rows = transport.execute(
+        read(f"{statement} FORMAT JSONEachRow", query_id), deadline=deadline
+    ).json_rows()
+    if rows not in ([{"n": 0}], [{"n": 1}]):
+        raise TableObservationError(
+            f"existence of {database}.{table} is unobservable: {rows!r:.200}",
+            query_id=query_id,
+        )
+    return rows == [{"n": 1}]
+
+
+def observe_ownership(
+    transport: QueryPort, database: str, table: str, next_id: Callable[[], str], deadline: float
+) -> Ownership | None:
+    """The table's UUID and its first column's comment, or None when it does not exist."""
+    query_id = next_id()
+    tables = transport.execute(
+        read(
+            "SELECT toString(uuid) AS uuid FROM system.tables "
+            f"WHERE {_where(database, table)} FORMAT JSONEachRow",
+            query_id,
+        ),
+        deadline=deadline,
+    ).json_rows()
+    if not tables:
+        return None
+    if len(tables) != 1 or not isinstance(tables[0].get("uuid"), str):
+        raise TableObservationError(
+            f"{database}.{table} observed as {tables!r:.200}", query_id=query_id
+        )
+    columns = transport.execute(
+        read(
+            "SELECT comment FROM system.columns "
+            f"WHERE {_where(database, table, 'table')} AND position = 1 FORMAT JSONEachRow",
+            next_id(),
+        ),
+        deadline=deadline,
+    ).json_rows()
+    comment = columns[0].get("comment") if len(columns) == 1 else None
+    return Ownership(tables[0]["uuid"], comment if isinstance(comment, str) else None)

@@ -1,0 +1,272 @@
+"""Recovery a user can finish, on a server of its own that is stopped and started.
+
+Covers: cleanup after a restart (acknowledged mutations need no proof; an
+unacknowledged one is proven by a server start after its dispatch window), a refused
+cleanup that leaves ``attempts list`` unchanged, the journaled identity CREATE of a
+fresh server, discarding staged tables (CLI and finalizer), ``journal verify --head``
+and what a failed stage tells the user.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpone.adapters.file_attempt_journal import read_events
+from dpone.connectors.clickhouse_request import Credentials, Endpoint
+from dpone.errors import DponeError
+from dpone.localserver import LocalServer, ServerInfo
+from dpone.runtime.attempt_recovery import finishing_command, left_behind
+from dpone.runtime.clickhouse_staging_composition import (
+    StagingConfig,
+    build_clickhouse_staging_components,
+)
+from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
+from tests import chhttp
+from tests.e2e.test_cli_server import as_json, dpone
+from tests.integration.test_staging import DB, export_hostile
+
+CHILD = textwrap.dedent(
+    f"""
+    import os, signal, sys
+    from pathlib import Path
+    from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal
+    from dpone.connectors.clickhouse_request import Credentials, Endpoint
+    from dpone.runtime.clickhouse_file_stage_contract import StagingPolicy
+    from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
+    from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
+    from dpone.runtime.validated_file_service import ClickHouseValidatedFileService
+
+    http, tcp, work, path, receipt, attempt, crash_after, request_seconds = sys.argv[1:]
+
+    class Crashing(ClickHouseFileAttemptJournal):
+        def record(self, fields):
+            event = super().record(fields)
+            if event.sequence == int(crash_after):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return event
+
+    cfg = StagingConfig(Endpoint("127.0.0.1", int(http), int(tcp), "{DB}"), Credentials("default"), Path(work))
+    svc = ClickHouseValidatedFileService(build_transport(cfg), "{DB}", Path(work), journal_factory=Crashing,
+                                         policy=StagingPolicy(request_seconds=float(request_seconds)))
+    svc.stage(ContractValidatedFileArtifact(Path(path), Path(receipt)), attempt)
+    """
+)
+
+
+def crash(
+    info: ServerInfo,
+    work: Path,
+    path: Path,
+    receipt: Path,
+    attempt: str,
+    after: int,
+    request_seconds: float,
+) -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, str(info.http_port), str(info.tcp_port), str(work), str(path),
+         str(receipt), attempt, str(after), str(request_seconds)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert child.returncode == -9, child.stderr
+
+
+def server_args(info: ServerInfo) -> list[str]:
+    return ["--database", DB, "--host", "127.0.0.1", "--http-port", str(info.http_port),
+            "--tcp-port", str(info.tcp_port), "--json"]  # fmt: skip
+
+
+def listing(work: Path, *flags: str) -> list[dict[str, Any]]:
+    attempts: list[dict[str, Any]] = as_json(
+        dpone("attempts", "list", "--work-dir", str(work), "--json", *flags)
+    )["attempts"]
+    return attempts
+
+
+def exists(info: ServerInfo, table: str) -> bool:
+    return chhttp.query(info.http_port, f"EXISTS TABLE {DB}.{table}") == "1\n"
+
+
+def test_recovery_after_a_server_restart(tmp_path: Path) -> None:
+    path, receipt, _ = export_hostile(tmp_path)
+    work = tmp_path / "work"
+    data_dir = tmp_path / "victim"
+    with LocalServer(data_dir) as first:
+        info = first.info
+        chhttp.query(info.http_port, f"CREATE DATABASE {DB} ENGINE = Atomic")
+        # Item 12: a fresh server has no dpone identity; creating it is a journaled mutation.
+        components = build_clickhouse_staging_components(
+            StagingConfig(
+                Endpoint("127.0.0.1", info.http_port, info.tcp_port, DB),
+                Credentials("default"),
+                work,
+            )
+        )
+        staged = components.validated_file.stage(
+            ContractValidatedFileArtifact(path, receipt), "first-1"
+        )
+        docs = [e.document for e in read_events(staged.journal_path)]
+        assert (docs[0]["state"], docs[0]["outcome"], docs[0]["query"]) == (
+            "checking", "intent", {"kind": "identity", "query_id": "dpone-b02-first-1-identity"},
+        )  # fmt: skip
+        assert docs[0]["dispatch"]["not_before_ms"] < docs[0]["dispatch"]["not_after_ms"]
+        assert docs[1]["settled"] == {
+            "query_id": "dpone-b02-first-1-identity",
+            "by": "acknowledged",
+        }
+        chhttp.query(info.http_port, "SYSTEM FLUSH LOGS")
+        kinds = chhttp.rows(info.http_port, "SELECT DISTINCT query_kind FROM system.query_log "
+                            "WHERE query_id = 'dpone-b02-first-1-identity'")  # fmt: skip
+        assert kinds == [{"query_kind": "Create"}]
+        # Crashes: after the verifying event (CREATE and INSERT acknowledged), and after
+        # the INSERT intent (never dispatched; a one-second dispatch window).
+        crash(info, work, path, receipt, "acked-1", 5, 600.0)
+        crash(info, work, path, receipt, "unacked-1", 4, 1.0)
+        assert exists(info, "dpone_stage_acked_h1") and exists(info, "dpone_stage_unacked_h1")
+        before = listing(work)
+        refused = dpone(
+            "attempts", "cleanup", "unacked-1", "--work-dir", str(work), *server_args(info)
+        )
+        assert (
+            refused.returncode == 1 and as_json(refused)["error"]["code"] == "termination_unproven"
+        )
+        assert listing(work) == before  # a refused cleanup changes nothing anyone sees
+        window = next(e.document for e in read_events(work / "unacked-1") if e.document.get("dispatch")
+                      and e.document["query"]["kind"] == "insert")["dispatch"]  # fmt: skip
+    # The server starts again only once the INSERT's dispatch window has closed (and the
+    # two-second resolution of the start-time bound has passed).
+    while time.time() * 1000 < window["not_after_ms"] + 2500:
+        time.sleep(0.1)
+    with LocalServer(data_dir) as second:
+        info = second.info
+        for attempt in ("acked-1", "unacked-1"):
+            done = dpone(
+                "attempts", "cleanup", attempt, "--work-dir", str(work), *server_args(info)
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert as_json(done)["state"] == "failed_cleaned"
+        assert not exists(info, "dpone_stage_acked_h1") and not exists(
+            info, "dpone_stage_unacked_h1"
+        )
+        proofs = [
+            e.document["remote"]
+            for e in read_events(work / "unacked-1")
+            if e.document["outcome"] == "termination_observed"
+        ]
+        assert [(p["query_id"], p["termination"]) for p in proofs] == [
+            ("dpone-b02-unacked-1-insert", "server_restart")
+        ]
+        # The acknowledged attempt needed no proof at all.
+        assert not any(
+            e.document["outcome"] == "termination_observed" for e in read_events(work / "acked-1")
+        )
+        assert {a["attempt_id"] for a in listing(work)} == set()
+
+        # Item 18: the staged table is listed and discarded, with its own journaled DROP.
+        [shown] = [a for a in listing(work, "--all") if a["attempt_id"] == "first-1"]
+        assert (shown["state"], shown["planned_table"]["table"]) == (
+            "staged",
+            "dpone_stage_first_h1",
+        )
+        text = dpone("attempts", "list", "--work-dir", str(work), "--all").stdout
+        assert "dpone attempts discard first-1" in text
+        gone = dpone("attempts", "discard", "first-1", "--work-dir", str(work), *server_args(info))
+        assert gone.returncode == 0, gone.stdout + gone.stderr
+        assert as_json(gone)["state"] == "discarded" and not exists(info, "dpone_stage_first_h1")
+        docs = [e.document for e in read_events(work / "first-1")]
+        assert [(d["state"], d["outcome"]) for d in docs[-2:]] == [
+            ("discarding", "drop_intent"),
+            ("discarded", "discarded"),
+        ]
+        assert docs[-2]["query"] == {"kind": "discard", "query_id": "dpone-b02-first-1-discard"}
+        assert docs[-1]["settled"] == {
+            "query_id": "dpone-b02-first-1-discard",
+            "by": "acknowledged",
+        }
+        again = dpone("attempts", "discard", "first-1", "--work-dir", str(work), *server_args(info))
+        assert again.returncode == 1 and as_json(again)["error"]["code"] == "not_staged"
+
+        # The finalizer is the same discard, and refuses a handle that is not the table's.
+        components = build_clickhouse_staging_components(
+            StagingConfig(
+                Endpoint("127.0.0.1", info.http_port, info.tcp_port, DB),
+                Credentials("default"),
+                work,
+            )
+        )
+        other = components.validated_file.stage(
+            ContractValidatedFileArtifact(path, receipt), "second-1"
+        )
+        impostor = dataclasses.replace(other, uuid="00000000-0000-0000-0000-000000000001")
+        with pytest.raises(DponeError) as caught:
+            components.finalizer.discard(impostor)
+        assert caught.value.code == "ownership_unverified"
+        assert exists(info, "dpone_stage_second_h1")
+        assert (
+            read_events(work / "second-1")[-1].document["state"] == "staged"
+        )  # refusal writes nothing
+        components.finalizer.discard(other)
+        assert not exists(info, "dpone_stage_second_h1")
+        assert (
+            read_events(work / "second-1")[-2].document["query"]["query_id"]
+            == "dpone-b02-second-1-discard"
+        )
+
+
+def test_journal_head_and_what_a_failed_stage_says(clickhouse: ServerInfo, tmp_path: Path) -> None:
+    path, receipt, _ = export_hostile(tmp_path)
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    work = tmp_path / "work"
+    done = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(work),
+                 "--attempt-id", "head-1", *server_args(clickhouse))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    staged = as_json(done)
+    head = staged["journal_head"]
+    assert head == read_events(work / "head-1")[-1].sha256
+    ok = dpone("journal", "verify", staged["journal"], "--head", head, "--json")
+    assert ok.returncode == 0 and as_json(ok)["head_checked"] is True
+    archived = Path(staged["journal"]).rename(tmp_path / "archived-head-1")
+    assert dpone("journal", "verify", str(archived), "--head", head).returncode == 0
+    shutil.rmtree(sorted((archived / "events").iterdir())[-1])  # the final event deleted
+    cut = dpone("journal", "verify", str(archived), "--head", head, "--json")
+    assert cut.returncode == 1 and as_json(cut)["error"]["code"] == "journal_head_mismatch"
+    (tmp_path / "empty" / "events").mkdir(parents=True)
+    empty = dpone("journal", "verify", str(tmp_path / "empty"), "--json")
+    assert empty.returncode == 1 and as_json(empty)["error"]["code"] == "journal_empty"
+
+    # A stage that fails says what it left and how to finish.
+    closed = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(work), "--attempt-id",
+                   "nowhere-1", "--database", DB, "--host", "127.0.0.1", "--http-port", "1", "--tcp-port", "1")  # fmt: skip
+    assert closed.returncode == 1
+    assert "the attempt nowhere-1 ended failed_cleaned; it left behind:" in closed.stderr
+    assert f"journal: {work / 'nowhere-1'}" in closed.stderr
+
+
+def test_left_behind_names_the_table_spool_and_command(tmp_path: Path) -> None:
+    last = {"state": "retained_unknown", "cleanup_inventory": {
+        "spool": "/w/a-1/spool/data.rowbinary", "table": {"database": DB, "table": "dpone_stage_a_h1", "uuid": "u-1"}}}  # fmt: skip
+    assert left_behind(last, Path("/w/a-1")) == {
+        "table": f"{DB}.dpone_stage_a_h1 (uuid u-1), may exist",
+        "spool": "/w/a-1/spool/data.rowbinary",
+        "journal": "/w/a-1",
+    }
+    assert finishing_command("retained_unknown", "a-1", Path("/my work"), DB) == (
+        f"dpone attempts cleanup a-1 --work-dir '/my work' --database {DB}"
+    )
+    assert (
+        finishing_command("staged", "a-1", Path("/w"), DB)
+        == f"dpone attempts discard a-1 --work-dir /w --database {DB}"
+    )
+    assert finishing_command("failed_cleaned", "a-1", Path("/w"), DB) is None
+    assert (
+        json.dumps(left_behind({"state": "failed_cleaned"}, Path("/w/x"))) == '{"journal": "/w/x"}'
+    )
