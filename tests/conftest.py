@@ -11,9 +11,13 @@ import pytest
 
 from dpone.connectors.clickhouse_request import Credentials
 from dpone.localserver import LocalServer, ServerInfo, ServerUser
+from dpone.localserver.principal_pool import pool_names, pool_users
 
 READER_PASSWORD = "reader-secret-Δ-42"
 TEST_DATABASE = "dpone_test"
+# The publication principal pool, protecting these databases (explicit test passwords).
+POOL_DATABASE = "dpone_pool"
+POOL_PASSWORDS = {name: f"pool-{name}-secret" for name in pool_names()}
 
 SESSION_USERS = (
     ServerUser("default"),
@@ -23,6 +27,7 @@ SESSION_USERS = (
         grants=(f"GRANT SELECT ON {TEST_DATABASE}.*",),
     ),
     ServerUser("nobody", password="nobody-secret", grants=()),
+    *pool_users(POOL_PASSWORDS, (TEST_DATABASE, POOL_DATABASE)),
 )
 
 
@@ -46,6 +51,12 @@ def clickhouse(session_data_dir: Path) -> Iterator[ServerInfo]:
 def admin_credentials(clickhouse: ServerInfo) -> Credentials:
     """The managed server's administrator; tests never spell these out themselves."""
     return Credentials("default")
+
+
+@pytest.fixture(scope="session")
+def pool_credentials(clickhouse: ServerInfo) -> dict[str, Credentials]:
+    """Credentials of every pool user declared on the session's server."""
+    return {name: Credentials(name, password) for name, password in POOL_PASSWORDS.items()}
 
 
 @pytest.fixture(scope="session")
