@@ -10,7 +10,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -73,13 +72,13 @@ def uuids(port: int, db: str, *names: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def port(clickhouse: ServerInfo) -> Iterator[int]:
+def port(clickhouse: ServerInfo) -> int:
     for db in (POOL_DATABASE, TEST_DATABASE, OTHER_DB):
         chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {db} ENGINE = Atomic")
-    yield clickhouse.http_port
+    return clickhouse.http_port
 
 
-@pytest.fixture()
+@pytest.fixture
 def names() -> tuple[str, str]:
     token = uuid.uuid4().hex[:10]
     return f"dpone_stage_t{token}", f"target_{token}"
@@ -232,8 +231,7 @@ def test_closer_kills_any_users_queries_and_reads_the_logs(port: int) -> None:
         # Another ingest user cannot kill it: KILL QUERY of other users is the closer's.
         other = ingest_users()[1]
         answer = as_user(port, f"KILL QUERY WHERE query_id = '{query_id}' SYNC", other)
-        print("OTHERKILL", answer.status, answer.exception_code, repr(answer.text[:200]))
-        assert refused(answer) or answer.text == ""
+        assert refused(answer) and "attempts to kill query created by" in answer.text
         killed = as_user(
             port, f"KILL QUERY WHERE user = '{INGEST}' SYNC FORMAT JSONEachRow", CLOSER_USER
         )
@@ -246,14 +244,7 @@ def test_closer_kills_any_users_queries_and_reads_the_logs(port: int) -> None:
         user=CLOSER_USER, password=POOL_PASSWORDS[CLOSER_USER],
     )  # fmt: skip
     assert {r["type"] for r in logged} == {"QueryStart", "ExceptionWhileProcessing"}
-    assert refused(
-        as_user(port, f"SELECT count() FROM {POOL_DATABASE}.nothing_here", CLOSER_USER)
-    ) or (
-        as_user(
-            port, f"SELECT count() FROM {POOL_DATABASE}.nothing_here", CLOSER_USER
-        ).exception_code
-        == "60"
-    )
+    assert refused(as_user(port, f"SELECT count() FROM {SLOW_TABLE}", CLOSER_USER))
 
 
 def test_catalog_reads_system_tables_and_protected_databases(
@@ -285,7 +276,7 @@ def test_catalog_reads_system_tables_and_protected_databases(
 # ---------------------------------------------------------------------- the pool issuer
 
 
-@pytest.fixture()
+@pytest.fixture
 def user_ids(
     port: int, clickhouse: ServerInfo, pool_credentials: dict[str, Credentials]
 ) -> dict[str, str]:
@@ -357,8 +348,9 @@ def test_rbac_rendering_is_exact() -> None:
     assert render_drop_user("a\\b") == "DROP USER IF EXISTS `a\\\\b`"
     with pytest.raises(ConfigurationError):
         render_create_user("u", "XYZ", ["127.0.0.1"])
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError) as host:
         render_create_user("u", HASH, ["not an address"])
+    assert host.value.code == "invalid_host"
 
 
 def test_rbac_statements_parse_on_the_server_which_refuses_to_run_them(port: int) -> None:

@@ -202,7 +202,12 @@ def render_create_user(user: str, password_sha256_hex: str, hosts: Sequence[str]
                                  code="invalid_password_hash")  # fmt: skip
     if not hosts:
         raise ConfigurationError("a user needs at least one host", code="invalid_host")
-    ips = ", ".join(f"IP {quote_literal(str(ipaddress.ip_network(h)))}" for h in hosts)
+    try:
+        networks = [str(ipaddress.ip_network(h)) for h in hosts]
+    except ValueError as exc:
+        raise ConfigurationError(f"a host must be an IP address or network: {exc}",
+                                 code="invalid_host") from exc  # fmt: skip
+    ips = ", ".join(f"IP {quote_literal(n)}" for n in networks)
     return (
         f"CREATE USER {quote_identifier(user)} IDENTIFIED WITH sha256_hash BY "
         f"{quote_literal(password_sha256_hex)} HOST {ips}"
