@@ -80,6 +80,11 @@ class Pool:
 
 @pytest.fixture
 def pool(clickhouse: ServerInfo, pool_credentials: dict[str, Credentials]) -> Pool:
+    return make_pool(clickhouse, pool_credentials)
+
+
+def make_pool(clickhouse: ServerInfo, pool_credentials: dict[str, Credentials]) -> Pool:
+    """A fresh registry and pool issuer over the session server's declared pool."""
     chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     ids = {
         r["name"]: r["id"]
