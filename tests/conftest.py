@@ -11,6 +11,7 @@ import pytest
 
 from dpone.connectors.clickhouse_request import Credentials
 from dpone.localserver import LocalServer, ServerInfo, ServerUser, admin_credentials
+from dpone.localserver.principal_pool import pool_names, pool_users
 from tests import chhttp
 
 READER_PASSWORD = "reader-secret-Δ-42"
@@ -20,6 +21,9 @@ CATALOG_PASSWORD = "catalog-secret-7"
 # in every file a stage writes.
 STAGER_PASSWORD = "stager-Pw-9f3c1e-secret"
 STAGING_DATABASE = "staging_db"
+# The publication principal pool, protecting these databases (explicit test passwords).
+POOL_DATABASE = "dpone_pool"
+POOL_PASSWORDS = {name: f"pool-{name}-secret" for name in pool_names()}
 
 SESSION_USERS = (
     ServerUser("default"),
@@ -59,6 +63,7 @@ SESSION_USERS = (
             "GRANT TABLE ENGINE ON MergeTree",
         ),
     ),
+    *pool_users(POOL_PASSWORDS, (TEST_DATABASE, POOL_DATABASE)),
 )
 
 
@@ -83,6 +88,12 @@ def clickhouse(session_data_dir: Path) -> Iterator[ServerInfo]:
 def admin_credentials_fixture(clickhouse: ServerInfo) -> Credentials:
     """The managed server's administrator (generated password, read from its file)."""
     return admin_credentials(clickhouse.data_dir)
+
+
+@pytest.fixture(scope="session")
+def pool_credentials(clickhouse: ServerInfo) -> dict[str, Credentials]:
+    """Credentials of every pool user declared on the session's server."""
+    return {name: Credentials(name, password) for name, password in POOL_PASSWORDS.items()}
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,179 @@
+"""The principal pool of the managed local server: users declared at start, leased later.
+
+The embedded server reads users, passwords and grants only from ``users.xml`` at start
+(SQL ``CREATE USER`` and ``GRANT`` are refused), so principals cannot be issued or
+revoked while it runs. dpone therefore declares a fixed pool and leases its members
+through the run registry (:mod:`dpone.adapters.principal_issuers`):
+
+- ``dpone_catalog``: reads every system table (``system.grants``, ``system.users``,
+  ``system.row_policies`` included) and every table of the protected databases.
+- ``dpone_closer``: ``KILL QUERY`` of any user, reads ``system.processes`` and
+  ``system.query_log``, flushes the logs.
+- ``dpone_ingest_1..N``: create, fill, read and drop the staging tables
+  ``dpone_stage_*`` of the protected databases, and nothing else.
+- ``dpone_publisher_1..N``: ``EXCHANGE TABLES`` needs SELECT, INSERT, CREATE TABLE and
+  DROP TABLE on both names, so these hold them on every table of the protected
+  databases; they create a first publication's empty target too.
+
+Grants are per database: this server refuses a wildcard database with a table
+prefix (``*.dpone_stage_*`` stops the server from starting, checked on 26.9), while
+``db.dpone_stage_*`` works. Every grant here was started on the managed server and
+each user's can and cannot was tested (tests/integration/test_principal_pool.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from dpone.errors import ConfigurationError
+from dpone.localserver.config import ServerUser
+from dpone.sql import quote_identifier
+
+CATALOG_USER = "dpone_catalog"
+CLOSER_USER = "dpone_closer"
+INGEST_PREFIX = "dpone_ingest_"
+PUBLISHER_PREFIX = "dpone_publisher_"
+DEFAULT_POOL_SIZE = 4
+STAGING_TABLE_PREFIX = "dpone_stage_"
+# The endpoint identity substitute of the embedded server (connectors.endpoint_identity).
+IDENTITY_DATABASE = "_dpone_identity"
+
+ROLE_INGEST = "ingest"
+ROLE_PUBLISHER = "publisher"
+ROLE_CATALOG = "catalog"
+ROLE_CLOSER = "closer"
+
+# A protected database goes into a users.xml grant: a plain identifier only (it is
+# also back-quoted, but a name that needs quoting has no business being protected).
+_DATABASE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One privilege list on one object; rendered for users.xml or as SQL ``GRANT ... TO``."""
+
+    privileges: str
+    on: str
+
+    def statement(self) -> str:
+        """``GRANT <privileges> ON <object>`` as users.xml takes it (the user is implied)."""
+        return f"GRANT {self.privileges} ON {self.on}"
+
+
+def ingest_users(size: int = DEFAULT_POOL_SIZE) -> tuple[str, ...]:
+    """``dpone_ingest_1`` .. ``dpone_ingest_<size>``."""
+    return tuple(f"{INGEST_PREFIX}{i}" for i in range(1, size + 1))
+
+
+def publisher_users(size: int = DEFAULT_POOL_SIZE) -> tuple[str, ...]:
+    """``dpone_publisher_1`` .. ``dpone_publisher_<size>``."""
+    return tuple(f"{PUBLISHER_PREFIX}{i}" for i in range(1, size + 1))
+
+
+def pool_names(size: int = DEFAULT_POOL_SIZE) -> tuple[str, ...]:
+    """Every user of the pool, in declaration order."""
+    return (CATALOG_USER, CLOSER_USER, *ingest_users(size), *publisher_users(size))
+
+
+def role_of(user: str) -> str | None:
+    """The pool role a user name belongs to, or None for a user outside the pool."""
+    if user == CATALOG_USER:
+        return ROLE_CATALOG
+    if user == CLOSER_USER:
+        return ROLE_CLOSER
+    for prefix, role in ((INGEST_PREFIX, ROLE_INGEST), (PUBLISHER_PREFIX, ROLE_PUBLISHER)):
+        if user.startswith(prefix) and user[len(prefix) :].isdigit():
+            return role
+    return None
+
+
+def check_databases(databases: Sequence[str]) -> tuple[str, ...]:
+    """The protected databases as given; refuses none, duplicates and non-identifiers."""
+    if not databases:
+        raise ConfigurationError(
+            "the pool needs at least one protected database", code="no_databases"
+        )
+    for name in databases:
+        if not _DATABASE.match(name) or name in ("system", IDENTITY_DATABASE):
+            raise ConfigurationError(
+                f"protected database {name!r} must be a plain identifier other than "
+                f"system and {IDENTITY_DATABASE}",
+                code="invalid_database", database=name,
+            )  # fmt: skip
+    if len(set(databases)) != len(databases):
+        raise ConfigurationError("a protected database is named twice", code="duplicate_database")
+    return tuple(databases)
+
+
+def role_grants(role: str, databases: Sequence[str]) -> tuple[Grant, ...]:
+    """The grants of one role over ``databases`` (the protected databases)."""
+    dbs = [quote_identifier(d) for d in check_databases(databases)]
+    flush = Grant("SYSTEM FLUSH LOGS", "*.*")
+    if role == ROLE_INGEST:
+        # KILL QUERY of its own queries needs SELECT on system.processes; remote
+        # termination reads system.query_log after a flush; identity is read only.
+        return (
+            *(Grant("CREATE TABLE, INSERT, SELECT, DROP TABLE", f"{d}.{STAGING_TABLE_PREFIX}*") for d in dbs),
+            Grant("TABLE ENGINE", "MergeTree"),
+            Grant("SELECT", f"{quote_identifier(IDENTITY_DATABASE)}.*"),
+            Grant("SELECT", "system.processes"),
+            Grant("SELECT", "system.query_log"),
+            flush,
+        )  # fmt: skip
+    if role == ROLE_PUBLISHER:
+        return (
+            *(Grant("SELECT, INSERT, CREATE TABLE, DROP TABLE", f"{d}.*") for d in dbs),
+            Grant("TABLE ENGINE", "MergeTree"),
+        )
+    if role == ROLE_CLOSER:
+        return (
+            Grant("KILL QUERY", "*.*"),
+            Grant("SELECT", "system.processes"),
+            Grant("SELECT", "system.query_log"),
+            flush,
+        )
+    if role == ROLE_CATALOG:
+        return (
+            Grant("SELECT", "system.*"),
+            Grant("SHOW USERS, SHOW ROLES, SHOW ROW POLICIES", "*.*"),
+            *(Grant("SELECT", f"{d}.*") for d in dbs),
+            Grant("SELECT", f"{quote_identifier(IDENTITY_DATABASE)}.*"),
+            flush,
+        )
+    raise ConfigurationError(f"unknown pool role {role!r}", code="unknown_role")
+
+
+def pool_users(
+    passwords: Mapping[str, str], databases: Sequence[str], *, size: int = DEFAULT_POOL_SIZE
+) -> tuple[ServerUser, ...]:
+    """The pool as :class:`ServerUser` objects for a :class:`LocalServer`.
+
+    ``passwords`` must name every pool user (see :func:`pool_names`) with a nonempty
+    password and nothing else; the administrator is declared by the caller.
+    """
+    if size < 1:
+        raise ConfigurationError("the pool needs at least one ingest and one publisher")
+    names = pool_names(size)
+    missing = [n for n in names if not passwords.get(n)]
+    unknown = sorted(set(passwords) - set(names))
+    if missing or unknown:
+        raise ConfigurationError(
+            f"pool passwords: missing {missing}, not in the pool {unknown}",
+            code="pool_passwords", missing=missing, unknown=unknown,
+        )  # fmt: skip
+    return tuple(
+        ServerUser(
+            name,
+            password=passwords[name],
+            grants=tuple(g.statement() for g in role_grants(_role(name), databases)),
+        )
+        for name in names
+    )
+
+
+def _role(name: str) -> str:
+    role = role_of(name)
+    assert role is not None  # every name comes from pool_names
+    return role
