@@ -52,6 +52,7 @@ import stat
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -162,6 +163,19 @@ class SnapshotStoreError(StateError):
     """
 
     code = "store_unavailable"
+
+
+@dataclass(frozen=True)
+class SnapshotSummary:
+    """One stored intent as listed: its slot, creation time and current state."""
+
+    intent_sha256: str
+    database: str
+    target_table: str
+    created_at: str
+    state: str
+    revision: int
+    intent_bytes: bytes
 
 
 def _now() -> str:
@@ -475,6 +489,19 @@ class SqliteSnapshotStore:
         if row is None:
             raise _not_found(intent_sha256)
         return StoredSnapshot(intent_sha256, bytes(row[0]), bytes(row[1]), row[2])
+
+    def list_snapshots(self) -> list[SnapshotSummary]:
+        """Every intent with its current state, oldest first (for status and lookups)."""
+        with self._reading("list") as conn:
+            rows = conn.execute(
+                "SELECT i.intent_sha256, i.database, i.target_table, i.created_at, r.state,"
+                " r.revision, i.intent_bytes FROM intents i JOIN records r USING (intent_sha256)"
+                " ORDER BY i.created_at, i.intent_sha256"
+            ).fetchall()
+        return [
+            SnapshotSummary(row[0], row[1], row[2], row[3], row[4], row[5], bytes(row[6]))
+            for row in rows
+        ]
 
     def compare_and_set(
         self,

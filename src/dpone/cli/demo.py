@@ -15,19 +15,28 @@ from pathlib import Path
 
 import click
 
-from dpone.cli.connection import managed_credentials
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option, echo_warnings
 from dpone.connectors.clickhouse_request import Endpoint
+from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState
 from dpone.exporters.export import export_table
 from dpone.exporters.sources import SqliteSource
 from dpone.localserver import LocalServer, find_running
-from dpone.localserver.control import run_admin_sql
+from dpone.localserver.principal_pool import managed_server_users
+from dpone.ports.composition_snapshot import AttemptRef, TargetSlot
 from dpone.runtime.clickhouse_staging_composition import StagingConfig
+from dpone.runtime.snapshot_composition import (
+    DEFAULT_STORE,
+    PublicationConfig,
+    build_publication,
+    issue_ingest,
+    provision_protected_databases,
+)
 from dpone.sinks import ClickHouseSink
-from dpone.sql import quote_identifier
+from dpone.sinks.clickhouse import new_attempt_id
 
 DEMO_DATABASE = "dpone_demo"
+DEMO_TARGET = "customers"
 DEMO_ROWS = [
     (1, "Ada Lovelace", "1234.50", "2024-02-29 23:59:59.1234567", "6F9619FF-8B86-D011-B42D-00C04FC964FF", b"\x00\xff"),
     (2, "tab\there, newline\nthere", "-0.01", "1900-01-01 00:00:00.0000000", None, b""),
@@ -55,8 +64,10 @@ def ensure_source(path: Path) -> None:
 @data_dir_option
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".dpone/demo"),
               show_default=True, help="Where the demo source, file, receipt and journals go.")  # fmt: skip
+@click.option("--store", "store_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=DEFAULT_STORE, show_default=True, help="The publication store.")  # fmt: skip
 @json_option
-def demo(data_dir: Path, work_dir: Path, as_json: bool) -> None:
+def demo(data_dir: Path, work_dir: Path, store_path: Path, as_json: bool) -> None:
     """Export a SQLite table, validate it and stage it into the local ClickHouse server."""
     # The demo's source, files, journals and server data are nobody else's business.
     os.umask(0o077)
@@ -70,29 +81,44 @@ def demo(data_dir: Path, work_dir: Path, as_json: bool) -> None:
         running = find_running(data_dir)
         local = None
         if running is None:
-            local = LocalServer(data_dir)
+            local = LocalServer(data_dir, users=managed_server_users((DEMO_DATABASE,)))
             info = local.start()
             echo_warnings(local.warnings)
         else:
             info = running
         try:
-            credentials = managed_credentials(data_dir)
-            run_admin_sql(
-                info.http_port,
-                f"CREATE DATABASE IF NOT EXISTS {quote_identifier(DEMO_DATABASE)} ENGINE = Atomic",
-                credentials=credentials,
-            )
+            provision_protected_databases(data_dir, info.http_port, (DEMO_DATABASE,))
             endpoint = Endpoint("127.0.0.1", info.http_port, info.tcp_port, DEMO_DATABASE)
-            sink = ClickHouseSink(StagingConfig(endpoint, credentials, work_dir / "attempts"))
-            staged = sink.stage_validated_file(exported.path, exported.receipt_path)
+            attempt_id = new_attempt_id()
+            # Staging runs as a leased ingest principal, publication as a leased publisher.
+            ingest = issue_ingest(data_dir, store_path, DEMO_DATABASE, attempt_id)
+            config = StagingConfig(endpoint, ingest.credentials, work_dir / "attempts",
+                                   principal_uuid=ingest.ref.user_uuid)  # fmt: skip
+            staged = ClickHouseSink(config).stage_validated_file(
+                exported.path, exported.receipt_path, attempt_id=attempt_id
+            )
+            publisher = build_publication(
+                PublicationConfig(data_dir, store_path), DEMO_DATABASE
+            ).publisher
+            prepared = publisher.prepare(
+                AttemptRef(staged.journal_path, TargetSlot(DEMO_DATABASE, DEMO_TARGET)),
+                staged.journal_head,
+            )
+            published = publisher.publish(prepared.intent_sha256)
+            intent = publisher.store.load(prepared.intent_sha256)
         finally:
             if local is not None:
                 local.stop()
+        before = SnapshotIntent.from_bytes(intent.intent_bytes).target_uuid
         payload = {
-            "ok": True, "version": info.version, "http_port": info.http_port, "tcp_port": info.tcp_port,
-            "data_dir": info.data_dir, "database": staged.database, "table": staged.table, "uuid": staged.uuid,
-            "rows": staged.rows, "semantic_id": staged.semantic_id, "journal": str(staged.journal_path),
-            "file": str(exported.path), "receipt": str(exported.receipt_path), "server_was_running": running is not None,
+            "ok": published.state is SnapshotState.PUBLISHED, "version": info.version, "http_port": info.http_port,
+            "tcp_port": info.tcp_port, "data_dir": info.data_dir, "database": staged.database, "table": staged.table,
+            "uuid": staged.uuid, "rows": staged.rows, "semantic_id": staged.semantic_id,
+            "journal": str(staged.journal_path), "journal_head": staged.journal_head, "file": str(exported.path),
+            "receipt": str(exported.receipt_path), "server_was_running": running is not None,
+            "target": f"{DEMO_DATABASE}.{DEMO_TARGET}", "intent_sha256": published.intent_sha256,
+            "state": published.state.value, "revision": published.revision,
+            "target_uuid_before": before, "target_uuid_after": published.target_uuid,
         }  # fmt: skip
         if as_json:
             emit_json(payload)
@@ -107,3 +133,12 @@ def demo(data_dir: Path, work_dir: Path, as_json: bool) -> None:
                 f"staged {staged.rows} rows into {staged.database}.{staged.table} (uuid {staged.uuid})"
             )
             click.echo(f"semantic id {staged.semantic_id}; journal {staged.journal_path}")
+            click.echo(
+                f"published {DEMO_DATABASE}.{DEMO_TARGET}: {published.state.value} (revision "
+                f"{published.revision}); target uuid {before} -> {published.target_uuid}"
+            )
+            click.echo(
+                f"intent {published.intent_sha256}: `dpone snapshot show {published.intent_sha256}`"
+            )
+        if published.state is not SnapshotState.PUBLISHED:
+            raise SystemExit(1)

@@ -12,6 +12,7 @@ import dpone
 from dpone.cli.demo import demo
 from dpone.cli.files import export, validate, verify
 from dpone.cli.output import Terminated, report_failure
+from dpone.cli.publication import snapshot
 from dpone.cli.server import server
 from dpone.cli.staging import attempts, journal, stage
 
@@ -33,6 +34,7 @@ cli.add_command(verify)
 cli.add_command(stage)
 cli.add_command(journal)
 cli.add_command(attempts)
+cli.add_command(snapshot)
 
 
 def _wants_json(args: list[str]) -> bool:

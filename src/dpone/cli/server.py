@@ -34,6 +34,11 @@ from dpone.localserver import (
     stop_running,
 )
 from dpone.localserver.layout import DEFAULT_DATA_DIR, DataDirLayout
+from dpone.localserver.principal_pool import managed_server_users
+from dpone.runtime.snapshot_composition import provision_protected_databases
+
+# The database the demo publishes into; `server start --protect` names others.
+DEFAULT_PROTECTED_DATABASE = "dpone_demo"
 
 data_dir_option = click.option(
     "--data-dir",
@@ -76,6 +81,15 @@ def server() -> None:
     show_default=True,
     help="Seconds to wait for readiness.",
 )
+@click.option(
+    "--protect",
+    "protected",
+    multiple=True,
+    default=(DEFAULT_PROTECTED_DATABASE,),
+    show_default=True,
+    help="A database that publications replace tables in (repeatable); the publication "
+    "pool gets its grants there. Users are read at start only: a new one needs a restart.",
+)
 @json_option
 def start(
     data_dir: Path,
@@ -83,18 +97,21 @@ def start(
     tcp_port: int,
     foreground: bool,
     timeout: float,
+    protected: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Start a server on DATA_DIR and wait until both ports accept connections."""
     with reported_errors(as_json):
         local = LocalServer(
             data_dir,
+            users=managed_server_users(protected),
             http_port=http_port,
             tcp_port=tcp_port,
             watch_parent=foreground,
             start_timeout=timeout,
         )
         info = local.start()
+        provision_protected_databases(data_dir, info.http_port, protected)
         echo_warnings(local.warnings)
         if as_json:
             emit_json({"ok": True, **_described(info), "warnings": list(local.warnings)})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,6 +18,8 @@ from dpone.cli.server import data_dir_option
 from dpone.connectors.clickhouse_request import Endpoint
 from dpone.errors import ConfigurationError, DponeError
 from dpone.localserver import find_running
+from dpone.localserver.credentials import load_credentials
+from dpone.localserver.principal_pool import CATALOG_USER
 from dpone.runtime.attempt_recovery import (
     RECOVERY_STEPS,
     cleanup_attempt,
@@ -28,6 +31,7 @@ from dpone.runtime.attempt_recovery import (
 from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
 from dpone.runtime.engine_conversion import MODE_ENGINE
 from dpone.runtime.preparation import MODE_PYTHON
+from dpone.runtime.snapshot_composition import DEFAULT_STORE, issue_ingest
 from dpone.sinks import ClickHouseSink
 from dpone.sinks.clickhouse import new_attempt_id
 
@@ -84,6 +88,23 @@ def staging_config(data_dir: Path, host: str | None, http_port: int | None, tcp_
     )  # fmt: skip
 
 
+def _with_principal(config: StagingConfig, principal: str, server: dict[str, object],
+                    store_path: Path, attempt_id: str) -> StagingConfig:  # fmt: skip
+    """Stage as a leased ingest principal of the pool, or keep the administrator."""
+    if principal == "admin":
+        return config
+    if server.get("host") is not None:
+        if principal == "pool":
+            raise ConfigurationError("--principal pool needs the managed local server",
+                                     code="pool_needs_managed_server")  # fmt: skip
+        return config
+    data_dir = Path(str(server["data_dir"]))
+    if principal == "auto" and CATALOG_USER not in load_credentials(data_dir):
+        return config  # a server started without the pool: stage as the administrator
+    issued = issue_ingest(data_dir, store_path, config.endpoint.database, attempt_id)
+    return replace(config, credentials=issued.credentials, principal_uuid=issued.ref.user_uuid)
+
+
 class TerminalProgress:
     """Rows and bytes of long phases on one rewritten stderr line (terminals only)."""
 
@@ -106,6 +127,11 @@ class TerminalProgress:
 )
 @work_dir_option
 @click.option("--attempt-id", help="Attempt id (default: time and random).")
+@click.option("--principal", type=click.Choice(["auto", "pool", "admin"]), default="auto", show_default=True,
+              help="Who stages: a leased ingest user of the publication pool (needed to publish), "
+                   "or the administrator; auto = the pool when the managed server declares it.")  # fmt: skip
+@click.option("--store", "store_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=DEFAULT_STORE, show_default=True, help="The publication store holding the lease.")  # fmt: skip
 @server_options
 @json_option
 def stage(
@@ -113,6 +139,8 @@ def stage(
     receipt_path: Path,
     work_dir: Path,
     attempt_id: str | None,
+    principal: str,
+    store_path: Path,
     as_json: bool,
     **server: object,
 ) -> None:
@@ -121,6 +149,7 @@ def stage(
         config = staging_config(work_dir=work_dir, **server)  # type: ignore[arg-type]
         progress = None if as_json or not sys.stderr.isatty() else TerminalProgress()
         attempt_id = attempt_id or new_attempt_id()
+        config = _with_principal(config, principal, server, store_path, attempt_id)
         try:
             staged = ClickHouseSink(config, progress=progress).stage_validated_file(
                 file, receipt_path, attempt_id=attempt_id

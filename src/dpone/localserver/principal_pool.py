@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dpone.errors import ConfigurationError
-from dpone.localserver.config import ServerUser
+from dpone.localserver.config import DEFAULT_USERS, ServerUser
 from dpone.sql import quote_identifier
 
 CATALOG_USER = "dpone_catalog"
@@ -146,16 +146,28 @@ def role_grants(role: str, databases: Sequence[str]) -> tuple[Grant, ...]:
 
 
 def pool_users(
-    passwords: Mapping[str, str], databases: Sequence[str], *, size: int = DEFAULT_POOL_SIZE
+    passwords: Mapping[str, str] | None,
+    databases: Sequence[str],
+    *,
+    size: int = DEFAULT_POOL_SIZE,
 ) -> tuple[ServerUser, ...]:
     """The pool as :class:`ServerUser` objects for a :class:`LocalServer`.
 
     ``passwords`` must name every pool user (see :func:`pool_names`) with a nonempty
-    password and nothing else; the administrator is declared by the caller.
+    password and nothing else; ``None`` leaves them unset, and the managed server
+    generates each one into its credentials file. The administrator is declared by
+    the caller.
     """
     if size < 1:
         raise ConfigurationError("the pool needs at least one ingest and one publisher")
     names = pool_names(size)
+    if passwords is None:
+        return tuple(
+            ServerUser(
+                name, grants=tuple(g.statement() for g in role_grants(_role(name), databases))
+            )
+            for name in names
+        )
     missing = [n for n in names if not passwords.get(n)]
     unknown = sorted(set(passwords) - set(names))
     if missing or unknown:
@@ -171,6 +183,13 @@ def pool_users(
         )
         for name in names
     )
+
+
+def managed_server_users(
+    databases: Sequence[str], base: Sequence[ServerUser] = DEFAULT_USERS
+) -> tuple[ServerUser, ...]:
+    """The managed server's users: the administrator(s) and the pool over ``databases``."""
+    return (*base, *pool_users(None, databases))
 
 
 def _role(name: str) -> str:

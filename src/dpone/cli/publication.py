@@ -1,0 +1,210 @@
+"""``dpone snapshot``: prepare, publish, reconcile, cancel and show a publication.
+
+Thin over :mod:`dpone.runtime.snapshot_composition`: each command parses, calls one
+publisher method and prints one answer. Every JSON answer carries ``state`` and
+``revision``; a publication that did not reach PUBLISHED exits 1 and names the
+command that finishes it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dpone.adapters.file_attempt_journal import read_events
+from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore
+from dpone.cli.output import emit_json, json_option, reported_errors
+from dpone.cli.server import data_dir_option
+from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotRecord, SnapshotState
+from dpone.errors import ConfigurationError, StateError
+from dpone.ports.composition_snapshot import AttemptRef, HistoryEntry, TargetSlot
+from dpone.runtime.composition_snapshot import PublicationReceipt
+from dpone.runtime.snapshot_composition import (
+    DEFAULT_STORE,
+    PublicationConfig,
+    build_publication,
+    stored_database,
+)
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+store_option = click.option(
+    "--store",
+    "store_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_STORE,
+    show_default=True,
+    help="The publication store (SQLite): records, history, admissions, leases.",
+)
+
+
+def _intent_argument(value: str) -> str:
+    if not _SHA256.match(value):
+        raise ConfigurationError(
+            "INTENT must be the 64 lowercase hex digits `dpone snapshot prepare` printed",
+            code="invalid_intent_id",
+        )
+    return value
+
+
+def _target(value: str) -> TargetSlot:
+    database, dot, table = value.partition(".")
+    if not dot or not database or not table or "." in table:
+        raise ConfigurationError(
+            f"--target {value!r} must be DATABASE.TABLE", code="invalid_target", target=value
+        )
+    return TargetSlot(database, table)
+
+
+def _answer(receipt: PublicationReceipt, as_json: bool, verb: str) -> None:
+    """Print the receipt; exit 1 when the publication is not (or not known to be) done."""
+    document = receipt.to_document()
+    state = receipt.state
+    finished = state is SnapshotState.PUBLISHED or (
+        verb in ("prepare", "show", "cancel")
+        and state in (SnapshotState.PREPARED, SnapshotState.NOT_PUBLISHED)
+    )
+    next_command = _next_command(state, receipt.intent_sha256)
+    if as_json:
+        payload: dict[str, Any] = {"ok": finished, **document}
+        if next_command:
+            payload["next_command"] = next_command
+        if not finished:
+            payload["error"] = {
+                "code": state.value,
+                "message": f"the publication is {state.value} at revision {receipt.revision}",
+                "details": {"intent_sha256": receipt.intent_sha256},
+            }
+        emit_json(payload)
+    else:
+        click.echo(f"intent {receipt.intent_sha256}")
+        click.echo(f"state {state.value} (revision {receipt.revision})"
+                   + (" [historical replay]" if receipt.historical else ""))  # fmt: skip
+        if receipt.target_uuid is not None:
+            click.echo(f"target uuid {receipt.target_uuid}, generation-name uuid "
+                       f"{receipt.generation_uuid}, rows {receipt.target_rows}")  # fmt: skip
+        if next_command:
+            click.echo(f"next: {next_command}")
+    if not finished:
+        raise SystemExit(1)
+
+
+def _next_command(state: SnapshotState, intent: str) -> str | None:
+    if state is SnapshotState.PREPARED:
+        return f"dpone snapshot publish {intent}"
+    if state in (SnapshotState.EXCHANGE_INTENT, SnapshotState.COMMIT_UNKNOWN):
+        return f"dpone snapshot reconcile {intent}"
+    return None
+
+
+@click.group()
+def snapshot() -> None:
+    """Publish a staged generation into its target with one atomic EXCHANGE."""
+
+
+@snapshot.command()
+@click.option("--journal", "journal_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              required=True, help="The staging attempt's directory (its journal ends in `staged`).")  # fmt: skip
+@click.option("--target", required=True, help="The protected target: DATABASE.TABLE.")
+@click.option("--generation", "generation_ref",
+              help="The journal head `dpone stage` printed (default: the journal's final event).")  # fmt: skip
+@store_option
+@data_dir_option
+@json_option
+def prepare(journal_dir: Path, target: str, generation_ref: str | None, store_path: Path,
+            data_dir: Path, as_json: bool) -> None:  # fmt: skip
+    """Reopen a staged attempt's evidence and record a PREPARED publication intent."""
+    with reported_errors(as_json):
+        slot = _target(target)
+        if generation_ref is None:
+            events = read_events(journal_dir)
+            if not events:
+                raise StateError(f"journal {journal_dir} has no events", code="evidence_unverified")
+            generation_ref = events[-1].sha256
+        parts = build_publication(PublicationConfig(data_dir, store_path), slot.database)
+        receipt = parts.publisher.prepare(AttemptRef(journal_dir, slot), generation_ref)
+        _answer(receipt, as_json, "prepare")
+
+
+def _call(verb: str, intent: str, store_path: Path, data_dir: Path, as_json: bool) -> None:
+    with reported_errors(as_json):
+        intent = _intent_argument(intent)
+        database = stored_database(store_path, intent)
+        publisher = build_publication(PublicationConfig(data_dir, store_path), database).publisher
+        calls = {"publish": publisher.publish, "reconcile": publisher.reconcile,
+                 "cancel": publisher.cancel}  # fmt: skip
+        _answer(calls[verb](intent), as_json, verb)
+
+
+@snapshot.command()
+@click.argument("intent")
+@store_option
+@data_dir_option
+@json_option
+def publish(intent: str, store_path: Path, data_dir: Path, as_json: bool) -> None:
+    """Claim once, dispatch at most one EXCHANGE, then reconcile."""
+    _call("publish", intent, store_path, data_dir, as_json)
+
+
+@snapshot.command()
+@click.argument("intent")
+@store_option
+@data_dir_option
+@json_option
+def reconcile(intent: str, store_path: Path, data_dir: Path, as_json: bool) -> None:
+    """Close the publisher and decide the outcome from what the server shows."""
+    _call("reconcile", intent, store_path, data_dir, as_json)
+
+
+@snapshot.command()
+@click.argument("intent")
+@store_option
+@data_dir_option
+@json_option
+def cancel(intent: str, store_path: Path, data_dir: Path, as_json: bool) -> None:
+    """Cancel a PREPARED publication (NOT_PUBLISHED at revision 2); nothing is sent."""
+    _call("cancel", intent, store_path, data_dir, as_json)
+
+
+@snapshot.command()
+@click.argument("intent")
+@store_option
+@json_option
+def show(intent: str, store_path: Path, as_json: bool) -> None:
+    """State, revision, history, UUID pair, counts and digests of one publication."""
+    with reported_errors(as_json):
+        intent = _intent_argument(intent)
+        stored = SqliteSnapshotStore(store_path).load(intent)
+        parsed = SnapshotIntent.from_bytes(stored.intent_bytes)
+        record = SnapshotRecord.from_bytes(stored.record_bytes)
+        history = SqliteSnapshotStore(store_path).history(intent)
+        document: dict[str, Any] = {
+            "intent_sha256": intent,
+            "state": record.state.value,
+            "revision": record.revision,
+            "target": f"{parsed.database}.{parsed.target_table}",
+            "generation": parsed.generation_table,
+            "a_uuid": parsed.target_uuid,
+            "b_uuid": parsed.generation_uuid,
+            "source_rows": parsed.source_rows,
+            "content_digest": parsed.content_digest,
+            "record": record.to_document(),
+            "history": [_history_entry(h) for h in history],
+        }
+        if as_json:
+            emit_json({"ok": True, **document})
+            return
+        click.echo(f"intent {intent}: {record.state.value} (revision {record.revision})")
+        click.echo(f"target {document['target']}, generation {parsed.generation_table}")
+        click.echo(f"A {parsed.target_uuid}  B {parsed.generation_uuid}")
+        click.echo(f"rows {parsed.source_rows}, content digest {parsed.content_digest}")
+        for h in history:
+            click.echo(f"  #{h.sequence} {h.at} {h.state}@{h.revision} {dict(h.facts)}")
+
+
+def _history_entry(entry: HistoryEntry) -> dict[str, Any]:
+    return {"sequence": entry.sequence, "revision": entry.revision, "state": entry.state,
+            "record_sha256": entry.record_sha256, "at": entry.at, "facts": dict(entry.facts)}  # fmt: skip
