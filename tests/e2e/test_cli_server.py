@@ -189,6 +189,6 @@ def test_rotate_credentials_says_when_it_applies(tmp_path: Path) -> None:
     finally:
         dpone("server", "stop", "--data-dir", str(data))
     assert done.returncode == 0, done.stderr
-    # The CLI's server declares only the engine's passwordless 'default'.
-    assert "no generated passwords to rotate" in done.stdout
+    # The publication pool's passwords are generated, so there is something to rotate.
+    assert "new passwords prepared for: dpone_catalog, dpone_closer, dpone_ingest_1" in done.stdout
     assert status["ok"] is True and status["credentials_rotation_pending"] is True

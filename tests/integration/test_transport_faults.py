@@ -63,13 +63,24 @@ def test_non_utf8_control_output_is_a_coded_failure(kind: str, clickhouse: Serve
 
 def test_swapped_ports_are_named(clickhouse: ServerInfo) -> None:
     swapped = Endpoint("127.0.0.1", clickhouse.tcp_port, clickhouse.http_port, DB)
-    with pytest.raises(NotSubmitted) as caught:
-        HttpTransport(swapped, Credentials("default")).execute(
-            read("SELECT 1", "r-swapped"), deadline=soon()
-        )
-    assert caught.value.code == "native_port"
-    assert f"127.0.0.1:{clickhouse.tcp_port}" in str(caught.value)
-    assert "native (TCP) port" in str(caught.value)
+    # The native port answers and closes at once; on a loaded machine the close can
+    # reset the connection before its answer is read, which is an unknown outcome.
+    # The answer is named whenever it arrives; a few tries make it arrive.
+    named = None
+    for attempt in range(5):
+        try:
+            HttpTransport(swapped, Credentials("default")).execute(
+                read("SELECT 1", f"r-swapped-{attempt}"), deadline=soon()
+            )
+        except NotSubmitted as exc:
+            named = exc
+            break
+        except OutcomeUnknown:
+            continue
+    assert named is not None, "the native port's answer was never read in 5 tries"
+    assert named.code == "native_port"
+    assert f"127.0.0.1:{clickhouse.tcp_port}" in str(named)
+    assert "native (TCP) port" in str(named)
 
 
 def test_an_unknown_host_is_named_and_not_submitted(kind: str, clickhouse: ServerInfo) -> None:

@@ -18,8 +18,6 @@ from dpone.cli.server import data_dir_option
 from dpone.connectors.clickhouse_request import Endpoint
 from dpone.errors import ConfigurationError, DponeError
 from dpone.localserver import find_running
-from dpone.localserver.credentials import load_credentials
-from dpone.localserver.principal_pool import CATALOG_USER
 from dpone.runtime.attempt_recovery import (
     RECOVERY_STEPS,
     cleanup_attempt,
@@ -31,7 +29,7 @@ from dpone.runtime.attempt_recovery import (
 from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
 from dpone.runtime.engine_conversion import MODE_ENGINE
 from dpone.runtime.preparation import MODE_PYTHON
-from dpone.runtime.snapshot_composition import DEFAULT_STORE, issue_ingest
+from dpone.runtime.snapshot_composition import DEFAULT_STORE, issue_ingest, pool_protects
 from dpone.sinks import ClickHouseSink
 from dpone.sinks.clickhouse import new_attempt_id
 
@@ -99,8 +97,8 @@ def _with_principal(config: StagingConfig, principal: str, server: dict[str, obj
                                      code="pool_needs_managed_server")  # fmt: skip
         return config
     data_dir = Path(str(server["data_dir"]))
-    if principal == "auto" and CATALOG_USER not in load_credentials(data_dir):
-        return config  # a server started without the pool: stage as the administrator
+    if principal == "auto" and not pool_protects(data_dir, config.endpoint.database):
+        return config  # no pool over this database: stage as the administrator
     issued = issue_ingest(data_dir, store_path, config.endpoint.database, attempt_id)
     return replace(config, credentials=issued.credentials, principal_uuid=issued.ref.user_uuid)
 

@@ -319,7 +319,7 @@ class ClientTransport:
 def _open_spool(request: ClickHouseRequest) -> BinaryIO | None:
     """The request's spool, open, checked against its ceiling; refusals send nothing."""
     if request.body is None:
-        _check_body_limit(request, len(request.statement.encode("utf-8")))
+        request.check_body_size(len(request.statement.encode("utf-8")))
         return None
     try:
         spool = open(request.body, "rb")  # noqa: SIM115 - closed by the caller
@@ -329,22 +329,11 @@ def _open_spool(request: ClickHouseRequest) -> BinaryIO | None:
             code="spool_unreadable", query_id=request.query_id, path=str(request.body),
         ) from exc  # fmt: skip
     try:
-        _check_body_limit(request, os.fstat(spool.fileno()).st_size)
+        request.check_body_size(os.fstat(spool.fileno()).st_size)
     except BaseException:
         spool.close()
         raise
     return spool
-
-
-def _check_body_limit(request: ClickHouseRequest, size: int) -> None:
-    """Refuse a body over the request's ceiling before the client starts."""
-    if request.max_body_bytes is not None and size > request.max_body_bytes:
-        raise NotSubmitted(
-            f"the body of query {request.query_id} has {size} bytes, over its ceiling of "
-            f"{request.max_body_bytes}; nothing was sent",
-            code="body_limit_exceeded", query_id=request.query_id,
-            limit=request.max_body_bytes, size=size,
-        )  # fmt: skip
 
 
 def _check_streamed(request: ClickHouseRequest, sent: int, more: int) -> None:

@@ -403,7 +403,7 @@ def _open_body(request: ClickHouseRequest) -> tuple[BinaryIO | None, int]:
     """The spool (open) and the body size; refused before connecting, so never sent."""
     if request.body is None:
         size = len(request.statement.encode("utf-8"))
-        _check_body_limit(request, size)
+        request.check_body_size(size)
         return None, size
     try:
         spool = open(Path(request.body), "rb")  # noqa: SIM115 - closed by the caller
@@ -414,21 +414,11 @@ def _open_body(request: ClickHouseRequest) -> tuple[BinaryIO | None, int]:
         ) from exc  # fmt: skip
     try:
         size = os.fstat(spool.fileno()).st_size
-        _check_body_limit(request, size)
+        request.check_body_size(size)
     except BaseException:
         spool.close()
         raise
     return spool, size
-
-
-def _check_body_limit(request: ClickHouseRequest, size: int) -> None:
-    if request.max_body_bytes is not None and size > request.max_body_bytes:
-        raise NotSubmitted(
-            f"the body of query {request.query_id} has {size} bytes, over its ceiling of "
-            f"{request.max_body_bytes}; nothing was sent",
-            code="body_limit_exceeded", query_id=request.query_id,
-            limit=request.max_body_bytes, size=size,
-        )  # fmt: skip
 
 
 def _cleanup(

@@ -13,6 +13,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dpone.connectors.clickhouse_errors import NotSubmitted
 from dpone.errors import ConfigurationError
 
 _ATTEMPT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
@@ -159,6 +160,16 @@ class ClickHouseRequest:
         if self.session_check:
             params["session_check"] = "1"
         return params
+
+    def check_body_size(self, size: int) -> None:
+        """Refuse a body over ``max_body_bytes`` before anything is sent (``NotSubmitted``)."""
+        if self.max_body_bytes is not None and size > self.max_body_bytes:
+            raise NotSubmitted(
+                f"the body of query {self.query_id} has {size} bytes, over its ceiling of "
+                f"{self.max_body_bytes}; nothing was sent",
+                code="body_limit_exceeded", query_id=self.query_id,
+                limit=self.max_body_bytes, size=size,
+            )  # fmt: skip
 
     def all_settings(self, *, http: bool) -> dict[str, str]:
         """Pinned settings for this kind and transport, then the request's own."""

@@ -25,7 +25,7 @@ from dpone.adapters.principal_issuers import LocalPoolIssuer, observe_user_ids
 from dpone.adapters.snapshot_authority import ClosurePolicy, SnapshotAuthority
 from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_request import Credentials, Endpoint
+from dpone.connectors.clickhouse_request import Credentials, Endpoint, read
 from dpone.contracts.composition_snapshot import (
     DEFAULT_LIMITS,
     SnapshotIntent,
@@ -43,11 +43,12 @@ from dpone.localserver.principal_pool import (
     IDENTITY_DATABASE,
     ROLE_INGEST,
     check_databases,
+    ingest_users,
     pool_names,
 )
 from dpone.ports.composition_snapshot import IssuedPrincipal, PrincipalRef
 from dpone.runtime.composition_snapshot import ClickHouseAtomicSnapshotPublisher
-from dpone.sql import quote_identifier
+from dpone.sql import quote_identifier, quote_literal
 
 DEFAULT_STORE = Path(".dpone/snapshots.sqlite")
 REQUEST_SECONDS = 30.0
@@ -111,6 +112,31 @@ def build_issuer(data_dir: Path, store: SqliteSnapshotStore, endpoint: Endpoint)
         deadline=time.monotonic() + REQUEST_SECONDS,
     )
     return LocalPoolIssuer(store, credentials, ids)
+
+
+def pool_protects(data_dir: Path, database: str) -> bool:
+    """Whether the managed server declares the pool with grants on ``database``.
+
+    Read from the server's own ``system.grants`` as the administrator: the users file
+    is applied at start only, so what the server shows is what holds.
+    """
+    if CATALOG_USER not in load_credentials(data_dir):
+        return False
+    endpoint = managed_endpoint(data_dir, database)
+    rows = (
+        HttpTransport(endpoint, admin_credentials(data_dir))
+        .execute(
+            read(
+                "SELECT count() AS n FROM system.grants WHERE user_name = "
+                f"{quote_literal(ingest_users()[0])} AND database = {quote_literal(database)} "
+                "FORMAT JSONEachRow",
+                f"dpone-s00-pool-grants-{time.time_ns()}",
+            ),
+            deadline=time.monotonic() + REQUEST_SECONDS,
+        )
+        .json_rows()
+    )
+    return rows != [{"n": 0}]
 
 
 def issue_ingest(
