@@ -5,9 +5,11 @@ An attempt needs an operator when its journal ends in ``retained_unknown`` or
 
 Cleanup needs every mutation the journal shows as sent to be settled: acknowledged
 (or answered with an exception, or never sent) as a later event records, or proven
-terminal now: by ``KILL QUERY ... SYNC`` / ``system.query_log``, or by the server
-having started after the mutation's dispatch window closed (a restarted server runs
-nothing of its previous life; its query log may be empty). Only a table proven to be
+terminal now: by ``KILL QUERY ... SYNC`` / ``system.query_log`` (only entries of a
+query sent as the attempt's principal, in its database, within the intent's dispatch
+window: attempt ids and so query ids are chosen by users), or by the server having
+started after the mutation's dispatch window closed (a restarted server runs nothing
+of its previous life; its query log may be empty). Only a table proven to be
 the attempt's own (UUID, ownership mark, name) is dropped. A refused cleanup writes
 nothing: ``attempts list`` shows the same afterwards. Nothing is inferred from silence.
 
@@ -22,7 +24,7 @@ import shlex
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,7 @@ from dpone.connectors.remote_termination import prove_termination
 from dpone.errors import StateError
 from dpone.ports.clickhouse import QueryPort
 from dpone.runtime.staging_cleanup import UNOBSERVABLE, CleanupRefused, drop_owned_table
-from dpone.runtime.staging_run import AttemptRun
+from dpone.runtime.staging_run import AttemptRun, dispatch_origin
 from dpone.runtime.staging_states import NEEDS_OPERATOR, TERMINAL, StageState
 
 RECOVERY_STEPS = (
@@ -53,11 +55,13 @@ _PROVEN = frozenset({"finished_ok", "failed", "killed", "server_restart"})
 
 @dataclass(frozen=True)
 class SentMutation:
-    """One mutation the journal shows as sent: its id, kind and dispatch window."""
+    """One mutation the journal shows as sent: its id, kind, dispatch window and intent."""
 
     query_id: str
     kind: str
     not_after_ms: int | None  # wall time after which it can no longer have been sent
+    # The intent event: its principal, planned database and window (dispatch_origin).
+    intent: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,10 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
             window = doc.get("dispatch") or {}
             sent.append(
                 SentMutation(
-                    str(query["query_id"]), str(query.get("kind")), window.get("not_after_ms")
+                    str(query["query_id"]),
+                    str(query.get("kind")),
+                    window.get("not_after_ms"),
+                    intent=doc,
                 )
             )
         if isinstance(doc.get("settled"), dict):
@@ -239,13 +246,15 @@ class _Operator:
                     proofs.append({"query_id": sent.query_id, "termination": "server_restart",
                                    "source": "uptime", "server_started_after_ms": math.floor(started * 1000)})  # fmt: skip
                     continue
+            origin = dispatch_origin(sent.intent, self.wall_clock())
             state = prove_termination(self.transport, sent.query_id, probe_prefix=self.read_id("termination"),
-                                      deadline=self.deadline)  # fmt: skip
+                                      deadline=self.deadline, origin=origin)  # fmt: skip
             if not state.proven_terminal:
                 raise StateError(
                     f"query {sent.query_id} of attempt {self.summary.attempt_id} has no proven terminal "
                     "state (no acknowledgment in the journal, the server has run since before its "
-                    "dispatch window closed, and neither KILL QUERY nor the query log knows it); nothing done",
+                    "dispatch window closed, and neither KILL QUERY nor the query log knows it as sent "
+                    f"by {origin.user} in {origin.database} within its dispatch window); nothing done",
                     code="termination_unproven", query_id=sent.query_id,
                 )  # fmt: skip
             proofs.append({"query_id": sent.query_id, "termination": state.termination.value,

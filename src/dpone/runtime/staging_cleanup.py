@@ -3,8 +3,9 @@
 Shared by the three actors that drop a staging table: the service's cleanup after a
 failure, the operator's ``attempts cleanup`` and ``attempts discard`` (and the
 finalizer). Each drop has a durable intent, its own query id, and a verified
-outcome: the server's acknowledgment or a proof of the query's termination, then an
-exact observation that the table is gone.
+outcome: the server's acknowledgment or a proof of the query's termination (query-log
+evidence only from the DROP's own origin), then an exact observation that the table
+is gone.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def drop_owned_table(
                 query_id=drop_id,
             ) from exc
         proof = prove_termination(transport, drop_id, probe_prefix=read_id("termination"),
-                                  deadline=clock() + request_seconds)  # fmt: skip
+                                  deadline=clock() + request_seconds, origin=run.origin(drop_id))  # fmt: skip
         run.event(state, "termination_observed", remote={
             "query_id": drop_id, "termination": proof.termination.value, "source": proof.source})  # fmt: skip
         if not proof.proven_terminal:

@@ -7,17 +7,22 @@ wall clock (``not_before_ms``, ``not_after_ms``): the transport never starts sen
 the request deadline, so a server that started after ``not_after`` cannot be running
 it. The first event after a mutation returns (or fails with a settled outcome)
 carries ``settled`` with its query id: acknowledged mutations need no further proof.
+
+Query ids are predictable (attempt ids come from users), so query-log evidence about
+a mutation counts only for a query sent as the attempt's principal, in its database,
+within its dispatch window (:func:`dispatch_origin`).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal, JournalEvent
 from dpone.connectors.clickhouse_errors import ClickHouseServerError, NotSubmitted
+from dpone.connectors.remote_termination import QueryOrigin
 from dpone.errors import DeadlineError, DponeError, StateError
 from dpone.runtime.preparation import PreparedSpool
 from dpone.runtime.staging_states import StageState, check_reentry, check_transition
@@ -40,6 +45,36 @@ def settlement(exc: BaseException) -> str | None:
     ):
         return SETTLED_NOT_SUBMITTED
     return None
+
+
+def dispatch_origin(intent: Mapping[str, Any], now: float) -> QueryOrigin:
+    """Who sent the mutation whose intent event is ``intent``, where, and when.
+
+    The user is the attempt's principal, the database its planned one (every request
+    names it), and the window opens at the intent's ``not_before_ms``. It closes at
+    ``now`` (the outcome is being decided), never after ``not_after_ms``: the
+    transport never starts sending after it. Raises :class:`StateError`
+    (``origin_unrecorded``) when the intent lacks any of them: without an origin a
+    query-log entry could be anyone's run of the same id.
+    """
+    principal = intent.get("principal") or {}
+    planned = intent.get("planned_ownership") or {}
+    window = intent.get("dispatch") or {}
+    user, database = principal.get("user"), planned.get("database")
+    not_before, not_after = window.get("not_before_ms"), window.get("not_after_ms")
+    query_id = (intent.get("query") or {}).get("query_id")
+    if not (
+        isinstance(user, str)
+        and isinstance(database, str)
+        and type(not_before) is int
+        and type(not_after) is int
+    ):
+        raise StateError(
+            f"the intent of {query_id} does not record its principal, database and "
+            "dispatch window; its query-log entries cannot be told from another's",
+            code="origin_unrecorded", query_id=query_id,
+        )  # fmt: skip
+    return QueryOrigin(user, database, not_before / 1000, min(now, not_after / 1000))
 
 
 def error_code(exc: BaseException) -> str:
@@ -68,6 +103,7 @@ class AttemptRun:
         self.inventory: dict[str, Any] = {}
         self.prepared: PreparedSpool | None = None
         self.in_flight: str | None = None  # a mutation sent and not yet settled
+        self.intents: dict[str, dict[str, Any]] = {}  # query id -> its intent event
         self._settled: dict[str, str] | None = None  # to be carried by the next event
 
     @property
@@ -100,7 +136,12 @@ class AttemptRun:
         event = self.event(state, "drop_intent" if kind in ("drop", "discard") else "intent",
                            query={"kind": kind, "query_id": query_id}, dispatch=window, **fields)  # fmt: skip
         self.in_flight = query_id
+        self.intents[query_id] = event.document
         return event
+
+    def origin(self, query_id: str) -> QueryOrigin:
+        """The origin of the mutation ``query_id`` this run intended, as of now."""
+        return dispatch_origin(self.intents[query_id], self.wall_clock())
 
     def settle(self, query_id: str, how: str) -> None:
         """The mutation ``query_id`` can no longer change anything; the next event says so."""

@@ -481,7 +481,8 @@ class ClickHouseValidatedFileService:
             run.settle(query_id, how)
             return True  # the server answered with an exception, or nothing left
         state = prove_termination(self.transport, query_id, probe_prefix=self._read_id(run, "termination"),
-                                  deadline=self.clock() + self.policy.verification_seconds)  # fmt: skip
+                                  deadline=self.clock() + self.policy.verification_seconds,
+                                  origin=run.origin(query_id))  # fmt: skip
         if state.proven_terminal:
             run.settle(query_id, state.termination.value)
         run.event(S.CLEANUP, "termination_observed",
