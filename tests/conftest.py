@@ -16,8 +16,8 @@ from tests import chhttp
 READER_PASSWORD = "reader-secret-Δ-42"
 TEST_DATABASE = "dpone_test"
 
+# dpone itself declares the engine's powerless `default` and the administrator.
 SESSION_USERS = (
-    ServerUser("default"),
     ServerUser(
         "reader",
         password=READER_PASSWORD,
@@ -46,7 +46,7 @@ def clickhouse(session_data_dir: Path) -> Iterator[ServerInfo]:
 
 @pytest.fixture(scope="session", name="admin_credentials")
 def admin_credentials_fixture(clickhouse: ServerInfo) -> Credentials:
-    """The managed server's administrator (generated password, read from its file)."""
+    """The managed server's administrator ``dpone_admin`` (generated password, from its file)."""
     return admin_credentials(clickhouse.data_dir)
 
 

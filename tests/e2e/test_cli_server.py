@@ -15,8 +15,10 @@ import pytest
 from tests import chhttp
 
 
-def dpone(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
+def dpone(
+    *args: str, cwd: Path | None = None, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"} | (extra_env or {})
     return subprocess.run(
         [sys.executable, "-m", "dpone", *args],
         capture_output=True, text=True, timeout=120, check=False, cwd=cwd, env=env,
