@@ -56,7 +56,8 @@ def test_server_lifecycle_through_the_cli(tmp_path: Path) -> None:
     info = as_json(started)
     try:
         assert info["running"] is True and info["data_dir"] == data
-        assert chhttp.query(info["http_port"], "SELECT 42") == "42\n"
+        chhttp.register_server(info["http_port"], data)
+        assert chhttp.query(info["http_port"], "SELECT currentUser(), 42") == "dpone_admin\t42\n"
 
         status = dpone("server", "status", "--data-dir", data, "--json")
         assert status.returncode == 0
@@ -179,7 +180,7 @@ def test_server_client_runs_clickhouse_client_without_credentials_in_argv(
     finally:
         dpone("server", "stop", "--data-dir", str(data))
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "default\t7\n"
+    assert done.stdout == "dpone_admin\t7\n"
 
 
 def test_rotate_credentials_says_when_it_applies(tmp_path: Path) -> None:
@@ -191,6 +192,9 @@ def test_rotate_credentials_says_when_it_applies(tmp_path: Path) -> None:
     finally:
         dpone("server", "stop", "--data-dir", str(data))
     assert done.returncode == 0, done.stderr
-    # The CLI's server declares only the engine's passwordless 'default'.
-    assert "no generated passwords to rotate" in done.stdout
+    # The CLI's server declares the administrator (the engine's `default` has no password).
+    assert done.stdout.splitlines() == [
+        "new passwords prepared for: dpone_admin",
+        "they take effect when the server restarts: dpone server stop; dpone server start",
+    ]
     assert status["ok"] is True and status["credentials_rotation_pending"] is True
