@@ -228,7 +228,12 @@ class LocalServer:
             users_file=str(layout.users_file),
         )
         write_private_file(layout.config_file, config)
-        for stale in (layout.control_fifo, layout.listen_file, layout.ports_file, layout.state_file):
+        for stale in (
+            layout.control_fifo,
+            layout.listen_file,
+            layout.ports_file,
+            layout.state_file,
+        ):
             stale.unlink(missing_ok=True)
         os.mkfifo(layout.control_fifo, 0o600)
 
