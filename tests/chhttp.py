@@ -3,8 +3,9 @@
 Independent of dpone's transports on purpose: tests check the server's answers
 through a path that shares no code with what they test. It reads the managed
 server's administrator password from the data directory's credentials file itself.
-Calls without a user act as ``default`` with the password registered for the port
-(:func:`register_server`; the ``clickhouse`` fixture registers the session server).
+Calls without a user act as the administrator ``dpone_admin`` with the password
+registered for the port (:func:`register_server`; the ``clickhouse`` fixture registers
+the session server, a test that starts its own server registers it).
 """
 
 from __future__ import annotations
@@ -17,25 +18,27 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-ADMIN = "default"
+ADMIN = "dpone_admin"
+# The engine's own user: no password, may only open and close the listeners.
+ENGINE = "default"
 # http port -> the administrator's password on the server listening there.
 _ADMIN_PASSWORDS: dict[int, str] = {}
 
 
 def admin_password(data_dir: str | os.PathLike[str]) -> str:
-    """The ``default`` user's password from ``<data_dir>/run/credentials.json``.
-
-    Empty when the file lists none: the embedded engine's own session needs
-    ``default`` without a password (see dpone.localserver.credentials).
-    """
+    """The administrator's password from ``<data_dir>/run/credentials.json``."""
     with open(os.path.join(data_dir, "run", "credentials.json"), encoding="utf-8") as f:
         document = json.load(f)
-    found = [u["password"] for u in document["users"] if u["user"] == ADMIN]
-    return str(found[0]) if found else ""
+    (found,) = [u["password"] for u in document["users"] if u["user"] == ADMIN]
+    return str(found)
 
 
 def register_server(http_port: int, data_dir: str | os.PathLike[str]) -> None:
-    """Let calls to ``http_port`` without a password authenticate as its administrator."""
+    """Let calls to ``http_port`` without a password authenticate as its administrator.
+
+    A port is used by one server at a time, so a later server on the same port
+    replaces the earlier registration.
+    """
     _ADMIN_PASSWORDS[http_port] = admin_password(data_dir)
 
 
@@ -63,8 +66,11 @@ def post(
     ``password=None`` means the registered administrator password for ``port`` (when
     ``user`` is the administrator), else none at all.
     """
-    if password is None:
-        password = _ADMIN_PASSWORDS.get(port, "") if user == ADMIN else ""
+    if password is None and user == ADMIN:
+        assert port in _ADMIN_PASSWORDS, f"register_server({port}, data_dir) first"
+        password = _ADMIN_PASSWORDS[port]
+    elif password is None:
+        password = ""
     if data is None:
         url = f"http://127.0.0.1:{port}/?wait_end_of_query=1"
         body = sql.encode("utf-8")

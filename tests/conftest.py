@@ -25,8 +25,8 @@ STAGING_DATABASE = "staging_db"
 POOL_DATABASE = "dpone_pool"
 POOL_PASSWORDS = {name: f"pool-{name}-secret" for name in pool_names()}
 
+# dpone itself declares the engine's powerless `default` and the administrator.
 SESSION_USERS = (
-    ServerUser("default"),
     ServerUser(
         "reader",
         password=READER_PASSWORD,
@@ -86,7 +86,7 @@ def clickhouse(session_data_dir: Path) -> Iterator[ServerInfo]:
 
 @pytest.fixture(scope="session", name="admin_credentials")
 def admin_credentials_fixture(clickhouse: ServerInfo) -> Credentials:
-    """The managed server's administrator (generated password, read from its file)."""
+    """The managed server's administrator ``dpone_admin`` (generated password, from its file)."""
     return admin_credentials(clickhouse.data_dir)
 
 

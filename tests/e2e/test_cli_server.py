@@ -15,8 +15,10 @@ import pytest
 from tests import chhttp
 
 
-def dpone(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
+def dpone(
+    *args: str, cwd: Path | None = None, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"} | (extra_env or {})
     return subprocess.run(
         [sys.executable, "-m", "dpone", *args],
         capture_output=True, text=True, timeout=120, check=False, cwd=cwd, env=env,
@@ -54,7 +56,8 @@ def test_server_lifecycle_through_the_cli(tmp_path: Path) -> None:
     info = as_json(started)
     try:
         assert info["running"] is True and info["data_dir"] == data
-        assert chhttp.query(info["http_port"], "SELECT 42") == "42\n"
+        chhttp.register_server(info["http_port"], data)
+        assert chhttp.query(info["http_port"], "SELECT currentUser(), 42") == "dpone_admin\t42\n"
 
         status = dpone("server", "status", "--data-dir", data, "--json")
         assert status.returncode == 0
@@ -177,7 +180,7 @@ def test_server_client_runs_clickhouse_client_without_credentials_in_argv(
     finally:
         dpone("server", "stop", "--data-dir", str(data))
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "default\t7\n"
+    assert done.stdout == "dpone_admin\t7\n"
 
 
 def test_rotate_credentials_says_when_it_applies(tmp_path: Path) -> None:
@@ -189,6 +192,11 @@ def test_rotate_credentials_says_when_it_applies(tmp_path: Path) -> None:
     finally:
         dpone("server", "stop", "--data-dir", str(data))
     assert done.returncode == 0, done.stderr
-    # The publication pool's passwords are generated, so there is something to rotate.
-    assert "new passwords prepared for: dpone_catalog, dpone_closer, dpone_ingest_1" in done.stdout
+    # The administrator and the publication pool have generated passwords to rotate.
+    first, second = done.stdout.splitlines()
+    assert first.startswith("new passwords prepared for: dpone_admin, ")
+    assert "dpone_ingest_1" in first and "dpone_publisher_1" in first
+    assert (
+        second == "they take effect when the server restarts: dpone server stop; dpone server start"
+    )
     assert status["ok"] is True and status["credentials_rotation_pending"] is True

@@ -14,6 +14,7 @@ def test_stage_through_the_cli(tmp_path: Path) -> None:
     path, receipt, data = export_hostile(tmp_path)
     server = as_json(dpone("server", "start", "--data-dir", str(tmp_path / "ch"), "--json"))
     try:
+        chhttp.register_server(server["http_port"], tmp_path / "ch")
         chhttp.query(server["http_port"], "CREATE DATABASE stg ENGINE = Atomic")
         done = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
                      "--database", "stg", "--data-dir", str(tmp_path / "ch"), "--attempt-id", "cli-1", "--json")  # fmt: skip

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from dpone.connectors.clickhouse_request import Credentials
 from dpone.localserver import LocalServer, ServerInfo, ServerUser, find_running
 from dpone.localserver.layout import DataDirLayout
 from dpone.localserver.probe import accepts_connections, http_ping
@@ -32,8 +33,19 @@ def test_http_query_returns_typed_values(clickhouse: ServerInfo) -> None:
     assert got == [{"big": 9223372036854775807, "s": "a\tb", "two": 2}]
 
 
+def client_config(path: Path, credentials: Credentials) -> Path:
+    """A 0600 clickhouse-client configuration: the password stays out of argv."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(
+            f"<config><user>{credentials.user}</user>"
+            f"<password>{credentials.password}</password></config>\n"
+        )
+    return path
+
+
 def test_native_protocol_query_and_rowbinary_insert(
-    clickhouse: ServerInfo, clickhouse_client: str
+    clickhouse: ServerInfo, clickhouse_client: str, admin_credentials: Credentials, tmp_path: Path
 ) -> None:
     port = clickhouse.http_port
     chhttp.query(port, "CREATE DATABASE IF NOT EXISTS native_db ENGINE = Atomic")
@@ -43,7 +55,9 @@ def test_native_protocol_query_and_rowbinary_insert(
     # Two RowBinary rows: Int32 little-endian, String as LEB128 length + bytes.
     payload = (7).to_bytes(4, "little", signed=True) + b"\x03abc"
     payload += (-1).to_bytes(4, "little", signed=True) + b"\x00"
-    base = [clickhouse_client, "--host", "127.0.0.1", "--port", str(clickhouse.tcp_port)]
+    config = client_config(tmp_path / "client.xml", admin_credentials)
+    base = [clickhouse_client, "--config-file", str(config),
+            "--host", "127.0.0.1", "--port", str(clickhouse.tcp_port)]  # fmt: skip
     done = subprocess.run(
         [*base, "--query_id", "dpone-test-native-insert",
          "--query", "INSERT INTO native_db.t FORMAT RowBinary"],
@@ -133,6 +147,7 @@ def test_users_file_is_private_and_holds_no_clear_password(
 def test_data_and_uuids_survive_restart(tmp_path: Path) -> None:
     with LocalServer(tmp_path / "data") as first:
         port = first.info.http_port
+        chhttp.register_server(port, tmp_path / "data")
         chhttp.query(port, "CREATE DATABASE keep ENGINE = Atomic")
         chhttp.query(port, "CREATE TABLE keep.t (v String) ENGINE = MergeTree ORDER BY v")
         chhttp.query(port, "INSERT INTO keep.t VALUES ('x'), ('y')")
@@ -145,6 +160,7 @@ def test_data_and_uuids_survive_restart(tmp_path: Path) -> None:
     assert find_running(tmp_path / "data") is None
     with LocalServer(tmp_path / "data") as second:
         port = second.info.http_port
+        chhttp.register_server(port, tmp_path / "data")
         assert second.info.pid != first_pid
         assert chhttp.rows(port, sql) == before
         assert (
@@ -157,6 +173,7 @@ def test_data_and_uuids_survive_restart(tmp_path: Path) -> None:
 
 def test_two_servers_on_two_data_dirs(clickhouse: ServerInfo, tmp_path: Path) -> None:
     with LocalServer(tmp_path / "other") as other:
+        chhttp.register_server(other.info.http_port, tmp_path / "other")
         assert {other.info.http_port, other.info.tcp_port}.isdisjoint(
             {clickhouse.http_port, clickhouse.tcp_port}
         )

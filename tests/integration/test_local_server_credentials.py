@@ -11,9 +11,12 @@ import pytest
 
 from dpone.errors import ConfigurationError
 from dpone.localserver import (
+    ADMIN_USER,
+    ENGINE_USER,
     CredentialsCorrupt,
     LocalServer,
     ServerUser,
+    admin_credentials,
     load_credentials,
     rotate_credentials,
     rotation_pending,
@@ -21,7 +24,7 @@ from dpone.localserver import (
 from dpone.localserver.layout import DataDirLayout
 from tests import chhttp
 
-USERS = (ServerUser("default"), ServerUser("loader", grants=("GRANT SELECT ON system.one",)))
+USERS = (ServerUser("loader", grants=("GRANT SELECT ON system.one",)),)
 
 
 def _private_tree(root: Path) -> list[str]:
@@ -53,9 +56,15 @@ def test_declared_user_without_password_gets_a_private_generated_one(tmp_path: P
         # The password is in no argv, state file, users.xml or log.
         pid = server.info.pid
         assert loader.password.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
-        chhttp.query(port, "SYSTEM FLUSH LOGS")
+        admin = load_credentials(layout.root)[ADMIN_USER]
+        assert server.credentials() == admin and len(admin.password) >= 40
+        chhttp.query(port, "SYSTEM FLUSH LOGS", user=ADMIN_USER, password=admin.password)
+    # The administrator and the declared user; never the engine's passwordless `default`.
     assert json.loads(layout.credentials_file.read_text()) == {
-        "users": [{"user": "loader", "password": loader.password}]
+        "users": [
+            {"user": ADMIN_USER, "password": admin.password},
+            {"user": "loader", "password": loader.password},
+        ]
     }
     assert stat.S_IMODE(layout.credentials_file.stat().st_mode) == 0o600
     assert stat.S_IMODE(layout.run_dir.stat().st_mode) == 0o700
@@ -70,9 +79,11 @@ def test_restart_keeps_and_rotation_replaces_credentials(tmp_path: Path) -> None
     data = tmp_path / "d"
     with LocalServer(data, users=USERS):
         first = load_credentials(data)["loader"]
+        first_admin = admin_credentials(data)
     with LocalServer(data, users=USERS) as server:
         assert load_credentials(data)["loader"] == first
-        assert rotate_credentials(data) == ("loader",)
+        assert admin_credentials(data) == first_admin
+        assert rotate_credentials(data) == (ADMIN_USER, "loader")
         assert rotation_pending(data)
         # Not applied while running: dpone keeps the passwords the server accepts.
         assert load_credentials(data)["loader"] == first
@@ -84,6 +95,11 @@ def test_restart_keeps_and_rotation_replaces_credentials(tmp_path: Path) -> None
         port = server.info.http_port
         assert chhttp.query(port, "SELECT 1", user="loader", password=rotated.password) == "1\n"
         old = chhttp.post(port, "SELECT 1", user="loader", password=first.password)
+        assert old.exception_code == "516", old.text
+        admin = admin_credentials(data)
+        assert admin.password != first_admin.password
+        assert chhttp.query(port, "SELECT 1", user=ADMIN_USER, password=admin.password) == "1\n"
+        old = chhttp.post(port, "SELECT 1", user=ADMIN_USER, password=first_admin.password)
         assert old.exception_code == "516", old.text
 
 
@@ -97,10 +113,12 @@ def test_corrupt_credentials_file_is_refused_without_quoting_it(tmp_path: Path) 
     assert caught.value.details["path"] == str(layout.credentials_file)
 
 
-def test_default_cannot_have_a_password(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", [ENGINE_USER, ADMIN_USER])
+def test_the_engine_user_and_the_administrator_are_reserved(tmp_path: Path, name: str) -> None:
     with pytest.raises(ConfigurationError) as caught:
-        LocalServer(tmp_path, users=(ServerUser("default", password="x"),))
-    assert caught.value.code == "engine_user_password"
+        LocalServer(tmp_path / "d", users=(ServerUser(name, password="x"),))
+    assert caught.value.code == "reserved_user" and caught.value.details["user"] == name
+    assert not (tmp_path / "d").exists()
 
 
 def test_same_port_for_http_and_tcp_is_refused_before_starting(tmp_path: Path) -> None:
@@ -123,16 +141,15 @@ def test_wide_existing_data_dir_gets_a_warning_with_the_fix(tmp_path: Path) -> N
 def test_query_log_survives_a_clean_restart(tmp_path: Path) -> None:
     data = tmp_path / "d"
     with LocalServer(data) as server:
-        chhttp.query(
-            server.info.http_port, "SELECT 'before the restart'", user="default", password=""
-        )
+        chhttp.register_server(server.info.http_port, data)
+        chhttp.query(server.info.http_port, "SELECT 'before the restart'")
     with LocalServer(data) as server:
         port = server.info.http_port
-        chhttp.query(port, "SYSTEM FLUSH LOGS", password="")
+        chhttp.register_server(port, data)
+        chhttp.query(port, "SYSTEM FLUSH LOGS")
         found = chhttp.rows(
             port,
             "SELECT toString(type) AS type FROM system.query_log "
             "WHERE query = 'SELECT \\'before the restart\\'' ORDER BY event_time_microseconds",
-            password="",
         )
     assert found == [{"type": "QueryStart"}, {"type": "QueryFinish"}]

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from dpone.adapters.file_attempt_journal import read_events
-from dpone.connectors.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
+from dpone.connectors.clickhouse_request import ClickHouseRequest, Endpoint
 from dpone.connectors.clickhouse_result import QueryResult
 from dpone.errors import DponeError, JournalError
 from dpone.exporters.export import export_table
 from dpone.exporters.sources import SqliteSource
-from dpone.localserver import ServerInfo
+from dpone.localserver import ServerInfo, admin_credentials
 from dpone.runtime.attempt_recovery import list_attempts
 from dpone.runtime.clickhouse_file_stage_contract import StagingPolicy
 from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
@@ -53,7 +53,7 @@ def export_hostile(
 
 
 def config(info: ServerInfo, work: Path, kind: str = "http", **policy: Any) -> StagingConfig:
-    return StagingConfig(Endpoint("127.0.0.1", info.http_port, info.tcp_port, DB), Credentials("default"), work,
+    return StagingConfig(Endpoint("127.0.0.1", info.http_port, info.tcp_port, DB), admin_credentials(info.data_dir), work,
                          transport=kind, policy=StagingPolicy(**policy))  # fmt: skip
 
 
@@ -299,6 +299,7 @@ def test_server_stopped_mid_insert_retains_everything(kind: str, tmp_path: Path)
     path, receipt, _ = export_hostile(tmp_path)
     with LocalServer(tmp_path / "victim") as victim:
         info = victim.info
+        chhttp.register_server(info.http_port, info.data_dir)
         chhttp.query(info.http_port, f"CREATE DATABASE {DB} ENGINE = Atomic")
         inserting = False
         readings = 0
@@ -314,7 +315,7 @@ def test_server_stopped_mid_insert_retains_everything(kind: str, tmp_path: Path)
 
         endpoint = Endpoint("127.0.0.1", info.http_port, info.tcp_port, DB)
         inner = (HttpTransport if kind == "http" else ClientTransport)(
-            endpoint, Credentials("default"), clock=clock
+            endpoint, admin_credentials(info.data_dir), clock=clock
         )
 
         def arm(request: ClickHouseRequest) -> None:

@@ -10,6 +10,7 @@ that was not owned.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dpone.adapters.file_attempt_journal import read_events
+from dpone.connectors.clickhouse_request import Credentials
 from dpone.localserver import ServerInfo
 from dpone.runtime.attempt_recovery import list_attempts
 from tests import chhttp
@@ -35,6 +37,8 @@ CHILD = textwrap.dedent(
     from dpone.runtime.validated_file_service import ClickHouseValidatedFileService
 
     http, tcp, work, path, receipt, attempt, crash_after = sys.argv[1:]
+    # The administrator, as the CLI gets it from the environment (never argv).
+    admin = Credentials(os.environ["DPONE_CLICKHOUSE_USER"], os.environ["DPONE_CLICKHOUSE_PASSWORD"])
 
     class Crashing(ClickHouseFileAttemptJournal):
         def record(self, fields):
@@ -43,17 +47,24 @@ CHILD = textwrap.dedent(
                 os.kill(os.getpid(), signal.SIGKILL)
             return event
 
-    cfg = StagingConfig(Endpoint("127.0.0.1", int(http), int(tcp), "{DB}"), Credentials("default"), Path(work))
+    cfg = StagingConfig(Endpoint("127.0.0.1", int(http), int(tcp), "{DB}"), admin, Path(work))
     svc = ClickHouseValidatedFileService(build_transport(cfg), "{DB}", Path(work), journal_factory=Crashing)
     svc.stage(ContractValidatedFileArtifact(Path(path), Path(receipt)), attempt)
     """
 )
 
 
+def admin_env(admin: Credentials) -> dict[str, str]:
+    """The variables that make a ``--host`` command act as the administrator."""
+    return {"DPONE_CLICKHOUSE_USER": admin.user, "DPONE_CLICKHOUSE_PASSWORD": admin.password}
+
+
 # Events of a successful run: 1 checking, 2 prepared, 3 CREATE intent, 4 INSERT intent,
 # 5 verifying, 6 staged.
 @pytest.mark.parametrize("crash_after", [1, 2, 3, 4, 5, 6])
-def test_crash_after_each_event(clickhouse: ServerInfo, tmp_path: Path, crash_after: int) -> None:
+def test_crash_after_each_event(
+    clickhouse: ServerInfo, admin_credentials: Credentials, tmp_path: Path, crash_after: int
+) -> None:
     create_databases(clickhouse.http_port)
     path, receipt, _data = export_hostile(tmp_path)
     work = tmp_path / "work"
@@ -62,7 +73,7 @@ def test_crash_after_each_event(clickhouse: ServerInfo, tmp_path: Path, crash_af
     child = subprocess.run(
         [sys.executable, "-c", CHILD, str(clickhouse.http_port), str(clickhouse.tcp_port), str(work),
          str(path), str(receipt), attempt, str(crash_after)],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True, text=True, timeout=120, check=False, env=os.environ | admin_env(admin_credentials),
     )  # fmt: skip
     assert child.returncode == -9, child.stderr
     events = read_events(work / attempt)  # verifies sequence, chain and canonical bytes
@@ -87,7 +98,8 @@ def test_crash_after_each_event(clickhouse: ServerInfo, tmp_path: Path, crash_af
     assert [a["attempt_id"] for a in json.loads(listing.stdout)["attempts"]] == [attempt]
     cleaned = dpone("attempts", "cleanup", attempt, "--work-dir", str(work), "--database", DB,
                     "--host", "127.0.0.1", "--http-port", str(clickhouse.http_port),
-                    "--tcp-port", str(clickhouse.tcp_port), "--json")  # fmt: skip
+                    "--tcp-port", str(clickhouse.tcp_port), "--json",
+                    extra_env=admin_env(admin_credentials))  # fmt: skip
     if crash_after in (3, 4):
         # The intent is durable but its query was never dispatched: the query log has no
         # terminal event for it, so its state is unproven and cleanup must refuse.
@@ -101,14 +113,16 @@ def test_crash_after_each_event(clickhouse: ServerInfo, tmp_path: Path, crash_af
     assert not (work / attempt / "spool").exists()
 
 
-def test_cleanup_refuses_a_table_that_is_not_owned(clickhouse: ServerInfo, tmp_path: Path) -> None:
+def test_cleanup_refuses_a_table_that_is_not_owned(
+    clickhouse: ServerInfo, admin_credentials: Credentials, tmp_path: Path
+) -> None:
     create_databases(clickhouse.http_port)
     path, receipt, _ = export_hostile(tmp_path)
     work = tmp_path / "work"
     child = subprocess.run(
         [sys.executable, "-c", CHILD, str(clickhouse.http_port), str(clickhouse.tcp_port), str(work),
          str(path), str(receipt), "swap-1", "5"],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True, text=True, timeout=120, check=False, env=os.environ | admin_env(admin_credentials),
     )  # fmt: skip
     assert child.returncode == -9
     # Someone replaces the staging table with their own under the same name.
@@ -119,7 +133,8 @@ def test_cleanup_refuses_a_table_that_is_not_owned(clickhouse: ServerInfo, tmp_p
     )
     cleaned = dpone("attempts", "cleanup", "swap-1", "--work-dir", str(work), "--database", DB,
                     "--host", "127.0.0.1", "--http-port", str(clickhouse.http_port),
-                    "--tcp-port", str(clickhouse.tcp_port), "--json")  # fmt: skip
+                    "--tcp-port", str(clickhouse.tcp_port), "--json",
+                    extra_env=admin_env(admin_credentials))  # fmt: skip
     assert cleaned.returncode == 1
     assert json.loads(cleaned.stdout)["error"]["code"] == "ownership_unverified"
     assert chhttp.query(clickhouse.http_port, f"EXISTS TABLE {DB}.dpone_stage_swap_h1") == "1\n"

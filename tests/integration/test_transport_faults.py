@@ -25,7 +25,7 @@ from dpone.connectors.remote_termination import (
     query_log_state,
 )
 from dpone.errors import ConfigurationError
-from dpone.localserver import ServerInfo
+from dpone.localserver import ADMIN_USER, ServerInfo
 from tests import chhttp
 from tests.conftest import READER_PASSWORD, TEST_DATABASE
 from tests.integration.test_transports import DB, fake_client, make_transport, soon
@@ -187,7 +187,7 @@ def test_a_reused_query_id_logs_every_run(clickhouse: ServerInfo) -> None:
     assert seen.observable
     assert [e.type for e in seen.events] == ["QueryStart", "QueryFinish"] * 2
     assert {(e.user, e.current_database, e.query_kind) for e in seen.events} == {
-        ("default", DB, "Select")
+        (ADMIN_USER, DB, "Select")
     }
     starts = [e.query_start_time_us for e in seen.events]
     assert starts[0] == starts[1] < starts[2] == starts[3]
@@ -214,13 +214,13 @@ def test_the_query_log_proof_is_bound_to_its_origin(clickhouse: ServerInfo) -> N
                                 origin=origin)  # fmt: skip
         return found.termination
 
-    ours = QueryOrigin("default", DB, before, after)
+    ours = QueryOrigin(ADMIN_USER, DB, before, after)
     assert state(None) is Termination.UNKNOWN  # two runs that disagree: nothing proven
     assert state(ours) is Termination.FINISHED_OK
     assert state(QueryOrigin("reader", TEST_DATABASE, before, time.time())) is Termination.FAILED
     assert state(dataclasses.replace(ours, user="nobody")) is Termination.UNKNOWN
     assert state(dataclasses.replace(ours, database=TEST_DATABASE)) is Termination.UNKNOWN
-    long_ago = QueryOrigin("default", DB, before - 3600, before - 3000)
+    long_ago = QueryOrigin(ADMIN_USER, DB, before - 3600, before - 3000)
     assert state(long_ago) is Termination.UNKNOWN
 
 

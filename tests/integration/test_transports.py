@@ -35,7 +35,7 @@ from dpone.connectors.remote_termination import (
     prove_termination,
     query_log_state,
 )
-from dpone.localserver import LocalServer, ServerInfo
+from dpone.localserver import LocalServer, ServerInfo, admin_credentials
 from tests import chhttp
 from tests.conftest import READER_PASSWORD, TEST_DATABASE
 
@@ -47,12 +47,14 @@ def soon(seconds: float = 30.0) -> float:
     return time.monotonic() + seconds
 
 
-def make_transport(kind: str, info: ServerInfo, *, user: str = "default", password: str = "",
+def make_transport(kind: str, info: ServerInfo, *, user: str | None = None, password: str = "",
                    database: str = DB, **kwargs: Any) -> HttpTransport | ClientTransport:  # fmt: skip
+    """A transport as ``user``, by default the server's administrator."""
     endpoint = Endpoint("127.0.0.1", info.http_port, info.tcp_port, database)
+    credentials = admin_credentials(info.data_dir) if user is None else Credentials(user, password)
     if kind == "http":
-        return HttpTransport(endpoint, Credentials(user, password), **kwargs)
-    return ClientTransport(endpoint, Credentials(user, password), **kwargs)
+        return HttpTransport(endpoint, credentials, **kwargs)
+    return ClientTransport(endpoint, credentials, **kwargs)
 
 
 @pytest.fixture
@@ -214,6 +216,7 @@ def test_server_stopped_mid_insert_is_unknown_until_proven(
     kind: str, clickhouse: ServerInfo, tmp_path: Path
 ) -> None:
     with LocalServer(tmp_path / "victim") as victim:
+        chhttp.register_server(victim.info.http_port, victim.info.data_dir)
         chhttp.query(victim.info.http_port, f"CREATE DATABASE {DB} ENGINE = Atomic")
         chhttp.query(
             victim.info.http_port,

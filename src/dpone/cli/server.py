@@ -235,8 +235,9 @@ def _running(data_dir: Path) -> ServerInfo:
 def url(data_dir: Path) -> None:
     """Print the HTTP URL of the server running on DATA_DIR (never with a password).
 
-    Other tools authenticate with the user and password of the credentials file
-    (``dpone server status`` names it).
+    Other tools authenticate as the administrator ``dpone_admin`` with its password
+    from the credentials file (``dpone server status`` names it); ``default`` needs
+    no password but may do nothing.
     """
     with reported_errors(False):
         click.echo(_running(data_dir).http_url)
@@ -259,9 +260,7 @@ def rotate(data_dir: Path, as_json: bool) -> None:
                        "credentials_file": _credentials_file(data_dir)})  # fmt: skip
             return
         if not users:
-            click.echo(
-                "no generated passwords to rotate ('default' has none: see docs/local-server.md)"
-            )
+            click.echo("no generated passwords to rotate (see docs/local-server.md)")
             return
         click.echo(f"new passwords prepared for: {', '.join(users)}")
         if running:

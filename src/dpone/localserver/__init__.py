@@ -1,6 +1,6 @@
 """The managed local ClickHouse server: dpone's embedded default and test server."""
 
-from dpone.localserver.config import DEFAULT_USERS, ServerUser
+from dpone.localserver.config import ADMIN_USER, DEFAULT_USERS, ENGINE_USER, ServerUser
 from dpone.localserver.credentials import (
     admin_credentials,
     load_credentials,
@@ -31,8 +31,10 @@ from dpone.localserver.server import (
 )
 
 __all__ = [
+    "ADMIN_USER",
     "DEFAULT_DATA_DIR",
     "DEFAULT_USERS",
+    "ENGINE_USER",
     "ChdbNotInstalled",
     "CredentialsCorrupt",
     "CredentialsMissing",

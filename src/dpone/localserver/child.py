@@ -1,11 +1,26 @@
 """Entry point of the server process: ``python -m dpone.localserver.child``.
 
 Runs in a process of its own because the embedded engine allows one server per
-process and nothing else of chdb beside it. It takes the data-directory lock, then
-runs one batch: start both listeners, restore the saved query log, write the chosen
-ports, and block reading the control FIFO. A line written to the FIFO ends the wait;
-the batch then flushes the server's logs and saves the query log, and the process
-exits cleanly.
+process and nothing else of chdb beside it.
+
+The engine runs its own session (one batch of statements) as ``default`` with an
+empty password, which chdb 4.4 offers no way to change. So that passwordless user
+may do nothing but open and close the listeners (``SYSTEM LISTEN``), and the batch
+needs nothing more:
+
+1. ``SYSTEM START LISTEN HTTP`` and ``TCP``;
+2. the chosen ports into the listen file with ``INTO OUTFILE``: the engine's client
+   side writes it, which needs no grant (``file()`` would need ``FILE``);
+3. a statement that blocks without any privilege: a sleep over ``numbers()``, named
+   with a random tag so that its query id can be found.
+
+Everything else is the administrator's (``dpone_admin``, password read from the
+credentials file), sent over HTTP by a control thread of this process: once the
+listen file appears it flushes the logs and restores the saved query log, then
+writes the ports file, the parent's readiness signal. A line in the control FIFO
+(the parent's clean stop, or this process's parent-death watchdog) makes it flush
+the logs, save the query log and ``KILL QUERY`` the blocking statement by its query
+id; the batch then ends and the process exits.
 
 The query log is saved because this engine keeps its ``system`` database in memory:
 at the next start ``system.query_log`` is created anew and the parts on disk are
@@ -24,15 +39,22 @@ import fcntl
 import importlib
 import importlib.metadata
 import os
+import secrets
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from dpone.connectors.clickhouse_request import Credentials
+from dpone.errors import DponeError, TransportError
+from dpone.localserver.control import run_admin_sql
+from dpone.localserver.credentials import admin_credentials
+from dpone.localserver.layout import DataDirLayout, write_private_file
 from dpone.localserver.protocol import (
     EXIT_LOCKED,
     EXIT_NO_CHDB,
+    EXIT_NO_CREDENTIALS,
     EXIT_OK,
     EXIT_PARENT_GONE,
     EXIT_QUERY_FAILED,
@@ -43,15 +65,20 @@ from dpone.sql import quote_literal
 # After the parent is gone, how long a clean stop may take before a hard exit.
 ORPHAN_GRACE_SECONDS = 3.0
 PARENT_POLL_SECONDS = 0.2
-
+POLL_SECONDS = 0.05
 
 # Days of query log carried across a restart.
 QUERY_LOG_KEEP_DAYS = 30
-# The batch's last answer: everything before it, the query-log save included, ran.
-SAVED_MARKER = "dpone-query-log-saved"
+# The blocking statement sleeps this long per row, one row per block: a KILL ends
+# it within that time. Below the engine's 3 s cap per block (function_sleep_max_
+# microseconds_per_block), so no setting is needed; the rows last for millennia.
+WAIT_SECONDS_PER_ROW = 0.25
+WAIT_ROWS = 10**12
+# How long the blocking statement may take to appear in system.processes.
+WAIT_QUERY_APPEARS_SECONDS = 10.0
 
 
-def _take_lock(path: str) -> int:
+def _take_lock(path: Path) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -76,87 +103,188 @@ def _engine_version() -> str:
     return "unknown"
 
 
-def _batch(args: argparse.Namespace, saved_log: Path) -> str:
-    partial = saved_log.with_name(saved_log.name + ".partial")
-    restore = (
-        [
-            f"INSERT INTO system.query_log SELECT * FROM file({quote_literal(str(saved_log))}, 'Native')"
-        ]
-        if saved_log.is_file() and saved_log.stat().st_size > 0
-        else []
-    )
-    return "; ".join(
-        [
-            "SYSTEM START LISTEN HTTP",
-            "SYSTEM START LISTEN TCP",
-            # Creates system.query_log now, so the restore and the save find it.
-            "SYSTEM FLUSH LOGS",
-            *restore,
-            "SELECT getServerPort('http_port'), getServerPort('tcp_port'), version() "
-            f"INTO OUTFILE {quote_literal(args.ports_file)} TRUNCATE FORMAT TabSeparated",
-            # Blocks until a writer sends a line and closes: the clean stop signal.
-            f"SELECT count() FROM file({quote_literal(args.fifo)}, 'LineAsString')",
-            "SYSTEM FLUSH LOGS",
-            f"INSERT INTO FUNCTION file({quote_literal(str(partial))}, 'Native') "
-            f"SELECT * FROM system.query_log WHERE event_date >= today() - {QUERY_LOG_KEEP_DAYS} "
-            "SETTINGS engine_file_truncate_on_insert = 1",
-            f"SELECT {quote_literal(SAVED_MARKER)}",
-        ]
-    )
+def _say(message: str) -> None:
+    print(f"dpone-child: {message}", file=sys.stderr, flush=True)
+
+
+class _Control:
+    """The administrator's side of the server's life, run from a thread."""
+
+    def __init__(self, layout: DataDirLayout, admin: Credentials, saved_log: Path) -> None:
+        self.layout = layout
+        self.admin = admin
+        self.saved_log = saved_log
+        # Known only to this process; `default` cannot read system.processes anyway.
+        self.wait_tag = f"dpone_engine_wait_{secrets.token_hex(8)}"
+        self.http_port = 0
+        self.engine_done = threading.Event()
+        self.stop_requested = threading.Event()
+        self.log_saved = False
+
+    def batch(self) -> str:
+        """The engine session's statements: each one allowed by ``SYSTEM LISTEN`` alone."""
+        return "; ".join(
+            [
+                "SYSTEM START LISTEN HTTP",
+                "SYSTEM START LISTEN TCP",
+                "SELECT getServerPort('http_port'), getServerPort('tcp_port'), version() "
+                f"INTO OUTFILE {quote_literal(str(self.layout.listen_file))} "
+                "TRUNCATE FORMAT TabSeparated",
+                f"SELECT count() AS {self.wait_tag} FROM numbers({WAIT_ROWS}) "
+                f"WHERE sleepEachRow({WAIT_SECONDS_PER_ROW}) = 0 SETTINGS max_block_size = 1",
+            ]
+        )
+
+    def run(self, fifo_fd: int) -> None:
+        """Make the server ready, then serve one stop request."""
+        try:
+            listening = self._wait_listening()
+            if listening is None:
+                return  # the batch ended before listening; main reports it
+            self.http_port = int(listening[0])
+            self._restore_query_log()
+            write_private_file(self.layout.ports_file, "\t".join(listening) + "\n")
+        except (DponeError, OSError, ValueError) as exc:
+            _say(f"start failed: {exc}")
+            self._end_batch()
+            return
+        while b"\n" not in os.read(fifo_fd, 64):
+            pass
+        self.stop()
+
+    def stop(self) -> None:
+        """Save the query log, then end the engine's batch: a clean stop."""
+        try:
+            self._sql("SYSTEM FLUSH LOGS")
+            partial = self.saved_log.with_name(self.saved_log.name + ".partial")
+            self._sql(
+                f"INSERT INTO FUNCTION file({quote_literal(str(partial))}, 'Native') "
+                "SELECT * FROM system.query_log "
+                f"WHERE event_date >= today() - {QUERY_LOG_KEEP_DAYS} "
+                "SETTINGS engine_file_truncate_on_insert = 1"
+            )
+            os.replace(partial, self.saved_log)
+            self.log_saved = True
+        except (DponeError, OSError) as exc:
+            _say(f"the query log was not saved: {exc}")
+        self.stop_requested.set()
+        self._end_batch()
+
+    def _sql(self, sql: str) -> str:
+        return run_admin_sql(self.http_port, sql, credentials=self.admin)
+
+    def _wait_listening(self) -> list[str] | None:
+        """The listen file's fields (HTTP port, TCP port, version) once complete."""
+        while not self.engine_done.wait(POLL_SECONDS):
+            try:
+                text = self.layout.listen_file.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                continue
+            fields = text.rstrip("\n").split("\t")
+            if text.endswith("\n") and len(fields) == 3 and fields[0].isdigit():
+                return fields
+        return None
+
+    def _restore_query_log(self) -> None:
+        # Creates system.query_log now, so that the restore finds it.
+        self._sql("SYSTEM FLUSH LOGS")
+        if self.saved_log.is_file() and self.saved_log.stat().st_size > 0:
+            try:
+                self._sql(
+                    "INSERT INTO system.query_log SELECT * FROM "
+                    f"file({quote_literal(str(self.saved_log))}, 'Native')"
+                )
+            except TransportError as exc:
+                raise TransportError(
+                    f"cannot restore the saved query log {self.saved_log} "
+                    f"(delete it to start without the old log): {exc.message}",
+                    code="query_log_restore_failed",
+                    path=str(self.saved_log),
+                ) from exc
+
+    def _end_batch(self) -> None:
+        """KILL the blocking statement by its query id; without it, exit hard."""
+        try:
+            query_id = self._wait_query_id()
+            self._sql(f"KILL QUERY WHERE query_id = {quote_literal(query_id)} ASYNC")
+        except (DponeError, OSError) as exc:
+            # Nothing else ends the engine's batch (a `default` may have closed the
+            # HTTP listener): exit as a signal would.
+            _say(f"cannot end the engine's batch, exiting hard: {exc}")
+            os._exit(EXIT_QUERY_FAILED)
+
+    def _wait_query_id(self) -> str:
+        sql = (
+            "SELECT query_id FROM system.processes WHERE is_initial_query AND "
+            f"startsWith(query, {quote_literal(f'SELECT count() AS {self.wait_tag} ')}) "
+            "FORMAT TabSeparated"
+        )
+        deadline = time.monotonic() + WAIT_QUERY_APPEARS_SECONDS
+        while True:
+            found = self._sql(sql).split()
+            if len(found) == 1:
+                return found[0]
+            if time.monotonic() >= deadline:
+                raise TransportError(
+                    f"the engine's waiting statement is not running ({len(found)} found)",
+                    code="engine_wait_not_found",
+                )
+            time.sleep(POLL_SECONDS)
 
 
 def _watch_parent(parent_pid: int, fifo: str) -> None:
     while os.getppid() == parent_pid:
         time.sleep(PARENT_POLL_SECONDS)
-    print("dpone-child: parent process is gone, stopping", file=sys.stderr, flush=True)
+    _say("parent process is gone, stopping")
     deadline = time.monotonic() + ORPHAN_GRACE_SECONDS
-    while time.monotonic() < deadline:
-        try:
-            if request_stop(fifo):
-                break
-        except OSError:
-            break
-        time.sleep(PARENT_POLL_SECONDS)
+    with contextlib.suppress(OSError):
+        request_stop(fifo)
     time.sleep(max(0.0, deadline - time.monotonic()))
     os._exit(EXIT_PARENT_GONE)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dpone.localserver.child")
-    parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--store-dir", required=True)
-    parser.add_argument("--lock-file", required=True)
-    parser.add_argument("--fifo", required=True)
-    parser.add_argument("--ports-file", required=True)
-    parser.add_argument("--log-dir", required=True)
+    parser.add_argument("--data-dir", required=True)
     parser.add_argument("--watch-parent", type=int, default=0)
     args = parser.parse_args(argv)
+    layout = DataDirLayout.at(args.data_dir)
 
-    _take_lock(args.lock_file)
+    _take_lock(layout.lock_file)
+    try:
+        admin = admin_credentials(layout.root)
+    except DponeError as exc:
+        _say(f"no administrator credentials: {exc}")
+        return EXIT_NO_CREDENTIALS
+    layout.listen_file.unlink(missing_ok=True)
+    # Read and write: the open never blocks, and reads wait for a line, never for EOF.
+    fifo_fd = os.open(layout.control_fifo, os.O_RDWR)
+    control = _Control(layout, admin, layout.log_dir / f"query_log.{_engine_version()}.native")
+    threading.Thread(target=control.run, args=(fifo_fd,), daemon=True).start()
     if args.watch_parent:
         threading.Thread(
-            target=_watch_parent, args=(args.watch_parent, args.fifo), daemon=True
+            target=_watch_parent, args=(args.watch_parent, str(layout.control_fifo)), daemon=True
         ).start()
     # The engine reads config.xml from the working directory, already at import.
-    os.chdir(args.run_dir)
+    os.chdir(layout.run_dir)
     try:
         # Only the module-level query of _chdb runs the program that can listen.
         engine: Any = importlib.import_module("chdb._chdb")
     except ImportError as exc:
-        print(f"dpone-child: cannot import chdb: {exc}", file=sys.stderr)
+        _say(f"cannot import chdb: {exc}")
         return EXIT_NO_CHDB
 
-    saved_log = Path(args.log_dir) / f"query_log.{_engine_version()}.native"
-    result = engine.query(_batch(args, saved_log), "TabSeparated", path=args.store_dir)
+    # Standard input must not be a file: the engine would load it into a table.
+    result = engine.query(control.batch(), "TabSeparated", path=str(layout.store_dir))
+    control.engine_done.set()
     if result.has_error():
-        print(f"dpone-child: server failed: {result.error_message()}", file=sys.stderr)
+        _say(f"server failed: {result.error_message()}")
+    # The engine prints a statement's error (the KILL's "Query was cancelled"
+    # included) without has_error(): only our own stop request tells a stop apart.
+    if not control.stop_requested.is_set():
+        _say("the engine's batch ended without a stop request")
         return EXIT_QUERY_FAILED
-    # A failed statement ends the batch early, sometimes without has_error().
-    if not result.bytes().rstrip(b"\n").endswith(SAVED_MARKER.encode("ascii")):
-        print("dpone-child: the batch ended early; query log not saved", file=sys.stderr)
-        return EXIT_QUERY_FAILED
-    os.replace(saved_log.with_name(saved_log.name + ".partial"), saved_log)
-    return EXIT_OK
+    return EXIT_OK if control.log_saved else EXIT_QUERY_FAILED
 
 
 if __name__ == "__main__":

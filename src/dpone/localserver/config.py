@@ -62,7 +62,40 @@ class ServerUser:
         return hashlib.sha256((self.password or "").encode("utf-8")).hexdigest()
 
 
-DEFAULT_USERS: tuple[ServerUser, ...] = (ServerUser("default"),)
+# The user the embedded engine's own session signs in as, always without a password
+# (chdb 4.4 offers no way to give that session one). It may only open the listeners:
+# everything else, the query log's save and restore included, is the administrator's.
+ENGINE_USER = "default"
+ENGINE_GRANTS: tuple[str, ...] = ("GRANT SYSTEM LISTEN ON *.*",)
+# dpone's administrator on the managed server: a generated password, every privilege.
+ADMIN_USER = "dpone_admin"
+RESERVED_USERS = (ENGINE_USER, ADMIN_USER)
+
+# Users declared besides the two dpone always declares (see :func:`managed_users`).
+DEFAULT_USERS: tuple[ServerUser, ...] = ()
+
+
+def managed_users(declared: Sequence[ServerUser]) -> tuple[ServerUser, ...]:
+    """The engine's ``default``, the administrator, then the caller's ``declared`` users.
+
+    The two reserved names belong to dpone: declaring either is refused, because a
+    ``default`` with more grants would reopen the server to every local process and
+    one with a password would keep the engine from starting.
+    """
+    for user in declared:
+        if user.name in RESERVED_USERS:
+            raise ConfigurationError(
+                f"user {user.name!r} is reserved on the managed server: dpone declares it "
+                f"({ENGINE_USER!r} for the engine's own session, {ADMIN_USER!r} as the "
+                "administrator); declare your users under other names",
+                code="reserved_user",
+                user=user.name,
+            )
+    return (
+        ServerUser(ENGINE_USER, grants=ENGINE_GRANTS),
+        ServerUser(ADMIN_USER, grants=None),
+        *declared,
+    )
 
 
 def render_config_xml(*, http_port: int, tcp_port: int, log_dir: str, users_file: str) -> str:

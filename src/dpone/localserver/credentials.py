@@ -11,13 +11,12 @@ reads that file at start only, so a rotation is written beside the active file a
 takes effect at the next start: until then every dpone command keeps using the
 passwords the server accepts.
 
-The exception is ``default`` (:data:`ENGINE_USER`). The embedded engine runs its own
-session (the batch that opens the listeners) as ``default`` with an empty password,
-and chdb 4.4 offers no way to give that session a password: a password in
-config.xml, ``CLICKHOUSE_USER``/``CLICKHOUSE_PASSWORD``, connection-string options,
-a network restriction (the session counts as loopback) and ``SYSTEM RELOAD USERS``
-were all tried. ``default`` therefore keeps an empty password and is the
-administrator that :func:`admin_credentials` returns until the engine allows one.
+The administrator is ``dpone_admin`` (:data:`ADMIN_USER`), whose password is
+generated like any other. The exception is ``default`` (:data:`ENGINE_USER`): the
+embedded engine runs its own session (the batch that opens the listeners) as
+``default`` with an empty password, and chdb 4.4 offers no way to give that session a
+password. ``default`` therefore has no password, is absent from these files, and may
+do nothing but open and close the listeners (see :mod:`dpone.localserver.config`).
 """
 
 from __future__ import annotations
@@ -30,13 +29,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dpone.connectors.clickhouse_request import Credentials
-from dpone.localserver.config import ServerUser
+from dpone.localserver.config import ADMIN_USER, ENGINE_USER, ServerUser
 from dpone.localserver.errors import CredentialsCorrupt, CredentialsMissing
 from dpone.localserver.layout import DataDirLayout, write_private_file
 
-ADMIN_USER = "default"
-# The user the engine's own session authenticates as, always without a password.
-ENGINE_USER = "default"
+__all__ = [
+    "ADMIN_USER",
+    "ENGINE_USER",
+    "admin_credentials",
+    "generate_password",
+    "load_credentials",
+    "resolve_users",
+    "rotate_credentials",
+    "rotation_pending",
+]
+
 # 32 random bytes, URL-safe text: safe in an HTTP header, XML and a JSON string.
 PASSWORD_BYTES = 32
 
@@ -59,14 +66,22 @@ def load_credentials(data_dir: str | os.PathLike[str] | None = None) -> dict[str
 
 
 def admin_credentials(data_dir: str | os.PathLike[str] | None = None) -> Credentials:
-    """The administrator's credentials for the server on ``data_dir``.
+    """The administrator's (``dpone_admin``) credentials for the server on ``data_dir``.
 
-    Every caller goes through here, so the day the engine lets ``default`` have a
-    password (see the module notes) no caller changes.
+    Raises :class:`CredentialsMissing` when the file lists no administrator: a server
+    started by a dpone older than the administrator; restarting it declares one.
     """
-    if ADMIN_USER == ENGINE_USER:
-        return Credentials(ADMIN_USER)
-    return load_credentials(data_dir)[ADMIN_USER]  # pragma: no cover - see module notes
+    credentials = load_credentials(data_dir)
+    try:
+        return credentials[ADMIN_USER]
+    except KeyError:
+        path = DataDirLayout.at(data_dir).credentials_file
+        raise CredentialsMissing(
+            f"credentials file {path} lists no {ADMIN_USER!r}; restart the server "
+            "(dpone server stop; dpone server start) to create the administrator",
+            path=str(path),
+            user=ADMIN_USER,
+        ) from None
 
 
 def rotate_credentials(data_dir: str | os.PathLike[str] | None = None) -> tuple[str, ...]:

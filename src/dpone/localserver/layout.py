@@ -5,7 +5,7 @@
 <data_dir>/state.json    pid, ports and version of the running server
 <data_dir>/store/        the ClickHouse data (databases, tables, UUIDs)
 <data_dir>/run/          config.xml, users.xml, credentials.json (all 0600), control
-                         FIFO, ports file
+                         FIFO, listen file (the engine's ports), ports file (ready)
 <data_dir>/log/          server.log, server.err.log, child.log, query_log.<engine>.native
                          (the query log kept across a clean restart)
 
@@ -84,7 +84,13 @@ class DataDirLayout:
         return self.run_dir / "control.fifo"
 
     @property
+    def listen_file(self) -> Path:
+        """Written by the engine once it listens: its ports, not yet ready."""
+        return self.run_dir / "listen.tsv"
+
+    @property
     def ports_file(self) -> Path:
+        """Written by the server process when it is ready: ports and version."""
         return self.run_dir / "ports.tsv"
 
     @property

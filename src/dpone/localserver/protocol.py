@@ -10,12 +10,17 @@ EXIT_QUERY_FAILED = 1
 EXIT_LOCKED = 3
 EXIT_NO_CHDB = 4
 EXIT_PARENT_GONE = 5
+EXIT_NO_CREDENTIALS = 6
 
 CHILD_MODULE = "dpone.localserver.child"
 
 
 def request_stop(fifo: str) -> bool:
-    """Ask the server blocked on ``fifo`` to finish; False if nobody is reading."""
+    """Ask the server reading ``fifo`` to stop cleanly; False if nobody is reading.
+
+    The FIFO (0600 in the owner's 0700 ``run/``) is the only clean-stop channel: the
+    server's control thread reads it and stops the engine as the administrator.
+    """
     try:
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
     except OSError as exc:

@@ -8,9 +8,10 @@ lock, not the state file, decides whether a server is alive. The server writes i
 pid into the lock file, so a missing or corrupt ``state.json`` is rebuilt from the
 lock and the ports file: start, status and stop never contradict each other.
 
+Besides the caller's users, dpone always declares the engine's ``default`` (no
+password, may only open the listeners) and the administrator ``dpone_admin``.
 Declared users without a password get a generated one (see
-:mod:`dpone.localserver.credentials`, which also says why ``default`` cannot have
-one), and the server runs with umask 077.
+:mod:`dpone.localserver.credentials`), and the server runs with umask 077.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ from dpone.connectors.clickhouse_request import Credentials
 from dpone.errors import ConfigurationError
 from dpone.localserver import protocol
 from dpone.localserver.config import (
+    ADMIN_USER,
     DEFAULT_USERS,
     ServerUser,
+    managed_users,
     render_config_xml,
     render_users_xml,
 )
-from dpone.localserver.credentials import ADMIN_USER, ENGINE_USER, resolve_users
+from dpone.localserver.credentials import resolve_users
 from dpone.localserver.errors import (
     ChdbNotInstalled,
     PortInUse,
@@ -105,8 +108,9 @@ class LocalServer:
     ``watch_parent`` (the default for library callers) the server stops by itself
     within a few seconds after the process that started it dies.
 
-    ``users`` declares every user; one without a password (other than the engine's
-    ``default``) gets a generated one at its first start, kept in the data
+    ``users`` declares the caller's users; dpone adds the engine's ``default`` and
+    the administrator ``dpone_admin`` itself (declaring either is refused). A user
+    without a password gets a generated one at its first start, kept in the data
     directory's credentials file for later starts.
     """
 
@@ -129,18 +133,10 @@ class LocalServer:
                 code="ports_must_differ",
                 port=http_port,
             )
-        for user in users:
-            if user.name == ENGINE_USER and user.password:
-                raise ConfigurationError(
-                    f"user {ENGINE_USER!r} cannot have a password on the managed server: "
-                    "the embedded engine's own session signs in as it without one",
-                    code="engine_user_password",
-                    user=user.name,
-                )
+        self.users = managed_users(users)
         self.layout = DataDirLayout.at(data_dir)
         self.http_port = http_port
         self.tcp_port = tcp_port
-        self.users = tuple(users)
         self.watch_parent = watch_parent
         self.python = python or sys.executable
         self.start_timeout = start_timeout
@@ -232,7 +228,12 @@ class LocalServer:
             users_file=str(layout.users_file),
         )
         write_private_file(layout.config_file, config)
-        for stale in (layout.control_fifo, layout.ports_file, layout.state_file):
+        for stale in (
+            layout.control_fifo,
+            layout.listen_file,
+            layout.ports_file,
+            layout.state_file,
+        ):
             stale.unlink(missing_ok=True)
         os.mkfifo(layout.control_fifo, 0o600)
 
@@ -242,12 +243,7 @@ class LocalServer:
             self.python,
             "-m",
             protocol.CHILD_MODULE,
-            "--run-dir", str(layout.run_dir),
-            "--store-dir", str(layout.store_dir),
-            "--lock-file", str(layout.lock_file),
-            "--fifo", str(layout.control_fifo),
-            "--ports-file", str(layout.ports_file),
-            "--log-dir", str(layout.log_dir),
+            "--data-dir", str(layout.root),
         ]  # fmt: skip
         if self.watch_parent:
             argv += ["--watch-parent", str(os.getpid())]
@@ -259,6 +255,7 @@ class LocalServer:
         with os.fdopen(fd, "ab") as log:
             return subprocess.Popen(
                 argv,
+                # Not a file: the engine would load a file on its stdin into a table.
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
