@@ -25,14 +25,15 @@ from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_request import Credentials, Endpoint, mutation
 from dpone.connectors.clickhouse_tables import ownership_comment, staging_table_name
 from dpone.contracts.preparation import rows_digest
-from dpone.localserver import LocalServer, ServerInfo, ServerUser
+from dpone.localserver import ADMIN_USER, LocalServer, ServerInfo, ServerUser
 from dpone.ports.composition_snapshot import Blocker, TableObservation, TargetSlot
 from tests import chhttp
 from tests.conftest import CATALOG_PASSWORD, SESSION_USERS
 
 DB = "dpone_cat_t"
 # Every session user is trusted except the one declared to hold ambient write grants.
-TRUSTED = frozenset(u.name for u in SESSION_USERS) - {"cat_writer"}
+# The administrator (dpone_admin, always declared) is trusted like the session users.
+TRUSTED = frozenset({ADMIN_USER, *(u.name for u in SESSION_USERS)}) - {"cat_writer"}
 
 
 def catalog(
@@ -513,13 +514,13 @@ def policy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerIn
     )
     observer = next(u for u in SESSION_USERS if u.name == "cat_observer")
     users = [
-        ServerUser("default"),
         observer,
         ServerUser("limited", password="l", grants=("GRANT SELECT ON dpone_cat_rp.*",)),
         ServerUser("everywhere", password="e", grants=("GRANT INSERT ON *.*",)),
     ]
     local = LocalServer(data, users=users)
     info = local.start()
+    chhttp.register_server(info.http_port, data)
     try:
         chhttp.query(info.http_port, "CREATE DATABASE dpone_cat_rp ENGINE = Atomic")
         pair(info, "dpone_cat_rp", "target_t", "gen_t")
@@ -529,7 +530,7 @@ def policy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerIn
 
 
 def test_row_policy_and_a_global_writer(policy_server: ServerInfo) -> None:
-    trusted = frozenset({"default", "cat_observer", "limited"})
+    trusted = frozenset({ADMIN_USER, "cat_observer", "limited"})
     seen = catalog(policy_server, trusted=trusted).observe(
         TargetSlot("dpone_cat_rp", "target_t"), "gen_t"
     )
@@ -548,10 +549,12 @@ def test_row_policy_and_a_global_writer(policy_server: ServerInfo) -> None:
 # ---------------------------------------------------------------------- log, failures
 
 
-def test_exchange_events_after_a_log_flush(server: ServerInfo) -> None:
+def test_exchange_events_after_a_log_flush(
+    server: ServerInfo, admin_credentials: Credentials
+) -> None:
     pair(server, DB, "xe_t", "xe_g")
     admin = HttpTransport(
-        Endpoint("127.0.0.1", server.http_port, server.tcp_port, "default"), Credentials("default")
+        Endpoint("127.0.0.1", server.http_port, server.tcp_port, "default"), admin_credentials
     )
     done = f"dpone-test-exchange-{uuid.uuid4().hex}"
     admin.execute(
@@ -565,8 +568,8 @@ def test_exchange_events_after_a_log_flush(server: ServerInfo) -> None:
         )
     events = catalog(server).exchange_events(done)
     assert [(e.type, e.exception_code, e.user) for e in events] == [
-        ("QueryStart", 0, "default"),
-        ("QueryFinish", 0, "default"),
+        ("QueryStart", 0, ADMIN_USER),
+        ("QueryFinish", 0, ADMIN_USER),
     ]
     assert events[0].event_time <= events[1].event_time
     failed = catalog(server).exchange_events(refused)
