@@ -20,7 +20,7 @@ from dpone.contracts.receipt import FileReceipt
 from dpone.errors import DponeError, JournalError
 from dpone.exporters.export import export_table
 from dpone.exporters.sources import SqliteSource
-from dpone.localserver import ServerInfo
+from dpone.localserver import ADMIN_USER, ServerInfo
 from dpone.runtime.attempt_recovery import list_attempts
 from dpone.runtime.clickhouse_staging_composition import build_transport
 from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
@@ -489,9 +489,10 @@ def test_the_principal_is_observed_by_a_user_who_may(
         path, receipt, attempt_id="principal-1"
     )
     [row] = chhttp.rows(
-        clickhouse.http_port, "SELECT toString(id) AS id FROM system.users WHERE name = 'default'"
+        clickhouse.http_port,
+        f"SELECT toString(id) AS id FROM system.users WHERE name = '{ADMIN_USER}'",
     )
     assert all(
-        d["principal"] == {"user": "default", "user_uuid": row["id"]}
+        d["principal"] == {"user": ADMIN_USER, "user_uuid": row["id"]}
         for d in documents(staged.journal_path)
     )

@@ -21,9 +21,10 @@ import pytest
 from dpone.connectors.clickhouse_errors import ClickHouseServerError, OutcomeUnknown
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_request import ClickHouseRequest, Credentials, Endpoint, read
+from dpone.connectors.clickhouse_tables import staging_table_name
 from dpone.connectors.remote_termination import START_WINDOW_SLACK_SECONDS
 from dpone.errors import DponeError
-from dpone.localserver import ServerInfo
+from dpone.localserver import ADMIN_USER, ServerInfo, admin_credentials
 from dpone.runtime.attempt_recovery import cleanup_attempt
 from dpone.runtime.clickhouse_staging_composition import build_transport
 from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
@@ -39,7 +40,7 @@ from tests.integration.test_staging_faults import documents, wrapped_service
 
 __all__ = ["staging_database"]  # the databases, for every test here
 
-# Stages one attempt as ``default`` and dies (SIGKILL) around journal event ``at``:
+# Stages one attempt as the administrator and dies (SIGKILL) around journal event ``at``:
 # "after" it is durable, or "before" it is written (the request it follows has run).
 CHILD = textwrap.dedent(
     f"""
@@ -62,12 +63,22 @@ CHILD = textwrap.dedent(
                 os.kill(os.getpid(), signal.SIGKILL)
             return event
 
-    cfg = StagingConfig(Endpoint("127.0.0.1", int(http), int(tcp), "{DB}"), Credentials("default"), Path(work))
+    # The administrator, as the CLI gets it from the environment (never argv).
+    admin = Credentials(os.environ["DPONE_CLICKHOUSE_USER"], os.environ["DPONE_CLICKHOUSE_PASSWORD"])
+    cfg = StagingConfig(Endpoint("127.0.0.1", int(http), int(tcp), "{DB}"), admin, Path(work))
     svc = ClickHouseValidatedFileService(build_transport(cfg), "{DB}", Path(work), journal_factory=Crashing)
     svc.stage(ContractValidatedFileArtifact(Path(path), Path(receipt)), attempt)
     """
 )
 INSERT_INTENT = 4  # checking, prepared, CREATE intent, INSERT intent (the identity exists)
+
+
+@pytest.fixture(autouse=True)
+def act_as_admin(clickhouse: ServerInfo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Child stagers act as the server's administrator (credentials via the environment)."""
+    admin = admin_credentials(clickhouse.data_dir)
+    monkeypatch.setenv("DPONE_CLICKHOUSE_USER", admin.user)
+    monkeypatch.setenv("DPONE_CLICKHOUSE_PASSWORD", admin.password)
 
 
 def crash(info: ServerInfo, work: Path, attempt: str, when: str, at: int) -> list[dict[str, Any]]:
@@ -84,15 +95,17 @@ def crash(info: ServerInfo, work: Path, attempt: str, when: str, at: int) -> lis
     assert (intent["outcome"], intent["query"]) == (
         "intent", {"kind": "insert", "query_id": f"dpone-b02-{attempt}-insert"},
     )  # fmt: skip
-    assert intent["principal"]["user"] == "default"
+    assert intent["principal"]["user"] == ADMIN_USER
     return docs
 
 
 def foreign(info: ServerInfo, query_id: str, *, user: str, database: str, fails: bool) -> None:
     """Someone else's query under ``query_id``: succeeds, or fails before it starts."""
-    password = STAGER_PASSWORD if user == "stager" else ""  # as config() stages: default
+    credentials = (
+        Credentials(user, STAGER_PASSWORD) if user == "stager" else admin_credentials(info.data_dir)
+    )
     transport = HttpTransport(
-        Endpoint("127.0.0.1", info.http_port, info.tcp_port, database), Credentials(user, password)
+        Endpoint("127.0.0.1", info.http_port, info.tcp_port, database), credentials
     )
     sql = f"SELECT * FROM {DB}.no_such_table" if fails else "SELECT 1"
     request = read(sql, query_id)
@@ -112,7 +125,7 @@ def operator_transport(info: ServerInfo, work: Path) -> Any:
 
 @pytest.mark.parametrize(
     ("user", "database", "before_window"),
-    [("stager", DB, False), ("default", "default", False), ("default", DB, True)],
+    [("stager", DB, False), (ADMIN_USER, "default", False), (ADMIN_USER, DB, True)],
     ids=["another_user", "another_database", "before_the_window"],
 )
 def test_cleanup_ignores_a_foreign_run_of_the_unsent_insert_id(
@@ -132,14 +145,14 @@ def test_cleanup_ignores_a_foreign_run_of_the_unsent_insert_id(
     assert len(docs) == INSERT_INTENT
     if not before_window:
         foreign(clickhouse, query_id, user=user, database=database, fails=False)
-    table = "dpone_stage_" + attempt.replace("-", "_h")
+    table = staging_table_name(attempt)
     assert table_exists(clickhouse, table)
     with pytest.raises(DponeError) as caught:
         cleanup_attempt(operator_transport(clickhouse, work), work, attempt, database=DB)
     assert (caught.value.code, caught.value.details["query_id"]) == (
         "termination_unproven", query_id,
     )  # fmt: skip
-    assert f"by default in {DB}" in caught.value.message
+    assert f"by {ADMIN_USER} in {DB}" in caught.value.message
     assert documents(work / attempt) == docs  # a refused cleanup writes nothing
     assert table_exists(clickhouse, table)  # and drops nothing
 

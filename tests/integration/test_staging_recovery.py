@@ -24,7 +24,7 @@ import pytest
 from dpone.adapters.file_attempt_journal import read_events
 from dpone.connectors.clickhouse_request import Credentials, Endpoint
 from dpone.errors import DponeError
-from dpone.localserver import LocalServer, ServerInfo
+from dpone.localserver import LocalServer, ServerInfo, admin_credentials
 from dpone.runtime.attempt_recovery import finishing_command, left_behind
 from dpone.runtime.clickhouse_staging_composition import (
     StagingConfig,
@@ -55,7 +55,9 @@ CHILD = textwrap.dedent(
                 os.kill(os.getpid(), signal.SIGKILL)
             return event
 
-    cfg = StagingConfig(Endpoint("127.0.0.1", int(http), int(tcp), "{DB}"), Credentials("default"), Path(work))
+    # The administrator, as the CLI gets it from the environment (never argv).
+    admin = Credentials(os.environ["DPONE_CLICKHOUSE_USER"], os.environ["DPONE_CLICKHOUSE_PASSWORD"])
+    cfg = StagingConfig(Endpoint("127.0.0.1", int(http), int(tcp), "{DB}"), admin, Path(work))
     svc = ClickHouseValidatedFileService(build_transport(cfg), "{DB}", Path(work), journal_factory=Crashing,
                                          policy=StagingPolicy(request_seconds=float(request_seconds)))
     svc.stage(ContractValidatedFileArtifact(Path(path), Path(receipt)), attempt)
@@ -96,18 +98,28 @@ def exists(info: ServerInfo, table: str) -> bool:
     return chhttp.query(info.http_port, f"EXISTS TABLE {DB}.{table}") == "1\n"
 
 
-def test_recovery_after_a_server_restart(tmp_path: Path) -> None:
+def act_as_admin(monkeypatch: pytest.MonkeyPatch, data_dir: Path, http_port: int) -> Credentials:
+    """Children and ``--host`` commands act as the server's administrator (via the env)."""
+    admin = admin_credentials(data_dir)
+    monkeypatch.setenv("DPONE_CLICKHOUSE_USER", admin.user)
+    monkeypatch.setenv("DPONE_CLICKHOUSE_PASSWORD", admin.password)
+    chhttp.register_server(http_port, data_dir)
+    return admin
+
+
+def test_recovery_after_a_server_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path, receipt, _ = export_hostile(tmp_path)
     work = tmp_path / "work"
     data_dir = tmp_path / "victim"
     with LocalServer(data_dir) as first:
         info = first.info
+        admin = act_as_admin(monkeypatch, data_dir, info.http_port)
         chhttp.query(info.http_port, f"CREATE DATABASE {DB} ENGINE = Atomic")
         # Item 12: a fresh server has no dpone identity; creating it is a journaled mutation.
         components = build_clickhouse_staging_components(
             StagingConfig(
                 Endpoint("127.0.0.1", info.http_port, info.tcp_port, DB),
-                Credentials("default"),
+                admin,
                 work,
             )
         )
@@ -148,6 +160,7 @@ def test_recovery_after_a_server_restart(tmp_path: Path) -> None:
         time.sleep(0.1)
     with LocalServer(data_dir) as second:
         info = second.info
+        act_as_admin(monkeypatch, data_dir, info.http_port)
         for attempt in ("acked-1", "unacked-1"):
             done = dpone(
                 "attempts", "cleanup", attempt, "--work-dir", str(work), *server_args(info)
@@ -199,7 +212,7 @@ def test_recovery_after_a_server_restart(tmp_path: Path) -> None:
         components = build_clickhouse_staging_components(
             StagingConfig(
                 Endpoint("127.0.0.1", info.http_port, info.tcp_port, DB),
-                Credentials("default"),
+                admin,
                 work,
             )
         )
@@ -222,7 +235,10 @@ def test_recovery_after_a_server_restart(tmp_path: Path) -> None:
         )
 
 
-def test_journal_head_and_what_a_failed_stage_says(clickhouse: ServerInfo, tmp_path: Path) -> None:
+def test_journal_head_and_what_a_failed_stage_says(
+    clickhouse: ServerInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    act_as_admin(monkeypatch, Path(clickhouse.data_dir), clickhouse.http_port)
     path, receipt, _ = export_hostile(tmp_path)
     chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     work = tmp_path / "work"
