@@ -124,9 +124,9 @@ def reachability(project: Project) -> list[dict[str, Any]]:
     data_dir = project.clickhouse.data_dir
     try:
         pool_credentials(data_dir)
+        # "system" as the session's database: a target database may not exist yet.
+        admin = HttpTransport(managed_endpoint(data_dir, "system"), admin_credentials(data_dir))
         for database in project.databases:
-            endpoint = managed_endpoint(data_dir, database)
-            admin = HttpTransport(endpoint, admin_credentials(data_dir))
             statement = (
                 "SELECT count() AS n FROM system.grants WHERE user_name = "
                 f"{quote_literal(ingest_users()[0])} AND database = {quote_literal(database)}"
