@@ -41,7 +41,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 def make_source(path: Path, rows: list[tuple[Any, ...]]) -> None:
     path.unlink(missing_ok=True)
     with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE items (id bigint NOT NULL, name nvarchar(50), price decimal(10, 2))")
+        conn.execute(
+            "CREATE TABLE items (id bigint NOT NULL, name nvarchar(50), price decimal(10, 2))"
+        )
         conn.executemany("INSERT INTO items VALUES (?, ?, ?)", rows)
     conn.close()
 
@@ -65,7 +67,9 @@ def refresh(config: Path, *args: str) -> tuple[int, dict[str, Any]]:
 
 
 def target_rows(port: int, target: str) -> list[list[Any]]:
-    found = chhttp.rows(port, f"SELECT id, name, toString(price) AS p FROM {DATABASE}.{target} ORDER BY id")
+    found = chhttp.rows(
+        port, f"SELECT id, name, toString(price) AS p FROM {DATABASE}.{target} ORDER BY id"
+    )
     return [[int(r["id"]), r["name"], r["p"]] for r in found]
 
 
@@ -83,7 +87,14 @@ def test_first_and_second_refresh_make_the_target_equal_the_source(
     report = first["tables"][0]
     assert first["ok"] is True and report["outcome"] == "published" and report["created_target"]
     assert report["rows"] == 20 and report["previous_rows"] == 0
-    assert set(report["timings"]) == {"export", "stage", "prepare", "shrink_guard", "publish", "retention"}
+    assert set(report["timings"]) == {
+        "export",
+        "stage",
+        "prepare",
+        "shrink_guard",
+        "publish",
+        "retention",
+    }
     with sqlite3.connect(tmp_path / "shop.db") as conn:
         conn.execute("DELETE FROM items WHERE id IN (3, 4, 5)")
         conn.execute("UPDATE items SET name = 'changed', price = '0.01' WHERE id = 7")
@@ -106,7 +117,9 @@ def test_first_and_second_refresh_make_the_target_equal_the_source(
     assert shown["state"] == "published" and shown["source_rows"] == 18
 
 
-def test_shrink_guard_refuses_then_allow_shrink_publishes(tmp_path: Path, server: dict[str, Any]) -> None:
+def test_shrink_guard_refuses_then_allow_shrink_publishes(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
     make_source(tmp_path / "shop.db", rows_of(10))
     config = project(tmp_path, server, "t_shrink")
     assert refresh(config, "items")[0] == 0
@@ -168,9 +181,9 @@ def test_several_tables_continue_unless_fail_fast(tmp_path: Path, server: dict[s
 def test_bad_project_file_names_every_problem_with_its_location(tmp_path: Path) -> None:
     config = tmp_path / "dpone.toml"
     config.write_text(
-        '[project]\nkeep_rollback = "two"\n'          # line 2: wrong type
+        '[project]\nkeep_rollback = "two"\n'  # line 2: wrong type
         '[sources.shop]\nkind = "sqlite"\npath = "s.db"\npassword = "x"\n'  # line 6: a secret
-        '[tables.items]\nsource = "nope"\n'            # line 8: unknown source
+        '[tables.items]\nsource = "nope"\n'  # line 8: unknown source
         'target = "nodot"\nshrink_guard = 1.5\ncolour = "red"\n'
     )
     done = dpone("check", "--config", str(config), "--json")
@@ -207,7 +220,9 @@ def test_init_writes_an_example_that_check_accepts(tmp_path: Path, server: dict[
     assert [p["code"] for p in refused["problems"]] == ["database_not_protected"]
 
 
-def test_status_and_retention_keep_one_rollback_copy(tmp_path: Path, server: dict[str, Any]) -> None:
+def test_status_and_retention_keep_one_rollback_copy(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
     make_source(tmp_path / "shop.db", rows_of(5))
     config = project(tmp_path, server, "t_keep")
     reports = []

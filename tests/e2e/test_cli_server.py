@@ -106,7 +106,10 @@ def test_demo_uses_default_data_dir_under_working_directory(tmp_path: Path) -> N
     assert verified.returncode == 0 and json.loads(verified.stdout)["state"] == "staged"
     # A second run rebuilds the source and publishes fresh generations.
     again = as_json(dpone("demo", "--json", cwd=tmp_path))
-    assert again["rows"] == 923 and again["refreshes"][0]["generation_table"] != first["generation_table"]
+    assert (
+        again["rows"] == 923
+        and again["refreshes"][0]["generation_table"] != first["generation_table"]
+    )
     # The demo stopped the server it started.
     assert dpone("server", "status", cwd=tmp_path).returncode == 1
 

@@ -15,6 +15,7 @@ import os
 import random
 import sqlite3
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ CREATE = (
 
 
 def _generated(start: int, count: int, seed: int) -> list[tuple[Any, ...]]:
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 (repeatable demo data, not a secret)
     first = ("Grace", "Alan", "Edsger", "Barbara", "Donald", "Frances", "Ken", "Radia")
     last = ("Hopper", "Turing", "Dijkstra", "Liskov", "Knuth", "Allen", "Thompson", "Perlman")
     rows = []
@@ -62,8 +63,7 @@ def _generated(start: int, count: int, seed: int) -> list[tuple[Any, ...]]:
         name = f"{rng.choice(first)} {rng.choice(last)}"
         balance = f"{rng.randint(-50_000, 5_000_000) / 100:.2f}"
         when = f"2025-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} {rng.randint(0, 23):02d}:00:00.0000000"
-        ext = "%08X-%04X-%04X-%04X-%012X" % (rng.getrandbits(32), rng.getrandbits(16), rng.getrandbits(16),
-                                            rng.getrandbits(16), rng.getrandbits(48))  # fmt: skip
+        ext = str(uuid.UUID(int=rng.getrandbits(128))).upper()
         rows.append((i, name, balance, when, ext, rng.randbytes(rng.randint(0, 8)) or None))
     return rows
 
@@ -97,9 +97,9 @@ def write_project(work_dir: Path, data_dir: Path, store: Path) -> Path:
         "# Written by `dpone demo`; a second run rewrites it.\n"
         f"[project]\nwork_dir = {_toml(work_dir.absolute())}\nstore = {_toml(store.absolute())}\n"
         f"keep_rollback = 1\n\n[clickhouse]\ndata_dir = {_toml(data_dir.absolute())}\n\n"
-        f"[sources.demo]\nkind = \"sqlite\"\npath = {_toml((work_dir / 'source.db').absolute())}\n\n"
-        f"[tables.customers]\nsource = \"demo\"\ntable = \"customers\"\n"
-        f"target = \"{DEMO_DATABASE}.{DEMO_TARGET}\"\norder_by = \"id\"\n",
+        f'[sources.demo]\nkind = "sqlite"\npath = {_toml((work_dir / "source.db").absolute())}\n\n'
+        f'[tables.customers]\nsource = "demo"\ntable = "customers"\n'
+        f'target = "{DEMO_DATABASE}.{DEMO_TARGET}"\norder_by = "id"\n',
         encoding="utf-8",
     )
     return config
@@ -117,7 +117,9 @@ def _source_rows(path: Path) -> list[list[Any]]:
 
 
 def _target_rows(data_dir: Path, port: int) -> list[list[Any]]:
-    admin = HttpTransport(Endpoint("127.0.0.1", port, 0, DEMO_DATABASE), admin_credentials(data_dir))
+    admin = HttpTransport(
+        Endpoint("127.0.0.1", port, 0, DEMO_DATABASE), admin_credentials(data_dir)
+    )
     result = admin.execute(
         read(f"SELECT id, name FROM {DEMO_DATABASE}.{DEMO_TARGET} ORDER BY id FORMAT JSONEachRow",
              f"dpone-demo-compare-{time.time_ns()}"),
@@ -185,7 +187,9 @@ def demo(data_dir: Path, work_dir: Path, store_path: Path, as_json: bool) -> Non
                     f"rollback copies {[c['table'] for c in target['rollback_copies'] or []]}")  # fmt: skip
             say(f"  needs a person: {len(status.needs_person)}")
             say(f"done in {time.monotonic() - started:.0f} s. Next:")
-            say(f"  dpone server start --protect {DEMO_DATABASE}      # the demo stopped the server it started")
+            say(
+                f"  dpone server start --protect {DEMO_DATABASE}      # the demo stopped the server it started"
+            )
             say(f"  dpone status --config {project.path}")
             say(f"  dpone refresh customers --config {project.path}")
             say("  dpone init                      # a dpone.toml for your own tables")

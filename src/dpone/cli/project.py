@@ -21,7 +21,7 @@ from dpone.runtime.refresh import open_source
 from dpone.runtime.snapshot_composition import managed_endpoint, pool_credentials
 from dpone.sql import quote_literal
 
-EXAMPLE = '''\
+EXAMPLE = """\
 # dpone.toml: what `dpone refresh` does. Every key is described in docs/configuration.md.
 # Relative paths are relative to this file. Secrets never go in this file: a SQL
 # Server password is read from the environment variable or file named here.
@@ -65,7 +65,7 @@ shrink_guard = 0.5                # refuse to publish when rows drop by more tha
 # generation_storage_bytes = 68719476736
 # retained_storage_bytes = 274877906944
 # total_transient_storage_bytes = 549755813888
-'''
+"""
 
 
 @click.command()

@@ -182,14 +182,14 @@ def resolve_secret(source: SourceConfig) -> tuple[str, str]:
                 code="missing_credentials", key=f"sources.{source.name}.password_file",
             ) from exc  # fmt: skip
         return user, password
-    password = os.environ.get(source.password_env or "")
-    if password is None:
+    from_env = os.environ.get(source.password_env or "")
+    if from_env is None:
         raise ConfigurationError(
             f"sources.{source.name}.password_env: the environment variable "
             f"{source.password_env} is not set",
             code="missing_credentials", key=f"sources.{source.name}.password_env",
         )  # fmt: skip
-    return user, password
+    return user, from_env
 
 
 # ---------------------------------------------------------------------- locating keys
@@ -300,7 +300,9 @@ class _Reader:
         settings = self.section(top.get("project", {}), ("project",),
                                 ("work_dir", "store", "keep_rollback"), {})  # fmt: skip
         work_dir = self.path_value(settings, ("project",), "work_dir", self.base / ".dpone/work")
-        store = self.path_value(settings, ("project",), "store", self.base / ".dpone/snapshots.sqlite")
+        store = self.path_value(
+            settings, ("project",), "store", self.base / ".dpone/snapshots.sqlite"
+        )
         keep = self.get(settings, ("project",), "keep_rollback", int, DEFAULT_KEEP_ROLLBACK,
                         check=lambda v: None if 0 <= v <= 100 else "must be between 0 and 100")  # fmt: skip
         clickhouse = self.clickhouse(top.get("clickhouse", {}))
@@ -335,7 +337,9 @@ class _Reader:
         path = ("clickhouse",)
         hints = {"host": "only the managed local server is supported for publication; see "
                  "docs/configuration.md", "password": "secrets never go in the file"}  # fmt: skip
-        table = self.section(raw, path, ("data_dir", "transport", "client_path", "preparation"), hints)
+        table = self.section(
+            raw, path, ("data_dir", "transport", "client_path", "preparation"), hints
+        )
         data_dir = self.path_value(table, path, "data_dir", self.base / DEFAULT_DATA_DIR)
         modes = (MODE_PYTHON, MODE_ENGINE)
         transport = self.get(table, path, "transport", str, "http", check=_one_of(TRANSPORTS))
@@ -361,13 +365,13 @@ class _Reader:
         if kind == "sqlite":
             for key in known[2:]:
                 if key in table:
-                    self.problem((*path, key), "is for kind = \"sqlserver\" sources only")
+                    self.problem((*path, key), 'is for kind = "sqlserver" sources only')
             if "path" not in table:
                 self.problem((*path, "path"), "is required for a sqlite source")
             return SourceConfig(name, kind, path=self.path_value(table, path, "path", None))
         if kind == "sqlserver":
             if "path" in table:
-                self.problem((*path, "path"), "is for kind = \"sqlite\" sources only")
+                self.problem((*path, "path"), 'is for kind = "sqlite" sources only')
             env = _env_name
             source = SourceConfig(
                 name, kind,
@@ -380,7 +384,9 @@ class _Reader:
                 password_file=self.path_value(table, path, "password_file", None),
             )  # fmt: skip
             if (source.password_env is None) == (source.password_file is None):
-                self.problem((*path, "password_env"), "give exactly one of password_env and password_file")
+                self.problem(
+                    (*path, "password_env"), "give exactly one of password_env and password_file"
+                )
             return source
         return None
 

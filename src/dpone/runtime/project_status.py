@@ -48,14 +48,20 @@ def project_status(project: Project) -> ProjectStatus:
     data_dir = str(project.clickhouse.data_dir)
     tail = ["--store", str(project.store), "--data-dir", data_dir]
     for table in project.tables.values():
-        mine = [s for s in summaries if (s.database, s.target_table) == (table.database, table.target)]
+        mine = [
+            s for s in summaries if (s.database, s.target_table) == (table.database, table.target)
+        ]
         published = [s for s in mine if s.state == SnapshotState.PUBLISHED.value]
         entry: dict[str, Any] = {"table": table.name, "target": table.qualified_target,
                                  "last_publication": None, "rollback_copies": None}  # fmt: skip
         if published:
             last = published[-1]
             intent = SnapshotIntent.from_bytes(last.intent_bytes)
-            record = SnapshotRecord.from_bytes(store.load(last.intent_sha256).record_bytes) if store else None
+            record = (
+                SnapshotRecord.from_bytes(store.load(last.intent_sha256).record_bytes)
+                if store
+                else None
+            )
             entry["last_publication"] = {
                 "intent_sha256": last.intent_sha256, "prepared_at": intent.prepared_at,
                 "published_at": record.at if record is not None else None,
@@ -63,7 +69,9 @@ def project_status(project: Project) -> ProjectStatus:
                 "attempt_id": intent.attempt_id,
             }  # fmt: skip
         if info is not None and store is not None:
-            entry["rollback_copies"] = _copies(store, info.http_port, project, table.database, table.target)
+            entry["rollback_copies"] = _copies(
+                store, info.http_port, project, table.database, table.target
+            )
         status.targets.append(entry)
         for summary in mine:
             state = SnapshotState(summary.state)

@@ -314,7 +314,9 @@ class RefreshService:
             discard_attempt(admin, self.attempts_dir, report.attempt_id,
                             database=intent.database, expected_uuid=intent.generation_uuid)  # fmt: skip
         except DponeError as exc:
-            report.next_commands = [self._attempt_command("staged", report.attempt_id, intent.database)]
+            report.next_commands = [
+                self._attempt_command("staged", report.attempt_id, intent.database)
+            ]
             message += f"; the generation was not discarded: [{exc.code}] {exc.message}"
         raise RefreshError(message, code="shrink_refused", previous_rows=report.previous_rows,
                            rows=intent.source_rows)  # fmt: skip
@@ -385,4 +387,6 @@ def _literal(value: str) -> str:
 
 def _rows(transport: QueryPort, sql: str, query_id: str) -> list[dict[str, Any]]:
     deadline = time.monotonic() + REQUEST_SECONDS
-    return transport.execute(read(f"{sql} FORMAT JSONEachRow", query_id), deadline=deadline).json_rows()
+    return transport.execute(
+        read(f"{sql} FORMAT JSONEachRow", query_id), deadline=deadline
+    ).json_rows()

@@ -72,11 +72,15 @@ class RollbackCopy:
 
 def rollback_copies(store: SqliteSnapshotStore, database: str, target: str) -> list[RollbackCopy]:
     """The slot's possible rollback copies, newest publication first (existence unchecked)."""
-    summaries = [s for s in store.list_snapshots() if (s.database, s.target_table) == (database, target)]
+    summaries = [
+        s for s in store.list_snapshots() if (s.database, s.target_table) == (database, target)
+    ]
     creators: dict[str, str] = {}
     for summary in summaries:  # oldest first: the first generation with a UUID created it
         intent = SnapshotIntent.from_bytes(summary.intent_bytes)
-        creators.setdefault(intent.generation_uuid, ownership_comment(intent.attempt_id, intent.semantic_id))
+        creators.setdefault(
+            intent.generation_uuid, ownership_comment(intent.attempt_id, intent.semantic_id)
+        )
     copies = []
     for summary in reversed(summaries):
         if summary.state != SnapshotState.PUBLISHED.value:
@@ -133,7 +137,9 @@ def enforce_retention(
     return dropped
 
 
-def drop_copy(transport: QueryPort, retention_dir: Path, copy: RollbackCopy, owned: Ownership) -> None:
+def drop_copy(
+    transport: QueryPort, retention_dir: Path, copy: RollbackCopy, owned: Ownership
+) -> None:
     """Drop one copy after its ownership is proven, as its own journaled attempt."""
     if copy.expected_comment is None or (owned.comment or "") != copy.expected_comment:
         raise RetentionError(
