@@ -100,12 +100,19 @@ def test_demo_uses_default_data_dir_under_working_directory(tmp_path: Path) -> N
     assert payload["data_dir"] == str(tmp_path / ".dpone" / "clickhouse")
     assert payload["version"].startswith("26.")
     assert payload["server_was_running"] is False
-    assert payload["rows"] == 5 and payload["database"] == "dpone_demo"
-    verified = dpone("journal", "verify", str(tmp_path / payload["journal"]), "--json")
+    # Two refreshes: 1,000 rows, then 102 deleted and 25 inserted; the target equals the source.
+    assert payload["database"] == "dpone_demo" and payload["target_equals_source"] is True
+    first, second = payload["refreshes"]
+    assert (first["rows"], second["rows"], payload["rows"]) == (1000, 923, 923)
+    assert second["target_uuid_before"] == first["target_uuid_after"]
+    verified = dpone("journal", "verify", second["journal"], "--json")
     assert verified.returncode == 0 and json.loads(verified.stdout)["state"] == "staged"
-    # A second run stages a fresh attempt with the same semantic identity.
+    # A second run rebuilds the source and publishes fresh generations.
     again = as_json(dpone("demo", "--json", cwd=tmp_path))
-    assert again["semantic_id"] == payload["semantic_id"] and again["table"] != payload["table"]
+    assert (
+        again["rows"] == 923
+        and again["refreshes"][0]["generation_table"] != first["generation_table"]
+    )
     # The demo stopped the server it started.
     assert dpone("server", "status", cwd=tmp_path).returncode == 1
 

@@ -1,39 +1,38 @@
-"""``dpone demo``: the main job on the embedded default.
+"""``dpone demo``: two verified full refreshes of a SQLite table on the embedded default.
 
-A SQLite source (created once with a few hostile values) is exported to a bulk text
-file with its receipt, validated, prepared into exact RowBinary and staged into a
-private, verified table of the managed local ClickHouse server, as its
-administrator (credentials read from the server's credentials file). Everything the
-demo writes is private to the user (umask 077).
+The demo builds its own project under ``--work-dir``: a SQLite source (realistic rows
+and hostile values), a ``dpone.toml`` naming it, and the managed local server (started
+with the publication pool when it is not running, and stopped again at the end). It
+refreshes the table into ``dpone_demo.customers``, changes the source (deletes,
+updates, inserts), refreshes again, and compares the target with the new source row
+by row: deleted rows are gone. Then it prints ``dpone status``. Everything the demo
+writes is private to the user (umask 077); a second run rebuilds the source.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
+import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import click
 
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option, echo_warnings
-from dpone.connectors.clickhouse_request import Endpoint
-from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState
-from dpone.exporters.export import export_table
-from dpone.exporters.sources import SqliteSource
+from dpone.config.project import load_project
+from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.connectors.clickhouse_request import Endpoint, read
+from dpone.errors import StateError
 from dpone.localserver import LocalServer, find_running
+from dpone.localserver.credentials import admin_credentials
 from dpone.localserver.principal_pool import managed_server_users
-from dpone.ports.composition_snapshot import AttemptRef, TargetSlot
-from dpone.runtime.clickhouse_staging_composition import StagingConfig
-from dpone.runtime.snapshot_composition import (
-    DEFAULT_STORE,
-    PublicationConfig,
-    build_publication,
-    issue_ingest,
-    provision_protected_databases,
-)
-from dpone.sinks import ClickHouseSink
-from dpone.sinks.clickhouse import new_attempt_id
+from dpone.runtime.project_status import project_status
+from dpone.runtime.refresh import RefreshService, TableReport
+from dpone.runtime.snapshot_composition import DEFAULT_STORE, provision_protected_databases
 
 DEMO_DATABASE = "dpone_demo"
 DEMO_TARGET = "customers"
@@ -44,40 +43,109 @@ DEMO_ROWS = [
     (4, "", "9999999999999.99", "1970-01-01 00:00:00.0000000", None, bytes(range(256))),
     (5, "\x1d marker, 'quotes', \\backslash, emoji 🎉, עברית", "0", "2000-01-01 12:00:00.5000000", None, None),
 ]  # fmt: skip
+GENERATED = 995  # realistic rows after the hostile ones: 1,000 in all
+# The change between the two refreshes: deleted ids, updated ids, inserted rows.
+DELETED = (2, 4, *range(100, 200))
+UPDATED = (1, 3, *range(500, 510))
+INSERTED = 25
+CREATE = (
+    "CREATE TABLE customers (id bigint NOT NULL, name nvarchar(200), balance decimal(18, 2), "
+    "updated_at datetime2(7) NOT NULL, external_id uniqueidentifier, avatar varbinary)"
+)
 
 
-def ensure_source(path: Path) -> None:
-    """Create the demo SQLite source once (declared types are SQL Server types)."""
-    if path.exists():
-        return
+def _generated(start: int, count: int, seed: int) -> list[tuple[Any, ...]]:
+    rng = random.Random(seed)  # noqa: S311 (repeatable demo data, not a secret)
+    first = ("Grace", "Alan", "Edsger", "Barbara", "Donald", "Frances", "Ken", "Radia")
+    last = ("Hopper", "Turing", "Dijkstra", "Liskov", "Knuth", "Allen", "Thompson", "Perlman")
+    rows = []
+    for i in range(start, start + count):
+        name = f"{rng.choice(first)} {rng.choice(last)}"
+        balance = f"{rng.randint(-50_000, 5_000_000) / 100:.2f}"
+        when = f"2025-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} {rng.randint(0, 23):02d}:00:00.0000000"
+        ext = str(uuid.UUID(int=rng.getrandbits(128))).upper()
+        rows.append((i, name, balance, when, ext, rng.randbytes(rng.randint(0, 8)) or None))
+    return rows
+
+
+def build_source(path: Path) -> None:
+    """(Re)create the demo source: 5 hostile rows and 995 realistic ones."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
     with sqlite3.connect(path) as conn:
-        conn.execute(
-            "CREATE TABLE customers (id bigint NOT NULL, name nvarchar(200), "
-            "balance decimal(18, 2), updated_at datetime2(7) NOT NULL, external_id uniqueidentifier, "
-            "avatar varbinary)"
-        )
-        conn.executemany("INSERT INTO customers VALUES (?, ?, ?, ?, ?, ?)", DEMO_ROWS)
+        conn.execute(CREATE)
+        conn.executemany("INSERT INTO customers VALUES (?, ?, ?, ?, ?, ?)",
+                         [*DEMO_ROWS, *_generated(6, GENERATED, seed=1)])  # fmt: skip
+    conn.close()
+
+
+def change_source(path: Path) -> None:
+    """Deletes, updates and inserts between the two refreshes."""
+    with sqlite3.connect(path) as conn:
+        conn.executemany("DELETE FROM customers WHERE id = ?", [(i,) for i in DELETED])
+        conn.executemany("UPDATE customers SET name = name || ' (updated)', balance = '0.01' WHERE id = ?",
+                         [(i,) for i in UPDATED])  # fmt: skip
+        conn.executemany("INSERT INTO customers VALUES (?, ?, ?, ?, ?, ?)",
+                         _generated(5000, INSERTED, seed=2))  # fmt: skip
+    conn.close()
+
+
+def write_project(work_dir: Path, data_dir: Path, store: Path) -> Path:
+    """The demo's dpone.toml (absolute paths: the demo may run from anywhere)."""
+    config = work_dir / "dpone.toml"
+    config.write_text(
+        "# Written by `dpone demo`; a second run rewrites it.\n"
+        f"[project]\nwork_dir = {_toml(work_dir.absolute())}\nstore = {_toml(store.absolute())}\n"
+        f"keep_rollback = 1\n\n[clickhouse]\ndata_dir = {_toml(data_dir.absolute())}\n\n"
+        f'[sources.demo]\nkind = "sqlite"\npath = {_toml((work_dir / "source.db").absolute())}\n\n'
+        f'[tables.customers]\nsource = "demo"\ntable = "customers"\n'
+        f'target = "{DEMO_DATABASE}.{DEMO_TARGET}"\norder_by = "id"\n',
+        encoding="utf-8",
+    )
+    return config
+
+
+def _toml(path: Path) -> str:
+    return '"' + str(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _source_rows(path: Path) -> list[list[Any]]:
+    with sqlite3.connect(f"file:{path.absolute()}?mode=ro", uri=True) as conn:
+        found = conn.execute("SELECT id, name FROM customers ORDER BY id").fetchall()
+    conn.close()
+    return [list(row) for row in found]
+
+
+def _target_rows(data_dir: Path, port: int) -> list[list[Any]]:
+    admin = HttpTransport(
+        Endpoint("127.0.0.1", port, 0, DEMO_DATABASE), admin_credentials(data_dir)
+    )
+    result = admin.execute(
+        read(f"SELECT id, name FROM {DEMO_DATABASE}.{DEMO_TARGET} ORDER BY id FORMAT JSONEachRow",
+             f"dpone-demo-compare-{time.time_ns()}"),
+        deadline=time.monotonic() + 60,
+    )  # fmt: skip
+    return [[int(r["id"]), r["name"]] for r in result.json_rows()]
 
 
 @click.command()
 @data_dir_option
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".dpone/demo"),
-              show_default=True, help="Where the demo source, file, receipt and journals go.")  # fmt: skip
+              show_default=True, help="Where the demo's project, source, exports and journals go.")  # fmt: skip
 @click.option("--store", "store_path", type=click.Path(dir_okay=False, path_type=Path),
               default=DEFAULT_STORE, show_default=True, help="The publication store.")  # fmt: skip
 @json_option
 def demo(data_dir: Path, work_dir: Path, store_path: Path, as_json: bool) -> None:
-    """Export a SQLite table, validate it and stage it into the local ClickHouse server."""
+    """Two verified full refreshes of a SQLite table into the local ClickHouse server."""
     # The demo's source, files, journals and server data are nobody else's business.
     os.umask(0o077)
     with reported_errors(as_json):
+        started = time.monotonic()
         source = work_dir / "source.db"
-        ensure_source(source)
-        # The demo owns its work directory: a second run replaces its own export.
-        exported = export_table(
-            SqliteSource(source), "customers", work_dir / "customers.tsv", force=True
-        )
+        build_source(source)
+        project = load_project(write_project(work_dir, data_dir, store_path))
+        table = project.tables["customers"]
+        say = (lambda text: None) if as_json else click.echo
         running = find_running(data_dir)
         local = None
         if running is None:
@@ -86,59 +154,69 @@ def demo(data_dir: Path, work_dir: Path, store_path: Path, as_json: bool) -> Non
             echo_warnings(local.warnings)
         else:
             info = running
+        say(f"ClickHouse {info.version} on http {info.http_port} ({info.data_dir}); "
+            f"project {project.path}")  # fmt: skip
         try:
             provision_protected_databases(data_dir, info.http_port, (DEMO_DATABASE,))
-            endpoint = Endpoint("127.0.0.1", info.http_port, info.tcp_port, DEMO_DATABASE)
-            attempt_id = new_attempt_id()
-            # Staging runs as a leased ingest principal, publication as a leased publisher.
-            ingest = issue_ingest(data_dir, store_path, DEMO_DATABASE, attempt_id)
-            config = StagingConfig(endpoint, ingest.credentials, work_dir / "attempts",
-                                   principal_uuid=ingest.ref.user_uuid)  # fmt: skip
-            staged = ClickHouseSink(config).stage_validated_file(
-                exported.path, exported.receipt_path, attempt_id=attempt_id
-            )
-            publisher = build_publication(
-                PublicationConfig(data_dir, store_path), DEMO_DATABASE
-            ).publisher
-            prepared = publisher.prepare(
-                AttemptRef(staged.journal_path, TargetSlot(DEMO_DATABASE, DEMO_TARGET)),
-                staged.journal_head,
-            )
-            published = publisher.publish(prepared.intent_sha256)
-            intent = publisher.store.load(prepared.intent_sha256)
+            service = RefreshService(project)
+            first = service.refresh(table)
+            _tell(say, "first refresh", first)
+            change_source(source)
+            say(f"changed the source: deleted {len(DELETED)} rows, updated {len(UPDATED)}, "
+                f"inserted {INSERTED}")  # fmt: skip
+            second = service.refresh(table)
+            _tell(say, "second refresh", second)
+            expected, found = _source_rows(source), _target_rows(data_dir, info.http_port)
+            status = project_status(project)
         finally:
             if local is not None:
                 local.stop()
-        before = SnapshotIntent.from_bytes(intent.intent_bytes).target_uuid
-        payload = {
-            "ok": published.state is SnapshotState.PUBLISHED, "version": info.version, "http_port": info.http_port,
-            "tcp_port": info.tcp_port, "data_dir": info.data_dir, "database": staged.database, "table": staged.table,
-            "uuid": staged.uuid, "rows": staged.rows, "semantic_id": staged.semantic_id,
-            "journal": str(staged.journal_path), "journal_head": staged.journal_head, "file": str(exported.path),
-            "receipt": str(exported.receipt_path), "server_was_running": running is not None,
-            "target": f"{DEMO_DATABASE}.{DEMO_TARGET}", "intent_sha256": published.intent_sha256,
-            "state": published.state.value, "revision": published.revision,
-            "target_uuid_before": before, "target_uuid_after": published.target_uuid,
-        }  # fmt: skip
+        equal = expected == found
+        deleted_gone = not {r[0] for r in found} & set(DELETED)
+        ok = first.ok and second.ok and equal and deleted_gone
         if as_json:
-            emit_json(payload)
+            emit_json(_payload(ok, info, running is not None, project.path, first, second, equal,
+                               len(found), status.to_dict()))  # fmt: skip
         else:
-            click.echo(
-                f"ClickHouse {info.version} on http {info.http_port}, tcp {info.tcp_port} ({info.data_dir})"
+            say(f"target {table.qualified_target} equals the new source row by row: {equal} "
+                f"({len(found)} rows; deleted rows gone: {deleted_gone})")  # fmt: skip
+            say("dpone status:")
+            for target in status.targets:
+                last = target["last_publication"] or {}
+                say(f"  {target['target']}: {last.get('rows')} rows, uuid {last.get('uuid')}; "
+                    f"rollback copies {[c['table'] for c in target['rollback_copies'] or []]}")  # fmt: skip
+            say(f"  needs a person: {len(status.needs_person)}")
+            say(f"done in {time.monotonic() - started:.0f} s. Next:")
+            say(
+                f"  dpone server start --protect {DEMO_DATABASE}      # the demo stopped the server it started"
             )
-            click.echo(
-                f"exported {exported.receipt.rows_validated} rows to {exported.path} (receipt {exported.receipt_path})"
-            )
-            click.echo(
-                f"staged {staged.rows} rows into {staged.database}.{staged.table} (uuid {staged.uuid})"
-            )
-            click.echo(f"semantic id {staged.semantic_id}; journal {staged.journal_path}")
-            click.echo(
-                f"published {DEMO_DATABASE}.{DEMO_TARGET}: {published.state.value} (revision "
-                f"{published.revision}); target uuid {before} -> {published.target_uuid}"
-            )
-            click.echo(
-                f"intent {published.intent_sha256}: `dpone snapshot show {published.intent_sha256}`"
-            )
-        if published.state is not SnapshotState.PUBLISHED:
-            raise SystemExit(1)
+            say(f"  dpone status --config {project.path}")
+            say(f"  dpone refresh customers --config {project.path}")
+            say("  dpone init                      # a dpone.toml for your own tables")
+        if not ok:
+            if not (first.ok and second.ok):
+                raise SystemExit(1)
+            raise StateError("the target does not equal the source", code="demo_mismatch")
+
+
+def _tell(say: Any, what: str, report: TableReport) -> None:
+    if report.ok:
+        say(f"{what}: published {report.rows} rows into {report.target} "
+            f"(uuid {report.target_uuid_before} -> {report.target_uuid_after}) in "
+            f"{sum(report.timings.values()):.1f} s")  # fmt: skip
+    else:
+        error = report.error or {}
+        say(f"{what}: FAILED in {report.phase}: [{error.get('code')}] {error.get('message')}")
+        for command in report.next_commands:
+            say(f"  next: {command}")
+
+
+def _payload(ok: bool, info: Any, was_running: bool, config: Path, first: TableReport,
+             second: TableReport, equal: bool, rows: int, status: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    return {
+        "ok": ok, "version": info.version, "http_port": info.http_port, "tcp_port": info.tcp_port,
+        "data_dir": info.data_dir, "server_was_running": was_running, "config": str(config),
+        "database": DEMO_DATABASE, "target": f"{DEMO_DATABASE}.{DEMO_TARGET}", "rows": rows,
+        "target_equals_source": equal, "refreshes": [first.to_dict(), second.to_dict()],
+        "status": status,
+    }  # fmt: skip

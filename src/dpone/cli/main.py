@@ -12,9 +12,12 @@ import dpone
 from dpone.cli.demo import demo
 from dpone.cli.files import export, validate, verify
 from dpone.cli.output import Terminated, report_failure
+from dpone.cli.project import check, init
 from dpone.cli.publication import snapshot
+from dpone.cli.refresh import refresh
 from dpone.cli.server import server
 from dpone.cli.staging import attempts, journal, stage
+from dpone.cli.status import status
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -35,6 +38,10 @@ cli.add_command(stage)
 cli.add_command(journal)
 cli.add_command(attempts)
 cli.add_command(snapshot)
+cli.add_command(init)
+cli.add_command(check)
+cli.add_command(refresh)
+cli.add_command(status)
 
 
 def _wants_json(args: list[str]) -> bool:

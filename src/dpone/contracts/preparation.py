@@ -42,11 +42,13 @@ def rows_digest_sql(columns: Sequence[str]) -> str:
     """The SQL aggregate that computes :class:`RowsDigest` over ``columns`` (quoted, in order).
 
     ``hex`` of an integer writes its most significant byte first and omits leading
-    zero bytes (``hex(0)`` is ``'00'``), hence the padding to 32 digits.
+    zero bytes (``hex(0)`` is ``'00'``), hence the padding to 32 digits. ``formatRow``,
+    not ``formatRowNoNewline``: the latter drops a final 0x0A byte, which in RowBinary
+    is data (a string ending in a newline), not a row delimiter (checked on 26.9).
     """
     if not columns:
         raise ValueError("a rows digest needs at least one column")
-    row = f"formatRowNoNewline('RowBinary', {', '.join(columns)})"
+    row = f"formatRow('RowBinary', {', '.join(columns)})"
     term = f"reinterpretAsUInt128(substring(SHA256({row}), 1, 16))"
     return f"leftPad(lower(hex(sum({term}))), 32, '0')"
 

@@ -226,11 +226,16 @@ class SqlServerSource:
     """SQL Server through ``pymssql`` (extra ``dpone[mssql]``); not verified live here.
 
     DSN ``mssql://host[:port]/database``; the user and password come from
-    ``DPONE_MSSQL_USER`` and ``DPONE_MSSQL_PASSWORD``.
+    ``DPONE_MSSQL_USER`` and ``DPONE_MSSQL_PASSWORD``, unless the caller gives them
+    (a project file names the variable or file they are read from).
     """
 
-    def __init__(self, host: str, port: int, database: str) -> None:
+    def __init__(
+        self, host: str, port: int, database: str, *, user: str | None = None,
+        password: str | None = None,
+    ) -> None:  # fmt: skip
         self.host, self.port, self.database = host, port, database
+        self._user, self._password = user, password
 
     @property
     def local_files(self) -> tuple[Path, ...]:
@@ -244,8 +249,10 @@ class SqlServerSource:
                 "SQL Server sources need the mssql extra: pip install 'dpone[mssql]'",
                 code="driver_not_installed",
             ) from exc
-        user = os.environ.get("DPONE_MSSQL_USER")
-        password = os.environ.get("DPONE_MSSQL_PASSWORD")
+        user = self._user or os.environ.get("DPONE_MSSQL_USER")
+        password = self._password
+        if password is None:
+            password = os.environ.get("DPONE_MSSQL_PASSWORD")
         if not user or password is None:
             raise ConfigurationError(
                 "set DPONE_MSSQL_USER and DPONE_MSSQL_PASSWORD for SQL Server sources",

@@ -1,0 +1,149 @@
+"""``dpone init`` and ``dpone check``: write and check the project file."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dpone.cli.output import emit_json, json_option, reported_errors
+from dpone.cli.refresh import config_option
+from dpone.config.project import Project, load_project
+from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.connectors.clickhouse_request import read
+from dpone.errors import ConfigurationError, DponeError
+from dpone.localserver.credentials import admin_credentials
+from dpone.localserver.principal_pool import ingest_users
+from dpone.runtime.refresh import open_source
+from dpone.runtime.snapshot_composition import managed_endpoint, pool_credentials
+from dpone.sql import quote_literal
+
+EXAMPLE = """\
+# dpone.toml: what `dpone refresh` does. Every key is described in docs/configuration.md.
+# Relative paths are relative to this file. Secrets never go in this file: a SQL
+# Server password is read from the environment variable or file named here.
+
+[project]
+work_dir = ".dpone/work"          # exports, staging journals, retention journals
+store = ".dpone/snapshots.sqlite" # the publication store (records and history)
+keep_rollback = 1                 # rollback copies kept per target (0 keeps none)
+
+[clickhouse]
+# The managed local server (`dpone server start --protect DATABASE ...`).
+data_dir = ".dpone/clickhouse"
+transport = "http"                # http or client (clickhouse-client)
+preparation = "python-reference"  # python-reference or engine-chdb (same bytes, faster)
+
+[sources.shop]
+kind = "sqlite"
+path = "shop.db"
+
+# [sources.erp]
+# kind = "sqlserver"
+# host = "sql.example.com"
+# port = 1433
+# database = "ERP"
+# user_env = "ERP_USER"             # the variable holding the user name
+# password_env = "ERP_PASSWORD"     # or: password_file = "/run/secrets/erp"
+
+[tables.customers]
+source = "shop"
+table = "customers"               # the source table
+target = "dpone_demo.customers"   # DATABASE.TABLE; the database is protected by the server
+order_by = "id"                   # design of a NEW target (an existing one keeps its own)
+# partition_by = "toYYYYMM(updated_at)"
+# types = { balance = "Decimal(18, 2)" }   # ClickHouse type overrides per column
+shrink_guard = 0.5                # refuse to publish when rows drop by more than this fraction
+
+# [tables.customers.limits]        # publication ceilings (rows and bytes)
+# source_rows = 100000000
+# source_bytes = 274877906944
+# wire_bytes = 68719476736
+# generation_storage_bytes = 68719476736
+# retained_storage_bytes = 274877906944
+# total_transient_storage_bytes = 549755813888
+"""
+
+
+@click.command()
+@config_option
+def init(config_path: Path) -> None:
+    """Write a commented example project file (never over an existing one)."""
+    with reported_errors(False):
+        try:
+            fd = os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError as exc:
+            raise ConfigurationError(
+                f"{config_path} exists; dpone init never overwrites a file",
+                code="config_exists", path=str(config_path),
+            ) from exc  # fmt: skip
+        with os.fdopen(fd, "w", encoding="utf-8") as stream:
+            stream.write(EXAMPLE)
+        click.echo(f"wrote {config_path}; edit it, then run `dpone check`")
+
+
+@click.command()
+@config_option
+@json_option
+def check(config_path: Path, as_json: bool) -> None:
+    """Validate the project file, then check every connection and source table."""
+    with reported_errors(as_json):
+        # A file with problems raises here: every problem is in the message (one per
+        # line) and, with --json, in error.details.problems.
+        project = load_project(config_path)
+        problems = reachability(project)
+        if as_json:
+            emit_json({"ok": not problems, "config": str(config_path), "tables": list(project.tables),
+                       "problems": problems})  # fmt: skip
+        else:
+            for problem in problems:
+                click.echo(f"{problem['key']}: [{problem['code']}] {problem['message']}")
+            if not problems:
+                click.echo(f"{config_path}: {len(project.tables)} table(s), every source and "
+                           "target reachable")  # fmt: skip
+        if problems:
+            raise SystemExit(1)
+
+
+def reachability(project: Project) -> list[dict[str, Any]]:
+    """Each source and source table readable; the server running, with the pool, protecting
+    each target database. Every problem, with the key it concerns."""
+    problems: list[dict[str, Any]] = []
+
+    def note(key: str, exc: DponeError) -> None:
+        problems.append({"key": key, "code": exc.code, "message": exc.message})
+
+    for table in project.tables.values():
+        try:
+            open_source(project.sources[table.source]).schema(table.source_table)
+        except DponeError as exc:
+            note(f"tables.{table.name}.table", exc)
+    data_dir = project.clickhouse.data_dir
+    try:
+        pool_credentials(data_dir)
+        # "system" as the session's database: a target database may not exist yet.
+        admin = HttpTransport(managed_endpoint(data_dir, "system"), admin_credentials(data_dir))
+        for database in project.databases:
+            statement = (
+                "SELECT count() AS n FROM system.grants WHERE user_name = "
+                f"{quote_literal(ingest_users()[0])} AND database = {quote_literal(database)}"
+            )
+            rows = admin.execute(
+                read(statement + " FORMAT JSONEachRow", f"dpone-check-grants-{time.time_ns()}"),
+                deadline=time.monotonic() + 30,
+            ).json_rows()
+            if rows != [{"n": 0}]:
+                continue
+            for table in project.tables.values():
+                if table.database == database:
+                    problems.append({
+                        "key": f"tables.{table.name}.target", "code": "database_not_protected",
+                        "message": f"the server does not protect {database}: restart it with "
+                                   f"`dpone server start --protect {database} ...`",
+                    })  # fmt: skip
+    except DponeError as exc:
+        note("clickhouse.data_dir", exc)
+    return problems

@@ -1,0 +1,148 @@
+"""``dpone refresh``: the full refresh of the project's tables, one attempt each.
+
+Thin over :class:`dpone.runtime.refresh.RefreshService`. With ``--json`` the command
+prints ONE object, ``{"ok": ..., "tables": [...]}``, one member per table (the rule
+that every ``--json`` prints exactly one object holds here too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from dpone.cli.output import TerminalProgress, emit_json, json_option, reported_errors
+from dpone.config.project import DEFAULT_CONFIG, Project, TableConfig, load_project
+from dpone.errors import ConfigurationError
+from dpone.runtime.refresh import RefreshService, TableReport
+from dpone.runtime.snapshot_composition import managed_endpoint, pool_credentials
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def config_option(func: F) -> F:
+    """``--config``: the project file (default ``dpone.toml``, or ``$DPONE_CONFIG``)."""
+    return click.option(
+        "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+        default=DEFAULT_CONFIG, show_default=True, envvar="DPONE_CONFIG",
+        help="The project file.",
+    )(func)  # fmt: skip
+
+
+class PhaseProgress:
+    """One rewritten stderr line per phase: rows, bytes and rate (terminals only)."""
+
+    def __init__(self) -> None:
+        self._phase: str | None = None
+        self._line: TerminalProgress | None = None
+
+    def __call__(self, phase: str, rows: int, size: int) -> None:
+        if phase != self._phase or self._line is None:
+            self.finish()
+            self._phase, self._line = phase, TerminalProgress(phase)
+        self._line(rows, size)
+
+    def finish(self) -> None:
+        if self._line is not None:
+            TerminalProgress.finish()
+        self._phase = self._line = None
+
+
+def select_tables(project: Project, names: tuple[str, ...], every: bool) -> list[TableConfig]:
+    """The tables named (in the order given), or all of them with ``--all``."""
+    if every and names:
+        raise ConfigurationError("give table names or --all, not both", code="usage_error")
+    if every:
+        return list(project.tables.values())
+    if not names:
+        raise ConfigurationError(
+            f"name the tables to refresh or pass --all (the project declares: "
+            f"{', '.join(project.tables) or 'none'})",
+            code="no_tables_selected",
+        )
+    unknown = [n for n in names if n not in project.tables]
+    if unknown:
+        raise ConfigurationError(
+            f"{', '.join(unknown)}: not declared in {project.path} (it declares: "
+            f"{', '.join(project.tables)})",
+            code="unknown_table", tables=unknown,
+        )  # fmt: skip
+    return [project.tables[n] for n in dict.fromkeys(names)]
+
+
+def preflight(project: Project, tables: list[TableConfig]) -> None:
+    """The managed server runs and declares the pool, before any table is touched."""
+    for table in tables:
+        managed_endpoint(project.clickhouse.data_dir, table.database)
+    pool_credentials(project.clickhouse.data_dir)
+
+
+@click.command()
+@click.argument("names", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="Refresh every table of the project.")
+@config_option
+@click.option("--allow-shrink", is_flag=True,
+              help="Publish even when the new generation is smaller than the shrink guard allows.")  # fmt: skip
+@click.option("--fail-fast", is_flag=True, help="Stop at the first table that fails.")
+@json_option
+def refresh(names: tuple[str, ...], every: bool, config_path: Path, allow_shrink: bool,
+            fail_fast: bool, as_json: bool) -> None:  # fmt: skip
+    """Export, stage, prepare, guard and publish each table; report what happened.
+
+    Exit 0 only when every table was published.
+    """
+    with reported_errors(as_json):
+        project = load_project(config_path)
+        tables = select_tables(project, names, every)
+        preflight(project, tables)
+        progress = PhaseProgress() if TerminalProgress.on_terminal(as_json) else None
+        service = RefreshService(
+            project, allow_shrink=allow_shrink, progress=progress,
+            done=progress.finish if progress is not None else None,
+        )  # fmt: skip
+        reports: list[TableReport] = []
+        for table in tables:
+            if fail_fast and reports and not reports[-1].ok:
+                skipped = TableReport(table.name, table.qualified_target, "")
+                skipped.outcome = "skipped"
+                reports.append(skipped)
+                continue
+            report = service.refresh(table)
+            reports.append(report)
+            if not as_json:
+                _echo(report)
+        ok = all(r.ok for r in reports)
+        if as_json:
+            emit_json({"ok": ok, "tables": [r.to_dict() for r in reports]})
+        if not ok:
+            raise SystemExit(1)
+
+
+def _echo(report: TableReport) -> None:
+    head = f"{report.table} -> {report.target}"
+    if report.ok:
+        was = "new target" if report.created_target else f"was {report.previous_rows}"
+        click.echo(f"{head}: published {report.rows} rows ({was}), "
+                   f"{(report.file_bytes or 0) / 1024:,.1f} KiB exported")  # fmt: skip
+        click.echo(f"  target uuid {report.target_uuid_before} -> {report.target_uuid_after}; "
+                   f"rollback copy {report.generation_table}")  # fmt: skip
+    else:
+        error = report.error or {}
+        click.echo(f"{head}: NOT published ({report.outcome}, phase {report.phase}): "
+                   f"[{error.get('code')}] {error.get('message')}")  # fmt: skip
+        if report.outcome in ("failed", "not_published"):
+            click.echo("  the target is unchanged")
+    if report.ok and report.error:
+        click.echo(f"  retention: [{report.error.get('code')}] {report.error.get('message')}")
+    for dropped in report.dropped_rollback_copies:
+        click.echo(f"  dropped old rollback copy {dropped}")
+    timings = ", ".join(f"{k} {v:.2f}s" for k, v in report.timings.items())
+    click.echo(f"  phases: {timings}")
+    if report.intent_sha256:
+        click.echo(f"  intent {report.intent_sha256} ({report.state}@{report.revision})")
+    if report.journal:
+        click.echo(f"  journal {report.journal}")
+    for command in report.next_commands:
+        click.echo(f"  next: {command}")

@@ -1,0 +1,50 @@
+"""``dpone status``: the project's targets, rollback copies, and what needs a person."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dpone.cli.output import emit_json, json_option, reported_errors
+from dpone.cli.refresh import config_option
+from dpone.config.project import load_project
+from dpone.runtime.project_status import project_status
+
+
+@click.command()
+@config_option
+@json_option
+def status(config_path: Path, as_json: bool) -> None:
+    """Targets with their last publication, rollback copies kept, and what needs a person.
+
+    Exit 0 when nothing needs a person, 1 otherwise.
+    """
+    with reported_errors(as_json):
+        project = load_project(config_path)
+        found = project_status(project)
+        if as_json:
+            emit_json({"ok": not found.needs_person, **found.to_dict()})
+        else:
+            if not found.server_running:
+                click.echo(f"the managed server on {project.clickhouse.data_dir} is not running "
+                           "(rollback copies unknown)")  # fmt: skip
+            for target in found.targets:
+                last = target["last_publication"]
+                if last is None:
+                    click.echo(f"{target['table']} -> {target['target']}: never published")
+                else:
+                    click.echo(f"{target['table']} -> {target['target']}: {last['rows']} rows, "
+                               f"published {last['published_at']}, uuid {last['uuid']}")  # fmt: skip
+                for copy in target["rollback_copies"] or []:
+                    click.echo(f"  rollback copy {copy['table']} (uuid {copy['uuid']}, "
+                               f"replaced {copy['published_at']})")  # fmt: skip
+            if not found.needs_person:
+                click.echo("nothing needs a person")
+            for item in found.needs_person:
+                what = item.get("intent_sha256") or item.get("attempt_id")
+                click.echo(f"NEEDS A PERSON: {item['kind']} {what}")
+                if item.get("command"):
+                    click.echo(f"  run: {item['command']}")
+        if found.needs_person:
+            raise SystemExit(1)

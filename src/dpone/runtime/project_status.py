@@ -1,0 +1,138 @@
+"""What a project's targets look like now, and everything that needs a person.
+
+Read only: the store (publications, oldest first), the attempt and retention
+journals under the work dir, and, when the managed server runs, which rollback copies
+still exist. Each item that needs a person carries the exact command to run
+(docs/operations.md explains each).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore
+from dpone.config.project import Project
+from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.connectors.clickhouse_request import Endpoint
+from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotRecord, SnapshotState
+from dpone.errors import DponeError
+from dpone.localserver import find_running
+from dpone.localserver.credentials import admin_credentials
+from dpone.runtime.attempt_recovery import finishing_command, list_attempts
+from dpone.runtime.retention import observe_copy, rollback_copies
+
+
+@dataclass
+class ProjectStatus:
+    """Targets with their last publication, copies kept, and what needs a person."""
+
+    targets: list[dict[str, Any]] = field(default_factory=list)
+    needs_person: list[dict[str, Any]] = field(default_factory=list)
+    server_running: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"targets": self.targets, "needs_person": self.needs_person,
+                "server_running": self.server_running}  # fmt: skip
+
+
+def project_status(project: Project) -> ProjectStatus:
+    """Read the store, the journals and (if it runs) the server."""
+    status = ProjectStatus()
+    store = SqliteSnapshotStore(project.store) if project.store.exists() else None
+    summaries = store.list_snapshots() if store is not None else []
+    info = find_running(project.clickhouse.data_dir)
+    status.server_running = info is not None
+    data_dir = str(project.clickhouse.data_dir)
+    tail = ["--store", str(project.store), "--data-dir", data_dir]
+    for table in project.tables.values():
+        mine = [
+            s for s in summaries if (s.database, s.target_table) == (table.database, table.target)
+        ]
+        published = [s for s in mine if s.state == SnapshotState.PUBLISHED.value]
+        entry: dict[str, Any] = {"table": table.name, "target": table.qualified_target,
+                                 "last_publication": None, "rollback_copies": None}  # fmt: skip
+        if published:
+            last = published[-1]
+            intent = SnapshotIntent.from_bytes(last.intent_bytes)
+            record = (
+                SnapshotRecord.from_bytes(store.load(last.intent_sha256).record_bytes)
+                if store
+                else None
+            )
+            entry["last_publication"] = {
+                "intent_sha256": last.intent_sha256, "prepared_at": intent.prepared_at,
+                "published_at": record.at if record is not None else None,
+                "rows": intent.source_rows, "uuid": intent.generation_uuid,
+                "attempt_id": intent.attempt_id,
+            }  # fmt: skip
+        if info is not None and store is not None:
+            entry["rollback_copies"] = _copies(
+                store, info.http_port, project, table.database, table.target
+            )
+        status.targets.append(entry)
+        for summary in mine:
+            state = SnapshotState(summary.state)
+            if state in (SnapshotState.EXCHANGE_INTENT, SnapshotState.COMMIT_UNKNOWN):
+                status.needs_person.append({
+                    "kind": state.value, "target": table.qualified_target,
+                    "intent_sha256": summary.intent_sha256,
+                    "command": shlex.join(["dpone", "snapshot", "reconcile", summary.intent_sha256, *tail]),
+                })  # fmt: skip
+            elif state is SnapshotState.PREPARED:
+                status.needs_person.append({
+                    "kind": "prepared", "target": table.qualified_target,
+                    "intent_sha256": summary.intent_sha256,
+                    "command": shlex.join(["dpone", "snapshot", "cancel", summary.intent_sha256, *tail]),
+                })  # fmt: skip
+    _attempts(project, status, data_dir)
+    return status
+
+
+def _copies(store: SqliteSnapshotStore, port: int, project: Project, database: str,
+            target: str) -> list[dict[str, Any]] | None:  # fmt: skip
+    admin = HttpTransport(Endpoint("127.0.0.1", port, 0, database),
+                          admin_credentials(project.clickhouse.data_dir))  # fmt: skip
+    kept = []
+    try:
+        for copy in rollback_copies(store, database, target):
+            if observe_copy(admin, copy, "status_copy") is not None:
+                kept.append(copy.to_dict())
+    except DponeError:
+        return None  # unobservable now: status says so rather than guess
+    return kept
+
+
+def _attempts(project: Project, status: ProjectStatus, data_dir: str) -> None:
+    attempts_dir = project.work_dir / "attempts"
+    store = SqliteSnapshotStore(project.store) if project.store.exists() else None
+    # A staged generation is done with once an intent that may still publish it (or did)
+    # names its attempt; otherwise it waits for a discard.
+    named = {
+        SnapshotIntent.from_bytes(s.intent_bytes).attempt_id
+        for s in (store.list_snapshots() if store is not None else [])
+        if s.state != SnapshotState.NOT_PUBLISHED.value
+    }
+    for summary in list_attempts(attempts_dir):
+        lingering = summary.state == "staged" and summary.attempt_id not in named
+        if not summary.needs_operator and not lingering:
+            continue
+        database = str((summary.planned_table or {}).get("database"))
+        command = finishing_command(summary.state, summary.attempt_id, attempts_dir, database)
+        status.needs_person.append({
+            "kind": "staged_unpublished" if lingering else summary.state, "attempt_id": summary.attempt_id, "journal": str(summary.path),
+            "table": summary.planned_table, "unsettled_mutations": [m.query_id for m in summary.unsettled],
+            "command": f"{command} {shlex.join(['--data-dir', data_dir])}" if command else None,
+        })  # fmt: skip
+    retention_dir: Path = project.work_dir / "retention"
+    for summary in list_attempts(retention_dir):
+        if summary.state == "discarded":
+            continue
+        status.needs_person.append({
+            "kind": "retention_unfinished", "attempt_id": summary.attempt_id,
+            "journal": str(summary.path), "table": summary.planned_table,
+            "unsettled_mutations": [m.query_id for m in summary.unsettled],
+            "command": shlex.join(["dpone", "journal", "show", str(summary.path)]),
+        })  # fmt: skip

@@ -1,0 +1,329 @@
+"""``dpone refresh``, ``status``, ``check`` and ``init`` as a user runs them.
+
+One managed server per module, started by the CLI with ``--protect refresh_db``; each
+test has its own target table, project file and work dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import chhttp
+from tests.e2e.test_cli_server import as_json, dpone
+
+DATABASE = "refresh_db"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    data_dir = tmp_path_factory.mktemp("refresh-ch") / "ch"
+    started = dpone("server", "start", "--protect", DATABASE, "--data-dir", str(data_dir), "--json")
+    assert started.returncode == 0, started.stdout + started.stderr
+    info = as_json(started)
+    chhttp.register_server(info["http_port"], data_dir)
+    try:
+        yield {**info, "data_dir": data_dir}
+    finally:
+        dpone("server", "stop", "--data-dir", str(data_dir))
+
+
+def make_source(path: Path, rows: list[tuple[Any, ...]]) -> None:
+    path.unlink(missing_ok=True)
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TABLE items (id bigint NOT NULL, name nvarchar(50), price decimal(10, 2))"
+        )
+        conn.executemany("INSERT INTO items VALUES (?, ?, ?)", rows)
+    conn.close()
+
+
+def project(tmp_path: Path, server: dict[str, Any], target: str, extra: str = "",
+            keep: int = 1) -> Path:  # fmt: skip
+    config = tmp_path / "dpone.toml"
+    config.write_text(
+        f'[project]\nwork_dir = "work"\nstore = "store.sqlite"\nkeep_rollback = {keep}\n'
+        f'[clickhouse]\ndata_dir = "{server["data_dir"]}"\n'
+        '[sources.shop]\nkind = "sqlite"\npath = "shop.db"\n'
+        f'[tables.items]\nsource = "shop"\ntable = "items"\ntarget = "{DATABASE}.{target}"\n'
+        f'order_by = "id"\n{extra}'
+    )
+    return config
+
+
+def refresh(config: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    done = dpone("refresh", "--config", str(config), *args, "--json")
+    return done.returncode, as_json(done)
+
+
+def target_rows(port: int, target: str) -> list[list[Any]]:
+    found = chhttp.rows(
+        port, f"SELECT id, name, toString(price) AS p FROM {DATABASE}.{target} ORDER BY id"
+    )
+    return [[int(r["id"]), r["name"], r["p"]] for r in found]
+
+
+def rows_of(count: int, start: int = 1, name: str = "n") -> list[tuple[Any, ...]]:
+    return [(i, f"{name}{i}\ttab", f"{i}.25") for i in range(start, start + count)]
+
+
+def test_first_and_second_refresh_make_the_target_equal_the_source(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    make_source(tmp_path / "shop.db", rows_of(20))
+    config = project(tmp_path, server, "t_two")
+    code, first = refresh(config, "items")
+    assert code == 0, first
+    report = first["tables"][0]
+    assert first["ok"] is True and report["outcome"] == "published" and report["created_target"]
+    assert report["rows"] == 20 and report["previous_rows"] == 0
+    assert set(report["timings"]) == {
+        "export",
+        "stage",
+        "prepare",
+        "shrink_guard",
+        "publish",
+        "retention",
+    }
+    with sqlite3.connect(tmp_path / "shop.db") as conn:
+        conn.execute("DELETE FROM items WHERE id IN (3, 4, 5)")
+        conn.execute("UPDATE items SET name = 'changed', price = '0.01' WHERE id = 7")
+        conn.execute("INSERT INTO items VALUES (100, 'new', '9.99')")
+    conn.close()
+    code, second = refresh(config, "--all")
+    assert code == 0, second
+    again = second["tables"][0]
+    assert again["previous_rows"] == 20 and again["rows"] == 18
+    assert again["target_uuid_before"] == report["target_uuid_after"]
+    expected = [[i, f"n{i}\ttab", f"{i}.25"] for i in range(1, 21) if i not in (3, 4, 5)]
+    expected[[r[0] for r in expected].index(7)] = [7, "changed", "0.01"]
+    assert target_rows(server["http_port"], "t_two") == [*expected, [100, "new", "9.99"]]
+    # The previous target is the rollback copy under the second generation's name.
+    copy = chhttp.rows(server["http_port"], f"SELECT toString(uuid) AS u FROM system.tables WHERE "
+                       f"database = '{DATABASE}' AND name = '{again['generation_table']}'")  # fmt: skip
+    assert copy == [{"u": report["target_uuid_after"]}]
+    shown = as_json(dpone("snapshot", "show", again["intent_sha256"], "--store",
+                          str(tmp_path / "store.sqlite"), "--json"))  # fmt: skip
+    assert shown["state"] == "published" and shown["source_rows"] == 18
+
+
+def test_shrink_guard_refuses_then_allow_shrink_publishes(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    make_source(tmp_path / "shop.db", rows_of(10))
+    config = project(tmp_path, server, "t_shrink")
+    assert refresh(config, "items")[0] == 0
+    before = target_rows(server["http_port"], "t_shrink")
+    make_source(tmp_path / "shop.db", rows_of(4))
+    code, refused = refresh(config, "items")
+    report = refused["tables"][0]
+    assert code == 1 and refused["ok"] is False
+    assert (report["outcome"], report["phase"], report["error"]["code"]) == (
+        "not_published", "shrink_guard", "shrink_refused")  # fmt: skip
+    assert (report["state"], report["revision"]) == ("not_published", 2)
+    assert target_rows(server["http_port"], "t_shrink") == before
+    gone = chhttp.rows(server["http_port"], f"SELECT count() AS n FROM system.tables WHERE "
+                       f"database = '{DATABASE}' AND name = '{report['generation_table']}'")  # fmt: skip
+    assert gone == [{"n": 0}]  # the refused generation was discarded
+    journal = dpone("journal", "verify", report["journal"], "--json")
+    assert as_json(journal)["state"] == "discarded"
+    code, allowed = refresh(config, "items", "--allow-shrink")
+    assert code == 0, allowed
+    assert [r[0] for r in target_rows(server["http_port"], "t_shrink")] == [1, 2, 3, 4]
+
+
+def test_empty_source_publishes_an_empty_target(tmp_path: Path, server: dict[str, Any]) -> None:
+    make_source(tmp_path / "shop.db", [])
+    config = project(tmp_path, server, "t_empty")
+    code, done = refresh(config, "items")
+    assert code == 0, done
+    assert done["tables"][0]["rows"] == 0
+    assert target_rows(server["http_port"], "t_empty") == []
+
+
+def test_failing_source_leaves_the_target_and_names_the_phase(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    make_source(tmp_path / "shop.db", rows_of(3))
+    config = project(tmp_path, server, "t_fail")
+    assert refresh(config, "items")[0] == 0
+    (tmp_path / "shop.db").write_bytes(b"not a database, just bytes")
+    code, failed = refresh(config, "items")
+    report = failed["tables"][0]
+    assert code == 1 and report["phase"] == "export" and report["outcome"] == "failed"
+    assert report["error"]["code"] == "not_a_sqlite_database"
+    assert [r[0] for r in target_rows(server["http_port"], "t_fail")] == [1, 2, 3]
+    text = dpone("refresh", "--config", str(config), "items")
+    assert text.returncode == 1 and "NOT published" in text.stdout and "unchanged" in text.stdout
+
+
+def test_several_tables_continue_unless_fail_fast(tmp_path: Path, server: dict[str, Any]) -> None:
+    make_source(tmp_path / "shop.db", rows_of(3))
+    bad = '[tables.broken]\nsource = "shop"\ntable = "no_such_table"\ntarget = "refresh_db.t_broken"\n'
+    config = project(tmp_path, server, "t_multi")
+    config.write_text(bad + config.read_text())
+    code, both = refresh(config, "broken", "items")
+    assert code == 1 and [t["ok"] for t in both["tables"]] == [False, True]
+    code, fast = refresh(config, "broken", "items", "--fail-fast")
+    assert code == 1 and [t["outcome"] for t in fast["tables"]] == ["failed", "skipped"]
+
+
+def test_bad_project_file_names_every_problem_with_its_location(tmp_path: Path) -> None:
+    config = tmp_path / "dpone.toml"
+    config.write_text(
+        '[project]\nkeep_rollback = "two"\n'  # line 2: wrong type
+        '[sources.shop]\nkind = "sqlite"\npath = "s.db"\npassword = "x"\n'  # line 6: a secret
+        '[tables.items]\nsource = "nope"\n'  # line 8: unknown source
+        'target = "nodot"\nshrink_guard = 1.5\ncolour = "red"\n'
+    )
+    done = dpone("check", "--config", str(config), "--json")
+    assert done.returncode == 2
+    problems = {p["key"]: p for p in as_json(done)["error"]["details"]["problems"]}
+    assert {k: v["line"] for k, v in problems.items()} == {
+        "project.keep_rollback": 2, "sources.shop.password": 6, "tables.items.source": 8,
+        "tables.items.table": 7, "tables.items.target": 9, "tables.items.shrink_guard": 10,
+        "tables.items.colour": 11,
+    }  # fmt: skip
+    assert "password_env" in problems["sources.shop.password"]["message"]
+    text = dpone("check", "--config", str(config))
+    assert text.returncode == 2 and "tables.items.colour (line 11): unknown key" in text.stderr
+    config.write_text("[project\n")
+    broken = as_json(dpone("check", "--config", str(config), "--json"))
+    assert broken["error"]["details"]["problems"][0]["line"] == 1
+
+
+def test_init_writes_an_example_that_check_accepts(tmp_path: Path, server: dict[str, Any]) -> None:
+    config = tmp_path / "dpone.toml"
+    assert dpone("init", "--config", str(config)).returncode == 0
+    assert dpone("init", "--config", str(config)).returncode == 2  # never overwrites
+    text = config.read_text().replace('".dpone/clickhouse"', f'"{server["data_dir"]}"')
+    config.write_text(text.replace("dpone_demo.customers", f"{DATABASE}.t_init"))
+    missing = as_json(dpone("check", "--config", str(config), "--json"))
+    assert missing["ok"] is False
+    assert [p["key"] for p in missing["problems"]] == ["tables.customers.table"]
+    with sqlite3.connect(tmp_path / "shop.db") as conn:
+        conn.execute("CREATE TABLE customers (id bigint NOT NULL)")
+    conn.close()
+    assert as_json(dpone("check", "--config", str(config), "--json"))["ok"] is True
+    config.write_text(text.replace("dpone_demo.customers", "unprotected_db.t_init"))
+    refused = as_json(dpone("check", "--config", str(config), "--json"))
+    assert [p["code"] for p in refused["problems"]] == ["database_not_protected"]
+
+
+def test_status_and_retention_keep_one_rollback_copy(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    make_source(tmp_path / "shop.db", rows_of(5))
+    config = project(tmp_path, server, "t_keep")
+    reports = []
+    for run in range(3):
+        make_source(tmp_path / "shop.db", rows_of(5, name=f"r{run}-"))
+        code, done = refresh(config, "items")
+        assert code == 0, done
+        reports.append(done["tables"][0])
+    # Each publication after the first dropped the copy before it, verified and journaled.
+    assert reports[1]["dropped_rollback_copies"] == [f"{DATABASE}.{reports[0]['generation_table']}"]
+    assert reports[2]["dropped_rollback_copies"] == [f"{DATABASE}.{reports[1]['generation_table']}"]
+    retention = sorted((tmp_path / "work" / "retention").iterdir())
+    assert len(retention) == 2
+    assert as_json(dpone("journal", "verify", str(retention[0]), "--json"))["state"] == "discarded"
+    status = dpone("status", "--config", str(config), "--json")
+    assert status.returncode == 0, status.stdout
+    target = as_json(status)["targets"][0]
+    assert target["last_publication"]["rows"] == 5
+    assert target["last_publication"]["uuid"] == reports[2]["target_uuid_after"]
+    assert [c["uuid"] for c in target["rollback_copies"]] == [reports[2]["target_uuid_before"]]
+
+
+def _store_states(store: Path) -> list[str]:
+    if not store.exists():
+        return []
+    try:
+        with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as conn:
+            found = [str(r[0]) for r in conn.execute("SELECT state FROM records")]
+        conn.close()
+        return found
+    except sqlite3.Error:
+        return []
+
+
+def _killed_in(tmp_path: Path, config: Path, ready: Any) -> None:
+    """Start a refresh, SIGKILL it as soon as ``ready()`` holds."""
+    env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
+    process = subprocess.Popen([sys.executable, "-m", "dpone", "refresh", "--config", str(config), "items"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not ready() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert process.poll() is None, "the refresh ended before the phase was reached"
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait()
+
+
+def test_sigkill_during_publish_then_status_names_reconcile(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    make_source(tmp_path / "shop.db", rows_of(6))
+    config = project(tmp_path, server, "t_kill_publish")
+    assert refresh(config, "items")[0] == 0
+    make_source(tmp_path / "shop.db", rows_of(7))
+    store = tmp_path / "store.sqlite"
+    _killed_in(tmp_path, config, lambda: "exchange_intent" in _store_states(store))
+    status = dpone("status", "--config", str(config), "--json")
+    assert status.returncode == 1
+    needs = as_json(status)["needs_person"]
+    assert [n["kind"] for n in needs] == ["exchange_intent"]
+    command = needs[0]["command"].split()
+    assert command[:3] == ["dpone", "snapshot", "reconcile"]
+    done = as_json(dpone(*command[1:], "--json"))
+    # Killed after the claim: the EXCHANGE was sent (published) or provably not (the
+    # generation then waits for its discard, which status names next).
+    assert done["state"] in ("published", "not_published"), done
+    rows = {"published": 7, "not_published": 6}[done["state"]]
+    assert len(target_rows(server["http_port"], "t_kill_publish")) == rows
+    if done["state"] == "not_published":
+        (item,) = as_json(dpone("status", "--config", str(config), "--json"))["needs_person"]
+        assert item["kind"] == "staged_unpublished" and item["command"].split()[:3] == [
+            "dpone", "attempts", "discard"]  # fmt: skip
+        assert dpone(*item["command"].split()[1:]).returncode == 0
+    assert dpone("status", "--config", str(config)).returncode == 0
+
+
+def test_sigkill_during_stage_then_status_names_the_finishing_command(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    make_source(tmp_path / "shop.db", rows_of(4))
+    config = project(tmp_path, server, "t_kill_stage")
+    assert refresh(config, "items")[0] == 0
+    before = target_rows(server["http_port"], "t_kill_stage")
+    make_source(tmp_path / "shop.db", rows_of(50_000))
+    attempts = tmp_path / "work" / "attempts"
+    first = {d.name for d in attempts.iterdir()}
+
+    def staging() -> bool:  # the new attempt has begun (admitted and beyond)
+        new = [d for d in attempts.iterdir() if d.name not in first]
+        return bool(new) and len(list(new[0].glob("events/*"))) >= 3
+
+    _killed_in(tmp_path, config, staging)
+    assert target_rows(server["http_port"], "t_kill_stage") == before
+    status = as_json(dpone("status", "--config", str(config), "--json"))
+    assert status["ok"] is False
+    (item,) = status["needs_person"]
+    command = item["command"].split()
+    assert command[:3] in (["dpone", "attempts", "cleanup"], ["dpone", "attempts", "discard"])
+    done = dpone(*command[1:], "--json")
+    assert done.returncode == 0, done.stdout
+    assert as_json(dpone("status", "--config", str(config), "--json"))["needs_person"] == []
+    assert json.loads(done.stdout)["state"] in ("failed_cleaned", "discarded")

@@ -1,0 +1,82 @@
+"""Strict parsing of dpone.toml and where secrets come from (pure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dpone.config.project import ProjectConfigError, parse_project, resolve_secret
+from dpone.errors import ConfigurationError
+
+GOOD = """\
+[project]
+keep_rollback = 2
+[sources.erp]
+kind = "sqlserver"
+host = "sql.example.com"
+database = "ERP"
+user_env = "ERP_USER"
+password_file = "secret.txt"
+[tables.orders]
+source = "erp"
+table = "dbo.orders"
+target = "sales.orders"
+order_by = "id"
+partition_by = "toYYYYMM(created)"
+types = { amount = "Decimal(18, 4)" }
+shrink_guard = 0
+[tables.orders.limits]
+source_rows = 5
+"""
+
+
+def problems(text: str) -> dict[str, int | None]:
+    with pytest.raises(ProjectConfigError) as caught:
+        parse_project(text, Path("/p/dpone.toml"))
+    return {p["key"]: p["line"] for p in caught.value.details["problems"]}
+
+
+def test_a_good_file_parses_with_paths_relative_to_it() -> None:
+    project = parse_project(GOOD, Path("/p/dpone.toml"))
+    table = project.tables["orders"]
+    assert (table.database, table.target, table.shrink_guard) == ("sales", "orders", 0.0)
+    assert table.design.clause() == "ENGINE = MergeTree PARTITION BY toYYYYMM(created) ORDER BY id"
+    assert dict(table.types) == {"amount": "Decimal(18, 4)"} and table.limits.source_rows == 5
+    assert project.sources["erp"].password_file == Path("/p/secret.txt")
+    assert project.work_dir == Path("/p/.dpone/work") and project.keep_rollback == 2
+
+
+def test_secrets_come_from_the_named_file_or_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = parse_project(GOOD, tmp_path / "dpone.toml").sources["erp"]
+    monkeypatch.delenv("ERP_USER", raising=False)
+    with pytest.raises(ConfigurationError) as missing:
+        resolve_secret(source)
+    assert missing.value.details["key"] == "sources.erp.user_env"
+    monkeypatch.setenv("ERP_USER", "loader")
+    (tmp_path / "secret.txt").write_text("pw-from-file\n")
+    assert resolve_secret(source) == ("loader", "pw-from-file")
+
+
+def test_sqlserver_needs_exactly_one_password_source() -> None:
+    both = GOOD.replace('password_file = "secret.txt"', 'password_file = "s"\npassword_env = "PW"')
+    assert problems(both) == {"sources.erp.password_env": 9}
+    assert problems(GOOD.replace('password_file = "secret.txt"\n', "")) == {
+        "sources.erp.password_env": 3
+    }
+
+
+def test_inline_table_values_and_limits_are_located() -> None:
+    bad = GOOD.replace('amount = "Decimal(18, 4)"', "amount = 4").replace(
+        "source_rows = 5", "rows = 5"
+    )
+    assert problems(bad) == {"tables.orders.types.amount": 15, "tables.orders.limits.rows": 18}
+
+
+def test_design_and_target_are_checked() -> None:
+    bad = GOOD.replace('order_by = "id"', 'order_by = "id; DROP"').replace(
+        "sales.orders", "sales.dpone_stage_x"
+    )
+    assert problems(bad) == {"tables.orders.order_by": 13, "tables.orders.target": 12}
