@@ -118,7 +118,9 @@ class Workspace:
         return found[0]["uuid"] if found else None
 
     def rows_of(self, table: str) -> list[Row]:
-        found = chhttp.rows(self.server.http_port, f"SELECT id, name, qty FROM {DB}.{table} ORDER BY id")
+        found = chhttp.rows(
+            self.server.http_port, f"SELECT id, name, qty FROM {DB}.{table} ORDER BY id"
+        )
         return [(r["id"], r["name"], r["qty"]) for r in found]
 
     def exchange_events(self, intent: str) -> list[str]:
@@ -238,3 +240,116 @@ def test_refreshes_replace_the_target_exactly(ws: Workspace) -> None:
     assert older.returncode == 1, older.stdout + older.stderr
     assert error_of(older)["code"] == "attempt_fenced"
     assert ws.uuid_of("items") == third["uuid"] and ws.rows_of("items") == []
+
+
+def test_cancel_leaves_the_target_and_the_attempt_cannot_be_prepared_again(ws: Workspace) -> None:
+    base = ws.stage(BASE, "c0")
+    ws.publish(ws.prepare(base, "kept")["intent_sha256"])
+    before = (ws.uuid_of("kept"), ws.rows_of("kept"))
+    assert before == (base["uuid"], sorted(BASE))
+
+    staged = ws.stage([(9, "nine", 9)], "c1")
+    intent = ws.prepare(staged, "kept")["intent_sha256"]
+    prepare_again = ("snapshot", "prepare", "--journal", staged["journal"], "--target",
+                     f"{DB}.kept", "--json")  # fmt: skip
+    # One attempt, one intent: a second prepare of the same attempt is refused.
+    twice = ws.run(*prepare_again)
+    assert twice.returncode == 1, twice.stdout + twice.stderr
+    refused = error_of(twice)
+    assert (refused["code"], refused["details"]["existing_intent"]) == ("attempt_used", intent)
+
+    cancelled = ws.snapshot("cancel", intent)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    answer = as_json(cancelled)
+    assert (answer["ok"], answer["state"], answer["revision"]) == (True, "not_published", 2)
+    assert answer["historical"] is False
+    assert (ws.uuid_of("kept"), ws.rows_of("kept")) == before
+    shown = ws.show(intent)
+    assert (shown["record"]["reason"], shown["record"]["claim"]) == ("cancelled", None)
+    assert steps(shown["history"]) == [
+        ("prepared", 1, None),
+        ("not_published", 2, "cancel"),
+        ("not_published", 2, "cancel_closure"),
+    ]
+    assert shown["history"][2]["facts"]["closure"]["proven"] is True
+
+    # Publishing a cancelled intent replays its record: nothing is sent (exit 1: not
+    # published), and cancelling again replays too.
+    late = ws.snapshot("publish", intent)
+    assert late.returncode == 1, late.stdout + late.stderr
+    replay = as_json(late)
+    assert (replay["state"], replay["revision"], replay["historical"]) == ("not_published", 2, True)
+    assert replay["error"]["code"] == "not_published"
+    assert replay["record_sha256"] == answer["record_sha256"]
+    again = ws.snapshot("cancel", intent)
+    assert again.returncode == 0 and as_json(again)["historical"] is True
+    after = ws.run(*prepare_again)
+    assert after.returncode == 1 and error_of(after)["code"] == "attempt_used"
+    assert ws.exchange_events(intent) == []
+    assert (ws.uuid_of("kept"), ws.rows_of("kept")) == before
+
+
+def test_an_older_attempt_is_fenced_out(ws: Workspace) -> None:
+    base = ws.stage(BASE, "f0")
+    ws.publish(ws.prepare(base, "fenced")["intent_sha256"])
+    older = ws.stage([(1, "older", 1)], "f1")
+    newer = ws.stage([(2, "newer", 2)], "f2")
+    a1 = ws.prepare(older, "fenced")["intent_sha256"]
+    a2 = ws.prepare(newer, "fenced")["intent_sha256"]
+
+    refused = ws.snapshot("publish", a1)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    error = error_of(refused)
+    assert error["code"] == "attempt_fenced"
+    assert (error["details"]["slot_epoch"], error["details"]["current_epoch"]) == (2, 3)
+    assert (ws.uuid_of("fenced"), ws.rows_of("fenced")) == (base["uuid"], sorted(BASE))
+    assert ws.exchange_events(a1) == []
+    shown = ws.show(a1)
+    assert (shown["state"], shown["revision"], len(shown["history"])) == ("prepared", 1, 1)
+
+    published = ws.publish(a2)
+    assert published["target_uuid"] == newer["uuid"] == ws.uuid_of("fenced")
+    assert ws.rows_of("fenced") == [(2, "newer", 2)]
+    # Even after the newer publication, the older intent never gets its EXCHANGE.
+    still = ws.snapshot("publish", a1)
+    assert still.returncode == 1 and error_of(still)["code"] == "attempt_fenced"
+    assert ws.uuid_of("fenced") == newer["uuid"]
+
+
+def test_bad_inputs_give_one_coded_json_error_each(ws: Workspace) -> None:
+    def refused(done: subprocess.CompletedProcess[str], exit_code: int, code: str) -> None:
+        assert done.returncode == exit_code, done.stdout + done.stderr
+        assert error_of(done)["code"] == code
+
+    for verb in ("publish", "reconcile", "cancel", "show"):
+        refused(ws.snapshot(verb, "not-an-intent"), 2, "invalid_intent_id")
+        refused(ws.snapshot(verb, "A" * 64), 2, "invalid_intent_id")
+        refused(ws.snapshot(verb, "0" * 64), 1, "snapshot_not_found")
+    staged = ws.stage(BASE, "b1")
+    for target in ("nodot", f"{DB}.", ".items", f"{DB}.a.b"):
+        done = ws.run(
+            "snapshot", "prepare", "--journal", staged["journal"], "--target", target, "--json"
+        )
+        refused(done, 2, "invalid_target")
+    # A journal that does not end in `staged` (its final event removed).
+    unfinished = ws.root / "unfinished"
+    shutil.copytree(staged["journal"], unfinished)
+    events = sorted((unfinished / "events").iterdir())
+    shutil.rmtree(events[-1])
+    done = ws.run(
+        "snapshot", "prepare", "--journal", str(unfinished), "--target", f"{DB}.items", "--json"
+    )
+    refused(done, 1, "evidence_unverified")
+    assert error_of(done)["details"]["reason"] == "final_not_staged"
+    empty = ws.root / "empty"
+    empty.mkdir()
+    done = ws.run(
+        "snapshot", "prepare", "--journal", str(empty), "--target", f"{DB}.items", "--json"
+    )
+    refused(done, 1, "journal_missing")  # not a journal at all
+    # A generation reference that is not the journal's final event.
+    done = ws.run("snapshot", "prepare", "--journal", staged["journal"], "--target", f"{DB}.items",
+                  "--generation", "1" * 64, "--json")  # fmt: skip
+    refused(done, 1, "evidence_unverified")
+    assert error_of(done)["details"]["reason"] == "generation_ref_mismatch"
+    assert ws.uuid_of("items") is None  # nothing was created on the way
