@@ -8,6 +8,7 @@ through the tests' own HTTP client (tests/chhttp.py), never through dpone.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -24,6 +25,8 @@ from tests.e2e.test_cli_server import as_json, dpone
 
 DB = "pubdb"
 Row = tuple[int, str | None, int | None]
+# How many processes publish the same intent at once.
+CALLERS = 5
 BASE: list[Row] = [(1, "one", 10), (2, "two", 20), (3, "three", None), (4, None, 40)]
 
 
@@ -353,3 +356,43 @@ def test_bad_inputs_give_one_coded_json_error_each(ws: Workspace) -> None:
     refused(done, 1, "evidence_unverified")
     assert error_of(done)["details"]["reason"] == "generation_ref_mismatch"
     assert ws.uuid_of("items") is None  # nothing was created on the way
+
+
+def test_concurrent_publishers_dispatch_one_exchange(ws: Workspace) -> None:
+    base = ws.stage(BASE, "k0")
+    ws.publish(ws.prepare(base, "raced")["intent_sha256"])
+    staged = ws.stage([(7, "seven", 7), (8, None, None)], "k1")
+    intent = ws.prepare(staged, "raced")["intent_sha256"]
+    env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
+    command = [sys.executable, "-m", "dpone", "snapshot", "publish", intent, "--data-dir",
+               str(ws.server.data_dir), "--store", ws.store, "--json"]  # fmt: skip
+    callers = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for _ in range(CALLERS)
+    ]
+    answers = []
+    for caller in callers:
+        out, err = caller.communicate(timeout=180)
+        lines = out.splitlines()
+        assert len(lines) == 1, out + err
+        answers.append((caller.returncode, json.loads(lines[0])))
+
+    # Exactly one EXCHANGE reached the server: one QueryStart/QueryFinish pair.
+    assert ws.exchange_events(intent) == ["QueryStart", "QueryFinish"]
+    shown = ws.show(intent)
+    assert (shown["state"], shown["revision"]) == ("published", 3)
+    final = shown["history"][-1]["record_sha256"]
+    claims = [h for h in shown["history"] if h["facts"].get("step") == "claim"]
+    assert len(claims) == 1
+    for code, answer in answers:
+        if answer["ok"]:
+            assert code == 0
+            assert (answer["state"], answer["revision"]) == ("published", 3)
+            assert answer["record_sha256"] == final
+        else:  # the documented answer of a caller that found the claim still open
+            assert (code, answer["error"]["code"]) == (1, "claim_exists")
+    # At most the winner answered from its own observation; the others replayed.
+    assert sum(1 for _, a in answers if a["ok"] and a["historical"] is False) == 1
+    assert sum(1 for _, a in answers if a["ok"]) >= 1
+    assert ws.uuid_of("raced") == staged["uuid"]
+    assert ws.rows_of("raced") == [(7, "seven", 7), (8, None, None)]
