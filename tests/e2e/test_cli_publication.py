@@ -367,7 +367,9 @@ def test_concurrent_publishers_dispatch_one_exchange(ws: Workspace) -> None:
     command = [sys.executable, "-m", "dpone", "snapshot", "publish", intent, "--data-dir",
                str(ws.server.data_dir), "--store", ws.store, "--json"]  # fmt: skip
     callers = [
-        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
         for _ in range(CALLERS)
     ]
     answers = []
