@@ -37,9 +37,9 @@ from dpone.adapters.clickhouse_snapshot_executor import ClickHouseSnapshotExecut
 from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_request import ClickHouseRequest, Endpoint
+from dpone.connectors.clickhouse_result import QueryResult
 from dpone.exporters.export import export_table
 from dpone.exporters.sources import SqliteSource
-from dpone.ports.clickhouse import QueryResult
 from dpone.ports.composition_snapshot import AttemptRef, TargetSlot
 from dpone.runtime import snapshot_composition
 from dpone.runtime.clickhouse_staging_composition import StagingConfig
