@@ -2,9 +2,10 @@
 
 A SQLite source (created once with a few hostile values) is exported to a bulk text
 file with its receipt, validated, prepared into exact RowBinary and staged into a
-private, verified table of the managed local ClickHouse server, as its
-administrator (credentials read from the server's credentials file). Everything the
-demo writes is private to the user (umask 077).
+private, verified table of the managed local ClickHouse server as a leased ingest
+user of the publication pool (passwords read from the server's credentials file), and
+published into ``dpone_demo.customers`` with one EXCHANGE as a leased publisher.
+Everything the demo writes is private to the user (umask 077).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def ensure_source(path: Path) -> None:
               default=DEFAULT_STORE, show_default=True, help="The publication store.")  # fmt: skip
 @json_option
 def demo(data_dir: Path, work_dir: Path, store_path: Path, as_json: bool) -> None:
-    """Export a SQLite table, validate it and stage it into the local ClickHouse server."""
+    """Export a SQLite table, stage it into the local ClickHouse server and publish it."""
     # The demo's source, files, journals and server data are nobody else's business.
     os.umask(0o077)
     with reported_errors(as_json):
