@@ -340,22 +340,22 @@ def test_bad_inputs_give_one_coded_json_error_each(ws: Workspace) -> None:
     events = sorted((unfinished / "events").iterdir())
     shutil.rmtree(events[-1])
     done = ws.run(
-        "snapshot", "prepare", "--journal", str(unfinished), "--target", f"{DB}.items", "--json"
+        "snapshot", "prepare", "--journal", str(unfinished), "--target", f"{DB}.never", "--json"
     )
     refused(done, 1, "evidence_unverified")
     assert error_of(done)["details"]["reason"] == "final_not_staged"
     empty = ws.root / "empty"
     empty.mkdir()
     done = ws.run(
-        "snapshot", "prepare", "--journal", str(empty), "--target", f"{DB}.items", "--json"
+        "snapshot", "prepare", "--journal", str(empty), "--target", f"{DB}.never", "--json"
     )
     refused(done, 1, "journal_missing")  # not a journal at all
     # A generation reference that is not the journal's final event.
-    done = ws.run("snapshot", "prepare", "--journal", staged["journal"], "--target", f"{DB}.items",
+    done = ws.run("snapshot", "prepare", "--journal", staged["journal"], "--target", f"{DB}.never",
                   "--generation", "1" * 64, "--json")  # fmt: skip
     refused(done, 1, "evidence_unverified")
     assert error_of(done)["details"]["reason"] == "generation_ref_mismatch"
-    assert ws.uuid_of("items") is None  # nothing was created on the way
+    assert ws.uuid_of("never") is None  # nothing was created on the way
 
 
 def test_concurrent_publishers_dispatch_one_exchange(ws: Workspace) -> None:

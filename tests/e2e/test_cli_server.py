@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from dpone.localserver.principal_pool import pool_names
 from tests import chhttp
 
 
@@ -189,6 +190,10 @@ def test_rotate_credentials_says_when_it_applies(tmp_path: Path) -> None:
     finally:
         dpone("server", "stop", "--data-dir", str(data))
     assert done.returncode == 0, done.stderr
-    # The CLI's server declares only the engine's passwordless 'default'.
-    assert "no generated passwords to rotate" in done.stdout
+    # The CLI's server declares the engine's passwordless 'default' and the publication
+    # pool, whose passwords it generated: those are rotated.
+    assert done.stdout.startswith(f"new passwords prepared for: {', '.join(pool_names())}\n"), (
+        done.stdout
+    )
+    assert "default" not in done.stdout
     assert status["ok"] is True and status["credentials_rotation_pending"] is True
