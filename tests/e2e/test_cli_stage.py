@@ -12,10 +12,12 @@ from tests.integration.test_staging import export_hostile
 
 def test_stage_through_the_cli(tmp_path: Path) -> None:
     path, receipt, data = export_hostile(tmp_path)
-    server = as_json(dpone("server", "start", "--data-dir", str(tmp_path / "ch"), "--json"))
+    # `--protect stg` creates the database and lets the pool's ingest users stage there
+    # (the default `--principal auto` stages as one of them).
+    server = as_json(dpone("server", "start", "--data-dir", str(tmp_path / "ch"), "--protect", "stg",
+                           "--json"))  # fmt: skip
     try:
         chhttp.register_server(server["http_port"], tmp_path / "ch")
-        chhttp.query(server["http_port"], "CREATE DATABASE stg ENGINE = Atomic")
         done = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
                      "--database", "stg", "--data-dir", str(tmp_path / "ch"), "--attempt-id", "cli-1", "--json")  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr

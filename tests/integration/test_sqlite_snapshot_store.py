@@ -110,6 +110,19 @@ def test_create_refuses_an_existing_intent(prepared: Prepared) -> None:
     assert len(prepared.store.history(prepared.intent_sha256)) == 1
 
 
+def test_create_refuses_a_second_intent_of_the_same_attempt(prepared: Prepared) -> None:
+    # Cancelled or not, an admitted attempt gets one intent: a new publication needs a
+    # new attempt (seed O8).
+    other = canonical_json.dumps({"attempt": "attempt-1", "again": True})
+    with pytest.raises(SnapshotStoreError) as caught:
+        prepared.store.create(other, PREPARED, prepared.authority)
+    assert code_of(caught) == "attempt_used"
+    assert caught.value.details["existing_intent"] == prepared.intent_sha256
+    with pytest.raises(SnapshotStoreError) as missing:
+        prepared.store.load(hashlib.sha256(other).hexdigest())
+    assert code_of(missing) == "snapshot_not_found"
+
+
 def test_create_refuses_a_record_that_is_not_prepared_at_one(store: SqliteSnapshotStore) -> None:
     admission = store.admit(SLOT, "a")
     authority = ParentAuthority(admission.parent_request, SLOT, 1)

@@ -155,7 +155,7 @@ class SnapshotStoreError(StateError):
     """A store or registry operation was refused, or its outcome is not known.
 
     Codes: ``claim_lost``, ``claim_uncertain``, ``prepare_uncertain``,
-    ``store_commit_unknown``, ``intent_exists``, ``snapshot_not_found``,
+    ``store_commit_unknown``, ``intent_exists``, ``attempt_used``, ``snapshot_not_found``,
     ``attempt_fenced``, ``ownership_not_active``, ``slot_blocked``, ``pool_exhausted``,
     ``lease_not_found``, ``admission_not_found``, ``admission_conflict``,
     ``invalid_ownership_transition``, ``store_unavailable``, ``store_not_sqlite``,
@@ -436,6 +436,8 @@ class SqliteSnapshotStore:
     def create(self, intent_bytes: bytes, record_bytes: bytes, authority: ParentAuthority) -> None:
         """Persist a new intent with its PREPARED record (``intent_exists`` if present).
 
+        ``attempt_used`` when the run (one admitted attempt) already has an intent.
+
         The authority must be admitted, unfenced and ACTIVE in the same transaction.
         """
         canonical_json.loads(intent_bytes, what="snapshot intent")
@@ -451,6 +453,22 @@ class SqliteSnapshotStore:
                     f"intent {intent_sha256} is already stored",
                     code="intent_exists",
                     intent_sha256=intent_sha256,
+                )
+            # One admitted attempt, one publication (seed O8): preparing the same attempt
+            # again, even after a cancellation, would bind the same generation to a
+            # second intent and a second publisher.
+            used = conn.execute(
+                "SELECT intent_sha256 FROM intents WHERE parent_request = ?",
+                (authority.parent_request,),
+            ).fetchone()
+            if used is not None:
+                raise SnapshotStoreError(
+                    f"the attempt of run {authority.parent_request} already has the publication"
+                    f" intent {used[0]}; a new publication needs a new attempt",
+                    code="attempt_used",
+                    intent_sha256=intent_sha256,
+                    existing_intent=used[0],
+                    parent_request=authority.parent_request,
                 )
             problem = _authority_problem(conn, authority, allow_retiring=False)
             if problem is not None:

@@ -380,7 +380,8 @@ class SnapshotPublicationStore(Protocol):
     """Durable records: canonical originals, revisions, history, compare-and-set."""
 
     def create(self, intent_bytes: bytes, record_bytes: bytes, authority: ParentAuthority) -> None:
-        """Persist a new intent with its PREPARED record; refuse an existing intent."""
+        """Persist a new intent with its PREPARED record; refuse an existing intent
+        (``intent_exists``) and a second intent of the same run (``attempt_used``)."""
         ...
 
     def load(self, intent_sha256: str) -> StoredSnapshot:
