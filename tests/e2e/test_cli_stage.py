@@ -18,7 +18,7 @@ def test_stage_through_the_cli(tmp_path: Path) -> None:
                            "--json"))  # fmt: skip
     try:
         chhttp.register_server(server["http_port"], tmp_path / "ch")
-        done = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
+        done = dpone("stage", str(path), "--store", str(tmp_path / "store.sqlite"), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
                      "--database", "stg", "--data-dir", str(tmp_path / "ch"), "--attempt-id", "cli-1", "--json")  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
         staged = as_json(done)
@@ -27,7 +27,7 @@ def test_stage_through_the_cli(tmp_path: Path) -> None:
             chhttp.query(server["http_port"], "SELECT count() FROM stg.dpone_stage_cli_h1")
             == f"{len(data)}\n"
         )
-        fast = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
+        fast = dpone("stage", str(path), "--store", str(tmp_path / "store.sqlite"), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
                      "--database", "stg", "--data-dir", str(tmp_path / "ch"), "--attempt-id", "cli-2",
                      "--preparation", "engine-chdb", "--json")  # fmt: skip
         assert fast.returncode == 0, fast.stdout + fast.stderr
@@ -40,11 +40,23 @@ def test_stage_through_the_cli(tmp_path: Path) -> None:
         assert same == "1\n"  # both converters staged the same values
         shown = dpone("journal", "show", staged["journal"])
         assert [json.loads(line)["state"] for line in shown.stdout.splitlines()][-1] == "staged"
-        text = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
+        text = dpone("stage", str(path), "--store", str(tmp_path / "store.sqlite"), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
                      "--database", "stg", "--data-dir", str(tmp_path / "ch"), "--attempt-id", "cli-1")  # fmt: skip
         assert text.returncode == 1 and "attempt_exists" in text.stderr
-        missing = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
+        missing = dpone("stage", str(path), "--store", str(tmp_path / "store.sqlite"), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
                         "--database", "stg", "--data-dir", str(tmp_path / "nowhere"))  # fmt: skip
         assert missing.returncode == 2 and "no_server" in missing.stderr
     finally:
         dpone("server", "stop", "--data-dir", str(tmp_path / "ch"))
+
+
+def test_auto_principal_into_a_missing_database_says_database_missing(tmp_path: Path) -> None:
+    path, receipt, _ = export_hostile(tmp_path)
+    assert dpone("server", "start", "--data-dir", str(tmp_path / "ch")).returncode == 0
+    try:
+        done = dpone("stage", str(path), "--store", str(tmp_path / "store.sqlite"), "--receipt", str(receipt), "--work-dir", str(tmp_path / "w"),
+                     "--database", "nosuch", "--data-dir", str(tmp_path / "ch"), "--json")  # fmt: skip
+    finally:
+        dpone("server", "stop", "--data-dir", str(tmp_path / "ch"))
+    assert done.returncode == 1
+    assert as_json(done)["error"]["code"] == "database_missing"

@@ -44,13 +44,14 @@ from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.composition_snapshot import AttemptRef, IssuedPrincipal, TargetSlot
 from dpone.runtime.attempt_recovery import discard_attempt, finishing_command
-from dpone.runtime.clickhouse_file_stage_contract import PhysicalDesign, StagingPolicy
+from dpone.runtime.clickhouse_file_stage_contract import PhysicalDesign
 from dpone.runtime.clickhouse_staging_composition import StagingConfig
 from dpone.runtime.retention import enforce_retention
 from dpone.runtime.snapshot_composition import (
     PublicationComponents,
     PublicationConfig,
     build_publication,
+    staging_policy,
 )
 from dpone.sinks import ClickHouseSink
 from dpone.sinks.clickhouse import new_attempt_id
@@ -228,7 +229,7 @@ class RefreshService:
             endpoint, ingest.credentials, self.attempts_dir, transport=clickhouse.transport,
             client_path=clickhouse.client_path, preparation_mode=clickhouse.preparation,
             principal_uuid=ingest.ref.user_uuid, design=design,
-            policy=StagingPolicy(max_rows=max(table.limits.source_rows, 1)),
+            policy=staging_policy(table.limits),
         )  # fmt: skip
         try:
             staged = ClickHouseSink(config, progress=self.progress).stage_validated_file(

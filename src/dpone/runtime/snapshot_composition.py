@@ -14,6 +14,7 @@ it and prove it quiescent before anything is published.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from dpone.localserver.principal_pool import (
     pool_names,
 )
 from dpone.ports.composition_snapshot import IssuedPrincipal, PrincipalRef
+from dpone.runtime.clickhouse_file_stage_contract import StagingPolicy
 from dpone.runtime.composition_snapshot import ClickHouseAtomicSnapshotPublisher
 from dpone.sql import quote_identifier, quote_literal
 
@@ -72,6 +74,21 @@ class PublicationComponents:
     store: SqliteSnapshotStore
     issuer: LocalPoolIssuer
     endpoint: Endpoint
+
+
+def staging_policy(limits: SnapshotLimits, base: StagingPolicy | None = None) -> StagingPolicy:
+    """The staging bounds that enforce a publication's ceilings while data streams.
+
+    Source rows bound the preparation's record count, source bytes every verification
+    scan of the file, wire bytes the spool as it is written and the INSERT body as it
+    is sent; the final values are checked again at ``prepare``.
+    """
+    return dataclasses.replace(
+        base or StagingPolicy(),
+        max_rows=max(limits.source_rows, 1),
+        max_scan_bytes=max(limits.source_bytes, 1),
+        max_spool_bytes=max(limits.wire_bytes, 1),
+    )
 
 
 def managed_endpoint(data_dir: Path, database: str) -> Endpoint:
@@ -122,7 +139,8 @@ def pool_protects(data_dir: Path, database: str) -> bool:
     """
     if CATALOG_USER not in load_credentials(data_dir):
         return False
-    endpoint = managed_endpoint(data_dir, database)
+    # Asked from `system`: the database may not exist, which staging reports itself.
+    endpoint = managed_endpoint(data_dir, "system")
     rows = (
         HttpTransport(endpoint, admin_credentials(data_dir))
         .execute(

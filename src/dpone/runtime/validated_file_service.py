@@ -18,6 +18,7 @@ journal intent precedes every mutation; each mutation has exactly one
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -495,10 +496,12 @@ class ClickHouseValidatedFileService:
         query_id = mutation_query_id(run.attempt_id, kind)
         deadline = self.clock() + self.policy.request_seconds  # before the intent (its window)
         run.intent(state, kind, query_id, self.policy.request_seconds, **intent_fields)
+        request = mutation(statement, query_id, body=body)
+        if body is not None:
+            # The wire carries the spool: its ceiling holds while the body streams too.
+            request = dataclasses.replace(request, max_body_bytes=self.policy.max_spool_bytes)
         try:
-            result = self.transport.execute(
-                mutation(statement, query_id, body=body), deadline=deadline
-            )
+            result = self.transport.execute(request, deadline=deadline)
         except BaseException as exc:
             how = settlement(exc)
             if how is not None:
