@@ -101,7 +101,9 @@ def run_tree(argv: Sequence[str]) -> tuple[Timed, str]:
     done.set()
     sampler.join()
     if process.returncode != 0:
-        raise RuntimeError(f"{argv[:3]} failed ({process.returncode}): {out.decode()[-1000:]} {err.decode()[-1000:]}")
+        raise RuntimeError(
+            f"{argv[:3]} failed ({process.returncode}): {out.decode()[-1000:]} {err.decode()[-1000:]}"
+        )
     return Timed(seconds, peak / 1024), out.decode()
 
 
@@ -166,10 +168,10 @@ def make_sqlite(source: Path, db: Path) -> None:
 def median(label: str, runs: int, once: Callable[[int], Timed]) -> Timed:
     results = [once(i) for i in range(runs)]
     for i, r in enumerate(results):
-        print(f"  {label} run {i + 1}: {r.seconds:.2f} s, peak RSS {r.peak_mib:.0f} MiB", flush=True)
-    return Timed(
-        statistics.median(r.seconds for r in results), max(r.peak_mib for r in results)
-    )
+        print(
+            f"  {label} run {i + 1}: {r.seconds:.2f} s, peak RSS {r.peak_mib:.0f} MiB", flush=True
+        )
+    return Timed(statistics.median(r.seconds for r in results), max(r.peak_mib for r in results))
 
 
 def main() -> None:
@@ -237,7 +239,9 @@ def main() -> None:
                     stage("default")(0)
                     table = staged["table-default"]
                 tsv = work / "equivalent.tsv"
-                fetch_to_file(port, f"SELECT * FROM bench.`{table}` FORMAT TabSeparated", tsv, admin)
+                fetch_to_file(
+                    port, f"SELECT * FROM bench.`{table}` FORMAT TabSeparated", tsv, admin
+                )
                 ddl = run_admin_sql(
                     port, f"SELECT create_table_query FROM system.tables WHERE database = 'bench' "
                     f"AND name = '{table}' FORMAT TSVRaw", credentials=admin,
@@ -248,8 +252,12 @@ def main() -> None:
                     run_admin_sql(
                         port, ddl.replace(f"bench.{table}", f"bench.{name}", 1), credentials=admin
                     )
-                    seconds = post_file(port, f"INSERT INTO bench.{name} FORMAT TabSeparated", tsv, admin)
-                    counted = run_admin_sql(port, f"SELECT count() FROM bench.{name}", credentials=admin)
+                    seconds = post_file(
+                        port, f"INSERT INTO bench.{name} FORMAT TabSeparated", tsv, admin
+                    )
+                    counted = run_admin_sql(
+                        port, f"SELECT count() FROM bench.{name}", credentials=admin
+                    )
                     assert int(counted) == rows, counted
                     run_admin_sql(port, f"DROP TABLE bench.{name} SYNC", credentials=admin)
                     return Timed(seconds, 0.0)
