@@ -327,3 +327,98 @@ def test_engine_rows_digest_ignores_row_order_but_not_content(tmp_path: Path) ->
     assert forward[0] != backward[0] and forward[1] == backward[1]
     assert changed[1] != forward[1]
     assert forward == reference(plans, encode_rows(plans, rows))
+
+
+def _tiny_ranges(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+    """Make the engine path split even a small file into many ranges."""
+    from dpone.runtime import preparation
+
+    monkeypatch.setattr(preparation, "MIN_RANGE_BYTES", size)
+    monkeypatch.setattr(preparation, "MAX_RANGE_BYTES", size)
+
+
+@pytest.mark.parametrize("range_bytes", [1, 97, 4096])
+def test_ranges_join_into_the_reference_spool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, range_bytes: int
+) -> None:
+    # Hostile text and binary (records longer than a range, escapes, NULLs, the empty
+    # value) converted in many ranges on parallel workers: the joined spool, its rows
+    # digest and the identity are the reference's.
+    _tiny_ranges(monkeypatch, range_bytes)
+    make_hostile_db(tmp_path / "src.db")
+    exported = export_table(SqliteSource(tmp_path / "src.db"), "hostile", tmp_path / "h.tsv")
+    python = prepare_rowbinary(exported.path, exported.receipt, tmp_path / "a")
+    fast = prepare_rowbinary(exported.path, exported.receipt, tmp_path / "b", mode=MODE_ENGINE)
+    assert fast.path.read_bytes() == python.path.read_bytes()
+    assert fast.identity == python.identity and python.identity.prepared_rows > 10
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["data.rowbinary"]
+
+
+def test_a_refusal_in_a_later_range_names_the_reference_position(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dpone.contracts.schema import SourceSchema
+    from dpone.runtime.file_validation import validate_file
+
+    _tiny_ranges(monkeypatch, 64)
+    good = SourceSchema.of(
+        [SourceColumn("id", "int", False), SourceColumn("d", "nvarchar(20)", True)]
+    )
+    strict = SourceSchema.of([SourceColumn("id", "int", False), SourceColumn("d", "date", True)])
+    lines = [b"%d\t2020-01-%02d\n" % (i, i % 28 + 1) for i in range(1, 200)]
+    lines[150] = b"151\t2020-02-30\n"  # not a calendar date: refused by the policy
+    path = tmp_path / "in.tsv"
+    path.write_bytes(b"".join(lines))
+    receipt = validate_file(path, good)
+    lying = type(receipt)(**{**receipt.__dict__, "schema": strict})
+    errors = []
+    for name, mode in (("p", MODE_PYTHON), ("e", MODE_ENGINE)):
+        with pytest.raises(ValueNotRepresentable) as caught:
+            prepare_rowbinary(path, lying, tmp_path / name, mode=mode)
+        errors.append(
+            (caught.value.code, caught.value.details["record"], caught.value.details["column"])
+        )
+        assert not (tmp_path / name).exists()
+    assert errors[0] == errors[1] and errors[0][1:] == (151, "d")
+
+
+@settings(
+    max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(
+                st.none(), st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=30)
+            ),
+            st.one_of(st.none(), st.binary(max_size=20)),
+            st.integers(-(2**63), 2**63 - 1),
+        ),
+        min_size=0,
+        max_size=80,
+    ),
+    st.sampled_from([1, 33, 500]),
+)
+def test_random_files_in_ranges_give_the_reference_identity(
+    tmp_path_factory: pytest.TempPathFactory, rows: list[Any], range_bytes: int
+) -> None:
+    from dpone.contracts.schema import SourceSchema
+    from dpone.runtime import preparation
+    from dpone.runtime.file_validation import validate_file
+
+    schema = SourceSchema.of([SourceColumn("t", "nvarchar(max)", True), SourceColumn("b", "varbinary(max)", True),
+                              SourceColumn("i", "bigint", False)])  # fmt: skip
+    plans = plan_columns(schema.columns)
+    work = tmp_path_factory.mktemp("ranges")
+    path = work / "in.tsv"
+    path.write_bytes(encode_rows(plans, [[t, b, str(i)] for t, b, i in rows]))
+    receipt = validate_file(path, schema)
+    saved = preparation.MIN_RANGE_BYTES, preparation.MAX_RANGE_BYTES
+    preparation.MIN_RANGE_BYTES = preparation.MAX_RANGE_BYTES = range_bytes
+    try:
+        python = prepare_rowbinary(path, receipt, work / "a")
+        fast = prepare_rowbinary(path, receipt, work / "b", mode=MODE_ENGINE)
+    finally:
+        preparation.MIN_RANGE_BYTES, preparation.MAX_RANGE_BYTES = saved
+    assert fast.path.read_bytes() == python.path.read_bytes()
+    assert fast.identity == python.identity

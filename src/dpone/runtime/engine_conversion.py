@@ -117,32 +117,29 @@ def field_expressions(plan: ColumnPlan, f: str) -> tuple[str, str]:
     if fam == "fixed":
         return f"{ok} AND length({value}) = {p[0]}", f"toFixedString({value}, {p[0]})"
     if fam in ("int", "uint"):
-        bits = p[0]
-        low, high = (
-            (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if fam == "int" else (0, (1 << bits) - 1)
-        )
-        ctype = f"{'' if fam == 'int' else 'U'}Int{bits}"
-        ok += (
-            f" AND match({f}, '^-?(0|[1-9][0-9]*)$') AND {f} != '-0' AND length({f}) <= 25 "
-            f"AND toInt256OrZero({f}) >= toInt256('{low}') AND toInt256OrZero({f}) <= toInt256('{high}')"
-        )
-        return ok, f"CAST(toInt256OrZero({f}) AS {ctype})"
+        # The engine's rendering of the parsed value is the canonical text: equal text
+        # means canonical grammar and in range (out of range parses wrap or fail, and
+        # render differently).
+        ctype = f"{'' if fam == 'int' else 'U'}Int{p[0]}"
+        return f"ifNull(toString(to{ctype}OrNull({f})) = {f}, 0)", f"to{ctype}OrZero({f})"
     if fam == "bool":
         return f"{ok} AND {f} IN ('0', '1')", f"toUInt8({f} = '1')"
     if fam == "decimal":
         precision, scale = p
-        body = f"if(startsWith({f}, '-'), substring({f}, 2), {f})"
-        whole = f"splitByChar('.', {body})[1]"
-        frac = f"if(position({body}, '.') > 0, splitByChar('.', {body})[2], '')"
+        negative = f"startsWith({f}, '-')"
+        dot = f"position({f}, '.')"
+        # Digits before the point (sign excluded) and the fractional digits.
+        whole = f"substring({f}, 1 + {negative}, if({dot} > 0, {dot} - 1, length({f})) - {negative})"
+        frac = f"if({dot} > 0, substring({f}, {dot} + 1), '')"
         ok += (
             f" AND match({f}, '^-?(0|[1-9][0-9]*)(\\\\.[0-9]+)?$') "
             f"AND ({whole} = '0' OR length({whole}) <= {precision - scale}) "
             f"AND match(substring({frac}, {scale + 1}), '^0*$') "
-            f"AND NOT (startsWith({f}, '-') AND match(concat({whole}, {frac}), '^0*$'))"
+            f"AND NOT ({negative} AND match({f}, '^-[0.]*$'))"
         )
         width = _decimal_width(precision)
         scaled = f"toInt256OrZero(concat({whole}, rightPad(substring({frac}, 1, {scale}), {scale}, '0')))"
-        return ok, f"CAST(if(startsWith({f}, '-'), -{scaled}, {scaled}) AS Int{width})"
+        return ok, f"CAST(if({negative}, -{scaled}, {scaled}) AS Int{width})"
     if fam == "float":
         grammar = f"match({f}, '^-?(0|[1-9][0-9]*)(\\\\.[0-9]+)?([eE][-+]?[0-9]+)?$')"
         v64 = f"toFloat64OrZero({f})"
