@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ REFUSAL = "dpone: value refused by the policy"
 # Engine worker threads (one per core, at most this many) and rows per block.
 MAX_WORKERS = 4
 BLOCK_ROWS = 8192
+# How often a wait for the engine asks whether its deadline has passed.
+POLL_SECONDS = 0.05
 
 
 class EngineUnavailable(DponeError):
@@ -129,7 +132,9 @@ def field_expressions(plan: ColumnPlan, f: str) -> tuple[str, str]:
         negative = f"startsWith({f}, '-')"
         dot = f"position({f}, '.')"
         # Digits before the point (sign excluded) and the fractional digits.
-        whole = f"substring({f}, 1 + {negative}, if({dot} > 0, {dot} - 1, length({f})) - {negative})"
+        whole = (
+            f"substring({f}, 1 + {negative}, if({dot} > 0, {dot} - 1, length({f})) - {negative})"
+        )
         frac = f"if({dot} > 0, substring({f}, {dot} + 1), '')"
         ok += (
             f" AND match({f}, '^-?(0|[1-9][0-9]*)(\\\\.[0-9]+)?$') "
@@ -386,13 +391,14 @@ class EngineSession:
         except OSError as exc:
             raise EngineUnavailable(f"the engine stopped taking work: {exc}") from exc
 
-    def next_result(self, deadline: float) -> tuple[int, str | None]:
+    def next_result(self, expired: Callable[[], bool]) -> tuple[int, str | None]:
         """The next finished job: (id, its output), or (id, None) when the policy refused.
 
-        ``deadline`` is on :func:`time.monotonic`; passing it raises ``engine_timeout``.
+        ``expired()`` is asked while waiting (the caller's clock decides, so an injected
+        clock works as in the reference path); once true it raises ``engine_timeout``.
         """
         while True:
-            answer = self._read_line(deadline)
+            answer = self._read_line(expired)
             if answer["id"] == -1:
                 self._ready = True
                 continue
@@ -404,16 +410,16 @@ class EngineSession:
                 )
             return answer["id"], answer["out"]
 
-    def _read_line(self, deadline: float) -> dict[str, Any]:
+    def _read_line(self, expired: Callable[[], bool]) -> dict[str, Any]:
         stdout = self._process.stdout
         assert stdout is not None
         with selectors.DefaultSelector() as selector:
             selector.register(stdout, selectors.EVENT_READ)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not selector.select(remaining):
-                raise EngineUnavailable(
-                    "engine conversion exceeded its deadline", code="engine_timeout"
-                )
+            while not selector.select(POLL_SECONDS):
+                if expired():
+                    raise EngineUnavailable(
+                        "engine conversion exceeded its deadline", code="engine_timeout"
+                    )
         line = stdout.readline()
         if not line:
             self._process.wait()
@@ -482,5 +488,5 @@ def convert_with_engine(
     ):
         # Absolute paths: the child runs in an empty directory of its own.
         session.submit(0, range_statements(plans, source.absolute(), out.absolute()))
-        _, answer = session.next_result(deadline)
+        _, answer = session.next_result(lambda: time.monotonic() >= deadline)
     return None if answer is None else parse_digest(answer)

@@ -283,7 +283,6 @@ def _engine_spool(
     reference, which reports it at its record and column.
     """
     work = session.work_dir
-    limit = time.monotonic() + (3600.0 if deadline is None else max(deadline - budget.clock(), 0.0))
     chunk_bytes = min(
         MAX_RANGE_BYTES, max(MIN_RANGE_BYTES, receipt.artifact_size // (2 * session.workers))
     )
@@ -299,7 +298,9 @@ def _engine_spool(
         def collect() -> bool:
             """Wait for one range; join every finished one in order. False: refused."""
             nonlocal joined, written, rows_total, content
-            job, answer = session.next_result(limit)
+            job, answer = session.next_result(
+                lambda: deadline is not None and budget.clock() >= deadline
+            )
             if answer is None:
                 return False
             done[job] = engine_conversion.parse_digest(answer)
