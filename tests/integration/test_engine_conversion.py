@@ -24,6 +24,7 @@ from dpone.runtime.engine_conversion import (
     field_expressions,
     run_engine_query,
 )
+from dpone.runtime.file_validation import validate_file
 from dpone.runtime.preparation import (
     MODE_PYTHON,
     PreparationBudget,
@@ -404,7 +405,6 @@ def test_random_files_in_ranges_give_the_reference_identity(
 ) -> None:
     from dpone.contracts.schema import SourceSchema
     from dpone.runtime import preparation
-    from dpone.runtime.file_validation import validate_file
 
     schema = SourceSchema.of([SourceColumn("t", "nvarchar(max)", True), SourceColumn("b", "varbinary(max)", True),
                               SourceColumn("i", "bigint", False)])  # fmt: skip
@@ -422,3 +422,59 @@ def test_random_files_in_ranges_give_the_reference_identity(
         preparation.MIN_RANGE_BYTES, preparation.MAX_RANGE_BYTES = saved
     assert fast.path.read_bytes() == python.path.read_bytes()
     assert fast.identity == python.identity
+    assert validate_file(path, schema, mode=MODE_ENGINE) == receipt
+    assert validate_file(path, schema, mode=MODE_PYTHON) == receipt
+
+
+def test_engine_validation_gives_the_reference_receipt_without_the_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dpone.runtime import file_validation
+
+    make_hostile_db(tmp_path / "src.db")
+    exported = export_table(SqliteSource(tmp_path / "src.db"), "hostile", tmp_path / "h.tsv")
+    schema = exported.receipt.schema
+    reference_receipt = file_validation.validate_file(exported.path, schema, mode=MODE_PYTHON)
+
+    def no_reference(*args: object, **kwargs: object) -> int:
+        raise AssertionError("the engine path handed a valid file to the reference")
+
+    monkeypatch.setattr(file_validation, "convert_records", no_reference)
+    monkeypatch.setattr(file_validation, "RANGE_BYTES", 50)  # many ranges
+    assert file_validation.validate_file(exported.path, schema) == reference_receipt
+    assert file_validation.validate_file(tmp_path / "h.tsv", schema) == exported.receipt
+
+
+@pytest.mark.parametrize(
+    ("data", "budget"),
+    [
+        (b"1\t2020-01-01\n" * 40 + b"2\t2020-02-30\n" + b"3\t2020-01-01\n", {}),  # not a date
+        (b"1\t2020-01-01\n" * 40 + b"x\t2020-01-01\n", {}),  # not an integer
+        (b"1\t2020-01-01\n" * 40 + b"1\t2020-01-01\textra\n", {}),  # too wide
+        (b"1\t2020-01-01\n" * 40 + b"1\t2020-01-01", {}),  # no final LF
+        (b"1\t2020-01-01\n" * 40 + b"\t2020-01-01\n", {}),  # NULL in NOT NULL
+        (b"1\t2020-01-01\n" * 40 + b"1\t\x1dX\n", {}),  # unknown escape
+        (b"1\t2020-01-01\n" * 40 + b"12\t2020-01-01\n", {"max_record_bytes": 13}),
+        (b"1\t2020-01-01\n" * 41, {"max_records": 40}),
+    ],
+)
+def test_engine_validation_refuses_where_the_reference_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: bytes, budget: dict[str, int]
+) -> None:
+    from dpone.contracts.schema import SourceSchema
+    from dpone.runtime import file_validation
+
+    monkeypatch.setattr(file_validation, "RANGE_BYTES", 64)
+    schema = SourceSchema.of([SourceColumn("id", "int", False), SourceColumn("d", "date", True)])
+    path = tmp_path / "in.tsv"
+    path.write_bytes(data)
+    refusals = []
+    for mode in (MODE_PYTHON, MODE_ENGINE):
+        with pytest.raises(DponeError) as caught:
+            file_validation.validate_file(path, schema, mode=mode, **budget)  # type: ignore[arg-type]
+        details = caught.value.details
+        refusals.append(
+            (type(caught.value), caught.value.code, details.get("record"), details.get("column"))
+        )
+    assert refusals[0] == refusals[1]
+    assert refusals[0][2] in (41, 42)

@@ -22,10 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from dpone.connectors.bulk_text_codec import ColumnKind
 from dpone.contracts.preparation import rows_digest_sql
@@ -450,6 +450,66 @@ class EngineSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class RecordRanges:
+    """Whole-record ranges of a stream: iterate for ``(data, end)``, ``data[:end]`` the range.
+
+    A range is about ``chunk_bytes`` long and ends at an LF. After iteration,
+    ``too_long`` says a record grew past ``carry_limit`` bytes without an LF (iteration
+    stopped there) and ``trailing`` holds the bytes after the last LF (a final record
+    without its LF): both are for the reference to name exactly.
+    """
+
+    def __init__(self, stream: BinaryIO, chunk_bytes: int, carry_limit: int) -> None:
+        self.stream = stream
+        self.chunk_bytes = chunk_bytes
+        self.carry_limit = max(carry_limit, chunk_bytes)
+        self.too_long = False
+        self.trailing = b""
+
+    def __iter__(self) -> Iterator[tuple[bytes, int]]:
+        carry = b""
+        while chunk := self.stream.read(self.chunk_bytes):
+            data = carry + chunk
+            del chunk
+            end = data.rfind(b"\n") + 1
+            if end == 0:
+                carry = data  # inside one long record: read on until its LF
+                if len(carry) > self.carry_limit:
+                    self.too_long = True
+                    return
+                continue
+            carry = data[end:]
+            yield data, end
+        self.trailing = carry
+
+
+def spill_range(path: Path, data: bytes, end: int, digest: Any) -> int:
+    """Hash ``data[:end]`` into ``digest`` and write it to a new private file; its records.
+
+    The engine reads exactly the bytes that were hashed, so they are provably the
+    receipt's. No copy of the range is made on the way.
+    """
+    piece = memoryview(data)[:end]
+    try:
+        digest.update(piece)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with open(fd, "wb") as out:
+            out.write(piece)
+    finally:
+        piece.release()
+    return data.count(b"\n", 0, end)
+
+
+def check_sql(
+    plans: tuple[ColumnPlan, ...], source: Path, max_record_bytes: int | None = None
+) -> str:
+    """The checks of :func:`conversion_sql` alone: the number of records, or a refusal."""
+    sql = conversion_sql(plans, source, Path("/dev/null"), max_record_bytes)
+    head, tail = sql.index(" FROM (SELECT line,"), sql.index(" INTO OUTFILE")
+    settings = sql[sql.index(" SETTINGS ") :]
+    return f"SELECT count(){sql[head:tail]}{settings}"
 
 
 def range_statements(plans: tuple[ColumnPlan, ...], source: Path, out: Path,

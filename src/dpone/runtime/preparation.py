@@ -35,6 +35,8 @@ from dpone.runtime.engine_conversion import (
     EngineSession,
     EngineSpool,
     EngineUnavailable,
+    RecordRanges,
+    spill_range,
 )
 from dpone.typepolicy import POLICY_ID, POLICY_VERSION, ColumnPlan, plan_columns
 
@@ -48,7 +50,7 @@ WRITE_BUFFER_BYTES = 1 << 20
 # The engine path reads the source in ranges of this many bytes (extended to the next
 # LF); a record with no LF within MAX_CARRY_BYTES (or the record budget) is handed over.
 MIN_RANGE_BYTES = 1 << 20
-MAX_RANGE_BYTES = 16 << 20
+MAX_RANGE_BYTES = 8 << 20
 MAX_CARRY_BYTES = 64 << 20
 
 
@@ -291,7 +293,6 @@ def _engine_spool(
     counts: dict[int, int] = {}
     done: dict[int, EngineSpool] = {}
     content = 0
-    carry = b""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as out, artifact.stream() as stream:
 
@@ -321,29 +322,15 @@ def _engine_spool(
                 joined += 1
             return True
 
-        carry_limit = max(budget.max_record_bytes or MAX_CARRY_BYTES, chunk_bytes)
-        while chunk := stream.read(chunk_bytes):
-            data = carry + chunk
-            end = data.rfind(b"\n") + 1
-            if end == 0:
-                carry = data  # inside one long record: read on until its LF
-                if len(carry) > carry_limit:
-                    return None  # the reference names the record the budget refuses
-                continue
-            piece, carry = data[:end], data[end:]
-            source_digest.update(piece)
-            size += len(piece)
-            counts[submitted] = piece.count(b"\n")
+        ranges = RecordRanges(stream, chunk_bytes, budget.max_record_bytes or MAX_CARRY_BYTES)
+        for data, end in ranges:
+            chunk_path = work / f"in-{submitted}"
+            counts[submitted] = spill_range(chunk_path, data, end, source_digest)
+            del data
+            size += end
             records += counts[submitted]
             if budget.max_rows is not None and records > budget.max_rows:
                 return None
-            chunk_path = work / f"in-{submitted}"
-            with open(
-                os.open(chunk_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600),
-                "wb",
-            ) as f:
-                f.write(piece)
-            del piece, data
             session.submit(submitted, engine_conversion.range_statements(
                 plans, chunk_path.absolute(), (work / f"out-{submitted}").absolute(),
                 budget.max_record_bytes,
@@ -358,8 +345,8 @@ def _engine_spool(
                 return None  # the reference names the record where the budget ran out
             if progress is not None:
                 progress(rows_total, size)
-        if carry:
-            return None  # bytes after the last LF: the reference names them
+        if ranges.too_long or ranges.trailing:
+            return None  # a record too long, or bytes after the last LF: the reference names them
         while joined < submitted:
             if not collect():
                 return None
