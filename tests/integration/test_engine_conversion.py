@@ -478,3 +478,26 @@ def test_engine_validation_refuses_where_the_reference_does(
         )
     assert refusals[0] == refusals[1]
     assert refusals[0][2] in (41, 42)
+
+
+def test_a_record_longer_than_the_engine_holds_is_left_to_the_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No record budget, and a record longer than the engine path keeps in memory: the
+    # reference converts the file (no false engine_divergence), with the same result.
+    from dpone.contracts.schema import SourceSchema
+    from dpone.runtime import preparation
+    from dpone.runtime.file_validation import validate_file
+
+    _tiny_ranges(monkeypatch, 16)
+    monkeypatch.setattr(preparation, "MAX_CARRY_BYTES", 40)
+    schema = SourceSchema.of(
+        [SourceColumn("id", "int", False), SourceColumn("t", "nvarchar(max)", True)]
+    )
+    path = tmp_path / "in.tsv"
+    path.write_bytes(b"1\tshort\n2\t" + b"x" * 200 + b"\n3\t\n")
+    receipt = validate_file(path, schema)
+    python = prepare_rowbinary(path, receipt, tmp_path / "a")
+    fast = prepare_rowbinary(path, receipt, tmp_path / "b", mode=MODE_ENGINE)
+    assert fast.path.read_bytes() == python.path.read_bytes()
+    assert fast.identity == python.identity and fast.identity.prepared_rows == 3

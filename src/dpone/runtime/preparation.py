@@ -137,11 +137,14 @@ def prepare_rowbinary(
         _check_deadline(budget, deadline, "entry verification")
         path = directory / SPOOL_NAME
         engine_result = None
+        declined = False
         if session is not None:
             try:
                 engine_result = _engine_spool(
                     artifact, receipt, plans, path, budget, deadline, session, progress
                 )
+            except _Declined:
+                declined = True
             except EngineUnavailable as exc:
                 if exc.code == "engine_timeout":
                     raise DeadlineError(
@@ -158,7 +161,7 @@ def prepare_rowbinary(
             digest, size, rows, content = _write_spool(
                 artifact, receipt, plans, path, budget, deadline, str(source), progress
             )
-            if mode == MODE_ENGINE:
+            if mode == MODE_ENGINE and not declined:
                 # The engine refused what the reference accepts: never silently.
                 raise PreparationError(
                     "the engine refused a file the reference converter accepts",
@@ -345,6 +348,8 @@ def _engine_spool(
                 return None  # the reference names the record where the budget ran out
             if progress is not None:
                 progress(rows_total, size)
+        if ranges.too_long and budget.max_record_bytes is None:
+            raise _Declined  # a record longer than the engine path holds: the reference decides
         if ranges.too_long or ranges.trailing:
             return None  # a record too long, or bytes after the last LF: the reference names them
         while joined < submitted:
@@ -363,6 +368,10 @@ def _engine_spool(
         return None
     _check_free_space(path, budget, records)
     return written, records, format(content % ROWS_DIGEST_MODULUS, "032x")
+
+
+class _Declined(Exception):
+    """The engine path leaves a file it does not take in bounded memory to the reference."""
 
 
 def _copy_all(source: int, target: int) -> int:
