@@ -355,11 +355,14 @@ class EngineSpool:
 
 
 class EngineSession:
-    """One engine child process for a whole preparation, converting ranges in parallel.
+    """One engine child process for a whole preparation (or validation), in parallel.
 
     Started as early as possible (it takes a noticeable fraction of a second to load),
-    fed one job per range of records, answering per range with the rows it wrote and
-    their rows digest. ``close`` ends it; nothing outlives the session.
+    fed one job per range of records (for a preparation: convert, then read the part
+    back for its row count and rows digest; for a validation: the checks alone) and
+    answering per job. Its worker threads share one engine, each query single-threaded,
+    so ranges run on all cores. ``close`` ends it; if the parent dies first, the child
+    sees its stdin close and ends after the jobs it holds.
     """
 
     def __init__(
