@@ -24,7 +24,13 @@ from dpone.runtime.engine_conversion import (
     field_expressions,
     run_engine_query,
 )
-from dpone.runtime.preparation import PreparationBudget, PreparationError, prepare_rowbinary
+from dpone.runtime.file_validation import validate_file
+from dpone.runtime.preparation import (
+    MODE_PYTHON,
+    PreparationBudget,
+    PreparationError,
+    prepare_rowbinary,
+)
 from dpone.sql import quote_literal
 from dpone.typepolicy import ColumnPlan, plan_column, plan_columns
 from tests.hostile_values import HOSTILE_BINARY, HOSTILE_TEXT
@@ -246,7 +252,9 @@ def test_engine_mode_prepares_the_same_spool(tmp_path: Path) -> None:
     assert fast.identity.rowbinary_sha256 == python.identity.rowbinary_sha256
     assert fast.identity.rows_digest == python.identity.rows_digest
     assert python.identity.rows_digest != "0" * 32
-    assert fast.identity.selected_mode == MODE_ENGINE and fast.semantic_id != python.semantic_id
+    # Same bytes, same identity: the semantic id does not depend on the converter.
+    assert (fast.mode, python.mode) == (MODE_ENGINE, MODE_PYTHON)
+    assert fast.identity == python.identity and fast.semantic_id == python.semantic_id
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
         "data.rowbinary"
     ]  # the private copy is gone
@@ -320,3 +328,176 @@ def test_engine_rows_digest_ignores_row_order_but_not_content(tmp_path: Path) ->
     assert forward[0] != backward[0] and forward[1] == backward[1]
     assert changed[1] != forward[1]
     assert forward == reference(plans, encode_rows(plans, rows))
+
+
+def _tiny_ranges(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+    """Make the engine path split even a small file into many ranges."""
+    from dpone.runtime import preparation
+
+    monkeypatch.setattr(preparation, "MIN_RANGE_BYTES", size)
+    monkeypatch.setattr(preparation, "MAX_RANGE_BYTES", size)
+
+
+@pytest.mark.parametrize("range_bytes", [1, 97, 4096])
+def test_ranges_join_into_the_reference_spool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, range_bytes: int
+) -> None:
+    # Hostile text and binary (records longer than a range, escapes, NULLs, the empty
+    # value) converted in many ranges on parallel workers: the joined spool, its rows
+    # digest and the identity are the reference's.
+    _tiny_ranges(monkeypatch, range_bytes)
+    make_hostile_db(tmp_path / "src.db")
+    exported = export_table(SqliteSource(tmp_path / "src.db"), "hostile", tmp_path / "h.tsv")
+    python = prepare_rowbinary(exported.path, exported.receipt, tmp_path / "a")
+    fast = prepare_rowbinary(exported.path, exported.receipt, tmp_path / "b", mode=MODE_ENGINE)
+    assert fast.path.read_bytes() == python.path.read_bytes()
+    assert fast.identity == python.identity and python.identity.prepared_rows > 10
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["data.rowbinary"]
+
+
+def test_a_refusal_in_a_later_range_names_the_reference_position(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dpone.contracts.schema import SourceSchema
+    from dpone.runtime.file_validation import validate_file
+
+    _tiny_ranges(monkeypatch, 64)
+    good = SourceSchema.of(
+        [SourceColumn("id", "int", False), SourceColumn("d", "nvarchar(20)", True)]
+    )
+    strict = SourceSchema.of([SourceColumn("id", "int", False), SourceColumn("d", "date", True)])
+    lines = [b"%d\t2020-01-%02d\n" % (i, i % 28 + 1) for i in range(1, 200)]
+    lines[150] = b"151\t2020-02-30\n"  # not a calendar date: refused by the policy
+    path = tmp_path / "in.tsv"
+    path.write_bytes(b"".join(lines))
+    receipt = validate_file(path, good)
+    lying = type(receipt)(**{**receipt.__dict__, "schema": strict})
+    errors = []
+    for name, mode in (("p", MODE_PYTHON), ("e", MODE_ENGINE)):
+        with pytest.raises(ValueNotRepresentable) as caught:
+            prepare_rowbinary(path, lying, tmp_path / name, mode=mode)
+        errors.append(
+            (caught.value.code, caught.value.details["record"], caught.value.details["column"])
+        )
+        assert not (tmp_path / name).exists()
+    assert errors[0] == errors[1] and errors[0][1:] == (151, "d")
+
+
+@settings(
+    max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(
+                st.none(), st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=30)
+            ),
+            st.one_of(st.none(), st.binary(max_size=20)),
+            st.integers(-(2**63), 2**63 - 1),
+        ),
+        min_size=0,
+        max_size=80,
+    ),
+    st.sampled_from([1, 33, 500]),
+)
+def test_random_files_in_ranges_give_the_reference_identity(
+    tmp_path_factory: pytest.TempPathFactory, rows: list[Any], range_bytes: int
+) -> None:
+    from dpone.contracts.schema import SourceSchema
+    from dpone.runtime import preparation
+
+    schema = SourceSchema.of([SourceColumn("t", "nvarchar(max)", True), SourceColumn("b", "varbinary(max)", True),
+                              SourceColumn("i", "bigint", False)])  # fmt: skip
+    plans = plan_columns(schema.columns)
+    work = tmp_path_factory.mktemp("ranges")
+    path = work / "in.tsv"
+    path.write_bytes(encode_rows(plans, [[t, b, str(i)] for t, b, i in rows]))
+    receipt = validate_file(path, schema)
+    saved = preparation.MIN_RANGE_BYTES, preparation.MAX_RANGE_BYTES
+    preparation.MIN_RANGE_BYTES = preparation.MAX_RANGE_BYTES = range_bytes
+    try:
+        python = prepare_rowbinary(path, receipt, work / "a")
+        fast = prepare_rowbinary(path, receipt, work / "b", mode=MODE_ENGINE)
+    finally:
+        preparation.MIN_RANGE_BYTES, preparation.MAX_RANGE_BYTES = saved
+    assert fast.path.read_bytes() == python.path.read_bytes()
+    assert fast.identity == python.identity
+    assert validate_file(path, schema, mode=MODE_ENGINE) == receipt
+    assert validate_file(path, schema, mode=MODE_PYTHON) == receipt
+
+
+def test_engine_validation_gives_the_reference_receipt_without_the_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dpone.runtime import file_validation
+
+    make_hostile_db(tmp_path / "src.db")
+    exported = export_table(SqliteSource(tmp_path / "src.db"), "hostile", tmp_path / "h.tsv")
+    schema = exported.receipt.schema
+    reference_receipt = file_validation.validate_file(exported.path, schema, mode=MODE_PYTHON)
+
+    def no_reference(*args: object, **kwargs: object) -> int:
+        raise AssertionError("the engine path handed a valid file to the reference")
+
+    monkeypatch.setattr(file_validation, "convert_records", no_reference)
+    monkeypatch.setattr(file_validation, "RANGE_BYTES", 50)  # many ranges
+    assert file_validation.validate_file(exported.path, schema) == reference_receipt
+    assert file_validation.validate_file(tmp_path / "h.tsv", schema) == exported.receipt
+
+
+@pytest.mark.parametrize(
+    ("data", "budget"),
+    [
+        (b"1\t2020-01-01\n" * 40 + b"2\t2020-02-30\n" + b"3\t2020-01-01\n", {}),  # not a date
+        (b"1\t2020-01-01\n" * 40 + b"x\t2020-01-01\n", {}),  # not an integer
+        (b"1\t2020-01-01\n" * 40 + b"1\t2020-01-01\textra\n", {}),  # too wide
+        (b"1\t2020-01-01\n" * 40 + b"1\t2020-01-01", {}),  # no final LF
+        (b"1\t2020-01-01\n" * 40 + b"\t2020-01-01\n", {}),  # NULL in NOT NULL
+        (b"1\t2020-01-01\n" * 40 + b"1\t\x1dX\n", {}),  # unknown escape
+        (b"1\t2020-01-01\n" * 40 + b"12\t2020-01-01\n", {"max_record_bytes": 13}),
+        (b"1\t2020-01-01\n" * 41, {"max_records": 40}),
+    ],
+)
+def test_engine_validation_refuses_where_the_reference_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: bytes, budget: dict[str, int]
+) -> None:
+    from dpone.contracts.schema import SourceSchema
+    from dpone.runtime import file_validation
+
+    monkeypatch.setattr(file_validation, "RANGE_BYTES", 64)
+    schema = SourceSchema.of([SourceColumn("id", "int", False), SourceColumn("d", "date", True)])
+    path = tmp_path / "in.tsv"
+    path.write_bytes(data)
+    refusals = []
+    for mode in (MODE_PYTHON, MODE_ENGINE):
+        with pytest.raises(DponeError) as caught:
+            file_validation.validate_file(path, schema, mode=mode, **budget)  # type: ignore[arg-type]
+        details = caught.value.details
+        refusals.append(
+            (type(caught.value), caught.value.code, details.get("record"), details.get("column"))
+        )
+    assert refusals[0] == refusals[1]
+    assert refusals[0][2] in (41, 42)
+
+
+def test_a_record_longer_than_the_engine_holds_is_left_to_the_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No record budget, and a record longer than the engine path keeps in memory: the
+    # reference converts the file (no false engine_divergence), with the same result.
+    from dpone.contracts.schema import SourceSchema
+    from dpone.runtime import preparation
+    from dpone.runtime.file_validation import validate_file
+
+    _tiny_ranges(monkeypatch, 16)
+    monkeypatch.setattr(preparation, "MAX_CARRY_BYTES", 40)
+    schema = SourceSchema.of(
+        [SourceColumn("id", "int", False), SourceColumn("t", "nvarchar(max)", True)]
+    )
+    path = tmp_path / "in.tsv"
+    path.write_bytes(b"1\tshort\n2\t" + b"x" * 200 + b"\n3\t\n")
+    receipt = validate_file(path, schema)
+    python = prepare_rowbinary(path, receipt, tmp_path / "a")
+    fast = prepare_rowbinary(path, receipt, tmp_path / "b", mode=MODE_ENGINE)
+    assert fast.path.read_bytes() == python.path.read_bytes()
+    assert fast.identity == python.identity and fast.identity.prepared_rows == 3

@@ -65,7 +65,7 @@ def test_spool_is_private_sealed_and_exact(sample: Path, tmp_path: Path) -> None
     total = sum(int.from_bytes(hashlib.sha256(r).digest()[:16], "little") for r in by_hand)
     assert ident.rows_digest == format(total % 2**128, "032x")
     assert ident.to_document()["rows_digest"] == ident.rows_digest
-    assert ident.to_document()["preparation_version"] == "dpone-rowbinary-preparation/2"
+    assert ident.to_document()["preparation_version"] == "dpone-rowbinary-preparation/3"
     assert ident.source_receipt_sha256 == receipt.sha256
     rows = decode_rows(data, [c.clickhouse_type for c in ident.target_schema])
     assert rows[0][0] == 1 and rows[0][1] == b"name 1" and str(rows[0][2]) == "2020-01-02"

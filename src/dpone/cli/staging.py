@@ -28,7 +28,7 @@ from dpone.runtime.attempt_recovery import (
 )
 from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
 from dpone.runtime.engine_conversion import MODE_ENGINE
-from dpone.runtime.preparation import MODE_PYTHON
+from dpone.runtime.preparation import DEFAULT_MODE, MODE_PYTHON
 from dpone.runtime.snapshot_composition import DEFAULT_STORE, issue_ingest, pool_protects
 from dpone.sinks import ClickHouseSink
 from dpone.sinks.clickhouse import new_attempt_id
@@ -54,7 +54,7 @@ def server_options(func: F) -> F:
         click.option("--client-path", default="clickhouse-client", show_default=True,
                      help="clickhouse-client binary for --transport client."),
         click.option("--preparation", "preparation_mode", type=click.Choice([MODE_PYTHON, MODE_ENGINE]),
-                     default=MODE_PYTHON, show_default=True,
+                     default=DEFAULT_MODE, show_default=True,
                      help="RowBinary converter: the Python reference or the engine fast path (same bytes)."),
     ]):  # fmt: skip
         func = option(func)
@@ -63,7 +63,7 @@ def server_options(func: F) -> F:
 
 def staging_config(data_dir: Path, host: str | None, http_port: int | None, tcp_port: int | None,
                    database: str, transport: str, client_path: str, work_dir: Path,
-                   preparation_mode: str = MODE_PYTHON) -> StagingConfig:  # fmt: skip
+                   preparation_mode: str = DEFAULT_MODE) -> StagingConfig:  # fmt: skip
     """Endpoint from options; credentials from the environment or the managed server's file."""
     if host is None:
         info = find_running(data_dir)

@@ -9,8 +9,9 @@ from typing import Any
 
 from dpone.contracts import canonical_json
 
-# /2 adds ``rows_digest``, the order-independent content digest of the rows.
-PREPARATION_VERSION = "dpone-rowbinary-preparation/2"
+# /2 added ``rows_digest``, the order-independent content digest of the rows; /3 drops
+# ``selected_mode``: both converters produce the same bytes, so the same identity.
+PREPARATION_VERSION = "dpone-rowbinary-preparation/3"
 ROWS_DIGEST_MODULUS = 1 << 128
 
 
@@ -77,7 +78,8 @@ class DerivedIdentity:
     """What a spool is, independent of attempt ids, paths, credentials and times.
 
     Two attempts over identical source and representation inputs have the same
-    identity and therefore the same ``semantic_id``. ``rowbinary_sha256`` binds the
+    identity and therefore the same ``semantic_id``, whichever converter prepared
+    them: the modes are held to byte-identical spools, so the mode is not part of it. ``rowbinary_sha256`` binds the
     spool in file order; ``rows_digest`` (:class:`RowsDigest`) binds the same rows in
     any order, which is what a server can recompute over the table it loaded.
     """
@@ -85,7 +87,6 @@ class DerivedIdentity:
     target_schema: tuple[TargetColumn, ...]
     source_receipt_sha256: str
     binary_policy: str
-    selected_mode: str
     rowbinary_bytes: int
     rowbinary_sha256: str
     prepared_rows: int
@@ -98,7 +99,6 @@ class DerivedIdentity:
             "target_schema": [c.to_document() for c in self.target_schema],
             "source_receipt_sha256": self.source_receipt_sha256,
             "binary_policy": self.binary_policy,
-            "selected_mode": self.selected_mode,
             "rowbinary_bytes": self.rowbinary_bytes,
             "rowbinary_sha256": self.rowbinary_sha256,
             "prepared_rows": self.prepared_rows,

@@ -26,7 +26,7 @@ from dpone.runtime.clickhouse_file_stage_contract import (
     PhysicalDesign,
     StagingPolicy,
 )
-from dpone.runtime.preparation import MODE_PYTHON
+from dpone.runtime.preparation import DEFAULT_MODE
 from dpone.runtime.validated_file_service import ClickHouseValidatedFileService, StagedTable
 from dpone.typepolicy import ColumnPlan, plan_columns
 
@@ -51,7 +51,7 @@ class StagingConfig:
     client_path: str = "clickhouse-client"
     policy: StagingPolicy = field(default_factory=StagingPolicy)
     design: PhysicalDesign = field(default_factory=PhysicalDesign)
-    preparation_mode: str = MODE_PYTHON
+    preparation_mode: str = DEFAULT_MODE
     # system.users id of the staging user, observed by an administrator, for a user
     # whose own grants do not let it read system.users (recorded in the journal).
     principal_uuid: str | None = None

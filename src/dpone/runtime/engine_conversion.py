@@ -14,13 +14,18 @@ to identical bytes and identical refusals.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import selectors
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from dpone.connectors.bulk_text_codec import ColumnKind
 from dpone.contracts.preparation import rows_digest_sql
@@ -34,6 +39,11 @@ MODE_ENGINE = "engine-chdb"
 MARK = "\x1d"
 # The engine's only accepted way to refuse: anything else means it could not run.
 REFUSAL = "dpone: value refused by the policy"
+# Engine worker threads (one per core, at most this many) and rows per block.
+MAX_WORKERS = 4
+BLOCK_ROWS = 8192
+# How often a wait for the engine asks whether its deadline has passed.
+POLL_SECONDS = 0.05
 
 
 class EngineUnavailable(DponeError):
@@ -110,32 +120,31 @@ def field_expressions(plan: ColumnPlan, f: str) -> tuple[str, str]:
     if fam == "fixed":
         return f"{ok} AND length({value}) = {p[0]}", f"toFixedString({value}, {p[0]})"
     if fam in ("int", "uint"):
-        bits = p[0]
-        low, high = (
-            (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if fam == "int" else (0, (1 << bits) - 1)
-        )
-        ctype = f"{'' if fam == 'int' else 'U'}Int{bits}"
-        ok += (
-            f" AND match({f}, '^-?(0|[1-9][0-9]*)$') AND {f} != '-0' AND length({f}) <= 25 "
-            f"AND toInt256OrZero({f}) >= toInt256('{low}') AND toInt256OrZero({f}) <= toInt256('{high}')"
-        )
-        return ok, f"CAST(toInt256OrZero({f}) AS {ctype})"
+        # The engine's rendering of the parsed value is the canonical text: equal text
+        # means canonical grammar and in range (out of range parses wrap or fail, and
+        # render differently).
+        ctype = f"{'' if fam == 'int' else 'U'}Int{p[0]}"
+        return f"ifNull(toString(to{ctype}OrNull({f})) = {f}, 0)", f"to{ctype}OrZero({f})"
     if fam == "bool":
         return f"{ok} AND {f} IN ('0', '1')", f"toUInt8({f} = '1')"
     if fam == "decimal":
         precision, scale = p
-        body = f"if(startsWith({f}, '-'), substring({f}, 2), {f})"
-        whole = f"splitByChar('.', {body})[1]"
-        frac = f"if(position({body}, '.') > 0, splitByChar('.', {body})[2], '')"
+        negative = f"startsWith({f}, '-')"
+        dot = f"position({f}, '.')"
+        # Digits before the point (sign excluded) and the fractional digits.
+        whole = (
+            f"substring({f}, 1 + {negative}, if({dot} > 0, {dot} - 1, length({f})) - {negative})"
+        )
+        frac = f"if({dot} > 0, substring({f}, {dot} + 1), '')"
         ok += (
             f" AND match({f}, '^-?(0|[1-9][0-9]*)(\\\\.[0-9]+)?$') "
             f"AND ({whole} = '0' OR length({whole}) <= {precision - scale}) "
             f"AND match(substring({frac}, {scale + 1}), '^0*$') "
-            f"AND NOT (startsWith({f}, '-') AND match(concat({whole}, {frac}), '^0*$'))"
+            f"AND NOT ({negative} AND match({f}, '^-[0.]*$'))"
         )
         width = _decimal_width(precision)
         scaled = f"toInt256OrZero(concat({whole}, rightPad(substring({frac}, 1, {scale}), {scale}, '0')))"
-        return ok, f"CAST(if(startsWith({f}, '-'), -{scaled}, {scaled}) AS Int{width})"
+        return ok, f"CAST(if({negative}, -{scaled}, {scaled}) AS Int{width})"
     if fam == "float":
         grammar = f"match({f}, '^-?(0|[1-9][0-9]*)(\\\\.[0-9]+)?([eE][-+]?[0-9]+)?$')"
         v64 = f"toFloat64OrZero({f})"
@@ -231,7 +240,7 @@ def digest_sql(plans: tuple[ColumnPlan, ...], spool: Path) -> str:
     """One SELECT over the written spool: its row count and its rows digest.
 
     Each row is read back under :func:`wire_type` and re-encoded by
-    ``formatRowNoNewline``, which gives back its exact RowBinary bytes.
+    ``formatRow`` (see :func:`rows_digest_sql`), which gives back its exact RowBinary bytes.
     """
     names = [f"c{i}" for i in range(1, len(plans) + 1)]
     structure = ", ".join(f"{n} {wire_type(p)}" for n, p in zip(names, plans, strict=True))
@@ -241,9 +250,13 @@ def digest_sql(plans: tuple[ColumnPlan, ...], spool: Path) -> str:
     )
 
 
-def conversion_sql(plans: tuple[ColumnPlan, ...], source: Path, out: Path) -> str:
-    """One SELECT that checks every field and writes the RowBinary spool."""
+def conversion_sql(
+    plans: tuple[ColumnPlan, ...], source: Path, out: Path, max_record_bytes: int | None = None
+) -> str:
+    """One SELECT that checks every field (and the record length) and writes RowBinary."""
     columns, checks = [], [f"length(r) = {len(plans)}"]
+    if max_record_bytes is not None:
+        checks.append(f"length(line) < {max_record_bytes}")  # the LF counts too
     for i, plan in enumerate(plans, start=1):
         f = f"r[{i}]"
         ok, value = field_expressions(plan, f)
@@ -254,11 +267,12 @@ def conversion_sql(plans: tuple[ColumnPlan, ...], source: Path, out: Path) -> st
             columns.append(f"{value} AS c{i}")
             checks.append(f"({f} != '' AND ({ok}))")
     return (
-        f"SELECT {', '.join(columns)} FROM (SELECT splitByChar('\\t', line) AS r "
+        f"SELECT {', '.join(columns)} FROM (SELECT line, splitByChar('\\t', line) AS r "
         f"FROM file({_lit(str(source))}, 'LineAsString', 'line String')) "
         f"WHERE throwIf(NOT ({' AND '.join(checks)}), {_lit(REFUSAL)}) = 0 "
         f"INTO OUTFILE {_lit(str(out))} TRUNCATE FORMAT RowBinary "
-        "SETTINGS max_threads = 1, input_format_parallel_parsing = 0"
+        # Small blocks keep the engine's memory flat; ranges give the parallelism.
+        f"SETTINGS max_threads = 1, input_format_parallel_parsing = 0, max_block_size = {BLOCK_ROWS}"
     )
 
 
@@ -293,7 +307,43 @@ except Exception as exc:
     print(str(exc)[:2000], file=sys.stderr)
     sys.exit(3)
 """
-_DIGEST_LINE = re.compile(rb"([0-9]+)\t([0-9a-f]{32})\n")
+
+# One engine for a whole preparation: reads jobs (JSON lines: an id and statements) on
+# stdin, runs them on argv[1] worker threads (the engine releases the GIL while it
+# works, so each worker has a core) and answers one JSON line per job on stdout.
+_SERVER = """
+import json, queue, sys, threading
+import chdb
+conn = chdb.connect(":memory:")
+conn.query("SET max_query_size = 1073741824", "TSV")
+lock = threading.Lock()
+jobs = queue.Queue()
+
+def reply(doc):
+    with lock:
+        sys.stdout.write(json.dumps(doc) + "\\n")
+        sys.stdout.flush()
+
+def work():
+    while (job := jobs.get()) is not None:
+        try:
+            out = b"".join(conn.query(sql, "TSV").bytes() for sql in job["sql"])
+            reply({"id": job["id"], "out": out.decode("ascii", "replace")})
+        except Exception as exc:
+            reply({"id": job["id"], "error": str(exc)[-2000:]})
+
+workers = [threading.Thread(target=work) for _ in range(int(sys.argv[1]))]
+for w in workers:
+    w.start()
+reply({"id": -1, "out": "ready"})
+for line in sys.stdin:
+    jobs.put(json.loads(line))
+for w in workers:
+    jobs.put(None)
+for w in workers:
+    w.join()
+"""
+_DIGEST_LINE = re.compile(r"([0-9]+)\t([0-9a-f]{32})\n")
 
 
 @dataclass(frozen=True)
@@ -304,6 +354,183 @@ class EngineSpool:
     rows_digest: str
 
 
+class EngineSession:
+    """One engine child process for a whole preparation (or validation), in parallel.
+
+    Started as early as possible (it takes a noticeable fraction of a second to load),
+    fed one job per range of records (for a preparation: convert, then read the part
+    back for its row count and rows digest; for a validation: the checks alone) and
+    answering per job. Its worker threads share one engine, each query single-threaded,
+    so ranges run on all cores. ``close`` ends it; if the parent dies first, the child
+    sees its stdin close and ends after the jobs it holds.
+    """
+
+    def __init__(
+        self, work_dir: Path, *, workers: int | None = None, python: str | None = None
+    ) -> None:
+        self.work_dir = work_dir
+        self.workers = workers or max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+        self._stderr = open(work_dir / "engine.log", "wb")  # noqa: SIM115 - closed in close()
+        try:
+            self._process = subprocess.Popen(
+                [python or sys.executable, "-c", _SERVER, str(self.workers)],
+                cwd=work_dir,  # the engine reads config.xml from its working directory: an empty one
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"},
+            )  # fmt: skip
+        except OSError as exc:
+            self._stderr.close()
+            raise EngineUnavailable(f"the engine could not start: {exc}") from exc
+        self._ready = False
+        self._pending: dict[int, str] = {}
+
+    def submit(self, job: int, statements: list[str]) -> None:
+        """Queue ``statements`` (run in order, on one worker) as job ``job``."""
+        assert self._process.stdin is not None
+        line = json.dumps({"id": job, "sql": statements}) + "\n"
+        try:
+            self._process.stdin.write(line.encode("utf-8"))
+            self._process.stdin.flush()
+        except OSError as exc:
+            raise EngineUnavailable(f"the engine stopped taking work: {exc}") from exc
+
+    def next_result(self, expired: Callable[[], bool]) -> tuple[int, str | None]:
+        """The next finished job: (id, its output), or (id, None) when the policy refused.
+
+        ``expired()`` is asked while waiting (the caller's clock decides, so an injected
+        clock works as in the reference path); once true it raises ``engine_timeout``.
+        """
+        while True:
+            answer = self._read_line(expired)
+            if answer["id"] == -1:
+                self._ready = True
+                continue
+            if "error" in answer:
+                if REFUSAL in answer["error"]:
+                    return answer["id"], None
+                raise EngineUnavailable(
+                    f"engine conversion failed to run: {answer['error'][-500:]}"
+                )
+            return answer["id"], answer["out"]
+
+    def _read_line(self, expired: Callable[[], bool]) -> dict[str, Any]:
+        stdout = self._process.stdout
+        assert stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(stdout, selectors.EVENT_READ)
+            while not selector.select(POLL_SECONDS):
+                if expired():
+                    raise EngineUnavailable(
+                        "engine conversion exceeded its deadline", code="engine_timeout"
+                    )
+        line = stdout.readline()
+        if not line:
+            self._process.wait()
+            raise EngineUnavailable(
+                f"the engine exited ({self._process.returncode}): {self._log_tail()}"
+            )
+        document: dict[str, Any] = json.loads(line)
+        return document
+
+    def _log_tail(self) -> str:
+        self._stderr.flush()
+        return Path(self._stderr.name).read_bytes()[-500:].decode("utf-8", "replace")
+
+    def close(self) -> None:
+        """End the child (at once: a finished preparation has nothing left for it)."""
+        try:
+            if self._process.poll() is None:
+                self._process.kill()
+            self._process.wait()
+            for stream in (self._process.stdin, self._process.stdout):
+                if stream is not None:
+                    stream.close()
+        finally:
+            self._stderr.close()
+
+    def __enter__(self) -> EngineSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RecordRanges:
+    """Whole-record ranges of a stream: iterate for ``(data, end)``, ``data[:end]`` the range.
+
+    A range is about ``chunk_bytes`` long and ends at an LF. After iteration,
+    ``too_long`` says a record grew past ``carry_limit`` bytes without an LF (iteration
+    stopped there) and ``trailing`` holds the bytes after the last LF (a final record
+    without its LF): both are for the reference to name exactly.
+    """
+
+    def __init__(self, stream: BinaryIO, chunk_bytes: int, carry_limit: int) -> None:
+        self.stream = stream
+        self.chunk_bytes = chunk_bytes
+        self.carry_limit = max(carry_limit, chunk_bytes)
+        self.too_long = False
+        self.trailing = b""
+
+    def __iter__(self) -> Iterator[tuple[bytes, int]]:
+        carry = b""
+        while chunk := self.stream.read(self.chunk_bytes):
+            data = carry + chunk
+            del chunk
+            end = data.rfind(b"\n") + 1
+            if end == 0:
+                carry = data  # inside one long record: read on until its LF
+                if len(carry) > self.carry_limit:
+                    self.too_long = True
+                    return
+                continue
+            carry = data[end:]
+            yield data, end
+        self.trailing = carry
+
+
+def spill_range(path: Path, data: bytes, end: int, digest: Any) -> int:
+    """Hash ``data[:end]`` into ``digest`` and write it to a new private file; its records.
+
+    The engine reads exactly the bytes that were hashed, so they are provably the
+    receipt's. No copy of the range is made on the way.
+    """
+    piece = memoryview(data)[:end]
+    try:
+        digest.update(piece)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with open(fd, "wb") as out:
+            out.write(piece)
+    finally:
+        piece.release()
+    return data.count(b"\n", 0, end)
+
+
+def check_sql(
+    plans: tuple[ColumnPlan, ...], source: Path, max_record_bytes: int | None = None
+) -> str:
+    """The checks of :func:`conversion_sql` alone: the number of records, or a refusal."""
+    sql = conversion_sql(plans, source, Path("/dev/null"), max_record_bytes)
+    head, tail = sql.index(" FROM (SELECT line,"), sql.index(" INTO OUTFILE")
+    settings = sql[sql.index(" SETTINGS ") :]
+    return f"SELECT count(){sql[head:tail]}{settings}"
+
+
+def range_statements(plans: tuple[ColumnPlan, ...], source: Path, out: Path,
+                     max_record_bytes: int | None = None) -> list[str]:  # fmt: skip
+    """Convert the records in ``source`` into ``out``, then read ``out`` back for its digest."""
+    return [conversion_sql(plans, source, out, max_record_bytes), digest_sql(plans, out)]
+
+
+def parse_digest(out: str) -> EngineSpool:
+    """The engine's answer to :func:`digest_sql`."""
+    answer = _DIGEST_LINE.fullmatch(out)
+    if answer is None:
+        raise EngineUnavailable(
+            f"engine digest output is malformed: {out[:200]!r}", code="engine_output"
+        )
+    return EngineSpool(int(answer.group(1)), answer.group(2))
+
+
 def convert_with_engine(
     plans: tuple[ColumnPlan, ...],
     source: Path,
@@ -312,39 +539,17 @@ def convert_with_engine(
     timeout: float,
     python: str | None = None,
 ) -> EngineSpool | None:
-    """Run the conversion in a child process; None when the engine refused the data.
+    """Convert all of ``source`` into ``out`` in one engine; None when the policy refused.
 
-    The same child then reads the spool it wrote back and computes its rows digest
+    The same engine then reads the spool it wrote back and computes its rows digest
     (:class:`dpone.contracts.preparation.RowsDigest`) from the bytes on disk.
     """
-    with tempfile.TemporaryDirectory(prefix="dpone-engine-") as work:
-        script, digest = Path(work) / "convert.sql", Path(work) / "digest.sql"
+    deadline = time.monotonic() + timeout
+    with (
+        tempfile.TemporaryDirectory(prefix="dpone-engine-") as work,
+        EngineSession(Path(work), workers=1, python=python) as session,
+    ):
         # Absolute paths: the child runs in an empty directory of its own.
-        script.write_text(
-            conversion_sql(plans, source.absolute(), out.absolute()), encoding="utf-8"
-        )
-        digest.write_text(digest_sql(plans, out.absolute()), encoding="utf-8")
-        try:
-            done = subprocess.run(
-                [python or sys.executable, "-c", _CHILD, str(script), str(digest)],
-                cwd=work,  # the engine reads config.xml from its working directory: an empty one
-                stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False,
-                env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"},
-            )  # fmt: skip
-        except subprocess.TimeoutExpired as exc:
-            raise EngineUnavailable(
-                f"engine conversion exceeded {timeout:g} s", code="engine_timeout"
-            ) from exc
-    if done.returncode == 3 and REFUSAL.encode() in done.stderr:
-        return None
-    if done.returncode != 0:
-        raise EngineUnavailable(
-            f"engine conversion failed to run (exit {done.returncode}): "
-            f"{done.stderr.decode('utf-8', 'replace')[-500:]}",
-        )
-    answer = _DIGEST_LINE.fullmatch(done.stdout)
-    if answer is None:
-        raise EngineUnavailable(
-            f"engine digest output is malformed: {done.stdout[:200]!r}", code="engine_output"
-        )
-    return EngineSpool(int(answer.group(1)), answer.group(2).decode("ascii"))
+        session.submit(0, range_statements(plans, source.absolute(), out.absolute()))
+        _, answer = session.next_result(lambda: time.monotonic() >= deadline)
+    return None if answer is None else parse_digest(answer)

@@ -3,21 +3,42 @@
 One pass reads the file through the codec's reader, hashes every byte read, checks
 row width, UTF-8, escapes, hex, NOT NULL and that every value converts exactly under
 the type policy. Only a file that passes gets a receipt.
+
+By default the checks run in the embedded engine (the same checks the engine
+preparation runs, over whole-record ranges hashed in order on the way); when the
+engine refuses anything, or cannot run, the Python reference validates the file again
+and names the first bad value exactly. A receipt is the same either way.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 from dpone.connectors.bulk_text_codec import CODEC_ID, CODEC_VERSION, BulkTextReader
 from dpone.contracts.receipt import FileReceipt
 from dpone.contracts.schema import SourceSchema
 from dpone.runtime.artifact import ArtifactMismatch, HeldArtifact
 from dpone.runtime.conversion import convert_records
-from dpone.typepolicy import POLICY_ID, POLICY_VERSION, plan_columns
+from dpone.runtime.engine_conversion import (
+    MODE_ENGINE,
+    EngineSession,
+    EngineUnavailable,
+    RecordRanges,
+    check_sql,
+    spill_range,
+)
+from dpone.runtime.preparation import MODE_PYTHON
+from dpone.typepolicy import POLICY_ID, POLICY_VERSION, ColumnPlan, plan_columns
+
+__all__ = ["MODE_ENGINE", "MODE_PYTHON", "validate_file", "verify_file"]
+# Ranges the engine checks: large enough to amortize a query, small enough to stay flat.
+RANGE_BYTES = 8 << 20
+MAX_CARRY_BYTES = 64 << 20
 
 
 def validate_file(
@@ -28,13 +49,29 @@ def validate_file(
     max_record_bytes: int | None = None,
     max_records: int | None = None,
     source_name: str | None = None,
+    mode: str = MODE_ENGINE,
 ) -> FileReceipt:
-    """Validate ``path`` against ``schema``; return its receipt or raise a located error."""
+    """Validate ``path`` against ``schema``; return its receipt or raise a located error.
+
+    ``mode`` chooses who checks the values: the engine (the default; any refusal is
+    then named by the reference) or the Python reference alone.
+    """
     plans = plan_columns(schema.columns, dict(overrides or {}))  # refuses types before reading
     digest = hashlib.sha256()
     source = source_name or str(path)
     with open(Path(path), "rb") as stream:
         size_before = os.fstat(stream.fileno()).st_size
+        if mode == MODE_ENGINE:
+            counted = _engine_check(stream, plans, max_record_bytes, max_records)
+            if counted is not None:
+                rows, sha256, read = counted
+                if not size_before == os.fstat(stream.fileno()).st_size == read:
+                    raise ArtifactMismatch(
+                        f"{source} changed while it was validated",
+                        code="artifact_changed_during_scan",
+                    )
+                return _receipt(schema, sha256, read, rows)
+            stream.seek(0)
         reader = BulkTextReader(
             stream,
             [p.codec_column for p in plans],
@@ -49,9 +86,13 @@ def validate_file(
         raise ArtifactMismatch(
             f"{source} changed while it was validated", code="artifact_changed_during_scan"
         )
+    return _receipt(schema, digest.hexdigest(), reader.bytes_read, rows)
+
+
+def _receipt(schema: SourceSchema, sha256: str, size: int, rows: int) -> FileReceipt:
     return FileReceipt(
-        artifact_sha256=digest.hexdigest(),
-        artifact_size=reader.bytes_read,
+        artifact_sha256=sha256,
+        artifact_size=size,
         rows_validated=rows,
         schema=schema,
         codec_id=CODEC_ID,
@@ -59,6 +100,60 @@ def validate_file(
         policy_id=POLICY_ID,
         policy_version=POLICY_VERSION,
     )
+
+
+def _engine_check(
+    stream: BinaryIO,
+    plans: tuple[ColumnPlan, ...],
+    max_record_bytes: int | None,
+    max_records: int | None,
+) -> tuple[int, str, int] | None:
+    """(records, SHA-256, bytes) when the engine accepts every record; None to hand over.
+
+    The stream is read once; each whole-record range is hashed in order and written to
+    a private file that one engine worker checks. A refusal, a budget, a missing final
+    LF or an engine that cannot run all hand the file to the reference.
+    """
+    digest = hashlib.sha256()
+    size = records = submitted = finished = 0
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="dpone-validate-") as work,
+            EngineSession(Path(work)) as session,
+        ):
+            counts: dict[int, int] = {}
+
+            def collect() -> bool:
+                nonlocal finished
+                job, answer = session.next_result(lambda: False)
+                if answer is None or int(answer) != counts.pop(job):
+                    return False
+                (Path(work) / f"in-{job}").unlink()
+                finished += 1
+                return True
+
+            ranges = RecordRanges(stream, RANGE_BYTES, max_record_bytes or MAX_CARRY_BYTES)
+            for data, end in ranges:
+                chunk = Path(work) / f"in-{submitted}"
+                counts[submitted] = spill_range(chunk, data, end, digest)
+                del data
+                size += end
+                records += counts[submitted]
+                if max_records is not None and records > max_records:
+                    return None
+                session.submit(submitted, [check_sql(plans, chunk, max_record_bytes)])
+                submitted += 1
+                while submitted - finished > session.workers:
+                    if not collect():
+                        return None
+            if ranges.too_long or ranges.trailing:
+                return None
+            while finished < submitted:
+                if not collect():
+                    return None
+    except EngineUnavailable:
+        return None  # the reference validates alone
+    return records, digest.hexdigest(), size
 
 
 def verify_file(path: str | os.PathLike[str], receipt: FileReceipt) -> FileReceipt:

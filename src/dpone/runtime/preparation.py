@@ -18,20 +18,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpone.connectors.bulk_text_codec import BulkTextError, BulkTextReader
-from dpone.contracts.preparation import DerivedIdentity, RowsDigest, TargetColumn
+from dpone.contracts.preparation import (
+    ROWS_DIGEST_MODULUS,
+    DerivedIdentity,
+    RowsDigest,
+    TargetColumn,
+)
 from dpone.contracts.receipt import FileReceipt
 from dpone.durable_files import fsync_directory
 from dpone.errors import DeadlineError, DponeError
+from dpone.runtime import engine_conversion
 from dpone.runtime.artifact import ArtifactMismatch, FileObservation, HeldArtifact, scan_descriptor
 from dpone.runtime.conversion import convert_records
-from dpone.runtime.engine_conversion import MODE_ENGINE, EngineUnavailable, convert_with_engine
+from dpone.runtime.engine_conversion import (
+    MODE_ENGINE,
+    EngineSession,
+    EngineSpool,
+    EngineUnavailable,
+    RecordRanges,
+    spill_range,
+)
 from dpone.typepolicy import POLICY_ID, POLICY_VERSION, ColumnPlan, plan_columns
 
 MODE_PYTHON = "python-reference"
+# What a stage uses unless told otherwise: the engine, held to the reference's bytes.
+DEFAULT_MODE = MODE_ENGINE
 SPOOL_NAME = "data.rowbinary"
 # Budgets are checked every this many rows (and at the end).
 CHECK_EVERY_ROWS = 1024
 WRITE_BUFFER_BYTES = 1 << 20
+# The engine path reads the source in ranges of this many bytes (extended to the next
+# LF); a record with no LF within MAX_CARRY_BYTES (or the record budget) is handed over.
+MIN_RANGE_BYTES = 1 << 20
+MAX_RANGE_BYTES = 8 << 20
+MAX_CARRY_BYTES = 64 << 20
 
 
 class PreparationError(DponeError):
@@ -54,11 +74,12 @@ class PreparationBudget:
 
 @dataclass(frozen=True)
 class PreparedSpool:
-    """A sealed spool and its derived identity."""
+    """A sealed spool, its derived identity and the converter that produced it."""
 
     path: Path
     identity: DerivedIdentity
     plans: tuple[ColumnPlan, ...]
+    mode: str = MODE_PYTHON
 
     @property
     def semantic_id(self) -> str:
@@ -97,20 +118,50 @@ def prepare_rowbinary(
             f"spool directory {directory} already exists", code="spool_exists", path=str(directory)
         ) from exc
     own_held = held is None
-    artifact = held or HeldArtifact(source, receipt)
+    session = None
+    try:
+        if mode == MODE_ENGINE:
+            # Start the engine first: it loads while the source is verified.
+            work = directory / "engine"
+            work.mkdir(mode=0o700)
+            session = EngineSession(work)
+        artifact = held or HeldArtifact(source, receipt)
+    except BaseException:
+        if session is not None:
+            session.close()
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
     try:
         _check_deadline(budget, deadline, "entry")
         artifact.verify()
         _check_deadline(budget, deadline, "entry verification")
         path = directory / SPOOL_NAME
         engine_result = None
-        if mode == MODE_ENGINE:
-            engine_result = _engine_spool(artifact, receipt, plans, path, budget, deadline)
+        declined = False
+        if session is not None:
+            try:
+                engine_result = _engine_spool(
+                    artifact, receipt, plans, path, budget, deadline, session, progress
+                )
+            except _Declined:
+                declined = True
+            except EngineUnavailable as exc:
+                if exc.code == "engine_timeout":
+                    raise DeadlineError(
+                        f"preparation deadline of {budget.deadline_seconds:g} s expired during engine conversion",
+                        code="preparation_deadline", phase="engine conversion",
+                    ) from exc  # fmt: skip
+                raise
+            finally:
+                session.close()
+                shutil.rmtree(session.work_dir, ignore_errors=True)
+            if engine_result is None:
+                path.unlink(missing_ok=True)
         if engine_result is None:
             digest, size, rows, content = _write_spool(
                 artifact, receipt, plans, path, budget, deadline, str(source), progress
             )
-            if mode == MODE_ENGINE:
+            if mode == MODE_ENGINE and not declined:
                 # The engine refused what the reference accepts: never silently.
                 raise PreparationError(
                     "the engine refused a file the reference converter accepts",
@@ -127,6 +178,8 @@ def prepare_rowbinary(
             )
         _check_deadline(budget, deadline, "seal verification")
     except BaseException:
+        if session is not None:
+            session.close()
         shutil.rmtree(directory, ignore_errors=True)
         raise
     finally:
@@ -136,13 +189,12 @@ def prepare_rowbinary(
         target_schema=tuple(TargetColumn(p.name, p.clickhouse_type) for p in plans),
         source_receipt_sha256=receipt.sha256,
         binary_policy=f"{POLICY_ID}/{POLICY_VERSION}",
-        selected_mode=mode,
         rowbinary_bytes=size,
         rowbinary_sha256=sealed.sha256,
         prepared_rows=rows,
         rows_digest=content,
     )
-    return PreparedSpool(path, identity, plans)
+    return PreparedSpool(path, identity, plans, mode)
 
 
 def _write_spool(
@@ -220,79 +272,114 @@ def _engine_spool(
     path: Path,
     budget: PreparationBudget,
     deadline: float | None,
+    session: EngineSession,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[int, int, str] | None:
     """The engine fast path: (spool bytes, records, rows digest), or None to hand over.
 
-    The engine reads a private copy made through the held descriptor and hashed on the
-    way, so the bytes it converts are provably the receipt's. Records, their longest
-    length and the final LF are counted on the way too; any budget the copy breaks,
-    and any refusal by the engine, goes to the reference, which reports it exactly.
-    The engine reads the written spool back for the rows digest, and the rows it
-    counts there must be the records counted here.
+    The source is read once, through the held descriptor, in ranges that end at a
+    record boundary; every range is hashed in order before the engine sees it, so the
+    bytes converted are provably the receipt's. Each range becomes a private file
+    (0600, in the 0700 spool directory) that one engine worker converts into a part of
+    the spool and reads back for its row count and rows digest; at most a few ranges
+    are in flight, so disk and memory stay flat whatever the file's size. Parts are
+    joined in order. Any refusal or budget the engine cannot name exactly (a missing
+    final LF, too many records, a too long record, the spool budget) goes to the
+    reference, which reports it at its record and column.
     """
-    copy = path.with_name("source.copy")
-    _check_free_space(path, budget, 0)
-    digest = hashlib.sha256()
-    size = records = longest = pending = 0
-    last = b""
-    fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as out, artifact.stream() as stream:
-            while chunk := stream.read(WRITE_BUFFER_BYTES):
-                digest.update(chunk)
-                out.write(chunk)
-                size += len(chunk)
-                lines = chunk.split(b"\n")
-                records += len(lines) - 1
-                if len(lines) > 1:
-                    inner = max((len(x) + 1 for x in lines[1:-1]), default=0)
-                    longest = max(longest, pending + len(lines[0]) + 1, inner)
-                    pending = len(lines[-1])
-                else:
-                    pending += len(chunk)
-                last = chunk[-1:]
-        if (digest.hexdigest(), size) != (receipt.artifact_sha256, receipt.artifact_size):
-            raise ArtifactMismatch(
-                "the source changed after verification: the bytes copied are not the receipt's",
-                code="artifact_changed_during_preparation",
+    work = session.work_dir
+    chunk_bytes = min(
+        MAX_RANGE_BYTES, max(MIN_RANGE_BYTES, receipt.artifact_size // (2 * session.workers))
+    )
+    source_digest = hashlib.sha256()
+    size = records = written = rows_total = submitted = joined = 0
+    counts: dict[int, int] = {}
+    done: dict[int, EngineSpool] = {}
+    content = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as out, artifact.stream() as stream:
+
+        def collect() -> bool:
+            """Wait for one range; join every finished one in order. False: refused."""
+            nonlocal joined, written, rows_total, content
+            job, answer = session.next_result(
+                lambda: deadline is not None and budget.clock() >= deadline
             )
-        too_long = (
-            budget.max_record_bytes is not None and max(longest, pending) > budget.max_record_bytes
+            if answer is None:
+                return False
+            done[job] = engine_conversion.parse_digest(answer)
+            while joined in done:
+                part = done.pop(joined)
+                if part.rows != counts.pop(joined):
+                    raise PreparationError(
+                        f"the engine read {part.rows} rows back from its spool, the range has "
+                        "a different number of records", code="engine_divergence",
+                    )  # fmt: skip
+                part_path = work / f"out-{joined}"
+                with open(part_path, "rb") as part_file:
+                    written += _copy_all(part_file.fileno(), out.fileno())
+                part_path.unlink()
+                (work / f"in-{joined}").unlink()
+                rows_total += part.rows
+                content += int(part.rows_digest, 16)
+                joined += 1
+            return True
+
+        ranges = RecordRanges(stream, chunk_bytes, budget.max_record_bytes or MAX_CARRY_BYTES)
+        for data, end in ranges:
+            chunk_path = work / f"in-{submitted}"
+            counts[submitted] = spill_range(chunk_path, data, end, source_digest)
+            del data
+            size += end
+            records += counts[submitted]
+            if budget.max_rows is not None and records > budget.max_rows:
+                return None
+            session.submit(submitted, engine_conversion.range_statements(
+                plans, chunk_path.absolute(), (work / f"out-{submitted}").absolute(),
+                budget.max_record_bytes,
+            ))  # fmt: skip
+            submitted += 1
+            while submitted - joined > session.workers:
+                if not collect():
+                    return None
+            _check_deadline(budget, deadline, f"engine conversion (record {records})")
+            _check_free_space(path, budget, records)
+            if budget.max_spool_bytes is not None and written > budget.max_spool_bytes:
+                return None  # the reference names the record where the budget ran out
+            if progress is not None:
+                progress(rows_total, size)
+        if ranges.too_long and budget.max_record_bytes is None:
+            raise _Declined  # a record longer than the engine path holds: the reference decides
+        if ranges.too_long or ranges.trailing:
+            return None  # a record too long, or bytes after the last LF: the reference names them
+        while joined < submitted:
+            if not collect():
+                return None
+        out.flush()
+        os.fsync(out.fileno())
+    if (source_digest.hexdigest(), size) != (receipt.artifact_sha256, receipt.artifact_size):
+        raise ArtifactMismatch(
+            "the source changed after verification: the bytes converted are not the receipt's",
+            code="artifact_changed_during_preparation",
         )
-        too_many = budget.max_rows is not None and records > budget.max_rows
-        if (size and last != b"\n") or too_long or too_many or records != receipt.rows_validated:
-            return None
-        remaining = 3600.0 if deadline is None else deadline - budget.clock()
-        _check_deadline(budget, deadline, "engine conversion")
-        try:
-            written_spool = convert_with_engine(plans, copy, path, timeout=remaining)
-        except EngineUnavailable as exc:
-            if exc.code == "engine_timeout":
-                raise DeadlineError(
-                    f"preparation deadline of {budget.deadline_seconds:g} s expired during engine conversion",
-                    code="preparation_deadline", phase="engine conversion",
-                ) from exc  # fmt: skip
-            raise
-        if written_spool is None:
-            path.unlink(missing_ok=True)
-            return None
-        if written_spool.rows != records:
-            raise PreparationError(
-                f"the engine read {written_spool.rows} rows back from its spool, "
-                f"the file has {records} records",
-                code="engine_divergence",
-            )
-    finally:
-        copy.unlink(missing_ok=True)
-    _check_deadline(budget, deadline, "engine conversion")
-    written = path.stat().st_size
+    if records != receipt.rows_validated or rows_total != records:
+        return None
     if budget.max_spool_bytes is not None and written > budget.max_spool_bytes:
-        path.unlink()
-        return None  # the reference names the record where the budget ran out
+        return None
     _check_free_space(path, budget, records)
-    with open(path, "rb") as spool:
-        os.fsync(spool.fileno())
-    return written, records, written_spool.rows_digest
+    return written, records, format(content % ROWS_DIGEST_MODULUS, "032x")
+
+
+class _Declined(Exception):
+    """The engine path leaves a file it does not take in bounded memory to the reference."""
+
+
+def _copy_all(source: int, target: int) -> int:
+    """Append all of ``source`` to ``target`` inside the kernel; the bytes copied."""
+    total = 0
+    while copied := os.copy_file_range(source, target, 1 << 30):
+        total += copied
+    return total
 
 
 def _seal(path: Path) -> FileObservation:

@@ -61,7 +61,7 @@ from dpone.runtime.clickhouse_file_stage_contract import (
     StagingPolicy,
 )
 from dpone.runtime.preparation import (
-    MODE_PYTHON,
+    DEFAULT_MODE,
     PreparationBudget,
     PreparedSpool,
     prepare_rowbinary,
@@ -115,7 +115,7 @@ class ClickHouseValidatedFileService:
             [Path, str], ClickHouseFileAttemptJournal
         ] = ClickHouseFileAttemptJournal,
         progress: Callable[[str, int, int], None] | None = None,
-        preparation_mode: str = MODE_PYTHON,
+        preparation_mode: str = DEFAULT_MODE,
         user: str | None = None,
         user_uuid: str | None = None,
         check_types: TypeCheck | None = None,
