@@ -128,7 +128,9 @@ def test_rollback_restores_the_previous_source_and_a_second_swaps_back(
     found = status(config)
     target = found["targets"][0]
     assert target["last_publication"]["intent_sha256"] == back["intent_sha256"]
-    assert target["last_publication"]["rows"] == 6
+    assert target["last_publication"]["rows"] == 6 and target["last_publication"]["rollback"]
+    text = dpone("status", "--config", str(config))
+    assert f"6 rows, rolled back {target['last_publication']['published_at']}" in text.stdout
     assert [c["uuid"] for c in target["rollback_copies"]] == [second["target_uuid_after"]]
     assert found["needs_person"] == [] and found["ok"] is True
 
@@ -138,6 +140,16 @@ def test_rollback_restores_the_previous_source_and_a_second_swaps_back(
     assert again["restored_intent"] == second["intent_sha256"]
     assert uuid_of(port, "t_back") == second["target_uuid_after"]
     assert uuid_of(port, copy) == first["target_uuid_after"]
+    # A refresh after rollbacks: retention proves and drops the copy beyond keep_rollback
+    # (the first content, carrying the first staging's mark, under the second's name).
+    third_rows = rows_of(5, start=90, name="c")
+    make_source(tmp_path / "shop.db", third_rows)
+    third = refresh(config)
+    assert content(port, "t_back") == expected(third_rows)
+    assert third["dropped_rollback_copies"] == [f"{DATABASE}.{copy}"]
+    assert uuid_of(port, copy) is None
+    assert status(config)["targets"][0]["last_publication"]["rollback"] is False
+    assert uuid_of(port, third["generation_table"]) == second["target_uuid_after"]
 
 
 def test_rollback_without_a_copy_is_a_coded_error(tmp_path: Path, server: dict[str, Any]) -> None:
