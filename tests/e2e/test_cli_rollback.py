@@ -140,13 +140,18 @@ def test_rollback_restores_the_previous_source_and_a_second_swaps_back(
     assert again["restored_intent"] == second["intent_sha256"]
     assert uuid_of(port, "t_back") == second["target_uuid_after"]
     assert uuid_of(port, copy) == first["target_uuid_after"]
+    # The copy is one table, though two publications (the second refresh and the second
+    # rollback) each left it under that name with that UUID.
+    copies = status(config)["targets"][0]["rollback_copies"]
+    assert [(c["table"], c["uuid"]) for c in copies] == [
+        (f"{DATABASE}.{copy}", first["target_uuid_after"])]  # fmt: skip
     # A refresh after rollbacks: retention proves and drops the copy beyond keep_rollback
     # (the first content, carrying the first staging's mark, under the second's name).
     third_rows = rows_of(5, start=90, name="c")
     make_source(tmp_path / "shop.db", third_rows)
     third = refresh(config)
     assert content(port, "t_back") == expected(third_rows)
-    assert third["dropped_rollback_copies"] == [f"{DATABASE}.{copy}"]
+    assert third["dropped_rollback_copies"] == [f"{DATABASE}.{copy}"], third
     assert uuid_of(port, copy) is None
     assert status(config)["targets"][0]["last_publication"]["rollback"] is False
     assert uuid_of(port, third["generation_table"]) == second["target_uuid_after"]
