@@ -15,6 +15,7 @@ from dpone.cli.output import Terminated, report_failure
 from dpone.cli.project import check, init
 from dpone.cli.publication import snapshot
 from dpone.cli.refresh import refresh
+from dpone.cli.rollback import rollback
 from dpone.cli.server import server
 from dpone.cli.staging import attempts, journal, stage
 from dpone.cli.status import status
@@ -41,6 +42,7 @@ cli.add_command(snapshot)
 cli.add_command(init)
 cli.add_command(check)
 cli.add_command(refresh)
+cli.add_command(rollback)
 cli.add_command(status)
 
 

@@ -34,8 +34,9 @@ def status(config_path: Path, as_json: bool) -> None:
                 if last is None:
                     click.echo(f"{target['table']} -> {target['target']}: never published")
                 else:
+                    how = "rolled back" if last.get("rollback") else "published"
                     click.echo(f"{target['table']} -> {target['target']}: {last['rows']} rows, "
-                               f"published {last['published_at']}, uuid {last['uuid']}")  # fmt: skip
+                               f"{how} {last['published_at']}, uuid {last['uuid']}")  # fmt: skip
                 for copy in target["rollback_copies"] or []:
                     click.echo(f"  rollback copy {copy['table']} (uuid {copy['uuid']}, "
                                f"replaced {copy['published_at']})")  # fmt: skip

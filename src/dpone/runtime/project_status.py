@@ -67,6 +67,8 @@ def project_status(project: Project) -> ProjectStatus:
                 "published_at": record.at if record is not None else None,
                 "rows": intent.source_rows, "uuid": intent.generation_uuid,
                 "attempt_id": intent.attempt_id,
+                # A rollback's evidence is its journal under work_dir/rollbacks.
+                "rollback": (project.work_dir / "rollbacks" / intent.attempt_id).is_dir(),
             }  # fmt: skip
         if info is not None and store is not None:
             entry["rollback_copies"] = _copies(

@@ -82,10 +82,16 @@ def rollback_copies(store: SqliteSnapshotStore, database: str, target: str) -> l
             intent.generation_uuid, ownership_comment(intent.attempt_id, intent.semantic_id)
         )
     copies = []
+    seen: set[tuple[str, str]] = set()
     for summary in reversed(summaries):
         if summary.state != SnapshotState.PUBLISHED.value:
             continue
         intent = SnapshotIntent.from_bytes(summary.intent_bytes)
+        # A rollback publishes a copy under the name it already had, so two publications
+        # can leave the same (name, UUID): it is one table, listed (and dropped) once.
+        if (intent.generation_table, intent.target_uuid) in seen:
+            continue
+        seen.add((intent.generation_table, intent.target_uuid))
         first = any(h.facts.get("step") == "create_target" for h in store.history(intent.sha256))
         expected = "" if first else creators.get(intent.target_uuid)
         copies.append(RollbackCopy(intent, summary.created_at, expected, first))
