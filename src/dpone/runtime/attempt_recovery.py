@@ -9,7 +9,10 @@ terminal now: by ``KILL QUERY ... SYNC`` / ``system.query_log`` (only entries of
 query sent as the attempt's principal, in its database, within the intent's dispatch
 window: attempt ids and so query ids are chosen by users), or by the server having
 started after the mutation's dispatch window closed (a restarted server runs nothing
-of its previous life; its query log may be empty). Only a table proven to be
+of its previous life; its query log may be empty). The window closes when the
+request deadline passes, or earlier when the journal records that the sending call
+returned (``returned``: the transport had stopped sending); when the sending process
+itself died, only the deadline closes it. Only a table proven to be
 the attempt's own (UUID, ownership mark, name) is dropped. A refused cleanup writes
 nothing: ``attempts list`` shows the same afterwards. Nothing is inferred from silence.
 
@@ -19,6 +22,7 @@ verified, a durable intent, its own query id (``-discard``), removal verified.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shlex
 import shutil
@@ -62,6 +66,13 @@ class SentMutation:
     not_after_ms: int | None  # wall time after which it can no longer have been sent
     # The intent event: its principal, planned database and window (dispatch_origin).
     intent: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    returned_ms: int | None = None  # when the sending call returned unsettled, if recorded
+
+    @property
+    def window_closed_ms(self) -> int | None:
+        """The wall time after which no byte of it was sent (None: unknown)."""
+        ends = [t for t in (self.not_after_ms, self.returned_ms) if type(t) is int]
+        return min(ends) if ends else None
 
 
 @dataclass(frozen=True)
@@ -113,9 +124,13 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
     """Condense a verified journal."""
     sent: list[SentMutation] = []
     settled: set[str] = set()
+    returned: dict[str, int] = {}
     uuid = semantic = planned = None
     for event in events:
         doc = event.document
+        back = doc.get("returned")
+        if isinstance(back, dict) and type(back.get("at_ms")) is int:
+            returned[str(back.get("query_id"))] = back["at_ms"]
         query = doc.get("query")
         if (
             isinstance(query, dict)
@@ -139,6 +154,7 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
         uuid = (doc.get("observed_ownership") or {}).get("table_uuid") or uuid
         semantic = doc.get("semantic_id", semantic)
         planned = doc.get("planned_ownership", planned)
+    sent = [dataclasses.replace(m, returned_ms=returned.get(m.query_id)) for m in sent]
     last = events[-1] if events else None
     doc = last.document if last else {}
     return AttemptSummary(
@@ -238,13 +254,16 @@ class _Operator:
         proofs: list[dict[str, Any]] = []
         started: float | None = None
         for sent in self.summary.unsettled:
-            if sent.not_after_ms is not None:
+            closed = sent.window_closed_ms
+            if closed is not None:
                 if started is None:
                     started = observe_server_start(self.transport, query_id=self.read_id("uptime"),
                                                    deadline=self.deadline, wall_clock=self.wall_clock)  # fmt: skip
-                if started * 1000 > sent.not_after_ms:
+                if started * 1000 > closed:
                     proofs.append({"query_id": sent.query_id, "termination": "server_restart",
-                                   "source": "uptime", "server_started_after_ms": math.floor(started * 1000)})  # fmt: skip
+                                   "source": "uptime", "server_started_after_ms": math.floor(started * 1000),
+                                   "window_closed_ms": closed,
+                                   "window_closed_by": "deadline" if closed == sent.not_after_ms else "returned"})  # fmt: skip
                     continue
             origin = dispatch_origin(sent.intent, self.wall_clock())
             state = prove_termination(self.transport, sent.query_id, probe_prefix=self.read_id("termination"),
