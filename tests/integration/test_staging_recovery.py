@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -409,3 +411,55 @@ def test_cleanup_right_after_the_server_died_mid_insert(
         assert refused.returncode == 1
         assert as_json(refused)["error"]["code"] == "termination_unproven"
         assert exists(info, "dpone_stage_died_h1") and listing(work) == before
+
+
+def test_finishing_command_repeats_the_server_options() -> None:
+    """Item 16: the printed command reaches the server the stage used, the same way."""
+    remote = {"host": "127.0.0.1", "http_port": 18123, "tcp_port": 19000,
+              "data_dir": Path(".dpone/clickhouse"), "transport": "http",
+              "client_path": "clickhouse-client"}  # fmt: skip
+    assert finishing_command("retained_unknown", "a-1", Path("/w"), DB, remote) == (
+        f"dpone attempts cleanup a-1 --work-dir /w --database {DB} "
+        "--host 127.0.0.1 --http-port 18123 --tcp-port 19000"
+    )
+    managed = {"host": None, "http_port": None, "tcp_port": None, "data_dir": Path("/my data"),
+               "transport": "client", "client_path": "/opt/ch client"}  # fmt: skip
+    assert finishing_command("staged", "a-1", Path("/w"), DB, managed) == (
+        f"dpone attempts discard a-1 --work-dir /w --database {DB} --data-dir '/my data' "
+        "--transport client --client-path '/opt/ch client'"
+    )
+    default = {**managed, "data_dir": Path(".dpone/clickhouse"), "transport": "http"}
+    assert finishing_command("cleanup_failed", "a-1", Path("/w"), DB, default) == (
+        f"dpone attempts cleanup a-1 --work-dir /w --database {DB}"
+    )
+
+
+def test_sigterm_during_stage_says_what_remains(tmp_path: Path) -> None:
+    """Item 16: a stage stopped by SIGTERM still names its journal (and what else remains)."""
+    path, receipt, _ = export_hostile(tmp_path)
+    work = tmp_path / "work"
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        child = subprocess.Popen(
+            [sys.executable, "-m", "dpone", "stage", str(path), "--receipt", str(receipt),
+             "--work-dir", str(work), "--attempt-id", "term-1", "--database", DB,
+             "--host", "127.0.0.1", "--http-port", str(port), "--tcp-port", str(port),
+             "--principal", "admin"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "DPONE_CLICKHOUSE_USER": "u", "DPONE_CLICKHOUSE_PASSWORD": "p"},
+        )  # fmt: skip
+        try:
+            silent.settimeout(60)
+            conn, _ = silent.accept()  # the stage journaled its start and now waits
+            with conn:
+                child.send_signal(signal.SIGTERM)
+                _, err = child.communicate(timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    assert child.returncode == 143, err
+    assert "[terminated]" in err
+    assert "the attempt term-1 ended " in err and f"journal: {work / 'term-1'}" in err

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -148,14 +148,19 @@ def stage(
         progress = None if as_json or not sys.stderr.isatty() else TerminalProgress()
         attempt_id = attempt_id or new_attempt_id()
         config = _with_principal(config, principal, server, store_path, attempt_id)
+        journal_dir = work_dir / attempt_id
+        existed = journal_dir.exists()  # then it is not this run's journal to describe
         try:
             staged = ClickHouseSink(config, progress=progress).stage_validated_file(
                 file, receipt_path, attempt_id=attempt_id
             )
-        except DponeError as exc:
+        except BaseException as exc:  # SIGTERM and Ctrl-C too: say what remains
             if progress is not None:
                 progress.finish()
-            _tell_what_remains(exc, attempt_id, work_dir, config.endpoint.database, as_json)
+            if not existed:
+                _tell_what_remains(
+                    exc, journal_dir, work_dir, config.endpoint.database, server, as_json
+                )
             raise
         if progress is not None:
             progress.finish()
@@ -176,18 +181,31 @@ def stage(
 
 
 def _tell_what_remains(
-    exc: DponeError, attempt_id: str, work_dir: Path, database: str, as_json: bool
-) -> None:
-    """Say what a failed stage left behind and the command that finishes the job."""
-    last = exc.details.get("last_event")
-    if "journal" not in exc.details or not isinstance(last, dict):
+    exc: BaseException, journal_dir: Path, work_dir: Path, database: str,
+    server: Mapping[str, object], as_json: bool,
+) -> None:  # fmt: skip
+    """Say what a failed or stopped stage left behind and the command that finishes it.
+
+    Read from the attempt's own journal (its last event), so it holds for any way
+    the stage ended: a coded error, SIGTERM, Ctrl-C. Never raises: the primary
+    failure is what the user must see.
+    """
+    try:
+        events = read_events(journal_dir) if (journal_dir / "events").is_dir() else []
+    except DponeError as unreadable:
+        exc.add_note(f"the journal {journal_dir} could not be read: {unreadable}")
+        return
+    if not events:
         return  # nothing was journaled (the attempt never started)
-    remains = left_behind(last, Path(exc.details["journal"]))
-    finish = finishing_command(str(last.get("state")), attempt_id, work_dir, database)
-    exc.add_details(left_behind=remains, next_command=finish)
+    last = events[-1].document
+    state = str(last.get("state"))
+    remains = left_behind(last, journal_dir)
+    finish = finishing_command(state, journal_dir.name, work_dir, database, server)
+    if isinstance(exc, DponeError):
+        exc.add_details(left_behind=remains, next_command=finish)
     if as_json:
         return
-    lines = [f"the attempt {attempt_id} ended {last.get('state')}; it left behind:"]
+    lines = [f"the attempt {journal_dir.name} ended {state}; it left behind:"]
     lines += [f"  {what}: {where}" for what, where in remains.items()]
     if finish:
         lines.append(f"to finish: {finish}")

@@ -27,7 +27,7 @@ import math
 import shlex
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from dpone.connectors.clickhouse_tables import Ownership, observe_ownership
 from dpone.connectors.endpoint_identity import observe_server_start
 from dpone.connectors.remote_termination import prove_termination
 from dpone.errors import StateError
+from dpone.localserver.layout import DEFAULT_DATA_DIR
 from dpone.ports.clickhouse import QueryPort
 from dpone.runtime.staging_cleanup import UNOBSERVABLE, CleanupRefused, drop_owned_table
 from dpone.runtime.staging_run import AttemptRun, dispatch_origin
@@ -191,17 +192,43 @@ def left_behind(last: dict[str, Any], journal: Path) -> dict[str, str]:
     return remains
 
 
-def finishing_command(state: str, attempt_id: str, work_dir: Path, database: str) -> str | None:
+def finishing_command(
+    state: str, attempt_id: str, work_dir: Path, database: str,
+    server: Mapping[str, object] | None = None,
+) -> str | None:  # fmt: skip
     """The command that finishes what an attempt in ``state`` left (None: nothing to do).
 
-    Server options (``--host``, ``--http-port``, ...) are the ones the stage used.
+    ``server`` holds the server options the stage used (``host``, ``http_port``,
+    ``tcp_port``, ``data_dir``, ``transport``, ``client_path``, as the CLI names them):
+    those that differ from their defaults are repeated, so the command reaches the
+    same server the same way.
     """
     verb = {"staged": "discard", "failed_cleaned": None, "discarded": None}.get(state, "cleanup")
     if verb is None:
         return None
-    return shlex.join(
-        ["dpone", "attempts", verb, attempt_id, "--work-dir", str(work_dir), "--database", database]
-    )
+    argv = [
+        "dpone",
+        "attempts",
+        verb,
+        attempt_id,
+        "--work-dir",
+        str(work_dir),
+        "--database",
+        database,
+    ]
+    given = server or {}
+    if given.get("host") is not None:
+        argv += ["--host", str(given["host"])]
+        for key in ("http_port", "tcp_port"):
+            if given.get(key) is not None:
+                argv += [f"--{key.replace('_', '-')}", str(given[key])]
+    elif given.get("data_dir") is not None and Path(str(given["data_dir"])) != DEFAULT_DATA_DIR:
+        argv += ["--data-dir", str(given["data_dir"])]
+    if given.get("transport") not in (None, "http"):
+        argv += ["--transport", str(given["transport"])]
+        if given.get("client_path") not in (None, "clickhouse-client"):
+            argv += ["--client-path", str(given["client_path"])]
+    return shlex.join(argv)
 
 
 class _Operator:
