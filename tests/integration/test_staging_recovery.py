@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import os
+import shutil
 import signal
 import socket
 import subprocess
