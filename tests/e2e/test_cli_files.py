@@ -161,3 +161,17 @@ def test_bad_source_port_and_table_bytes_are_coded_errors(tmp_path: Path) -> Non
     assert odd.returncode == 2, odd.stdout + odd.stderr
     assert as_json(odd)["error"]["code"] == "invalid_table_name"
     assert not Path(out).exists()
+
+
+def test_out_dot_slash_dash_writes_a_file_named_dash(tmp_path: Path) -> None:
+    """Item 24: ./- is the spelling the refusal of '-' recommends: it must work."""
+    db = tmp_path / "src.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE t (id bigint NOT NULL)")
+        conn.execute("INSERT INTO t VALUES (7)")
+    done = dpone("export", "--source", f"sqlite:{db}", "--table", "t", "--out", "./-", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "-").read_bytes() == b"7\n"
+    assert (tmp_path / "-.receipt.json").is_file()
+    dash = dpone("export", "--source", f"sqlite:{db}", "--table", "t", "--out", "-", cwd=tmp_path)
+    assert dash.returncode == 2 and "./- for a file named '-'" in dash.stderr

@@ -41,6 +41,8 @@ ERROR_CAP = 64 * 1024
 PIPE_CHUNK = 64 * 1024
 _CODE = re.compile(r"Code: (\d+)\. ")
 NETWORK_ERROR = 210
+ATTEMPT_TO_READ_AFTER_EOF = 32
+UNEXPECTED_PACKET_FROM_SERVER = 102
 # A failed name lookup: 198 DNS_ERROR (recent clients), Poco's "Host not found" (18.16).
 _HOST_NOT_FOUND = re.compile(r"Not found address of host|Host not found")
 
@@ -292,14 +294,32 @@ class ClientTransport:
                     f"{request.query_id}: {first}",
                     code="host_not_found", host=self.endpoint.host, query_id=request.query_id,
                 )  # fmt: skip
+            where = f"{self.endpoint.host}:{self.endpoint.tcp_port}"
+            if ch_code == UNEXPECTED_PACKET_FROM_SERVER and "expected Hello" in text:
+                # The native handshake failed: the query is sent only after the server's
+                # Hello, so nothing was sent. Another protocol answered on that port.
+                raise NotSubmitted(
+                    f"{where} does not speak ClickHouse's native protocol (query "
+                    f"{request.query_id} was not sent): is --tcp-port the HTTP port? Give the "
+                    f"native port (often 9000) as --tcp-port and the HTTP port as --http-port",
+                    code="not_native_port", query_id=request.query_id, port=self.endpoint.tcp_port,
+                )  # fmt: skip
             from_server = (
                 "Received exception from server" in text or "Exception: Received from" in text
             )
+            hint = ""
+            if ch_code == ATTEMPT_TO_READ_AFTER_EOF and not from_server:
+                # What the Debian client says when an HTTP port closes on its Hello; the
+                # same text can end a lost connection, so the outcome stays unknown.
+                hint = (
+                    f" ({where} closed the connection without answering: if it is the HTTP "
+                    "port, give the native port (often 9000) as --tcp-port)"
+                )
             if ch_code is None or not from_server:
                 # The client's own failure (a lost connection, a reset): the server may
                 # have run the query, so nothing is known until it is proven.
                 raise OutcomeUnknown(
-                    f"client for query {request.query_id} exited {code}: {first}",
+                    f"client for query {request.query_id} exited {code}: {first}{hint}",
                     code="client_failed", query_id=request.query_id, exit_code=code,
                     client_code=ch_code,
                 )  # fmt: skip
