@@ -41,7 +41,7 @@ from dpone.connectors.clickhouse_request import mutation_query_id, read_query_id
 from dpone.connectors.clickhouse_tables import Ownership, observe_ownership
 from dpone.connectors.endpoint_identity import observe_server_start
 from dpone.connectors.remote_termination import prove_termination
-from dpone.errors import StateError
+from dpone.errors import DponeError, StateError
 from dpone.localserver.layout import DEFAULT_DATA_DIR
 from dpone.ports.clickhouse import QueryPort
 from dpone.runtime.staging_cleanup import UNOBSERVABLE, CleanupRefused, drop_owned_table
@@ -169,11 +169,45 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
 
 def list_attempts(work_dir: Path) -> list[AttemptSummary]:
     """Every attempt under ``work_dir`` (journals that do not verify raise)."""
+    found, unreadable = survey_attempts(work_dir)
+    if unreadable:
+        raise unreadable[0].error
+    return found
+
+
+@dataclass(frozen=True)
+class UnreadableAttempt:
+    """An attempt directory whose journal does not verify (or cannot be read)."""
+
+    path: Path
+    error: DponeError
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attempt_id": self.path.name, "path": str(self.path), "error": self.error.to_dict()}
+
+
+def survey_attempts(work_dir: Path) -> tuple[list[AttemptSummary], list[UnreadableAttempt]]:
+    """Every attempt under ``work_dir``, and apart those whose journal cannot be read.
+
+    One corrupt journal does not hide the others: each is read on its own.
+    """
+    found: list[AttemptSummary] = []
+    unreadable: list[UnreadableAttempt] = []
     if not work_dir.is_dir():
-        return []
-    return [
-        summarize(d, read_events(d)) for d in sorted(work_dir.iterdir()) if (d / "events").is_dir()
-    ]
+        return found, unreadable
+    for attempt_dir in sorted(work_dir.iterdir()):
+        if not (attempt_dir / "events").is_dir():
+            continue
+        try:
+            found.append(summarize(attempt_dir, read_events(attempt_dir)))
+        except DponeError as exc:
+            unreadable.append(UnreadableAttempt(attempt_dir, exc))
+        except OSError as exc:
+            error = StateError(f"the journal {attempt_dir} cannot be read: {exc.strerror or exc}",
+                               code="journal_unreadable", path=str(attempt_dir))  # fmt: skip
+            error.__cause__ = exc
+            unreadable.append(UnreadableAttempt(attempt_dir, error))
+    return found, unreadable
 
 
 def left_behind(last: dict[str, Any], journal: Path) -> dict[str, str]:
@@ -331,8 +365,8 @@ def cleanup_attempt(
     if not op.summary.needs_operator:
         raise StateError(f"attempt {attempt_id} ended {op.summary.state}; nothing to clean",
                          code="nothing_to_clean")  # fmt: skip
+    where = op.table(database)  # before any query: a wrong --database asks nothing
     proofs = op.prove_settled()
-    where = op.table(database)
     found = op.ownership(*where, None) if where else None
     drop_id = mutation_query_id(op.summary.attempt_id, "drop")
     if found is not None and drop_id in op.summary.sent_mutations:
