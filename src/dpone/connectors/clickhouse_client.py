@@ -342,6 +342,7 @@ def client_config(credentials: Credentials) -> Iterator[tuple[str, int]]:
     """
     fd = os.memfd_create("dpone-client-config", os.MFD_CLOEXEC)
     try:
+        os.fchmod(fd, 0o600)  # reachable only through /proc by this user anyway; say so
         data = memoryview(
             (
                 f"<config><user>{escape(credentials.user)}</user>"
