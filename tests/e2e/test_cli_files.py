@@ -106,3 +106,72 @@ def test_export_over_its_source_is_refused_and_the_source_survives(tmp_path: Pat
                   "--out", str(tmp_path / "o.tsv"), "--receipt-out", str(tmp_path / "o.tsv"))  # fmt: skip
     assert again.returncode == 2 and "[outputs_collide]" in again.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src.db"]
+
+
+def _int_schema(tmp_path: Path) -> Path:
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"schema_version": 1, "columns": [
+        {"name": "id", "source_type": "bigint", "nullable": False},
+        {"name": "n", "source_type": "int", "nullable": True},
+    ]}))  # fmt: skip
+    return schema
+
+
+def test_an_integer_of_4301_digits_is_a_coded_value_error(tmp_path: Path) -> None:
+    """Item 19: Python's int-string limit never reaches the user as internal_error."""
+    data = tmp_path / "long.tsv"
+    data.write_bytes(b"1\t2\n2\t" + b"9" * 4301 + b"\n")
+    done = dpone("validate", str(data), "--schema", str(_int_schema(tmp_path)), "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    error = as_json(done)["error"]
+    assert (error["code"], error["details"]["record"], error["details"]["column"]) == (
+        "value_not_representable", 2, "n",
+    )  # fmt: skip
+    assert not (tmp_path / "long.tsv.receipt.json").exists()
+
+
+def test_a_refused_value_is_named_by_position_never_quoted(tmp_path: Path) -> None:
+    """Item 20: a 200 KB refused value: the message names record and column, not the value."""
+    data = tmp_path / "huge.tsv"
+    huge = "7" * 100_000 + "x" * 100_000
+    data.write_bytes(b"1\t2\n2\t3\n3\t" + huge.encode() + b"\n")
+    for flags in ((), ("--json",)):
+        done = dpone("validate", str(data), "--schema", str(_int_schema(tmp_path)), *flags)
+        assert done.returncode == 1
+        output = done.stdout + done.stderr
+        assert "777777" not in output and "xxxxxx" not in output
+        assert len(output) < 2000
+    error = as_json(done)["error"]
+    assert error["code"] == "invalid_value"
+    assert error["message"] == (
+        f"the value at {data}, record 3, column 'n' (Nullable(Int32)) is not a canonical integer"
+    )
+
+
+def test_bad_source_port_and_table_bytes_are_coded_errors(tmp_path: Path) -> None:
+    """Item 19: an out-of-range port and a table name that is not UTF-8 are usage errors."""
+    out = str(tmp_path / "o.tsv")
+    port = dpone("export", "--source", "mssql://h:99999/db", "--table", "t", "--out", out, "--json")
+    assert port.returncode == 2 and as_json(port)["error"]["code"] == "invalid_dsn"
+    db = tmp_path / "src.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE t (id bigint NOT NULL)")
+    table = "t" + bytes([0xFF]).decode("utf-8", "surrogateescape")
+    odd = dpone("export", "--source", f"sqlite:{db}", "--table", table, "--out", out, "--json")
+    assert odd.returncode == 2, odd.stdout + odd.stderr
+    assert as_json(odd)["error"]["code"] == "invalid_table_name"
+    assert not Path(out).exists()
+
+
+def test_out_dot_slash_dash_writes_a_file_named_dash(tmp_path: Path) -> None:
+    """Item 24: ./- is the spelling the refusal of '-' recommends: it must work."""
+    db = tmp_path / "src.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE t (id bigint NOT NULL)")
+        conn.execute("INSERT INTO t VALUES (7)")
+    done = dpone("export", "--source", f"sqlite:{db}", "--table", "t", "--out", "./-", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "-").read_bytes() == b"7\n"
+    assert (tmp_path / "-.receipt.json").is_file()
+    dash = dpone("export", "--source", f"sqlite:{db}", "--table", "t", "--out", "-", cwd=tmp_path)
+    assert dash.returncode == 2 and "./- for a file named '-'" in dash.stderr

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -286,3 +289,177 @@ def test_left_behind_names_the_table_spool_and_command(tmp_path: Path) -> None:
     assert (
         json.dumps(left_behind({"state": "failed_cleaned"}, Path("/w/x"))) == '{"journal": "/w/x"}'
     )
+
+
+KILLER = textwrap.dedent(
+    f"""
+    import os, signal, socket, sys, time
+    from pathlib import Path
+    from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal
+    from dpone.connectors import clickhouse_http
+    from dpone.connectors.clickhouse_request import Credentials, Endpoint
+    from dpone.runtime.clickhouse_file_stage_contract import StagingPolicy
+    from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
+    from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
+    from dpone.runtime.validated_file_service import ClickHouseValidatedFileService
+
+    http, tcp, work, path, receipt, attempt, mode, server_pid = sys.argv[1:]
+
+    class DiesAtInsert(ClickHouseFileAttemptJournal):
+        # The dispatching process itself dies right after the INSERT's intent.
+        def record(self, fields):
+            event = super().record(fields)
+            if mode == "die" and (fields.get("query") or {{}}).get("kind") == "insert":
+                os.kill(os.getpid(), signal.SIGKILL)
+            return event
+
+    read = clickhouse_http._BodyStream.read
+
+    def killing_read(self, size=-1):
+        # Part of the INSERT's body is on the wire: kill -9 the server, wait until
+        # its listener is gone, then go on sending into the dead connection.
+        if mode == "kill" and self.sent > 0 and not getattr(self, "killed", False):
+            self.killed = True
+            os.kill(int(server_pid), signal.SIGKILL)
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", int(http)), timeout=1).close()
+                except OSError:
+                    break
+                time.sleep(0.05)
+        return read(self, size)
+
+    clickhouse_http._BodyStream.read = killing_read
+    admin = Credentials(os.environ["DPONE_CLICKHOUSE_USER"], os.environ["DPONE_CLICKHOUSE_PASSWORD"])
+    cfg = StagingConfig(Endpoint("127.0.0.1", int(http), int(tcp), "{DB}"), admin, Path(work))
+    svc = ClickHouseValidatedFileService(build_transport(cfg), "{DB}", Path(work), journal_factory=DiesAtInsert,
+                                         policy=StagingPolicy(request_seconds=600.0))
+    svc.stage(ContractValidatedFileArtifact(Path(path), Path(receipt)), attempt)
+    """
+)
+
+
+def test_cleanup_right_after_the_server_died_mid_insert(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 15: the stage saw its INSERT fail unknown and returned; a restart proves it gone.
+
+    The request window is 600 s, yet cleanup succeeds on the first restart: the journal
+    records when the sending call returned, and the server started after that. An
+    attempt whose dispatching process died itself (no such record) stays refused.
+    """
+    path, receipt, _ = export_hostile(tmp_path)
+    work = tmp_path / "work"
+    data_dir = tmp_path / "victim"
+    first = LocalServer(data_dir)
+    info = first.start()
+    try:
+        act_as_admin(monkeypatch, data_dir, info.http_port)
+        chhttp.query(info.http_port, f"CREATE DATABASE {DB} ENGINE = Atomic")
+
+        def child(attempt: str, mode: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-c", KILLER, str(info.http_port), str(info.tcp_port), str(work),
+                 str(path), str(receipt), attempt, mode, str(info.pid)],
+                capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+
+        died = child("died-1", "die")
+        assert died.returncode == -9, died.stderr
+        assert exists(info, "dpone_stage_died_h1")
+        killed = child("killed-1", "kill")
+        assert killed.returncode == 1, killed.stderr
+        assert first.wait() == -signal.SIGKILL
+    finally:
+        first.stop()
+    docs = [e.document for e in read_events(work / "killed-1")]
+    assert docs[-1]["state"] == "retained_unknown"
+    [returned] = [d["returned"] for d in docs if "returned" in d]
+    assert returned["query_id"] == "dpone-b02-killed-1-insert"
+    insert = next(d for d in docs if (d.get("query") or {}).get("kind") == "insert")
+    assert insert["dispatch"]["not_after_ms"] - returned["at_ms"] > 500_000  # 600 s window
+    # The server's start is bounded to whole seconds: it starts again a little later
+    # than the return (the user's "immediate" restart), far before the 600 s window ends.
+    while time.time() * 1000 < returned["at_ms"] + 2500:
+        time.sleep(0.1)
+    with LocalServer(data_dir) as second:
+        info = second.info
+        act_as_admin(monkeypatch, data_dir, info.http_port)
+        assert exists(info, "dpone_stage_killed_h1")
+        done = dpone("attempts", "cleanup", "killed-1", "--work-dir", str(work), *server_args(info))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert as_json(done)["state"] == "failed_cleaned"
+        assert not exists(info, "dpone_stage_killed_h1")
+        docs = [e.document for e in read_events(work / "killed-1")]
+        [proof] = [d["remote"] for d in docs if d["outcome"] == "termination_observed"
+                   and d["remote"]["termination"] == "server_restart"]  # fmt: skip
+        assert (proof["query_id"], proof["window_closed_by"], proof["window_closed_ms"]) == (
+            "dpone-b02-killed-1-insert", "returned", returned["at_ms"],
+        )  # fmt: skip
+        # The DROP came after the ownership check, with its own intent.
+        assert [(d["state"], d["outcome"]) for d in docs[-3:]] == [
+            ("cleanup", "termination_observed"), ("cleanup", "drop_intent"),
+            ("failed_cleaned", "operator_cleanup"),
+        ]  # fmt: skip
+        # Ownership verified: the dropped table is the one the INSERT went to.
+        assert docs[-2]["observed_ownership"] == insert["observed_ownership"]
+        # The process that died while dispatching left no return record: still refused.
+        before = listing(work)
+        refused = dpone(
+            "attempts", "cleanup", "died-1", "--work-dir", str(work), *server_args(info)
+        )
+        assert refused.returncode == 1
+        assert as_json(refused)["error"]["code"] == "termination_unproven"
+        assert exists(info, "dpone_stage_died_h1") and listing(work) == before
+
+
+def test_finishing_command_repeats_the_server_options() -> None:
+    """Item 16: the printed command reaches the server the stage used, the same way."""
+    remote = {"host": "127.0.0.1", "http_port": 18123, "tcp_port": 19000,
+              "data_dir": Path(".dpone/clickhouse"), "transport": "http",
+              "client_path": "clickhouse-client"}  # fmt: skip
+    assert finishing_command("retained_unknown", "a-1", Path("/w"), DB, remote) == (
+        f"dpone attempts cleanup a-1 --work-dir /w --database {DB} "
+        "--host 127.0.0.1 --http-port 18123 --tcp-port 19000"
+    )
+    managed = {"host": None, "http_port": None, "tcp_port": None, "data_dir": Path("/my data"),
+               "transport": "client", "client_path": "/opt/ch client"}  # fmt: skip
+    assert finishing_command("staged", "a-1", Path("/w"), DB, managed) == (
+        f"dpone attempts discard a-1 --work-dir /w --database {DB} --data-dir '/my data' "
+        "--transport client --client-path '/opt/ch client'"
+    )
+    default = {**managed, "data_dir": Path(".dpone/clickhouse"), "transport": "http"}
+    assert finishing_command("cleanup_failed", "a-1", Path("/w"), DB, default) == (
+        f"dpone attempts cleanup a-1 --work-dir /w --database {DB}"
+    )
+
+
+def test_sigterm_during_stage_says_what_remains(tmp_path: Path) -> None:
+    """Item 16: a stage stopped by SIGTERM still names its journal (and what else remains)."""
+    path, receipt, _ = export_hostile(tmp_path)
+    work = tmp_path / "work"
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        child = subprocess.Popen(
+            [sys.executable, "-m", "dpone", "stage", str(path), "--receipt", str(receipt),
+             "--work-dir", str(work), "--attempt-id", "term-1", "--database", DB,
+             "--host", "127.0.0.1", "--http-port", str(port), "--tcp-port", str(port),
+             "--principal", "admin"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "DPONE_CLICKHOUSE_USER": "u", "DPONE_CLICKHOUSE_PASSWORD": "p"},
+        )  # fmt: skip
+        try:
+            silent.settimeout(60)
+            conn, _ = silent.accept()  # the stage journaled its start and now waits
+            with conn:
+                child.send_signal(signal.SIGTERM)
+                _, err = child.communicate(timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    assert child.returncode == 143, err
+    assert "[terminated]" in err
+    assert "the attempt term-1 ended " in err and f"journal: {work / 'term-1'}" in err

@@ -25,21 +25,24 @@ force_option = click.option(
 )
 
 
-def _refuse_dash(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+def _refuse_dash(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
     # click.Path takes "-" as a file named "-"; an output here is a validated file put
-    # in place by rename, never a stream, so say so instead of creating that file.
-    if value is not None and str(value) == "-":
+    # in place by rename, never a stream, so say so instead of creating that file. The
+    # raw text is compared: Path("./-") == Path("-"), and ./- is the spelling offered.
+    if value is None:
+        return None
+    if value == "-":
         raise click.BadParameter(
             "'-' is not standard output here: dpone writes files through a temporary name "
             "and a rename; give a file path (./- for a file named '-')"
         )
-    return value
+    return Path(value)
 
 
 def output_option(name: str, *, help: str, required: bool = False) -> Callable[[F], F]:
     """An option naming an output file (see :func:`dpone.durable_files.atomic_outputs`)."""
     return click.option(
-        name, type=click.Path(dir_okay=False, path_type=Path), callback=_refuse_dash,
+        name, type=click.Path(dir_okay=False), callback=_refuse_dash,
         required=required, help=help,
     )  # fmt: skip
 

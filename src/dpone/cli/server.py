@@ -6,22 +6,17 @@ the data directory's credentials file, which dpone's commands read themselves.
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType
-from xml.sax.saxutils import escape
 
 import click
 
 from dpone.cli.output import emit_json, json_option, reported_errors
-from dpone.connectors.clickhouse_request import Credentials
+from dpone.connectors.clickhouse_client import client_config
 from dpone.errors import LocalServerError
 from dpone.localserver import (
     LocalServer,
@@ -286,31 +281,14 @@ def client(data_dir: Path, client_path: str, client_args: tuple[str, ...]) -> No
     with reported_errors(False):
         info = _running(data_dir)
         credentials = admin_credentials(data_dir)
-        with _client_config(credentials) as config:
-            argv = [client_path, "--config-file", str(config),
+        with client_config(credentials) as (config, config_fd):
+            argv = [client_path, "--config-file", config,
                     "--host", "127.0.0.1", "--port", str(info.tcp_port), *client_args]  # fmt: skip
             try:
-                code = subprocess.call(argv)
+                code = subprocess.call(argv, pass_fds=(config_fd,))
             except FileNotFoundError as exc:
                 raise LocalServerError(
                     f"{client_path!r} not found; install clickhouse-client or pass --client-path",
                     code="client_not_found",
                 ) from exc
     sys.exit(code)
-
-
-@contextmanager
-def _client_config(credentials: Credentials) -> Iterator[Path]:
-    """A 0600 clickhouse-client configuration file with ``credentials``, removed after."""
-    private = Path(tempfile.mkdtemp(prefix="dpone-client-"))  # 0700 by construction
-    try:
-        config = private / "client.xml"
-        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(
-                f"<config><user>{escape(credentials.user)}</user>"
-                f"<password>{escape(credentials.password)}</password></config>\n"
-            )
-        yield config
-    finally:
-        shutil.rmtree(private, ignore_errors=True)

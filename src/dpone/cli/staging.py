@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -12,11 +12,12 @@ from typing import Any, TypeVar
 import click
 
 from dpone.adapters.file_attempt_journal import read_events, verify_journal
+from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore
 from dpone.cli.connection import managed_credentials
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option
-from dpone.connectors.clickhouse_request import Endpoint
-from dpone.errors import ConfigurationError, DponeError
+from dpone.connectors.clickhouse_request import Endpoint, check_attempt_id
+from dpone.errors import ConfigurationError, DponeError, StateError
 from dpone.localserver import find_running
 from dpone.runtime.attempt_recovery import (
     RECOVERY_STEPS,
@@ -24,7 +25,7 @@ from dpone.runtime.attempt_recovery import (
     discard_attempt,
     finishing_command,
     left_behind,
-    list_attempts,
+    survey_attempts,
 )
 from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
 from dpone.runtime.engine_conversion import MODE_ENGINE
@@ -87,20 +88,39 @@ def staging_config(data_dir: Path, host: str | None, http_port: int | None, tcp_
 
 
 def _with_principal(config: StagingConfig, principal: str, server: dict[str, object],
-                    store_path: Path, attempt_id: str) -> StagingConfig:  # fmt: skip
-    """Stage as a leased ingest principal of the pool, or keep the administrator."""
+                    store_path: Path, attempt_id: str) -> tuple[StagingConfig, str | None]:  # fmt: skip
+    """Stage as a leased ingest principal of the pool (and its lease id), or as the admin."""
     if principal == "admin":
-        return config
+        return config, None
     if server.get("host") is not None:
         if principal == "pool":
             raise ConfigurationError("--principal pool needs the managed local server",
                                      code="pool_needs_managed_server")  # fmt: skip
-        return config
+        return config, None
     data_dir = Path(str(server["data_dir"]))
     if principal == "auto" and not pool_protects(data_dir, config.endpoint.database):
-        return config  # no pool over this database: stage as the administrator
+        return config, None  # no pool over this database: stage as the administrator
     issued = issue_ingest(data_dir, store_path, config.endpoint.database, attempt_id)
-    return replace(config, credentials=issued.credentials, principal_uuid=issued.ref.user_uuid)
+    leased = replace(config, credentials=issued.credentials, principal_uuid=issued.ref.user_uuid)
+    return leased, issued.ref.lease_id
+
+
+def end_ingest_leases(store_path: Path, attempt_id: str, only: str | None = None) -> list[str]:
+    """End the active ingest leases of ``attempt_id`` (or just ``only``); their ids.
+
+    A staged table that will never be published needs no principal: without this its
+    lease stays active and the pool runs out (``pool_exhausted``). A store that does
+    not exist holds no lease (and is not created).
+    """
+    if not store_path.is_file():
+        return []
+    store = SqliteSnapshotStore(store_path)
+    ended = []
+    for lease in store.leases_of(attempt_id):
+        if lease.active and only in (None, lease.lease_id):
+            store.end_lease(lease.lease_id)
+            ended.append(lease.lease_id)
+    return ended
 
 
 class TerminalProgress:
@@ -146,16 +166,24 @@ def stage(
     with reported_errors(as_json):
         config = staging_config(work_dir=work_dir, **server)  # type: ignore[arg-type]
         progress = None if as_json or not sys.stderr.isatty() else TerminalProgress()
-        attempt_id = attempt_id or new_attempt_id()
-        config = _with_principal(config, principal, server, store_path, attempt_id)
+        # An empty --attempt-id is refused like any other invalid one, never replaced.
+        attempt_id = new_attempt_id() if attempt_id is None else check_attempt_id(attempt_id)
+        config, lease_id = _with_principal(config, principal, server, store_path, attempt_id)
+        journal_dir = work_dir / attempt_id
+        existed = journal_dir.exists()  # then it is not this run's journal to describe
         try:
             staged = ClickHouseSink(config, progress=progress).stage_validated_file(
                 file, receipt_path, attempt_id=attempt_id
             )
-        except DponeError as exc:
+        except BaseException as exc:  # SIGTERM and Ctrl-C too: say what remains
             if progress is not None:
                 progress.finish()
-            _tell_what_remains(exc, attempt_id, work_dir, config.endpoint.database, as_json)
+            if lease_id is not None:
+                _end_lease_after_failure(exc, store_path, attempt_id, lease_id)
+            if not existed:
+                _tell_what_remains(
+                    exc, journal_dir, work_dir, config.endpoint.database, server, as_json
+                )
             raise
         if progress is not None:
             progress.finish()
@@ -175,19 +203,42 @@ def stage(
             )
 
 
-def _tell_what_remains(
-    exc: DponeError, attempt_id: str, work_dir: Path, database: str, as_json: bool
+def _end_lease_after_failure(
+    exc: BaseException, store_path: Path, attempt_id: str, lease_id: str
 ) -> None:
-    """Say what a failed stage left behind and the command that finishes the job."""
-    last = exc.details.get("last_event")
-    if "journal" not in exc.details or not isinstance(last, dict):
+    """A failed stage publishes nothing: its lease ends (a failure to end it is a note)."""
+    try:
+        end_ingest_leases(store_path, attempt_id, only=lease_id)
+    except (DponeError, OSError) as store_exc:
+        exc.add_note(f"the ingest lease {lease_id} could not be ended: {store_exc}")
+
+
+def _tell_what_remains(
+    exc: BaseException, journal_dir: Path, work_dir: Path, database: str,
+    server: Mapping[str, object], as_json: bool,
+) -> None:  # fmt: skip
+    """Say what a failed or stopped stage left behind and the command that finishes it.
+
+    Read from the attempt's own journal (its last event), so it holds for any way
+    the stage ended: a coded error, SIGTERM, Ctrl-C. Never raises: the primary
+    failure is what the user must see.
+    """
+    try:
+        events = read_events(journal_dir) if (journal_dir / "events").is_dir() else []
+    except DponeError as unreadable:
+        exc.add_note(f"the journal {journal_dir} could not be read: {unreadable}")
+        return
+    if not events:
         return  # nothing was journaled (the attempt never started)
-    remains = left_behind(last, Path(exc.details["journal"]))
-    finish = finishing_command(str(last.get("state")), attempt_id, work_dir, database)
-    exc.add_details(left_behind=remains, next_command=finish)
+    last = events[-1].document
+    state = str(last.get("state"))
+    remains = left_behind(last, journal_dir)
+    finish = finishing_command(state, journal_dir.name, work_dir, database, server)
+    if isinstance(exc, DponeError):
+        exc.add_details(left_behind=remains, next_command=finish)
     if as_json:
         return
-    lines = [f"the attempt {attempt_id} ended {last.get('state')}; it left behind:"]
+    lines = [f"the attempt {journal_dir.name} ended {state}; it left behind:"]
     lines += [f"  {what}: {where}" for what, where in remains.items()]
     if finish:
         lines.append(f"to finish: {finish}")
@@ -247,11 +298,29 @@ def attempts() -> None:
 def attempts_list(work_dir: Path, show_all: bool, as_json: bool) -> None:
     """List attempts that ended retained_unknown or cleanup_failed, or never ended."""
     with reported_errors(as_json):
-        found = [a for a in list_attempts(work_dir) if show_all or a.needs_operator]
+        if not work_dir.is_dir():
+            raise ConfigurationError(f"work directory {work_dir} does not exist",
+                                     code="work_dir_missing", path=str(work_dir))  # fmt: skip
+        summaries, unreadable = survey_attempts(work_dir)
+        found = [a for a in summaries if show_all or a.needs_operator]
+        if unreadable:
+            # Listed with the others, and the command fails: each needs an operator.
+            first = unreadable[0].error
+            broken = StateError(
+                f"{len(unreadable)} attempt journal(s) in {work_dir} cannot be read "
+                f"(first: {unreadable[0].path.name}: [{first.code}] {first.message})",
+                code="journal_unreadable",
+            )  # fmt: skip
         if as_json:
-            emit_json({"ok": True, "attempts": [a.to_dict() for a in found]})
+            payload: dict[str, Any] = {"ok": not unreadable, "attempts": [a.to_dict() for a in found],
+                                       "unreadable": [u.to_dict() for u in unreadable]}  # fmt: skip
+            if unreadable:
+                payload["error"] = broken.to_dict()
+            emit_json(payload)
+            if unreadable:
+                sys.exit(1)
             return
-        if not found:
+        if not found and not unreadable:
             click.echo("no attempt" if show_all else "no attempt needs an operator")
             return
         for a in found:
@@ -264,8 +333,12 @@ def attempts_list(work_dir: Path, show_all: bool, as_json: bool) -> None:
                            f"{finishing_command(a.state, a.attempt_id, work_dir, str(table.get('database')))}")  # fmt: skip
             else:
                 click.echo(f"  inventory {json.dumps(a.inventory, sort_keys=True)}")
+        for u in unreadable:
+            click.echo(f"{u.path.name}: journal unreadable: [{u.error.code}] {u.error.message}")
         if any(a.needs_operator for a in found):
             click.echo("recovery: " + "; then ".join(RECOVERY_STEPS))
+        if unreadable:
+            raise broken
 
 
 @attempts.command("cleanup")
@@ -289,15 +362,24 @@ def attempts_cleanup(attempt_id: str, work_dir: Path, as_json: bool, **server: o
 @attempts.command("discard")
 @click.argument("attempt_id")
 @work_dir_option
+@click.option("--store", "store_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=DEFAULT_STORE, show_default=True,
+              help="The publication store holding the attempt's ingest lease (ended).")  # fmt: skip
 @server_options
 @json_option
-def attempts_discard(attempt_id: str, work_dir: Path, as_json: bool, **server: object) -> None:
-    """Drop the staged table of ATTEMPT_ID (never published) after verifying it is its own."""
+def attempts_discard(
+    attempt_id: str, work_dir: Path, store_path: Path, as_json: bool, **server: object
+) -> None:
+    """Drop the staged table of ATTEMPT_ID (never published) after verifying it is its own.
+
+    The attempt's ingest lease in the publication store ends too.
+    """
     with reported_errors(as_json):
         config = staging_config(work_dir=work_dir, **server)  # type: ignore[arg-type]
         summary = discard_attempt(
             build_transport(config), work_dir, attempt_id, database=config.endpoint.database
         )
+        end_ingest_leases(store_path, summary.attempt_id)
         if as_json:
             emit_json({"ok": True, **summary.to_dict()})
         else:

@@ -2,8 +2,9 @@
 
 The spool goes to the child's stdin; stdout and stderr are read without blocking and
 with caps; the absolute deadline is checked on every turn and before and after the
-final wait. Credentials travel in a private 0600 configuration file that is removed
-afterwards, never in argv or the environment of other processes. On any
+final wait. Credentials travel in an anonymous in-memory configuration file passed
+as ``/dev/fd/N`` (:func:`client_config`): no file holding them is ever left on disk,
+and they are never in argv or the environment of other processes. On any
 BaseException (KeyboardInterrupt included) the child is killed and reaped first.
 """
 
@@ -16,11 +17,10 @@ import hashlib
 import os
 import re
 import selectors
-import shutil
 import subprocess
-import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 from xml.sax.saxutils import escape
@@ -41,6 +41,8 @@ ERROR_CAP = 64 * 1024
 PIPE_CHUNK = 64 * 1024
 _CODE = re.compile(r"Code: (\d+)\. ")
 NETWORK_ERROR = 210
+ATTEMPT_TO_READ_AFTER_EOF = 32
+UNEXPECTED_PACKET_FROM_SERVER = 102
 # A failed name lookup: 198 DNS_ERROR (recent clients), Poco's "Host not found" (18.16).
 _HOST_NOT_FOUND = re.compile(r"Not found address of host|Host not found")
 
@@ -112,45 +114,39 @@ class ClientTransport:
                 "deadline expired before starting the client", query_id=request.query_id
             )
         settings, unpassed = self.passed_settings(request)
-        private = Path(tempfile.mkdtemp(prefix="dpone-client-"))  # 0700 by construction
-        try:
-            config = private / "client.xml"
-            fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(
-                    f"<config><user>{escape(self._credentials.user)}</user>"
-                    f"<password>{escape(self._credentials.password)}</password></config>\n"
-                )
+        with client_config(self._credentials) as (config, config_fd):
             argv = [
-                self.client_path, "--config-file", str(config),
+                self.client_path, "--config-file", config,
                 "--host", self.endpoint.host, "--port", str(self.endpoint.tcp_port),
                 "--database", self.endpoint.database, "--query_id", request.query_id,
                 *[f"--{name}={value}" for name, value in settings.items()],
                 "--query", request.statement,
             ]  # fmt: skip
-            result = self._run(argv, request, deadline)
-            return dataclasses.replace(result, settings_not_sent=tuple(unpassed))
-        finally:
-            shutil.rmtree(private, ignore_errors=True)
+            result = self._run(argv, request, deadline, config_fd)
+        return dataclasses.replace(result, settings_not_sent=tuple(unpassed))
 
-    def _run(self, argv: list[str], request: ClickHouseRequest, deadline: float) -> QueryResult:
+    def _run(
+        self, argv: list[str], request: ClickHouseRequest, deadline: float, config_fd: int
+    ) -> QueryResult:
         # Opened before the child starts: an unreadable spool means nothing was sent.
         spool = _open_spool(request)
         try:
-            return self._run_child(argv, request, deadline, spool)
+            return self._run_child(argv, request, deadline, spool, config_fd)
         finally:
             if spool is not None:
                 spool.close()
 
     def _run_child(
-        self, argv: list[str], request: ClickHouseRequest, deadline: float, spool: BinaryIO | None
-    ) -> QueryResult:
+        self, argv: list[str], request: ClickHouseRequest, deadline: float,
+        spool: BinaryIO | None, config_fd: int,
+    ) -> QueryResult:  # fmt: skip
         try:
             child = subprocess.Popen(
                 argv,
                 stdin=subprocess.PIPE if request.body is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
+                pass_fds=(config_fd,),
             )
         except FileNotFoundError as exc:
             raise NotSubmitted(
@@ -292,14 +288,32 @@ class ClientTransport:
                     f"{request.query_id}: {first}",
                     code="host_not_found", host=self.endpoint.host, query_id=request.query_id,
                 )  # fmt: skip
+            where = f"{self.endpoint.host}:{self.endpoint.tcp_port}"
+            if ch_code == UNEXPECTED_PACKET_FROM_SERVER and "expected Hello" in text:
+                # The native handshake failed: the query is sent only after the server's
+                # Hello, so nothing was sent. Another protocol answered on that port.
+                raise NotSubmitted(
+                    f"{where} does not speak ClickHouse's native protocol (query "
+                    f"{request.query_id} was not sent): is --tcp-port the HTTP port? Give the "
+                    f"native port (often 9000) as --tcp-port and the HTTP port as --http-port",
+                    code="not_native_port", query_id=request.query_id, port=self.endpoint.tcp_port,
+                )  # fmt: skip
             from_server = (
                 "Received exception from server" in text or "Exception: Received from" in text
             )
+            hint = ""
+            if ch_code == ATTEMPT_TO_READ_AFTER_EOF and not from_server:
+                # What the Debian client says when an HTTP port closes on its Hello; the
+                # same text can end a lost connection, so the outcome stays unknown.
+                hint = (
+                    f" ({where} closed the connection without answering: if it is the HTTP "
+                    "port, give the native port (often 9000) as --tcp-port)"
+                )
             if ch_code is None or not from_server:
                 # The client's own failure (a lost connection, a reset): the server may
                 # have run the query, so nothing is known until it is proven.
                 raise OutcomeUnknown(
-                    f"client for query {request.query_id} exited {code}: {first}",
+                    f"client for query {request.query_id} exited {code}: {first}{hint}",
                     code="client_failed", query_id=request.query_id, exit_code=code,
                     client_code=ch_code,
                 )  # fmt: skip
@@ -314,6 +328,33 @@ class ClientTransport:
         return QueryResult(
             query_id=request.query_id, output=stdout, sent_bytes=sent, sent_sha256=digest, transport=self.name,
         )  # fmt: skip
+
+
+@contextmanager
+def client_config(credentials: Credentials) -> Iterator[tuple[str, int]]:
+    """clickhouse-client's configuration holding ``credentials``: ``(path, fd)``.
+
+    The configuration lives in an anonymous memory file (``memfd_create``): it has no
+    name in any file system, so nothing holding the password is left behind whatever
+    ends dpone (SIGKILL included); it is gone once the last process holding it exits.
+    The child reads it as ``/dev/fd/N`` (pass ``fd`` with ``pass_fds``): the Debian
+    clickhouse-client 18.16 accepts that path, any extension is not needed.
+    """
+    fd = os.memfd_create("dpone-client-config", os.MFD_CLOEXEC)
+    try:
+        os.fchmod(fd, 0o600)  # reachable only through /proc by this user anyway; say so
+        data = memoryview(
+            (
+                f"<config><user>{escape(credentials.user)}</user>"
+                f"<password>{escape(credentials.password)}</password></config>\n"
+            ).encode()
+        )
+        while data:
+            data = data[os.write(fd, data) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield f"/dev/fd/{fd}", fd
+    finally:
+        os.close(fd)
 
 
 def _open_spool(request: ClickHouseRequest) -> BinaryIO | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from dpone.connectors.bulk_text_codec import BulkTextError, BulkTextWriter
 from dpone.contracts.receipt import FileReceipt
 from dpone.durable_files import OutputError, atomic_outputs
+from dpone.errors import ConfigurationError
 from dpone.exporters.render import RenderError, render_row, renderer_for
 from dpone.exporters.sources import Source
 from dpone.runtime.file_validation import validate_file
@@ -37,6 +38,21 @@ def receipt_path_for(path: Path) -> Path:
     return path.with_name(path.name + ".receipt.json")
 
 
+def _check_table_name(table: str) -> None:
+    """A table name is text: refuse bytes that are not UTF-8 (a shell's ``$'\\xff'``)."""
+    try:
+        table.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        shown = os.fsencode(table).decode("utf-8", "backslashreplace")
+        raise ConfigurationError(
+            f"table name {shown} is not valid UTF-8 text", code="invalid_table_name"
+        ) from exc
+    if not table or "\x00" in table:
+        raise ConfigurationError(
+            f"table name {table!r} is empty or holds a NUL character", code="invalid_table_name"
+        )
+
+
 def export_table(
     source: Source,
     table: str,
@@ -54,6 +70,7 @@ def export_table(
     validated by the same reader and policy a consumer uses, then the data and then
     the receipt are renamed into place. A failed or interrupted export leaves neither.
     """
+    _check_table_name(table)
     path = Path(out)
     receipt_path = receipt_out or receipt_path_for(path)
     outputs = [path, receipt_path]

@@ -369,7 +369,14 @@ def open_source(dsn: str) -> Source:
         database = parts.path.lstrip("/")
         if not parts.hostname or not database:
             raise ConfigurationError("mssql DSN needs a host and a database", code="invalid_dsn")
-        return SqlServerSource(parts.hostname, parts.port or 1433, database)
+        try:
+            port = parts.port  # urllib raises for a port that is not 0-65535
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"mssql DSN {dsn!r} has an invalid port (a number from 1 to 65535)",
+                code="invalid_dsn",
+            ) from exc
+        return SqlServerSource(parts.hostname, port or 1433, database)
     raise ConfigurationError(
         f"unknown source scheme {parts.scheme!r} (use sqlite: or mssql:)", code="invalid_dsn"
     )

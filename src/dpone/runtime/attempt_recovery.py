@@ -9,7 +9,10 @@ terminal now: by ``KILL QUERY ... SYNC`` / ``system.query_log`` (only entries of
 query sent as the attempt's principal, in its database, within the intent's dispatch
 window: attempt ids and so query ids are chosen by users), or by the server having
 started after the mutation's dispatch window closed (a restarted server runs nothing
-of its previous life; its query log may be empty). Only a table proven to be
+of its previous life; its query log may be empty). The window closes when the
+request deadline passes, or earlier when the journal records that the sending call
+returned (``returned``: the transport had stopped sending); when the sending process
+itself died, only the deadline closes it. Only a table proven to be
 the attempt's own (UUID, ownership mark, name) is dropped. A refused cleanup writes
 nothing: ``attempts list`` shows the same afterwards. Nothing is inferred from silence.
 
@@ -19,11 +22,12 @@ verified, a durable intent, its own query id (``-discard``), removal verified.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shlex
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +41,8 @@ from dpone.connectors.clickhouse_request import mutation_query_id, read_query_id
 from dpone.connectors.clickhouse_tables import Ownership, observe_ownership
 from dpone.connectors.endpoint_identity import observe_server_start
 from dpone.connectors.remote_termination import prove_termination
-from dpone.errors import StateError
+from dpone.errors import DponeError, StateError
+from dpone.localserver.layout import DEFAULT_DATA_DIR
 from dpone.ports.clickhouse import QueryPort
 from dpone.runtime.staging_cleanup import UNOBSERVABLE, CleanupRefused, drop_owned_table
 from dpone.runtime.staging_run import AttemptRun, dispatch_origin
@@ -62,6 +67,13 @@ class SentMutation:
     not_after_ms: int | None  # wall time after which it can no longer have been sent
     # The intent event: its principal, planned database and window (dispatch_origin).
     intent: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    returned_ms: int | None = None  # when the sending call returned unsettled, if recorded
+
+    @property
+    def window_closed_ms(self) -> int | None:
+        """The wall time after which no byte of it was sent (None: unknown)."""
+        ends = [t for t in (self.not_after_ms, self.returned_ms) if type(t) is int]
+        return min(ends) if ends else None
 
 
 @dataclass(frozen=True)
@@ -113,9 +125,13 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
     """Condense a verified journal."""
     sent: list[SentMutation] = []
     settled: set[str] = set()
+    returned: dict[str, int] = {}
     uuid = semantic = planned = None
     for event in events:
         doc = event.document
+        back = doc.get("returned")
+        if isinstance(back, dict) and type(back.get("at_ms")) is int:
+            returned[str(back.get("query_id"))] = back["at_ms"]
         query = doc.get("query")
         if (
             isinstance(query, dict)
@@ -139,6 +155,7 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
         uuid = (doc.get("observed_ownership") or {}).get("table_uuid") or uuid
         semantic = doc.get("semantic_id", semantic)
         planned = doc.get("planned_ownership", planned)
+    sent = [dataclasses.replace(m, returned_ms=returned.get(m.query_id)) for m in sent]
     last = events[-1] if events else None
     doc = last.document if last else {}
     return AttemptSummary(
@@ -152,11 +169,45 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
 
 def list_attempts(work_dir: Path) -> list[AttemptSummary]:
     """Every attempt under ``work_dir`` (journals that do not verify raise)."""
+    found, unreadable = survey_attempts(work_dir)
+    if unreadable:
+        raise unreadable[0].error
+    return found
+
+
+@dataclass(frozen=True)
+class UnreadableAttempt:
+    """An attempt directory whose journal does not verify (or cannot be read)."""
+
+    path: Path
+    error: DponeError
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attempt_id": self.path.name, "path": str(self.path), "error": self.error.to_dict()}
+
+
+def survey_attempts(work_dir: Path) -> tuple[list[AttemptSummary], list[UnreadableAttempt]]:
+    """Every attempt under ``work_dir``, and apart those whose journal cannot be read.
+
+    One corrupt journal does not hide the others: each is read on its own.
+    """
+    found: list[AttemptSummary] = []
+    unreadable: list[UnreadableAttempt] = []
     if not work_dir.is_dir():
-        return []
-    return [
-        summarize(d, read_events(d)) for d in sorted(work_dir.iterdir()) if (d / "events").is_dir()
-    ]
+        return found, unreadable
+    for attempt_dir in sorted(work_dir.iterdir()):
+        if not (attempt_dir / "events").is_dir():
+            continue
+        try:
+            found.append(summarize(attempt_dir, read_events(attempt_dir)))
+        except DponeError as exc:
+            unreadable.append(UnreadableAttempt(attempt_dir, exc))
+        except OSError as exc:
+            error = StateError(f"the journal {attempt_dir} cannot be read: {exc.strerror or exc}",
+                               code="journal_unreadable", path=str(attempt_dir))  # fmt: skip
+            error.__cause__ = exc
+            unreadable.append(UnreadableAttempt(attempt_dir, error))
+    return found, unreadable
 
 
 def left_behind(last: dict[str, Any], journal: Path) -> dict[str, str]:
@@ -175,17 +226,43 @@ def left_behind(last: dict[str, Any], journal: Path) -> dict[str, str]:
     return remains
 
 
-def finishing_command(state: str, attempt_id: str, work_dir: Path, database: str) -> str | None:
+def finishing_command(
+    state: str, attempt_id: str, work_dir: Path, database: str,
+    server: Mapping[str, object] | None = None,
+) -> str | None:  # fmt: skip
     """The command that finishes what an attempt in ``state`` left (None: nothing to do).
 
-    Server options (``--host``, ``--http-port``, ...) are the ones the stage used.
+    ``server`` holds the server options the stage used (``host``, ``http_port``,
+    ``tcp_port``, ``data_dir``, ``transport``, ``client_path``, as the CLI names them):
+    those that differ from their defaults are repeated, so the command reaches the
+    same server the same way.
     """
     verb = {"staged": "discard", "failed_cleaned": None, "discarded": None}.get(state, "cleanup")
     if verb is None:
         return None
-    return shlex.join(
-        ["dpone", "attempts", verb, attempt_id, "--work-dir", str(work_dir), "--database", database]
-    )
+    argv = [
+        "dpone",
+        "attempts",
+        verb,
+        attempt_id,
+        "--work-dir",
+        str(work_dir),
+        "--database",
+        database,
+    ]
+    given = server or {}
+    if given.get("host") is not None:
+        argv += ["--host", str(given["host"])]
+        for key in ("http_port", "tcp_port"):
+            if given.get(key) is not None:
+                argv += [f"--{key.replace('_', '-')}", str(given[key])]
+    elif given.get("data_dir") is not None and Path(str(given["data_dir"])) != DEFAULT_DATA_DIR:
+        argv += ["--data-dir", str(given["data_dir"])]
+    if given.get("transport") not in (None, "http"):
+        argv += ["--transport", str(given["transport"])]
+        if given.get("client_path") not in (None, "clickhouse-client"):
+            argv += ["--client-path", str(given["client_path"])]
+    return shlex.join(argv)
 
 
 class _Operator:
@@ -238,13 +315,16 @@ class _Operator:
         proofs: list[dict[str, Any]] = []
         started: float | None = None
         for sent in self.summary.unsettled:
-            if sent.not_after_ms is not None:
+            closed = sent.window_closed_ms
+            if closed is not None:
                 if started is None:
                     started = observe_server_start(self.transport, query_id=self.read_id("uptime"),
                                                    deadline=self.deadline, wall_clock=self.wall_clock)  # fmt: skip
-                if started * 1000 > sent.not_after_ms:
+                if started * 1000 > closed:
                     proofs.append({"query_id": sent.query_id, "termination": "server_restart",
-                                   "source": "uptime", "server_started_after_ms": math.floor(started * 1000)})  # fmt: skip
+                                   "source": "uptime", "server_started_after_ms": math.floor(started * 1000),
+                                   "window_closed_ms": closed,
+                                   "window_closed_by": "deadline" if closed == sent.not_after_ms else "returned"})  # fmt: skip
                     continue
             origin = dispatch_origin(sent.intent, self.wall_clock())
             state = prove_termination(self.transport, sent.query_id, probe_prefix=self.read_id("termination"),
@@ -285,8 +365,8 @@ def cleanup_attempt(
     if not op.summary.needs_operator:
         raise StateError(f"attempt {attempt_id} ended {op.summary.state}; nothing to clean",
                          code="nothing_to_clean")  # fmt: skip
+    where = op.table(database)  # before any query: a wrong --database asks nothing
     proofs = op.prove_settled()
-    where = op.table(database)
     found = op.ownership(*where, None) if where else None
     drop_id = mutation_query_id(op.summary.attempt_id, "drop")
     if found is not None and drop_id in op.summary.sent_mutations:

@@ -14,7 +14,10 @@ from dpone.typepolicy import ColumnPlan, Refused
 
 
 class ValueNotRepresentable(PolicyError):
-    """A cell the policy refuses; details name ``record``, ``column`` and ``source``."""
+    """A cell the policy refuses; details name ``record``, ``column`` and ``source``.
+
+    The message names the position and what is wrong, never the value itself.
+    """
 
     code = "value_not_representable"
 
@@ -61,8 +64,11 @@ def _locate(
             if source:
                 where = f"{source}, {where}"
             return ValueNotRepresentable(
-                f"{again.reason} ({where})",
+                f"the value at {where} {again.reason}",
                 code=again.code, record=ordinal, column=plan.name,
                 clickhouse_type=plan.clickhouse_type, source=source,
             )  # fmt: skip
-    return ValueNotRepresentable(f"{exc.reason} (record {ordinal})", code=exc.code, record=ordinal)
+    where = f"{source}, record {ordinal}" if source else f"record {ordinal}"
+    return ValueNotRepresentable(
+        f"the value at {where} {exc.reason}", code=exc.code, record=ordinal, source=source
+    )

@@ -72,6 +72,7 @@ def drop_owned_table(
                 f"the server {what} the DROP of {database}.{table}: {exc.message}",
                 query_id=drop_id,
             ) from exc
+        run.returned(drop_id)
         proof = prove_termination(transport, drop_id, probe_prefix=read_id("termination"),
                                   deadline=clock() + request_seconds, origin=run.origin(drop_id))  # fmt: skip
         run.event(state, "termination_observed", remote={

@@ -7,6 +7,10 @@ wall clock (``not_before_ms``, ``not_after_ms``): the transport never starts sen
 the request deadline, so a server that started after ``not_after`` cannot be running
 it. The first event after a mutation returns (or fails with a settled outcome)
 carries ``settled`` with its query id: acknowledged mutations need no further proof.
+When the call that sent a mutation returns without a settled outcome (the transport
+has stopped sending: the HTTP connection is closed, the client child reaped), the next
+event carries ``returned`` with that wall time: the dispatch window closed then, so a
+server that started later cannot be running the query either.
 
 Query ids are predictable (attempt ids come from users), so query-log evidence about
 a mutation counts only for a query sent as the attempt's principal, in its database,
@@ -105,6 +109,7 @@ class AttemptRun:
         self.in_flight: str | None = None  # a mutation sent and not yet settled
         self.intents: dict[str, dict[str, Any]] = {}  # query id -> its intent event
         self._settled: dict[str, str] | None = None  # to be carried by the next event
+        self._returned: dict[str, Any] | None = None  # likewise
 
     @property
     def attempt_id(self) -> str:
@@ -118,11 +123,13 @@ class AttemptRun:
     def event(self, state: StageState, outcome: str, **fields: Any) -> JournalEvent:
         """Move to ``state`` and publish one event there."""
         self.move(state)
-        settled = {"settled": self._settled} if self._settled else {}
+        carried = {"settled": self._settled} if self._settled else {}
+        if self._returned:
+            carried["returned"] = self._returned
         document = {**self.base, "state": state.value, "outcome": outcome,
-                    "cleanup_inventory": dict(self.inventory), **settled, **fields}  # fmt: skip
+                    "cleanup_inventory": dict(self.inventory), **carried, **fields}  # fmt: skip
         self.last = self.journal.record(document)
-        self._settled = None
+        self._settled = self._returned = None
         return self.last
 
     def intent(
@@ -148,6 +155,15 @@ class AttemptRun:
         self._settled = {"query_id": query_id, "by": how}
         if self.in_flight == query_id:
             self.in_flight = None
+
+    def returned(self, query_id: str) -> None:
+        """The call that sent ``query_id`` has returned unsettled; the next event says when.
+
+        Call only once the transport can send nothing more of it (it raised: its
+        connection is closed, its child reaped). The recorded time closes the
+        mutation's dispatch window early: a server start after it proves the query gone.
+        """
+        self._returned = {"query_id": query_id, "at_ms": math.ceil(self.wall_clock() * 1000)}
 
     def terminal(self, state: StageState, exc: BaseException) -> JournalEvent:
         """The attempt's last event; what may remain on the server is in the inventory."""

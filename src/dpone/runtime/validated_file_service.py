@@ -506,6 +506,8 @@ class ClickHouseValidatedFileService:
             how = settlement(exc)
             if how is not None:
                 run.settle(query_id, how)
+            else:
+                run.returned(query_id)  # the transport raised: nothing more is sent
             raise
         run.settle(query_id, SETTLED_ACKNOWLEDGED)
         return result

@@ -2,7 +2,8 @@
 
 One converter per ClickHouse type family. A converter either returns the exact bytes
 or raises :class:`Refused` with a reason; it never rounds, clamps or wraps. The caller
-adds the position (row, column) to the error it reports.
+adds the position (record, column) to the error it reports; a reason never quotes
+the value.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ SECONDS_PER_DAY = 86400
 
 
 class Refused(Exception):
-    """A value that the policy does not accept, with the reason."""
+    """A value that the policy does not accept, with the reason.
+
+    ``reason`` says what is wrong with the value without quoting it ("is not a
+    canonical integer"): a value may be large or private, so messages name where it
+    is (the caller adds the record and column), never what it is.
+    """
 
     def __init__(self, reason: str, code: str = "value_not_representable") -> None:
         super().__init__(reason)
@@ -35,7 +41,7 @@ class Refused(Exception):
 
 def _text(value: str | bytes) -> str:
     if not isinstance(value, str):
-        raise Refused("expected text, got bytes", code="invalid_value")
+        raise Refused("is bytes, not text", code="invalid_value")
     return value
 
 
@@ -54,10 +60,14 @@ def integer(bits: int, signed: bool) -> Encoder:
     def encode(value: str | bytes) -> bytes:
         text = _text(value)
         if _INT.fullmatch(text) is None or text == "-0":
-            raise Refused(f"{text!r} is not a canonical integer", code="invalid_value")
+            raise Refused("is not a canonical integer", code="invalid_value")
+        # Checked before int(): Python refuses to parse more than 4300 digits, and a
+        # number longer than UInt64's 20 digits is out of range anyway.
+        if len(text) > 21:
+            raise Refused(f"is outside [{low}, {high}]")
         number = int(text)
         if not low <= number <= high:
-            raise Refused(f"{text} is outside [{low}, {high}]")
+            raise Refused(f"is outside [{low}, {high}]")
         return pack(number)
 
     return encode
@@ -72,7 +82,7 @@ def boolean() -> Encoder:
             return b"\x00"
         if text == "1":
             return b"\x01"
-        raise Refused(f"{text!r} is not a bit (0 or 1)", code="invalid_value")
+        raise Refused("is not a bit (0 or 1)", code="invalid_value")
 
     return encode
 
@@ -102,18 +112,18 @@ def decimal(precision: int, scale: int) -> Encoder:
         text = _text(value)
         match = _DECIMAL.fullmatch(text)
         if match is None:
-            raise Refused(f"{text!r} is not a canonical decimal", code="invalid_value")
+            raise Refused("is not a canonical decimal", code="invalid_value")
         sign, whole, fraction = match.group(1), match.group(2), match.group(3) or ""
         if len(fraction) > scale:
             if fraction[scale:].strip("0"):
-                raise Refused(f"{text} has more than {scale} fractional digits (no rounding)")
+                raise Refused(f"has more than {scale} fractional digits (no rounding)")
             fraction = fraction[:scale]
         if whole != "0" and len(whole) > integer_digits:
-            raise Refused(f"{text} has more than {integer_digits} integer digits")
+            raise Refused(f"has more than {integer_digits} integer digits")
         scaled = int(whole + fraction.ljust(scale, "0"))
         if sign:
             if scaled == 0:
-                raise Refused(f"{text!r} is a negative zero", code="invalid_value")
+                raise Refused("is a negative zero", code="invalid_value")
             scaled = -scaled
         return scaled.to_bytes(width, "little", signed=True)
 
@@ -151,25 +161,25 @@ def shortest_float32(value: float) -> str:
     return repr(value)
 
 
-def _finite_binary64(value: str | bytes, target: str) -> tuple[str, float]:
-    """The text and its nearest binary64; refused unless canonical and finite.
+def _finite_binary64(value: str | bytes, target: str) -> float:
+    """The nearest binary64 of the text; refused unless canonical and finite.
 
     Beyond binary64 the text reads as infinity (which would even pack as Float32).
     """
     text = _text(value)
     if _FLOAT.fullmatch(text) is None:
-        raise Refused(f"{text!r} is not a finite decimal number", code="invalid_value")
+        raise Refused("is not a finite decimal number", code="invalid_value")
     number = float(text)
     if number in (float("inf"), float("-inf")):
-        raise Refused(f"{text} is outside the range of {target}")
-    return text, number
+        raise Refused(f"is outside the range of {target}")
+    return number
 
 
 def float64() -> Encoder:
     """Float64 from decimal text (the text of a binary64 reads back exactly)."""
 
     def encode(value: str | bytes) -> bytes:
-        return _F64.pack(_finite_binary64(value, "Float64")[1])
+        return _F64.pack(_finite_binary64(value, "Float64"))
 
     return encode
 
@@ -178,14 +188,14 @@ def float32() -> Encoder:
     """Float32 from decimal text; refused unless it names one binary32 value exactly."""
 
     def encode(value: str | bytes) -> bytes:
-        text, number = _finite_binary64(value, "Float32")
+        number = _finite_binary64(value, "Float32")
         try:
             packed = _F32.pack(number)
         except OverflowError as exc:
-            raise Refused(f"{text} is outside the range of Float32") from exc
+            raise Refused("is outside the range of Float32") from exc
         single = _F32.unpack(packed)[0]
         if single != number and float(shortest_float32(single)) != number:
-            raise Refused(f"{text} is not exactly one Float32 value (no rounding)")
+            raise Refused("is not exactly one Float32 value (no rounding)")
         return packed
 
     return encode
@@ -204,27 +214,27 @@ _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
 
 
-def _day(text: str, y: str, m: str, d: str) -> int:
+def _day(y: str, m: str, d: str) -> int:
     try:
         day: int = date(int(y), int(m), int(d)).toordinal() - EPOCH_ORDINAL
     except ValueError as exc:
-        raise Refused(f"{text!r} is not a calendar date", code="invalid_value") from exc
+        raise Refused("is not a calendar date", code="invalid_value") from exc
     return day
 
 
-def _in_range(day: int, text: str) -> None:
+def _in_range(day: int) -> None:
     if not MIN_DAY <= day <= MAX_DAY:
-        raise Refused(f"{text} is outside ClickHouse's range 1900-01-01 .. 2299-12-31")
+        raise Refused("is outside ClickHouse's range 1900-01-01 .. 2299-12-31")
 
 
-def _clock_ticks(text: str, hh: str, mm: str, ss: str, frac: str | None, precision: int) -> int:
+def _clock_ticks(hh: str, mm: str, ss: str, frac: str | None, precision: int) -> int:
     hour, minute, second = int(hh), int(mm), int(ss)
     if hour > 23 or minute > 59 or second > 59:
-        raise Refused(f"{text!r} is not a valid time of day", code="invalid_value")
+        raise Refused("is not a valid time of day", code="invalid_value")
     fraction = frac or ""
     if len(fraction) > precision:
         if fraction[precision:].strip("0"):
-            raise Refused(f"{text} has more than {precision} fractional digits (no rounding)")
+            raise Refused(f"has more than {precision} fractional digits (no rounding)")
         fraction = fraction[:precision]
     seconds = hour * 3600 + minute * 60 + second
     scale: int = 10**precision
@@ -238,9 +248,9 @@ def date32() -> Encoder:
         text = _text(value)
         match = _DATE_RE.fullmatch(text)
         if match is None:
-            raise Refused(f"{text!r} is not a date YYYY-MM-DD", code="invalid_value")
-        day = _day(text, *match.groups())
-        _in_range(day, text)
+            raise Refused("is not a date YYYY-MM-DD", code="invalid_value")
+        day = _day(*match.groups())
+        _in_range(day)
         return _I32.pack(day)
 
     return encode
@@ -253,16 +263,14 @@ def datetime64(precision: int, *, whole_minutes: bool = False) -> Encoder:
         text = _text(value)
         match = _DATETIME_RE.fullmatch(text)
         if match is None:
-            raise Refused(
-                f"{text!r} is not a datetime YYYY-MM-DD HH:MM:SS[.fraction]", code="invalid_value"
-            )
+            raise Refused("is not a datetime YYYY-MM-DD HH:MM:SS[.fraction]", code="invalid_value")
         y, mo, d, hh, mi, ss, frac = match.groups()
         if whole_minutes and (ss != "00" or (frac or "").strip("0")):
-            raise Refused(f"{text} is not a whole minute (smalldatetime)", code="invalid_value")
-        day = _day(text, y, mo, d)
-        _in_range(day, text)
+            raise Refused("is not a whole minute (smalldatetime)", code="invalid_value")
+        day = _day(y, mo, d)
+        _in_range(day)
         scale: int = 10**precision
-        ticks = day * SECONDS_PER_DAY * scale + _clock_ticks(text, hh, mi, ss, frac, precision)
+        ticks = day * SECONDS_PER_DAY * scale + _clock_ticks(hh, mi, ss, frac, precision)
         return _I64.pack(ticks)
 
     return encode
@@ -275,9 +283,9 @@ def time64(precision: int) -> Encoder:
         text = _text(value)
         match = _TIME_RE.fullmatch(text)
         if match is None:
-            raise Refused(f"{text!r} is not a time HH:MM:SS[.fraction]", code="invalid_value")
+            raise Refused("is not a time HH:MM:SS[.fraction]", code="invalid_value")
         hh, mm, ss, frac = match.groups()
-        return _I64.pack(_clock_ticks(text, hh, mm, ss, frac, precision))
+        return _I64.pack(_clock_ticks(hh, mm, ss, frac, precision))
 
     return encode
 
@@ -289,19 +297,17 @@ def datetimeoffset(precision: int) -> Encoder:
         text = _text(value)
         match = _DTO_RE.fullmatch(text)
         if match is None:
-            raise Refused(
-                f"{text!r} is not YYYY-MM-DD HH:MM:SS[.fraction] +HH:MM", code="invalid_value"
-            )
+            raise Refused("is not YYYY-MM-DD HH:MM:SS[.fraction] +HH:MM", code="invalid_value")
         y, mo, d, hh, mi, ss, frac, sign, oh, om = match.groups()
         if int(om) > 59 or int(oh) * 60 + int(om) > 14 * 60:
-            raise Refused(f"{text}: offset is outside -14:00 .. +14:00", code="invalid_value")
+            raise Refused("has an offset outside -14:00 .. +14:00", code="invalid_value")
         offset = (int(oh) * 60 + int(om)) * (-1 if sign == "-" else 1)
-        day = _day(text, y, mo, d)
+        day = _day(y, mo, d)
         scale: int = 10**precision
-        local = day * SECONDS_PER_DAY * scale + _clock_ticks(text, hh, mi, ss, frac, precision)
+        local = day * SECONDS_PER_DAY * scale + _clock_ticks(hh, mi, ss, frac, precision)
         utc = local - offset * 60 * scale
         if not MIN_DAY * SECONDS_PER_DAY * scale <= utc < (MAX_DAY + 1) * SECONDS_PER_DAY * scale:
-            raise Refused(f"{text}: the UTC instant is outside 1900-01-01 .. 2299-12-31")
+            raise Refused("has a UTC instant outside 1900-01-01 .. 2299-12-31")
         return _I64.pack(utc) + _I16.pack(offset)
 
     return encode
@@ -318,7 +324,7 @@ def uuid() -> Encoder:
     def encode(value: str | bytes) -> bytes:
         text = _text(value)
         if _UUID.fullmatch(text) is None:
-            raise Refused(f"{text!r} is not a GUID 8-4-4-4-12", code="invalid_value")
+            raise Refused("is not a GUID 8-4-4-4-12", code="invalid_value")
         digits = text.replace("-", "")
         return int(digits[:16], 16).to_bytes(8, "little") + int(digits[16:], 16).to_bytes(
             8, "little"
@@ -343,9 +349,7 @@ def fixed_string(length: int) -> Encoder:
     def encode(value: str | bytes) -> bytes:
         data = value.encode("utf-8") if isinstance(value, str) else value
         if len(data) != length:
-            raise Refused(
-                f"value is {len(data)} bytes, FixedString({length}) needs exactly {length}"
-            )
+            raise Refused(f"is {len(data)} bytes, FixedString({length}) needs exactly {length}")
         return data
 
     return encode
