@@ -139,7 +139,7 @@ class RefreshService:
     def refresh(self, table: TableConfig) -> TableReport:
         """One attempt for ``table``; never raises a :class:`DponeError` (the report has it)."""
         report = TableReport(table.name, table.qualified_target, new_attempt_id())
-        phase = Phases(report)
+        phase = Phases(report.timings)
         try:
             self._run(table, report, phase)
         except DponeError as exc:
@@ -360,8 +360,8 @@ class RefreshService:
 class Phases:
     """Times each phase and remembers which one is running."""
 
-    def __init__(self, report: TableReport) -> None:
-        self.report = report
+    def __init__(self, timings: dict[str, float]) -> None:
+        self.timings = timings
         self.current: str | None = None
 
     @contextmanager
@@ -371,7 +371,7 @@ class Phases:
         try:
             yield
         finally:
-            self.report.timings[name] = time.monotonic() - started
+            self.timings[name] = time.monotonic() - started
         self.current = None
 
 

@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +61,7 @@ from dpone.ports.composition_snapshot import (
     IssuedPrincipal,
     TargetSlot,
 )
+from dpone.runtime.refresh import Phases
 from dpone.runtime.snapshot_composition import (
     PublicationComponents,
     PublicationConfig,
@@ -225,7 +224,7 @@ class RollbackService:
     def rollback(self, table: TableConfig) -> RollbackReport:
         """One rollback attempt; never raises a :class:`DponeError` (the report has it)."""
         report = RollbackReport(table.name, table.qualified_target, new_attempt_id())
-        phase = _Phases(report)
+        phase = Phases(report.timings)
         try:
             self._run(table, report, phase)
         except DponeError as exc:
@@ -233,7 +232,7 @@ class RollbackService:
             report.error = exc.to_dict()
         return report
 
-    def _run(self, table: TableConfig, report: RollbackReport, phase: _Phases) -> None:
+    def _run(self, table: TableConfig, report: RollbackReport, phase: Phases) -> None:
         project = self.project
         slot = TargetSlot(table.database, table.target)
         with phase("locate"):
@@ -343,19 +342,3 @@ def _release(parts: PublicationComponents, ingest: IssuedPrincipal, exc: DponeEr
             parts.publisher.authority.close_principal(ingest.ref)
     except DponeError as close_exc:
         exc.add_details(ingest_release_failed=close_exc.code)
-
-
-class _Phases:
-    def __init__(self, report: RollbackReport) -> None:
-        self.report = report
-        self.current: str | None = None
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        self.current = name
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            self.report.timings[name] = time.monotonic() - started
-        self.current = None
