@@ -15,62 +15,22 @@ escapes, nullable columns, binary, GUIDs), validates it, and measures in the sam
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import resource
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 from pathlib import Path
 
 from bench.bulk_text_read import SCHEMA, generate
-from dpone.connectors.clickhouse_request import Credentials
+from bench.stage import fetch_to_file, post_file
 from dpone.contracts.receipt import FileReceipt
 from dpone.localserver import LocalServer
 from dpone.localserver.control import run_admin_sql
 from dpone.runtime.engine_conversion import MODE_ENGINE
 from dpone.runtime.file_validation import validate_file
 from dpone.runtime.preparation import MODE_PYTHON, prepare_rowbinary
-
-
-def _auth(credentials: Credentials) -> dict[str, str]:
-    return {"X-ClickHouse-User": credentials.user, "X-ClickHouse-Key": credentials.password}
-
-
-def _post_file(port: int, query: str, path: Path, credentials: Credentials) -> float:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    started = time.perf_counter()
-    with open(path, "rb") as body:
-        conn.request(
-            "POST",
-            "/?"
-            + urllib.parse.urlencode(
-                {"query": query, "async_insert": "0", "wait_end_of_query": "1"}
-            ),
-            body=body,
-            headers={"Content-Length": str(path.stat().st_size), **_auth(credentials)},
-        )
-        response = conn.getresponse()
-        answer = response.read()
-    seconds = time.perf_counter() - started
-    conn.close()
-    if response.status != 200:
-        raise RuntimeError(answer.decode(errors="replace")[:500])
-    return seconds
-
-
-def _fetch_to_file(port: int, query: str, path: Path, credentials: Credentials) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("POST", "/", body=query.encode(), headers=_auth(credentials))
-    response = conn.getresponse()
-    with open(path, "wb") as out:
-        while chunk := response.read(1 << 20):
-            out.write(chunk)
-    conn.close()
-    if response.status != 200:
-        raise RuntimeError(f"HTTP {response.status}")
 
 
 def child_prepare(source: str, receipt_path: str, spool: str, mode: str) -> None:
@@ -130,12 +90,16 @@ def main() -> None:
                     f"CREATE TABLE bench.{table} ({prep['ddl']}) ENGINE = MergeTree ORDER BY tuple()",
                     credentials=admin,
                 )
-            rowbinary_insert = _post_file(
-                port, "INSERT INTO bench.prepared FORMAT RowBinary", spool, admin
+            rowbinary_insert = post_file(
+                port, "INSERT INTO bench.prepared FORMAT RowBinary", spool, admin, timeout=600
             )
             tsv = work / "equivalent.tsv"
-            _fetch_to_file(port, "SELECT * FROM bench.prepared FORMAT TabSeparated", tsv, admin)
-            raw_insert = _post_file(port, "INSERT INTO bench.raw FORMAT TabSeparated", tsv, admin)
+            fetch_to_file(
+                port, "SELECT * FROM bench.prepared FORMAT TabSeparated", tsv, admin, timeout=600
+            )
+            raw_insert = post_file(
+                port, "INSERT INTO bench.raw FORMAT TabSeparated", tsv, admin, timeout=600
+            )
             counted = run_admin_sql(
                 port, "SELECT count() FROM bench.raw", credentials=admin
             ).strip()

@@ -111,9 +111,11 @@ def _auth(credentials: Credentials) -> dict[str, str]:
     return {"X-ClickHouse-User": credentials.user, "X-ClickHouse-Key": credentials.password}
 
 
-def post_file(port: int, query: str, path: Path, credentials: Credentials) -> float:
+def post_file(
+    port: int, query: str, path: Path, credentials: Credentials, *, timeout: float = 3600
+) -> float:
     """POST ``path`` as the body of ``query``; the seconds until the server answered."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     started = time.perf_counter()
     with open(path, "rb") as body:
         params = {"query": query, "async_insert": "0", "wait_end_of_query": "1"}
@@ -130,8 +132,11 @@ def post_file(port: int, query: str, path: Path, credentials: Credentials) -> fl
     return seconds
 
 
-def fetch_to_file(port: int, query: str, path: Path, credentials: Credentials) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+def fetch_to_file(
+    port: int, query: str, path: Path, credentials: Credentials, *, timeout: float = 3600
+) -> None:
+    """Stream the answer of ``query`` into ``path``."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     conn.request("POST", "/", body=query.encode(), headers=_auth(credentials))
     response = conn.getresponse()
     with open(path, "wb") as out:
