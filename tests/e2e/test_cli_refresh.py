@@ -25,10 +25,12 @@ from tests.e2e.test_cli_server import as_json, dpone
 DATABASE = "refresh_db"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    data_dir = tmp_path_factory.mktemp("refresh-ch") / "ch"
-    started = dpone("server", "start", "--protect", DATABASE, "--data-dir", str(data_dir), "--json")
+def protected_server(
+    tmp_path_factory: pytest.TempPathFactory, database: str, label: str
+) -> Iterator[dict[str, Any]]:
+    """A managed server started by the CLI with ``--protect database``, stopped after."""
+    data_dir = tmp_path_factory.mktemp(label) / "ch"
+    started = dpone("server", "start", "--protect", database, "--data-dir", str(data_dir), "--json")
     assert started.returncode == 0, started.stdout + started.stderr
     info = as_json(started)
     chhttp.register_server(info["http_port"], data_dir)
@@ -36,6 +38,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         yield {**info, "data_dir": data_dir}
     finally:
         dpone("server", "stop", "--data-dir", str(data_dir))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield from protected_server(tmp_path_factory, DATABASE, "refresh-ch")
 
 
 def make_source(path: Path, rows: list[tuple[Any, ...]]) -> None:

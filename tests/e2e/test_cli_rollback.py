@@ -17,7 +17,7 @@ from dpone.adapters.file_attempt_journal import read_events
 from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore
 from dpone.contracts.composition_snapshot import SnapshotIntent
 from tests import chhttp
-from tests.e2e.test_cli_refresh import make_source, rows_of
+from tests.e2e.test_cli_refresh import make_source, protected_server, rows_of
 from tests.e2e.test_cli_server import as_json, dpone
 
 DATABASE = "rollback_db"
@@ -25,15 +25,7 @@ DATABASE = "rollback_db"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    data_dir = tmp_path_factory.mktemp("rollback-ch") / "ch"
-    started = dpone("server", "start", "--protect", DATABASE, "--data-dir", str(data_dir), "--json")
-    assert started.returncode == 0, started.stdout + started.stderr
-    info = as_json(started)
-    chhttp.register_server(info["http_port"], data_dir)
-    try:
-        yield {**info, "data_dir": data_dir}
-    finally:
-        dpone("server", "stop", "--data-dir", str(data_dir))
+    yield from protected_server(tmp_path_factory, DATABASE, "rollback-ch")
 
 
 def project(tmp_path: Path, server: dict[str, Any], target: str) -> Path:
