@@ -177,10 +177,11 @@ def show(intent: str, store_path: Path, as_json: bool) -> None:
     """State, revision, history, UUID pair, counts and digests of one publication."""
     with reported_errors(as_json):
         intent = _intent_argument(intent)
-        stored = SqliteSnapshotStore(store_path).load(intent)
+        store = SqliteSnapshotStore(store_path)
+        stored = store.load(intent)
         parsed = SnapshotIntent.from_bytes(stored.intent_bytes)
         record = SnapshotRecord.from_bytes(stored.record_bytes)
-        history = SqliteSnapshotStore(store_path).history(intent)
+        history = store.history(intent)
         document: dict[str, Any] = {
             "intent_sha256": intent,
             "state": record.state.value,
