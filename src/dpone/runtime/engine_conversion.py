@@ -196,6 +196,69 @@ def field_expressions(plan: ColumnPlan, f: str) -> tuple[str, str]:
     )
 
 
+def fast_expressions(plan: ColumnPlan, f: str) -> tuple[str, str | None] | None:
+    """(check, value or None) of the fast tier for the non-NULL field ``f``, if it has one.
+
+    The fast tier accepts only the canonical text a field is written in: the engine
+    parses it natively and renders the parsed value back, and the field must equal
+    that rendering (plus the policy's range where the engine's types are wider). Every
+    text it accepts is accepted by :func:`field_expressions` with the same value
+    (the differential tests check both claims value by value); anything else falls
+    through to :func:`field_expressions`, evaluated only for those rows. ``None`` as
+    the value means the full tier's value expression is already cheap and exact.
+    """
+    t = target_of(plan)
+    fam, p = t.family, t.params
+    if plan.kind is not ColumnKind.RAW:
+        return None  # text and binary: the full tier's checks are as cheap as any
+    if fam == "bool":
+        return f"{f} IN ('0', '1')", None
+    if fam == "decimal":
+        precision, scale = p
+        if precision == scale:
+            return None  # the whole part must be exactly '0': left to the full tier
+        width = _decimal_width(precision)
+        v = f"toDecimal{width}OrNull({f}, {scale})"
+        digits = f"length({f}) - startsWith({f}, '-') - {scale + (scale > 0)}"
+        return (
+            f"ifNull(toDecimalString({v}, {scale}) = {f}, 0) AND {digits} <= {precision - scale}",
+            None,
+        )
+    if fam == "float" and p[0] == 64:
+        # Shortest round-trip rendering: equal text means the parse was exact.
+        v = f"toFloat64OrNull({f})"
+        return f"ifNull(toString({v}) = {f}, 0) AND isFinite(assumeNotNull({v}))", None
+    if fam == "date":
+        v = f"toDate32OrNull({f})"
+        in_range = f"{f} >= '1900-01-01' AND {f} <= '2299-12-31'"
+        return f"ifNull(toString({v}) = {f}, 0) AND {in_range}", f"toInt32(assumeNotNull({v}))"
+    if fam == "datetime" and not p[1]:
+        v = f"toDateTime64OrNull({f}, {p[0]}, 'UTC')"
+        in_range = f"{f} >= '1900-01-01' AND {f} < '2300-01-01'"
+        return (
+            f"ifNull(toString({v}) = {f}, 0) AND {in_range}",
+            f"reinterpret(assumeNotNull({v}), 'Int64')",
+        )
+    if fam == "uuid":
+        return f"ifNull(toString(toUUIDOrNull({f})) = {f}, 0)", None
+    return None
+
+
+def tiered_expressions(plan: ColumnPlan, f: str) -> tuple[str, str]:
+    """(check, value) for the non-NULL field ``f``: the fast tier, else the full one."""
+    ok, value = field_expressions(plan, f)
+    fast = fast_expressions(plan, f)
+    if fast is None:
+        return ok, value
+    fast_ok, fast_value = fast
+    # ``or`` and ``if`` are evaluated lazily: the full tier runs only for the rows the
+    # fast tier did not accept.
+    return (
+        f"(({fast_ok}) OR ({ok}))",
+        value if fast_value is None else f"if({fast_ok}, {fast_value}, {value})",
+    )
+
+
 def _decimal_width(precision: int) -> int:
     return 32 if precision <= 9 else 64 if precision <= 18 else 128 if precision <= 38 else 256
 
@@ -259,7 +322,7 @@ def conversion_sql(
         checks.append(f"length(line) < {max_record_bytes}")  # the LF counts too
     for i, plan in enumerate(plans, start=1):
         f = f"r[{i}]"
-        ok, value = field_expressions(plan, f)
+        ok, value = tiered_expressions(plan, f)
         if plan.nullable:
             columns.append(f"if({f} = '', NULL, {value}) AS c{i}")
             checks.append(f"({f} = '' OR ({ok}))")
@@ -272,7 +335,9 @@ def conversion_sql(
         f"WHERE throwIf(NOT ({' AND '.join(checks)}), {_lit(REFUSAL)}) = 0 "
         f"INTO OUTFILE {_lit(str(out))} TRUNCATE FORMAT RowBinary "
         # Small blocks keep the engine's memory flat; ranges give the parallelism.
-        f"SETTINGS max_threads = 1, input_format_parallel_parsing = 0, max_block_size = {BLOCK_ROWS}"
+        f"SETTINGS max_threads = 1, input_format_parallel_parsing = 0, max_block_size = {BLOCK_ROWS}, "
+        # Exact float parsing, as the reference's; lazy ``or``/``if`` for the two tiers.
+        "precise_float_parsing = 1, short_circuit_function_evaluation = 'force_enable'"
     )
 
 
