@@ -101,7 +101,9 @@ def prepare_rowbinary(
 
     ``spool_dir`` must not exist; it is created 0700. On any failure it is removed
     with everything in it. ``held`` lets a caller keep one descriptor for the whole
-    attempt; otherwise one is opened here. ``mode`` selects the converter: the
+    attempt, verified by that caller just before; otherwise one is opened and verified
+    here. Either way the conversion hashes every byte it converts and refuses a
+    spool whose source bytes are not the receipt's. ``mode`` selects the converter: the
     Python reference or the engine fast path, which produces identical bytes and,
     when it refuses anything, hands over to the reference to name the exact error.
     """
@@ -133,8 +135,9 @@ def prepare_rowbinary(
         raise
     try:
         _check_deadline(budget, deadline, "entry")
-        artifact.verify()
-        _check_deadline(budget, deadline, "entry verification")
+        if own_held:  # a caller's held descriptor was verified by that caller
+            artifact.verify()
+            _check_deadline(budget, deadline, "entry verification")
         path = directory / SPOOL_NAME
         engine_result = None
         declined = False
