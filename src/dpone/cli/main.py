@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import signal
 import sys
 from types import FrameType
@@ -9,41 +10,50 @@ from types import FrameType
 import click
 
 import dpone
-from dpone.cli.demo import demo
-from dpone.cli.files import export, validate, verify
 from dpone.cli.output import Terminated, report_failure
-from dpone.cli.project import check, init
-from dpone.cli.publication import snapshot
-from dpone.cli.refresh import refresh
-from dpone.cli.rollback import rollback
-from dpone.cli.server import server
-from dpone.cli.staging import attempts, journal, stage
-from dpone.cli.status import status
+
+# Each command's module, imported only when that command runs (or when help lists
+# them all): a command pays for its own imports, not for every other command's.
+COMMANDS = {
+    "server": "dpone.cli.server",
+    "demo": "dpone.cli.demo",
+    "export": "dpone.cli.files",
+    "validate": "dpone.cli.files",
+    "verify": "dpone.cli.files",
+    "stage": "dpone.cli.staging",
+    "journal": "dpone.cli.staging",
+    "attempts": "dpone.cli.staging",
+    "snapshot": "dpone.cli.publication",
+    "init": "dpone.cli.project",
+    "check": "dpone.cli.project",
+    "refresh": "dpone.cli.refresh",
+    "rollback": "dpone.cli.rollback",
+    "status": "dpone.cli.status",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group whose commands are looked up in :data:`COMMANDS` when first needed."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = COMMANDS.get(cmd_name)
+        if module is None:
+            return None
+        command = getattr(importlib.import_module(module), cmd_name)
+        assert isinstance(command, click.Command)
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(dpone.__version__, prog_name="dpone")
 def cli() -> None:
     """Move full-refresh snapshots of SQL Server tables into ClickHouse, with proof.
 
     Exit codes: 0 success, 1 the operation failed, 2 usage or configuration error.
     """
-
-
-cli.add_command(server)
-cli.add_command(demo)
-cli.add_command(export)
-cli.add_command(validate)
-cli.add_command(verify)
-cli.add_command(stage)
-cli.add_command(journal)
-cli.add_command(attempts)
-cli.add_command(snapshot)
-cli.add_command(init)
-cli.add_command(check)
-cli.add_command(refresh)
-cli.add_command(rollback)
-cli.add_command(status)
 
 
 def _wants_json(args: list[str]) -> bool:
