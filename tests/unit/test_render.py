@@ -8,9 +8,10 @@ import uuid
 
 import pytest
 
+from dpone.connectors.bulk_text_codec import encode_record
 from dpone.contracts.schema import SourceColumn
-from dpone.errors import ConfigurationError
-from dpone.exporters.render import RenderError, render_row, renderer_for
+from dpone.errors import ConfigurationError, DponeError
+from dpone.exporters.render import RenderError, field_for, render_row, renderer_for
 from dpone.exporters.sources import open_source, sqlserver_type_text
 from dpone.typepolicy import plan_column
 from dpone.typepolicy.source_types import parse_source_type
@@ -105,3 +106,45 @@ def test_dsn_rules() -> None:
     assert scheme.value.code == "invalid_dsn"
     source = open_source("mssql://db.example:1444/sales")
     assert (source.host, source.port, source.database) == ("db.example", 1444, "sales")  # type: ignore[attr-defined]
+
+
+FUSED_EXTRA = [
+    ("int", 7), ("int", True), ("int", 1.0), ("bigint", -(2**63)), ("float", 5), ("float", True),
+    ("float", float("inf")), ("float", "1.0"), ("uniqueidentifier", "6f9619ff-8b86-d011-b42d-00c04fc964ff"),
+    ("uniqueidentifier", "6F9619FF-8B86-D011-B42D-00C04FC964FF"), ("uniqueidentifier", "not-a-guid"),
+    ("nvarchar(10)", ""), ("nvarchar(10)", "a\x1db\tc\nd\re\x1ef\x1fg"), ("nvarchar(10)", "\ud800"),
+    ("nvarchar(10)", b"x"), ("varbinary(3)", b""), ("varbinary(3)", b"\x00\x1d"), ("varbinary(3)", "x"),
+    ("varbinary(3)", memoryview(b"ab")), ("decimal(9, 2)", "1.50"), ("decimal(9, 2)", 0.1 + 0.2),
+    ("date", "2020-01-01\t"), ("time(7)", "12:00:00\n"), ("datetime2(7)", ""),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("source_type", "value"), [(t, v) for t, v, _ in CASES] + FUSED_EXTRA)
+def test_a_fused_field_equals_render_then_encode_or_refuses(
+    source_type: str, value: object
+) -> None:
+    """The export's one-step path gives exactly the careful path's field, or hands over."""
+    st = parse_source_type(source_type, column="c")
+    column = plan_column(SourceColumn("c", source_type, True)).codec_column
+    try:
+        careful: bytes | None = encode_record(
+            [column], render_row([renderer_for(st)], ["c"], (value,), record=1)
+        )
+    except DponeError:
+        careful = None
+    try:
+        fused: bytes | None = (field_for(st, column)(value) + "\n").encode("utf-8")
+    except Exception:  # any exception hands the row to the careful path
+        fused = None
+    if fused is not None:
+        assert fused == careful, (source_type, value)
+    if (source_type, value) in MUST_FUSE:  # the common values do take the one-step path
+        assert fused is not None and careful is not None, (source_type, value)
+
+
+MUST_FUSE = [
+    ("int", 7), ("bigint", -(2**63)), ("float", 0.1), ("float", -0.0), ("nvarchar(10)", ""),
+    ("nvarchar(10)", "a\x1db\tc\nd\re\x1ef\x1fg"), ("varbinary(3)", b""), ("varbinary(3)", b"\x00\x1d"),
+    ("uniqueidentifier", "6f9619ff-8b86-d011-b42d-00c04fc964ff"), ("decimal(9, 2)", "1.50"),
+    ("datetime2(7)", "2020-01-02 03:04:05.1234567"),
+]  # fmt: skip

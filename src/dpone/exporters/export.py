@@ -11,7 +11,7 @@ from dpone.connectors.bulk_text_codec import BulkTextError, BulkTextWriter
 from dpone.contracts.receipt import FileReceipt
 from dpone.durable_files import OutputError, atomic_outputs
 from dpone.errors import ConfigurationError
-from dpone.exporters.render import RenderError, render_row, renderer_for
+from dpone.exporters.render import RenderError, field_for, render_row, renderer_for
 from dpone.exporters.sources import Source
 from dpone.runtime.file_validation import validate_file
 from dpone.typepolicy import plan_columns
@@ -77,15 +77,24 @@ def export_table(
     with atomic_outputs(outputs, source.local_files, force=force) as (stream, receipt_stream):
         schema = source.schema(table)
         plans = plan_columns(schema.columns)  # unsupported types are refused before reading
-        renderers = [
-            renderer_for(parse_source_type(c.source_type, column=c.name)) for c in schema.columns
-        ]
+        types = [parse_source_type(c.source_type, column=c.name) for c in schema.columns]
+        renderers = [renderer_for(st) for st in types]
+        fields = [field_for(st, p.codec_column) for st, p in zip(types, plans, strict=True)]
         names = [c.name for c in schema.columns]
         writer = BulkTextWriter(stream, [p.codec_column for p in plans])
         for ordinal, row in enumerate(source.rows(table, schema), start=1):
-            cells = render_row(renderers, names, row, record=ordinal)
+            try:  # the common row in one pass
+                record: bytes | None = (
+                    "\t".join(["" if v is None else f(v) for f, v in zip(fields, row, strict=True)])
+                    + "\n"
+                ).encode("utf-8")
+            except Exception:  # rendered again below, which names what is wrong
+                record = None
             try:
-                writer.write(cells)
+                if record is None:
+                    writer.write(render_row(renderers, names, row, record=ordinal))
+                else:
+                    writer.write_record(record)
             except BulkTextError as exc:
                 raise _unwritable(exc, ordinal) from exc
             except OSError as exc:

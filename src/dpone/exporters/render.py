@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import re
 import uuid
 from collections.abc import Callable
 
-from dpone.connectors.bulk_text_codec import Cell
+from dpone.connectors.bulk_text_codec import Cell, CodecColumn, ColumnKind, field_encoders
 from dpone.errors import PolicyError
 from dpone.typepolicy.converters import is_binary32, shortest_float32
 from dpone.typepolicy.policy import BINARY_TYPES, TEXT_TYPES
@@ -35,6 +36,8 @@ def _refuse(value: object, what: str) -> RenderError:
 
 
 def _integer(value: object) -> Cell:
+    if type(value) is int:  # the common case, first
+        return str(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise _refuse(value, "an integer")
     return str(value)
@@ -136,10 +139,16 @@ def _time(value: object) -> Cell:
     raise _refuse(value, "a time")
 
 
+# ``str(uuid.UUID(text))`` is ``text`` itself for this form.
+_CANONICAL_UUID = re.compile("[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def _uuid(value: object) -> Cell:
     if isinstance(value, uuid.UUID):
         return str(value)
     if isinstance(value, str):
+        if _CANONICAL_UUID.fullmatch(value):
+            return value
         try:
             return str(uuid.UUID(value))
         except ValueError as exc:
@@ -193,6 +202,51 @@ def renderer_for(st: SourceType) -> Renderer:
     raise RenderError(f"no renderer for SQL Server type {st}", code="unsupported_type")
 
 
+def _int_field(value: object) -> str:
+    if type(value) is not int:
+        raise TypeError
+    return str(value)  # digits and a sign: nothing the codec escapes or refuses
+
+
+def _float64_field(value: object) -> str:
+    if type(value) is not float:
+        raise TypeError
+    return repr(value)  # as _float64 renders it; no character the codec escapes or refuses
+
+
+def _uuid_field(value: object) -> str:
+    if type(value) is not str or not _CANONICAL_UUID.fullmatch(value):
+        raise TypeError
+    return value
+
+
+def field_for(st: SourceType, column: CodecColumn) -> Callable[[object], str]:
+    """A driver value's field text in one step, for the common values of ``st``.
+
+    For every value it takes it returns exactly what :func:`render_row` and the
+    codec's ``encode_record`` make of it; any other value raises (any exception), and
+    the caller renders that row again cell by cell, which names what is wrong.
+    """
+    render = renderer_for(st)
+    encode = field_encoders([column])[0]
+    if column.kind is not ColumnKind.RAW and render in (_text, _binary):
+        return encode  # the renderer hands str or bytes through; the encoder checks the type
+    fused: dict[Renderer, Callable[[object], str]] = {
+        _integer: _int_field, _float64: _float64_field, _uuid: _uuid_field,
+    }  # fmt: skip
+    direct = fused.get(render)
+    if direct is not None:
+        return direct
+
+    def both(value: object) -> str:
+        cell = render(value)
+        if cell is None:
+            raise TypeError
+        return encode(cell)
+
+    return both
+
+
 def render_row(
     renderers: list[Renderer], names: list[str], row: tuple[object, ...], *, record: int
 ) -> list[Cell]:
@@ -200,6 +254,13 @@ def render_row(
 
     Errors name the record and the column, never the value (it may be confidential).
     """
+    try:  # the common case in one pass; a failure is rendered again cell by cell to name it
+        return [
+            None if value is None else render(value)
+            for render, value in zip(renderers, row, strict=True)
+        ]
+    except (RenderError, ArithmeticError, ValueError):
+        pass
     cells: list[Cell] = []
     for render, name, value in zip(renderers, names, row, strict=True):
         if value is None:
