@@ -327,8 +327,12 @@ def test_bad_inputs_give_one_coded_json_error_each(ws: Workspace) -> None:
     for verb in ("publish", "reconcile", "cancel", "show"):
         refused(ws.snapshot(verb, "not-an-intent"), 2, "invalid_intent_id")
         refused(ws.snapshot(verb, "A" * 64), 2, "invalid_intent_id")
-        refused(ws.snapshot(verb, "0" * 64), 1, "snapshot_not_found")
+        # No store yet: these commands never create one.
+        refused(ws.snapshot(verb, "0" * 64), 1, "store_missing")
+        assert not Path(ws.store).exists()
     staged = ws.stage(BASE, "b1")
+    for verb in ("publish", "reconcile", "cancel", "show"):
+        refused(ws.snapshot(verb, "0" * 64), 1, "snapshot_not_found")
     for target in ("nodot", f"{DB}.", ".items", f"{DB}.a.b"):
         done = ws.run(
             "snapshot", "prepare", "--journal", staged["journal"], "--target", target, "--json"

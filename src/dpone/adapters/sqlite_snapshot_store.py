@@ -7,7 +7,9 @@ that a compare-and-set can recheck the parent authority (the run, its slot epoch
 its ownership) in the same transaction that writes the record.
 
 The file is created ``0600`` (a missing parent directory is created ``0700``; an
-existing one is left as it is), runs in WAL mode with ``synchronous=FULL`` and a busy
+existing one is left as it is) unless the store is opened with ``create=False``: a
+command that only reads or continues existing records then fails with
+``store_missing`` naming the path, and creates nothing. The store runs in WAL mode with ``synchronous=FULL`` and a busy
 timeout, and identifies itself with ``PRAGMA application_id`` and ``PRAGMA
 user_version`` (:data:`SCHEMA_VERSION`). A file that is not SQLite, or another
 application's database, is refused and never modified.
@@ -26,6 +28,11 @@ Layout (every ``at`` is UTC ISO 8601, every ``facts`` canonical JSON bytes)::
     leases   (lease_id PK, user, role, attempt_id, active, issued_at, ended_at)
               -- at most one active lease per user (partial unique index)
     steps    (id PK autoincrement, key, facts, at)           -- append-only
+
+A lease's holder process (:mod:`dpone.adapters.holder_process`) is noted in ``steps``
+under the key ``lease/<lease_id>`` in the transaction that issues the lease; an
+operator's end of a lease whose holder is gone is noted there too, with the facts
+that proved it, in the transaction that ends it.
 
 Triggers enforce what SQL can: immutable intents, append-only history and steps,
 records only to the next revision, ownership only forward.
@@ -58,6 +65,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from dpone.adapters.holder_process import HolderProcess, current_process
 from dpone.contracts import canonical_json
 from dpone.contracts.composition_snapshot import SnapshotState, check_transition, revision_ok
 from dpone.contracts.fields import DocumentError, check_type
@@ -159,7 +167,7 @@ class SnapshotStoreError(StateError):
     ``attempt_fenced``, ``ownership_not_active``, ``slot_blocked``, ``pool_exhausted``,
     ``lease_not_found``, ``admission_not_found``, ``admission_conflict``,
     ``invalid_ownership_transition``, ``store_unavailable``, ``store_not_sqlite``,
-    ``store_schema_mismatch``.
+    ``store_schema_mismatch``, ``store_missing``.
     """
 
     code = "store_unavailable"
@@ -176,6 +184,21 @@ class SnapshotSummary:
     state: str
     revision: int
     intent_bytes: bytes
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """One lease as stored, with when it was issued and the process that took it."""
+
+    lease: Lease
+    issued_at: str
+    ended_at: str | None
+    holder: HolderProcess | None
+
+
+def lease_step_key(lease_id: str) -> str:
+    """The ``steps`` key under which a lease's holder and its operator end are noted."""
+    return f"lease/{lease_id}"
 
 
 def _now() -> str:
@@ -304,12 +327,21 @@ class SqliteSnapshotStore:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, busy_timeout: float = BUSY_TIMEOUT_SECONDS
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+        create: bool = True,
     ) -> None:
+        """Open (``create``: and create if missing) the store at ``path``.
+
+        With ``create=False`` a missing file, or one that holds no store yet, is
+        ``store_missing`` and nothing is created or written.
+        """
         self.path = Path(path)
         self.busy_timeout = busy_timeout
         self._uri = f"{self.path.absolute().as_uri()}?mode=rw"
-        self._open()
+        self._open(create)
 
     # ------------------------------------------------------------------ fault seams
 
@@ -325,13 +357,23 @@ class SqliteSnapshotStore:
 
     # ------------------------------------------------------------------ connections
 
-    def _open(self) -> None:
+    def _missing(self, why: str) -> SnapshotStoreError:
+        return SnapshotStoreError(
+            f"no snapshot store at {self.path} ({why}); check --store (or the project's store)",
+            code="store_missing",
+            path=str(self.path),
+        )
+
+    def _open(self, create: bool) -> None:
         """Create the file ``0600`` if needed, refuse a foreign one, set WAL, create the schema."""
         where = {"path": str(self.path)}
         try:
-            # The mode applies only to directories created here; existing ones stay as they are.
-            self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            if create:
+                # The mode applies only to directories created here; existing ones stay.
+                self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            else:
+                fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise SnapshotStoreError(
@@ -339,7 +381,16 @@ class SqliteSnapshotStore:
                     )
             finally:
                 os.close(fd)
-            fsync_directory(self.path.parent)
+            if create:
+                fsync_directory(self.path.parent)
+        except FileNotFoundError as exc:
+            if create:  # the parent vanished while it was being created
+                raise SnapshotStoreError(
+                    f"cannot open the snapshot store {self.path}: {exc}",
+                    code="store_unavailable",
+                    **where,
+                ) from exc
+            raise self._missing("the file does not exist") from exc
         except OSError as exc:
             raise SnapshotStoreError(
                 f"cannot open the snapshot store {self.path}: {exc}",
@@ -348,6 +399,8 @@ class SqliteSnapshotStore:
             ) from exc
         with self._reading("open") as conn:
             fresh = self._check_identity(conn)  # before anything could modify a foreign file
+        if fresh and not create:
+            raise self._missing("the file holds no store yet")
         conn = self._connect("open")
         try:
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
@@ -776,9 +829,17 @@ class SqliteSnapshotStore:
                     attempt_id=attempt_id,
                 )
             lease = Lease(uuid.uuid4().hex, free[0], role, attempt_id, True)
+            at = _now()
             conn.execute(
                 "INSERT INTO leases VALUES (?, ?, ?, ?, 1, ?, NULL)",
-                (lease.lease_id, lease.user, role, attempt_id, _now()),
+                (lease.lease_id, lease.user, role, attempt_id, at),
+            )
+            # Who holds it, in the same transaction: a holder killed with SIGKILL cannot
+            # end its lease, and only this record lets a later reader prove it gone.
+            holder = {"step": "issued", "holder": current_process().to_dict()}
+            conn.execute(
+                "INSERT INTO steps (key, facts, at) VALUES (?, ?, ?)",
+                (lease_step_key(lease.lease_id), canonical_json.dumps(holder), at),
             )
         return lease
 
@@ -790,6 +851,59 @@ class SqliteSnapshotStore:
                 (_now(), lease_id),
             )
             return _lease_row(conn, lease_id)
+
+    def end_lease_of_gone_holder(
+        self, lease_id: str, facts: Mapping[str, Any]
+    ) -> tuple[Lease, bool]:
+        """End an operator-proven abandoned lease and note why, in one transaction.
+
+        ``facts`` are what proved the holder gone (the caller decides; see
+        :mod:`dpone.runtime.stale_leases`). Returns the lease as stored now and whether
+        this call ended it (False: it had already ended; nothing is written then).
+        """
+        note = canonical_json.dumps({"step": "ended_by_operator", **dict(facts)})
+        with self._write("end_lease_of_gone_holder", "store_commit_unknown") as conn:
+            at = _now()
+            ended = conn.execute(
+                "UPDATE leases SET active = 0, ended_at = ? WHERE lease_id = ? AND active = 1",
+                (at, lease_id),
+            ).rowcount
+            lease = _lease_row(conn, lease_id)
+            if ended:
+                conn.execute(
+                    "INSERT INTO steps (key, facts, at) VALUES (?, ?, ?)",
+                    (lease_step_key(lease_id), note, at),
+                )
+        return lease, bool(ended)
+
+    def lease_records(self, *, active_only: bool = True) -> list[LeaseRecord]:
+        """Leases (by default the active ones), oldest first, with their holder process."""
+        where = " WHERE l.active = 1" if active_only else ""
+        with self._reading("lease_records") as conn:
+            rows = conn.execute(
+                f"SELECT {_LEASE_COLUMNS}, issued_at, ended_at FROM leases l{where}"
+                " ORDER BY l.rowid"
+            ).fetchall()
+            notes = conn.execute(
+                "SELECT key, facts FROM steps WHERE key LIKE 'lease/%' ORDER BY id"
+            ).fetchall()
+        issued: dict[str, Mapping[str, Any]] = {}
+        for key, data in notes:
+            facts = _facts(data)
+            if facts.get("step") == "issued":
+                issued[str(key)] = facts
+        records = []
+        for row in rows:
+            holder = issued.get(lease_step_key(row[0]), {}).get("holder")
+            records.append(
+                LeaseRecord(
+                    _lease(row[:5]),
+                    row[5],
+                    row[6],
+                    HolderProcess.from_dict(holder) if isinstance(holder, Mapping) else None,
+                )
+            )
+        return records
 
     def get_lease(self, lease_id: str) -> Lease:
         """A lease as stored now (``lease_not_found``)."""
@@ -808,7 +922,7 @@ class SqliteSnapshotStore:
 
 # ---------------------------------------------------------------------- row helpers
 
-_LEASE_COLUMNS = "lease_id, user, role, attempt_id, active"
+_LEASE_COLUMNS = "lease_id, user, role, attempt_id, active"  # the order _lease reads
 _RUN_COLUMNS = (
     "parent_request, database, target_table, attempt_id, slot_epoch, attempt_epoch, ownership"
 )

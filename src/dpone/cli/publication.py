@@ -1,7 +1,10 @@
-"""``dpone snapshot``: prepare, publish, reconcile, cancel and show a publication.
+"""``dpone snapshot``: prepare, publish, reconcile, cancel and show a publication;
+list the pool's leases and end one whose holder is gone.
 
-Thin over :mod:`dpone.runtime.snapshot_composition`: each command parses, calls one
-publisher method and prints one answer. Every JSON answer carries ``state`` and
+Thin over :mod:`dpone.runtime.snapshot_composition` (and
+:mod:`dpone.runtime.stale_leases`): each command parses, calls one publisher method
+and prints one answer. Only ``prepare`` may create the store; every other command
+needs it to exist (``store_missing``). Every JSON answer carries ``state`` and
 ``revision``; a publication that did not reach PUBLISHED exits 1 and names the
 command that finishes it.
 """
@@ -28,6 +31,7 @@ from dpone.runtime.snapshot_composition import (
     build_publication,
     stored_database,
 )
+from dpone.runtime.stale_leases import GONE, end_gone_lease, end_lease_command, judge_leases
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -133,7 +137,8 @@ def _call(verb: str, intent: str, store_path: Path, data_dir: Path, as_json: boo
     with reported_errors(as_json):
         intent = _intent_argument(intent)
         database = stored_database(store_path, intent)
-        publisher = build_publication(PublicationConfig(data_dir, store_path), database).publisher
+        config = PublicationConfig(data_dir, store_path, create_store=False)
+        publisher = build_publication(config, database).publisher
         calls = {"publish": publisher.publish, "reconcile": publisher.reconcile,
                  "cancel": publisher.cancel}  # fmt: skip
         _answer(calls[verb](intent), as_json, verb)
@@ -177,7 +182,7 @@ def show(intent: str, store_path: Path, as_json: bool) -> None:
     """State, revision, history, UUID pair, counts and digests of one publication."""
     with reported_errors(as_json):
         intent = _intent_argument(intent)
-        store = SqliteSnapshotStore(store_path)
+        store = SqliteSnapshotStore(store_path, create=False)
         stored = store.load(intent)
         parsed = SnapshotIntent.from_bytes(stored.intent_bytes)
         record = SnapshotRecord.from_bytes(stored.record_bytes)
@@ -209,3 +214,75 @@ def show(intent: str, store_path: Path, as_json: bool) -> None:
 def _history_entry(entry: HistoryEntry) -> dict[str, Any]:
     return {"sequence": entry.sequence, "revision": entry.revision, "state": entry.state,
             "record_sha256": entry.record_sha256, "at": entry.at, "facts": dict(entry.facts)}  # fmt: skip
+
+
+journal_dirs_option = click.option(
+    "--work-dir", "journal_dirs", multiple=True, required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="A directory of attempt journals (repeatable): a project's WORK/attempts and "
+         "WORK/rollbacks, or the --work-dir given to `dpone stage`.",
+)  # fmt: skip
+
+
+@snapshot.command("leases")
+@store_option
+@journal_dirs_option
+@json_option
+def leases(store_path: Path, journal_dirs: tuple[Path, ...], as_json: bool) -> None:
+    """Every active lease of the principal pool and whether its holder is gone.
+
+    A lease whose holder is gone (proven from the store, the journals and the kernel)
+    is listed with the `dpone snapshot end-lease` command that ends it. Exit 0 when no
+    lease is abandoned, 1 otherwise.
+    """
+    with reported_errors(as_json):
+        verdicts = judge_leases(SqliteSnapshotStore(store_path, create=False), journal_dirs)
+        found = []
+        for verdict in verdicts:
+            entry = verdict.to_dict()
+            if verdict.holder == GONE:
+                entry["command"] = end_lease_command(verdict.lease_id, store_path, journal_dirs)
+            found.append(entry)
+        abandoned = [e for e in found if e["holder"] == GONE]
+        if as_json:
+            emit_json({"ok": not abandoned, "leases": found})
+        else:
+            if not found:
+                click.echo("no active lease")
+            for e in found:
+                click.echo(f"{e['lease_id']} {e['user']} ({e['role']}, attempt {e['attempt_id']}, "
+                           f"issued {e['issued_at']}): holder {e['holder']}, {e['reason']}")  # fmt: skip
+                if e.get("command"):
+                    click.echo(f"  run: {e['command']}")
+        if abandoned:
+            raise SystemExit(1)
+
+
+@snapshot.command("end-lease")
+@click.argument("lease_id")
+@store_option
+@journal_dirs_option
+@json_option
+def end_lease(
+    lease_id: str, store_path: Path, journal_dirs: tuple[Path, ...], as_json: bool
+) -> None:
+    """End LEASE_ID, only when its holder is proven gone; recorded in the store.
+
+    Refuses (exit 1, nothing written) with `lease_holder_live` or
+    `lease_holder_unknown`; a lease that already ended is reported as such (exit 0).
+    """
+    with reported_errors(as_json):
+        store = SqliteSnapshotStore(store_path, create=False)
+        verdict, ended = end_gone_lease(store, lease_id, journal_dirs)
+        lease = store.get_lease(lease_id)
+        payload: dict[str, Any] = {"ok": True, "lease_id": lease_id, "user": lease.user,
+                                   "role": lease.role, "attempt_id": lease.attempt_id,
+                                   "active": lease.active, "ended_now": ended,
+                                   "reason": None if verdict is None else verdict.reason,
+                                   "evidence": None if verdict is None else verdict.evidence}  # fmt: skip
+        if as_json:
+            emit_json(payload)
+        elif ended:
+            click.echo(f"lease {lease_id} of {lease.user} ended: {payload['reason']}")
+        else:
+            click.echo(f"lease {lease_id} of {lease.user} had already ended")

@@ -114,7 +114,7 @@ def end_ingest_leases(store_path: Path, attempt_id: str, only: str | None = None
     """
     if not store_path.is_file():
         return []
-    store = SqliteSnapshotStore(store_path)
+    store = SqliteSnapshotStore(store_path, create=False)
     ended = []
     for lease in store.leases_of(attempt_id):
         if lease.active and only in (None, lease.lease_id):
@@ -344,15 +344,25 @@ def attempts_list(work_dir: Path, show_all: bool, as_json: bool) -> None:
 @attempts.command("cleanup")
 @click.argument("attempt_id")
 @work_dir_option
+@click.option("--store", "store_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=DEFAULT_STORE, show_default=True,
+              help="The publication store holding the attempt's ingest lease (ended).")  # fmt: skip
 @server_options
 @json_option
-def attempts_cleanup(attempt_id: str, work_dir: Path, as_json: bool, **server: object) -> None:
-    """Clean ATTEMPT_ID up when its queries' terminal state is proven; refuse otherwise."""
+def attempts_cleanup(
+    attempt_id: str, work_dir: Path, store_path: Path, as_json: bool, **server: object
+) -> None:
+    """Clean ATTEMPT_ID up when its queries' terminal state is proven; refuse otherwise.
+
+    Once cleaned up, the attempt's ingest lease in the publication store ends too.
+    """
     with reported_errors(as_json):
         config = staging_config(work_dir=work_dir, **server)  # type: ignore[arg-type]
         summary = cleanup_attempt(
             build_transport(config), work_dir, attempt_id, database=config.endpoint.database
         )
+        # The journal is terminal now: nothing of this attempt can use its principal.
+        end_ingest_leases(store_path, summary.attempt_id)
         if as_json:
             emit_json({"ok": True, **summary.to_dict()})
         else:

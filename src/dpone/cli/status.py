@@ -43,7 +43,7 @@ def status(config_path: Path, as_json: bool) -> None:
             if not found.needs_person:
                 click.echo("nothing needs a person")
             for item in found.needs_person:
-                what = item.get("intent_sha256") or item.get("attempt_id")
+                what = item.get("intent_sha256") or item.get("lease_id") or item.get("attempt_id")
                 click.echo(f"NEEDS A PERSON: {item['kind']} {what}")
                 if item.get("command"):
                     click.echo(f"  run: {item['command']}")

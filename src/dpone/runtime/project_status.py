@@ -1,9 +1,11 @@
 """What a project's targets look like now, and everything that needs a person.
 
-Read only: the store (publications, oldest first), the attempt and retention
-journals under the work dir, and, when the managed server runs, which rollback copies
-still exist. Each item that needs a person carries the exact command to run
-(docs/operations.md explains each).
+Read only: the store (publications, oldest first, and the pool's leases), the
+attempt and retention journals under the work dir, and, when the managed server runs,
+which rollback copies still exist. Each item that needs a person carries the exact
+command to run (docs/operations.md explains each). A lease whose holder is proven
+gone (:mod:`dpone.runtime.stale_leases`) is one of them: it would otherwise keep its
+pool principal forever.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ from dpone.localserver import find_running
 from dpone.localserver.credentials import admin_credentials
 from dpone.runtime.attempt_recovery import finishing_command, list_attempts
 from dpone.runtime.retention import observe_copy, rollback_copies
+from dpone.runtime.stale_leases import (
+    GONE,
+    end_lease_command,
+    judge_leases,
+    project_journal_dirs,
+)
 
 
 @dataclass
@@ -32,16 +40,19 @@ class ProjectStatus:
     targets: list[dict[str, Any]] = field(default_factory=list)
     needs_person: list[dict[str, Any]] = field(default_factory=list)
     server_running: bool = False
+    active_leases: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"targets": self.targets, "needs_person": self.needs_person,
-                "server_running": self.server_running}  # fmt: skip
+                "server_running": self.server_running,
+                "active_leases": self.active_leases}  # fmt: skip
 
 
 def project_status(project: Project) -> ProjectStatus:
     """Read the store, the journals and (if it runs) the server."""
     status = ProjectStatus()
-    store = SqliteSnapshotStore(project.store) if project.store.exists() else None
+    # Status never creates a store: a project that never ran has none yet.
+    store = SqliteSnapshotStore(project.store, create=False) if project.store.exists() else None
     summaries = store.list_snapshots() if store is not None else []
     info = find_running(project.clickhouse.data_dir)
     status.server_running = info is not None
@@ -89,8 +100,24 @@ def project_status(project: Project) -> ProjectStatus:
                     "intent_sha256": summary.intent_sha256,
                     "command": shlex.join(["dpone", "snapshot", "cancel", summary.intent_sha256, *tail]),
                 })  # fmt: skip
-    _attempts(project, status, data_dir)
+    _attempts(project, status, data_dir, store)
+    if store is not None:
+        _leases(project, status, store)
     return status
+
+
+def _leases(project: Project, status: ProjectStatus, store: SqliteSnapshotStore) -> None:
+    dirs = project_journal_dirs(project.work_dir)
+    for verdict in judge_leases(store, dirs):
+        status.active_leases.append(verdict.to_dict())
+        if verdict.holder != GONE:
+            continue
+        lease = verdict.record.lease
+        status.needs_person.append({
+            "kind": "lease_abandoned", "lease_id": lease.lease_id, "user": lease.user,
+            "role": lease.role, "attempt_id": lease.attempt_id, "reason": verdict.reason,
+            "command": end_lease_command(lease.lease_id, project.store, dirs),
+        })  # fmt: skip
 
 
 def _copies(store: SqliteSnapshotStore, port: int, project: Project, database: str,
@@ -107,9 +134,9 @@ def _copies(store: SqliteSnapshotStore, port: int, project: Project, database: s
     return kept
 
 
-def _attempts(project: Project, status: ProjectStatus, data_dir: str) -> None:
+def _attempts(project: Project, status: ProjectStatus, data_dir: str,
+              store: SqliteSnapshotStore | None) -> None:  # fmt: skip
     attempts_dir = project.work_dir / "attempts"
-    store = SqliteSnapshotStore(project.store) if project.store.exists() else None
     # A staged generation is done with once an intent that may still publish it (or did)
     # names its attempt; otherwise it waits for a discard.
     named = {
@@ -123,10 +150,13 @@ def _attempts(project: Project, status: ProjectStatus, data_dir: str) -> None:
             continue
         database = str((summary.planned_table or {}).get("database"))
         command = finishing_command(summary.state, summary.attempt_id, attempts_dir, database)
+        # The project's store, not the default one: cleanup and discard end the
+        # attempt's ingest lease there.
+        tail = ["--data-dir", data_dir, "--store", str(project.store)]
         status.needs_person.append({
             "kind": "staged_unpublished" if lingering else summary.state, "attempt_id": summary.attempt_id, "journal": str(summary.path),
             "table": summary.planned_table, "unsettled_mutations": [m.query_id for m in summary.unsettled],
-            "command": f"{command} {shlex.join(['--data-dir', data_dir])}" if command else None,
+            "command": f"{command} {shlex.join(tail)}" if command else None,
         })  # fmt: skip
     retention_dir: Path = project.work_dir / "retention"
     for summary in list_attempts(retention_dir):

@@ -58,12 +58,18 @@ REQUEST_SECONDS = 30.0
 
 @dataclass(frozen=True)
 class PublicationConfig:
-    """Where the managed server and the store are, and the publication's ceilings."""
+    """Where the managed server and the store are, and the publication's ceilings.
+
+    ``create_store``: False for a command that only continues existing records
+    (publish, reconcile, cancel): a missing store is then ``store_missing``, never a
+    new empty one at a mistyped path.
+    """
 
     data_dir: Path
     store_path: Path = DEFAULT_STORE
     limits: SnapshotLimits = DEFAULT_LIMITS
     claim_wait_seconds: float = 30.0
+    create_store: bool = True
 
 
 @dataclass(frozen=True)
@@ -169,7 +175,7 @@ def issue_ingest(
 def build_publication(config: PublicationConfig, database: str) -> PublicationComponents:
     """Assemble the publisher for ``database`` on the running managed server."""
     endpoint = managed_endpoint(config.data_dir, database)
-    store = SqliteSnapshotStore(config.store_path)
+    store = SqliteSnapshotStore(config.store_path, create=config.create_store)
     issuer = build_issuer(config.data_dir, store, endpoint)
     credentials = pool_credentials(config.data_dir)
     admin = admin_credentials(config.data_dir)
@@ -233,6 +239,6 @@ def provision_protected_databases(
 
 
 def stored_database(store_path: Path, intent_sha256: str) -> str:
-    """The protected database an intent in the store belongs to."""
-    store = SqliteSnapshotStore(store_path)
+    """The protected database an intent in the store belongs to (``store_missing``)."""
+    store = SqliteSnapshotStore(store_path, create=False)
     return SnapshotIntent.from_bytes(store.load(intent_sha256).intent_bytes).database

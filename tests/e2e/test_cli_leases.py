@@ -1,0 +1,169 @@
+"""Pool leases left by killed processes: when they stay, how status and end-lease end them.
+
+Established here: ``dpone stage --principal pool`` and ``dpone refresh`` killed with
+SIGKILL while staging leave their ingest lease active (nothing else ends it); four
+such exhaust the ingest pool (``pool_exhausted``). A stage that completes keeps its
+lease on purpose (``prepare`` or ``attempts discard`` ends it), and a lease of a
+running process is never ended.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore, lease_step_key
+from dpone.errors import StateError
+from dpone.runtime.stale_leases import end_gone_lease, judge_leases
+from tests.e2e.test_cli_refresh import make_source, project, protected_server, rows_of
+from tests.e2e.test_cli_server import as_json, dpone
+
+DATABASE = "refresh_db"  # test_cli_refresh.project() targets this database
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield from protected_server(tmp_path_factory, DATABASE, "lease-ch")
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A file big enough that staging it is still running when it is killed."""
+    root = tmp_path_factory.mktemp("lease-export")
+    make_source(root / "shop.db", rows_of(150_000))
+    out, receipt = root / "items.tsv", root / "items.receipt.json"
+    done = dpone("export", "--source", f"sqlite:{root / 'shop.db'}", "--table", "items",
+                 "--out", str(out), "--receipt-out", str(receipt), "--json")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out, receipt
+
+
+def _run_until(argv: list[str], ready: Callable[[], bool]) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
+    process = subprocess.Popen([sys.executable, "-m", "dpone", *argv],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not ready() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert process.poll() is None, "the command ended before the point to kill it"
+    return process
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+def _journaled(attempt_dir: Path, events: int) -> Callable[[], bool]:
+    return lambda: len(list(attempt_dir.glob("events/*"))) >= events
+
+
+def _stage_argv(export: tuple[Path, Path], server: dict[str, Any], work: Path, store: Path,
+                attempt: str) -> list[str]:  # fmt: skip
+    return ["stage", str(export[0]), "--receipt", str(export[1]), "--work-dir", str(work),
+            "--database", DATABASE, "--data-dir", str(server["data_dir"]), "--principal", "pool",
+            "--store", str(store), "--attempt-id", attempt]  # fmt: skip
+
+
+def test_killed_stages_exhaust_the_pool_until_their_leases_are_ended(
+    tmp_path: Path, server: dict[str, Any], export: tuple[Path, Path]
+) -> None:
+    work, store = tmp_path / "work", tmp_path / "store.sqlite"
+    for n in range(4):
+        attempt = f"kill-{n}"
+        process = _run_until(_stage_argv(export, server, work, store, attempt),
+                             _journaled(work / attempt, 3))  # fmt: skip
+        if n == 0:
+            # While its process runs, the lease is live and is never ended.
+            opened = SqliteSnapshotStore(store, create=False)
+            (verdict,) = judge_leases(opened, [work])
+            assert (verdict.holder, verdict.reason) == ("live", "process_alive")
+            with pytest.raises(StateError) as refused:
+                end_gone_lease(opened, verdict.lease_id, [work])
+            assert refused.value.code == "lease_holder_live"
+            assert opened.get_lease(verdict.lease_id).active
+            assert process.poll() is None, "the stage ended before it was killed"
+        _kill(process)
+    fifth = dpone(*_stage_argv(export, server, work, store, "kill-4"), "--json")
+    assert fifth.returncode == 1 and as_json(fifth)["error"]["code"] == "pool_exhausted"
+
+    listed = dpone("snapshot", "leases", "--store", str(store), "--work-dir", str(work), "--json")
+    assert listed.returncode == 1, listed.stdout
+    leases = as_json(listed)["leases"]
+    assert sorted(e["attempt_id"] for e in leases) == [f"kill-{n}" for n in range(4)]
+    assert sorted(e["user"] for e in leases) == [f"dpone_ingest_{n}" for n in range(1, 5)]
+    for entry in leases:
+        assert (entry["holder"], entry["reason"]) == ("gone", "process_gone"), entry
+        assert entry["evidence"]["journal_state"] not in ("staged", "failed_cleaned")
+        argv = entry["command"].split()
+        assert argv[:4] == ["dpone", "snapshot", "end-lease", entry["lease_id"]]
+        ended = dpone(*argv[1:], "--json")
+        assert ended.returncode == 0, ended.stdout
+        assert as_json(ended)["ended_now"] is True and as_json(ended)["active"] is False
+    again = as_json(dpone(*leases[0]["command"].split()[1:], "--json"))
+    assert (again["ok"], again["ended_now"]) == (True, False)
+    # Ended, never deleted; each end is noted with what proved it.
+    opened = SqliteSnapshotStore(store, create=False)
+    kept = opened.lease_records(active_only=False)
+    assert len(kept) == 4 and all(r.ended_at is not None for r in kept)
+    note = opened.step_notes(lease_step_key(kept[0].lease.lease_id))[-1].facts
+    assert note["step"] == "ended_by_operator" and note["reason"] == "process_gone"
+    assert note["evidence"]["fact"].startswith(f"process {kept[0].holder.pid}")  # type: ignore[union-attr]
+
+    # The pool has its users back. A stage that completes keeps its lease for
+    # `prepare` (live even though its process has exited) until `attempts discard`.
+    staged = dpone(*_stage_argv(export, server, work, store, "done-1"), "--json")
+    assert staged.returncode == 0, staged.stdout + staged.stderr
+    (verdict,) = judge_leases(opened, [work])
+    assert (verdict.holder, verdict.reason) == ("live", "staged_unprepared")
+    refused_cli = dpone("snapshot", "end-lease", verdict.lease_id, "--store", str(store),
+                        "--work-dir", str(work), "--json")  # fmt: skip
+    assert refused_cli.returncode == 1
+    assert as_json(refused_cli)["error"]["code"] == "lease_holder_live"
+    discard = dpone("attempts", "discard", "done-1", "--work-dir", str(work), "--database", DATABASE,
+                    "--data-dir", str(server["data_dir"]), "--store", str(store), "--json")  # fmt: skip
+    assert discard.returncode == 0, discard.stdout
+    assert judge_leases(opened, [work]) == []
+
+
+def test_refresh_killed_in_stage_then_status_names_end_lease(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    make_source(tmp_path / "shop.db", rows_of(150_000))
+    config = project(tmp_path, server, "t_lease_stage")
+    attempts = tmp_path / "work" / "attempts"
+
+    def staging() -> bool:
+        found = list(attempts.glob("*/events/*")) if attempts.is_dir() else []
+        return len(found) >= 3
+
+    process = _run_until(["refresh", "--config", str(config), "items"], staging)
+    store = tmp_path / "store.sqlite"
+    (live,) = judge_leases(SqliteSnapshotStore(store, create=False), [attempts])
+    assert (live.holder, live.record.lease.role) == ("live", "ingest")
+    _kill(process)
+    status = as_json(dpone("status", "--config", str(config), "--json"))
+    kinds = sorted(item["kind"] for item in status["needs_person"])
+    assert kinds[-1] == "lease_abandoned" and len(kinds) == 2, status["needs_person"]
+    (item,) = [i for i in status["needs_person"] if i["kind"] == "lease_abandoned"]
+    assert item["lease_id"] == live.lease_id and item["reason"] == "process_gone"
+    (active,) = status["active_leases"]
+    assert active["holder"] == "gone" and active["lease_id"] == live.lease_id
+    ended = dpone(*item["command"].split()[1:], "--json")
+    assert ended.returncode == 0 and as_json(ended)["ended_now"] is True, ended.stdout
+    after = as_json(dpone("status", "--config", str(config), "--json"))
+    assert after["active_leases"] == []
+    (attempt,) = after["needs_person"]
+    assert attempt["kind"] != "lease_abandoned"
+    # The attempt's own finishing command (cleanup or discard) still works afterwards.
+    done = dpone(*attempt["command"].split()[1:], "--json")
+    assert done.returncode == 0, done.stdout
+    assert dpone("status", "--config", str(config)).returncode == 0
