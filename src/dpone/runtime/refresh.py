@@ -23,6 +23,8 @@ error and the command that finishes or undoes what remains.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shlex
 import time
 from collections.abc import Callable, Iterator
@@ -36,8 +38,9 @@ from dpone.config.project import Project, SourceConfig, TableConfig, resolve_sec
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_request import Endpoint, read, read_query_id
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState
+from dpone.durable_files import temporary_siblings
 from dpone.errors import DponeError, StateError
-from dpone.exporters.export import export_table
+from dpone.exporters.export import export_table, receipt_path_for
 from dpone.exporters.sources import Source, SqliteSource, SqlServerSource
 from dpone.localserver.credentials import admin_credentials
 from dpone.localserver.principal_pool import ROLE_INGEST
@@ -215,9 +218,13 @@ class RefreshService:
             show = self.progress
             progress = lambda rows, size: show("export", rows, size)  # noqa: E731
         # The work dir is the refresh's own: each run replaces the table's last export.
-        result = export_table(
-            source, table.source_table, exports / f"{table.name}.tsv", force=True, progress=progress
-        )
+        out = exports / f"{table.name}.tsv"
+        with _export_lock(out):
+            # A refresh killed while exporting (SIGKILL runs no cleanup) left its
+            # temporary siblings; under the lock no live export of this table owns one.
+            for stale in _partial_exports(out):
+                stale.unlink(missing_ok=True)
+            result = export_table(source, table.source_table, out, force=True, progress=progress)
         self.done()
         return result
 
@@ -373,6 +380,29 @@ class Phases:
         finally:
             self.timings[name] = time.monotonic() - started
         self.current = None
+
+
+@contextmanager
+def _export_lock(out: Path) -> Iterator[None]:
+    """Exclusive use of one table's export in the work dir (released by the kernel on death)."""
+    lock = out.with_name(f".{out.name}.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise RefreshError(
+                f"another refresh is exporting {out} now; run this one after it ends",
+                code="export_busy", path=str(out),
+            ) from exc  # fmt: skip
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _partial_exports(out: Path) -> list[Path]:
+    """The temporary siblings an export of ``out`` (data and receipt) writes before its rename."""
+    return [*temporary_siblings(out), *temporary_siblings(receipt_path_for(out))]
 
 
 def _events(journal: Path) -> list[Any]:
