@@ -166,7 +166,8 @@ class RefreshService:
                 PublicationConfig(project.clickhouse.data_dir, project.store, table.limits),
                 table.database,
             )
-            admin = HttpTransport(parts.endpoint, admin_credentials(project.clickhouse.data_dir))
+            admin_login = admin_credentials(project.clickhouse.data_dir)
+            admin = HttpTransport(parts.endpoint, admin_login)
             design = self._design(admin, table, report.attempt_id)
             ingest = parts.issuer.issue(ROLE_INGEST, report.attempt_id)
             staged = self._stage(table, parts.endpoint, ingest, design, exported, report, parts)
@@ -206,7 +207,7 @@ class RefreshService:
         with phase("retention"):
             report.dropped_rollback_copies = enforce_retention(
                 parts.store, admin, project.work_dir / "retention", table.database,
-                table.target, keep=project.keep_rollback,
+                table.target, keep=project.keep_rollback, user=admin_login.user,
             )  # fmt: skip
 
     def _export(self, table: TableConfig) -> Any:
