@@ -18,8 +18,12 @@ must go once status names the command.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -120,6 +124,25 @@ def _planned_table(attempt: Path) -> str:
 def _retention_state(retention: Path) -> str | None:
     journals = list(retention.iterdir()) if retention.is_dir() else []
     return _journal_state(journals[0]) if len(journals) == 1 else None
+
+
+def _frozen_then_killed(config: Path, ready: Callable[[], bool], look: Callable[[], Any]) -> Any:
+    """Start a refresh, SIGSTOP it as soon as ``ready()`` holds, ``look()``, SIGKILL it.
+
+    None when the refresh ended before ``ready()`` was seen to hold.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
+    argv = [sys.executable, "-m", "dpone", "refresh", "--config", str(config), "items"]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        process.send_signal(signal.SIGSTOP)
+        return None if process.poll() is not None else look()
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
 
 
 def _attempt_ids(tmp_path: Path) -> set[str]:
@@ -299,23 +322,31 @@ def test_sigkill_during_retention_keeps_the_new_target_and_finishes_the_drop(
     config = project(tmp_path, server, "t_kill_retention")
     code, first = refresh(config, "items")
     assert code == 0, first
-    # The first publication's rollback copy (the empty target it created) is the one
-    # the second refresh drops (keep_rollback = 1).
-    copy = first["tables"][0]["generation_table"]
-    make_source(tmp_path / "shop.db", rows_of(5, name="r2-"))
     retention = tmp_path / "work" / "retention"
 
     def dropping() -> bool:
-        if _store_states(store).count("published") < 2:
+        if _store_states(store).count("published") < run:
             return False
         # Published: retention follows within milliseconds. Its journal's first event
-        # (the copy's facts) is durable: the DROP is about to be sent, or was.
-        return _spin(lambda: (_retention_state(retention) or "").startswith("discarding/"), 5.0)
+        # (the copy's facts) is durable; the DROP's intent comes next.
+        return _spin(lambda: _retention_state(retention) == "discarding/retention_planned", 5.0)
 
-    _killed_in(tmp_path, config, dropping)
-    (journal,) = retention.iterdir()
+    # Frozen the moment its journal's first event is seen, the refresh is killed
+    # before the DROP is sent (one sent and cut short stays unprovable for its whole
+    # dispatch window, a minute). The drop takes milliseconds: a refresh that ends
+    # before it is seen published and dropped a copy, and the next one drops again.
+    for run in range(2, 6):
+        make_source(tmp_path / "shop.db", rows_of(5, name=f"r{run}-"))
+        done = len(list(retention.iterdir())) if retention.is_dir() else 0
+        at_kill = _frozen_then_killed(config, dropping, lambda: _retention_state(retention))
+        if at_kill is not None:
+            break
+        assert len(list(retention.iterdir())) == done + 1
+    assert at_kill == "discarding/retention_planned", at_kill
+    (journal,) = [j for j in retention.iterdir() if _journal_state(j) != "discarded/discarded"]
+    copy = _planned_table(journal)  # the rollback copy beyond keep_rollback = 1
     # Published before the kill: the target is the new snapshot.
-    assert target_rows(port, "t_kill_retention") == expected(5, "r2-")
+    assert target_rows(port, "t_kill_retention") == expected(5, f"r{run}-")
     gaps: list[str] = []
     kinds = finish_what_status_names(tmp_path, config, gaps)
     assert kinds == ["retention_unfinished"]
@@ -324,8 +355,17 @@ def test_sigkill_during_retention_keeps_the_new_target_and_finishes_the_drop(
                        f"'{DATABASE}' AND name = '{copy}'")  # fmt: skip
     assert gone == [{"n": 0}]
     check_after(tmp_path, config, gaps)
-    make_source(tmp_path / "shop.db", rows_of(6, name="r3-"))
-    refresh_publishes(config, port, "t_kill_retention", expected(6, "r3-"))
+    make_source(tmp_path / "shop.db", rows_of(6, name="last-"))
+    refresh_publishes(config, port, "t_kill_retention", expected(6, "last-"))
+    # Its own drop's journal names the user the DROP ran as (a later proof of a cut
+    # DROP's fate looks for exactly that user in the query log).
+    (last,) = [j for j in retention.iterdir() if j.name > journal.name]
+    first_event = sorted((last / "events").glob("*"))[0] / "attempt.json"
+    named = json.loads(first_event.read_bytes())["principal"]["user"]
+    chhttp.query(port, "SYSTEM FLUSH LOGS")
+    ran_as = chhttp.rows(port, "SELECT DISTINCT user FROM system.query_log WHERE query_id = "
+                         f"'dpone-b02-{last.name}-discard'")  # fmt: skip
+    assert ran_as == [{"user": named}]
     status = as_json(dpone("status", "--config", str(config), "--json"))
     assert status["needs_person"] == []
     if gaps:
