@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import stat
 from collections.abc import Iterator, Sequence
@@ -48,8 +49,25 @@ def fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
+_TOKEN_BYTES = 6
+
+
 def _temporary_sibling(final: Path) -> Path:
-    return final.with_name(f".{final.name}.{secrets.token_hex(6)}.partial")
+    return final.with_name(f".{final.name}.{secrets.token_hex(_TOKEN_BYTES)}.partial")
+
+
+def temporary_siblings(final: Path) -> list[Path]:
+    """The temporary siblings of ``final`` that exist now (a writer killed mid-write left them).
+
+    Only the caller knows whether the writer is gone; removing one a live writer still
+    uses would make its rename fail.
+    """
+    pattern = re.compile(rf"\.{re.escape(final.name)}\.[0-9a-f]{{{2 * _TOKEN_BYTES}}}\.partial")
+    try:
+        names = os.listdir(final.parent)
+    except FileNotFoundError:
+        return []
+    return [final.parent / n for n in names if pattern.fullmatch(n)]
 
 
 @contextlib.contextmanager

@@ -92,6 +92,9 @@ class AttemptSummary:
     semantic_id: str | None
     error_code: str | None
     inventory: dict[str, Any]
+    # A retention drop's journal names the rollback copy (uuid, mark) it drops instead
+    # of a table of its own (see dpone.runtime.retention).
+    rollback_copy: dict[str, Any] | None = None
 
     @property
     def sent_mutations(self) -> tuple[str, ...]:
@@ -126,7 +129,7 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
     sent: list[SentMutation] = []
     settled: set[str] = set()
     returned: dict[str, int] = {}
-    uuid = semantic = planned = None
+    uuid = semantic = planned = copy = None
     for event in events:
         doc = event.document
         back = doc.get("returned")
@@ -155,6 +158,7 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
         uuid = (doc.get("observed_ownership") or {}).get("table_uuid") or uuid
         semantic = doc.get("semantic_id", semantic)
         planned = doc.get("planned_ownership", planned)
+        copy = doc.get("rollback_copy", copy)
     sent = [dataclasses.replace(m, returned_ms=returned.get(m.query_id)) for m in sent]
     last = events[-1] if events else None
     doc = last.document if last else {}
@@ -164,6 +168,7 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
         last_sha256=last.sha256 if last else None, sent=tuple(sent), settled=frozenset(settled),
         planned_table=planned, table_uuid=uuid, semantic_id=semantic,
         error_code=doc.get("error_code"), inventory=dict(doc.get("cleanup_inventory") or {}),
+        rollback_copy=copy if isinstance(copy, dict) else None,
     )  # fmt: skip
 
 
@@ -237,7 +242,9 @@ def finishing_command(
     those that differ from their defaults are repeated, so the command reaches the
     same server the same way.
     """
-    verb = {"staged": "discard", "failed_cleaned": None, "discarded": None}.get(state, "cleanup")
+    # A discard cut short (``discarding``) is finished by the discard, never by a cleanup.
+    verb = {"staged": "discard", "discarding": "discard", "failed_cleaned": None,
+            "discarded": None}.get(state, "cleanup")  # fmt: skip
     if verb is None:
         return None
     argv = [
@@ -303,9 +310,13 @@ class _Operator:
         if found is None:
             return None
         s = self.summary
-        if not found.belongs_to(s.attempt_id, s.semantic_id or "", s.table_uuid) or (
-            expected_uuid is not None and found.uuid != expected_uuid
-        ):
+        if s.rollback_copy is not None:  # a retention drop: the copy keeps its creator's mark
+            owned = found.uuid == s.rollback_copy.get("uuid") and (found.comment or "") == (
+                s.rollback_copy.get("comment") or ""
+            )
+        else:
+            owned = found.belongs_to(s.attempt_id, s.semantic_id or "", s.table_uuid)
+        if not owned or (expected_uuid is not None and found.uuid != expected_uuid):
             raise StateError(f"{database}.{table} is not proven to be attempt {s.attempt_id}'s; not dropped",
                              code="ownership_unverified", table_uuid=found.uuid)  # fmt: skip
         return found

@@ -23,6 +23,8 @@ error and the command that finishes or undoes what remains.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shlex
 import time
 from collections.abc import Callable, Iterator
@@ -36,8 +38,9 @@ from dpone.config.project import Project, SourceConfig, TableConfig, resolve_sec
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_request import Endpoint, read, read_query_id
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState
+from dpone.durable_files import temporary_siblings
 from dpone.errors import DponeError, StateError
-from dpone.exporters.export import export_table
+from dpone.exporters.export import export_table, receipt_path_for
 from dpone.exporters.sources import Source, SqliteSource, SqlServerSource
 from dpone.localserver.credentials import admin_credentials
 from dpone.localserver.principal_pool import ROLE_INGEST
@@ -163,7 +166,8 @@ class RefreshService:
                 PublicationConfig(project.clickhouse.data_dir, project.store, table.limits),
                 table.database,
             )
-            admin = HttpTransport(parts.endpoint, admin_credentials(project.clickhouse.data_dir))
+            admin_login = admin_credentials(project.clickhouse.data_dir)
+            admin = HttpTransport(parts.endpoint, admin_login)
             design = self._design(admin, table, report.attempt_id)
             ingest = parts.issuer.issue(ROLE_INGEST, report.attempt_id)
             staged = self._stage(table, parts.endpoint, ingest, design, exported, report, parts)
@@ -203,7 +207,7 @@ class RefreshService:
         with phase("retention"):
             report.dropped_rollback_copies = enforce_retention(
                 parts.store, admin, project.work_dir / "retention", table.database,
-                table.target, keep=project.keep_rollback,
+                table.target, keep=project.keep_rollback, user=admin_login.user,
             )  # fmt: skip
 
     def _export(self, table: TableConfig) -> Any:
@@ -215,9 +219,13 @@ class RefreshService:
             show = self.progress
             progress = lambda rows, size: show("export", rows, size)  # noqa: E731
         # The work dir is the refresh's own: each run replaces the table's last export.
-        result = export_table(
-            source, table.source_table, exports / f"{table.name}.tsv", force=True, progress=progress
-        )
+        out = exports / f"{table.name}.tsv"
+        with _export_lock(out):
+            # A refresh killed while exporting (SIGKILL runs no cleanup) left its
+            # temporary siblings; under the lock no live export of this table owns one.
+            for stale in _partial_exports(out):
+                stale.unlink(missing_ok=True)
+            result = export_table(source, table.source_table, out, force=True, progress=progress)
         self.done()
         return result
 
@@ -373,6 +381,29 @@ class Phases:
         finally:
             self.timings[name] = time.monotonic() - started
         self.current = None
+
+
+@contextmanager
+def _export_lock(out: Path) -> Iterator[None]:
+    """Exclusive use of one table's export in the work dir (released by the kernel on death)."""
+    lock = out.with_name(f".{out.name}.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise RefreshError(
+                f"another refresh is exporting {out} now; run this one after it ends",
+                code="export_busy", path=str(out),
+            ) from exc  # fmt: skip
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _partial_exports(out: Path) -> list[Path]:
+    """The temporary siblings an export of ``out`` (data and receipt) writes before its rename."""
+    return [*temporary_siblings(out), *temporary_siblings(receipt_path_for(out))]
 
 
 def _events(journal: Path) -> list[Any]:

@@ -123,9 +123,13 @@ def existing_copies(
 
 def enforce_retention(
     store: SqliteSnapshotStore, transport: QueryPort, retention_dir: Path, database: str,
-    target: str, *, keep: int,
+    target: str, *, keep: int, user: str,
 ) -> list[str]:  # fmt: skip
-    """Drop the copies beyond the ``keep`` newest; returns the dropped tables' names."""
+    """Drop the copies beyond the ``keep`` newest; returns the dropped tables' names.
+
+    ``user`` is the server user ``transport`` authenticates as: each drop's journal
+    names it, so a later proof of the DROP's fate finds it in the query log.
+    """
     unfinished = [
         s.intent_sha256 for s in store.list_snapshots()
         if (s.database, s.target_table) == (database, target) and SnapshotState(s.state) not in TERMINAL
@@ -138,13 +142,13 @@ def enforce_retention(
         )  # fmt: skip
     dropped = []
     for copy, owned in existing_copies(store, transport, database, target)[keep:]:
-        drop_copy(transport, retention_dir, copy, owned)
+        drop_copy(transport, retention_dir, copy, owned, user=user)
         dropped.append(f"{database}.{copy.table}")
     return dropped
 
 
 def drop_copy(
-    transport: QueryPort, retention_dir: Path, copy: RollbackCopy, owned: Ownership
+    transport: QueryPort, retention_dir: Path, copy: RollbackCopy, owned: Ownership, *, user: str
 ) -> None:
     """Drop one copy after its ownership is proven, as its own journaled attempt."""
     if copy.expected_comment is None or (owned.comment or "") != copy.expected_comment:
@@ -156,7 +160,7 @@ def drop_copy(
     journal = ClickHouseFileAttemptJournal(retention_dir, "retain-" + new_attempt_id())
     journal.open()
     planned = {"database": copy.intent.database, "table": copy.table}
-    run = AttemptRun(journal, {"planned_ownership": planned, "principal": {"user": "admin"}},
+    run = AttemptRun(journal, {"planned_ownership": planned, "principal": {"user": user}},
                      state=StageState.DISCARDING)  # fmt: skip
     run.table_uuid = owned.uuid
     run.event(StageState.DISCARDING, "retention_planned", observed_ownership={"table_uuid": owned.uuid},
