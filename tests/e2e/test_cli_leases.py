@@ -22,7 +22,7 @@ import pytest
 
 from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore, lease_step_key
 from dpone.errors import StateError
-from dpone.runtime.stale_leases import end_gone_lease, judge_leases
+from dpone.runtime.stale_leases import end_gone_lease, end_lease_command, judge_leases
 from tests.e2e.test_cli_refresh import make_source, project, protected_server, rows_of
 from tests.e2e.test_cli_server import as_json, dpone
 
@@ -151,18 +151,17 @@ def test_refresh_killed_in_stage_then_status_names_end_lease(
     assert (live.holder, live.record.lease.role) == ("live", "ingest")
     _kill(process)
     status = as_json(dpone("status", "--config", str(config), "--json"))
-    kinds = sorted(item["kind"] for item in status["needs_person"])
-    assert kinds[-1] == "lease_abandoned" and len(kinds) == 2, status["needs_person"]
-    (item,) = [i for i in status["needs_person"] if i["kind"] == "lease_abandoned"]
-    assert item["lease_id"] == live.lease_id and item["reason"] == "process_gone"
+    # One item: the attempt, whose cleanup ends its ingest lease too; the lease itself
+    # is listed as gone, and end-lease would also take it.
+    (attempt,) = status["needs_person"]
+    assert attempt["command"].split()[1:3] == ["attempts", "cleanup"], attempt
     (active,) = status["active_leases"]
-    assert active["holder"] == "gone" and active["lease_id"] == live.lease_id
-    ended = dpone(*item["command"].split()[1:], "--json")
+    assert (active["holder"], active["lease_id"], active["reason"]) == (
+        "gone", live.lease_id, "process_gone")  # fmt: skip
+    ended = dpone(*end_lease_command(live.lease_id, store, [attempts]).split()[1:], "--json")
     assert ended.returncode == 0 and as_json(ended)["ended_now"] is True, ended.stdout
     after = as_json(dpone("status", "--config", str(config), "--json"))
-    assert after["active_leases"] == []
-    (attempt,) = after["needs_person"]
-    assert attempt["kind"] != "lease_abandoned"
+    assert after["active_leases"] == [] and after["needs_person"] == [attempt]
     # The attempt's own finishing command (cleanup or discard) still works afterwards.
     done = dpone(*attempt["command"].split()[1:], "--json")
     assert done.returncode == 0, done.stdout

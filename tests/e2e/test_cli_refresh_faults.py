@@ -8,11 +8,8 @@ EXCHANGE ran); every command ``dpone status --json`` names is run until status i
 clean; no ingest or publisher lease stays active; no partial export remains; and a
 following refresh publishes the new source.
 
-Where status names nothing that finishes what a kill left (owned by the status and
-lease work, not by the refresh), the test finishes it the documented way, checks
-everything else, and ends with :class:`StatusGap`; those tests are marked ``xfail``
-for exactly that exception (strict), so any other failure fails them, and the marker
-must go once status names the command.
+Where status names nothing that finishes what a kill left, the test finishes it the
+documented way, checks everything else, and fails with :class:`StatusGap`.
 """
 
 from __future__ import annotations
@@ -245,8 +242,6 @@ def test_sigkill_during_export_and_its_validation_leaves_nothing_to_finish(
     assert gaps == []
 
 
-@pytest.mark.xfail(raises=StatusGap, strict=True,
-                   reason="status names no command that ends a killed stage's ingest lease")  # fmt: skip
 def test_sigkill_during_stage_verification_then_status_and_its_command(
     tmp_path: Path, server: dict[str, Any]
 ) -> None:
@@ -311,8 +306,6 @@ def test_sigkill_during_prepare_while_ingest_closes_then_discard(
     assert gaps == []
 
 
-@pytest.mark.xfail(raises=StatusGap, strict=True,
-                   reason="status names `dpone journal show` for an unfinished retention drop")  # fmt: skip
 def test_sigkill_during_retention_keeps_the_new_target_and_finishes_the_drop(
     tmp_path: Path, server: dict[str, Any]
 ) -> None:
@@ -379,8 +372,6 @@ def client_project(tmp_path: Path, server: dict[str, Any], target: str) -> Path:
     return config
 
 
-@pytest.mark.xfail(raises=StatusGap, strict=True,
-                   reason="status names no command that ends a killed stage's ingest lease")  # fmt: skip
 def test_refresh_over_the_client_transport_and_a_kill_while_loading(
     tmp_path: Path, server: dict[str, Any], clickhouse_client: str
 ) -> None:

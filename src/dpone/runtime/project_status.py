@@ -108,9 +108,15 @@ def project_status(project: Project) -> ProjectStatus:
 
 def _leases(project: Project, status: ProjectStatus, store: SqliteSnapshotStore) -> None:
     dirs = project_journal_dirs(project.work_dir)
+    # An attempt listed with its cleanup or discard needs no second item: that command
+    # ends the attempt's ingest lease in this store once its journal is terminal.
+    finishing = {
+        item["attempt_id"] for item in status.needs_person
+        if "attempt_id" in item and " attempts " in f" {item.get('command') or ''} "
+    }  # fmt: skip
     for verdict in judge_leases(store, dirs):
         status.active_leases.append(verdict.to_dict())
-        if verdict.holder != GONE:
+        if verdict.holder != GONE or verdict.record.lease.attempt_id in finishing:
             continue
         lease = verdict.record.lease
         status.needs_person.append({
@@ -162,9 +168,14 @@ def _attempts(project: Project, status: ProjectStatus, data_dir: str,
     for summary in list_attempts(retention_dir):
         if summary.state == "discarded":
             continue
+        database = str((summary.planned_table or {}).get("database"))
+        # A drop of a rollback copy is finished by the discard that proves the copy's
+        # ownership again (or, with nothing sent, says so).
+        command = finishing_command(summary.state, summary.attempt_id, retention_dir, database)
         status.needs_person.append({
             "kind": "retention_unfinished", "attempt_id": summary.attempt_id,
             "journal": str(summary.path), "table": summary.planned_table,
             "unsettled_mutations": [m.query_id for m in summary.unsettled],
-            "command": shlex.join(["dpone", "journal", "show", str(summary.path)]),
+            "command": f"{command} {shlex.join(['--data-dir', data_dir])}" if command
+            else shlex.join(["dpone", "journal", "show", str(summary.path)]),
         })  # fmt: skip
