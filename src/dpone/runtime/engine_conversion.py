@@ -377,7 +377,7 @@ except Exception as exc:
 # stdin, runs them on argv[1] worker threads (the engine releases the GIL while it
 # works, so each worker has a core) and answers one JSON line per job on stdout.
 _SERVER = """
-import json, queue, sys, threading
+import json, os, queue, sys, threading
 import chdb
 conn = chdb.connect(":memory:")
 conn.query("SET max_query_size = 1073741824", "TSV")
@@ -386,8 +386,13 @@ jobs = queue.Queue()
 
 def reply(doc):
     with lock:
-        sys.stdout.write(json.dumps(doc) + "\\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(json.dumps(doc) + "\\n")
+            sys.stdout.flush()
+        except OSError:
+            # The parent is gone (killed): nobody reads the answers, so end at once. An
+            # exception would instead leave the workers waiting on the queue forever.
+            os._exit(1)
 
 def work():
     while (job := jobs.get()) is not None:
