@@ -218,6 +218,8 @@ def test_init_writes_an_example_that_check_accepts(tmp_path: Path, server: dict[
     missing = as_json(dpone("check", "--config", str(config), "--json"))
     assert missing["ok"] is False
     assert [p["key"] for p in missing["problems"]] == ["tables.customers.table"]
+    assert missing["error"]["code"] == missing["problems"][0]["code"]  # a failure's error object
+    assert missing["error"]["details"]["problems"] == missing["problems"]
     with sqlite3.connect(tmp_path / "shop.db") as conn:
         conn.execute("CREATE TABLE customers (id bigint NOT NULL)")
     conn.close()
@@ -338,3 +340,22 @@ def test_sigkill_during_stage_then_status_names_the_finishing_command(
     assert done.returncode == 0, done.stdout
     assert as_json(dpone("status", "--config", str(config), "--json"))["needs_person"] == []
     assert json.loads(done.stdout)["state"] in ("failed_cleaned", "discarded")
+
+
+def test_status_with_a_store_that_is_not_the_refreshes_says_so(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    make_source(tmp_path / "shop.db", rows_of(3))
+    config = project(tmp_path, server, "t_store_moved")
+    assert refresh(config, "items")[0] == 0
+    moved = config.read_text().replace('store = "store.sqlite"', 'store = "elsewhere.sqlite"')
+    config.write_text(moved)
+    done = dpone("status", "--config", str(config), "--json")
+    assert done.returncode == 1, done.stdout
+    needs = as_json(done)["needs_person"]
+    assert len(needs) == 1, needs
+    (item,) = needs
+    assert (item["kind"], item["target"]) == ("store_missing", f"{DATABASE}.t_store_moved")
+    assert "elsewhere.sqlite" in item["message"] and not (tmp_path / "elsewhere.sqlite").exists()
+    text = dpone("status", "--config", str(config))
+    assert text.returncode == 1 and "NEEDS A PERSON: store_missing" in text.stdout

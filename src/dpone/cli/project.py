@@ -35,7 +35,7 @@ keep_rollback = 1                 # rollback copies kept per target (0 keeps non
 # The managed local server (`dpone server start --protect DATABASE ...`).
 data_dir = ".dpone/clickhouse"
 transport = "http"                # http or client (clickhouse-client)
-preparation = "python-reference"  # python-reference or engine-chdb (same bytes, faster)
+preparation = "engine-chdb"       # engine-chdb (the default) or python-reference: same bytes
 
 [sources.shop]
 kind = "sqlite"
@@ -96,8 +96,16 @@ def check(config_path: Path, as_json: bool) -> None:
         project = load_project(config_path)
         problems = reachability(project)
         if as_json:
-            emit_json({"ok": not problems, "config": str(config_path), "tables": list(project.tables),
-                       "problems": problems})  # fmt: skip
+            document: dict[str, Any] = {"ok": not problems, "config": str(config_path),
+                                        "tables": list(project.tables), "problems": problems}  # fmt: skip
+            if problems:  # a failure carries its error object, as every failure does
+                document["error"] = {
+                    "code": "check_failed" if len(problems) > 1 else problems[0]["code"],
+                    "message": f"{len(problems)} problem(s): "
+                    + "; ".join(f"{p['key']}: {p['message']}" for p in problems),
+                    "details": {"problems": problems},
+                }
+            emit_json(document)
         else:
             for problem in problems:
                 click.echo(f"{problem['key']}: [{problem['code']}] {problem['message']}")

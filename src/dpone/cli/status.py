@@ -43,8 +43,11 @@ def status(config_path: Path, as_json: bool) -> None:
             if not found.needs_person:
                 click.echo("nothing needs a person")
             for item in found.needs_person:
-                what = item.get("intent_sha256") or item.get("lease_id") or item.get("attempt_id")
+                what = (item.get("intent_sha256") or item.get("lease_id") or item.get("attempt_id")
+                        or item.get("target"))  # fmt: skip
                 click.echo(f"NEEDS A PERSON: {item['kind']} {what}")
+                if item.get("message"):
+                    click.echo(f"  {item['message']}")
                 if item.get("command"):
                     click.echo(f"  run: {item['command']}")
         if found.needs_person:

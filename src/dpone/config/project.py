@@ -28,7 +28,7 @@ from dpone.localserver.principal_pool import check_databases
 from dpone.runtime.clickhouse_file_stage_contract import PhysicalDesign
 from dpone.runtime.clickhouse_staging_composition import TRANSPORTS
 from dpone.runtime.engine_conversion import MODE_ENGINE
-from dpone.runtime.preparation import MODE_PYTHON
+from dpone.runtime.preparation import DEFAULT_MODE, MODE_PYTHON
 
 DEFAULT_CONFIG = Path("dpone.toml")
 DEFAULT_SHRINK_GUARD = 0.5
@@ -67,7 +67,7 @@ class ClickHouseConfig:
     data_dir: Path
     transport: str = "http"
     client_path: str = "clickhouse-client"
-    preparation: str = MODE_PYTHON
+    preparation: str = DEFAULT_MODE
 
 
 @dataclass(frozen=True)
@@ -347,7 +347,7 @@ class _Reader:
             data_dir=data_dir or self.base / DEFAULT_DATA_DIR,
             transport=transport,
             client_path=self.get(table, path, "client_path", str, "clickhouse-client", check=_non_empty),
-            preparation=self.get(table, path, "preparation", str, MODE_PYTHON, check=_one_of(modes)),
+            preparation=self.get(table, path, "preparation", str, DEFAULT_MODE, check=_one_of(modes)),
         )  # fmt: skip
 
     def source(self, name: str, raw: Any) -> SourceConfig | None:

@@ -11,6 +11,7 @@ pool principal forever.
 from __future__ import annotations
 
 import shlex
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore
 from dpone.config.project import Project
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_request import Endpoint
+from dpone.connectors.clickhouse_tables import observe_ownership
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotRecord, SnapshotState
 from dpone.errors import DponeError
 from dpone.localserver import find_running
@@ -103,7 +105,36 @@ def project_status(project: Project) -> ProjectStatus:
     _attempts(project, status, data_dir, store)
     if store is not None:
         _leases(project, status, store)
+    elif info is not None:
+        _targets_without_store(project, status, info.http_port)
     return status
+
+
+def _targets_without_store(project: Project, status: ProjectStatus, port: int) -> None:
+    """No store, yet a target exists: ``store`` is not the one the refreshes used.
+
+    Without the store nothing about the target's publications is known, so this is
+    said rather than reported as "never published" (which a nightly check would pass).
+    """
+    reads = iter(range(1, 10_000))
+    for table in project.tables.values():
+        admin = HttpTransport(Endpoint("127.0.0.1", port, 0, table.database),
+                              admin_credentials(project.clickhouse.data_dir))  # fmt: skip
+        try:
+            found = observe_ownership(
+                admin, table.database, table.target,
+                lambda: f"dpone-status-{time.time_ns()}-{next(reads)}", time.monotonic() + 30,
+            )  # fmt: skip
+        except DponeError:
+            continue  # unobservable now: nothing is claimed either way
+        if found is not None:
+            status.needs_person.append({
+                "kind": "store_missing", "target": table.qualified_target,
+                "store": str(project.store), "uuid": found.uuid,
+                "message": f"{table.qualified_target} exists but the store {project.store} does "
+                "not: point `store` in the project file at the store its refreshes used",
+                "command": None,
+            })  # fmt: skip
 
 
 def _leases(project: Project, status: ProjectStatus, store: SqliteSnapshotStore) -> None:
@@ -151,7 +182,10 @@ def _attempts(project: Project, status: ProjectStatus, data_dir: str,
         if s.state != SnapshotState.NOT_PUBLISHED.value
     }
     for summary in list_attempts(attempts_dir):
-        lingering = summary.state == "staged" and summary.attempt_id not in named
+        # Without the store no intent can be seen: a staged attempt may well be published.
+        lingering = (
+            store is not None and summary.state == "staged" and summary.attempt_id not in named
+        )
         if not summary.needs_operator and not lingering:
             continue
         database = str((summary.planned_table or {}).get("database"))
