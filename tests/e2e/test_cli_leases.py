@@ -9,6 +9,7 @@ running process is never ended.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -141,9 +142,13 @@ def test_refresh_killed_in_stage_then_status_names_end_lease(
     config = project(tmp_path, server, "t_lease_stage")
     attempts = tmp_path / "work" / "attempts"
 
-    def staging() -> bool:
-        found = list(attempts.glob("*/events/*")) if attempts.is_dir() else []
-        return len(found) >= 3
+    def staging() -> bool:  # admitted and converting its rows (a spool directory): nothing sent yet
+        found = sorted(attempts.glob("*/events/*/attempt.json")) if attempts.is_dir() else []
+        try:
+            admitted = bool(found) and json.loads(found[-1].read_bytes())["state"] == "checking"
+            return admitted and (found[-1].parents[2] / "spool").is_dir()
+        except (OSError, ValueError):
+            return False  # being written
 
     process = _run_until(["refresh", "--config", str(config), "items"], staging)
     store = tmp_path / "store.sqlite"

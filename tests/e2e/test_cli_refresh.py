@@ -317,13 +317,18 @@ def test_sigkill_during_stage_then_status_names_the_finishing_command(
     config = project(tmp_path, server, "t_kill_stage")
     assert refresh(config, "items")[0] == 0
     before = target_rows(server["http_port"], "t_kill_stage")
-    make_source(tmp_path / "shop.db", rows_of(50_000))
+    make_source(tmp_path / "shop.db", rows_of(200_000))
     attempts = tmp_path / "work" / "attempts"
     first = {d.name for d in attempts.iterdir()}
 
-    def staging() -> bool:  # the new attempt has begun (admitted and beyond)
+    def staging() -> bool:  # the new attempt converts its rows: admitted, nothing sent yet
         new = [d for d in attempts.iterdir() if d.name not in first]
-        return bool(new) and len(list(new[0].glob("events/*"))) >= 3
+        events = sorted(new[0].glob("events/*/attempt.json")) if new else []
+        try:
+            admitted = bool(events) and json.loads(events[-1].read_bytes())["state"] == "checking"
+        except (OSError, ValueError):
+            return False  # being written
+        return admitted and (new[0] / "spool").is_dir()
 
     _killed_in(tmp_path, config, staging)
     assert target_rows(server["http_port"], "t_kill_stage") == before
