@@ -374,8 +374,11 @@ except Exception as exc:
 """
 
 # One engine for a whole preparation: reads jobs (JSON lines: an id and statements) on
-# stdin, runs them on argv[1] worker threads (the engine releases the GIL while it
-# works, so each worker has a core) and answers one JSON line per job on stdout.
+# stdin, runs them on argv[1] worker threads and answers one JSON line per job on
+# stdout. The workers share one connection, whose queries run one at a time (measured
+# on chdb 4.4): the engine converts on one core while the parent reads, hashes and
+# spills the next ranges. A connection per worker ran ranges side by side (a 1M-row
+# stage 7.2 s -> 4.5 s) but hung once in four runs of the engine tests, so it waits.
 _SERVER = """
 import json, os, queue, sys, threading
 import chdb
@@ -430,8 +433,8 @@ class EngineSession:
     Started as early as possible (it takes a noticeable fraction of a second to load),
     fed one job per range of records (for a preparation: convert, then read the part
     back for its row count and rows digest; for a validation: the checks alone) and
-    answering per job. Its worker threads share one engine, each query single-threaded,
-    so ranges run on all cores. ``close`` ends it; if the parent dies first, the child
+    answering per job. Its worker threads share one engine connection, whose queries run
+    one at a time (see ``_SERVER``); the parent meanwhile reads and spills the next ranges. ``close`` ends it; if the parent dies first, the child
     sees its stdin close and ends after the jobs it holds.
     """
 
