@@ -378,7 +378,8 @@ except Exception as exc:
 # stdout. The workers share one connection, whose queries run one at a time (measured
 # on chdb 4.4): the engine converts on one core while the parent reads, hashes and
 # spills the next ranges. A connection per worker ran ranges side by side (a 1M-row
-# stage 7.2 s -> 4.5 s) but hung once in four runs of the engine tests, so it waits.
+# stage 7.2 s -> 4.5 s), but one of four runs of the engine tests hung while it was in
+# (cause not found), so it waits for that to be understood.
 _SERVER = """
 import json, os, queue, sys, threading
 import chdb
