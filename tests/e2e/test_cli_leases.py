@@ -9,7 +9,6 @@ running process is never ended.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -24,7 +23,7 @@ import pytest
 from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore, lease_step_key
 from dpone.errors import StateError
 from dpone.runtime.stale_leases import end_gone_lease, end_lease_command, judge_leases
-from tests.e2e.test_cli_refresh import make_source, project, protected_server, rows_of
+from tests.e2e.test_cli_refresh import converting, make_source, project, protected_server, rows_of
 from tests.e2e.test_cli_server import as_json, dpone
 
 DATABASE = "refresh_db"  # test_cli_refresh.project() targets this database
@@ -142,13 +141,8 @@ def test_refresh_killed_in_stage_then_status_names_end_lease(
     config = project(tmp_path, server, "t_lease_stage")
     attempts = tmp_path / "work" / "attempts"
 
-    def staging() -> bool:  # admitted and converting its rows (a spool directory): nothing sent yet
-        found = sorted(attempts.glob("*/events/*/attempt.json")) if attempts.is_dir() else []
-        try:
-            admitted = bool(found) and json.loads(found[-1].read_bytes())["state"] == "checking"
-            return admitted and (found[-1].parents[2] / "spool").is_dir()
-        except (OSError, ValueError):
-            return False  # being written
+    def staging() -> bool:
+        return attempts.is_dir() and any(converting(a) for a in attempts.iterdir())
 
     process = _run_until(["refresh", "--config", str(config), "items"], staging)
     store = tmp_path / "store.sqlite"

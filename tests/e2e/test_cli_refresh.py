@@ -266,6 +266,20 @@ def _store_states(store: Path) -> list[str]:
         return []
 
 
+def converting(attempt: Path) -> bool:
+    """The attempt is admitted and converts its rows (a spool directory): nothing sent yet.
+
+    A kill here leaves nothing whose fate needs proof (a kill between a durable INSERT
+    intent and its send would leave cleanup refusing until the dispatch window ends).
+    """
+    events = sorted(attempt.glob("events/*/attempt.json"))
+    try:
+        admitted = bool(events) and json.loads(events[-1].read_bytes())["state"] == "checking"
+    except (OSError, ValueError):
+        return False  # being written
+    return admitted and (attempt / "spool").is_dir()
+
+
 def _killed_in(tmp_path: Path, config: Path, ready: Any) -> None:
     """Start a refresh, SIGKILL it as soon as ``ready()`` holds."""
     env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
@@ -323,12 +337,7 @@ def test_sigkill_during_stage_then_status_names_the_finishing_command(
 
     def staging() -> bool:  # the new attempt converts its rows: admitted, nothing sent yet
         new = [d for d in attempts.iterdir() if d.name not in first]
-        events = sorted(new[0].glob("events/*/attempt.json")) if new else []
-        try:
-            admitted = bool(events) and json.loads(events[-1].read_bytes())["state"] == "checking"
-        except (OSError, ValueError):
-            return False  # being written
-        return admitted and (new[0] / "spool").is_dir()
+        return bool(new) and converting(new[0])
 
     _killed_in(tmp_path, config, staging)
     assert target_rows(server["http_port"], "t_kill_stage") == before

@@ -128,6 +128,21 @@ def field_encoders(columns: Sequence[CodecColumn]) -> tuple[Callable[[object], s
     return tuple(_FAST[c.kind] for c in columns)
 
 
+def encode_fields(encoders: Sequence[Callable[[object], str]], values: Sequence[object]) -> bytes:
+    """One record's bytes from per-column one-step encoders (``None`` is an empty field).
+
+    Raises whatever an encoder raises (or ``UnicodeEncodeError``, or ``ValueError``
+    for a width mismatch): a caller then takes its careful path, which names the cause.
+    """
+    line = "\t".join(
+        [
+            "" if value is None else encode(value)
+            for encode, value in zip(encoders, values, strict=True)
+        ]
+    )
+    return (line + "\n").encode("utf-8")
+
+
 def encode_record(
     columns: Sequence[CodecColumn],
     cells: Sequence[Cell],
@@ -141,10 +156,7 @@ def encode_record(
     """
     if encoders is not None and len(cells) == len(encoders):
         try:
-            line = "\t".join([
-                "" if cell is None else encode(cell) for encode, cell in zip(encoders, cells, strict=True)
-            ])  # fmt: skip
-            return (line + "\n").encode("utf-8")
+            return encode_fields(encoders, cells)
         except (TypeError, UnicodeEncodeError):
             pass  # the careful path below says what and where
     if len(cells) != len(columns):

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpone.connectors.bulk_text_codec import BulkTextError, BulkTextWriter
+from dpone.connectors.bulk_text_codec import BulkTextError, BulkTextWriter, encode_fields
 from dpone.contracts.receipt import FileReceipt
 from dpone.durable_files import OutputError, atomic_outputs
 from dpone.errors import ConfigurationError
@@ -84,10 +84,7 @@ def export_table(
         writer = BulkTextWriter(stream, [p.codec_column for p in plans])
         for ordinal, row in enumerate(source.rows(table, schema), start=1):
             try:  # the common row in one pass
-                record: bytes | None = (
-                    "\t".join(["" if v is None else f(v) for f, v in zip(fields, row, strict=True)])
-                    + "\n"
-                ).encode("utf-8")
+                record: bytes | None = encode_fields(fields, row)
             except Exception:  # rendered again below, which names what is wrong
                 record = None
             try:

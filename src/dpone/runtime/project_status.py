@@ -102,9 +102,9 @@ def project_status(project: Project) -> ProjectStatus:
                     "intent_sha256": summary.intent_sha256,
                     "command": shlex.join(["dpone", "snapshot", "cancel", summary.intent_sha256, *tail]),
                 })  # fmt: skip
-    _attempts(project, status, data_dir, store)
+    finishing = _attempts(project, status, data_dir, store)
     if store is not None:
-        _leases(project, status, store)
+        _leases(project, status, store, finishing)
     elif info is not None:
         _targets_without_store(project, status, info.http_port)
     return status
@@ -137,14 +137,11 @@ def _targets_without_store(project: Project, status: ProjectStatus, port: int) -
             })  # fmt: skip
 
 
-def _leases(project: Project, status: ProjectStatus, store: SqliteSnapshotStore) -> None:
+def _leases(project: Project, status: ProjectStatus, store: SqliteSnapshotStore,
+            finishing: set[str]) -> None:  # fmt: skip
+    """``finishing``: attempts listed with their cleanup or discard, which ends the
+    attempt's ingest lease in this store once its journal is terminal (no second item)."""
     dirs = project_journal_dirs(project.work_dir)
-    # An attempt listed with its cleanup or discard needs no second item: that command
-    # ends the attempt's ingest lease in this store once its journal is terminal.
-    finishing = {
-        item["attempt_id"] for item in status.needs_person
-        if "attempt_id" in item and " attempts " in f" {item.get('command') or ''} "
-    }  # fmt: skip
     for verdict in judge_leases(store, dirs):
         status.active_leases.append(verdict.to_dict())
         if verdict.holder != GONE or verdict.record.lease.attempt_id in finishing:
@@ -172,7 +169,9 @@ def _copies(store: SqliteSnapshotStore, port: int, project: Project, database: s
 
 
 def _attempts(project: Project, status: ProjectStatus, data_dir: str,
-              store: SqliteSnapshotStore | None) -> None:  # fmt: skip
+              store: SqliteSnapshotStore | None) -> set[str]:  # fmt: skip
+    """List the attempts that need a person; the ids listed with a finishing command."""
+    finishing: set[str] = set()
     attempts_dir = project.work_dir / "attempts"
     # A staged generation is done with once an intent that may still publish it (or did)
     # names its attempt; otherwise it waits for a discard.
@@ -193,6 +192,8 @@ def _attempts(project: Project, status: ProjectStatus, data_dir: str,
         # The project's store, not the default one: cleanup and discard end the
         # attempt's ingest lease there.
         tail = ["--data-dir", data_dir, "--store", str(project.store)]
+        if command:
+            finishing.add(summary.attempt_id)
         status.needs_person.append({
             "kind": "staged_unpublished" if lingering else summary.state, "attempt_id": summary.attempt_id, "journal": str(summary.path),
             "table": summary.planned_table, "unsettled_mutations": [m.query_id for m in summary.unsettled],
@@ -213,3 +214,4 @@ def _attempts(project: Project, status: ProjectStatus, data_dir: str,
             "command": f"{command} {shlex.join(['--data-dir', data_dir])}" if command
             else shlex.join(["dpone", "journal", "show", str(summary.path)]),
         })  # fmt: skip
+    return finishing
