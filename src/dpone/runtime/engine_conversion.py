@@ -375,16 +375,12 @@ except Exception as exc:
 
 # One engine for a whole preparation: reads jobs (JSON lines: an id and statements) on
 # stdin, runs them on argv[1] worker threads and answers one JSON line per job on
-# stdout. The workers share one connection, whose queries run one at a time (measured
-# on chdb 4.4): the engine converts on one core while the parent reads, hashes and
-# spills the next ranges. A connection per worker ran ranges side by side (a 1M-row
-# stage 7.2 s -> 4.5 s), but one of four runs of the engine tests hung while it was in
-# (cause not found), so it waits for that to be understood.
+# stdout. Each worker has a connection of its own: chdb runs one connection's queries
+# one at a time (measured on 4.4), so a shared one kept the conversion on one core.
+# The connections are opened here, one after another, before any worker starts.
 _SERVER = """
 import json, os, queue, sys, threading
 import chdb
-conn = chdb.connect(":memory:")
-conn.query("SET max_query_size = 1073741824", "TSV")
 lock = threading.Lock()
 jobs = queue.Queue()
 
@@ -398,7 +394,7 @@ def reply(doc):
             # exception would instead leave the workers waiting on the queue forever.
             os._exit(1)
 
-def work():
+def work(conn):
     while (job := jobs.get()) is not None:
         try:
             out = b"".join(conn.query(sql, "TSV").bytes() for sql in job["sql"])
@@ -406,7 +402,12 @@ def work():
         except Exception as exc:
             reply({"id": job["id"], "error": str(exc)[-2000:]})
 
-workers = [threading.Thread(target=work) for _ in range(int(sys.argv[1]))]
+connections = []
+for _ in range(int(sys.argv[1])):
+    conn = chdb.connect(":memory:")
+    conn.query("SET max_query_size = 1073741824", "TSV")
+    connections.append(conn)
+workers = [threading.Thread(target=work, args=(conn,)) for conn in connections]
 for w in workers:
     w.start()
 reply({"id": -1, "out": "ready"})
@@ -434,9 +435,10 @@ class EngineSession:
     Started as early as possible (it takes a noticeable fraction of a second to load),
     fed one job per range of records (for a preparation: convert, then read the part
     back for its row count and rows digest; for a validation: the checks alone) and
-    answering per job. Its worker threads share one engine connection, whose queries run
-    one at a time (see ``_SERVER``); the parent meanwhile reads and spills the next ranges. ``close`` ends it; if the parent dies first, the child
-    sees its stdin close and ends after the jobs it holds.
+    answering per job. Each worker thread has a connection of its own (see ``_SERVER``),
+    so ranges are converted side by side while the parent reads and spills the next
+    ones. ``close`` ends it; if the parent dies first, the child sees its stdin close
+    and ends after the jobs it holds.
     """
 
     def __init__(
@@ -456,7 +458,7 @@ class EngineSession:
             self._stderr.close()
             raise EngineUnavailable(f"the engine could not start: {exc}") from exc
         self._ready = False
-        self._pending: dict[int, str] = {}
+        self._buffer = bytearray()  # answer bytes read but not yet taken
 
     def submit(self, job: int, statements: list[str]) -> None:
         """Queue ``statements`` (run in order, on one worker) as job ``job``."""
@@ -488,21 +490,29 @@ class EngineSession:
             return answer["id"], answer["out"]
 
     def _read_line(self, expired: Callable[[], bool]) -> dict[str, Any]:
+        """The next answer line. Answers are read unbuffered into our own buffer: a
+        buffered ``readline`` could take two answers from the pipe at once and leave
+        the second where ``select`` cannot see it, waiting for an answer already here."""
         stdout = self._process.stdout
         assert stdout is not None
         with selectors.DefaultSelector() as selector:
             selector.register(stdout, selectors.EVENT_READ)
-            while not selector.select(POLL_SECONDS):
-                if expired():
+            while (end := self._buffer.find(b"\n")) < 0:
+                if not selector.select(POLL_SECONDS):
+                    if expired():
+                        raise EngineUnavailable(
+                            "engine conversion exceeded its deadline", code="engine_timeout"
+                        )
+                    continue
+                data = os.read(stdout.fileno(), 1 << 16)
+                if not data:
+                    self._process.wait()
                     raise EngineUnavailable(
-                        "engine conversion exceeded its deadline", code="engine_timeout"
+                        f"the engine exited ({self._process.returncode}): {self._log_tail()}"
                     )
-        line = stdout.readline()
-        if not line:
-            self._process.wait()
-            raise EngineUnavailable(
-                f"the engine exited ({self._process.returncode}): {self._log_tail()}"
-            )
+                self._buffer += data
+        line = bytes(self._buffer[: end + 1])
+        del self._buffer[: end + 1]
         document: dict[str, Any] = json.loads(line)
         return document
 

@@ -1,0 +1,60 @@
+"""The engine session: its answers are all taken, and its workers run side by side."""
+
+from __future__ import annotations
+
+import stat
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from dpone.runtime.engine_conversion import EngineSession
+from dpone.sql import quote_literal
+
+# A peer that answers like the engine but writes its "ready" line and two answers in
+# one write, so they reach the parent's pipe together (the real engine does this
+# only by chance, when two workers finish at once).
+_BURST = """#!{python}
+import sys, time
+sys.stdout.write('{{"id": -1, "out": "ready"}}\\n{{"id": 0, "out": "a"}}\\n{{"id": 1, "out": "b"}}\\n')
+sys.stdout.flush()
+time.sleep(60)
+"""
+
+
+def _within(seconds: float) -> Callable[[], bool]:
+    deadline = time.monotonic() + seconds
+    return lambda: time.monotonic() >= deadline
+
+
+def test_answers_that_arrive_together_are_all_returned(tmp_path: Path) -> None:
+    peer = tmp_path / "peer"
+    peer.write_text(_BURST.format(python=sys.executable))
+    peer.chmod(peer.stat().st_mode | stat.S_IXUSR)
+    work = tmp_path / "work"
+    work.mkdir()
+    with EngineSession(work, workers=2, python=str(peer)) as session:
+        # Before the fix the second answer stayed in a read buffer that select does not
+        # see: the wait ran into this deadline although the answer had arrived.
+        first = session.next_result(_within(20))
+        second = session.next_result(_within(20))
+    assert [first, second] == [(0, "a"), (1, "b")]
+
+
+def test_two_workers_run_their_queries_side_by_side(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    with EngineSession(tmp_path, workers=2) as session:
+        # Job 0 says it started (a file), then holds its worker for three seconds.
+        session.submit(0, [
+            f"SELECT 1 INTO OUTFILE {quote_literal(str(marker))} FORMAT TSV",
+            "SELECT sum(sleep(1)) FROM numbers(3) SETTINGS max_block_size = 1, max_threads = 1",
+        ])  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert marker.exists()
+        # Job 1, on the other worker, sees both queries running: with one shared
+        # connection it would run only after job 0 and see itself alone.
+        session.submit(1, ["SELECT count() FROM system.processes"])
+        answers = dict(session.next_result(_within(60)) for _ in range(2))
+    assert answers == {0: "0\n", 1: "2\n"}
