@@ -30,14 +30,15 @@ from dpone.runtime.engine_conversion import (
     EngineUnavailable,
     RecordRanges,
     check_sql,
+    range_bytes,
     spill_range,
 )
 from dpone.runtime.preparation import MODE_PYTHON
 from dpone.typepolicy import POLICY_ID, POLICY_VERSION, ColumnPlan, plan_columns
 
 __all__ = ["MODE_ENGINE", "MODE_PYTHON", "validate_file", "verify_file"]
-# Ranges the engine checks: large enough to amortize a query, small enough to stay flat.
-RANGE_BYTES = 8 << 20
+# The longest range the engine checks (see engine_conversion.range_bytes).
+RANGE_BYTES = 48 << 20
 MAX_CARRY_BYTES = 64 << 20
 
 
@@ -132,7 +133,11 @@ def _engine_check(
                 finished += 1
                 return True
 
-            ranges = RecordRanges(stream, RANGE_BYTES, max_record_bytes or MAX_CARRY_BYTES)
+            total = os.fstat(stream.fileno()).st_size
+            chunk_bytes = range_bytes(
+                total, session.workers, min(RANGE_BYTES, 1 << 20), RANGE_BYTES
+            )
+            ranges = RecordRanges(stream, chunk_bytes, max_record_bytes or MAX_CARRY_BYTES)
             for data, end in ranges:
                 chunk = Path(work) / f"in-{submitted}"
                 counts[submitted] = spill_range(chunk, data, end, digest)

@@ -50,7 +50,7 @@ WRITE_BUFFER_BYTES = 1 << 20
 # The engine path reads the source in ranges of this many bytes (extended to the next
 # LF); a record with no LF within MAX_CARRY_BYTES (or the record budget) is handed over.
 MIN_RANGE_BYTES = 1 << 20
-MAX_RANGE_BYTES = 8 << 20
+MAX_RANGE_BYTES = 48 << 20
 MAX_CARRY_BYTES = 64 << 20
 
 
@@ -291,8 +291,8 @@ def _engine_spool(
     reference, which reports it at its record and column.
     """
     work = session.work_dir
-    chunk_bytes = min(
-        MAX_RANGE_BYTES, max(MIN_RANGE_BYTES, receipt.artifact_size // (2 * session.workers))
+    chunk_bytes = engine_conversion.range_bytes(
+        receipt.artifact_size, session.workers, MIN_RANGE_BYTES, MAX_RANGE_BYTES
     )
     source_digest = hashlib.sha256()
     size = records = written = rows_total = submitted = joined = 0
