@@ -40,6 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench import compile_bytecode
 from dpone.connectors.clickhouse_request import Credentials
 from dpone.localserver.credentials import admin_credentials
 from dpone.runtime.refresh import PHASES
@@ -207,6 +208,7 @@ def baseline(work: Path, port: int, credentials: Credentials) -> dict[str, Any]:
 
 
 def main() -> None:
+    compile_bytecode()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--ten-million", action="store_true", help="10,000,000 rows.")

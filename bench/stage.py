@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import compile_bytecode
 from bench.bulk_text_read import SCHEMA, generate
 from dpone.connectors.bulk_text_codec import BulkTextReader
 from dpone.connectors.clickhouse_request import Credentials
@@ -192,6 +193,7 @@ def median(label: str, runs: int, once: Callable[[int], Timed]) -> Timed:
 
 
 def main() -> None:
+    compile_bytecode()
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=3)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from dpone.runtime import engine_child
 from dpone.runtime.engine_conversion import EngineSession
 from dpone.sql import quote_literal
 
@@ -58,3 +64,46 @@ def test_two_workers_run_their_queries_side_by_side(tmp_path: Path) -> None:
         session.submit(1, ["SELECT count() FROM system.processes"])
         answers = dict(session.next_result(_within(60)) for _ in range(2))
     assert answers == {0: "0\n", 1: "2\n"}
+
+
+def test_a_session_adopts_the_early_engine_and_removes_its_directory(tmp_path: Path) -> None:
+    engine_child.start_early()
+    early = engine_child._early
+    assert early is not None and early.home is not None and early.home.is_dir()
+    with EngineSession(tmp_path, workers=early.workers) as session:
+        assert session._process is early.process  # adopted, not a second engine
+        session.submit(0, ["SELECT 40 + 2"])
+        assert session.next_result(_within(60)) == (0, "42\n")
+    assert early.process.returncode is not None and not early.home.exists()
+    assert engine_child._early is None
+
+
+def test_an_early_engine_that_does_not_fit_is_ended(tmp_path: Path) -> None:
+    engine_child.start_early()
+    early = engine_child._early
+    assert early is not None and early.home is not None
+    with EngineSession(tmp_path, workers=early.workers + 1) as session:
+        assert session._process is not early.process
+        assert early.process.returncode is not None and not early.home.exists()
+        session.submit(0, ["SELECT 1"])
+        assert session.next_result(_within(60)) == (0, "1\n")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["validate", "missing.tsv", "--schema", "missing.json", "--json"],
+        ["stage", "missing.tsv", "--receipt", "missing.json", "--database", "d", "--json"],
+    ],
+)
+def test_a_command_that_fails_early_leaves_no_engine_behind(
+    tmp_path: Path, args: list[str]
+) -> None:
+    # The early engine starts before the command looks at its arguments; a command that
+    # stops at once must still end it and remove its directory.
+    done = subprocess.run(
+        [sys.executable, "-m", "dpone", *args], cwd=tmp_path, capture_output=True, text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0 and json.loads(done.stdout)["ok"] is False
+    assert not list(tmp_path.glob("dpone-engine-*"))

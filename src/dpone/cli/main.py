@@ -30,6 +30,9 @@ COMMANDS = {
     "rollback": "dpone.cli.rollback",
     "status": "dpone.cli.status",
 }
+# Commands that convert with the engine by default: its child starts loading (about
+# half a second) while the command's modules are imported and its source verified.
+ENGINE_COMMANDS = {"stage", "validate"}
 
 
 class LazyGroup(click.Group):
@@ -37,6 +40,18 @@ class LazyGroup(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        # Only on the way to running a command (help and listings do not come here),
+        # and not when the reference converter was chosen instead of the engine.
+        skip = {"-h", "--help", "python-reference"}
+        if args and args[0] in ENGINE_COMMANDS and not skip.intersection(args):
+            from dpone.runtime.engine_child import start_early
+
+            start_early()
+        return super().resolve_command(ctx, args)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         module = COMMANDS.get(cmd_name)

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 from dpone.connectors.bulk_text_codec import ColumnKind
 from dpone.contracts.preparation import rows_digest_sql
 from dpone.errors import DponeError
+from dpone.runtime import engine_child
 from dpone.sql import quote_literal
 from dpone.typepolicy import ColumnPlan
 from dpone.typepolicy.converters import MAX_DAY, MIN_DAY
@@ -39,8 +40,7 @@ MODE_ENGINE = "engine-chdb"
 MARK = "\x1d"
 # The engine's only accepted way to refuse: anything else means it could not run.
 REFUSAL = "dpone: value refused by the policy"
-# Engine worker threads (one per core, at most this many) and rows per block.
-MAX_WORKERS = 4
+# Rows per block of the engine's conversion.
 BLOCK_ROWS = 8192
 # How often a wait for the engine asks whether its deadline has passed.
 POLL_SECONDS = 0.05
@@ -383,51 +383,6 @@ except Exception as exc:
     sys.exit(3)
 """
 
-# One engine for a whole preparation: reads jobs (JSON lines: an id and statements) on
-# stdin, runs them on argv[1] worker threads and answers one JSON line per job on
-# stdout. Each worker has a connection of its own: chdb runs one connection's queries
-# one at a time (measured on 4.4), so a shared one kept the conversion on one core.
-# The connections are opened here, one after another, before any worker starts.
-_SERVER = """
-import json, os, queue, sys, threading
-import chdb
-lock = threading.Lock()
-jobs = queue.Queue()
-
-def reply(doc):
-    with lock:
-        try:
-            sys.stdout.write(json.dumps(doc) + "\\n")
-            sys.stdout.flush()
-        except OSError:
-            # The parent is gone (killed): nobody reads the answers, so end at once. An
-            # exception would instead leave the workers waiting on the queue forever.
-            os._exit(1)
-
-def work(conn):
-    while (job := jobs.get()) is not None:
-        try:
-            out = b"".join(conn.query(sql, "TSV").bytes() for sql in job["sql"])
-            reply({"id": job["id"], "out": out.decode("ascii", "replace")})
-        except Exception as exc:
-            reply({"id": job["id"], "error": str(exc)[-2000:]})
-
-connections = []
-for _ in range(int(sys.argv[1])):
-    conn = chdb.connect(":memory:")
-    conn.query("SET max_query_size = 1073741824", "TSV")
-    connections.append(conn)
-workers = [threading.Thread(target=work, args=(conn,)) for conn in connections]
-for w in workers:
-    w.start()
-reply({"id": -1, "out": "ready"})
-for line in sys.stdin:
-    jobs.put(json.loads(line))
-for w in workers:
-    jobs.put(None)
-for w in workers:
-    w.join()
-"""
 _DIGEST_LINE = re.compile(r"([0-9]+)\t([0-9a-f]{32})\n")
 
 
@@ -455,18 +410,15 @@ class EngineSession:
         self, work_dir: Path, *, workers: int | None = None, python: str | None = None
     ) -> None:
         self.work_dir = work_dir
-        self.workers = workers or max(1, min(os.cpu_count() or 1, MAX_WORKERS))
-        self._stderr = open(work_dir / "engine.log", "wb")  # noqa: SIM115 - closed in close()
-        try:
-            self._process = subprocess.Popen(
-                [python or sys.executable, "-c", _SERVER, str(self.workers)],
-                cwd=work_dir,  # the engine reads config.xml from its working directory: an empty one
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"},
-            )  # fmt: skip
-        except OSError as exc:
-            self._stderr.close()
-            raise EngineUnavailable(f"the engine could not start: {exc}") from exc
+        self.workers = workers or engine_child.default_workers()
+        child = engine_child.take_early(self.workers, python)
+        if child is None:
+            try:
+                child = engine_child.start(self.workers, work_dir, python=python)
+            except OSError as exc:
+                raise EngineUnavailable(f"the engine could not start: {exc}") from exc
+        self._child = child
+        self._process = child.process
         self._ready = False
         self._buffer = bytearray()  # answer bytes read but not yet taken
 
@@ -527,20 +479,13 @@ class EngineSession:
         return document
 
     def _log_tail(self) -> str:
-        self._stderr.flush()
-        return Path(self._stderr.name).read_bytes()[-500:].decode("utf-8", "replace")
+        log = self._child.log
+        log.flush()
+        return Path(log.name).read_bytes()[-500:].decode("utf-8", "replace")
 
     def close(self) -> None:
         """End the child (at once: a finished preparation has nothing left for it)."""
-        try:
-            if self._process.poll() is None:
-                self._process.kill()
-            self._process.wait()
-            for stream in (self._process.stdin, self._process.stdout):
-                if stream is not None:
-                    stream.close()
-        finally:
-            self._stderr.close()
+        self._child.end()
 
     def __enter__(self) -> EngineSession:
         return self

@@ -1,0 +1,160 @@
+"""The engine's child process: its program, how it starts and ends, and an early start.
+
+Loading the embedded engine takes about half a second. A command that converts with
+it calls :func:`start_early` first thing, so the load overlaps the command's own
+imports and the verification of its source; the command's engine session then adopts
+that child (:func:`take_early`) instead of starting one. This module imports little,
+so the early start costs the command almost nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+# Engine worker threads: one per core, at most this many.
+MAX_WORKERS = 4
+
+# One engine for a whole preparation: reads jobs (JSON lines: an id and statements) on
+# stdin, runs them on argv[1] worker threads and answers one JSON line per job on
+# stdout. Each worker has a connection of its own: chdb runs one connection's queries
+# one at a time (measured on 4.4), so a shared one kept the conversion on one core.
+# The connections are opened here, one after another, before any worker starts.
+PROGRAM = """
+import json, os, queue, sys, threading
+import chdb
+lock = threading.Lock()
+jobs = queue.Queue()
+
+def reply(doc):
+    with lock:
+        try:
+            sys.stdout.write(json.dumps(doc) + "\\n")
+            sys.stdout.flush()
+        except OSError:
+            # The parent is gone (killed): nobody reads the answers, so end at once. An
+            # exception would instead leave the workers waiting on the queue forever.
+            os._exit(1)
+
+def work(conn):
+    while (job := jobs.get()) is not None:
+        try:
+            out = b"".join(conn.query(sql, "TSV").bytes() for sql in job["sql"])
+            reply({"id": job["id"], "out": out.decode("ascii", "replace")})
+        except Exception as exc:
+            reply({"id": job["id"], "error": str(exc)[-2000:]})
+
+connections = []
+for _ in range(int(sys.argv[1])):
+    conn = chdb.connect(":memory:")
+    conn.query("SET max_query_size = 1073741824", "TSV")
+    connections.append(conn)
+workers = [threading.Thread(target=work, args=(conn,)) for conn in connections]
+for w in workers:
+    w.start()
+reply({"id": -1, "out": "ready"})
+for line in sys.stdin:
+    jobs.put(json.loads(line))
+for w in workers:
+    jobs.put(None)
+for w in workers:
+    w.join()
+"""
+
+
+def default_workers() -> int:
+    """One worker per core, at most :data:`MAX_WORKERS`."""
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+
+
+@dataclass(frozen=True)
+class EngineChild:
+    """A running engine child: its process, its stderr log and its working directory."""
+
+    process: subprocess.Popen[bytes]
+    log: BinaryIO
+    workers: int
+    python: str
+    home: Path | None  # a directory of its own, removed when the child ends
+
+    def end(self) -> None:
+        """Kill the child (a finished job leaves it nothing to do) and release it all."""
+        try:
+            if self.process.poll() is None:
+                self.process.kill()
+            self.process.wait()
+            for stream in (self.process.stdin, self.process.stdout):
+                if stream is not None:
+                    stream.close()
+        finally:
+            self.log.close()
+            if self.home is not None:
+                shutil.rmtree(self.home, ignore_errors=True)
+
+
+def start(workers: int, cwd: Path, *, python: str | None = None, home: bool = False) -> EngineChild:
+    """Start an engine child in the empty directory ``cwd`` (the engine reads config.xml
+    from its working directory); its stderr goes to ``cwd/engine.log``. With ``home``,
+    ``cwd`` belongs to the child and is removed when it ends. Raises ``OSError``."""
+    interpreter = python or sys.executable
+    log = open(cwd / "engine.log", "wb")  # noqa: SIM115 - closed by EngineChild.end
+    try:
+        process = subprocess.Popen(
+            [interpreter, "-c", PROGRAM, str(workers)],
+            cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"},
+        )  # fmt: skip
+    except OSError:
+        log.close()
+        raise
+    return EngineChild(process, log, workers, interpreter, cwd if home else None)
+
+
+_early: EngineChild | None = None
+
+
+def start_early() -> None:
+    """Start an engine child now, for this process's next engine session to adopt.
+
+    Best effort: if it cannot start, the session starts its own and reports why. A
+    child nobody adopts is ended when this process exits.
+    """
+    global _early
+    if _early is not None:
+        return
+    home = Path(tempfile.mkdtemp(prefix="dpone-engine-"))
+    try:
+        _early = start(default_workers(), home, home=True)
+    except OSError:
+        shutil.rmtree(home, ignore_errors=True)
+        return
+    atexit.register(_end_early)
+
+
+def take_early(workers: int, python: str | None) -> EngineChild | None:
+    """The early child, if one runs with ``workers`` workers under ``python``; else None.
+
+    It is handed out once; a child that does not fit is ended.
+    """
+    global _early
+    child, _early = _early, None
+    if child is None:
+        return None
+    if child.workers == workers and python in (None, child.python) and child.process.poll() is None:
+        return child
+    child.end()
+    return None
+
+
+def _end_early() -> None:
+    global _early
+    child, _early = _early, None
+    if child is not None:
+        child.end()
