@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, Protocol
 
 from dpone.connectors.bulk_text_codec import ColumnKind
 from dpone.contracts.preparation import rows_digest_sql
@@ -494,37 +494,54 @@ class EngineSession:
         self.close()
 
 
+class ReadsInto(Protocol):
+    """A binary stream that reads into a caller's buffer (a file opened ``rb``)."""
+
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
+
+
 class RecordRanges:
     """Whole-record ranges of a stream: iterate for ``(data, end)``, ``data[:end]`` the range.
 
-    A range is about ``chunk_bytes`` long and ends at an LF. After iteration,
+    A range is about ``chunk_bytes`` long and ends at an LF; ``data`` is reused, so a
+    range is valid only until the next one is asked for. After iteration,
     ``too_long`` says a record grew past ``carry_limit`` bytes without an LF (iteration
     stopped there) and ``trailing`` holds the bytes after the last LF (a final record
     without its LF): both are for the reference to name exactly.
     """
 
-    def __init__(self, stream: BinaryIO, chunk_bytes: int, carry_limit: int) -> None:
+    def __init__(self, stream: ReadsInto, chunk_bytes: int, carry_limit: int) -> None:
         self.stream = stream
         self.chunk_bytes = chunk_bytes
         self.carry_limit = max(carry_limit, chunk_bytes)
         self.too_long = False
         self.trailing = b""
 
-    def __iter__(self) -> Iterator[tuple[bytes, int]]:
-        carry = b""
-        while chunk := self.stream.read(self.chunk_bytes):
-            data = carry + chunk
-            del chunk
-            end = data.rfind(b"\n") + 1
+    def __iter__(self) -> Iterator[tuple[bytearray, int]]:
+        # One buffer, read into and reused: a range valid until the next step costs its
+        # length in memory once (joining carry and chunk as bytes held it twice).
+        buffer = bytearray()
+        carry = 0  # bytes of an unfinished record at the start of the buffer
+        while True:
+            need = carry + self.chunk_bytes
+            if len(buffer) < need:
+                buffer.extend(bytes(need - len(buffer)))
+            with memoryview(buffer) as view:
+                got = self.stream.readinto(view[carry:need])
+            if not got:
+                break
+            filled = carry + got
+            end = buffer.rfind(b"\n", 0, filled) + 1
             if end == 0:
-                carry = data  # inside one long record: read on until its LF
-                if len(carry) > self.carry_limit:
+                carry = filled  # inside one long record: read on until its LF
+                if carry > self.carry_limit:
                     self.too_long = True
                     return
                 continue
-            carry = data[end:]
-            yield data, end
-        self.trailing = carry
+            yield buffer, end
+            carry = filled - end
+            buffer[:carry] = buffer[end:filled]
+        self.trailing = bytes(buffer[:carry])
 
 
 def range_bytes(total: int, workers: int, smallest: int, largest: int) -> int:
@@ -537,7 +554,7 @@ def range_bytes(total: int, workers: int, smallest: int, largest: int) -> int:
     return min(largest, max(smallest, -(-total // (2 * workers))))
 
 
-def spill_range(path: Path, data: bytes, end: int, digest: Any) -> int:
+def spill_range(path: Path, data: bytes | bytearray, end: int, digest: Any) -> int:
     """Hash ``data[:end]`` into ``digest`` and write it to a new private file; its records.
 
     The engine reads exactly the bytes that were hashed, so they are provably the

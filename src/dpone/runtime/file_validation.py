@@ -13,11 +13,11 @@ and names the first bad value exactly. A receipt is the same either way.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import BinaryIO
 
 from dpone.connectors.bulk_text_codec import CODEC_ID, CODEC_VERSION, BulkTextReader
 from dpone.contracts.receipt import FileReceipt
@@ -38,7 +38,7 @@ from dpone.typepolicy import POLICY_ID, POLICY_VERSION, ColumnPlan, plan_columns
 
 __all__ = ["MODE_ENGINE", "MODE_PYTHON", "validate_file", "verify_file"]
 # The longest range the engine checks (see engine_conversion.range_bytes).
-RANGE_BYTES = 48 << 20
+RANGE_BYTES = 32 << 20
 MAX_CARRY_BYTES = 64 << 20
 
 
@@ -104,7 +104,7 @@ def _receipt(schema: SourceSchema, sha256: str, size: int, rows: int) -> FileRec
 
 
 def _engine_check(
-    stream: BinaryIO,
+    stream: io.BufferedReader,
     plans: tuple[ColumnPlan, ...],
     max_record_bytes: int | None,
     max_records: int | None,

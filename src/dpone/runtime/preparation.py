@@ -50,7 +50,7 @@ WRITE_BUFFER_BYTES = 1 << 20
 # The engine path reads the source in ranges of this many bytes (extended to the next
 # LF); a record with no LF within MAX_CARRY_BYTES (or the record budget) is handed over.
 MIN_RANGE_BYTES = 1 << 20
-MAX_RANGE_BYTES = 48 << 20
+MAX_RANGE_BYTES = 32 << 20
 MAX_CARRY_BYTES = 64 << 20
 
 
