@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dpone.runtime import engine_child
-from dpone.runtime.engine_conversion import EngineSession
+from dpone.runtime.engine_conversion import EngineSession, EngineUnavailable
 from dpone.sql import quote_literal
 
 # A peer that answers like the engine but writes its "ready" line and two answers in
@@ -59,11 +59,11 @@ def test_two_workers_run_their_queries_side_by_side(tmp_path: Path) -> None:
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert marker.exists()
-        # Job 1, on the other worker, sees both queries running: with one shared
-        # connection it would run only after job 0 and see itself alone.
         session.submit(1, ["SELECT count() FROM system.processes"])
-        answers = dict(session.next_result(_within(60)) for _ in range(2))
-    assert answers == {0: "0\n", 1: "2\n"}
+        answers = [session.next_result(_within(60)) for _ in range(2)]
+    # Job 1 answers first, while job 0 still sleeps: with one shared connection it
+    # would wait behind job 0.
+    assert [job for job, _ in answers] == [1, 0] and answers[1] == (0, "0\n")
 
 
 def test_a_session_adopts_the_early_engine_and_removes_its_directory(tmp_path: Path) -> None:
@@ -107,3 +107,54 @@ def test_a_command_that_fails_early_leaves_no_engine_behind(
     )  # fmt: skip
     assert done.returncode != 0 and json.loads(done.stdout)["ok"] is False
     assert not list(tmp_path.glob("dpone-engine-*"))
+
+
+_DIES_AFTER_READY = """#!{python}
+import sys
+sys.stdout.write('{{"id": -1, "out": "ready"}}\\n')
+sys.stdout.flush()
+"""
+
+
+def test_an_engine_that_died_with_work_unsent_gives_the_engine_error(tmp_path: Path) -> None:
+    peer = tmp_path / "peer"
+    peer.write_text(_DIES_AFTER_READY.format(python=sys.executable))
+    peer.chmod(peer.stat().st_mode | stat.S_IXUSR)
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def submit_to_the_dead() -> None:
+        with EngineSession(work, python=str(peer)) as session:
+            session._process.wait(timeout=60)
+            # The line stays in the writer's buffer when its flush meets the broken pipe,
+            # so closing stdin later meets it again. That must not replace this error.
+            session.submit(0, ["SELECT 1"])
+
+    with pytest.raises(EngineUnavailable, match="stopped taking work"):
+        submit_to_the_dead()
+
+
+_KILLED_WITH_EARLY_ENGINE = """
+import os, signal, sys
+from dpone.runtime import engine_child
+engine_child.start_early()
+child = engine_child._early
+print(child.process.pid, child.home, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_an_early_engine_whose_parent_is_killed_removes_its_directory(tmp_path: Path) -> None:
+    parent = subprocess.run(
+        [sys.executable, "-c", _KILLED_WITH_EARLY_ENGINE], capture_output=True, text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=120, check=False,
+    )  # fmt: skip
+    assert parent.returncode == -9, parent.stderr
+    pid, home = parent.stdout.split()
+    assert Path(home).parent == tmp_path
+    deadline = time.monotonic() + 90  # not a speed check: it loads, then sees stdin close
+    while Path(home).exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if Path(home).exists():
+        subprocess.run(["kill", "-9", pid], check=False)
+    assert not Path(home).exists()

@@ -44,10 +44,12 @@ class LazyGroup(click.Group):
     def resolve_command(
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:
-        # Only on the way to running a command (help and listings do not come here),
-        # and not when the reference converter was chosen instead of the engine.
-        skip = {"-h", "--help", "python-reference"}
-        if args and args[0] in ENGINE_COMMANDS and not skip.intersection(args):
+        # Only on the way to running a command: not for help, nor for shell completion
+        # (resilient parsing), nor when the reference converter was chosen instead.
+        helps = {"-h", "--help"}.intersection(args)
+        reference = any(arg.endswith("python-reference") for arg in args)
+        wanted = args and args[0] in ENGINE_COMMANDS and not ctx.resilient_parsing
+        if wanted and not helps and not reference:
             from dpone.runtime.engine_child import start_early
 
             start_early()

@@ -110,10 +110,9 @@ class DescriptorStream(io.RawIOBase):
         return True
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        data = os.pread(self._fd, len(buffer), self._offset)
-        buffer[: len(data)] = data
-        self._offset += len(data)
-        return len(data)
+        read = os.preadv(self._fd, [buffer], self._offset)  # straight into the caller's buffer
+        self._offset += read
+        return read
 
 
 class HeldArtifact:

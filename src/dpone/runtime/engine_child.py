@@ -10,6 +10,7 @@ so the early start costs the command almost nothing.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import subprocess
@@ -26,12 +27,19 @@ MAX_WORKERS = 4
 # stdin, runs them on argv[1] worker threads and answers one JSON line per job on
 # stdout. Each worker has a connection of its own: chdb runs one connection's queries
 # one at a time (measured on 4.4), so a shared one kept the conversion on one core.
-# The connections are opened here, one after another, before any worker starts.
+# The connections are opened here, one after another, before any worker starts. With
+# argv[2] "own-home" its working directory is its own: if the parent dies (a parent
+# alive ends the child and removes it), the child removes it on the way out.
 PROGRAM = """
-import json, os, queue, sys, threading
+import json, os, queue, shutil, sys, threading
 import chdb
 lock = threading.Lock()
 jobs = queue.Queue()
+
+def leave(code):
+    if sys.argv[2:] == ["own-home"]:
+        shutil.rmtree(os.getcwd(), ignore_errors=True)
+    os._exit(code)
 
 def reply(doc):
     with lock:
@@ -41,7 +49,7 @@ def reply(doc):
         except OSError:
             # The parent is gone (killed): nobody reads the answers, so end at once. An
             # exception would instead leave the workers waiting on the queue forever.
-            os._exit(1)
+            leave(1)
 
 def work(conn):
     while (job := jobs.get()) is not None:
@@ -66,6 +74,7 @@ for w in workers:
     jobs.put(None)
 for w in workers:
     w.join()
+leave(0)  # stdin closed: the parent is gone
 """
 
 
@@ -91,8 +100,12 @@ class EngineChild:
                 self.process.kill()
             self.process.wait()
             for stream in (self.process.stdin, self.process.stdout):
-                if stream is not None:
-                    stream.close()
+                # A child that died with a job unsent leaves stdin's buffer unflushable:
+                # closing it raises BrokenPipeError, which must not replace the caller's
+                # error (nor leave stdout open).
+                with contextlib.suppress(OSError):
+                    if stream is not None:
+                        stream.close()
         finally:
             self.log.close()
             if self.home is not None:
@@ -107,7 +120,7 @@ def start(workers: int, cwd: Path, *, python: str | None = None, home: bool = Fa
     log = open(cwd / "engine.log", "wb")  # noqa: SIM115 - closed by EngineChild.end
     try:
         process = subprocess.Popen(
-            [interpreter, "-c", PROGRAM, str(workers)],
+            [interpreter, "-c", PROGRAM, str(workers), *(["own-home"] if home else [])],
             cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
             env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"},
         )  # fmt: skip
@@ -129,13 +142,18 @@ def start_early() -> None:
     global _early
     if _early is not None:
         return
-    home = Path(tempfile.mkdtemp(prefix="dpone-engine-"))
+    atexit.register(_end_early)  # first: an interrupt below leaves nothing behind
+    try:
+        home = Path(tempfile.mkdtemp(prefix="dpone-engine-"))
+    except OSError:
+        return
     try:
         _early = start(default_workers(), home, home=True)
-    except OSError:
+    except BaseException as exc:
         shutil.rmtree(home, ignore_errors=True)
-        return
-    atexit.register(_end_early)
+        if isinstance(exc, OSError):
+            return
+        raise
 
 
 def take_early(workers: int, python: str | None) -> EngineChild | None:

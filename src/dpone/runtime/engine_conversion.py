@@ -400,7 +400,8 @@ class EngineSession:
     Started as early as possible (it takes a noticeable fraction of a second to load),
     fed one job per range of records (for a preparation: convert, then read the part
     back for its row count and rows digest; for a validation: the checks alone) and
-    answering per job. Each worker thread has a connection of its own (see ``_SERVER``),
+    answering per job. Each worker thread has a connection of its own (see
+    :data:`dpone.runtime.engine_child.PROGRAM`),
     so ranges are converted side by side while the parent reads and spills the next
     ones. ``close`` ends it; if the parent dies first, the child sees its stdin close
     and ends after the jobs it holds.
@@ -528,10 +529,12 @@ class RecordRanges:
                 buffer.extend(bytes(need - len(buffer)))
             with memoryview(buffer) as view:
                 got = self.stream.readinto(view[carry:need])
+            if got is None:
+                raise BlockingIOError("record ranges need a blocking stream")
             if not got:
                 break
             filled = carry + got
-            end = buffer.rfind(b"\n", 0, filled) + 1
+            end = buffer.rfind(b"\n", carry, filled) + 1  # the carry holds no LF
             if end == 0:
                 carry = filled  # inside one long record: read on until its LF
                 if carry > self.carry_limit:

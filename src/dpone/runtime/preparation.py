@@ -47,8 +47,8 @@ SPOOL_NAME = "data.rowbinary"
 # Budgets are checked every this many rows (and at the end).
 CHECK_EVERY_ROWS = 1024
 WRITE_BUFFER_BYTES = 1 << 20
-# The engine path reads the source in ranges of this many bytes (extended to the next
-# LF); a record with no LF within MAX_CARRY_BYTES (or the record budget) is handed over.
+# The engine path reads the source in ranges of up to this many bytes (cut back to the
+# last LF); a record with no LF within MAX_CARRY_BYTES (or the record budget) is handed over.
 MIN_RANGE_BYTES = 1 << 20
 MAX_RANGE_BYTES = 32 << 20
 MAX_CARRY_BYTES = 64 << 20
