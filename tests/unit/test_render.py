@@ -5,8 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import uuid
+from typing import Any
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from dpone.connectors.bulk_text_codec import encode_record
 from dpone.contracts.schema import SourceColumn
@@ -147,4 +150,39 @@ MUST_FUSE = [
     ("nvarchar(10)", "a\x1db\tc\nd\re\x1ef\x1fg"), ("varbinary(3)", b""), ("varbinary(3)", b"\x00\x1d"),
     ("uniqueidentifier", "6f9619ff-8b86-d011-b42d-00c04fc964ff"), ("decimal(9, 2)", "1.50"),
     ("datetime2(7)", "2020-01-02 03:04:05.1234567"),
+    ("uniqueidentifier", "6F9619FF-8B86-D011-B42D-00C04FC964FF"), ("decimal(18, 2)", 1234.5),
 ]  # fmt: skip
+
+
+def _decimal_of_float_by_decimal(value: float) -> str | None:
+    """The float rule stated with Decimal (the oracle of the plain-text shortcut)."""
+    text = repr(value)
+    if len(decimal.Decimal(text).as_tuple().digits) > 15:
+        return None
+    exact = decimal.Decimal(text)
+    out = format(exact, "f")
+    return out[1:] if out.startswith("-") and not exact else out
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False))
+@example(-0.0)
+@example(0.0)
+@example(1e16)
+@example(1e-5)
+@example(123456789012345.6)
+@example(0.001234567890123456)
+def test_a_float_decimal_renders_as_the_decimal_rule_says(value: float) -> None:
+    render = renderer_for(parse_source_type("decimal(38, 10)", column="c"))
+    try:
+        got: object = render(value)
+    except RenderError:
+        got = None
+    assert got == _decimal_of_float_by_decimal(value)
+
+
+@given(st.uuids(), st.sampled_from([str.lower, str.upper, str.swapcase]))
+def test_a_guid_in_any_case_renders_as_uuid_does(value: uuid.UUID, case: Any) -> None:
+    text = case(str(value))
+    st_guid = parse_source_type("uniqueidentifier", column="c")
+    column = plan_column(SourceColumn("c", "uniqueidentifier", True)).codec_column
+    assert renderer_for(st_guid)(text) == str(uuid.UUID(text)) == field_for(st_guid, column)(text)

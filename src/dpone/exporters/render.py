@@ -23,6 +23,9 @@ Renderer = Callable[[object], Cell]
 
 # SQLite keeps a REAL in a NUMERIC column only when 15 significant digits round-trip.
 _REVERSIBLE_DIGITS = 15
+# A float's shortest text without an exponent (repr writes one only for very large or
+# very small magnitudes).
+_PLAIN_FLOAT = re.compile(r"-?[0-9]+\.[0-9]+")
 
 
 class RenderError(PolicyError):
@@ -56,6 +59,14 @@ def _decimal(value: object) -> Cell:
         return str(value)
     if isinstance(value, float):
         text = repr(value)
+        if _PLAIN_FLOAT.fullmatch(text):
+            # The common float, without building a Decimal: its shortest text is already
+            # the plain decimal text format(Decimal(text), "f") gives; the significant
+            # digits are those after any leading zeros (at least one).
+            digits = text.replace("-", "").replace(".", "").lstrip("0") or "0"
+            if len(digits) > _REVERSIBLE_DIGITS:
+                raise _refuse(value, "an exact decimal (binary float with too many digits)")
+            return text[1:] if text.startswith("-") and not value else text  # no negative zero
         if len(decimal.Decimal(text).as_tuple().digits) > _REVERSIBLE_DIGITS:
             raise _refuse(value, "an exact decimal (binary float with too many digits)")
         value = decimal.Decimal(text)
@@ -139,8 +150,10 @@ def _time(value: object) -> Cell:
     raise _refuse(value, "a time")
 
 
-# ``str(uuid.UUID(text))`` is ``text`` itself for this form.
+# ``str(uuid.UUID(text))`` is ``text`` itself for this form, and ``text.lower()`` for
+# the same form in any case.
 _CANONICAL_UUID = re.compile("[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_ANY_CASE_UUID = re.compile(_CANONICAL_UUID.pattern, re.IGNORECASE)
 
 
 def _uuid(value: object) -> Cell:
@@ -149,6 +162,8 @@ def _uuid(value: object) -> Cell:
     if isinstance(value, str):
         if _CANONICAL_UUID.fullmatch(value):
             return value
+        if _ANY_CASE_UUID.fullmatch(value):
+            return value.lower()
         try:
             return str(uuid.UUID(value))
         except ValueError as exc:
@@ -215,9 +230,13 @@ def _float64_field(value: object) -> str:
 
 
 def _uuid_field(value: object) -> str:
-    if type(value) is not str or not _CANONICAL_UUID.fullmatch(value):
+    if type(value) is not str:
         raise TypeError
-    return value
+    if _CANONICAL_UUID.fullmatch(value):
+        return value
+    if _ANY_CASE_UUID.fullmatch(value):
+        return value.lower()  # as _uuid renders it
+    raise TypeError
 
 
 def field_for(st: SourceType, column: CodecColumn) -> Callable[[object], str]:
