@@ -259,12 +259,14 @@ def test_a_child_past_the_deadline_is_killed_and_reaped(
 ) -> None:
     pid_file = tmp_path / "pid"
     path = fake_client(tmp_path, f"""for a in "$@"; do [ "$a" = "--version" ] && exit 0; done
-echo $$ > {pid_file}
+echo $$ > {pid_file}.part && mv {pid_file}.part {pid_file}
 echo started
 exec sleep 60""")  # fmt: skip
 
     def clock() -> float:
-        # The deadline passes once the child runs (no race with its start-up).
+        # The deadline passes once the child runs (no race with its start-up). The pid
+        # file appears whole (renamed into place): a file seen while ``echo`` still
+        # wrote it was once empty when the test read it.
         return time.monotonic() + (1000.0 if pid_file.exists() else 0.0)
 
     t = make_transport("client", clickhouse, client_path=path, clock=clock)
