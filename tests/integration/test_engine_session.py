@@ -28,17 +28,23 @@ time.sleep(60)
 """
 
 
+def _fake_engine(tmp_path: Path, program: str) -> tuple[Path, Path]:
+    """An executable that stands in for the engine's Python, and a work directory."""
+    peer = tmp_path / "peer"
+    peer.write_text(program.format(python=sys.executable))
+    peer.chmod(peer.stat().st_mode | stat.S_IXUSR)
+    work = tmp_path / "work"
+    work.mkdir()
+    return peer, work
+
+
 def _within(seconds: float) -> Callable[[], bool]:
     deadline = time.monotonic() + seconds
     return lambda: time.monotonic() >= deadline
 
 
 def test_answers_that_arrive_together_are_all_returned(tmp_path: Path) -> None:
-    peer = tmp_path / "peer"
-    peer.write_text(_BURST.format(python=sys.executable))
-    peer.chmod(peer.stat().st_mode | stat.S_IXUSR)
-    work = tmp_path / "work"
-    work.mkdir()
+    peer, work = _fake_engine(tmp_path, _BURST)
     with EngineSession(work, workers=2, python=str(peer)) as session:
         # Before the fix the second answer stayed in a read buffer that select does not
         # see: the wait ran into this deadline although the answer had arrived.
@@ -117,11 +123,7 @@ sys.stdout.flush()
 
 
 def test_an_engine_that_died_with_work_unsent_gives_the_engine_error(tmp_path: Path) -> None:
-    peer = tmp_path / "peer"
-    peer.write_text(_DIES_AFTER_READY.format(python=sys.executable))
-    peer.chmod(peer.stat().st_mode | stat.S_IXUSR)
-    work = tmp_path / "work"
-    work.mkdir()
+    peer, work = _fake_engine(tmp_path, _DIES_AFTER_READY)
 
     def submit_to_the_dead() -> None:
         with EngineSession(work, python=str(peer)) as session:
