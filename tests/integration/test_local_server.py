@@ -8,6 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dpone.connectors.clickhouse_request import Credentials
 from dpone.localserver import LocalServer, ServerInfo, ServerUser, find_running
 from dpone.localserver.layout import DataDirLayout
@@ -204,6 +206,9 @@ def test_stop_is_clean_and_bounded(tmp_path: Path) -> None:
     assert report.seconds < 5
     assert not accepts_connections(info.http_port)
     assert not (tmp_path / "d" / "state.json").exists()
+    # Reaped by stop itself, not left a zombie for the garbage collector to find.
+    with pytest.raises(ChildProcessError):
+        os.waitpid(info.pid, os.WNOHANG)
 
 
 def test_stop_falls_back_to_signals_when_clean_stop_is_ignored(tmp_path: Path) -> None:

@@ -365,6 +365,14 @@ def _stop(
             _signal_server(pid, signal.SIGKILL)
             if not _wait_released(layout, process, time.monotonic() + TERM_GRACE_SECONDS):
                 raise ServerStopTimeout(f"server pid {pid} on {layout.root} did not stop", pid=pid)
+    if process is not None:
+        # The lock goes with the process's descriptors, a moment before it can be
+        # reaped: reap it here, so a stopped child is never left unwaited (CI once saw
+        # its Popen collected as "still running").
+        try:
+            process.wait(timeout=TERM_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            _terminate(process)
     layout.state_file.unlink(missing_ok=True)
     return StopReport(pid=pid, forced=forced, seconds=time.monotonic() - started)
 
