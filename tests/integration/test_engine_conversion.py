@@ -20,6 +20,8 @@ from dpone.exporters.sources import SqliteSource
 from dpone.runtime.conversion import ValueNotRepresentable, convert_records
 from dpone.runtime.engine_conversion import (
     MODE_ENGINE,
+    EngineUnavailable,
+    conversion_sql,
     convert_with_engine,
     fast_expressions,
     field_expressions,
@@ -96,6 +98,32 @@ def test_hostile_text_and_binary_give_identical_bytes(tmp_path: Path) -> None:
     expected = reference(plans, data)
     assert expected is not None
     assert engine(plans, data, tmp_path) == expected
+
+
+def test_text_the_canonical_query_refuses_is_converted_by_the_tiered_one(tmp_path: Path) -> None:
+    plans = plan_columns([SourceColumn("d", "decimal(5, 2)", True), SourceColumn("b", "varbinary(8)", True),
+                          SourceColumn("u", "uniqueidentifier", True)])  # fmt: skip
+    canonical = b"1.50\tab\t6f9619ff-8b86-d011-b42d-00c04fc964ff\n"
+    for other in (
+        b"1.5\t\t\n",
+        b"\tAB\t\n",
+        b"\tab cd\t\n",
+        b"\t\t6F9619FF-8B86-D011-B42D-00C04FC964FF\n",
+    ):
+        data = canonical + other
+        source = tmp_path / "in.tsv"
+        source.write_bytes(data)
+        # The canonical query refuses the file, so the tiered one converted it.
+        with pytest.raises(EngineUnavailable, match="refused by the policy"):
+            run_engine_query(conversion_sql(plans, source, tmp_path / "c.rb", canonical=True))
+        expected = reference(plans, data)
+        assert expected is not None
+        assert engine(plans, data, tmp_path) == expected
+    # And what it accepts, it converts as the tiered query does.
+    source.write_bytes(canonical)
+    run_engine_query(conversion_sql(plans, source, tmp_path / "c.rb", canonical=True))
+    run_engine_query(conversion_sql(plans, source, tmp_path / "t.rb"))
+    assert (tmp_path / "c.rb").read_bytes() == (tmp_path / "t.rb").read_bytes() != b""
 
 
 def acceptance(cases: list[tuple[str, bool, bytes]]) -> list[bool]:
@@ -395,11 +423,12 @@ def test_engine_rows_digest_ignores_row_order_but_not_content(tmp_path: Path) ->
 
 
 def _tiny_ranges(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
-    """Make the engine path split even a small file into many ranges."""
-    from dpone.runtime import preparation
+    """Make the engine path (preparation and validation) split even a small file into
+    many ranges."""
+    from dpone.runtime import engine_conversion
 
-    monkeypatch.setattr(preparation, "MIN_RANGE_BYTES", size)
-    monkeypatch.setattr(preparation, "MAX_RANGE_BYTES", size)
+    monkeypatch.setattr(engine_conversion, "MIN_RANGE_BYTES", size)
+    monkeypatch.setattr(engine_conversion, "MAX_RANGE_BYTES", size)
 
 
 @pytest.mark.parametrize("range_bytes", [1, 97, 4096])
@@ -468,7 +497,7 @@ def test_random_files_in_ranges_give_the_reference_identity(
     tmp_path_factory: pytest.TempPathFactory, rows: list[Any], range_bytes: int
 ) -> None:
     from dpone.contracts.schema import SourceSchema
-    from dpone.runtime import preparation
+    from dpone.runtime import engine_conversion
 
     schema = SourceSchema.of([SourceColumn("t", "nvarchar(max)", True), SourceColumn("b", "varbinary(max)", True),
                               SourceColumn("i", "bigint", False)])  # fmt: skip
@@ -477,13 +506,13 @@ def test_random_files_in_ranges_give_the_reference_identity(
     path = work / "in.tsv"
     path.write_bytes(encode_rows(plans, [[t, b, str(i)] for t, b, i in rows]))
     receipt = validate_file(path, schema)
-    saved = preparation.MIN_RANGE_BYTES, preparation.MAX_RANGE_BYTES
-    preparation.MIN_RANGE_BYTES = preparation.MAX_RANGE_BYTES = range_bytes
+    saved = engine_conversion.MIN_RANGE_BYTES, engine_conversion.MAX_RANGE_BYTES
+    engine_conversion.MIN_RANGE_BYTES = engine_conversion.MAX_RANGE_BYTES = range_bytes
     try:
         python = prepare_rowbinary(path, receipt, work / "a")
         fast = prepare_rowbinary(path, receipt, work / "b", mode=MODE_ENGINE)
     finally:
-        preparation.MIN_RANGE_BYTES, preparation.MAX_RANGE_BYTES = saved
+        engine_conversion.MIN_RANGE_BYTES, engine_conversion.MAX_RANGE_BYTES = saved
     assert fast.path.read_bytes() == python.path.read_bytes()
     assert fast.identity == python.identity
     assert validate_file(path, schema, mode=MODE_ENGINE) == receipt
@@ -504,7 +533,7 @@ def test_engine_validation_gives_the_reference_receipt_without_the_reference(
         raise AssertionError("the engine path handed a valid file to the reference")
 
     monkeypatch.setattr(file_validation, "convert_records", no_reference)
-    monkeypatch.setattr(file_validation, "RANGE_BYTES", 50)  # many ranges
+    _tiny_ranges(monkeypatch, 50)  # many ranges
     assert file_validation.validate_file(exported.path, schema) == reference_receipt
     assert file_validation.validate_file(tmp_path / "h.tsv", schema) == exported.receipt
 
@@ -528,7 +557,7 @@ def test_engine_validation_refuses_where_the_reference_does(
     from dpone.contracts.schema import SourceSchema
     from dpone.runtime import file_validation
 
-    monkeypatch.setattr(file_validation, "RANGE_BYTES", 64)
+    _tiny_ranges(monkeypatch, 64)
     schema = SourceSchema.of([SourceColumn("id", "int", False), SourceColumn("d", "date", True)])
     path = tmp_path / "in.tsv"
     path.write_bytes(data)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dpone.runtime import engine_child
-from dpone.runtime.engine_conversion import EngineSession, EngineUnavailable
+from dpone.runtime.engine_conversion import REFUSAL, EngineSession, EngineUnavailable
 from dpone.sql import quote_literal
 
 # A peer that answers like the engine but writes its "ready" line and two answers in
@@ -160,3 +160,20 @@ def test_an_early_engine_whose_parent_is_killed_removes_its_directory(tmp_path: 
     if Path(home).exists():
         subprocess.run(["kill", "-9", pid], check=False)
     assert not Path(home).exists()
+
+
+def test_a_refused_job_runs_its_fallback_and_only_the_fallback_answers(tmp_path: Path) -> None:
+    refuse = f"SELECT throwIf(1, {quote_literal(REFUSAL)})"
+    with EngineSession(tmp_path, workers=1) as session:
+        session.submit(0, [refuse], fallback=["SELECT 7"])
+        assert session.next_result(_within(60)) == (0, "7\n")
+        # A fallback that refuses too is the job's refusal.
+        session.submit(1, ["SELECT 1", refuse], fallback=[refuse])
+        assert session.next_result(_within(60)) == (1, None)
+        # A job that does not refuse never runs its fallback (which would fail).
+        session.submit(2, ["SELECT 2"], fallback=["SELECT throwIf(1, 'not run')"])
+        assert session.next_result(_within(60)) == (2, "2\n")
+        # Only a refusal falls back: any other failure is the engine's.
+        session.submit(3, ["SELECT throwIf(1, 'broken')"], fallback=["SELECT 3"])
+        with pytest.raises(EngineUnavailable, match="broken"):
+            session.next_result(_within(60))

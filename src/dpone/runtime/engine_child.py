@@ -93,6 +93,11 @@ class EngineChild:
     python: str
     home: Path | None  # a directory of its own, removed when the child ends
 
+    def log_tail(self) -> str:
+        """The end of what the child wrote to stderr (why it stopped, if it said)."""
+        self.log.flush()
+        return Path(self.log.name).read_bytes()[-500:].decode("utf-8", "replace")
+
     def end(self) -> None:
         """Kill the child (a finished job leaves it nothing to do) and release it all."""
         try:

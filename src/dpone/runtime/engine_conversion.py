@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,6 +45,13 @@ REFUSAL = "dpone: value refused by the policy"
 BLOCK_ROWS = 8192
 # How often a wait for the engine asks whether its deadline has passed.
 POLL_SECONDS = 0.05
+# Files are read, not mapped: a mapped range would count in full in the engine's memory.
+_READ_SETTING = "storage_file_read_method = 'pread'"
+# The bounds of a range's length (see range_bytes).
+MIN_RANGE_BYTES = 1 << 20
+MAX_RANGE_BYTES = 32 << 20
+# A record with no LF within this many bytes (or the record budget) is handed over.
+MAX_CARRY_BYTES = 64 << 20
 
 
 class EngineUnavailable(DponeError):
@@ -209,10 +217,11 @@ def fast_expressions(plan: ColumnPlan, f: str) -> tuple[str, str | None] | None:
     t = target_of(plan)
     fam, p = t.family, t.params
     if plan.kind is ColumnKind.BINARY and fam == "string":
-        # Lowercase hex pairs, as the exporter writes them: the engine's decoding
-        # renders back to the field. Whitespace, capitals and the empty marker fall
+        # Lowercase hex pairs or the empty marker, as the exporter writes them: the
+        # engine's decoding renders back to the field. Whitespace and capitals fall
         # through to the full tier.
-        return f"lower(hex(unhex({f}))) = {f}", f"unhex({f})"
+        empty = f"{f} = {_lit(MARK + 'E')}"
+        return f"({empty} OR lower(hex(unhex({f}))) = {f})", f"if({empty}, '', unhex({f}))"
     if plan.kind is not ColumnKind.RAW:
         return None  # text: the full tier's checks are as cheap as any
     if fam == "bool":
@@ -222,12 +231,14 @@ def fast_expressions(plan: ColumnPlan, f: str) -> tuple[str, str | None] | None:
         if precision == scale:
             return None  # the whole part must be exactly '0': left to the full tier
         width = _decimal_width(precision)
-        v = f"toDecimal{width}OrNull({f}, {scale})"
+        # The digits without the point, read as an integer, are the scaled value the
+        # field means if the field is that integer's decimal rendering; any other text
+        # (a failed read gives 0) renders differently. An integer read is far cheaper
+        # than the engine's decimal parsing.
+        scaled = f"toInt{width}OrZero(replaceOne({f}, '.', ''))"
+        rendered = f"toDecimalString(reinterpret({scaled}, 'Decimal{width}({scale})'), {scale})"
         digits = f"length({f}) - startsWith({f}, '-') - {scale + (scale > 0)}"
-        return (
-            f"ifNull(toDecimalString({v}, {scale}) = {f}, 0) AND {digits} <= {precision - scale}",
-            f"reinterpret(assumeNotNull({v}), 'Int{width}')",  # the scaled integer it holds
-        )
+        return f"{rendered} = {f} AND {digits} <= {precision - scale}", scaled
     if fam == "float" and p[0] == 64:
         # Shortest round-trip rendering: equal text means the parse was exact.
         v = f"toFloat64OrNull({f})"
@@ -264,6 +275,22 @@ def tiered_expressions(plan: ColumnPlan, f: str) -> tuple[str, str]:
         f"(({fast_ok}) OR ({ok}))",
         value if fast_value is None else f"if({fast_ok}, {fast_value}, {value})",
     )
+
+
+def canonical_expressions(plan: ColumnPlan, f: str) -> tuple[str, str]:
+    """(check, value) of the canonical query: the fast tier alone where there is one.
+
+    It accepts a subset of what :func:`tiered_expressions` accepts, with the same
+    values, and none of the full tier's expressions are in it, so the engine plans and
+    runs it in less time. A range it refuses is converted again by the tiered query,
+    which alone decides (see :meth:`EngineSession.submit`).
+    """
+    ok, value = field_expressions(plan, f)
+    fast = fast_expressions(plan, f)
+    if fast is None:
+        return ok, value
+    fast_ok, fast_value = fast
+    return fast_ok, value if fast_value is None else fast_value
 
 
 def _decimal_width(precision: int) -> int:
@@ -317,20 +344,26 @@ def digest_sql(plans: tuple[ColumnPlan, ...], spool: Path) -> str:
     return (
         f"SELECT count(), {rows_digest_sql(names)} "
         f"FROM file({_lit(str(spool))}, 'RowBinary', {_lit(structure)}) "
-        "SETTINGS storage_file_read_method = 'pread'"  # read, not mapped, as the conversion
+        f"SETTINGS {_READ_SETTING}"
     )
 
 
 def conversion_sql(
-    plans: tuple[ColumnPlan, ...], source: Path, out: Path, max_record_bytes: int | None = None
-) -> str:
-    """One SELECT that checks every field (and the record length) and writes RowBinary."""
+    plans: tuple[ColumnPlan, ...], source: Path, out: Path, max_record_bytes: int | None = None,
+    *, canonical: bool = False,
+) -> str:  # fmt: skip
+    """One SELECT that checks every field (and the record length) and writes RowBinary.
+
+    With ``canonical``, each field is held to :func:`canonical_expressions`, else to
+    :func:`tiered_expressions`.
+    """
+    expressions = canonical_expressions if canonical else tiered_expressions
     columns, checks = [], [f"length(r) = {len(plans)}"]
     if max_record_bytes is not None:
         checks.append(f"length(line) < {max_record_bytes}")  # the LF counts too
     for i, plan in enumerate(plans, start=1):
         f = f"r[{i}]"
-        ok, value = tiered_expressions(plan, f)
+        ok, value = expressions(plan, f)
         if plan.nullable:
             columns.append(f"if({f} = '', NULL, {value}) AS c{i}")
             checks.append(f"({f} = '' OR ({ok}))")
@@ -346,8 +379,7 @@ def conversion_sql(
         f"SETTINGS max_threads = 1, input_format_parallel_parsing = 0, max_block_size = {BLOCK_ROWS}, "
         # Exact float parsing, as the reference's; lazy ``or``/``if`` for the two tiers.
         "precise_float_parsing = 1, short_circuit_function_evaluation = 'force_enable', "
-        # Read, not mapped: a mapped range would count in full in the engine's memory.
-        "storage_file_read_method = 'pread'"
+        f"{_READ_SETTING}"
     )
 
 
@@ -422,9 +454,19 @@ class EngineSession:
         self._process = child.process
         self._ready = False
         self._buffer = bytearray()  # answer bytes read but not yet taken
+        self._fallbacks: dict[int, list[str]] = {}  # job -> statements if refused
 
-    def submit(self, job: int, statements: list[str]) -> None:
-        """Queue ``statements`` (run in order, on one worker) as job ``job``."""
+    def submit(self, job: int, statements: list[str], fallback: list[str] | None = None) -> None:
+        """Queue ``statements`` (run in order, on one worker) as job ``job``.
+
+        If the policy refuses in ``statements`` and a ``fallback`` is given, the job
+        runs again as ``fallback``, and only the fallback's answer is the job's.
+        """
+        if fallback is not None:
+            self._fallbacks[job] = fallback
+        self._send(job, statements)
+
+    def _send(self, job: int, statements: list[str]) -> None:
         assert self._process.stdin is not None
         line = json.dumps({"id": job, "sql": statements}) + "\n"
         try:
@@ -444,8 +486,12 @@ class EngineSession:
             if answer["id"] == -1:
                 self._ready = True
                 continue
+            fallback = self._fallbacks.pop(answer["id"], None)
             if "error" in answer:
                 if REFUSAL in answer["error"]:
+                    if fallback is not None:
+                        self._send(answer["id"], fallback)
+                        continue
                     return answer["id"], None
                 raise EngineUnavailable(
                     f"engine conversion failed to run: {answer['error'][-500:]}"
@@ -471,18 +517,13 @@ class EngineSession:
                 if not data:
                     self._process.wait()
                     raise EngineUnavailable(
-                        f"the engine exited ({self._process.returncode}): {self._log_tail()}"
+                        f"the engine exited ({self._process.returncode}): {self._child.log_tail()}"
                     )
                 self._buffer += data
         line = bytes(self._buffer[: end + 1])
         del self._buffer[: end + 1]
         document: dict[str, Any] = json.loads(line)
         return document
-
-    def _log_tail(self) -> str:
-        log = self._child.log
-        log.flush()
-        return Path(log.name).read_bytes()[-500:].decode("utf-8", "replace")
 
     def close(self) -> None:
         """End the child (at once: a finished preparation has nothing left for it)."""
@@ -547,14 +588,15 @@ class RecordRanges:
         self.trailing = bytes(buffer[:carry])
 
 
-def range_bytes(total: int, workers: int, smallest: int, largest: int) -> int:
+def range_bytes(total: int, workers: int) -> int:
     """How long the ranges of a ``total``-byte file are: two per worker, within bounds.
 
     Each range costs the engine a fixed ~55 ms to plan its conversion (measured on a
     1M-row file: 17 ranges of 8 MiB took 2.5 s on two workers, 4 ranges 1.9 s), so
-    ranges are as long as the bound allows; the bound keeps memory and disk flat.
+    ranges are as long as :data:`MAX_RANGE_BYTES` allows; the bound keeps memory and
+    disk flat. The bounds are read at each call, so a test can make ranges tiny.
     """
-    return min(largest, max(smallest, -(-total // (2 * workers))))
+    return min(MAX_RANGE_BYTES, max(MIN_RANGE_BYTES, -(-total // (2 * workers))))
 
 
 def spill_range(path: Path, data: bytes | bytearray, end: int, digest: Any) -> int:
@@ -575,19 +617,24 @@ def spill_range(path: Path, data: bytes | bytearray, end: int, digest: Any) -> i
 
 
 def check_sql(
-    plans: tuple[ColumnPlan, ...], source: Path, max_record_bytes: int | None = None
-) -> str:
+    plans: tuple[ColumnPlan, ...], source: Path, max_record_bytes: int | None = None,
+    *, canonical: bool = False,
+) -> str:  # fmt: skip
     """The checks of :func:`conversion_sql` alone: the number of records, or a refusal."""
-    sql = conversion_sql(plans, source, Path("/dev/null"), max_record_bytes)
+    sql = conversion_sql(plans, source, Path("/dev/null"), max_record_bytes, canonical=canonical)
     head, tail = sql.index(" FROM (SELECT line,"), sql.index(" INTO OUTFILE")
     settings = sql[sql.index(" SETTINGS ") :]
     return f"SELECT count(){sql[head:tail]}{settings}"
 
 
 def range_statements(plans: tuple[ColumnPlan, ...], source: Path, out: Path,
-                     max_record_bytes: int | None = None) -> list[str]:  # fmt: skip
+                     max_record_bytes: int | None = None, *, canonical: bool = False,
+                     ) -> list[str]:  # fmt: skip
     """Convert the records in ``source`` into ``out``, then read ``out`` back for its digest."""
-    return [conversion_sql(plans, source, out, max_record_bytes), digest_sql(plans, out)]
+    return [
+        conversion_sql(plans, source, out, max_record_bytes, canonical=canonical),
+        digest_sql(plans, out),
+    ]
 
 
 def parse_digest(out: str) -> EngineSpool:
@@ -619,6 +666,7 @@ def convert_with_engine(
         EngineSession(Path(work), workers=1, python=python) as session,
     ):
         # Absolute paths: the child runs in an empty directory of its own.
-        session.submit(0, range_statements(plans, source.absolute(), out.absolute()))
+        statements = partial(range_statements, plans, source.absolute(), out.absolute())
+        session.submit(0, statements(canonical=True), fallback=statements())
         _, answer = session.next_result(lambda: time.monotonic() >= deadline)
     return None if answer is None else parse_digest(answer)

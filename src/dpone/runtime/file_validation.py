@@ -25,6 +25,7 @@ from dpone.contracts.schema import SourceSchema
 from dpone.runtime.artifact import ArtifactMismatch, HeldArtifact
 from dpone.runtime.conversion import convert_records
 from dpone.runtime.engine_conversion import (
+    MAX_CARRY_BYTES,
     MODE_ENGINE,
     EngineSession,
     EngineUnavailable,
@@ -37,9 +38,6 @@ from dpone.runtime.preparation import MODE_PYTHON
 from dpone.typepolicy import POLICY_ID, POLICY_VERSION, ColumnPlan, plan_columns
 
 __all__ = ["MODE_ENGINE", "MODE_PYTHON", "validate_file", "verify_file"]
-# The longest range the engine checks (see engine_conversion.range_bytes).
-RANGE_BYTES = 32 << 20
-MAX_CARRY_BYTES = 64 << 20
 
 
 def validate_file(
@@ -134,9 +132,7 @@ def _engine_check(
                 return True
 
             total = os.fstat(stream.fileno()).st_size
-            chunk_bytes = range_bytes(
-                total, session.workers, min(RANGE_BYTES, 1 << 20), RANGE_BYTES
-            )
+            chunk_bytes = range_bytes(total, session.workers)
             ranges = RecordRanges(stream, chunk_bytes, max_record_bytes or MAX_CARRY_BYTES)
             for data, end in ranges:
                 chunk = Path(work) / f"in-{submitted}"
@@ -146,7 +142,12 @@ def _engine_check(
                 records += counts[submitted]
                 if max_records is not None and records > max_records:
                     return None
-                session.submit(submitted, [check_sql(plans, chunk, max_record_bytes)])
+                # The canonical checks first; the tiered ones decide a range they refuse.
+                session.submit(
+                    submitted,
+                    [check_sql(plans, chunk, max_record_bytes, canonical=True)],
+                    fallback=[check_sql(plans, chunk, max_record_bytes)],
+                )
                 submitted += 1
                 while submitted - finished > session.workers:
                     if not collect():

@@ -15,6 +15,7 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from dpone.connectors.bulk_text_codec import BulkTextError, BulkTextReader
@@ -31,6 +32,7 @@ from dpone.runtime import engine_conversion
 from dpone.runtime.artifact import ArtifactMismatch, FileObservation, HeldArtifact, scan_descriptor
 from dpone.runtime.conversion import convert_records
 from dpone.runtime.engine_conversion import (
+    MAX_CARRY_BYTES,
     MODE_ENGINE,
     EngineSession,
     EngineSpool,
@@ -47,11 +49,6 @@ SPOOL_NAME = "data.rowbinary"
 # Budgets are checked every this many rows (and at the end).
 CHECK_EVERY_ROWS = 1024
 WRITE_BUFFER_BYTES = 1 << 20
-# The engine path reads the source in ranges of up to this many bytes (cut back to the
-# last LF); a record with no LF within MAX_CARRY_BYTES (or the record budget) is handed over.
-MIN_RANGE_BYTES = 1 << 20
-MAX_RANGE_BYTES = 32 << 20
-MAX_CARRY_BYTES = 64 << 20
 
 
 class PreparationError(DponeError):
@@ -291,9 +288,7 @@ def _engine_spool(
     reference, which reports it at its record and column.
     """
     work = session.work_dir
-    chunk_bytes = engine_conversion.range_bytes(
-        receipt.artifact_size, session.workers, MIN_RANGE_BYTES, MAX_RANGE_BYTES
-    )
+    chunk_bytes = engine_conversion.range_bytes(receipt.artifact_size, session.workers)
     source_digest = hashlib.sha256()
     size = records = written = rows_total = submitted = joined = 0
     counts: dict[int, int] = {}
@@ -337,10 +332,12 @@ def _engine_spool(
             records += counts[submitted]
             if budget.max_rows is not None and records > budget.max_rows:
                 return None
-            session.submit(submitted, engine_conversion.range_statements(
-                plans, chunk_path.absolute(), (work / f"out-{submitted}").absolute(),
-                budget.max_record_bytes,
-            ))  # fmt: skip
+            # The canonical query first; the tiered one decides a range it refuses.
+            statements = partial(
+                engine_conversion.range_statements, plans, chunk_path.absolute(),
+                (work / f"out-{submitted}").absolute(), budget.max_record_bytes,
+            )  # fmt: skip
+            session.submit(submitted, statements(canonical=True), fallback=statements())
             submitted += 1
             while submitted - joined > session.workers:
                 if not collect():
