@@ -109,7 +109,8 @@ def test_a_command_that_fails_early_leaves_no_engine_behind(
     # stops at once must still end it and remove its directory.
     done = subprocess.run(
         [sys.executable, "-m", "dpone", *args], cwd=tmp_path, capture_output=True, text=True,
-        env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=120, check=False,
+        env={**os.environ, "TMPDIR": str(tmp_path), engine_child.SCRATCH_ENV: str(tmp_path)},
+        timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode != 0 and json.loads(done.stdout)["ok"] is False
     assert not list(tmp_path.glob("dpone-engine-*"))
@@ -149,7 +150,8 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_an_early_engine_whose_parent_is_killed_removes_its_directory(tmp_path: Path) -> None:
     parent = subprocess.run(
         [sys.executable, "-c", _KILLED_WITH_EARLY_ENGINE], capture_output=True, text=True,
-        env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=120, check=False,
+        env={**os.environ, "TMPDIR": str(tmp_path), engine_child.SCRATCH_ENV: str(tmp_path)},
+        timeout=120, check=False,
     )  # fmt: skip
     assert parent.returncode == -9, parent.stderr
     pid, home = parent.stdout.split()
@@ -177,3 +179,32 @@ def test_a_refused_job_runs_its_fallback_and_only_the_fallback_answers(tmp_path:
         session.submit(3, ["SELECT throwIf(1, 'broken')"], fallback=["SELECT 3"])
         with pytest.raises(EngineUnavailable, match="broken"):
             session.next_result(_within(60))
+
+
+def test_a_session_without_a_directory_works_in_a_home_of_its_own_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scratch = tmp_path / "shm"
+    scratch.mkdir()
+    monkeypatch.delenv(engine_child.SCRATCH_ENV, raising=False)
+    monkeypatch.setattr(engine_child, "MEMORY_SCRATCH", str(scratch))
+    monkeypatch.setattr(engine_child, "MEMORY_SCRATCH_MIN_FREE", 1)
+    with EngineSession(workers=1) as session:
+        home = session.work_dir
+        assert home.parent == scratch and stat.S_IMODE(home.stat().st_mode) == 0o700
+        (home / "in-0").write_text("a\tb\n")
+        session.submit(
+            0, [f"SELECT count() FROM file({quote_literal(str(home / 'in-0'))}, 'LineAsString')"]
+        )
+        assert session.next_result(_within(60)) == (0, "1\n")
+    assert not home.exists()
+    monkeypatch.setenv(engine_child.SCRATCH_ENV, str(tmp_path))
+    assert engine_child.scratch_root() == str(tmp_path)  # the user's choice first
+    monkeypatch.delenv(engine_child.SCRATCH_ENV)
+    # Too little free there, or no such directory: the temporary directory instead.
+    monkeypatch.setattr(engine_child, "MEMORY_SCRATCH_MIN_FREE", 1 << 62)
+    assert engine_child.scratch_root() is None
+    monkeypatch.setattr(engine_child, "MEMORY_SCRATCH_MIN_FREE", 1)
+    assert engine_child.scratch_root() == str(scratch)
+    monkeypatch.setattr(engine_child, "MEMORY_SCRATCH", str(tmp_path / "missing"))
+    assert engine_child.scratch_root() is None

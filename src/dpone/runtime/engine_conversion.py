@@ -440,16 +440,24 @@ class EngineSession:
     """
 
     def __init__(
-        self, work_dir: Path, *, workers: int | None = None, python: str | None = None
-    ) -> None:
-        self.work_dir = work_dir
+        self, work_dir: Path | None = None, *, workers: int | None = None,
+        python: str | None = None,
+    ) -> None:  # fmt: skip
+        """``work_dir``: where the child runs and the caller's range files go; by
+        default the child's own home (see :func:`dpone.runtime.engine_child.start_at_home`),
+        removed when the session closes."""
         self.workers = workers or engine_child.default_workers()
         child = engine_child.take_early(self.workers, python)
-        if child is None:
-            try:
+        try:
+            if child is None and work_dir is not None:
                 child = engine_child.start(self.workers, work_dir, python=python)
-            except OSError as exc:
-                raise EngineUnavailable(f"the engine could not start: {exc}") from exc
+            elif child is None:
+                child = engine_child.start_at_home(self.workers, python=python)
+        except OSError as exc:
+            raise EngineUnavailable(f"the engine could not start: {exc}") from exc
+        home = work_dir or child.home
+        assert home is not None  # a child started here without work_dir has a home
+        self.work_dir = home
         self._child = child
         self._process = child.process
         self._ready = False
@@ -661,10 +669,7 @@ def convert_with_engine(
     (:class:`dpone.contracts.preparation.RowsDigest`) from the bytes on disk.
     """
     deadline = time.monotonic() + timeout
-    with (
-        tempfile.TemporaryDirectory(prefix="dpone-engine-") as work,
-        EngineSession(Path(work), workers=1, python=python) as session,
-    ):
+    with EngineSession(workers=1, python=python) as session:
         # Absolute paths: the child runs in an empty directory of its own.
         statements = partial(range_statements, plans, source.absolute(), out.absolute())
         session.submit(0, statements(canonical=True), fallback=statements())

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -116,10 +115,8 @@ def _engine_check(
     digest = hashlib.sha256()
     size = records = submitted = finished = 0
     try:
-        with (
-            tempfile.TemporaryDirectory(prefix="dpone-validate-") as work,
-            EngineSession(Path(work)) as session,
-        ):
+        with EngineSession() as session:
+            work = session.work_dir  # the engine's own home, which it removes
             counts: dict[int, int] = {}
 
             def collect() -> bool:
@@ -127,7 +124,7 @@ def _engine_check(
                 job, answer = session.next_result(lambda: False)
                 if answer is None or int(answer) != counts.pop(job):
                     return False
-                (Path(work) / f"in-{job}").unlink()
+                (work / f"in-{job}").unlink()
                 finished += 1
                 return True
 
@@ -135,7 +132,7 @@ def _engine_check(
             chunk_bytes = range_bytes(total, session.workers)
             ranges = RecordRanges(stream, chunk_bytes, max_record_bytes or MAX_CARRY_BYTES)
             for data, end in ranges:
-                chunk = Path(work) / f"in-{submitted}"
+                chunk = work / f"in-{submitted}"
                 counts[submitted] = spill_range(chunk, data, end, digest)
                 del data
                 size += end

@@ -120,10 +120,9 @@ def prepare_rowbinary(
     session = None
     try:
         if mode == MODE_ENGINE:
-            # Start the engine first: it loads while the source is verified.
-            work = directory / "engine"
-            work.mkdir(mode=0o700)
-            session = EngineSession(work)
+            # Start the engine first: it loads while the source is verified. Ranges
+            # pass through its home, which it removes.
+            session = EngineSession()
         artifact = held or HeldArtifact(source, receipt)
     except BaseException:
         if session is not None:
@@ -154,7 +153,6 @@ def prepare_rowbinary(
                 raise
             finally:
                 session.close()
-                shutil.rmtree(session.work_dir, ignore_errors=True)
             if engine_result is None:
                 path.unlink(missing_ok=True)
         if engine_result is None:
@@ -375,9 +373,14 @@ class _Declined(Exception):
 
 
 def _copy_all(source: int, target: int) -> int:
-    """Append all of ``source`` to ``target`` inside the kernel; the bytes copied."""
+    """Append all of ``source`` to ``target`` inside the kernel; the bytes copied.
+
+    ``sendfile``, not ``copy_file_range``: the part is on the engine's file system
+    (often tmpfs), the spool on the work directory's, and the latter refuses a copy
+    across file systems (EXDEV).
+    """
     total = 0
-    while copied := os.copy_file_range(source, target, 1 << 30):
+    while copied := os.sendfile(target, source, None, 1 << 30):
         total += copied
     return total
 
