@@ -447,6 +447,10 @@ class EngineSession:
         default the child's own home (see :func:`dpone.runtime.engine_child.start_at_home`),
         removed when the session closes."""
         self.workers = workers or engine_child.default_workers()
+        # Jobs a caller keeps submitted ahead: two per worker, so a worker that
+        # finishes takes the next range at once instead of waiting for it to be
+        # read and spilled (measured: one worker idle ~0.2 s per range at 1 + workers).
+        self.in_flight = 2 * self.workers
         child = engine_child.take_early(self.workers, python)
         try:
             if child is None and work_dir is not None:

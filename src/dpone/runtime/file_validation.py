@@ -146,7 +146,7 @@ def _engine_check(
                     fallback=[check_sql(plans, chunk, max_record_bytes)],
                 )
                 submitted += 1
-                while submitted - finished > session.workers:
+                while submitted - finished > session.in_flight:
                     if not collect():
                         return None
             if ranges.too_long or ranges.trailing:

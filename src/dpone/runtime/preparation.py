@@ -337,7 +337,7 @@ def _engine_spool(
             )  # fmt: skip
             session.submit(submitted, statements(canonical=True), fallback=statements())
             submitted += 1
-            while submitted - joined > session.workers:
+            while submitted - joined > session.in_flight:
                 if not collect():
                     return None
             _check_deadline(budget, deadline, f"engine conversion (record {records})")
