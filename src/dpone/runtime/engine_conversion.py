@@ -49,7 +49,7 @@ POLL_SECONDS = 0.05
 _READ_SETTING = "storage_file_read_method = 'pread'"
 # The bounds of a range's length (see range_bytes).
 MIN_RANGE_BYTES = 1 << 20
-MAX_RANGE_BYTES = 32 << 20
+MAX_RANGE_BYTES = 24 << 20
 # A record with no LF within this many bytes (or the record budget) is handed over.
 MAX_CARRY_BYTES = 64 << 20
 
@@ -603,10 +603,13 @@ class RecordRanges:
 def range_bytes(total: int, workers: int) -> int:
     """How long the ranges of a ``total``-byte file are: two per worker, within bounds.
 
-    Each range costs the engine a fixed ~55 ms to plan its conversion (measured on a
-    1M-row file: 17 ranges of 8 MiB took 2.5 s on two workers, 4 ranges 1.9 s), so
-    ranges are as long as :data:`MAX_RANGE_BYTES` allows; the bound keeps memory and
-    disk flat. The bounds are read at each call, so a test can make ranges tiny.
+    Each range costs the engine a fixed ~27 ms to plan its canonical conversion
+    (~57 ms the tiered one; measured on a 1M-row file: 17 ranges of 8 MiB took 2.5 s
+    on two workers, 4 ranges 1.9 s), so ranges are as long as :data:`MAX_RANGE_BYTES`
+    allows; the bound keeps memory and scratch space flat (a worker's memory grows
+    with its range: about 38 MB more at 32 MiB than at 8 MiB, and the tree's 10M-row
+    peak reached 519 MiB at 32 MiB). The bounds are read at each call, so a test can
+    make ranges tiny.
     """
     return min(MAX_RANGE_BYTES, max(MIN_RANGE_BYTES, -(-total // (2 * workers))))
 
