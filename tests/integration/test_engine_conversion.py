@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from dpone.runtime.conversion import ValueNotRepresentable, convert_records
 from dpone.runtime.engine_conversion import (
     MODE_ENGINE,
     EngineUnavailable,
+    canonical_expressions,
     conversion_sql,
     convert_with_engine,
     fast_expressions,
@@ -105,7 +108,7 @@ def test_text_the_canonical_query_refuses_is_converted_by_the_tiered_one(tmp_pat
                           SourceColumn("u", "uniqueidentifier", True)])  # fmt: skip
     canonical = b"1.50\tab\t6f9619ff-8b86-d011-b42d-00c04fc964ff\n"
     for other in (
-        b"1.5\t\t\n",
+        b"1.500\t\t\n",
         b"\tAB\t\n",
         b"\tab cd\t\n",
         b"\t\t6F9619FF-8B86-D011-B42D-00C04FC964FF\n",
@@ -126,7 +129,10 @@ def test_text_the_canonical_query_refuses_is_converted_by_the_tiered_one(tmp_pat
     assert (tmp_path / "c.rb").read_bytes() == (tmp_path / "t.rb").read_bytes() != b""
 
 
-def acceptance(cases: list[tuple[str, bool, bytes]]) -> list[bool]:
+def acceptance(
+    cases: list[tuple[str, bool, bytes]],
+    expressions: Callable[[ColumnPlan, str], tuple[str, str]] = tiered_expressions,
+) -> list[bool]:
     """The engine's verdict on single fields, in one engine run."""
     selects: list[str] = []
     for source_type, nullable, field in cases:
@@ -136,10 +142,15 @@ def acceptance(cases: list[tuple[str, bool, bytes]]) -> list[bool]:
             if _utf8(field)
             else f"unhex('{field.hex()}')"
         )
-        ok, _ = tiered_expressions(plan, literal)
+        ok, _ = expressions(plan, literal)
         not_null = f"({literal} = '' OR ({ok}))" if nullable else f"({literal} != '' AND ({ok}))"
         selects.append(f"SELECT {len(selects)} AS i, toUInt8({not_null}) AS ok")
-    out = run_engine_query(f"SELECT ok FROM ({' UNION ALL '.join(selects)}) ORDER BY i")
+    out = run_engine_query(
+        f"SELECT ok FROM ({' UNION ALL '.join(selects)}) ORDER BY i "
+        # As the conversion parses floats; and room for thousands of checks at once.
+        "SETTINGS precise_float_parsing = 1, max_ast_elements = 10000000, "
+        "max_expanded_ast_elements = 10000000, query_plan_max_optimizations_to_apply = 1000000"
+    )
     return [line == b"1" for line in out.splitlines()]
 
 
@@ -181,9 +192,29 @@ def test_refusals_agree_with_the_reference() -> None:
         assert engine_ok == python_ok, (source_type, nullable, field)
 
 
+def test_the_canonical_query_accepts_only_what_the_reference_accepts() -> None:
+    cases: list[tuple[str, bool, bytes]] = []
+    for source_type, text, _ in [*REFUSED, *tp.EXACT]:
+        cases += [(source_type, False, text.encode()), (source_type, True, text.encode())]
+    for source_type, field in EXTRA_FIELDS:
+        cases += [(source_type, False, field), (source_type, True, field)]
+    for source_type in FAST_TIER_TYPES:
+        cases += [(source_type, True, text.encode()) for text in FAST_TIER_FIELDS]
+    accepted = 0
+    for (source_type, nullable, field), ok in zip(
+        cases, acceptance(cases, canonical_expressions), strict=True
+    ):
+        if ok:
+            accepted += 1
+            plans = (plan_column(SourceColumn("c", source_type, nullable)),)
+            assert reference(plans, field + b"\n") is not None, (source_type, nullable, field)
+    assert accepted >= 100, accepted  # not vacuous: canonical text passes
+
+
 FAST_TIER_TYPES = [
     "bit", "date", "datetime", "datetime2(0)", "datetime2(3)", "datetime2(7)", "smalldatetime",
     "decimal(5, 2)", "decimal(18, 4)", "decimal(38, 10)", "decimal(4, 4)", "money", "float",
+    "decimal(9, 0)", "decimal(10, 0)", "decimal(38, 0)", "decimal(9, 2)", "decimal(10, 2)",
     "uniqueidentifier", "varbinary(64)",
 ]  # fmt: skip
 FAST_TIER_FIELDS = [
@@ -201,6 +232,10 @@ FAST_TIER_FIELDS = [
     "00", "ff", "0a1b", "0A1B", "0a1B", "abc", "a", "ab cd", "ab\rcd", "ab\x0bcd", "zz", "0g", "g0",
     "\x1dE", "\x1dEab", "ab\x1dE", "\x00\x00", "ab\x00",
     "{6f9619ff-8b86-d011-b42d-00c04fc964ff}", "6f9619ff8b86d011b42d00c04fc964ff",
+    "1.", ".5", "-.50", "--1.50", "1.2.3", "-0", "-0.0", "-0.5", "1.500", "1.505", "2147483648",
+    "-2147483648", "4294967296", "9223372036854775808", "99999999999.99", "0x10", "1.0", "12",
+    "100.0", "100.00", "1.5e+300", "1.5e300", "1.0e+300", "0.1.0", "1e+22", "1e+16", "1e-05",
+    "1e+", "1e+-5", "inf.0", "nan.0", "1234567.5", "12345678.5", "9999999.99", "-9999999.99",
 ]  # fmt: skip
 
 
@@ -594,3 +629,63 @@ def test_a_record_longer_than_the_engine_holds_is_left_to_the_reference(
     fast = prepare_rowbinary(path, receipt, tmp_path / "b", mode=MODE_ENGINE)
     assert fast.path.read_bytes() == python.path.read_bytes()
     assert fast.identity == python.identity and fast.identity.prepared_rows == 3
+
+
+def test_a_non_canonical_range_among_canonical_ones_gives_the_reference_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dpone.contracts.schema import SourceSchema
+    from dpone.runtime import file_validation
+
+    schema = SourceSchema.of([SourceColumn("d", "decimal(10, 2)", True), SourceColumn("f", "float", True),
+                              SourceColumn("b", "varbinary(8)", True)])  # fmt: skip
+    plans = plan_columns(schema.columns)
+    rows = [[f"{i}.25", repr(i + 0.5), bytes([i % 256])] for i in range(200)]
+    rows[97] = ["1.5", "100.0", b""]  # plain decimal, whole float, empty binary: canonical still
+    data = encode_rows(plans, rows)
+    odd = data.replace(b"\t0a\n", b"\t0A\n", 1)  # capital hex: only the tiered query
+    assert odd != data
+    for content in (data, odd):
+        path = tmp_path / "in.tsv"
+        path.write_bytes(content)
+        receipt = validate_file(path, schema, mode=MODE_PYTHON)
+        _tiny_ranges(monkeypatch, 300)  # about 20 ranges, both workers busy
+        python = prepare_rowbinary(path, receipt, tmp_path / "a")
+        fast = prepare_rowbinary(path, receipt, tmp_path / "b", mode=MODE_ENGINE)
+        assert fast.path.read_bytes() == python.path.read_bytes()
+        assert fast.identity == python.identity
+
+        def no_reference(*args: object, **kwargs: object) -> int:
+            raise AssertionError("the engine path handed a valid file to the reference")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(file_validation, "convert_records", no_reference)
+            assert file_validation.validate_file(path, schema) == receipt
+        for spool in (python, fast):
+            spool.path.chmod(0o600)
+            shutil.rmtree(spool.path.parent)
+
+
+def test_a_full_scratch_is_a_coded_engine_error_and_validation_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hashlib
+
+    from dpone.contracts.schema import SourceSchema
+    from dpone.runtime import engine_conversion, file_validation
+
+    with pytest.raises(EngineUnavailable) as caught:
+        engine_conversion.spill_range(tmp_path / "gone" / "in-0", b"1\n", 2, hashlib.sha256())
+    assert caught.value.code == "engine_scratch"
+    assert "DPONE_ENGINE_SCRATCH" in str(caught.value) and str(tmp_path / "gone") in str(
+        caught.value
+    )
+
+    def full(*args: object, **kwargs: object) -> int:
+        raise EngineUnavailable("no room", code="engine_scratch")
+
+    schema = SourceSchema.of([SourceColumn("id", "int", False)])
+    path = tmp_path / "in.tsv"
+    path.write_bytes(b"1\n2\n")
+    monkeypatch.setattr(file_validation, "spill_range", full)
+    assert file_validation.validate_file(path, schema).rows_validated == 2  # the reference

@@ -208,3 +208,51 @@ def test_a_session_without_a_directory_works_in_a_home_of_its_own_in_memory(
     assert engine_child.scratch_root() == str(scratch)
     monkeypatch.setattr(engine_child, "MEMORY_SCRATCH", str(tmp_path / "missing"))
     assert engine_child.scratch_root() is None
+
+
+def test_a_scratch_directory_the_user_names_is_used_as_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(engine_child.SCRATCH_ENV, "rel")
+    (tmp_path / "rel").mkdir()
+    with EngineSession(workers=1) as session:
+        assert session.work_dir.is_absolute() and session.work_dir.parent == tmp_path / "rel"
+    # Unusable: the engine does not start, and says why (no silent other place).
+    monkeypatch.setenv(engine_child.SCRATCH_ENV, str(tmp_path / "missing"))
+    with pytest.raises(EngineUnavailable, match="could not start"):
+        EngineSession(workers=1)
+    assert not (tmp_path / "missing").exists()
+
+
+_BOTH_KILLED = """
+import os, signal
+from dpone.runtime import engine_child
+child = engine_child.start_at_home(1)
+print(child.home, flush=True)
+os.kill(child.process.pid, signal.SIGKILL)
+child.process.wait()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_home_left_by_an_engine_killed_with_its_parent_is_swept(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _BOTH_KILLED], capture_output=True, text=True, timeout=120,
+        env={**os.environ, engine_child.SCRATCH_ENV: str(tmp_path)}, check=False,
+    )  # fmt: skip
+    assert done.returncode == -9, done.stderr
+    left = Path(done.stdout.strip())
+    assert left.parent == tmp_path and (left / engine_child.OWNER_MARK).is_file()
+    # A live owner's home and a home without a mark (being made) are not touched.
+    live = tmp_path / "dpone-engine-live"
+    live.mkdir()
+    me = engine_child._started(os.getpid())
+    (live / engine_child.OWNER_MARK).write_text(f"{os.getpid()} {me}")
+    unmarked = tmp_path / "dpone-engine-new"
+    unmarked.mkdir()
+    assert engine_child.sweep_stale_homes(str(tmp_path)) == [left]
+    assert not left.exists() and live.is_dir() and unmarked.is_dir()
+    # Same pid, another start time: a reused pid, so the home's engine is gone.
+    (live / engine_child.OWNER_MARK).write_text(f"{os.getpid()} 1")
+    assert engine_child.sweep_stale_homes(str(tmp_path)) == [live]

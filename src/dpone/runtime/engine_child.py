@@ -30,6 +30,8 @@ MAX_WORKERS = 4
 MEMORY_SCRATCH = "/dev/shm"  # noqa: S108 - only a parent for mkdtemp (0700, unique)
 MEMORY_SCRATCH_MIN_FREE = 1 << 30
 SCRATCH_ENV = "DPONE_ENGINE_SCRATCH"
+# In each home: "<pid> <start time>" of the engine child that owns it.
+OWNER_MARK = "owner"
 
 # One engine for a whole preparation: reads jobs (JSON lines: an id and statements) on
 # stdin, runs them on argv[1] worker threads and answers one JSON line per job on
@@ -144,28 +146,73 @@ def start(workers: int, cwd: Path, *, python: str | None = None, home: bool = Fa
 
 
 def scratch_root() -> str | None:
-    """Where engine homes are made: ``$DPONE_ENGINE_SCRATCH``, else
-    :data:`MEMORY_SCRATCH`, if it is a writable directory with
-    :data:`MEMORY_SCRATCH_MIN_FREE` bytes free; else None (the temporary directory)."""
-    root = os.environ.get(SCRATCH_ENV) or MEMORY_SCRATCH
+    """Where engine homes are made: ``$DPONE_ENGINE_SCRATCH`` if set (as given: if it
+    is unusable the engine does not start, and says so), else :data:`MEMORY_SCRATCH`
+    if it is a writable directory with :data:`MEMORY_SCRATCH_MIN_FREE` bytes free,
+    else None (the temporary directory)."""
+    chosen = os.environ.get(SCRATCH_ENV)
+    if chosen:
+        return os.path.abspath(chosen)
     try:
-        free = os.statvfs(root)
+        free = os.statvfs(MEMORY_SCRATCH)
     except OSError:
         return None
     roomy = free.f_bavail * free.f_frsize >= MEMORY_SCRATCH_MIN_FREE
-    return root if roomy and os.access(root, os.W_OK | os.X_OK) else None
+    return MEMORY_SCRATCH if roomy and os.access(MEMORY_SCRATCH, os.W_OK | os.X_OK) else None
+
+
+def _started(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot), or None if none runs."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def sweep_stale_homes(root: str | None) -> list[Path]:
+    """Remove the homes under ``root`` whose engine is gone (killed with its parent, so
+    nobody removed them): they hold copies of source data. Only this user's homes
+    with an owner mark are touched, and only when that exact process (pid and start
+    time) no longer runs. The homes removed."""
+    base = Path(root or tempfile.gettempdir())
+    removed = []
+    for home in base.glob("dpone-engine-*"):
+        try:
+            if home.stat().st_uid != os.getuid():
+                continue
+            pid, started = (home / OWNER_MARK).read_text().split()
+        except (OSError, ValueError):
+            continue  # no mark (yet): not ours to judge
+        if _started(int(pid)) != started:
+            shutil.rmtree(home, ignore_errors=True)
+            removed.append(home)
+    return removed
 
 
 def start_at_home(workers: int, *, python: str | None = None) -> EngineChild:
     """Start an engine child in a new private directory of its own (0700, under
     :func:`scratch_root`), removed when it ends, or by the child if its parent dies
-    first. Raises ``OSError``."""
-    home = Path(tempfile.mkdtemp(prefix="dpone-engine-", dir=scratch_root()))
+    first, or by a later engine's sweep if both were killed. Raises ``OSError``."""
+    root = scratch_root()
+    sweep_stale_homes(root)
+    home = Path(tempfile.mkdtemp(prefix="dpone-engine-", dir=root)).absolute()
     try:
-        return start(workers, home, python=python, home=True)
+        child = start(workers, home, python=python, home=True)
     except BaseException:
         shutil.rmtree(home, ignore_errors=True)
         raise
+    try:
+        # Which process owns the home, for the sweep above: written after the start,
+        # so a home without it is one being made (the sweep leaves it alone).
+        started = _started(child.process.pid)
+        mark = home / f"{OWNER_MARK}.new"
+        mark.write_text(f"{child.process.pid} {started}")
+        mark.replace(home / OWNER_MARK)
+    except BaseException:
+        child.end()
+        raise
+    return child
 
 
 _early: EngineChild | None = None

@@ -41,6 +41,7 @@ MODE_ENGINE = "engine-chdb"
 MARK = "\x1d"
 # The engine's only accepted way to refuse: anything else means it could not run.
 REFUSAL = "dpone: value refused by the policy"
+_THROW_IF_FIRED = "FUNCTION_THROW_IF_VALUE_IS_NON_ZERO"  # the engine's name for code 395
 # Rows per block of the engine's conversion.
 BLOCK_ROWS = 8192
 # How often a wait for the engine asks whether its deadline has passed.
@@ -231,21 +232,37 @@ def fast_expressions(plan: ColumnPlan, f: str) -> tuple[str, str | None] | None:
         if precision == scale:
             return None  # the whole part must be exactly '0': left to the full tier
         width = _decimal_width(precision)
-        # The digits without the point, read as an integer, are the scaled value the
-        # field means if the field is that integer's decimal rendering; any other text
-        # (a failed read gives 0) renders differently. An integer read is far cheaper
-        # than the engine's decimal parsing.
-        scaled = f"toInt{width}OrZero(replaceOne({f}, '.', ''))"
-        rendered = f"toDecimalString(reinterpret({scaled}, 'Decimal{width}({scale})'), {scale})"
-        digits = f"length({f}) - startsWith({f}, '-') - {scale + (scale > 0)}"
-        return f"{rendered} = {f} AND {digits} <= {precision - scale}", scaled
-    if fam == "float" and p[0] == 64:
-        # Shortest round-trip rendering: equal text means the parse was exact.
-        v = f"toFloat64OrNull({f})"
-        return (
-            f"ifNull(toString({v}) = {f}, 0) AND isFinite(assumeNotNull({v}))",
-            f"assumeNotNull({v})",
+        # The field with its fractional digits padded to the scale ('1' and '1.5' are
+        # '1.50' at scale 2: exporters write plain decimals, and the full tier takes
+        # them with that value). Its digits without the point, read as an integer, are
+        # the scaled value the field means if the padded field is that integer's
+        # decimal rendering; any other text (a failed read gives 0) renders
+        # differently. An integer read is far cheaper than the engine's decimal parse.
+        dot = f"position({f}, '.')"
+        padded = (
+            f"if({dot} = 0, concat({f}, '.{'0' * scale}'), "
+            f"concat({f}, repeat('0', toUInt64(greatest({scale} - (length({f}) - {dot}), 0)))))"
+            if scale
+            else f
         )
+        scaled = f"toInt{width}OrZero(replaceOne({padded}, '.', ''))"
+        rendered = f"toDecimalString(reinterpret({scaled}, 'Decimal{width}({scale})'), {scale})"
+        digits = f"length({padded}) - startsWith({f}, '-') - {scale + (scale > 0)}"
+        # A point must have digits after it ('1.' is not a decimal).
+        return (
+            f"NOT endsWith({f}, '.') AND {rendered} = {padded} AND {digits} <= {precision - scale}",
+            scaled,
+        )
+    if fam == "float" and p[0] == 64:
+        # Shortest round-trip rendering: equal text means the parse was exact. Python's
+        # repr (what exporters write) differs from it in two common ways, both taken:
+        # a whole number ends in '.0' ('100.0' for '100'), and an exponent has a sign
+        # ('1.5e+300' for '1.5e300').
+        v = f"toFloat64OrNull({f})"
+        r = f"toString({v})"
+        whole = f"position({r}, '.') = 0 AND position({r}, 'e') = 0"
+        same = f"({r} = {f} OR {r} = replaceOne({f}, 'e+', 'e') OR ({whole} AND concat({r}, '.0') = {f}))"
+        return f"ifNull({same}, 0) AND isFinite(assumeNotNull({v}))", f"assumeNotNull({v})"
     if fam == "date":
         v = f"toDate32OrNull({f})"
         in_range = f"{f} >= '1900-01-01' AND {f} <= '2299-12-31'"
@@ -443,9 +460,10 @@ class EngineSession:
         self, work_dir: Path | None = None, *, workers: int | None = None,
         python: str | None = None,
     ) -> None:  # fmt: skip
-        """``work_dir``: where the child runs and the caller's range files go; by
-        default the child's own home (see :func:`dpone.runtime.engine_child.start_at_home`),
-        removed when the session closes."""
+        """``work_dir``: where the caller's range files go, and where a child started
+        here runs; by default the child's own home (see
+        :func:`dpone.runtime.engine_child.start_at_home`), removed when the session
+        closes."""
         self.workers = workers or engine_child.default_workers()
         # Jobs a caller keeps submitted ahead: two per worker, so a worker that
         # finishes takes the next range at once instead of waiting for it to be
@@ -474,7 +492,9 @@ class EngineSession:
         If the policy refuses in ``statements`` and a ``fallback`` is given, the job
         runs again as ``fallback``, and only the fallback's answer is the job's.
         """
-        if fallback is not None:
+        if fallback is None:
+            self._fallbacks.pop(job, None)
+        else:
             self._fallbacks[job] = fallback
         self._send(job, statements)
 
@@ -500,7 +520,7 @@ class EngineSession:
                 continue
             fallback = self._fallbacks.pop(answer["id"], None)
             if "error" in answer:
-                if REFUSAL in answer["error"]:
+                if _refused(answer["error"]):
                     if fallback is not None:
                         self._send(answer["id"], fallback)
                         continue
@@ -546,6 +566,13 @@ class EngineSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _refused(error: str) -> bool:
+    """Whether the engine's ``error`` is the policy's refusal: our throwIf fired. Any
+    other failure (a memory limit, say) may quote the refusal text in the expression
+    it names, but carries its own error code."""
+    return REFUSAL in error and _THROW_IF_FIRED in error
 
 
 class ReadsInto(Protocol):
@@ -626,6 +653,14 @@ def spill_range(path: Path, data: bytes | bytearray, end: int, digest: Any) -> i
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         with open(fd, "wb") as out:
             out.write(piece)
+    except OSError as exc:
+        # The engine's scratch (often tmpfs, shared with other programs) is full or
+        # gone: the engine cannot go on, and the caller decides what that means.
+        raise EngineUnavailable(
+            f"cannot write a range to the engine's scratch directory {path.parent}: "
+            f"{exc.strerror or exc}; set {engine_child.SCRATCH_ENV} to a directory with room",
+            code="engine_scratch", path=str(path.parent),
+        ) from exc  # fmt: skip
     finally:
         piece.release()
     return data.count(b"\n", 0, end)

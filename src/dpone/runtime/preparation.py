@@ -278,7 +278,7 @@ def _engine_spool(
     The source is read once, through the held descriptor, in ranges that end at a
     record boundary; every range is hashed in order before the engine sees it, so the
     bytes converted are provably the receipt's. Each range becomes a private file
-    (0600, in the 0700 spool directory) that one engine worker converts into a part of
+    (0600, in the engine's private 0700 home) that one engine worker converts into a part of
     the spool and reads back for its row count and rows digest; at most a few ranges
     are in flight, so disk and memory stay flat whatever the file's size. Parts are
     joined in order. Any refusal or budget the engine cannot name exactly (a missing
