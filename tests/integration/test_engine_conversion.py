@@ -147,8 +147,10 @@ def acceptance(
         selects.append(f"SELECT {len(selects)} AS i, toUInt8({not_null}) AS ok")
     out = run_engine_query(
         f"SELECT ok FROM ({' UNION ALL '.join(selects)}) ORDER BY i "
-        # As the conversion parses floats; and room for thousands of checks at once.
-        "SETTINGS precise_float_parsing = 1, max_ast_elements = 10000000, "
+        # As the conversion parses floats; every check on every value, as validation's
+        # eager canonical checks (none may throw); room for thousands of checks at once.
+        "SETTINGS precise_float_parsing = 1, short_circuit_function_evaluation = 'disable', "
+        "max_ast_elements = 10000000, "
         "max_expanded_ast_elements = 10000000, query_plan_max_optimizations_to_apply = 1000000"
     )
     return [line == b"1" for line in out.splitlines()]
