@@ -24,7 +24,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -700,6 +699,26 @@ def range_statements(plans: tuple[ColumnPlan, ...], source: Path, out: Path,
     ]
 
 
+def conversion_job(plans: tuple[ColumnPlan, ...], source: Path, out: Path,
+                   max_record_bytes: int | None = None) -> tuple[list[str], list[str]]:  # fmt: skip
+    """A range's job for :meth:`EngineSession.submit`: the canonical conversion (and
+    digest) first, the tiered one as its fallback, which alone decides a refusal."""
+    return (
+        range_statements(plans, source, out, max_record_bytes, canonical=True),
+        range_statements(plans, source, out, max_record_bytes),
+    )
+
+
+def check_job(plans: tuple[ColumnPlan, ...], source: Path,
+              max_record_bytes: int | None = None) -> tuple[list[str], list[str]]:  # fmt: skip
+    """A range's job for :meth:`EngineSession.submit` in validation: the canonical
+    checks first, the tiered ones as their fallback."""
+    return (
+        [check_sql(plans, source, max_record_bytes, canonical=True)],
+        [check_sql(plans, source, max_record_bytes)],
+    )
+
+
 def parse_digest(out: str) -> EngineSpool:
     """The engine's answer to :func:`digest_sql`."""
     answer = _DIGEST_LINE.fullmatch(out)
@@ -726,7 +745,6 @@ def convert_with_engine(
     deadline = time.monotonic() + timeout
     with EngineSession(workers=1, python=python) as session:
         # Absolute paths: the child runs in an empty directory of its own.
-        statements = partial(range_statements, plans, source.absolute(), out.absolute())
-        session.submit(0, statements(canonical=True), fallback=statements())
+        session.submit(0, *conversion_job(plans, source.absolute(), out.absolute()))
         _, answer = session.next_result(lambda: time.monotonic() >= deadline)
     return None if answer is None else parse_digest(answer)

@@ -29,7 +29,7 @@ from dpone.runtime.engine_conversion import (
     EngineSession,
     EngineUnavailable,
     RecordRanges,
-    check_sql,
+    check_job,
     range_bytes,
     spill_range,
 )
@@ -139,12 +139,7 @@ def _engine_check(
                 records += counts[submitted]
                 if max_records is not None and records > max_records:
                     return None
-                # The canonical checks first; the tiered ones decide a range they refuse.
-                session.submit(
-                    submitted,
-                    [check_sql(plans, chunk, max_record_bytes, canonical=True)],
-                    fallback=[check_sql(plans, chunk, max_record_bytes)],
-                )
+                session.submit(submitted, *check_job(plans, chunk, max_record_bytes))
                 submitted += 1
                 while submitted - finished > session.in_flight:
                     if not collect():

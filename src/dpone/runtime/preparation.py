@@ -15,7 +15,6 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 from dpone.connectors.bulk_text_codec import BulkTextError, BulkTextReader
@@ -330,12 +329,10 @@ def _engine_spool(
             records += counts[submitted]
             if budget.max_rows is not None and records > budget.max_rows:
                 return None
-            # The canonical query first; the tiered one decides a range it refuses.
-            statements = partial(
-                engine_conversion.range_statements, plans, chunk_path.absolute(),
-                (work / f"out-{submitted}").absolute(), budget.max_record_bytes,
-            )  # fmt: skip
-            session.submit(submitted, statements(canonical=True), fallback=statements())
+            session.submit(submitted, *engine_conversion.conversion_job(
+                plans, chunk_path.absolute(), (work / f"out-{submitted}").absolute(),
+                budget.max_record_bytes,
+            ))  # fmt: skip
             submitted += 1
             while submitted - joined > session.in_flight:
                 if not collect():
