@@ -175,3 +175,30 @@ def test_out_dot_slash_dash_writes_a_file_named_dash(tmp_path: Path) -> None:
     assert (tmp_path / "-.receipt.json").is_file()
     dash = dpone("export", "--source", f"sqlite:{db}", "--table", "t", "--out", "-", cwd=tmp_path)
     assert dash.returncode == 2 and "./- for a file named '-'" in dash.stderr
+
+
+def test_validation_without_the_engine_warns(tmp_path: Path) -> None:
+    """An unusable engine scratch directory leaves validation to the reference: the
+    same receipt, and a warning that says why (text on stderr, JSON in the object)."""
+    data = tmp_path / "f.tsv"
+    data.write_bytes(b"1\t\n2\t3\n")
+    schema = _int_schema(tmp_path)
+    fine = dpone("validate", str(data), "--schema", str(schema), "--json")
+    assert fine.returncode == 0, fine.stderr
+    assert as_json(fine)["warnings"] == []
+    missing = {"DPONE_ENGINE_SCRATCH": str(tmp_path / "missing")}
+    for as_object in (True, False):
+        again = dpone("validate", str(data), "--schema", str(schema), "--force",
+                      *(["--json"] if as_object else []), extra_env=missing)  # fmt: skip
+        assert again.returncode == 0, again.stderr
+        if as_object:
+            (warning,) = as_json(again)["warnings"]
+            assert as_json(again)["receipt_sha256"] == as_json(fine)["receipt_sha256"]
+        else:
+            (warning,) = [line for line in again.stderr.splitlines() if line.startswith("warning:")]
+        assert "DPONE_ENGINE_SCRATCH" in warning and str(tmp_path / "missing") in warning
+        assert "engine_scratch" in warning and "Python reference" in warning
+    verified = dpone("verify", str(data), "--receipt", f"{data}.receipt.json", "--json",
+                     extra_env=missing)  # fmt: skip
+    assert verified.returncode == 0, verified.stderr
+    assert "engine_scratch" in as_json(verified)["warnings"][0]

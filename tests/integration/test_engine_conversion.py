@@ -690,4 +690,7 @@ def test_a_full_scratch_is_a_coded_engine_error_and_validation_falls_back(
     path = tmp_path / "in.tsv"
     path.write_bytes(b"1\n2\n")
     monkeypatch.setattr(file_validation, "spill_range", full)
-    assert file_validation.validate_file(path, schema).rows_validated == 2  # the reference
+    warned: list[str] = []
+    receipt = file_validation.validate_file(path, schema, warn=warned.append)
+    assert receipt.rows_validated == 2  # the reference
+    assert len(warned) == 1 and "Python reference" in warned[0] and "engine_scratch" in warned[0]

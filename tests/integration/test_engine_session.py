@@ -220,8 +220,10 @@ def test_a_scratch_directory_the_user_names_is_used_as_given(
         assert session.work_dir.is_absolute() and session.work_dir.parent == tmp_path / "rel"
     # Unusable: the engine does not start, and says why (no silent other place).
     monkeypatch.setenv(engine_child.SCRATCH_ENV, str(tmp_path / "missing"))
-    with pytest.raises(EngineUnavailable, match="could not start"):
+    with pytest.raises(EngineUnavailable, match="could not start") as caught:
         EngineSession(workers=1)
+    assert caught.value.code == "engine_scratch"
+    assert f"{tmp_path / 'missing'} (from {engine_child.SCRATCH_ENV})" in str(caught.value)
     assert not (tmp_path / "missing").exists()
 
 

@@ -8,7 +8,13 @@ from typing import Any, TypeVar
 
 import click
 
-from dpone.cli.output import TerminalProgress, emit_json, json_option, reported_errors
+from dpone.cli.output import (
+    TerminalProgress,
+    Warnings,
+    emit_json,
+    json_option,
+    reported_errors,
+)
 from dpone.contracts import canonical_json
 from dpone.contracts.receipt import FileReceipt
 from dpone.contracts.schema import SourceSchema
@@ -97,15 +103,17 @@ def validate(
 ) -> None:
     """Validate FILE against a schema and write its receipt (only if it passes)."""
     with reported_errors(as_json):
+        warn = Warnings(as_json)
         target = receipt_out or receipt_path_for(file)
         with atomic_outputs([target], [file, schema_path], force=force) as (stream,):
             schema = load_schema(schema_path)
             receipt = validate_file(
-                file, schema, max_record_bytes=max_record_bytes, max_records=max_records
-            )
+                file, schema, max_record_bytes=max_record_bytes, max_records=max_records,
+                warn=warn,
+            )  # fmt: skip
             stream.write(receipt.to_bytes())
         if as_json:
-            emit_json({"ok": True, "receipt": str(target), **_summary(receipt)})
+            emit_json({"ok": True, "receipt": str(target), **_summary(receipt), **warn.document()})
         else:
             click.echo(f"{file}: {receipt.rows_validated} rows valid; receipt {target}")
 
@@ -123,10 +131,11 @@ def validate(
 def verify(file: Path, receipt_path: Path, as_json: bool) -> None:
     """Check that FILE is exactly the file its receipt describes (bytes and records)."""
     with reported_errors(as_json):
+        warn = Warnings(as_json)
         receipt = load_receipt(receipt_path)
-        verify_file(file, receipt)
+        verify_file(file, receipt, warn=warn)
         if as_json:
-            emit_json({"ok": True, **_summary(receipt)})
+            emit_json({"ok": True, **_summary(receipt), **warn.document()})
         else:
             click.echo(f"{file}: matches its receipt ({receipt.rows_validated} rows)")
 
@@ -150,9 +159,11 @@ def export(
     """Export a table to a bulk text file and its receipt (both appear, or neither)."""
     with reported_errors(as_json):
         progress = TerminalProgress("exported") if TerminalProgress.on_terminal(as_json) else None
+        warn = Warnings(as_json)
         result = export_table(
-            open_source(dsn), table, out, receipt_out=receipt_out, force=force, progress=progress
-        )
+            open_source(dsn), table, out, receipt_out=receipt_out, force=force, progress=progress,
+            warn=warn,
+        )  # fmt: skip
         TerminalProgress.finish()
         if as_json:
             emit_json(
@@ -161,6 +172,7 @@ def export(
                     "file": str(result.path),
                     "receipt": str(result.receipt_path),
                     **_summary(result.receipt),
+                    **warn.document(),
                 }
             )
         else:

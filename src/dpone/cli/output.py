@@ -48,6 +48,25 @@ def emit_json(payload: dict[str, Any]) -> None:
     click.echo(json.dumps(document, sort_keys=True, ensure_ascii=False))
 
 
+class Warnings:
+    """What one command warns about: on stderr as it comes (a text run), and listed
+    under ``warnings`` in its JSON object (see :meth:`document`)."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.messages: list[str] = []
+
+    def __call__(self, message: str) -> None:
+        self.messages.append(message)
+        if not self.as_json:
+            _StderrLine.close()
+            click.echo(f"warning: {message}", err=True)
+
+    def document(self) -> dict[str, list[str]]:
+        """The member to merge into the command's JSON object."""
+        return {"warnings": list(self.messages)}
+
+
 class _StderrLine:
     """Whether progress text is waiting on the current stderr line (no newline yet)."""
 

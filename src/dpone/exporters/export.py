@@ -61,6 +61,7 @@ def export_table(
     receipt_out: Path | None = None,
     force: bool = False,
     progress: Progress | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> ExportResult:
     """Export ``table`` to ``out``; the receipt comes from re-reading what was written.
 
@@ -104,7 +105,7 @@ def export_table(
             stream.flush()
         except OSError as exc:
             raise OutputError(f"cannot write {path}: {exc.strerror}", path=str(path)) from exc
-        receipt = validate_file(_fd_path(stream.fileno()), schema, source_name=str(path))
+        receipt = validate_file(_fd_path(stream.fileno()), schema, source_name=str(path), warn=warn)
         receipt_stream.write(receipt.to_bytes())
     return ExportResult(path, receipt_path, receipt)
 

@@ -196,7 +196,17 @@ def start_at_home(workers: int, *, python: str | None = None) -> EngineChild:
     first, or by a later engine's sweep if both were killed. Raises ``OSError``."""
     root = scratch_root()
     sweep_stale_homes(root)
-    home = Path(tempfile.mkdtemp(prefix="dpone-engine-", dir=root)).absolute()
+    try:
+        home = Path(tempfile.mkdtemp(prefix="dpone-engine-", dir=root)).absolute()
+    except OSError as exc:
+        where = (
+            f"{root} (from {SCRATCH_ENV})"
+            if os.environ.get(SCRATCH_ENV)
+            else str(root or tempfile.gettempdir())
+        )
+        raise ScratchUnusable(
+            exc.errno, f"no private directory can be made in {where}: {exc.strerror}"
+        ) from exc
     try:
         child = start(workers, home, python=python, home=True)
     except BaseException:
@@ -213,6 +223,10 @@ def start_at_home(workers: int, *, python: str | None = None) -> EngineChild:
         child.end()
         raise
     return child
+
+
+class ScratchUnusable(OSError):
+    """The engine's scratch root cannot hold a private directory (see :func:`scratch_root`)."""
 
 
 _early: EngineChild | None = None

@@ -478,6 +478,10 @@ class EngineSession:
                 child = engine_child.start(self.workers, work_dir, python=python)
             elif child is None:
                 child = engine_child.start_at_home(self.workers, python=python)
+        except engine_child.ScratchUnusable as exc:
+            raise EngineUnavailable(
+                f"the engine could not start: {exc.strerror}", code="engine_scratch"
+            ) from exc
         except OSError as exc:
             raise EngineUnavailable(f"the engine could not start: {exc}") from exc
         home = work_dir or child.home

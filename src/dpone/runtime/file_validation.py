@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from dpone.connectors.bulk_text_codec import CODEC_ID, CODEC_VERSION, BulkTextReader
@@ -48,11 +48,14 @@ def validate_file(
     max_records: int | None = None,
     source_name: str | None = None,
     mode: str = MODE_ENGINE,
+    warn: Callable[[str], None] | None = None,
 ) -> FileReceipt:
     """Validate ``path`` against ``schema``; return its receipt or raise a located error.
 
     ``mode`` chooses who checks the values: the engine (the default; any refusal is
-    then named by the reference) or the Python reference alone.
+    then named by the reference) or the Python reference alone. When the engine cannot
+    run at all (not installed, no usable scratch directory), the reference validates
+    alone, with the same result but many times slower: ``warn`` is told why.
     """
     plans = plan_columns(schema.columns, dict(overrides or {}))  # refuses types before reading
     digest = hashlib.sha256()
@@ -60,7 +63,7 @@ def validate_file(
     with open(Path(path), "rb") as stream:
         size_before = os.fstat(stream.fileno()).st_size
         if mode == MODE_ENGINE:
-            counted = _engine_check(stream, plans, max_record_bytes, max_records)
+            counted = _engine_check(stream, plans, max_record_bytes, max_records, warn)
             if counted is not None:
                 rows, sha256, read = counted
                 if not size_before == os.fstat(stream.fileno()).st_size == read:
@@ -105,6 +108,7 @@ def _engine_check(
     plans: tuple[ColumnPlan, ...],
     max_record_bytes: int | None,
     max_records: int | None,
+    warn: Callable[[str], None] | None,
 ) -> tuple[int, str, int] | None:
     """(records, SHA-256, bytes) when the engine accepts every record; None to hand over.
 
@@ -149,12 +153,19 @@ def _engine_check(
             while finished < submitted:
                 if not collect():
                     return None
-    except EngineUnavailable:
+    except EngineUnavailable as exc:
+        if warn is not None:
+            warn(
+                f"the engine could not run, so the Python reference validated alone, "
+                f"which is many times slower: {exc}"
+            )
         return None  # the reference validates alone
     return records, digest.hexdigest(), size
 
 
-def verify_file(path: str | os.PathLike[str], receipt: FileReceipt) -> FileReceipt:
+def verify_file(
+    path: str | os.PathLike[str], receipt: FileReceipt, *, warn: Callable[[str], None] | None = None
+) -> FileReceipt:
     """Check that ``path`` is exactly the file ``receipt`` describes; return a fresh receipt.
 
     The bytes are checked first (size and SHA-256 through a held descriptor, so a
@@ -164,7 +175,9 @@ def verify_file(path: str | os.PathLike[str], receipt: FileReceipt) -> FileRecei
     """
     with HeldArtifact(path, receipt) as held:
         held.verify()
-        fresh = validate_file(f"/proc/self/fd/{held.fd}", receipt.schema, source_name=str(path))
+        fresh = validate_file(
+            f"/proc/self/fd/{held.fd}", receipt.schema, source_name=str(path), warn=warn
+        )
     if fresh.artifact_sha256 != receipt.artifact_sha256:
         raise ArtifactMismatch(
             f"{path} changed while it was verified", code="artifact_changed_during_scan",
