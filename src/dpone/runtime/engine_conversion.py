@@ -254,13 +254,17 @@ def fast_expressions(plan: ColumnPlan, f: str) -> tuple[str, str | None] | None:
         )
     if fam == "float" and p[0] == 64:
         # Shortest round-trip rendering: equal text means the parse was exact. Python's
-        # repr (what exporters write) differs from it in two common ways, both taken:
-        # a whole number ends in '.0' ('100.0' for '100'), and an exponent has a sign
-        # ('1.5e+300' for '1.5e300').
+        # repr (what exporters write) differs from it in three ways, all taken: a whole
+        # number ends in '.0' ('100.0' for '100'); an exponent has a sign ('1.5e+300' for
+        # '1.5e300'); and magnitudes below 1e-4 or from 1e16 have an exponent where the
+        # engine may write none ('1.5e-05' for '0.000015', '1e+16'). A text of that last
+        # shape is in the reference's grammar and parses exactly like any other (the
+        # match runs only where the comparisons failed, in the conversion).
         v = f"toFloat64OrNull({f})"
         r = f"toString({v})"
         whole = f"position({r}, '.') = 0 AND position({r}, 'e') = 0"
-        same = f"({r} = {f} OR {r} = replaceOne({f}, 'e+', 'e') OR ({whole} AND concat({r}, '.0') = {f}))"
+        exponent = f"match({f}, '^-?[1-9](\\\\.[0-9]+)?e[-+][0-9]+$')"
+        same = f"({r} = {f} OR {r} = replaceOne({f}, 'e+', 'e') OR ({whole} AND concat({r}, '.0') = {f}) OR {exponent})"
         return f"ifNull({same}, 0) AND isFinite(assumeNotNull({v}))", f"assumeNotNull({v})"
     if fam == "date":
         v = f"toDate32OrNull({f})"
