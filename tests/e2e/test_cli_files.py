@@ -195,10 +195,19 @@ def test_validation_without_the_engine_warns(tmp_path: Path) -> None:
             (warning,) = as_json(again)["warnings"]
             assert as_json(again)["receipt_sha256"] == as_json(fine)["receipt_sha256"]
         else:
-            (warning,) = [line for line in again.stderr.splitlines() if line.startswith("warning:")]
+            (warning,) = [
+                line for line in again.stderr.splitlines() if line.startswith("dpone: warning:")
+            ]
         assert "DPONE_ENGINE_SCRATCH" in warning and str(tmp_path / "missing") in warning
         assert "engine_scratch" in warning and "Python reference" in warning
     verified = dpone("verify", str(data), "--receipt", f"{data}.receipt.json", "--json",
                      extra_env=missing)  # fmt: skip
     assert verified.returncode == 0, verified.stderr
     assert "engine_scratch" in as_json(verified)["warnings"][0]
+    # A failure keeps its warning too: one JSON object, with both.
+    data.write_bytes(b"1\t\nx\t3\n")
+    failed = dpone("validate", str(data), "--schema", str(schema), "--force", "--json",
+                   extra_env=missing)  # fmt: skip
+    assert failed.returncode == 1
+    assert as_json(failed)["error"]["code"] == "invalid_value"
+    assert "engine_scratch" in as_json(failed)["warnings"][0]

@@ -373,3 +373,24 @@ def test_status_with_a_store_that_is_not_the_refreshes_says_so(
     assert "elsewhere.sqlite" in item["message"] and not (tmp_path / "elsewhere.sqlite").exists()
     text = dpone("status", "--config", str(config))
     assert text.returncode == 1 and "NEEDS A PERSON: store_missing" in text.stdout
+
+
+def test_an_unusable_engine_scratch_is_said_in_the_refresh_report(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    """The export's validation falls back to the reference with a warning; the stage
+    (which needs the engine) fails with engine_scratch; no target is created."""
+    make_source(tmp_path / "shop.db", rows_of(3))
+    config = project(tmp_path, server, "t_scratch")
+    missing = {"DPONE_ENGINE_SCRATCH": str(tmp_path / "missing")}
+    done = dpone("refresh", "--config", str(config), "items", "--json", extra_env=missing)
+    report = as_json(done)["tables"][0]
+    assert done.returncode == 1 and report["phase"] == "stage", report
+    assert report["error"]["code"] == "engine_scratch"
+    (warning,) = report["warnings"]
+    assert "engine_scratch" in warning and str(tmp_path / "missing") in warning
+    assert chhttp.query(server["http_port"], f"EXISTS TABLE {DATABASE}.t_scratch") == "0\n"
+    text = dpone("refresh", "--config", str(config), "items", extra_env=missing)
+    assert text.returncode == 1
+    assert "dpone: warning: the engine could not run" in text.stderr
+    assert "dpone: warning" not in text.stdout

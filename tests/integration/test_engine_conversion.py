@@ -240,7 +240,8 @@ FAST_TIER_FIELDS = [
     "1e+", "1e+-5", "inf.0", "nan.0", "1234567.5", "12345678.5", "9999999.99", "-9999999.99",
     "1.5e-05", "-1.5e-05", "1.5e-07", "1.5e-7", "1.397384541412805e-05", "9.999999999999999e-08",
     "1.2345678901234567e+19", "1e+308", "1e+309", "1e-324", "1.5E-05", "01.5e-05", "1.e-05",
-    "1.5e-05 ", "1.5e--05", "1.5e-0x5", "-0e-05", "0e-05", "1.50e-05",
+    "1.5e-05 ", "1.5e--05", "1.5e-0x5", "-0e-05", "0e-05", "1.50e-05", "1x5e-05", "1,5e-05",
+    "1.5e+99999999999999999999", "1.5e-99999999999999999999",
 ]  # fmt: skip
 
 
@@ -701,3 +702,16 @@ def test_a_full_scratch_is_a_coded_engine_error_and_validation_falls_back(
     receipt = file_validation.validate_file(path, schema, warn=warned.append)
     assert receipt.rows_validated == 2  # the reference
     assert len(warned) == 1 and "Python reference" in warned[0] and "engine_scratch" in warned[0]
+
+
+def test_the_tiered_query_reads_smaller_blocks() -> None:
+    """Its intermediate columns cost memory per block (see TIERED_BLOCK_ROWS)."""
+    from dpone.runtime.engine_conversion import BLOCK_ROWS, TIERED_BLOCK_ROWS, check_sql
+
+    plans = plan_columns([SourceColumn("d", "date", False)])
+    assert TIERED_BLOCK_ROWS < BLOCK_ROWS
+    for canonical, rows in ((True, BLOCK_ROWS), (False, TIERED_BLOCK_ROWS)):
+        converting = conversion_sql(plans, Path("in"), Path("out"), canonical=canonical)
+        checking = check_sql(plans, Path("in"), canonical=canonical)
+        assert f"max_block_size = {rows}," in converting
+        assert f"max_block_size = {rows}," in checking

@@ -223,6 +223,7 @@ def test_a_scratch_directory_the_user_names_is_used_as_given(
     with pytest.raises(EngineUnavailable, match="could not start") as caught:
         EngineSession(workers=1)
     assert caught.value.code == "engine_scratch"
+    assert caught.value.details["path"] == str(tmp_path / "missing")
     assert f"{tmp_path / 'missing'} (from {engine_child.SCRATCH_ENV})" in str(caught.value)
     assert not (tmp_path / "missing").exists()
 

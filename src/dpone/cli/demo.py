@@ -21,8 +21,8 @@ from typing import Any
 
 import click
 
-from dpone.cli.output import emit_json, json_option, reported_errors
-from dpone.cli.server import data_dir_option, echo_warnings
+from dpone.cli.output import echo_warnings, emit_json, json_option, reported_errors
+from dpone.cli.server import data_dir_option
 from dpone.config.project import load_project
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_request import Endpoint, read
@@ -161,11 +161,15 @@ def demo(data_dir: Path, work_dir: Path, store_path: Path, as_json: bool) -> Non
             service = RefreshService(project)
             first = service.refresh(table)
             _tell(say, "first refresh", first)
+            if not as_json:
+                echo_warnings(first.warnings)
             change_source(source)
             say(f"changed the source: deleted {len(DELETED)} rows, updated {len(UPDATED)}, "
                 f"inserted {INSERTED}")  # fmt: skip
             second = service.refresh(table)
             _tell(say, "second refresh", second)
+            if not as_json:
+                echo_warnings(second.warnings)
             expected, found = _source_rows(source), _target_rows(data_dir, info.http_port)
             status = project_status(project)
         finally:

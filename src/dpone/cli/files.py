@@ -102,8 +102,8 @@ def validate(
     as_json: bool,
 ) -> None:
     """Validate FILE against a schema and write its receipt (only if it passes)."""
-    with reported_errors(as_json):
-        warn = Warnings(as_json)
+    warn = Warnings(as_json)
+    with reported_errors(as_json, warn):
         target = receipt_out or receipt_path_for(file)
         with atomic_outputs([target], [file, schema_path], force=force) as (stream,):
             schema = load_schema(schema_path)
@@ -130,8 +130,8 @@ def validate(
 @json_option
 def verify(file: Path, receipt_path: Path, as_json: bool) -> None:
     """Check that FILE is exactly the file its receipt describes (bytes and records)."""
-    with reported_errors(as_json):
-        warn = Warnings(as_json)
+    warn = Warnings(as_json)
+    with reported_errors(as_json, warn):
         receipt = load_receipt(receipt_path)
         verify_file(file, receipt, warn=warn)
         if as_json:
@@ -157,9 +157,9 @@ def export(
     dsn: str, table: str, out: Path, receipt_out: Path | None, force: bool, as_json: bool
 ) -> None:
     """Export a table to a bulk text file and its receipt (both appear, or neither)."""
-    with reported_errors(as_json):
+    warn = Warnings(as_json)
+    with reported_errors(as_json, warn):
         progress = TerminalProgress("exported") if TerminalProgress.on_terminal(as_json) else None
-        warn = Warnings(as_json)
         result = export_table(
             open_source(dsn), table, out, receipt_out=receipt_out, force=force, progress=progress,
             warn=warn,

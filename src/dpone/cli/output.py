@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -48,9 +48,17 @@ def emit_json(payload: dict[str, Any]) -> None:
     click.echo(json.dumps(document, sort_keys=True, ensure_ascii=False))
 
 
+def echo_warnings(warnings: Iterable[str]) -> None:
+    """Print each warning on standard error (never on the JSON output)."""
+    for warning in warnings:
+        _StderrLine.close()
+        click.echo(f"dpone: warning: {warning}", err=True)
+
+
 class Warnings:
     """What one command warns about: on stderr as it comes (a text run), and listed
-    under ``warnings`` in its JSON object (see :meth:`document`)."""
+    under ``warnings`` in its JSON object, success or failure (see :meth:`document`
+    and :func:`reported_errors`)."""
 
     def __init__(self, as_json: bool) -> None:
         self.as_json = as_json
@@ -59,8 +67,7 @@ class Warnings:
     def __call__(self, message: str) -> None:
         self.messages.append(message)
         if not self.as_json:
-            _StderrLine.close()
-            click.echo(f"warning: {message}", err=True)
+            echo_warnings([message])
 
     def document(self) -> dict[str, list[str]]:
         """The member to merge into the command's JSON object."""
@@ -168,7 +175,7 @@ def _silence_stdout() -> None:
         os.close(devnull)
 
 
-def report_failure(exc: BaseException, as_json: bool) -> int:
+def report_failure(exc: BaseException, as_json: bool, warnings: Warnings | None = None) -> int:
     """Print one failure (one JSON object with ``as_json``) and return its exit code.
 
     A closed output pipe (``dpone ... | head``) is not an error to report: it ends
@@ -180,7 +187,7 @@ def report_failure(exc: BaseException, as_json: bool) -> int:
     exit_code, error = describe_failure(exc)
     _StderrLine.close()
     if as_json:
-        emit_json({"ok": False, "error": error})
+        emit_json({"ok": False, "error": error, **(warnings.document() if warnings else {})})
     elif isinstance(exc, click.ClickException):
         exc.show()
     else:
@@ -192,9 +199,10 @@ def report_failure(exc: BaseException, as_json: bool) -> int:
 
 
 @contextmanager
-def reported_errors(as_json: bool) -> Iterator[None]:
+def reported_errors(as_json: bool, warnings: Warnings | None = None) -> Iterator[None]:
     """Turn a :class:`DponeError` or ``OSError`` into a message (or JSON) and an exit code.
 
+    With ``warnings``, a JSON failure lists them too (a text run printed them already).
     Anything else travels on to the boundary in :func:`dpone.cli.main.main`.
     """
     try:
@@ -202,7 +210,7 @@ def reported_errors(as_json: bool) -> Iterator[None]:
     except BrokenPipeError:
         raise
     except (DponeError, OSError) as exc:
-        sys.exit(report_failure(exc, as_json))
+        sys.exit(report_failure(exc, as_json, warnings))
 
 
 def json_option(func: Callable[..., Any]) -> Callable[..., Any]:

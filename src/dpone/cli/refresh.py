@@ -13,7 +13,13 @@ from typing import Any, TypeVar
 
 import click
 
-from dpone.cli.output import TerminalProgress, emit_json, json_option, reported_errors
+from dpone.cli.output import (
+    TerminalProgress,
+    echo_warnings,
+    emit_json,
+    json_option,
+    reported_errors,
+)
 from dpone.config.project import DEFAULT_CONFIG, Project, TableConfig, load_project
 from dpone.errors import ConfigurationError
 from dpone.runtime.refresh import RefreshService, TableReport
@@ -146,3 +152,4 @@ def _echo(report: TableReport) -> None:
         click.echo(f"  journal {report.journal}")
     for command in report.next_commands:
         click.echo(f"  next: {command}")
+    echo_warnings(report.warnings)

@@ -9,13 +9,12 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType
 
 import click
 
-from dpone.cli.output import emit_json, json_option, reported_errors
+from dpone.cli.output import echo_warnings, emit_json, json_option, reported_errors
 from dpone.connectors.clickhouse_client import client_config
 from dpone.errors import LocalServerError
 from dpone.localserver import (
@@ -118,12 +117,6 @@ def start(
             click.echo(f"credentials: {_credentials_file(info.data_dir)}")
         if foreground:
             _serve_until_signalled(local)
-
-
-def echo_warnings(warnings: Iterable[str]) -> None:
-    """Print each warning on standard error (never on the JSON output)."""
-    for warning in warnings:
-        click.echo(f"dpone: warning: {warning}", err=True)
 
 
 def _credentials_file(data_dir: str | Path) -> str:

@@ -205,7 +205,9 @@ def start_at_home(workers: int, *, python: str | None = None) -> EngineChild:
             else str(root or tempfile.gettempdir())
         )
         raise ScratchUnusable(
-            exc.errno, f"no private directory can be made in {where}: {exc.strerror}"
+            exc.errno,
+            f"no private directory can be made in {where}: {exc.strerror}",
+            str(root or tempfile.gettempdir()),
         ) from exc
     try:
         child = start(workers, home, python=python, home=True)

@@ -212,7 +212,9 @@ def fast_expressions(plan: ColumnPlan, f: str) -> tuple[str, str | None] | None:
 
     The fast tier accepts only the canonical text a field is written in: the engine
     parses it natively and renders the parsed value back, and the field must equal
-    that rendering (plus the policy's range where the engine's types are wider). Every
+    that rendering (plus the policy's range where the engine's types are wider), or,
+    for decimals, binary and float64, one of the spellings exporters write that the
+    comments below name. Every
     text it accepts is accepted by :func:`field_expressions` with the same value
     (the differential tests check both claims value by value); anything else falls
     through to :func:`field_expressions`, evaluated only for those rows. ``None`` as
@@ -261,13 +263,15 @@ def fast_expressions(plan: ColumnPlan, f: str) -> tuple[str, str | None] | None:
         # repr (what exporters write) differs from it in three ways, all taken: a whole
         # number ends in '.0' ('100.0' for '100'); an exponent has a sign ('1.5e+300' for
         # '1.5e300'); and magnitudes below 1e-4 or from 1e16 have an exponent where the
-        # engine may write none ('1.5e-05' for '0.000015', '1e+16'). A text of that last
-        # shape is in the reference's grammar and parses exactly like any other (the
-        # match runs only where the comparisons failed, in the conversion).
+        # engine may write none ('1.5e-05' for '0.000015', '1e+16'). For the last, any
+        # text of the shape -?[1-9](\.[0-9]+)?e[-+][0-9]+ is taken (a subset of the
+        # reference's grammar) with its exact parse, which must exist; the match runs
+        # only where the comparisons failed in the conversion (lazily), on every field
+        # in validation's eager checks.
         v = f"toFloat64OrNull({f})"
         r = f"toString({v})"
         whole = f"position({r}, '.') = 0 AND position({r}, 'e') = 0"
-        exponent = f"match({f}, '^-?[1-9](\\\\.[0-9]+)?e[-+][0-9]+$')"
+        exponent = f"(match({f}, '^-?[1-9](\\\\.[0-9]+)?e[-+][0-9]+$') AND isNotNull({v}))"
         same = f"({r} = {f} OR {r} = replaceOne({f}, 'e+', 'e') OR ({whole} AND concat({r}, '.0') = {f}) OR {exponent})"
         return f"ifNull({same}, 0) AND isFinite(assumeNotNull({v}))", f"assumeNotNull({v})"
     if fam == "date":
@@ -489,7 +493,9 @@ class EngineSession:
                 child = engine_child.start_at_home(self.workers, python=python)
         except engine_child.ScratchUnusable as exc:
             raise EngineUnavailable(
-                f"the engine could not start: {exc.strerror}", code="engine_scratch"
+                f"the engine could not start: {exc.strerror}",
+                code="engine_scratch",
+                path=exc.filename,
             ) from exc
         except OSError as exc:
             raise EngineUnavailable(f"the engine could not start: {exc}") from exc

@@ -156,11 +156,18 @@ def _engine_check(
     except EngineUnavailable as exc:
         if warn is not None:
             warn(
-                f"the engine could not run, so the Python reference validated alone, "
-                f"which is many times slower: {exc}"
+                "the engine could not run, so the Python reference validated alone, which "
+                f"is many times slower: {_one_line(str(exc))}"
             )
         return None  # the reference validates alone
     return records, digest.hexdigest(), size
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    """A multi-line reason (an engine's log tail) as its first and last lines."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    short = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
+    return short if len(short) <= limit else short[: limit - 3] + "..."
 
 
 def verify_file(

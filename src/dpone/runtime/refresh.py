@@ -97,6 +97,7 @@ class TableReport:
     dropped_rollback_copies: list[str] = field(default_factory=list)
     error: dict[str, Any] | None = None
     next_commands: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -110,6 +111,7 @@ class TableReport:
             "created_target": self.created_target,
             "dropped_rollback_copies": list(self.dropped_rollback_copies),
             "error": self.error, "next_commands": list(self.next_commands),
+            "warnings": list(self.warnings),
         }  # fmt: skip
 
 
@@ -158,7 +160,7 @@ class RefreshService:
     def _run(self, table: TableConfig, report: TableReport, phase: Phases) -> None:
         project = self.project
         with phase("export"):
-            exported = self._export(table)
+            exported = self._export(table, report.warnings.append)
         report.file_bytes = exported.receipt.artifact_size
         report.rows = exported.receipt.rows_validated
         with phase("stage"):
@@ -210,7 +212,7 @@ class RefreshService:
                 table.target, keep=project.keep_rollback, user=admin_login.user,
             )  # fmt: skip
 
-    def _export(self, table: TableConfig) -> Any:
+    def _export(self, table: TableConfig, warn: Callable[[str], None]) -> Any:
         source = open_source(self.project.sources[table.source])
         exports = self.project.work_dir / "exports"
         exports.mkdir(parents=True, exist_ok=True)
@@ -225,7 +227,9 @@ class RefreshService:
             # temporary siblings; under the lock no live export of this table owns one.
             for stale in _partial_exports(out):
                 stale.unlink(missing_ok=True)
-            result = export_table(source, table.source_table, out, force=True, progress=progress)
+            result = export_table(
+                source, table.source_table, out, force=True, progress=progress, warn=warn
+            )
         self.done()
         return result
 
