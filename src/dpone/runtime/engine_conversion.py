@@ -49,6 +49,8 @@ BLOCK_ROWS = 8192
 TIERED_BLOCK_ROWS = 4096
 # How often a wait for the engine asks whether its deadline has passed.
 POLL_SECONDS = 0.05
+# How long a send that met a closed pipe waits for the child's exit status.
+EXIT_WAIT_SECONDS = 2.0
 # Files are read, not mapped: a mapped range would count in full in the engine's memory.
 _READ_SETTING = "storage_file_read_method = 'pread'"
 # The bounds of a range's length (see range_bytes).
@@ -527,7 +529,19 @@ class EngineSession:
             self._process.stdin.write(line.encode("utf-8"))
             self._process.stdin.flush()
         except OSError as exc:
-            raise EngineUnavailable(f"the engine stopped taking work: {exc}") from exc
+            # A broken pipe: the child ended or is ending. Say how, as a read would.
+            try:
+                self._process.wait(timeout=EXIT_WAIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                raise EngineUnavailable(f"the engine stopped taking work: {exc}") from exc
+            raise self._exited() from exc
+
+    def _exited(self) -> EngineUnavailable:
+        """The error for a child that has ended: its exit status and its log's tail."""
+        tail = self._child.log_tail()
+        return EngineUnavailable(
+            f"the engine exited ({self._process.returncode})" + (f": {tail}" if tail else "")
+        )
 
     def next_result(self, expired: Callable[[], bool]) -> tuple[int, str | None]:
         """The next finished job: (id, its output), or (id, None) when the policy refused.
@@ -570,9 +584,7 @@ class EngineSession:
                 data = os.read(stdout.fileno(), 1 << 16)
                 if not data:
                     self._process.wait()
-                    raise EngineUnavailable(
-                        f"the engine exited ({self._process.returncode}): {self._child.log_tail()}"
-                    )
+                    raise self._exited()
                 self._buffer += data
         line = bytes(self._buffer[: end + 1])
         del self._buffer[: end + 1]
