@@ -199,15 +199,10 @@ def start_at_home(workers: int, *, python: str | None = None) -> EngineChild:
     try:
         home = Path(tempfile.mkdtemp(prefix="dpone-engine-", dir=root)).absolute()
     except OSError as exc:
-        where = (
-            f"{root} (from {SCRATCH_ENV})"
-            if os.environ.get(SCRATCH_ENV)
-            else str(root or tempfile.gettempdir())
-        )
+        directory = root or tempfile.gettempdir()
+        where = f"{directory} (from {SCRATCH_ENV})" if os.environ.get(SCRATCH_ENV) else directory
         raise ScratchUnusable(
-            exc.errno,
-            f"no private directory can be made in {where}: {exc.strerror}",
-            str(root or tempfile.gettempdir()),
+            exc.errno, f"no private directory can be made in {where}: {exc.strerror}", directory
         ) from exc
     try:
         child = start(workers, home, python=python, home=True)
