@@ -14,6 +14,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e ".[dev]"
+scripts/build_native.sh
 # Compile dpone's bytecode now: where PYTHONDONTWRITEBYTECODE is set, every command
 # would otherwise compile each module it imports, every run (0.3 s a command, measured).
 .venv/bin/python -m compileall -q src/dpone

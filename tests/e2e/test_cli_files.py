@@ -178,8 +178,9 @@ def test_out_dot_slash_dash_writes_a_file_named_dash(tmp_path: Path) -> None:
 
 
 def test_validation_without_the_engine_warns(tmp_path: Path) -> None:
-    """An unusable engine scratch directory leaves validation to the reference: the
-    same receipt, and a warning that says why (text on stderr, JSON in the object)."""
+    """With the compiled converter off (or declining), an unusable engine scratch
+    directory leaves validation to the reference: the same receipt, and a warning that
+    says why (text on stderr, JSON in the object)."""
     data = tmp_path / "f.tsv"
     data.write_bytes(b"1\t\n2\t3\n")
     schema = _int_schema(tmp_path)
@@ -187,6 +188,11 @@ def test_validation_without_the_engine_warns(tmp_path: Path) -> None:
     assert fine.returncode == 0, fine.stderr
     assert as_json(fine)["warnings"] == []
     missing = {"DPONE_ENGINE_SCRATCH": str(tmp_path / "missing")}
+    # The compiled converter needs no scratch: nothing to warn about.
+    native = dpone("validate", str(data), "--schema", str(schema), "--force", "--json",
+                   extra_env=missing)  # fmt: skip
+    assert native.returncode == 0 and as_json(native)["warnings"] == [], native.stderr
+    missing["DPONE_NATIVE"] = "0"
     for as_object in (True, False):
         again = dpone("validate", str(data), "--schema", str(schema), "--force",
                       *(["--json"] if as_object else []), extra_env=missing)  # fmt: skip

@@ -378,11 +378,12 @@ def test_status_with_a_store_that_is_not_the_refreshes_says_so(
 def test_an_unusable_engine_scratch_is_said_in_the_refresh_report(
     tmp_path: Path, server: dict[str, Any]
 ) -> None:
-    """The export's validation falls back to the reference with a warning; the stage
-    (which needs the engine) fails with engine_scratch; no target is created."""
+    """With the compiled converter off, the export's validation falls back to the
+    reference with a warning; the stage (which then needs the engine) fails with
+    engine_scratch; no target is created."""
     make_source(tmp_path / "shop.db", rows_of(3))
     config = project(tmp_path, server, "t_scratch")
-    missing = {"DPONE_ENGINE_SCRATCH": str(tmp_path / "missing")}
+    missing = {"DPONE_ENGINE_SCRATCH": str(tmp_path / "missing"), "DPONE_NATIVE": "0"}
     done = dpone("refresh", "--config", str(config), "items", "--json", extra_env=missing)
     report = as_json(done)["tables"][0]
     assert done.returncode == 1 and report["phase"] == "stage", report

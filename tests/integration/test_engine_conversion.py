@@ -493,7 +493,7 @@ def test_ranges_join_into_the_reference_spool(
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["data.rowbinary"]
 
 
-def test_a_refusal_in_a_later_range_names_the_reference_position(
+def test_a_refusal_or_budget_in_a_later_range_names_the_reference_position(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from dpone.contracts.schema import SourceSchema
@@ -511,14 +511,30 @@ def test_a_refusal_in_a_later_range_names_the_reference_position(
     receipt = validate_file(path, good)
     lying = type(receipt)(**{**receipt.__dict__, "schema": strict})
     errors = []
-    for name, mode in (("p", MODE_PYTHON), ("e", MODE_ENGINE)):
+    from dpone.runtime import native_conversion
+    from dpone.runtime.native_conversion import MODE_NATIVE
+
+    monkeypatch.setattr(native_conversion, "MIN_RANGE_BYTES", 64)
+    monkeypatch.setattr(native_conversion, "MAX_RANGE_BYTES", 64)
+    for name, mode in (("p", MODE_PYTHON), ("e", MODE_ENGINE), ("n", MODE_NATIVE)):
         with pytest.raises(ValueNotRepresentable) as caught:
             prepare_rowbinary(path, lying, tmp_path / name, mode=mode)
         errors.append(
             (caught.value.code, caught.value.details["record"], caught.value.details["column"])
         )
         assert not (tmp_path / name).exists()
-    assert errors[0] == errors[1] and errors[0][1:] == (151, "d")
+    assert errors[0] == errors[1] == errors[2] and errors[0][1:] == (151, "d")
+    # Budgets the fast paths cannot name exactly go to the reference, which does.
+    for budget, code, record in ((PreparationBudget(max_record_bytes=14), "record_too_large", 100),
+                                 (PreparationBudget(max_rows=120), "too_many_records", 121),
+                                 (PreparationBudget(max_spool_bytes=700), "spool_budget_exceeded", None)):  # fmt: skip
+        for mode in (MODE_ENGINE, MODE_NATIVE):
+            with pytest.raises(DponeError) as stopped:
+                prepare_rowbinary(path, receipt, tmp_path / "y", mode=mode, budget=budget)
+            assert stopped.value.code == code
+            if record is not None:
+                assert stopped.value.details["record"] == record
+            assert not (tmp_path / "y").exists()
 
 
 @settings(
@@ -579,8 +595,13 @@ def test_engine_validation_gives_the_reference_receipt_without_the_reference(
 
     monkeypatch.setattr(file_validation, "convert_records", no_reference)
     _tiny_ranges(monkeypatch, 50)  # many ranges
-    assert file_validation.validate_file(exported.path, schema) == reference_receipt
-    assert file_validation.validate_file(tmp_path / "h.tsv", schema) == exported.receipt
+    assert (
+        file_validation.validate_file(exported.path, schema, mode=MODE_ENGINE) == reference_receipt
+    )
+    assert (
+        file_validation.validate_file(tmp_path / "h.tsv", schema, mode=MODE_ENGINE)
+        == exported.receipt
+    )
 
 
 @pytest.mark.parametrize(
@@ -596,25 +617,28 @@ def test_engine_validation_gives_the_reference_receipt_without_the_reference(
         (b"1\t2020-01-01\n" * 41, {"max_records": 40}),
     ],
 )
-def test_engine_validation_refuses_where_the_reference_does(
+def test_fast_validations_refuse_where_the_reference_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: bytes, budget: dict[str, int]
 ) -> None:
     from dpone.contracts.schema import SourceSchema
-    from dpone.runtime import file_validation
+    from dpone.runtime import file_validation, native_conversion
+    from dpone.runtime.native_conversion import MODE_NATIVE
 
     _tiny_ranges(monkeypatch, 64)
+    monkeypatch.setattr(native_conversion, "MIN_RANGE_BYTES", 64)
+    monkeypatch.setattr(native_conversion, "MAX_RANGE_BYTES", 64)
     schema = SourceSchema.of([SourceColumn("id", "int", False), SourceColumn("d", "date", True)])
     path = tmp_path / "in.tsv"
     path.write_bytes(data)
     refusals = []
-    for mode in (MODE_PYTHON, MODE_ENGINE):
+    for mode in (MODE_PYTHON, MODE_ENGINE, MODE_NATIVE):
         with pytest.raises(DponeError) as caught:
             file_validation.validate_file(path, schema, mode=mode, **budget)  # type: ignore[arg-type]
         details = caught.value.details
         refusals.append(
             (type(caught.value), caught.value.code, details.get("record"), details.get("column"))
         )
-    assert refusals[0] == refusals[1]
+    assert refusals[0] == refusals[1] == refusals[2]
     assert refusals[0][2] in (41, 42)
 
 
@@ -670,7 +694,7 @@ def test_a_non_canonical_range_among_canonical_ones_gives_the_reference_results(
 
         with monkeypatch.context() as patched:
             patched.setattr(file_validation, "convert_records", no_reference)
-            assert file_validation.validate_file(path, schema) == receipt
+            assert file_validation.validate_file(path, schema, mode=MODE_ENGINE) == receipt
         for spool in (python, fast):
             spool.path.chmod(0o600)
             shutil.rmtree(spool.path.parent)
@@ -699,7 +723,7 @@ def test_a_full_scratch_is_a_coded_engine_error_and_validation_falls_back(
     path.write_bytes(b"1\n2\n")
     monkeypatch.setattr(file_validation, "spill_range", full)
     warned: list[str] = []
-    receipt = file_validation.validate_file(path, schema, warn=warned.append)
+    receipt = file_validation.validate_file(path, schema, mode=MODE_ENGINE, warn=warned.append)
     assert receipt.rows_validated == 2  # the reference
     assert len(warned) == 1 and "Python reference" in warned[0] and "engine_scratch" in warned[0]
 

@@ -47,9 +47,11 @@ class LazyGroup(click.Group):
         # Only on the way to running a command: not for help, nor for shell completion
         # (resilient parsing), nor when the reference converter was chosen instead.
         helps = {"-h", "--help"}.intersection(args)
-        reference = any(arg.endswith("python-reference") for arg in args)
+        # Nor when the compiled converter will run first: it needs no engine unless it
+        # declines a file, and a child loading beside it would take a core from it.
+        engine = any(arg.endswith("engine-chdb") for arg in args) or not native_built()
         wanted = args and args[0] in ENGINE_COMMANDS and not ctx.resilient_parsing
-        if wanted and not helps and not reference:
+        if wanted and not helps and engine:
             from dpone.runtime.engine_child import start_early
 
             start_early()
@@ -62,6 +64,13 @@ class LazyGroup(click.Group):
         command = getattr(importlib.import_module(module), cmd_name)
         assert isinstance(command, click.Command)
         return command
+
+
+def native_built() -> bool:
+    """Whether the compiled converter is built and loads (see dpone.native.rowbinary)."""
+    from dpone.native.rowbinary import available
+
+    return available()
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -28,8 +28,7 @@ from dpone.runtime.attempt_recovery import (
     survey_attempts,
 )
 from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
-from dpone.runtime.engine_conversion import MODE_ENGINE
-from dpone.runtime.preparation import DEFAULT_MODE, MODE_PYTHON
+from dpone.runtime.preparation import DEFAULT_MODE, MODES
 from dpone.runtime.snapshot_composition import DEFAULT_STORE, issue_ingest, pool_protects
 from dpone.sinks import ClickHouseSink
 from dpone.sinks.clickhouse import new_attempt_id
@@ -54,9 +53,9 @@ def server_options(func: F) -> F:
                      help="Controlled transport; chosen explicitly, never auto."),
         click.option("--client-path", default="clickhouse-client", show_default=True,
                      help="clickhouse-client binary for --transport client."),
-        click.option("--preparation", "preparation_mode", type=click.Choice([MODE_PYTHON, MODE_ENGINE]),
+        click.option("--preparation", "preparation_mode", type=click.Choice(MODES),
                      default=DEFAULT_MODE, show_default=True,
-                     help="RowBinary converter: the Python reference or the engine fast path (same bytes)."),
+                     help="RowBinary converter: compiled (declining to the engine), the engine, or the Python reference; all give the same bytes."),
     ]):  # fmt: skip
         func = option(func)
     return func

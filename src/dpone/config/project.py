@@ -27,8 +27,7 @@ from dpone.localserver.layout import DEFAULT_DATA_DIR
 from dpone.localserver.principal_pool import check_databases
 from dpone.runtime.clickhouse_file_stage_contract import PhysicalDesign
 from dpone.runtime.clickhouse_staging_composition import TRANSPORTS
-from dpone.runtime.engine_conversion import MODE_ENGINE
-from dpone.runtime.preparation import DEFAULT_MODE, MODE_PYTHON
+from dpone.runtime.preparation import DEFAULT_MODE, MODES
 
 DEFAULT_CONFIG = Path("dpone.toml")
 DEFAULT_SHRINK_GUARD = 0.5
@@ -341,13 +340,12 @@ class _Reader:
             raw, path, ("data_dir", "transport", "client_path", "preparation"), hints
         )
         data_dir = self.path_value(table, path, "data_dir", self.base / DEFAULT_DATA_DIR)
-        modes = (MODE_PYTHON, MODE_ENGINE)
         transport = self.get(table, path, "transport", str, "http", check=_one_of(TRANSPORTS))
         return ClickHouseConfig(
             data_dir=data_dir or self.base / DEFAULT_DATA_DIR,
             transport=transport,
             client_path=self.get(table, path, "client_path", str, "clickhouse-client", check=_non_empty),
-            preparation=self.get(table, path, "preparation", str, DEFAULT_MODE, check=_one_of(modes)),
+            preparation=self.get(table, path, "preparation", str, DEFAULT_MODE, check=_one_of(MODES)),
         )  # fmt: skip
 
     def source(self, name: str, raw: Any) -> SourceConfig | None:

@@ -4,10 +4,12 @@ One pass reads the file through the codec's reader, hashes every byte read, chec
 row width, UTF-8, escapes, hex, NOT NULL and that every value converts exactly under
 the type policy. Only a file that passes gets a receipt.
 
-By default the checks run in the embedded engine (the same checks the engine
-preparation runs, over whole-record ranges hashed in order on the way); when the
-engine refuses anything, or cannot run, the Python reference validates the file again
-and names the first bad value exactly. A receipt is the same either way.
+By default the checks run in the compiled converter (the same conversion a
+preparation runs, over whole-record ranges hashed in order on the way, its bytes
+discarded); a file it declines goes to the embedded engine (the engine preparation's
+checks); when the engine refuses anything, or cannot run, the Python reference
+validates the file again and names the first bad value exactly. A receipt is the same
+whichever decided.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ from dpone.runtime.engine_conversion import (
     range_bytes,
     spill_range,
 )
-from dpone.runtime.preparation import MODE_PYTHON
+from dpone.runtime.native_conversion import MODE_NATIVE, NativeRanges, takes
+from dpone.runtime.preparation import DEFAULT_MODE, MODE_PYTHON
 from dpone.typepolicy import POLICY_ID, POLICY_VERSION, ColumnPlan, plan_columns
 
-__all__ = ["MODE_ENGINE", "MODE_PYTHON", "validate_file", "verify_file"]
+__all__ = ["MODE_ENGINE", "MODE_NATIVE", "MODE_PYTHON", "validate_file", "verify_file"]
 
 
 def validate_file(
@@ -47,13 +50,14 @@ def validate_file(
     max_record_bytes: int | None = None,
     max_records: int | None = None,
     source_name: str | None = None,
-    mode: str = MODE_ENGINE,
+    mode: str = DEFAULT_MODE,
     warn: Callable[[str], None] | None = None,
 ) -> FileReceipt:
     """Validate ``path`` against ``schema``; return its receipt or raise a located error.
 
-    ``mode`` chooses who checks the values: the engine (the default; any refusal is
-    then named by the reference) or the Python reference alone. When the engine cannot
+    ``mode`` chooses who checks the values first: the compiled converter (the default;
+    a file it declines goes to the engine), the engine (any refusal is then named by
+    the reference) or the Python reference alone. When the engine cannot
     run at all (not installed, no usable scratch directory), the reference validates
     alone, with the same result but many times slower: ``warn`` is told why.
     """
@@ -62,17 +66,22 @@ def validate_file(
     source = source_name or str(path)
     with open(Path(path), "rb") as stream:
         size_before = os.fstat(stream.fileno()).st_size
-        if mode == MODE_ENGINE:
+        counted = None
+        if mode == MODE_NATIVE and takes(plans):
+            counted = _native_check(stream, plans, max_record_bytes, max_records)
+            if counted is None:
+                stream.seek(0)
+        if counted is None and mode in (MODE_NATIVE, MODE_ENGINE):
             counted = _engine_check(stream, plans, max_record_bytes, max_records, warn)
-            if counted is not None:
-                rows, sha256, read = counted
-                if not size_before == os.fstat(stream.fileno()).st_size == read:
-                    raise ArtifactMismatch(
-                        f"{source} changed while it was validated",
-                        code="artifact_changed_during_scan",
-                    )
-                return _receipt(schema, sha256, read, rows)
-            stream.seek(0)
+            if counted is None:
+                stream.seek(0)
+        if counted is not None:
+            rows, sha256, read = counted
+            if not size_before == os.fstat(stream.fileno()).st_size == read:
+                raise ArtifactMismatch(
+                    f"{source} changed while it was validated", code="artifact_changed_during_scan"
+                )
+            return _receipt(schema, sha256, read, rows)
         reader = BulkTextReader(
             stream,
             [p.codec_column for p in plans],
@@ -101,6 +110,33 @@ def _receipt(schema: SourceSchema, sha256: str, size: int, rows: int) -> FileRec
         policy_id=POLICY_ID,
         policy_version=POLICY_VERSION,
     )
+
+
+def _native_check(
+    stream: io.BufferedReader,
+    plans: tuple[ColumnPlan, ...],
+    max_record_bytes: int | None,
+    max_records: int | None,
+) -> tuple[int, str, int] | None:
+    """(records, SHA-256, bytes) when the compiled converter takes every record; None
+    to hand over (to the engine, then the reference), as :func:`_engine_check`."""
+    digest = hashlib.sha256()
+    records = 0
+    ranges = NativeRanges(
+        stream, plans, total_bytes=os.fstat(stream.fileno()).st_size,
+        carry_limit=max_record_bytes or MAX_CARRY_BYTES, max_record_bytes=max_record_bytes,
+        on_bytes=digest.update, keep=False,
+    )  # fmt: skip
+    with ranges.parts() as parts:
+        for part in parts:
+            if part is None:
+                return None
+            records += part.rows
+            if max_records is not None and records > max_records:
+                return None
+    if ranges.too_long or ranges.trailing:
+        return None
+    return records, digest.hexdigest(), ranges.size
 
 
 def _engine_check(

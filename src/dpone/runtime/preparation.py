@@ -27,7 +27,7 @@ from dpone.contracts.preparation import (
 from dpone.contracts.receipt import FileReceipt
 from dpone.durable_files import fsync_directory
 from dpone.errors import DeadlineError, DponeError
-from dpone.runtime import engine_conversion
+from dpone.runtime import engine_conversion, native_conversion
 from dpone.runtime.artifact import ArtifactMismatch, FileObservation, HeldArtifact, scan_descriptor
 from dpone.runtime.conversion import convert_records
 from dpone.runtime.engine_conversion import (
@@ -39,11 +39,14 @@ from dpone.runtime.engine_conversion import (
     RecordRanges,
     spill_range,
 )
+from dpone.runtime.native_conversion import MODE_NATIVE, NativeRanges
 from dpone.typepolicy import POLICY_ID, POLICY_VERSION, ColumnPlan, plan_columns
 
 MODE_PYTHON = "python-reference"
-# What a stage uses unless told otherwise: the engine, held to the reference's bytes.
-DEFAULT_MODE = MODE_ENGINE
+MODES = (MODE_NATIVE, MODE_ENGINE, MODE_PYTHON)
+# What a stage uses unless told otherwise: the compiled converter, then the engine for
+# whatever it declines, both held to the reference's bytes.
+DEFAULT_MODE = MODE_NATIVE
 SPOOL_NAME = "data.rowbinary"
 # Budgets are checked every this many rows (and at the end).
 CHECK_EVERY_ROWS = 1024
@@ -100,10 +103,11 @@ def prepare_rowbinary(
     attempt, verified by that caller just before; otherwise one is opened and verified
     here. Either way the conversion hashes every byte it converts and refuses a
     spool whose source bytes are not the receipt's. ``mode`` selects the converter: the
-    Python reference or the engine fast path, which produces identical bytes and,
-    when it refuses anything, hands over to the reference to name the exact error.
+    Python reference; the engine fast path, which produces identical bytes and, when
+    it refuses anything, hands over to the reference to name the exact error; or the
+    compiled converter, which hands a file it declines to the engine.
     """
-    if mode not in (MODE_PYTHON, MODE_ENGINE):
+    if mode not in MODES:
         raise PreparationError(f"unknown preparation mode {mode!r}", code="invalid_mode")
     budget = budget or PreparationBudget()
     deadline = None if budget.deadline_seconds is None else budget.clock() + budget.deadline_seconds
@@ -117,8 +121,9 @@ def prepare_rowbinary(
         ) from exc
     own_held = held is None
     session = None
+    native = mode == MODE_NATIVE and native_conversion.takes(plans)
     try:
-        if mode == MODE_ENGINE:
+        if mode == MODE_ENGINE or (mode == MODE_NATIVE and not native):
             # Start the engine first: it loads while the source is verified. Ranges
             # pass through its home, which it removes.
             session = EngineSession()
@@ -136,6 +141,16 @@ def prepare_rowbinary(
         path = directory / SPOOL_NAME
         engine_result = None
         declined = False
+        if native:
+            engine_result = _native_spool(
+                artifact, receipt, plans, path, budget, deadline, progress
+            )
+            if engine_result is None:
+                path.unlink(missing_ok=True)
+                try:  # the engine takes what the compiled converter declined
+                    session = EngineSession()
+                except EngineUnavailable:
+                    declined = True  # the reference decides alone
         if session is not None:
             try:
                 engine_result = _engine_spool(
@@ -158,7 +173,7 @@ def prepare_rowbinary(
             digest, size, rows, content = _write_spool(
                 artifact, receipt, plans, path, budget, deadline, str(source), progress
             )
-            if mode == MODE_ENGINE and not declined:
+            if session is not None and not declined:
                 # The engine refused what the reference accepts: never silently.
                 raise PreparationError(
                     "the engine refused a file the reference converter accepts",
@@ -352,12 +367,78 @@ def _engine_spool(
                 return None
         out.flush()
         os.fsync(out.fileno())
-    if (source_digest.hexdigest(), size) != (receipt.artifact_sha256, receipt.artifact_size):
+    converted = _converted(
+        receipt, path, budget, source_digest.hexdigest(), size, written, records, content
+    )
+    return converted if rows_total == records else None
+
+
+def _native_spool(
+    artifact: HeldArtifact,
+    receipt: FileReceipt,
+    plans: tuple[ColumnPlan, ...],
+    path: Path,
+    budget: PreparationBudget,
+    deadline: float | None,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[int, int, str] | None:
+    """The compiled converter: (spool bytes, records, rows digest), or None to hand over.
+
+    As :func:`_engine_spool`, with the ranges converted in this process's threads and
+    their RowBinary appended to the spool in order; anything the converter declines,
+    and any budget it cannot name exactly, goes to the next converter.
+    """
+    source_digest = hashlib.sha256()
+    written = records = 0
+    content = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as out, artifact.stream() as stream:
+        ranges = NativeRanges(
+            stream, plans, total_bytes=receipt.artifact_size,
+            carry_limit=budget.max_record_bytes or MAX_CARRY_BYTES,
+            max_record_bytes=budget.max_record_bytes, on_bytes=source_digest.update,
+        )  # fmt: skip
+        with ranges.parts() as parts:
+            for part in parts:
+                if part is None:
+                    return None
+                out.write(part.data)
+                written += len(part.data)
+                records += part.rows
+                content += part.rows_digest
+                if budget.max_rows is not None and records > budget.max_rows:
+                    return None
+                if budget.max_spool_bytes is not None and written > budget.max_spool_bytes:
+                    return None  # the reference names the record where the budget ran out
+                _check_deadline(budget, deadline, f"conversion (record {records})")
+                _check_free_space(path, budget, records)
+                if progress is not None:
+                    progress(records, ranges.size)
+        if ranges.too_long or ranges.trailing:
+            return None
+        out.flush()
+        os.fsync(out.fileno())
+    return _converted(
+        receipt, path, budget, source_digest.hexdigest(), ranges.size, written, records, content
+    )
+
+
+def _converted(
+    receipt: FileReceipt, path: Path, budget: PreparationBudget, source_sha256: str,
+    size: int, written: int, records: int, content: int,
+) -> tuple[int, int, str] | None:  # fmt: skip
+    """The end of a fast path: (spool bytes, records, rows digest), or None to hand over.
+
+    The bytes converted must be the receipt's (else the source changed after its
+    verification); a record count or spool budget that does not hold goes to the
+    reference, which names where.
+    """
+    if (source_sha256, size) != (receipt.artifact_sha256, receipt.artifact_size):
         raise ArtifactMismatch(
             "the source changed after verification: the bytes converted are not the receipt's",
             code="artifact_changed_during_preparation",
         )
-    if records != receipt.rows_validated or rows_total != records:
+    if records != receipt.rows_validated:
         return None
     if budget.max_spool_bytes is not None and written > budget.max_spool_bytes:
         return None

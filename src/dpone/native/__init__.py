@@ -1,0 +1,1 @@
+"""dpone's compiled parts (C, built by ``scripts/bootstrap.sh``, loaded with ctypes)."""
