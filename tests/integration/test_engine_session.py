@@ -190,6 +190,11 @@ def test_a_session_without_a_directory_works_in_a_home_of_its_own_in_memory(
     monkeypatch.delenv(engine_child.SCRATCH_ENV, raising=False)
     monkeypatch.setattr(engine_child, "MEMORY_SCRATCH", str(scratch))
     monkeypatch.setattr(engine_child, "MEMORY_SCRATCH_MIN_FREE", 1)
+    # The embedded engine makes a directory in TMPDIR at each start and leaves it
+    # there: the child's TMPDIR is its home, so it goes with the home.
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
     with EngineSession(workers=1) as session:
         home = session.work_dir
         assert home.parent == scratch and stat.S_IMODE(home.stat().st_mode) == 0o700
@@ -198,7 +203,11 @@ def test_a_session_without_a_directory_works_in_a_home_of_its_own_in_memory(
             0, [f"SELECT count() FROM file({quote_literal(str(home / 'in-0'))}, 'LineAsString')"]
         )
         assert session.next_result(_within(60)) == (0, "1\n")
+        assert [
+            p.name.startswith("clickhouse-embedded-") for p in home.iterdir() if p.is_dir()
+        ] == [True]
     assert not home.exists()
+    assert list(temporary.iterdir()) == []
     monkeypatch.setenv(engine_child.SCRATCH_ENV, str(tmp_path))
     assert engine_child.scratch_root() == str(tmp_path)  # the user's choice first
     monkeypatch.delenv(engine_child.SCRATCH_ENV)

@@ -445,3 +445,52 @@ def test_float64_near_the_fast_path_bounds_is_the_exact_parse(
         ours = native(plans, data)
         assert ours == reference(plans, data), text
         assert ours is not None, text
+
+
+def test_a_declined_file_whose_engine_cannot_start_fails_the_stage_with_the_engine_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by a new user's trial: the reference used to take over silently, many
+    # times slower, where --preparation engine-chdb fails with the engine's error.
+    from dpone.runtime.engine_conversion import EngineUnavailable
+
+    schema = SourceSchema.of([SourceColumn("f", "float", False)])
+    path = tmp_path / "in.tsv"
+    path.write_bytes(b"1.5\n0." + b"0" * 450 + b"1\n")  # declined: a float over 400 characters
+    receipt = validate_file(path, schema)
+
+    def cannot(*args: object, **kwargs: object) -> None:
+        raise EngineUnavailable("the engine could not start: no room", code="engine_scratch")
+
+    monkeypatch.setattr(preparation, "EngineSession", cannot)
+    for mode in (MODE_NATIVE, MODE_ENGINE):
+        with pytest.raises(EngineUnavailable) as caught:
+            prepare_rowbinary(path, receipt, tmp_path / "s", mode=mode)
+        assert caught.value.code == "engine_scratch" and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    ("built", "args", "started"),
+    [
+        (True, ["stage", "f", "--json"], False),  # the compiled converter runs first
+        (True, ["stage", "f", "--preparation", "engine-chdb"], True),
+        (False, ["stage", "f"], True),  # not built: the engine is the first converter
+        (False, ["validate", "f"], True),
+        (False, ["stage", "f", "--preparation", "python-reference"], False),
+        (True, ["stage", "f", "--help"], False),
+    ],
+)
+def test_the_engine_starts_early_only_where_it_will_run(
+    monkeypatch: pytest.MonkeyPatch, built: bool, args: list[str], started: bool
+) -> None:
+    import click
+
+    from dpone.cli import main
+    from dpone.runtime import engine_child
+
+    calls: list[int] = []
+    monkeypatch.setattr(engine_child, "start_early", lambda: calls.append(1))
+    monkeypatch.setattr(main, "native_built", lambda: built)
+    with click.Context(main.cli) as ctx:
+        main.cli.resolve_command(ctx, args)
+    assert bool(calls) == started

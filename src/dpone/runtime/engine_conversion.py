@@ -426,6 +426,7 @@ def run_engine_query(sql: str, *, timeout: float = 120.0, python: str | None = N
         done = subprocess.run(
             [python or sys.executable, "-c", _CHILD, str(script)],
             cwd=work, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False,
+            env=os.environ | {"TMPDIR": work},  # the engine's own directory goes with work
         )  # fmt: skip
     if done.returncode != 0:
         raise EngineUnavailable(

@@ -147,10 +147,9 @@ def prepare_rowbinary(
             )
             if engine_result is None:
                 path.unlink(missing_ok=True)
-                try:  # the engine takes what the compiled converter declined
-                    session = EngineSession()
-                except EngineUnavailable:
-                    declined = True  # the reference decides alone
+                # The engine takes what the compiled converter declined; if it cannot
+                # start, the stage fails as with --preparation engine-chdb, naming why.
+                session = EngineSession()
         if session is not None:
             try:
                 engine_result = _engine_spool(
