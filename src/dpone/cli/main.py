@@ -50,9 +50,10 @@ class LazyGroup(click.Group):
         # Nor when the compiled converter will run first: it needs no engine unless it
         # declines a file, and a child loading beside it would take a core from it.
         reference = any(arg.endswith("python-reference") for arg in args)
-        engine = any(arg.endswith("engine-chdb") for arg in args) or not native_built()
         wanted = args and args[0] in ENGINE_COMMANDS and not ctx.resilient_parsing
-        if wanted and not helps and engine and not reference:
+        chosen = any(arg.endswith("engine-chdb") for arg in args)
+        # native_built() last: it loads the library, which other commands need not pay for.
+        if wanted and not helps and not reference and (chosen or not native_built()):
             from dpone.runtime.engine_child import start_early
 
             start_early()

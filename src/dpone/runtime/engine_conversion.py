@@ -662,8 +662,9 @@ class RecordRanges:
         self.trailing = bytes(buffer[:carry])
 
 
-def range_bytes(total: int, workers: int) -> int:
-    """How long the ranges of a ``total``-byte file are: two per worker, within bounds.
+def range_bytes(total: int, workers: int, bounds: tuple[int, int] | None = None) -> int:
+    """How long the ranges of a ``total``-byte file are: two per worker, within bounds
+    (``bounds``, else the engine's :data:`MIN_RANGE_BYTES` and :data:`MAX_RANGE_BYTES`).
 
     Each range costs the engine a fixed ~27 ms to plan its canonical conversion
     (~57 ms the tiered one; measured on a 1M-row file: 17 ranges of 8 MiB took 2.5 s
@@ -673,7 +674,8 @@ def range_bytes(total: int, workers: int) -> int:
     peak reached 519 MiB at 32 MiB). The bounds are read at each call, so a test can
     make ranges tiny.
     """
-    return min(MAX_RANGE_BYTES, max(MIN_RANGE_BYTES, -(-total // (2 * workers))))
+    low, high = bounds or (MIN_RANGE_BYTES, MAX_RANGE_BYTES)
+    return min(high, max(low, -(-total // (2 * workers))))
 
 
 def spill_range(path: Path, data: bytes | bytearray, end: int, digest: Any) -> int:

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dpone.native import rowbinary
 from dpone.native.rowbinary import MODE_NATIVE, NativePart, NativeUnavailable
 from dpone.runtime import engine_child
-from dpone.runtime.engine_conversion import ReadsInto, RecordRanges
+from dpone.runtime.engine_conversion import ReadsInto, RecordRanges, range_bytes
 from dpone.typepolicy import ColumnPlan
 
 __all__ = ["MODE_NATIVE", "NativeRanges", "NativeUnavailable", "takes"]
@@ -60,10 +60,8 @@ class NativeRanges:
         self._on_bytes = on_bytes
         self._keep = keep
         self.workers = workers or engine_child.default_workers()
-        chunk = -(-total_bytes // (2 * self.workers))
-        self._ranges = RecordRanges(
-            stream, min(MAX_RANGE_BYTES, max(MIN_RANGE_BYTES, chunk)), carry_limit
-        )
+        chunk = range_bytes(total_bytes, self.workers, (MIN_RANGE_BYTES, MAX_RANGE_BYTES))
+        self._ranges = RecordRanges(stream, chunk, carry_limit)
         self.size = 0
 
     @property
