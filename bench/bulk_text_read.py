@@ -25,16 +25,18 @@ from dpone.contracts.schema import SourceColumn, SourceSchema
 from dpone.runtime.file_validation import validate_file
 from dpone.typepolicy import plan_columns
 
-SCHEMA = SourceSchema.of([
-    SourceColumn("id", "bigint", False),
-    SourceColumn("name", "nvarchar(200)", True),
-    SourceColumn("amount", "decimal(18, 4)", True),
-    SourceColumn("ts", "datetime2(7)", False),
-    SourceColumn("ratio", "float", True),
-    SourceColumn("code", "char(8)", False),
-    SourceColumn("payload", "varbinary(64)", True),
-    SourceColumn("g", "uniqueidentifier", True),
-])  # fmt: skip
+SCHEMA = SourceSchema.of(
+    [
+        SourceColumn("id", "bigint", False),
+        SourceColumn("name", "nvarchar(200)", True),
+        SourceColumn("amount", "decimal(18, 4)", True),
+        SourceColumn("ts", "datetime2(7)", False),
+        SourceColumn("ratio", "float", True),
+        SourceColumn("code", "char(8)", False),
+        SourceColumn("payload", "varbinary(64)", True),
+        SourceColumn("g", "uniqueidentifier", True),
+    ]
+)
 WORDS = ["alpha", "beta", "gamma\ttab", "delta\nline", "ünï", "quote'd", "back\\slash", "x\x1dy"]
 
 
@@ -47,17 +49,23 @@ def generate(path: Path, target_bytes: int, rows_wanted: int | None = None) -> i
         writer = BulkTextWriter(out, [p.codec_column for p in plans])
         while (writer.bytes < target_bytes) if rows_wanted is None else (rows < rows_wanted):
             i = rows
-            writer.write([
-                str(i),
-                None if i % 7 == 0 else " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))),
-                None if i % 5 == 0 else f"{rng.randint(-10**13, 10**13)}.{rng.randint(0, 9999):04d}",
-                f"20{rng.randint(10, 29)}-0{rng.randint(1, 9)}-1{rng.randint(0, 9)} "
-                f"1{rng.randint(0, 9)}:3{rng.randint(0, 9)}:0{rng.randint(0, 9)}.{rng.randint(0, 9999999):07d}",
-                None if i % 3 == 0 else repr(rng.random() * 1000),
-                f"C{i % 10_000_000:07d}",
-                None if i % 4 == 0 else rng.randbytes(rng.randint(0, 32)),
-                None if i % 2 == 0 else "6f9619ff-8b86-d011-b42d-00c04fc964ff",
-            ])  # fmt: skip
+            writer.write(
+                [
+                    str(i),
+                    None
+                    if i % 7 == 0
+                    else " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))),
+                    None
+                    if i % 5 == 0
+                    else f"{rng.randint(-(10**13), 10**13)}.{rng.randint(0, 9999):04d}",
+                    f"20{rng.randint(10, 29)}-0{rng.randint(1, 9)}-1{rng.randint(0, 9)} "
+                    f"1{rng.randint(0, 9)}:3{rng.randint(0, 9)}:0{rng.randint(0, 9)}.{rng.randint(0, 9999999):07d}",
+                    None if i % 3 == 0 else repr(rng.random() * 1000),
+                    f"C{i % 10_000_000:07d}",
+                    None if i % 4 == 0 else rng.randbytes(rng.randint(0, 32)),
+                    None if i % 2 == 0 else "6f9619ff-8b86-d011-b42d-00c04fc964ff",
+                ]
+            )
             rows += 1
     return rows
 
@@ -102,8 +110,10 @@ def main() -> None:
         for name in ("baseline", "reader", "validate"):
             out = subprocess.run(
                 [sys.executable, __file__, "--phase", name, "--file", str(path)],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             results[name] = json.loads(out.stdout)
         base = results["baseline"]["seconds"]
         for name, r in results.items():

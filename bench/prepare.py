@@ -38,15 +38,25 @@ def child_prepare(source: str, receipt_path: str, spool: str, mode: str) -> None
     started = time.perf_counter()
     prepared = prepare_rowbinary(source, receipt, spool, mode=mode)
     seconds = time.perf_counter() - started
-    print(json.dumps({
-        "seconds": seconds,
-        # The engine runs in a child of its own: count the larger of the two peaks.
-        "peak_mib": max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024,
-        "rows": prepared.identity.prepared_rows,
-        "rowbinary_bytes": prepared.identity.rowbinary_bytes,
-        "rowbinary_sha256": prepared.identity.rowbinary_sha256,
-        "ddl": ", ".join(f"`{c.name}` {c.clickhouse_type}" for c in prepared.identity.target_schema),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                # The engine runs in a child of its own: count the larger of the two peaks.
+                "peak_mib": max(
+                    resource.getrusage(who).ru_maxrss
+                    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+                )
+                / 1024,
+                "rows": prepared.identity.prepared_rows,
+                "rowbinary_bytes": prepared.identity.rowbinary_bytes,
+                "rowbinary_sha256": prepared.identity.rowbinary_sha256,
+                "ddl": ", ".join(
+                    f"`{c.name}` {c.clickhouse_type}" for c in prepared.identity.target_schema
+                ),
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -70,10 +80,20 @@ def main() -> None:
         preps = {}
         for mode in args.modes.split(","):
             out = subprocess.run(
-                [sys.executable, "-m", "bench.prepare", "--child", str(source),
-                 str(work / "receipt.json"), str(work / f"spool-{mode}"), mode],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.prepare",
+                    "--child",
+                    str(source),
+                    str(work / "receipt.json"),
+                    str(work / f"spool-{mode}"),
+                    mode,
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             preps[mode] = json.loads(out.stdout)
         digests = {p["rowbinary_sha256"] for p in preps.values()}
         assert len(digests) == 1, "the modes produced different spools"

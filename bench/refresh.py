@@ -63,9 +63,11 @@ def generate(path: Path, rows: int, seed: int = 7) -> None:
 
     def produce() -> Iterator[tuple[Any, ...]]:
         for i in range(1, rows + 1):
-            when = (f"20{rng.randint(10, 29)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} "
-                    f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}."
-                    f"{rng.randint(0, 9_999_999):07d}")  # fmt: skip
+            when = (
+                f"20{rng.randint(10, 29)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} "
+                f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}."
+                f"{rng.randint(0, 9_999_999):07d}"
+            )
             yield (
                 i,
                 rng.randint(-(2**31), 2**31 - 1),
@@ -156,12 +158,16 @@ def run_measured(argv: list[str]) -> tuple[float, float, subprocess.CompletedPro
     return seconds, peak[0] / 1024, done
 
 
-def _post(port: int, query: str, credentials: Credentials, body: Any = b"",
-          length: int | None = None) -> float:  # fmt: skip
+def _post(
+    port: int, query: str, credentials: Credentials, body: Any = b"", length: int | None = None
+) -> float:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
     started = time.perf_counter()
-    headers = {"X-ClickHouse-User": credentials.user, "X-ClickHouse-Key": credentials.password,
-               "Content-Length": str(len(body) if length is None else length)}  # fmt: skip
+    headers = {
+        "X-ClickHouse-User": credentials.user,
+        "X-ClickHouse-Key": credentials.password,
+        "Content-Length": str(len(body) if length is None else length),
+    }
     params = {"query": query, "wait_end_of_query": "1", "async_insert": "0"}
     conn.request("POST", "/?" + urllib.parse.urlencode(params), body=body, headers=headers)
     response = conn.getresponse()
@@ -191,20 +197,35 @@ def baseline(work: Path, port: int, credentials: Credentials) -> dict[str, Any]:
     )
     if done.returncode != 0:
         raise RuntimeError(done.stderr.decode()[-2000:])
-    for sql in ("DROP TABLE IF EXISTS bench_db.base_new SYNC",
-                "DROP TABLE IF EXISTS bench_db.base_target SYNC",
-                "CREATE TABLE bench_db.base_target AS bench_db.items"):  # fmt: skip
+    for sql in (
+        "DROP TABLE IF EXISTS bench_db.base_new SYNC",
+        "DROP TABLE IF EXISTS bench_db.base_target SYNC",
+        "CREATE TABLE bench_db.base_target AS bench_db.items",
+    ):
         _post(port, sql, credentials)
     started = time.perf_counter()
     create_s = _post(port, "CREATE TABLE bench_db.base_new AS bench_db.items", credentials)
     with open(tsv, "rb") as body:
-        insert_s = _post(port, "INSERT INTO bench_db.base_new FORMAT TabSeparated", credentials,
-                         body, tsv.stat().st_size)  # fmt: skip
-    exchange_s = _post(port, "EXCHANGE TABLES bench_db.base_new AND bench_db.base_target",
-                       credentials)  # fmt: skip
+        insert_s = _post(
+            port,
+            "INSERT INTO bench_db.base_new FORMAT TabSeparated",
+            credentials,
+            body,
+            tsv.stat().st_size,
+        )
+    exchange_s = _post(
+        port, "EXCHANGE TABLES bench_db.base_new AND bench_db.base_target", credentials
+    )
     load_s = time.perf_counter() - started
-    return {"export": export_s, "create": create_s, "insert": insert_s, "exchange": exchange_s,
-            "total": export_s + load_s, "peak_mib": peak, "tsv_bytes": tsv.stat().st_size}  # fmt: skip
+    return {
+        "export": export_s,
+        "create": create_s,
+        "insert": insert_s,
+        "exchange": exchange_s,
+        "total": export_s + load_s,
+        "peak_mib": peak,
+        "tsv_bytes": tsv.stat().st_size,
+    }
 
 
 def main() -> None:
@@ -231,10 +252,16 @@ def measure(work: Path, rows: int) -> None:
     data_dir = work / "ch"
     started = time.perf_counter()
     generate(work / "source.db", rows)
-    print(f"generated {rows:,} rows in {time.perf_counter() - started:.1f}s "
-          f"({(work / 'source.db').stat().st_size / 2**20:.0f} MiB SQLite)", flush=True)  # fmt: skip
-    server = subprocess.run(dpone("server", "start", "--protect", DATABASE, "--data-dir",
-                                  str(data_dir), "--json"), capture_output=True, check=True)  # fmt: skip
+    print(
+        f"generated {rows:,} rows in {time.perf_counter() - started:.1f}s "
+        f"({(work / 'source.db').stat().st_size / 2**20:.0f} MiB SQLite)",
+        flush=True,
+    )
+    server = subprocess.run(
+        dpone("server", "start", "--protect", DATABASE, "--data-dir", str(data_dir), "--json"),
+        capture_output=True,
+        check=True,
+    )
     port = json.loads(server.stdout)["http_port"]
     try:
         config = work / "dpone.toml"
@@ -258,20 +285,28 @@ def report(rows: int, refreshed: dict[str, Any], base: dict[str, Any]) -> None:
     timings: dict[str, float] = refreshed["report"]["timings"]
     size_mib = refreshed["report"]["file_bytes"] / 2**20
     wall = refreshed["wall"]
-    print(f"\n{rows:,} rows, exported bulk text {size_mib:.1f} MiB "
-          f"(baseline TSV {base['tsv_bytes'] / 2**20:.1f} MiB)")  # fmt: skip
-    print(f"dpone refresh (second run, replaces the target): {wall:.1f}s wall, "
-          f"{rows / wall:,.0f} rows/s, {size_mib / wall:.1f} MiB/s, "
-          f"peak RSS of its process tree {refreshed['peak_mib']:.0f} MiB")  # fmt: skip
-    print(f"baseline (export + INSERT FORMAT TabSeparated + EXCHANGE): {base['total']:.1f}s, "
-          f"{rows / base['total']:,.0f} rows/s, peak RSS of the export {base['peak_mib']:.0f} MiB")  # fmt: skip
+    print(
+        f"\n{rows:,} rows, exported bulk text {size_mib:.1f} MiB "
+        f"(baseline TSV {base['tsv_bytes'] / 2**20:.1f} MiB)"
+    )
+    print(
+        f"dpone refresh (second run, replaces the target): {wall:.1f}s wall, "
+        f"{rows / wall:,.0f} rows/s, {size_mib / wall:.1f} MiB/s, "
+        f"peak RSS of its process tree {refreshed['peak_mib']:.0f} MiB"
+    )
+    print(
+        f"baseline (export + INSERT FORMAT TabSeparated + EXCHANGE): {base['total']:.1f}s, "
+        f"{rows / base['total']:,.0f} rows/s, peak RSS of the export {base['peak_mib']:.0f} MiB"
+    )
     print(f"total ratio: {wall / base['total']:.2f}x the baseline")
     pairs: dict[str, float | None] = {
         "export": base["export"],
         "stage": base["create"] + base["insert"],
-        "prepare": None, "shrink_guard": None,
-        "publish": base["exchange"], "retention": None,
-    }  # fmt: skip
+        "prepare": None,
+        "shrink_guard": None,
+        "publish": base["exchange"],
+        "retention": None,
+    }
     print(f"{'phase':<14}{'dpone s':>10}{'baseline s':>12}{'ratio':>9}{'share':>8}")
     for phase in PHASES:
         seconds, other = timings[phase], pairs[phase]

@@ -125,9 +125,11 @@ def post_file(
     with open(path, "rb") as body:
         params = {"query": query, "async_insert": "0", "wait_end_of_query": "1"}
         conn.request(
-            "POST", "/?" + urllib.parse.urlencode(params), body=body,
+            "POST",
+            "/?" + urllib.parse.urlencode(params),
+            body=body,
             headers={"Content-Length": str(path.stat().st_size), **_auth(credentials)},
-        )  # fmt: skip
+        )
         response = conn.getresponse()
         answer = response.read()
     seconds = time.perf_counter() - started
@@ -201,8 +203,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", default=",".join(STEPS), help=f"subset of {','.join(STEPS)}")
     parser.add_argument("--work", type=Path, help="work directory (default: a temporary one)")
-    parser.add_argument("--source", type=Path, help="an existing bulk text file under SCHEMA "
-                        "(e.g. generated rows repeated) instead of generating --rows")  # fmt: skip
+    parser.add_argument(
+        "--source",
+        type=Path,
+        help="an existing bulk text file under SCHEMA "
+        "(e.g. generated rows repeated) instead of generating --rows",
+    )
     args = parser.parse_args()
     steps = args.steps.split(",")
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
@@ -222,8 +228,18 @@ def main() -> None:
 
         def validate(i: int) -> Timed:
             receipt.unlink(missing_ok=True)
-            timed, _ = run_tree([DPONE, "validate", str(source), "--schema", str(work / "schema.json"),
-                                 "--receipt-out", str(receipt), "--json"])  # fmt: skip
+            timed, _ = run_tree(
+                [
+                    DPONE,
+                    "validate",
+                    str(source),
+                    "--schema",
+                    str(work / "schema.json"),
+                    "--receipt-out",
+                    str(receipt),
+                    "--json",
+                ]
+            )
             return timed
 
         results["validate"] = median("validate", args.runs if "validate" in steps else 1, validate)
@@ -243,11 +259,23 @@ def main() -> None:
 
                 def once(i: int) -> Timed:
                     runs_dir = work / f"runs-{mode}-{i}"
-                    timed, out = run_tree([
-                        DPONE, "stage", str(source), "--receipt", str(receipt),
-                        "--work-dir", str(runs_dir), "--database", "bench",
-                        "--data-dir", str(data_dir), *flag, "--json",
-                    ])  # fmt: skip
+                    timed, out = run_tree(
+                        [
+                            DPONE,
+                            "stage",
+                            str(source),
+                            "--receipt",
+                            str(receipt),
+                            "--work-dir",
+                            str(runs_dir),
+                            "--database",
+                            "bench",
+                            "--data-dir",
+                            str(data_dir),
+                            *flag,
+                            "--json",
+                        ]
+                    )
                     answer = json.loads(out)
                     assert answer["rows"] == rows, answer
                     staged.setdefault(mode, answer["semantic_id"])
@@ -273,9 +301,11 @@ def main() -> None:
                     port, f"SELECT * FROM bench.`{table}` FORMAT TabSeparated", tsv, admin
                 )
                 ddl = run_admin_sql(
-                    port, f"SELECT create_table_query FROM system.tables WHERE database = 'bench' "
-                    f"AND name = '{table}' FORMAT TSVRaw", credentials=admin,
-                ).strip()  # fmt: skip
+                    port,
+                    f"SELECT create_table_query FROM system.tables WHERE database = 'bench' "
+                    f"AND name = '{table}' FORMAT TSVRaw",
+                    credentials=admin,
+                ).strip()
 
                 def raw(i: int) -> Timed:
                     name = f"raw_{i}"
@@ -300,8 +330,19 @@ def main() -> None:
 
             def export(i: int) -> Timed:
                 out = work / f"export-{i}.tsv"
-                timed, _ = run_tree([DPONE, "export", "--source", f"sqlite:{db}", "--table", "t",
-                                     "--out", str(out), "--json"])  # fmt: skip
+                timed, _ = run_tree(
+                    [
+                        DPONE,
+                        "export",
+                        "--source",
+                        f"sqlite:{db}",
+                        "--table",
+                        "t",
+                        "--out",
+                        str(out),
+                        "--json",
+                    ]
+                )
                 same = _same_bytes(out, source)
                 out.unlink()
                 Path(f"{out}.receipt.json").unlink(missing_ok=True)
@@ -319,8 +360,10 @@ def main() -> None:
     for name, r in results.items():
         ratio = f"{r.seconds / base.seconds:5.2f}x raw" if base else ""
         rss = f"peak RSS {r.peak_mib:4.0f} MiB" if name != "raw" else "(server side)"
-        print(f"{name:13s} {r.seconds:7.2f} s  {rows / r.seconds:>11,.0f} rows/s  "
-              f"{mib / r.seconds:7.1f} MiB/s  {ratio}  {rss}")  # fmt: skip
+        print(
+            f"{name:13s} {r.seconds:7.2f} s  {rows / r.seconds:>11,.0f} rows/s  "
+            f"{mib / r.seconds:7.1f} MiB/s  {ratio}  {rss}"
+        )
 
 
 if __name__ == "__main__":

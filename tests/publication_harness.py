@@ -154,8 +154,12 @@ class Rig:
         exported = export_table(SqliteSource(source), "items", self.root / f"{attempt_id}.tsv")
         ingest = issue_ingest(self.data_dir, self.store_path, self.database, attempt_id)
         endpoint = Endpoint("127.0.0.1", self.http_port, self.tcp_port, self.database)
-        config = StagingConfig(endpoint, ingest.credentials, self.root / "attempts",
-                               principal_uuid=ingest.ref.user_uuid)  # fmt: skip
+        config = StagingConfig(
+            endpoint,
+            ingest.credentials,
+            self.root / "attempts",
+            principal_uuid=ingest.ref.user_uuid,
+        )
         return ClickHouseSink(config).stage_validated_file(
             exported.path, exported.receipt_path, attempt_id=attempt_id
         )
@@ -184,11 +188,25 @@ class Rig:
     def crash(self, point: str, intent: str) -> subprocess.CompletedProcess[str]:
         """Publish ``intent`` in a child process that SIGKILLs itself at ``point``."""
         return subprocess.run(
-            [sys.executable, "-m", "tests.publication_harness", point, "--data-dir",
-             str(self.data_dir), "--store", str(self.store_path), "--database", self.database,
-             intent],
-            capture_output=True, text=True, timeout=180, check=False, cwd=REPOSITORY,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tests.publication_harness",
+                point,
+                "--data-dir",
+                str(self.data_dir),
+                "--store",
+                str(self.store_path),
+                "--database",
+                self.database,
+                intent,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+            cwd=REPOSITORY,
+        )
 
     # ---------------------------------------------------------------- server reads
 

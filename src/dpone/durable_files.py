@@ -115,9 +115,10 @@ class _Identity:
             return cls(path, resolved, None)
         except OSError as exc:
             raise OutputRefused(
-                f"cannot inspect {path}: {exc.strerror}", code="output_not_accessible",
+                f"cannot inspect {path}: {exc.strerror}",
+                code="output_not_accessible",
                 path=str(path),
-            ) from exc  # fmt: skip
+            ) from exc
         return cls(path, resolved, (info.st_dev, info.st_ino))
 
     def same_file(self, other: _Identity) -> bool:
@@ -145,30 +146,37 @@ def check_outputs(
             if out.same_file(source):
                 raise OutputRefused(
                     f"output {out.given} is the input {source.given}; refusing to overwrite it",
-                    code="output_is_input", path=str(out.given), input=str(source.given),
-                )  # fmt: skip
+                    code="output_is_input",
+                    path=str(out.given),
+                    input=str(source.given),
+                )
         for other in outs[:i]:
             if out.same_file(other):
                 raise OutputRefused(
                     f"outputs {other.given} and {out.given} are the same file",
-                    code="outputs_collide", path=str(out.given), other=str(other.given),
-                )  # fmt: skip
+                    code="outputs_collide",
+                    path=str(out.given),
+                    other=str(other.given),
+                )
         if not out.resolved.parent.is_dir():
             raise OutputRefused(
                 f"directory {out.given.parent} of output {out.given} does not exist",
-                code="output_directory_missing", path=str(out.given),
-            )  # fmt: skip
+                code="output_directory_missing",
+                path=str(out.given),
+            )
         if out.inode is not None:
             if stat.S_ISDIR(os.stat(out.resolved).st_mode):
                 raise OutputRefused(
-                    f"output {out.given} is a directory", code="output_is_directory",
+                    f"output {out.given} is a directory",
+                    code="output_is_directory",
                     path=str(out.given),
-                )  # fmt: skip
+                )
             if not force:
                 raise OutputRefused(
                     f"output {out.given} exists; pass --force to replace it",
-                    code="output_exists", path=str(out.given),
-                )  # fmt: skip
+                    code="output_exists",
+                    path=str(out.given),
+                )
 
 
 class _Pending:
@@ -205,8 +213,9 @@ class _Pending:
         except FileExistsError as exc:
             raise OutputRefused(
                 f"output {self.final} appeared while it was written; pass --force to replace it",
-                code="output_exists", path=str(self.final),
-            ) from exc  # fmt: skip
+                code="output_exists",
+                path=str(self.final),
+            ) from exc
         except OSError as exc:
             raise _write_failed(self.final, exc) from exc
         self.placed = True
@@ -226,9 +235,10 @@ class _Pending:
 def _write_failed(final: Path, exc: OSError) -> OutputError:
     # Name the output the user asked for, never the temporary sibling.
     return OutputError(
-        f"cannot write {final}: {exc.strerror or exc}", path=str(final),
+        f"cannot write {final}: {exc.strerror or exc}",
+        path=str(final),
         errno=errno.errorcode.get(exc.errno or 0, exc.errno),
-    )  # fmt: skip
+    )
 
 
 def _discard_all(pending: list[_Pending]) -> None:

@@ -24,13 +24,14 @@ def _journal(work: Path, attempt: str, *documents: dict[str, Any]) -> Path:
 def _unsettled_insert(database: str) -> dict[str, Any]:
     now = int(time.time() * 1000)
     return {
-        "state": "loading", "outcome": "intent",
+        "state": "loading",
+        "outcome": "intent",
         "query": {"kind": "insert", "query_id": "dpone-b02-x-1-insert"},
         "dispatch": {"not_before_ms": now, "not_after_ms": now + 600_000},
         "principal": {"user": "dpone_admin"},
         "planned_ownership": {"database": database, "table": "dpone_stage_x_h1"},
         "cleanup_inventory": {},
-    }  # fmt: skip
+    }
 
 
 def test_one_corrupt_journal_does_not_hide_the_others(tmp_path: Path) -> None:
@@ -61,18 +62,48 @@ def test_cleanup_with_a_wrong_database_asks_no_server(tmp_path: Path) -> None:
     """The journal's database is compared before any query (port 1: nothing listens)."""
     work = tmp_path / "work"
     _journal(work, "x-1", _unsettled_insert("stg"))
-    done = dpone("attempts", "cleanup", "x-1", "--work-dir", str(work), "--database", "other",
-                 "--host", "127.0.0.1", "--http-port", "1", "--tcp-port", "1", "--json",
-                 extra_env={"DPONE_CLICKHOUSE_USER": "u", "DPONE_CLICKHOUSE_PASSWORD": "p"})  # fmt: skip
+    done = dpone(
+        "attempts",
+        "cleanup",
+        "x-1",
+        "--work-dir",
+        str(work),
+        "--database",
+        "other",
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        "1",
+        "--tcp-port",
+        "1",
+        "--json",
+        extra_env={"DPONE_CLICKHOUSE_USER": "u", "DPONE_CLICKHOUSE_PASSWORD": "p"},
+    )
     assert done.returncode == 1 and as_json(done)["error"]["code"] == "database_mismatch"
     assert len(read_events(work / "x-1")) == 1  # nothing written
 
 
 def test_empty_attempt_id_is_refused(tmp_path: Path) -> None:
     path, receipt, _ = export_hostile(tmp_path)
-    done = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(tmp_path / "w"),
-                 "--attempt-id", "", "--database", "stg", "--host", "127.0.0.1", "--http-port", "1",
-                 "--tcp-port", "1", "--json")  # fmt: skip
+    done = dpone(
+        "stage",
+        str(path),
+        "--receipt",
+        str(receipt),
+        "--work-dir",
+        str(tmp_path / "w"),
+        "--attempt-id",
+        "",
+        "--database",
+        "stg",
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        "1",
+        "--tcp-port",
+        "1",
+        "--json",
+    )
     assert done.returncode == 2 and as_json(done)["error"]["code"] == "invalid_attempt_id"
     assert not (tmp_path / "w").exists() or list((tmp_path / "w").iterdir()) == []
 
@@ -87,9 +118,23 @@ def test_failed_stage_and_discard_end_their_ingest_leases(tmp_path: Path) -> Non
         chhttp.register_server(server["http_port"], data_dir)
 
         def stage(attempt: str, receipt_path: Path) -> Any:
-            return dpone("stage", str(path), "--store", str(store), "--receipt", str(receipt_path),
-                         "--work-dir", str(tmp_path / "work"), "--database", "stg",
-                         "--data-dir", str(data_dir), "--attempt-id", attempt, "--json")  # fmt: skip
+            return dpone(
+                "stage",
+                str(path),
+                "--store",
+                str(store),
+                "--receipt",
+                str(receipt_path),
+                "--work-dir",
+                str(tmp_path / "work"),
+                "--database",
+                "stg",
+                "--data-dir",
+                str(data_dir),
+                "--attempt-id",
+                attempt,
+                "--json",
+            )
 
         done = stage("ok-1", receipt)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -101,8 +146,20 @@ def test_failed_stage_and_discard_end_their_ingest_leases(tmp_path: Path) -> Non
         assert failed.returncode != 0
         leases = SqliteSnapshotStore(store).leases_of("bad-1")
         assert len(leases) == 1 and not leases[0].active
-        gone = dpone("attempts", "discard", "ok-1", "--store", str(store), "--work-dir",
-                     str(tmp_path / "work"), "--database", "stg", "--data-dir", str(data_dir), "--json")  # fmt: skip
+        gone = dpone(
+            "attempts",
+            "discard",
+            "ok-1",
+            "--store",
+            str(store),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--database",
+            "stg",
+            "--data-dir",
+            str(data_dir),
+            "--json",
+        )
         assert gone.returncode == 0, gone.stdout + gone.stderr
         assert not SqliteSnapshotStore(store).leases_of("ok-1")[0].active
     finally:

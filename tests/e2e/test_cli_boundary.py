@@ -31,10 +31,23 @@ def test_sigterm_during_export_leaves_no_file_behind(tmp_path: Path) -> None:
     make_table(tmp_path / "src.db", 200_000)
     env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
     child = subprocess.Popen(
-        [sys.executable, "-m", "dpone", "export", "--source", f"sqlite:{tmp_path / 'src.db'}",
-         "--table", "t", "--out", str(tmp_path / "o.tsv")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "dpone",
+            "export",
+            "--source",
+            f"sqlite:{tmp_path / 'src.db'}",
+            "--table",
+            "t",
+            "--out",
+            str(tmp_path / "o.tsv"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         # Wait (bounded) until the export writes its temporary files, then stop it.
         limit = time.monotonic() + 60
@@ -108,8 +121,11 @@ def test_an_internal_error_never_prints_the_exception_text(tmp_path: Path) -> No
     for extra in (["--json"], []):
         done = subprocess.run(
             [sys.executable, "-c", script, "verify", str(data), "--receipt", str(data), *extra],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert done.returncode == 1
         assert "hunter2" not in done.stdout + done.stderr and "Traceback" not in done.stderr
         if extra:
@@ -120,8 +136,16 @@ def test_an_internal_error_never_prints_the_exception_text(tmp_path: Path) -> No
 
 def test_verify_recounts_the_records(tmp_path: Path) -> None:
     make_table(tmp_path / "src.db", 3)
-    exported = dpone("export", "--source", f"sqlite:{tmp_path / 'src.db'}", "--table", "t",
-                     "--out", str(tmp_path / "o.tsv"), "--json")  # fmt: skip
+    exported = dpone(
+        "export",
+        "--source",
+        f"sqlite:{tmp_path / 'src.db'}",
+        "--table",
+        "t",
+        "--out",
+        str(tmp_path / "o.tsv"),
+        "--json",
+    )
     receipt = Path(as_json(exported)["receipt"])
     original = receipt.read_bytes()
     edited = original.replace(b'"rows_validated":3', b'"rows_validated":4')
@@ -152,11 +176,23 @@ def test_a_closed_output_pipe_ends_quietly(tmp_path: Path) -> None:
         os.close(read_end)  # like `| head` that has already exited
         try:
             done = subprocess.run(
-                [sys.executable, "-m", "dpone", "verify", "o.tsv", "--receipt",
-                 "o.tsv.receipt.json", *extra],
-                stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=120,
+                [
+                    sys.executable,
+                    "-m",
+                    "dpone",
+                    "verify",
+                    "o.tsv",
+                    "--receipt",
+                    "o.tsv.receipt.json",
+                    *extra,
+                ],
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=tmp_path,
+                timeout=120,
                 check=False,
-            )  # fmt: skip
+            )
         finally:
             os.close(write_end)
         assert done.stderr == "" and done.returncode == 1
@@ -212,8 +248,16 @@ def test_an_error_after_progress_starts_on_a_fresh_line(tmp_path: Path) -> None:
 
 
 def test_json_reports_stay_one_object_on_failure(tmp_path: Path) -> None:
-    done = dpone("export", "--source", f"sqlite:{tmp_path / 'x?y.db'}", "--table", "t",
-                 "--out", str(tmp_path / "o.tsv"), "--json")  # fmt: skip
+    done = dpone(
+        "export",
+        "--source",
+        f"sqlite:{tmp_path / 'x?y.db'}",
+        "--table",
+        "t",
+        "--out",
+        str(tmp_path / "o.tsv"),
+        "--json",
+    )
     assert done.returncode == 1
     payload = json.loads(done.stdout)
     assert payload["ok"] is False and payload["error"]["code"] == "source_not_found"

@@ -20,11 +20,32 @@ def test_a_password_with_cr_lf_is_a_coded_refusal(tmp_path: Path, as_json: bool)
     env = {**os.environ, "DPONE_CLICKHOUSE_PASSWORD": SECRET}
     env.pop("DPONE_DATA_DIR", None)
     done = subprocess.run(
-        [sys.executable, "-m", "dpone", "stage", str(data), "--receipt", str(receipt),
-         "--work-dir", str(tmp_path / "work"), "--database", "stg", "--host", "127.0.0.1",
-         "--http-port", "1", "--tcp-port", "2", *(["--json"] if as_json else [])],
-        capture_output=True, text=True, timeout=120, check=False, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "dpone",
+            "stage",
+            str(data),
+            "--receipt",
+            str(receipt),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--database",
+            "stg",
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            "1",
+            "--tcp-port",
+            "2",
+            *(["--json"] if as_json else []),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
     output = done.stdout + done.stderr
     assert done.returncode != 0
     assert "invalid_credentials" in output and "Traceback" not in output

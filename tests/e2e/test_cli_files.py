@@ -13,8 +13,16 @@ from tests.integration.test_export_validate import make_hostile_db
 def test_export_then_validate_then_verify(tmp_path: Path) -> None:
     rows = make_hostile_db(tmp_path / "src.db")
     out = tmp_path / "hostile.tsv"
-    exported = dpone("export", "--source", f"sqlite:{tmp_path / 'src.db'}", "--table", "hostile",
-                     "--out", str(out), "--json")  # fmt: skip
+    exported = dpone(
+        "export",
+        "--source",
+        f"sqlite:{tmp_path / 'src.db'}",
+        "--table",
+        "hostile",
+        "--out",
+        str(out),
+        "--json",
+    )
     assert exported.returncode == 0, exported.stderr
     summary = as_json(exported)
     assert summary["rows"] == len(rows) and summary["file"] == str(out)
@@ -22,8 +30,15 @@ def test_export_then_validate_then_verify(tmp_path: Path) -> None:
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps(receipt["schema"], indent=2))
 
-    validated = dpone("validate", str(out), "--schema", str(schema), "--receipt-out",
-                      str(tmp_path / "again.json"), "--json")  # fmt: skip
+    validated = dpone(
+        "validate",
+        str(out),
+        "--schema",
+        str(schema),
+        "--receipt-out",
+        str(tmp_path / "again.json"),
+        "--json",
+    )
     assert validated.returncode == 0, validated.stderr
     assert as_json(validated)["receipt_sha256"] == summary["receipt_sha256"]
     assert (tmp_path / "again.json").read_bytes() == Path(summary["receipt"]).read_bytes()
@@ -39,10 +54,17 @@ def test_export_then_validate_then_verify(tmp_path: Path) -> None:
 
 def test_invalid_file_gets_no_receipt_and_a_located_error(tmp_path: Path) -> None:
     schema = tmp_path / "schema.json"
-    schema.write_text(json.dumps({"schema_version": 1, "columns": [
-        {"name": "id", "source_type": "int", "nullable": False},
-        {"name": "s", "source_type": "nvarchar(10)", "nullable": True},
-    ]}))  # fmt: skip
+    schema.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "columns": [
+                    {"name": "id", "source_type": "int", "nullable": False},
+                    {"name": "s", "source_type": "nvarchar(10)", "nullable": True},
+                ],
+            }
+        )
+    )
     data = tmp_path / "bad.tsv"
     data.write_bytes(b"1\tok\n2\tbad\x1dQ\n")
     done = dpone("validate", str(data), "--schema", str(schema))
@@ -63,21 +85,42 @@ def test_schema_with_unknown_member_is_refused(tmp_path: Path) -> None:
 
 def test_export_of_unknown_table(tmp_path: Path) -> None:
     sqlite3.connect(tmp_path / "src.db").close()
-    done = dpone("export", "--source", f"sqlite:{tmp_path / 'src.db'}", "--table", "nope",
-                 "--out", str(tmp_path / "o.tsv"))  # fmt: skip
+    done = dpone(
+        "export",
+        "--source",
+        f"sqlite:{tmp_path / 'src.db'}",
+        "--table",
+        "nope",
+        "--out",
+        str(tmp_path / "o.tsv"),
+    )
     assert done.returncode == 1 and "source_error" in done.stderr
 
 
 def test_validate_never_writes_its_receipt_over_an_input(tmp_path: Path) -> None:
     schema = tmp_path / "schema.json"
-    schema.write_text(json.dumps({"schema_version": 1, "columns": [
-        {"name": "id", "source_type": "int", "nullable": False}]}))  # fmt: skip
+    schema.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "columns": [{"name": "id", "source_type": "int", "nullable": False}],
+            }
+        )
+    )
     data = tmp_path / "f.tsv"
     data.write_bytes(b"1\n2\n")
     inputs = {p: p.read_bytes() for p in (data, schema)}
     for target in (data, schema):
-        done = dpone("validate", str(data), "--schema", str(schema), "--receipt-out", str(target),
-                     "--force", "--json")  # fmt: skip
+        done = dpone(
+            "validate",
+            str(data),
+            "--schema",
+            str(schema),
+            "--receipt-out",
+            str(target),
+            "--force",
+            "--json",
+        )
         assert done.returncode == 2 and as_json(done)["error"]["code"] == "output_is_input"
     assert {p: p.read_bytes() for p in inputs} == inputs
     receipt = tmp_path / "f.tsv.receipt.json"
@@ -98,22 +141,46 @@ def test_validate_never_writes_its_receipt_over_an_input(tmp_path: Path) -> None
 def test_export_over_its_source_is_refused_and_the_source_survives(tmp_path: Path) -> None:
     make_hostile_db(tmp_path / "src.db")
     before = (tmp_path / "src.db").read_bytes()
-    done = dpone("export", "--source", f"sqlite:{tmp_path / 'src.db'}", "--table", "hostile",
-                 "--out", str(tmp_path / "src.db"), "--force")  # fmt: skip
+    done = dpone(
+        "export",
+        "--source",
+        f"sqlite:{tmp_path / 'src.db'}",
+        "--table",
+        "hostile",
+        "--out",
+        str(tmp_path / "src.db"),
+        "--force",
+    )
     assert done.returncode == 2 and "[output_is_input]" in done.stderr
     assert (tmp_path / "src.db").read_bytes() == before
-    again = dpone("export", "--source", f"sqlite:{tmp_path / 'src.db'}", "--table", "hostile",
-                  "--out", str(tmp_path / "o.tsv"), "--receipt-out", str(tmp_path / "o.tsv"))  # fmt: skip
+    again = dpone(
+        "export",
+        "--source",
+        f"sqlite:{tmp_path / 'src.db'}",
+        "--table",
+        "hostile",
+        "--out",
+        str(tmp_path / "o.tsv"),
+        "--receipt-out",
+        str(tmp_path / "o.tsv"),
+    )
     assert again.returncode == 2 and "[outputs_collide]" in again.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src.db"]
 
 
 def _int_schema(tmp_path: Path) -> Path:
     schema = tmp_path / "schema.json"
-    schema.write_text(json.dumps({"schema_version": 1, "columns": [
-        {"name": "id", "source_type": "bigint", "nullable": False},
-        {"name": "n", "source_type": "int", "nullable": True},
-    ]}))  # fmt: skip
+    schema.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "columns": [
+                    {"name": "id", "source_type": "bigint", "nullable": False},
+                    {"name": "n", "source_type": "int", "nullable": True},
+                ],
+            }
+        )
+    )
     return schema
 
 
@@ -125,8 +192,10 @@ def test_an_integer_of_4301_digits_is_a_coded_value_error(tmp_path: Path) -> Non
     assert done.returncode == 1, done.stdout + done.stderr
     error = as_json(done)["error"]
     assert (error["code"], error["details"]["record"], error["details"]["column"]) == (
-        "value_not_representable", 2, "n",
-    )  # fmt: skip
+        "value_not_representable",
+        2,
+        "n",
+    )
     assert not (tmp_path / "long.tsv.receipt.json").exists()
 
 
@@ -189,13 +258,21 @@ def test_validation_without_the_engine_warns(tmp_path: Path) -> None:
     assert as_json(fine)["warnings"] == []
     missing = {"DPONE_ENGINE_SCRATCH": str(tmp_path / "missing")}
     # The compiled converter needs no scratch: nothing to warn about.
-    native = dpone("validate", str(data), "--schema", str(schema), "--force", "--json",
-                   extra_env=missing)  # fmt: skip
+    native = dpone(
+        "validate", str(data), "--schema", str(schema), "--force", "--json", extra_env=missing
+    )
     assert native.returncode == 0 and as_json(native)["warnings"] == [], native.stderr
     missing["DPONE_NATIVE"] = "0"
     for as_object in (True, False):
-        again = dpone("validate", str(data), "--schema", str(schema), "--force",
-                      *(["--json"] if as_object else []), extra_env=missing)  # fmt: skip
+        again = dpone(
+            "validate",
+            str(data),
+            "--schema",
+            str(schema),
+            "--force",
+            *(["--json"] if as_object else []),
+            extra_env=missing,
+        )
         assert again.returncode == 0, again.stderr
         if as_object:
             (warning,) = as_json(again)["warnings"]
@@ -206,14 +283,16 @@ def test_validation_without_the_engine_warns(tmp_path: Path) -> None:
             ]
         assert "DPONE_ENGINE_SCRATCH" in warning and str(tmp_path / "missing") in warning
         assert "engine_scratch" in warning and "Python reference" in warning
-    verified = dpone("verify", str(data), "--receipt", f"{data}.receipt.json", "--json",
-                     extra_env=missing)  # fmt: skip
+    verified = dpone(
+        "verify", str(data), "--receipt", f"{data}.receipt.json", "--json", extra_env=missing
+    )
     assert verified.returncode == 0, verified.stderr
     assert "engine_scratch" in as_json(verified)["warnings"][0]
     # A failure keeps its warning too: one JSON object, with both.
     data.write_bytes(b"1\t\nx\t3\n")
-    failed = dpone("validate", str(data), "--schema", str(schema), "--force", "--json",
-                   extra_env=missing)  # fmt: skip
+    failed = dpone(
+        "validate", str(data), "--schema", str(schema), "--force", "--json", extra_env=missing
+    )
     assert failed.returncode == 1
     assert as_json(failed)["error"]["code"] == "invalid_value"
     assert "engine_scratch" in as_json(failed)["warnings"][0]

@@ -40,16 +40,30 @@ def export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("lease-export")
     make_source(root / "shop.db", rows_of(150_000))
     out, receipt = root / "items.tsv", root / "items.receipt.json"
-    done = dpone("export", "--source", f"sqlite:{root / 'shop.db'}", "--table", "items",
-                 "--out", str(out), "--receipt-out", str(receipt), "--json")  # fmt: skip
+    done = dpone(
+        "export",
+        "--source",
+        f"sqlite:{root / 'shop.db'}",
+        "--table",
+        "items",
+        "--out",
+        str(out),
+        "--receipt-out",
+        str(receipt),
+        "--json",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return out, receipt
 
 
 def _run_until(argv: list[str], ready: Callable[[], bool]) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
-    process = subprocess.Popen([sys.executable, "-m", "dpone", *argv],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dpone", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     deadline = time.monotonic() + 120
     while not ready() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -66,11 +80,27 @@ def _journaled(attempt_dir: Path, events: int) -> Callable[[], bool]:
     return lambda: len(list(attempt_dir.glob("events/*"))) >= events
 
 
-def _stage_argv(export: tuple[Path, Path], server: dict[str, Any], work: Path, store: Path,
-                attempt: str) -> list[str]:  # fmt: skip
-    return ["stage", str(export[0]), "--receipt", str(export[1]), "--work-dir", str(work),
-            "--database", DATABASE, "--data-dir", str(server["data_dir"]), "--principal", "pool",
-            "--store", str(store), "--attempt-id", attempt]  # fmt: skip
+def _stage_argv(
+    export: tuple[Path, Path], server: dict[str, Any], work: Path, store: Path, attempt: str
+) -> list[str]:
+    return [
+        "stage",
+        str(export[0]),
+        "--receipt",
+        str(export[1]),
+        "--work-dir",
+        str(work),
+        "--database",
+        DATABASE,
+        "--data-dir",
+        str(server["data_dir"]),
+        "--principal",
+        "pool",
+        "--store",
+        str(store),
+        "--attempt-id",
+        attempt,
+    ]
 
 
 def test_killed_stages_exhaust_the_pool_until_their_leases_are_ended(
@@ -79,8 +109,9 @@ def test_killed_stages_exhaust_the_pool_until_their_leases_are_ended(
     work, store = tmp_path / "work", tmp_path / "store.sqlite"
     for n in range(4):
         attempt = f"kill-{n}"
-        process = _run_until(_stage_argv(export, server, work, store, attempt),
-                             _journaled(work / attempt, 3))  # fmt: skip
+        process = _run_until(
+            _stage_argv(export, server, work, store, attempt), _journaled(work / attempt, 3)
+        )
         if n == 0:
             # While its process runs, the lease is live and is never ended.
             opened = SqliteSnapshotStore(store, create=False)
@@ -124,12 +155,32 @@ def test_killed_stages_exhaust_the_pool_until_their_leases_are_ended(
     assert staged.returncode == 0, staged.stdout + staged.stderr
     (verdict,) = judge_leases(opened, [work])
     assert (verdict.holder, verdict.reason) == ("live", "staged_unprepared")
-    refused_cli = dpone("snapshot", "end-lease", verdict.lease_id, "--store", str(store),
-                        "--work-dir", str(work), "--json")  # fmt: skip
+    refused_cli = dpone(
+        "snapshot",
+        "end-lease",
+        verdict.lease_id,
+        "--store",
+        str(store),
+        "--work-dir",
+        str(work),
+        "--json",
+    )
     assert refused_cli.returncode == 1
     assert as_json(refused_cli)["error"]["code"] == "lease_holder_live"
-    discard = dpone("attempts", "discard", "done-1", "--work-dir", str(work), "--database", DATABASE,
-                    "--data-dir", str(server["data_dir"]), "--store", str(store), "--json")  # fmt: skip
+    discard = dpone(
+        "attempts",
+        "discard",
+        "done-1",
+        "--work-dir",
+        str(work),
+        "--database",
+        DATABASE,
+        "--data-dir",
+        str(server["data_dir"]),
+        "--store",
+        str(store),
+        "--json",
+    )
     assert discard.returncode == 0, discard.stdout
     assert judge_leases(opened, [work]) == []
 
@@ -156,7 +207,10 @@ def test_refresh_killed_in_stage_then_status_names_end_lease(
     assert attempt["command"].split()[1:3] == ["attempts", "cleanup"], attempt
     (active,) = status["active_leases"]
     assert (active["holder"], active["lease_id"], active["reason"]) == (
-        "gone", live.lease_id, "process_gone")  # fmt: skip
+        "gone",
+        live.lease_id,
+        "process_gone",
+    )
     ended = dpone(*end_lease_command(live.lease_id, store, [attempts]).split()[1:], "--json")
     assert ended.returncode == 0 and as_json(ended)["ended_now"] is True, ended.stdout
     after = as_json(dpone("status", "--config", str(config), "--json"))

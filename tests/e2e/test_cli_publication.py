@@ -79,19 +79,47 @@ class Workspace:
             conn.executemany("INSERT INTO items VALUES (?, ?, ?)", rows)
         conn.close()
         out, receipt = self.root / f"{attempt_id}.tsv", self.root / f"{attempt_id}.receipt.json"
-        exported = dpone("export", "--source", f"sqlite:{source}", "--table", "items",
-                         "--out", str(out), "--receipt-out", str(receipt), "--json")  # fmt: skip
+        exported = dpone(
+            "export",
+            "--source",
+            f"sqlite:{source}",
+            "--table",
+            "items",
+            "--out",
+            str(out),
+            "--receipt-out",
+            str(receipt),
+            "--json",
+        )
         assert exported.returncode == 0, exported.stdout + exported.stderr
-        staged = self.run("stage", str(out), "--receipt", str(receipt), "--database", DB,
-                          "--work-dir", str(self.root / "work"), "--attempt-id", attempt_id, "--json")  # fmt: skip
+        staged = self.run(
+            "stage",
+            str(out),
+            "--receipt",
+            str(receipt),
+            "--database",
+            DB,
+            "--work-dir",
+            str(self.root / "work"),
+            "--attempt-id",
+            attempt_id,
+            "--json",
+        )
         assert staged.returncode == 0, staged.stdout + staged.stderr
         answer = as_json(staged)
         assert answer["rows"] == len(rows)
         return answer
 
     def prepare(self, staged: dict[str, Any], target: str) -> dict[str, Any]:
-        done = self.run("snapshot", "prepare", "--journal", staged["journal"],
-                        "--target", f"{DB}.{target}", "--json")  # fmt: skip
+        done = self.run(
+            "snapshot",
+            "prepare",
+            "--journal",
+            staged["journal"],
+            "--target",
+            f"{DB}.{target}",
+            "--json",
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         answer = as_json(done)
         assert (answer["ok"], answer["state"], answer["revision"]) == (True, "prepared", 1)
@@ -196,13 +224,17 @@ def test_refreshes_replace_the_target_exactly(ws: Workspace) -> None:
     assert final["record_sha256"] == published["record_sha256"]
     facts = final["facts"]
     assert (facts["decided"], facts["dispatch_outcome"], facts["exchange_finishes"]) == (
-        "published", "acknowledged", 1,
-    )  # fmt: skip
+        "published",
+        "acknowledged",
+        1,
+    )
     assert (facts["target_uuid"], facts["generation_uuid"]) == (first["uuid"], empty_a)
     closure = facts["closure"]
     assert (closure["proven"], closure["strength"], closure["facts"]["unproven"]) == (
-        True, "custodial", [],
-    )  # fmt: skip
+        True,
+        "custodial",
+        [],
+    )
     assert [s["answer"] for s in closure["facts"]["sessions"]] == [372]
 
     # A repeated publish is a historical replay: same record, no second EXCHANGE.
@@ -234,12 +266,14 @@ def test_refreshes_replace_the_target_exactly(ws: Workspace) -> None:
     assert ws.uuid_of("items") == third["uuid"]
 
     # A new publication of an already used attempt is refused: nothing is prepared.
-    reused = ws.run("snapshot", "prepare", "--journal", third["journal"], "--target",
-                    f"{DB}.items", "--json")  # fmt: skip
+    reused = ws.run(
+        "snapshot", "prepare", "--journal", third["journal"], "--target", f"{DB}.items", "--json"
+    )
     assert reused.returncode == 1, reused.stdout + reused.stderr
     assert error_of(reused)["code"] == "evidence_unverified"
-    older = ws.run("snapshot", "prepare", "--journal", first["journal"], "--target",
-                   f"{DB}.items", "--json")  # fmt: skip
+    older = ws.run(
+        "snapshot", "prepare", "--journal", first["journal"], "--target", f"{DB}.items", "--json"
+    )
     assert older.returncode == 1, older.stdout + older.stderr
     assert error_of(older)["code"] == "attempt_fenced"
     assert ws.uuid_of("items") == third["uuid"] and ws.rows_of("items") == []
@@ -253,8 +287,15 @@ def test_cancel_leaves_the_target_and_the_attempt_cannot_be_prepared_again(ws: W
 
     staged = ws.stage([(9, "nine", 9)], "c1")
     intent = ws.prepare(staged, "kept")["intent_sha256"]
-    prepare_again = ("snapshot", "prepare", "--journal", staged["journal"], "--target",
-                     f"{DB}.kept", "--json")  # fmt: skip
+    prepare_again = (
+        "snapshot",
+        "prepare",
+        "--journal",
+        staged["journal"],
+        "--target",
+        f"{DB}.kept",
+        "--json",
+    )
     # One attempt, one intent: a second prepare of the same attempt is refused.
     twice = ws.run(*prepare_again)
     assert twice.returncode == 1, twice.stdout + twice.stderr
@@ -355,8 +396,17 @@ def test_bad_inputs_give_one_coded_json_error_each(ws: Workspace) -> None:
     )
     refused(done, 1, "journal_missing")  # not a journal at all
     # A generation reference that is not the journal's final event.
-    done = ws.run("snapshot", "prepare", "--journal", staged["journal"], "--target", f"{DB}.never",
-                  "--generation", "1" * 64, "--json")  # fmt: skip
+    done = ws.run(
+        "snapshot",
+        "prepare",
+        "--journal",
+        staged["journal"],
+        "--target",
+        f"{DB}.never",
+        "--generation",
+        "1" * 64,
+        "--json",
+    )
     refused(done, 1, "evidence_unverified")
     assert error_of(done)["details"]["reason"] == "generation_ref_mismatch"
     assert ws.uuid_of("never") is None  # nothing was created on the way
@@ -368,8 +418,19 @@ def test_concurrent_publishers_dispatch_one_exchange(ws: Workspace) -> None:
     staged = ws.stage([(7, "seven", 7), (8, None, None)], "k1")
     intent = ws.prepare(staged, "raced")["intent_sha256"]
     env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
-    command = [sys.executable, "-m", "dpone", "snapshot", "publish", intent, "--data-dir",
-               str(ws.server.data_dir), "--store", ws.store, "--json"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "dpone",
+        "snapshot",
+        "publish",
+        intent,
+        "--data-dir",
+        str(ws.server.data_dir),
+        "--store",
+        ws.store,
+        "--json",
+    ]
     callers = [
         subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env

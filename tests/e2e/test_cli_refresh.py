@@ -55,8 +55,9 @@ def make_source(path: Path, rows: list[tuple[Any, ...]]) -> None:
     conn.close()
 
 
-def project(tmp_path: Path, server: dict[str, Any], target: str, extra: str = "",
-            keep: int = 1) -> Path:  # fmt: skip
+def project(
+    tmp_path: Path, server: dict[str, Any], target: str, extra: str = "", keep: int = 1
+) -> Path:
     config = tmp_path / "dpone.toml"
     config.write_text(
         f'[project]\nwork_dir = "work"\nstore = "store.sqlite"\nkeep_rollback = {keep}\n'
@@ -116,11 +117,22 @@ def test_first_and_second_refresh_make_the_target_equal_the_source(
     expected[[r[0] for r in expected].index(7)] = [7, "changed", "0.01"]
     assert target_rows(server["http_port"], "t_two") == [*expected, [100, "new", "9.99"]]
     # The previous target is the rollback copy under the second generation's name.
-    copy = chhttp.rows(server["http_port"], f"SELECT toString(uuid) AS u FROM system.tables WHERE "
-                       f"database = '{DATABASE}' AND name = '{again['generation_table']}'")  # fmt: skip
+    copy = chhttp.rows(
+        server["http_port"],
+        f"SELECT toString(uuid) AS u FROM system.tables WHERE "
+        f"database = '{DATABASE}' AND name = '{again['generation_table']}'",
+    )
     assert copy == [{"u": report["target_uuid_after"]}]
-    shown = as_json(dpone("snapshot", "show", again["intent_sha256"], "--store",
-                          str(tmp_path / "store.sqlite"), "--json"))  # fmt: skip
+    shown = as_json(
+        dpone(
+            "snapshot",
+            "show",
+            again["intent_sha256"],
+            "--store",
+            str(tmp_path / "store.sqlite"),
+            "--json",
+        )
+    )
     assert shown["state"] == "published" and shown["source_rows"] == 18
 
 
@@ -136,11 +148,17 @@ def test_shrink_guard_refuses_then_allow_shrink_publishes(
     report = refused["tables"][0]
     assert code == 1 and refused["ok"] is False
     assert (report["outcome"], report["phase"], report["error"]["code"]) == (
-        "not_published", "shrink_guard", "shrink_refused")  # fmt: skip
+        "not_published",
+        "shrink_guard",
+        "shrink_refused",
+    )
     assert (report["state"], report["revision"]) == ("not_published", 2)
     assert target_rows(server["http_port"], "t_shrink") == before
-    gone = chhttp.rows(server["http_port"], f"SELECT count() AS n FROM system.tables WHERE "
-                       f"database = '{DATABASE}' AND name = '{report['generation_table']}'")  # fmt: skip
+    gone = chhttp.rows(
+        server["http_port"],
+        f"SELECT count() AS n FROM system.tables WHERE "
+        f"database = '{DATABASE}' AND name = '{report['generation_table']}'",
+    )
     assert gone == [{"n": 0}]  # the refused generation was discarded
     journal = dpone("journal", "verify", report["journal"], "--json")
     assert as_json(journal)["state"] == "discarded"
@@ -197,10 +215,14 @@ def test_bad_project_file_names_every_problem_with_its_location(tmp_path: Path) 
     assert done.returncode == 2
     problems = {p["key"]: p for p in as_json(done)["error"]["details"]["problems"]}
     assert {k: v["line"] for k, v in problems.items()} == {
-        "project.keep_rollback": 2, "sources.shop.password": 6, "tables.items.source": 8,
-        "tables.items.table": 7, "tables.items.target": 9, "tables.items.shrink_guard": 10,
+        "project.keep_rollback": 2,
+        "sources.shop.password": 6,
+        "tables.items.source": 8,
+        "tables.items.table": 7,
+        "tables.items.target": 9,
+        "tables.items.shrink_guard": 10,
         "tables.items.colour": 11,
-    }  # fmt: skip
+    }
     assert "password_env" in problems["sources.shop.password"]["message"]
     text = dpone("check", "--config", str(config))
     assert text.returncode == 2 and "tables.items.colour (line 11): unknown key" in text.stderr
@@ -283,8 +305,12 @@ def converting(attempt: Path) -> bool:
 def _killed_in(tmp_path: Path, config: Path, ready: Any) -> None:
     """Start a refresh, SIGKILL it as soon as ``ready()`` holds."""
     env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
-    process = subprocess.Popen([sys.executable, "-m", "dpone", "refresh", "--config", str(config), "items"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dpone", "refresh", "--config", str(config), "items"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 120
         # A millisecond between checks: some phases last only tens of milliseconds
@@ -321,7 +347,10 @@ def test_sigkill_during_publish_then_status_names_reconcile(
     if done["state"] == "not_published":
         (item,) = as_json(dpone("status", "--config", str(config), "--json"))["needs_person"]
         assert item["kind"] == "staged_unpublished" and item["command"].split()[:3] == [
-            "dpone", "attempts", "discard"]  # fmt: skip
+            "dpone",
+            "attempts",
+            "discard",
+        ]
         assert dpone(*item["command"].split()[1:]).returncode == 0
     assert dpone("status", "--config", str(config)).returncode == 0
 

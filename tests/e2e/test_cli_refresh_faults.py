@@ -183,9 +183,18 @@ def finish_what_status_names(tmp_path: Path, config: Path, gaps: list[str]) -> l
                 server = as_json(dpone("status", "--config", str(config), "--json"))
                 assert server["server_running"] is True
                 data_dir = config.read_text().split('data_dir = "')[1].split('"')[0]
-                command = ["dpone", "attempts", "discard", item["attempt_id"], "--work-dir",
-                           str(tmp_path / "work" / "retention"), "--database", DATABASE,
-                           "--data-dir", data_dir]  # fmt: skip
+                command = [
+                    "dpone",
+                    "attempts",
+                    "discard",
+                    item["attempt_id"],
+                    "--work-dir",
+                    str(tmp_path / "work" / "retention"),
+                    "--database",
+                    DATABASE,
+                    "--data-dir",
+                    data_dir,
+                ]
             done = dpone(*command[1:], "--json")
             assert done.returncode == 0, (item, done.stdout, done.stderr)
     raise AssertionError(f"status still names something after four rounds: {kinds}")
@@ -298,8 +307,11 @@ def test_sigkill_during_prepare_while_ingest_closes_then_discard(
     assert finish_what_status_names(tmp_path, config, gaps) == ["staged_unpublished"]
     assert _journal_state(attempt) == "discarded/discarded"
     table = _planned_table(attempt)
-    generation = chhttp.rows(port, f"SELECT count() AS n FROM system.tables WHERE database = "
-                             f"'{DATABASE}' AND name = '{table}'")  # fmt: skip
+    generation = chhttp.rows(
+        port,
+        f"SELECT count() AS n FROM system.tables WHERE database = "
+        f"'{DATABASE}' AND name = '{table}'",
+    )
     assert generation == [{"n": 0}]  # the verified generation was dropped
     check_after(tmp_path, config, gaps)
     refresh_publishes(config, port, "t_kill_prepare", expected(100, "p"))
@@ -344,8 +356,10 @@ def test_sigkill_during_retention_keeps_the_new_target_and_finishes_the_drop(
     kinds = finish_what_status_names(tmp_path, config, gaps)
     assert kinds == ["retention_unfinished"]
     assert as_json(dpone("journal", "verify", str(journal), "--json"))["state"] == "discarded"
-    gone = chhttp.rows(port, f"SELECT count() AS n FROM system.tables WHERE database = "
-                       f"'{DATABASE}' AND name = '{copy}'")  # fmt: skip
+    gone = chhttp.rows(
+        port,
+        f"SELECT count() AS n FROM system.tables WHERE database = '{DATABASE}' AND name = '{copy}'",
+    )
     assert gone == [{"n": 0}]
     check_after(tmp_path, config, gaps)
     make_source(tmp_path / "shop.db", rows_of(6, name="last-"))
@@ -356,8 +370,11 @@ def test_sigkill_during_retention_keeps_the_new_target_and_finishes_the_drop(
     first_event = sorted((last / "events").glob("*"))[0] / "attempt.json"
     named = json.loads(first_event.read_bytes())["principal"]["user"]
     chhttp.query(port, "SYSTEM FLUSH LOGS")
-    ran_as = chhttp.rows(port, "SELECT DISTINCT user FROM system.query_log WHERE query_id = "
-                         f"'dpone-b02-{last.name}-discard'")  # fmt: skip
+    ran_as = chhttp.rows(
+        port,
+        "SELECT DISTINCT user FROM system.query_log WHERE query_id = "
+        f"'dpone-b02-{last.name}-discard'",
+    )
     assert ran_as == [{"user": named}]
     status = as_json(dpone("status", "--config", str(config), "--json"))
     assert status["needs_person"] == []
@@ -391,8 +408,11 @@ def test_refresh_over_the_client_transport_and_a_kill_while_loading(
     now[[r[0] for r in now].index(9)] = [9, "x\\y", "-0.25"]
     assert target_rows(port, "t_client") == now
     # Staging sent its rows through clickhouse-client (the native protocol).
-    sent = chhttp.rows(port, "SELECT DISTINCT interface FROM system.query_log WHERE query_id = "
-                       f"'dpone-b02-{second['tables'][0]['attempt_id']}-insert' AND type = 'QueryFinish'")  # fmt: skip
+    sent = chhttp.rows(
+        port,
+        "SELECT DISTINCT interface FROM system.query_log WHERE query_id = "
+        f"'dpone-b02-{second['tables'][0]['attempt_id']}-insert' AND type = 'QueryFinish'",
+    )
     assert sent == [{"interface": "TCP"}]
     make_source(tmp_path / "shop.db", rows_of(ROWS, name="c"))
     before = _attempt_ids(tmp_path)
@@ -403,8 +423,14 @@ def test_refresh_over_the_client_transport_and_a_kill_while_loading(
             return False
         assert attempt is not None
         insert = f"dpone-b02-{attempt.name}-insert"
-        return _spin(lambda: bool(chhttp.rows(port, "SELECT 1 AS x FROM system.processes WHERE "
-                                              f"query_id = '{insert}'")), 3.0)  # fmt: skip
+        return _spin(
+            lambda: bool(
+                chhttp.rows(
+                    port, f"SELECT 1 AS x FROM system.processes WHERE query_id = '{insert}'"
+                )
+            ),
+            3.0,
+        )
 
     _killed_in(tmp_path, config, loading)
     assert target_rows(port, "t_client") == now

@@ -69,8 +69,11 @@ def expected(rows: list[tuple[Any, ...]]) -> list[list[Any]]:
 
 
 def uuid_of(port: int, table: str) -> str | None:
-    found = chhttp.rows(port, "SELECT toString(uuid) AS u FROM system.tables WHERE "
-                        f"database = '{DATABASE}' AND name = '{table}'")  # fmt: skip
+    found = chhttp.rows(
+        port,
+        "SELECT toString(uuid) AS u FROM system.tables WHERE "
+        f"database = '{DATABASE}' AND name = '{table}'",
+    )
     return found[0]["u"] if found else None
 
 
@@ -100,11 +103,17 @@ def test_rollback_restores_the_previous_source_and_a_second_swaps_back(
     assert back["intent_sha256"] not in (first["intent_sha256"], second["intent_sha256"])
     assert back["restored_intent"] == first["intent_sha256"]
     store = SqliteSnapshotStore(tmp_path / "store.sqlite")
-    made, staged = (SnapshotIntent.from_bytes(store.load(sha).intent_bytes)
-                    for sha in (back["intent_sha256"], first["intent_sha256"]))  # fmt: skip
+    made, staged = (
+        SnapshotIntent.from_bytes(store.load(sha).intent_bytes)
+        for sha in (back["intent_sha256"], first["intent_sha256"])
+    )
     assert store.load(made.sha256).record_bytes  # recorded, like any publication
     assert (made.receipt_sha256, made.semantic_id, made.content_digest, made.source_rows) == (
-        staged.receipt_sha256, staged.semantic_id, staged.content_digest, 6)  # fmt: skip
+        staged.receipt_sha256,
+        staged.semantic_id,
+        staged.content_digest,
+        6,
+    )
     assert (made.generation_table, made.attempt_id) == (copy, back["attempt_id"])
     # The ingest principal was leased for the rollback attempt and closed by prepare.
     lease = store.get_lease(made.ingest.lease_id)
@@ -114,7 +123,9 @@ def test_rollback_restores_the_previous_source_and_a_second_swaps_back(
     assert made.staged_event_sha256 == events[-1].sha256
     final = events[-1].document
     assert (final["state"], final["observed_ownership"]["table_uuid"]) == (
-        "staged", first["target_uuid_after"])  # fmt: skip
+        "staged",
+        first["target_uuid_after"],
+    )
     assert final["rollback"]["origin_intent"] == first["intent_sha256"]
 
     found = status(config)
@@ -136,7 +147,8 @@ def test_rollback_restores_the_previous_source_and_a_second_swaps_back(
     # rollback) each left it under that name with that UUID.
     copies = status(config)["targets"][0]["rollback_copies"]
     assert [(c["table"], c["uuid"]) for c in copies] == [
-        (f"{DATABASE}.{copy}", first["target_uuid_after"])]  # fmt: skip
+        (f"{DATABASE}.{copy}", first["target_uuid_after"])
+    ]
     # A refresh after rollbacks: retention proves and drops the copy beyond keep_rollback
     # (the first content, carrying the first staging's mark, under the second's name).
     third_rows = rows_of(5, start=90, name="c")
@@ -156,12 +168,16 @@ def test_rollback_without_a_copy_is_a_coded_error(tmp_path: Path, server: dict[s
     code, never = rollback(config)
     assert code == 1 and never["ok"] is False
     assert (never["error"]["code"], never["error"]["details"]["reason"]) == (
-        "no_rollback_copy", "never_published")  # fmt: skip
+        "no_rollback_copy",
+        "never_published",
+    )
     refresh(config)
     code, first = rollback(config)
     assert code == 1 and first["phase"] == "locate"
     assert (first["error"]["code"], first["error"]["details"]["reason"]) == (
-        "no_rollback_copy", "first_publication")  # fmt: skip
+        "no_rollback_copy",
+        "first_publication",
+    )
     assert content(port, "t_nocopy") == expected(rows_of(3))
     text = dpone("rollback", "items", "--config", str(config))
     assert text.returncode == 1 and "no_rollback_copy" in text.stdout

@@ -21,8 +21,13 @@ def dpone(
     env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"} | (extra_env or {})
     return subprocess.run(
         [sys.executable, "-m", "dpone", *args],
-        capture_output=True, text=True, timeout=120, check=False, cwd=cwd, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=cwd,
+        env=env,
+    )
 
 
 def as_json(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -127,8 +132,17 @@ def test_start_error_is_reported_with_exit_1(tmp_path: Path) -> None:
 
 def test_same_port_for_http_and_tcp_is_refused_with_what_is_wrong(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    done = dpone("server", "start", "--data-dir", str(data), "--http-port", "18124",
-                 "--tcp-port", "18124", "--json")  # fmt: skip
+    done = dpone(
+        "server",
+        "start",
+        "--data-dir",
+        str(data),
+        "--http-port",
+        "18124",
+        "--tcp-port",
+        "18124",
+        "--json",
+    )
     assert done.returncode == 2
     error = as_json(done)["error"]
     assert error["code"] == "ports_must_differ" and "must differ" in error["message"]
@@ -182,8 +196,17 @@ def test_server_client_runs_clickhouse_client_without_credentials_in_argv(
     data = tmp_path / "data"
     assert dpone("server", "start", "--data-dir", str(data)).returncode == 0
     try:
-        done = dpone("server", "client", "--data-dir", str(data), "--client-path",
-                     clickhouse_client, "--", "--query", "SELECT currentUser(), 7")  # fmt: skip
+        done = dpone(
+            "server",
+            "client",
+            "--data-dir",
+            str(data),
+            "--client-path",
+            clickhouse_client,
+            "--",
+            "--query",
+            "SELECT currentUser(), 7",
+        )
     finally:
         dpone("server", "stop", "--data-dir", str(data))
     assert done.returncode == 0, done.stderr

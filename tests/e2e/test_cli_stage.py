@@ -14,12 +14,28 @@ def test_stage_through_the_cli(tmp_path: Path) -> None:
     path, receipt, data = export_hostile(tmp_path)
     # `--protect stg` creates the database and lets the pool's ingest users stage there
     # (the default `--principal auto` stages as one of them).
-    server = as_json(dpone("server", "start", "--data-dir", str(tmp_path / "ch"), "--protect", "stg",
-                           "--json"))  # fmt: skip
+    server = as_json(
+        dpone("server", "start", "--data-dir", str(tmp_path / "ch"), "--protect", "stg", "--json")
+    )
     try:
         chhttp.register_server(server["http_port"], tmp_path / "ch")
-        done = dpone("stage", str(path), "--store", str(tmp_path / "store.sqlite"), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
-                     "--database", "stg", "--data-dir", str(tmp_path / "ch"), "--attempt-id", "cli-1", "--json")  # fmt: skip
+        done = dpone(
+            "stage",
+            str(path),
+            "--store",
+            str(tmp_path / "store.sqlite"),
+            "--receipt",
+            str(receipt),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--database",
+            "stg",
+            "--data-dir",
+            str(tmp_path / "ch"),
+            "--attempt-id",
+            "cli-1",
+            "--json",
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         staged = as_json(done)
         assert staged["rows"] == len(data) and staged["table"] == "dpone_stage_cli_h1"
@@ -27,9 +43,25 @@ def test_stage_through_the_cli(tmp_path: Path) -> None:
             chhttp.query(server["http_port"], "SELECT count() FROM stg.dpone_stage_cli_h1")
             == f"{len(data)}\n"
         )
-        fast = dpone("stage", str(path), "--store", str(tmp_path / "store.sqlite"), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
-                     "--database", "stg", "--data-dir", str(tmp_path / "ch"), "--attempt-id", "cli-2",
-                     "--preparation", "engine-chdb", "--json")  # fmt: skip
+        fast = dpone(
+            "stage",
+            str(path),
+            "--store",
+            str(tmp_path / "store.sqlite"),
+            "--receipt",
+            str(receipt),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--database",
+            "stg",
+            "--data-dir",
+            str(tmp_path / "ch"),
+            "--attempt-id",
+            "cli-2",
+            "--preparation",
+            "engine-chdb",
+            "--json",
+        )
         assert fast.returncode == 0, fast.stdout + fast.stderr
         assert as_json(fast)["rows"] == len(data)
         same = chhttp.query(
@@ -40,11 +72,37 @@ def test_stage_through_the_cli(tmp_path: Path) -> None:
         assert same == "1\n"  # both converters staged the same values
         shown = dpone("journal", "show", staged["journal"])
         assert [json.loads(line)["state"] for line in shown.stdout.splitlines()][-1] == "staged"
-        text = dpone("stage", str(path), "--store", str(tmp_path / "store.sqlite"), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
-                     "--database", "stg", "--data-dir", str(tmp_path / "ch"), "--attempt-id", "cli-1")  # fmt: skip
+        text = dpone(
+            "stage",
+            str(path),
+            "--store",
+            str(tmp_path / "store.sqlite"),
+            "--receipt",
+            str(receipt),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--database",
+            "stg",
+            "--data-dir",
+            str(tmp_path / "ch"),
+            "--attempt-id",
+            "cli-1",
+        )
         assert text.returncode == 1 and "attempt_exists" in text.stderr
-        missing = dpone("stage", str(path), "--store", str(tmp_path / "store.sqlite"), "--receipt", str(receipt), "--work-dir", str(tmp_path / "work"),
-                        "--database", "stg", "--data-dir", str(tmp_path / "nowhere"))  # fmt: skip
+        missing = dpone(
+            "stage",
+            str(path),
+            "--store",
+            str(tmp_path / "store.sqlite"),
+            "--receipt",
+            str(receipt),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--database",
+            "stg",
+            "--data-dir",
+            str(tmp_path / "nowhere"),
+        )
         assert missing.returncode == 2 and "no_server" in missing.stderr
     finally:
         dpone("server", "stop", "--data-dir", str(tmp_path / "ch"))
@@ -54,8 +112,21 @@ def test_auto_principal_into_a_missing_database_says_database_missing(tmp_path: 
     path, receipt, _ = export_hostile(tmp_path)
     assert dpone("server", "start", "--data-dir", str(tmp_path / "ch")).returncode == 0
     try:
-        done = dpone("stage", str(path), "--store", str(tmp_path / "store.sqlite"), "--receipt", str(receipt), "--work-dir", str(tmp_path / "w"),
-                     "--database", "nosuch", "--data-dir", str(tmp_path / "ch"), "--json")  # fmt: skip
+        done = dpone(
+            "stage",
+            str(path),
+            "--store",
+            str(tmp_path / "store.sqlite"),
+            "--receipt",
+            str(receipt),
+            "--work-dir",
+            str(tmp_path / "w"),
+            "--database",
+            "nosuch",
+            "--data-dir",
+            str(tmp_path / "ch"),
+            "--json",
+        )
     finally:
         dpone("server", "stop", "--data-dir", str(tmp_path / "ch"))
     assert done.returncode == 1

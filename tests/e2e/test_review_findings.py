@@ -32,8 +32,11 @@ def _alive(pid: int) -> bool:
 def test_an_engine_whose_parent_dies_before_it_is_ready_ends(tmp_path: Path) -> None:
     parent = subprocess.run(
         [sys.executable, "-c", _KILLED_PARENT, str(tmp_path)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert parent.returncode == -9, parent.stderr
     engine_pid = int(parent.stdout.split()[0])
     # Not a speed check: the engine loads in about a second; a stuck one never ends.

@@ -124,11 +124,18 @@ class FakeCatalog:
         if table is None:
             return None
         return TableObservation(
-            database=DATABASE, name=name, uuid=table.uuid, engine="MergeTree",
-            design={"columns": []}, design_sha256=table.design_sha256, rows=table.rows,
-            content_digest=table.content_digest, total_bytes=table.total_bytes, parts=1,
+            database=DATABASE,
+            name=name,
+            uuid=table.uuid,
+            engine="MergeTree",
+            design={"columns": []},
+            design_sha256=table.design_sha256,
+            rows=table.rows,
+            content_digest=table.content_digest,
+            total_bytes=table.total_bytes,
+            parts=1,
             blockers=table.blockers,
-        )  # fmt: skip
+        )
 
     def exchange_events(self, query_id: str) -> list[ExchangeEvent]:
         with self.lock:
@@ -194,9 +201,12 @@ class FakeExecutor:
             return DispatchResult(DispatchOutcome.REFUSED, query_id, None, 57, "server")
         source = self.catalog.tables[generation_table]
         self.catalog.tables[slot.table] = FakeTable(
-            uuid=new_uuid(), rows=0, content_digest="0" * 32,
-            design_sha256=source.design_sha256, total_bytes=0,
-        )  # fmt: skip
+            uuid=new_uuid(),
+            rows=0,
+            content_digest="0" * 32,
+            design_sha256=source.design_sha256,
+            total_bytes=0,
+        )
         return DispatchResult(DispatchOutcome.ACKNOWLEDGED, query_id, None)
 
 
@@ -457,9 +467,10 @@ class FakeStore:
             record = SnapshotRecord.from_bytes(entry.record_bytes)
             self.sequence += 1
             self.histories[intent_sha256].append(
-                HistoryEntry(self.sequence, record.revision, record.state.value, None, AT,
-                             _canonical(facts))
-            )  # fmt: skip
+                HistoryEntry(
+                    self.sequence, record.revision, record.state.value, None, AT, _canonical(facts)
+                )
+            )
 
     def history(self, intent_sha256: str) -> list[HistoryEntry]:
         with self.lock:
@@ -489,9 +500,15 @@ class FakeStore:
     ) -> None:
         self.sequence += 1
         self.histories.setdefault(intent_sha256, []).append(
-            HistoryEntry(self.sequence, record.revision, record.state.value, record.sha256, AT,
-                         _canonical(facts))
-        )  # fmt: skip
+            HistoryEntry(
+                self.sequence,
+                record.revision,
+                record.state.value,
+                record.sha256,
+                AT,
+                _canonical(facts),
+            )
+        )
 
 
 def _canonical(facts: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -524,17 +541,27 @@ class World:
         digest = hashlib.sha256(b"rows-%d" % rows).hexdigest()[:32]
         generation_ref = hashlib.sha256(b"staged-event").hexdigest()
         generation = GenerationEvidence(
-            table=GENERATION, table_uuid=b_uuid, staged_event_sha256=generation_ref,
-            semantic_id="semantic-1", rows=rows, rowbinary_bytes=2048, rows_digest=digest,
-        )  # fmt: skip
+            table=GENERATION,
+            table_uuid=b_uuid,
+            staged_event_sha256=generation_ref,
+            semantic_id="semantic-1",
+            rows=rows,
+            rowbinary_bytes=2048,
+            rows_digest=digest,
+        )
         catalog = FakeCatalog(events)
         catalog.tables[GENERATION] = FakeTable(b_uuid, rows, digest)
         if target_exists:
             catalog.tables[TARGET] = FakeTable(a_uuid, 7, "a" * 32)
         authority = FakeAuthority(events, generation)
         return cls(
-            events=events, catalog=catalog, executor=FakeExecutor(catalog, events),
-            authority=authority, store=FakeStore(authority, events), a_uuid=a_uuid,
-            b_uuid=b_uuid, generation_ref=generation_ref,
+            events=events,
+            catalog=catalog,
+            executor=FakeExecutor(catalog, events),
+            authority=authority,
+            store=FakeStore(authority, events),
+            a_uuid=a_uuid,
+            b_uuid=b_uuid,
+            generation_ref=generation_ref,
             attempt=AttemptRef(Path("/nonexistent/attempt"), SLOT),
-        )  # fmt: skip
+        )

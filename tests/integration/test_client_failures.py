@@ -27,8 +27,9 @@ def test_the_http_port_as_native_port_is_named(
     swapped = Endpoint("127.0.0.1", clickhouse.tcp_port, clickhouse.http_port, "default")
     transport = ClientTransport(swapped, admin_credentials, client_path=clickhouse_client)
     with pytest.raises((OutcomeUnknown, NotSubmitted)) as caught:
-        transport.execute(read("SELECT 1", f"dpone-test-swap-{time.time_ns()}"),
-                          deadline=time.monotonic() + 60)  # fmt: skip
+        transport.execute(
+            read("SELECT 1", f"dpone-test-swap-{time.time_ns()}"), deadline=time.monotonic() + 60
+        )
     message = caught.value.message
     assert f"127.0.0.1:{clickhouse.http_port}" in message
     assert "native port (often 9000) as --tcp-port" in message
@@ -66,18 +67,31 @@ def _children(pid: int) -> list[int]:
 
 
 def test_sigkill_during_a_client_query_leaves_no_credential_file(
-    clickhouse: ServerInfo, admin_credentials: Credentials, clickhouse_client: str,
+    clickhouse: ServerInfo,
+    admin_credentials: Credentials,
+    clickhouse_client: str,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     """The client's configuration (user and password) never outlives dpone on disk."""
     temp = tmp_path / "tmp"
     temp.mkdir()
-    env = {**os.environ, "TMPDIR": str(temp), "DPONE_CLICKHOUSE_USER": admin_credentials.user,
-           "DPONE_CLICKHOUSE_PASSWORD": admin_credentials.password}  # fmt: skip
+    env = {
+        **os.environ,
+        "TMPDIR": str(temp),
+        "DPONE_CLICKHOUSE_USER": admin_credentials.user,
+        "DPONE_CLICKHOUSE_PASSWORD": admin_credentials.password,
+    }
     dpone = subprocess.Popen(
-        [sys.executable, "-c", SLOW_CLIENT, str(clickhouse.http_port), str(clickhouse.tcp_port),
-         clickhouse_client], env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            SLOW_CLIENT,
+            str(clickhouse.http_port),
+            str(clickhouse.tcp_port),
+            clickhouse_client,
+        ],
+        env=env,
+    )
     clients: list[int] = []
     try:
         while not clients:  # the client child runs: its configuration exists now
@@ -85,8 +99,10 @@ def test_sigkill_during_a_client_query_leaves_no_credential_file(
             clients = _children(dpone.pid)
             time.sleep(0.02)
         # The child has started; wait until it has connected (it has read its config).
-        while not chhttp.rows(clickhouse.http_port, "SELECT query_id FROM system.processes "
-                              "WHERE query_id LIKE 'dpone-test-sigkill-%'"):  # fmt: skip
+        while not chhttp.rows(
+            clickhouse.http_port,
+            "SELECT query_id FROM system.processes WHERE query_id LIKE 'dpone-test-sigkill-%'",
+        ):
             time.sleep(0.05)  # not yet connected (its configuration is read by then)
         dpone.send_signal(signal.SIGKILL)
         assert dpone.wait(timeout=60) == -signal.SIGKILL

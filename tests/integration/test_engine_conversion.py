@@ -92,8 +92,14 @@ def test_every_edge_value_of_every_type_gives_identical_bytes(tmp_path: Path) ->
 
 
 def test_hostile_text_and_binary_give_identical_bytes(tmp_path: Path) -> None:
-    plans = plan_columns([SourceColumn("t", "nvarchar(max)", True), SourceColumn("b", "varbinary(max)", True),
-                          SourceColumn("f", "char(3)", False)], {"f": "FixedString(3)"})  # fmt: skip
+    plans = plan_columns(
+        [
+            SourceColumn("t", "nvarchar(max)", True),
+            SourceColumn("b", "varbinary(max)", True),
+            SourceColumn("f", "char(3)", False),
+        ],
+        {"f": "FixedString(3)"},
+    )
     rows = [[t, None, "abc"] for t in HOSTILE_TEXT] + [[None, b, "xyz"] for b in HOSTILE_BINARY]
     data = (
         encode_rows(plans, rows) + b"\\N\tab CD\x0b01\rFF\tabc\n"
@@ -104,8 +110,13 @@ def test_hostile_text_and_binary_give_identical_bytes(tmp_path: Path) -> None:
 
 
 def test_text_the_canonical_query_refuses_is_converted_by_the_tiered_one(tmp_path: Path) -> None:
-    plans = plan_columns([SourceColumn("d", "decimal(5, 2)", True), SourceColumn("b", "varbinary(8)", True),
-                          SourceColumn("u", "uniqueidentifier", True)])  # fmt: skip
+    plans = plan_columns(
+        [
+            SourceColumn("d", "decimal(5, 2)", True),
+            SourceColumn("b", "varbinary(8)", True),
+            SourceColumn("u", "uniqueidentifier", True),
+        ]
+    )
     canonical = b"1.50\tab\t6f9619ff-8b86-d011-b42d-00c04fc964ff\n"
     for other in (
         b"1.500\t\t\n",
@@ -165,14 +176,33 @@ def _utf8(data: bytes) -> bool:
 
 
 EXTRA_FIELDS = [
-    ("nvarchar(5)", b"a\x1dX"), ("nvarchar(5)", b"a\x1d"), ("nvarchar(5)", b"\x1dEa"), ("nvarchar(5)", b"a\rb"),
-    ("nvarchar(5)", b"\xff"), ("nvarchar(5)", b"\x1dE"), ("nvarchar(5)", b"a\x1ePb"), ("varbinary(5)", b" ab"),
-    ("varbinary(5)", b"ab "), ("varbinary(5)", b"a b"), ("varbinary(5)", b"ab cd"), ("varbinary(5)", b"abc"),
-    ("varbinary(5)", b"\x1dE"), ("int", b"1\x1d"), ("int", b"\x1dE"), ("bigint", b"9223372036854775807"),
-    ("decimal(38, 0)", b"-" + b"9" * 38), ("decimal(5, 2)", b"123.450"), ("decimal(5, 2)", b"1234.5"),
-    ("real", b"3.4028236e38"), ("real", b"1e-46"), ("float", b"1e-400"), ("datetimeoffset(3)", b"2020-01-01 00:00:00 +14:00"),
-    ("datetimeoffset(3)", b"2020-01-01 00:00:00  +01:00"), ("time(7)", b"23:59:59.99999999"), ("date", b"2000-02-30"),
-]  # fmt: skip
+    ("nvarchar(5)", b"a\x1dX"),
+    ("nvarchar(5)", b"a\x1d"),
+    ("nvarchar(5)", b"\x1dEa"),
+    ("nvarchar(5)", b"a\rb"),
+    ("nvarchar(5)", b"\xff"),
+    ("nvarchar(5)", b"\x1dE"),
+    ("nvarchar(5)", b"a\x1ePb"),
+    ("varbinary(5)", b" ab"),
+    ("varbinary(5)", b"ab "),
+    ("varbinary(5)", b"a b"),
+    ("varbinary(5)", b"ab cd"),
+    ("varbinary(5)", b"abc"),
+    ("varbinary(5)", b"\x1dE"),
+    ("int", b"1\x1d"),
+    ("int", b"\x1dE"),
+    ("bigint", b"9223372036854775807"),
+    ("decimal(38, 0)", b"-" + b"9" * 38),
+    ("decimal(5, 2)", b"123.450"),
+    ("decimal(5, 2)", b"1234.5"),
+    ("real", b"3.4028236e38"),
+    ("real", b"1e-46"),
+    ("float", b"1e-400"),
+    ("datetimeoffset(3)", b"2020-01-01 00:00:00 +14:00"),
+    ("datetimeoffset(3)", b"2020-01-01 00:00:00  +01:00"),
+    ("time(7)", b"23:59:59.99999999"),
+    ("date", b"2000-02-30"),
+]
 
 
 def test_refusals_agree_with_the_reference() -> None:
@@ -214,35 +244,165 @@ def test_the_canonical_query_accepts_only_what_the_reference_accepts() -> None:
 
 
 FAST_TIER_TYPES = [
-    "bit", "date", "datetime", "datetime2(0)", "datetime2(3)", "datetime2(7)", "smalldatetime",
-    "decimal(5, 2)", "decimal(18, 4)", "decimal(38, 10)", "decimal(4, 4)", "money", "float",
-    "decimal(9, 0)", "decimal(10, 0)", "decimal(38, 0)", "decimal(9, 2)", "decimal(10, 2)",
-    "uniqueidentifier", "varbinary(64)",
-]  # fmt: skip
+    "bit",
+    "date",
+    "datetime",
+    "datetime2(0)",
+    "datetime2(3)",
+    "datetime2(7)",
+    "smalldatetime",
+    "decimal(5, 2)",
+    "decimal(18, 4)",
+    "decimal(38, 10)",
+    "decimal(4, 4)",
+    "money",
+    "float",
+    "decimal(9, 0)",
+    "decimal(10, 0)",
+    "decimal(38, 0)",
+    "decimal(9, 2)",
+    "decimal(10, 2)",
+    "uniqueidentifier",
+    "varbinary(64)",
+]
 FAST_TIER_FIELDS = [
-    "1900-01-01 00:00:00", "1899-12-31 23:59:59.9999999", "2300-01-01 00:00:00.0000000",
-    "2299-12-31 23:59:59.9999999", "2020-02-30 00:00:00.0000000", "2020-01-01T12:00:00.0000000",
-    "2020-01-01 12:00:00.123", "2020-01-01 12:00:00.1230000", "2020-01-01 12:00:00.1234567Z",
-    "2020-01-01 24:00:00.0000000", "2020-1-01 12:00:00", " 2020-01-01 12:00:00", "1970-01-01 00:00:00",
-    "2000-02-29", "1900-01-01", "2299-12-31", "1899-12-31", "2300-01-01", "2021-02-29", "2021-1-1",
-    "0.0000", "-0.0000", "1.5000", "1.5", "-7488955808341.9980", "99999999999999.9999",
-    "999999999999999.9999", "123.45", "1234.56", "0.12", "00.12", "+1.50", "1e2", " 1.50", "1.50 ",
-    "0.1234", "1.0000000000", "-99999999999999999999999999.9999999999",
-    "0", "1", "-0", "2", "true", "0.1", "1e16", "1e+16", "10000000000000000", "5e-324", "1e-400",
-    "1.7976931348623157e308", "inf", "nan", "-nan", "0.30000000000000004", "1e300", "1E300",
-    "6f9619ff-8b86-d011-b42d-00c04fc964ff", "6F9619FF-8B86-D011-B42D-00C04FC964FF",
-    "00", "ff", "0a1b", "0A1B", "0a1B", "abc", "a", "ab cd", "ab\rcd", "ab\x0bcd", "zz", "0g", "g0",
-    "\x1dE", "\x1dEab", "ab\x1dE", "\x00\x00", "ab\x00",
-    "{6f9619ff-8b86-d011-b42d-00c04fc964ff}", "6f9619ff8b86d011b42d00c04fc964ff",
-    "1.", ".5", "-.50", "--1.50", "1.2.3", "-0", "-0.0", "-0.5", "1.500", "1.505", "2147483648",
-    "-2147483648", "4294967296", "9223372036854775808", "99999999999.99", "0x10", "1.0", "12",
-    "100.0", "100.00", "1.5e+300", "1.5e300", "1.0e+300", "0.1.0", "1e+22", "1e+16", "1e-05",
-    "1e+", "1e+-5", "inf.0", "nan.0", "1234567.5", "12345678.5", "9999999.99", "-9999999.99",
-    "1.5e-05", "-1.5e-05", "1.5e-07", "1.5e-7", "1.397384541412805e-05", "9.999999999999999e-08",
-    "1.2345678901234567e+19", "1e+308", "1e+309", "1e-324", "1.5E-05", "01.5e-05", "1.e-05",
-    "1.5e-05 ", "1.5e--05", "1.5e-0x5", "-0e-05", "0e-05", "1.50e-05", "1x5e-05", "1,5e-05",
-    "1.5e+99999999999999999999", "1.5e-99999999999999999999",
-]  # fmt: skip
+    "1900-01-01 00:00:00",
+    "1899-12-31 23:59:59.9999999",
+    "2300-01-01 00:00:00.0000000",
+    "2299-12-31 23:59:59.9999999",
+    "2020-02-30 00:00:00.0000000",
+    "2020-01-01T12:00:00.0000000",
+    "2020-01-01 12:00:00.123",
+    "2020-01-01 12:00:00.1230000",
+    "2020-01-01 12:00:00.1234567Z",
+    "2020-01-01 24:00:00.0000000",
+    "2020-1-01 12:00:00",
+    " 2020-01-01 12:00:00",
+    "1970-01-01 00:00:00",
+    "2000-02-29",
+    "1900-01-01",
+    "2299-12-31",
+    "1899-12-31",
+    "2300-01-01",
+    "2021-02-29",
+    "2021-1-1",
+    "0.0000",
+    "-0.0000",
+    "1.5000",
+    "1.5",
+    "-7488955808341.9980",
+    "99999999999999.9999",
+    "999999999999999.9999",
+    "123.45",
+    "1234.56",
+    "0.12",
+    "00.12",
+    "+1.50",
+    "1e2",
+    " 1.50",
+    "1.50 ",
+    "0.1234",
+    "1.0000000000",
+    "-99999999999999999999999999.9999999999",
+    "0",
+    "1",
+    "-0",
+    "2",
+    "true",
+    "0.1",
+    "1e16",
+    "1e+16",
+    "10000000000000000",
+    "5e-324",
+    "1e-400",
+    "1.7976931348623157e308",
+    "inf",
+    "nan",
+    "-nan",
+    "0.30000000000000004",
+    "1e300",
+    "1E300",
+    "6f9619ff-8b86-d011-b42d-00c04fc964ff",
+    "6F9619FF-8B86-D011-B42D-00C04FC964FF",
+    "00",
+    "ff",
+    "0a1b",
+    "0A1B",
+    "0a1B",
+    "abc",
+    "a",
+    "ab cd",
+    "ab\rcd",
+    "ab\x0bcd",
+    "zz",
+    "0g",
+    "g0",
+    "\x1dE",
+    "\x1dEab",
+    "ab\x1dE",
+    "\x00\x00",
+    "ab\x00",
+    "{6f9619ff-8b86-d011-b42d-00c04fc964ff}",
+    "6f9619ff8b86d011b42d00c04fc964ff",
+    "1.",
+    ".5",
+    "-.50",
+    "--1.50",
+    "1.2.3",
+    "-0",
+    "-0.0",
+    "-0.5",
+    "1.500",
+    "1.505",
+    "2147483648",
+    "-2147483648",
+    "4294967296",
+    "9223372036854775808",
+    "99999999999.99",
+    "0x10",
+    "1.0",
+    "12",
+    "100.0",
+    "100.00",
+    "1.5e+300",
+    "1.5e300",
+    "1.0e+300",
+    "0.1.0",
+    "1e+22",
+    "1e+16",
+    "1e-05",
+    "1e+",
+    "1e+-5",
+    "inf.0",
+    "nan.0",
+    "1234567.5",
+    "12345678.5",
+    "9999999.99",
+    "-9999999.99",
+    "1.5e-05",
+    "-1.5e-05",
+    "1.5e-07",
+    "1.5e-7",
+    "1.397384541412805e-05",
+    "9.999999999999999e-08",
+    "1.2345678901234567e+19",
+    "1e+308",
+    "1e+309",
+    "1e-324",
+    "1.5E-05",
+    "01.5e-05",
+    "1.e-05",
+    "1.5e-05 ",
+    "1.5e--05",
+    "1.5e-0x5",
+    "-0e-05",
+    "0e-05",
+    "1.50e-05",
+    "1x5e-05",
+    "1,5e-05",
+    "1.5e+99999999999999999999",
+    "1.5e-99999999999999999999",
+]
 
 
 def test_the_fast_tier_accepts_only_what_the_full_tier_accepts_with_the_same_value() -> None:
@@ -369,11 +529,23 @@ def test_random_valid_rows_give_identical_bytes(
     floats: list[Any],
     stamps: list[Any],
 ) -> None:
-    plans = plan_columns([SourceColumn("t", "nvarchar(max)", True), SourceColumn("d", "decimal(18, 4)", True),
-                          SourceColumn("f", "float", True), SourceColumn("s", "datetime2(6)", True)])  # fmt: skip
-    rows = [[t, None if d is None else format(d, "f"), None if f is None else repr(f),
-             None if s is None else s.strftime("%Y-%m-%d %H:%M:%S.%f")]
-            for t, d, f, s in zip(texts, decimals, floats, stamps, strict=False)]  # fmt: skip
+    plans = plan_columns(
+        [
+            SourceColumn("t", "nvarchar(max)", True),
+            SourceColumn("d", "decimal(18, 4)", True),
+            SourceColumn("f", "float", True),
+            SourceColumn("s", "datetime2(6)", True),
+        ]
+    )
+    rows = [
+        [
+            t,
+            None if d is None else format(d, "f"),
+            None if f is None else repr(f),
+            None if s is None else s.strftime("%Y-%m-%d %H:%M:%S.%f"),
+        ]
+        for t, d, f, s in zip(texts, decimals, floats, stamps, strict=False)
+    ]
     data = encode_rows(plans, rows)
     expected = reference(plans, data)
     assert expected is not None
@@ -525,9 +697,11 @@ def test_a_refusal_or_budget_in_a_later_range_names_the_reference_position(
         assert not (tmp_path / name).exists()
     assert errors[0] == errors[1] == errors[2] and errors[0][1:] == (151, "d")
     # Budgets the fast paths cannot name exactly go to the reference, which does.
-    for budget, code, record in ((PreparationBudget(max_record_bytes=14), "record_too_large", 100),
-                                 (PreparationBudget(max_rows=120), "too_many_records", 121),
-                                 (PreparationBudget(max_spool_bytes=700), "spool_budget_exceeded", None)):  # fmt: skip
+    for budget, code, record in (
+        (PreparationBudget(max_record_bytes=14), "record_too_large", 100),
+        (PreparationBudget(max_rows=120), "too_many_records", 121),
+        (PreparationBudget(max_spool_bytes=700), "spool_budget_exceeded", None),
+    ):
         for mode in (MODE_ENGINE, MODE_NATIVE):
             with pytest.raises(DponeError) as stopped:
                 prepare_rowbinary(path, receipt, tmp_path / "y", mode=mode, budget=budget)
@@ -560,8 +734,13 @@ def test_random_files_in_ranges_give_the_reference_identity(
     from dpone.contracts.schema import SourceSchema
     from dpone.runtime import engine_conversion
 
-    schema = SourceSchema.of([SourceColumn("t", "nvarchar(max)", True), SourceColumn("b", "varbinary(max)", True),
-                              SourceColumn("i", "bigint", False)])  # fmt: skip
+    schema = SourceSchema.of(
+        [
+            SourceColumn("t", "nvarchar(max)", True),
+            SourceColumn("b", "varbinary(max)", True),
+            SourceColumn("i", "bigint", False),
+        ]
+    )
     plans = plan_columns(schema.columns)
     work = tmp_path_factory.mktemp("ranges")
     path = work / "in.tsv"
@@ -671,8 +850,13 @@ def test_a_non_canonical_range_among_canonical_ones_gives_the_reference_results(
     from dpone.contracts.schema import SourceSchema
     from dpone.runtime import file_validation
 
-    schema = SourceSchema.of([SourceColumn("d", "decimal(10, 2)", True), SourceColumn("f", "float", True),
-                              SourceColumn("b", "varbinary(8)", True)])  # fmt: skip
+    schema = SourceSchema.of(
+        [
+            SourceColumn("d", "decimal(10, 2)", True),
+            SourceColumn("f", "float", True),
+            SourceColumn("b", "varbinary(8)", True),
+        ]
+    )
     plans = plan_columns(schema.columns)
     rows = [[f"{i}.25", repr(i + 0.5), bytes([i % 256])] for i in range(200)]
     rows[97] = ["1.5", "100.0", b""]  # plain decimal, whole float, empty binary: canonical still

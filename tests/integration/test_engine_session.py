@@ -57,10 +57,13 @@ def test_two_workers_run_their_queries_side_by_side(tmp_path: Path) -> None:
     marker = tmp_path / "started"
     with EngineSession(tmp_path, workers=2) as session:
         # Job 0 says it started (a file), then holds its worker for three seconds.
-        session.submit(0, [
-            f"SELECT 1 INTO OUTFILE {quote_literal(str(marker))} FORMAT TSV",
-            "SELECT sum(sleep(1)) FROM numbers(3) SETTINGS max_block_size = 1, max_threads = 1",
-        ])  # fmt: skip
+        session.submit(
+            0,
+            [
+                f"SELECT 1 INTO OUTFILE {quote_literal(str(marker))} FORMAT TSV",
+                "SELECT sum(sleep(1)) FROM numbers(3) SETTINGS max_block_size = 1, max_threads = 1",
+            ],
+        )
         deadline = time.monotonic() + 60
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -108,10 +111,14 @@ def test_a_command_that_fails_early_leaves_no_engine_behind(
     # The early engine starts before the command looks at its arguments; a command that
     # stops at once must still end it and remove its directory.
     done = subprocess.run(
-        [sys.executable, "-m", "dpone", *args], cwd=tmp_path, capture_output=True, text=True,
+        [sys.executable, "-m", "dpone", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
         env={**os.environ, "TMPDIR": str(tmp_path), engine_child.SCRATCH_ENV: str(tmp_path)},
-        timeout=120, check=False,
-    )  # fmt: skip
+        timeout=120,
+        check=False,
+    )
     assert done.returncode != 0 and json.loads(done.stdout)["ok"] is False
     assert not list(tmp_path.glob("dpone-engine-*"))
 
@@ -150,10 +157,13 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_an_early_engine_whose_parent_is_killed_removes_its_directory(tmp_path: Path) -> None:
     parent = subprocess.run(
-        [sys.executable, "-c", _KILLED_WITH_EARLY_ENGINE], capture_output=True, text=True,
+        [sys.executable, "-c", _KILLED_WITH_EARLY_ENGINE],
+        capture_output=True,
+        text=True,
         env={**os.environ, "TMPDIR": str(tmp_path), engine_child.SCRATCH_ENV: str(tmp_path)},
-        timeout=120, check=False,
-    )  # fmt: skip
+        timeout=120,
+        check=False,
+    )
     assert parent.returncode == -9, parent.stderr
     pid, home = parent.stdout.split()
     assert Path(home).parent == tmp_path
@@ -251,9 +261,13 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_a_home_left_by_an_engine_killed_with_its_parent_is_swept(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", _BOTH_KILLED], capture_output=True, text=True, timeout=120,
-        env={**os.environ, engine_child.SCRATCH_ENV: str(tmp_path)}, check=False,
-    )  # fmt: skip
+        [sys.executable, "-c", _BOTH_KILLED],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, engine_child.SCRATCH_ENV: str(tmp_path)},
+        check=False,
+    )
     assert done.returncode == -9, done.stderr
     left = Path(done.stdout.strip())
     assert left.parent == tmp_path and (left / engine_child.OWNER_MARK).is_file()

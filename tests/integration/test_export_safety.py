@@ -173,9 +173,11 @@ def test_a_missing_receipt_directory_fails_before_anything_is_written(tmp_path: 
     make_db(tmp_path / "src.db", "x")
     with pytest.raises(OutputRefused) as caught:
         export_table(
-            SqliteSource(tmp_path / "src.db"), "t", tmp_path / "o.tsv",
+            SqliteSource(tmp_path / "src.db"),
+            "t",
+            tmp_path / "o.tsv",
             receipt_out=tmp_path / "no" / "r.json",
-        )  # fmt: skip
+        )
     assert caught.value.code == "output_directory_missing"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src.db"]
 
@@ -214,15 +216,21 @@ def test_sqlite_real_is_binary64_and_declared_float24_must_be_exact(tmp_path: Pa
         conn.execute("INSERT INTO s VALUES (?)", (0.1,))
     result = export_table(SqliteSource(tmp_path / "src.db"), "d", tmp_path / "d.tsv")
     assert [c.source_type for c in result.receipt.schema.columns] == [
-        "bigint", "float(53)", "nvarchar(max)", "varbinary(max)",
-    ]  # fmt: skip
+        "bigint",
+        "float(53)",
+        "nvarchar(max)",
+        "varbinary(max)",
+    ]
     assert oracle.decode(result.path.read_bytes(), ["raw", "raw", "text", "binary"]) == [
         (str(2**62), "0.1", "ü", b"\x00"),
         ("-1", "0.123456789", None, None),
     ]
     assert [plan_column(c).clickhouse_type for c in result.receipt.schema.columns] == [
-        "Int64", "Nullable(Float64)", "Nullable(String)", "Nullable(String)",
-    ]  # fmt: skip
+        "Int64",
+        "Nullable(Float64)",
+        "Nullable(String)",
+        "Nullable(String)",
+    ]
     # float(24) holds binary32: the first row is one, the double 0.1 is not.
     with pytest.raises(RenderError) as caught:
         export_table(SqliteSource(tmp_path / "src.db"), "s", tmp_path / "s.tsv")
@@ -265,8 +273,12 @@ def test_sql_server_type_names_keep_working_in_sqlite(tmp_path: Path) -> None:
         conn.execute("INSERT INTO t VALUES (1, 'x', x'01', 0.5, 'y')")
     result = export_table(SqliteSource(tmp_path / "src.db"), "t", tmp_path / "o.tsv")
     assert [c.source_type for c in result.receipt.schema.columns] == [
-        "int", "nvarchar(max)", "varbinary(max)", "float(53)", "nvarchar(max)",
-    ]  # fmt: skip
+        "int",
+        "nvarchar(max)",
+        "varbinary(max)",
+        "float(53)",
+        "nvarchar(max)",
+    ]
     assert plan_column(SourceColumn("a", "int", True)).clickhouse_type == "Nullable(Int32)"
 
 

@@ -61,8 +61,13 @@ def test_hostile_export_validates_and_every_value_agrees(tmp_path: Path) -> None
     with HeldArtifact(result.path, on_disk) as held:
         assert held.verify().sha256 == on_disk.artifact_sha256
     assert [c.source_type for c in on_disk.schema.columns] == [
-        "bigint", "nvarchar", "varbinary", "decimal(18, 4)", "datetime2(7)", "uniqueidentifier",
-    ]  # fmt: skip
+        "bigint",
+        "nvarchar",
+        "varbinary",
+        "decimal(18, 4)",
+        "datetime2(7)",
+        "uniqueidentifier",
+    ]
     assert [c.nullable for c in on_disk.schema.columns] == [False, True, True, True, True, True]
 
 

@@ -58,18 +58,35 @@ def test_native_protocol_query_and_rowbinary_insert(
     payload = (7).to_bytes(4, "little", signed=True) + b"\x03abc"
     payload += (-1).to_bytes(4, "little", signed=True) + b"\x00"
     config = client_config(tmp_path / "client.xml", admin_credentials)
-    base = [clickhouse_client, "--config-file", str(config),
-            "--host", "127.0.0.1", "--port", str(clickhouse.tcp_port)]  # fmt: skip
+    base = [
+        clickhouse_client,
+        "--config-file",
+        str(config),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(clickhouse.tcp_port),
+    ]
     done = subprocess.run(
-        [*base, "--query_id", "dpone-test-native-insert",
-         "--query", "INSERT INTO native_db.t FORMAT RowBinary"],
-        input=payload, capture_output=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            *base,
+            "--query_id",
+            "dpone-test-native-insert",
+            "--query",
+            "INSERT INTO native_db.t FORMAT RowBinary",
+        ],
+        input=payload,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     out = subprocess.run(
         [*base, "--query", "SELECT id, s FROM native_db.t ORDER BY id FORMAT TabSeparated"],
-        capture_output=True, timeout=60, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
     assert out.stdout == b"-1\t\n7\tabc\n"
     chhttp.query(port, "SYSTEM FLUSH LOGS")
     logged = chhttp.rows(

@@ -105,10 +105,19 @@ def test_default_is_refused_over_the_native_protocol_too(
     clickhouse: ServerInfo, clickhouse_client: str, secret_table: str
 ) -> None:
     done = subprocess.run(
-        [clickhouse_client, "--host", "127.0.0.1", "--port", str(clickhouse.tcp_port),
-         "--query", f"SELECT * FROM {secret_table}"],
-        capture_output=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            clickhouse_client,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(clickhouse.tcp_port),
+            "--query",
+            f"SELECT * FROM {secret_table}",
+        ],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode != 0 and done.stdout == b""
     assert b"Code: 497" in done.stderr and b"default: Not enough privileges" in done.stderr
 
@@ -126,8 +135,9 @@ def test_default_is_refused_over_the_native_protocol_too(
 def test_every_other_user_must_authenticate(
     clickhouse: ServerInfo, secret_table: str, user: str, password: str
 ) -> None:
-    refused = chhttp.post(clickhouse.http_port, f"SELECT * FROM {secret_table}",
-                          user=user, password=password)  # fmt: skip
+    refused = chhttp.post(
+        clickhouse.http_port, f"SELECT * FROM {secret_table}", user=user, password=password
+    )
     assert refused.exception_code == AUTHENTICATION_FAILED, refused.text
     assert "only the owner" not in refused.text
 
@@ -143,8 +153,12 @@ def test_the_administrator_comes_from_the_credentials_file(
     assert admin_credentials == Credentials(ADMIN_USER, stored[ADMIN_USER])
     assert ENGINE_USER not in stored
     port = clickhouse.http_port
-    assert chhttp.query(port, "SELECT currentUser()", user=ADMIN_USER,
-                        password=admin_credentials.password) == f"{ADMIN_USER}\n"  # fmt: skip
+    assert (
+        chhttp.query(
+            port, "SELECT currentUser()", user=ADMIN_USER, password=admin_credentials.password
+        )
+        == f"{ADMIN_USER}\n"
+    )
     own = as_engine_user(port, "SHOW GRANTS")
     assert own.text == f"GRANT SYSTEM LISTEN ON *.* TO {ENGINE_USER}\n"
 

@@ -82,19 +82,31 @@ def test_every_precision_of_datetime2_and_time_is_taken() -> None:
         frac = "1234567"[:p]
         stamp = "2024-05-06 07:08:09" + (f".{frac}" if p else "")
         padded = "2024-05-06 07:08:09.0000000"
-        plans = plan_columns([SourceColumn("d", f"datetime2({p})", False),
-                              SourceColumn("t", f"time({p})", False),
-                              SourceColumn("o", f"datetimeoffset({p})", False)])  # fmt: skip
-        data = encode_rows(plans, [[stamp, stamp[11:], stamp + " -03:30"],
-                                   [padded, padded[11:], padded + " +14:00"]])  # fmt: skip
+        plans = plan_columns(
+            [
+                SourceColumn("d", f"datetime2({p})", False),
+                SourceColumn("t", f"time({p})", False),
+                SourceColumn("o", f"datetimeoffset({p})", False),
+            ]
+        )
+        data = encode_rows(
+            plans,
+            [[stamp, stamp[11:], stamp + " -03:30"], [padded, padded[11:], padded + " +14:00"]],
+        )
         assert native(plans, data) == reference(plans, data) is not None
 
 
 def test_hostile_text_and_binary_are_taken_with_identical_bytes() -> None:
-    plans = plan_columns([SourceColumn("t", "nvarchar(max)", True), SourceColumn("b", "varbinary(max)", True),
-                          SourceColumn("f", "char(3)", False), SourceColumn("l", "nvarchar(9)", True),
-                          SourceColumn("x", "binary(2)", True)],
-                         {"f": "FixedString(3)", "l": "LowCardinality(String)", "x": "FixedString(2)"})  # fmt: skip
+    plans = plan_columns(
+        [
+            SourceColumn("t", "nvarchar(max)", True),
+            SourceColumn("b", "varbinary(max)", True),
+            SourceColumn("f", "char(3)", False),
+            SourceColumn("l", "nvarchar(9)", True),
+            SourceColumn("x", "binary(2)", True),
+        ],
+        {"f": "FixedString(3)", "l": "LowCardinality(String)", "x": "FixedString(2)"},
+    )
     rows: list[list[Any]] = [[t, None, "abc", t, None] for t in HOSTILE_TEXT]
     rows += [[None, b, "xyz", None, b"\x00\xff"] for b in HOSTILE_BINARY]
     rows += [[None, None, "é\t", "", b"\x1d\n"]]  # escapes count as one byte of the fixed width
@@ -123,15 +135,38 @@ def test_refused_values_are_never_taken() -> None:
 
 # Fields the reference refuses for a reason of the format, not of the value.
 FORMAT_FAULTS = [
-    ("nvarchar(5)", b"a\x1d"), ("nvarchar(5)", b"\x1d"), ("nvarchar(5)", b"\x1dEa"), ("nvarchar(5)", b"a\x1dE"),
-    ("nvarchar(5)", b"a\x1dX"), ("nvarchar(5)", b"a\x1d\xc3\xa9"), ("nvarchar(5)", b"a\rb"), ("nvarchar(5)", b"\x1e"),
-    ("nvarchar(5)", b"\x1f"), ("nvarchar(5)", b"\xc0\x80"), ("nvarchar(5)", b"\xed\xa0\x80"), ("nvarchar(5)", b"\xf4\x90\x80\x80"),
-    ("nvarchar(5)", b"\xe0\x80\x80"), ("nvarchar(5)", b"\xf0\x80\x80\x80"), ("nvarchar(5)", b"\xc3"), ("nvarchar(5)", b"\xff"),
-    ("nvarchar(5)", b"\x80"), ("varbinary(5)", b"a"), ("varbinary(5)", b" ab"), ("varbinary(5)", b"ab "),
-    ("varbinary(5)", b"ab\tcd"), ("varbinary(5)", b"ab\x00cd"), ("varbinary(5)", b"abc d"), ("varbinary(5)", b"gg"),
-    ("varbinary(5)", b"\x1dEab"), ("varbinary(5)", b"\x1d"), ("int", b"1\x1d"), ("int", b"1\r"), ("int", b"\xd9\xa1"),
-    ("date", b"2020-01-01\x1e"), ("float", b"\xef\xbc\x91"),
-]  # fmt: skip
+    ("nvarchar(5)", b"a\x1d"),
+    ("nvarchar(5)", b"\x1d"),
+    ("nvarchar(5)", b"\x1dEa"),
+    ("nvarchar(5)", b"a\x1dE"),
+    ("nvarchar(5)", b"a\x1dX"),
+    ("nvarchar(5)", b"a\x1d\xc3\xa9"),
+    ("nvarchar(5)", b"a\rb"),
+    ("nvarchar(5)", b"\x1e"),
+    ("nvarchar(5)", b"\x1f"),
+    ("nvarchar(5)", b"\xc0\x80"),
+    ("nvarchar(5)", b"\xed\xa0\x80"),
+    ("nvarchar(5)", b"\xf4\x90\x80\x80"),
+    ("nvarchar(5)", b"\xe0\x80\x80"),
+    ("nvarchar(5)", b"\xf0\x80\x80\x80"),
+    ("nvarchar(5)", b"\xc3"),
+    ("nvarchar(5)", b"\xff"),
+    ("nvarchar(5)", b"\x80"),
+    ("varbinary(5)", b"a"),
+    ("varbinary(5)", b" ab"),
+    ("varbinary(5)", b"ab "),
+    ("varbinary(5)", b"ab\tcd"),
+    ("varbinary(5)", b"ab\x00cd"),
+    ("varbinary(5)", b"abc d"),
+    ("varbinary(5)", b"gg"),
+    ("varbinary(5)", b"\x1dEab"),
+    ("varbinary(5)", b"\x1d"),
+    ("int", b"1\x1d"),
+    ("int", b"1\r"),
+    ("int", b"\xd9\xa1"),
+    ("date", b"2020-01-01\x1e"),
+    ("float", b"\xef\xbc\x91"),
+]
 
 
 def test_format_faults_are_never_taken() -> None:
@@ -153,13 +188,38 @@ def test_records_of_the_wrong_width_and_nulls_in_not_null_columns_are_declined()
 @settings(max_examples=20, deadline=None)
 @given(st.lists(numbers, min_size=50, max_size=50))
 def test_random_numbers_agree(values: list[str]) -> None:
-    types = ["int", "bigint", "tinyint", "decimal(18, 4)", "decimal(38, 10)", "decimal(9, 9)",
-             "float", "real", "smallmoney", "bit"]  # fmt: skip
+    types = [
+        "int",
+        "bigint",
+        "tinyint",
+        "decimal(18, 4)",
+        "decimal(38, 10)",
+        "decimal(9, 9)",
+        "float",
+        "real",
+        "smallmoney",
+        "bit",
+    ]
     field_verdicts([(t, True, v.encode()) for t in types for v in values])
 
 
-FLOAT32_TIES = ["0.5", "2.5", "1.5", "0.125", "3.4028235e38", "3.4028234e38", "1.17549435e-38",
-                "1e-45", "1.4e-45", "7e-46", "0.1", "16777217", "16777216", "0.30000001", "1e10"]  # fmt: skip
+FLOAT32_TIES = [
+    "0.5",
+    "2.5",
+    "1.5",
+    "0.125",
+    "3.4028235e38",
+    "3.4028234e38",
+    "1.17549435e-38",
+    "1e-45",
+    "1.4e-45",
+    "7e-46",
+    "0.1",
+    "16777217",
+    "16777216",
+    "0.30000001",
+    "1e10",
+]
 
 
 @settings(max_examples=20, deadline=None)
@@ -219,19 +279,36 @@ def _stamp_text(stamp: dt.datetime, digits: int) -> str:
     )
 )
 def test_random_canonical_rows_are_taken_with_identical_bytes(rows: list[Any]) -> None:
-    plans = plan_columns([SourceColumn("t", "nvarchar(max)", True), SourceColumn("b", "varbinary(max)", True),
-                          SourceColumn("i", "bigint", False), SourceColumn("d", "decimal(18, 4)", True),
-                          SourceColumn("s", "datetime2(7)", False), SourceColumn("g", "uniqueidentifier", True),
-                          SourceColumn("day", "date", True), SourceColumn("o", "datetimeoffset(6)", False)])  # fmt: skip
+    plans = plan_columns(
+        [
+            SourceColumn("t", "nvarchar(max)", True),
+            SourceColumn("b", "varbinary(max)", True),
+            SourceColumn("i", "bigint", False),
+            SourceColumn("d", "decimal(18, 4)", True),
+            SourceColumn("s", "datetime2(7)", False),
+            SourceColumn("g", "uniqueidentifier", True),
+            SourceColumn("day", "date", True),
+            SourceColumn("o", "datetimeoffset(6)", False),
+        ]
+    )
     cells = []
     for t, b, i, d, s, g, day, offset in rows:
         sign = "-" if offset < 0 else "+"
         zone = f"{sign}{abs(offset) // 60:02d}:{abs(offset) % 60:02d}"
         # An instant near the range's ends may leave it once the offset applies.
         local = min(max(s, dt.datetime(1900, 1, 2)), dt.datetime(2299, 12, 30))
-        cells.append([t, b, str(i), None if d is None else format(d, "f"), _stamp_text(s, 7),
-                      None if g is None else str(g), None if day is None else day.isoformat(),
-                      f"{_stamp_text(local, 6)} {zone}"])  # fmt: skip
+        cells.append(
+            [
+                t,
+                b,
+                str(i),
+                None if d is None else format(d, "f"),
+                _stamp_text(s, 7),
+                None if g is None else str(g),
+                None if day is None else day.isoformat(),
+                f"{_stamp_text(local, 6)} {zone}",
+            ]
+        )
     data = encode_rows(plans, cells)
     expected = reference(plans, data)
     assert expected is not None
@@ -250,10 +327,27 @@ def test_columns_it_does_not_take_are_left_to_the_engine() -> None:
 
 
 def test_conversions_on_parallel_threads_are_independent() -> None:
-    plans = plan_columns([SourceColumn("f", "float", True), SourceColumn("r", "real", True),
-                          SourceColumn("t", "nvarchar(20)", True)])  # fmt: skip
-    files = [encode_rows(plans, [[repr(i / 7), shortest_float32(struct.unpack("<f", struct.pack("<f", i / 3))[0]),
-                                  f"v{i}\t{k}"] for i in range(k * 500, k * 500 + 2000)]) for k in range(8)]  # fmt: skip
+    plans = plan_columns(
+        [
+            SourceColumn("f", "float", True),
+            SourceColumn("r", "real", True),
+            SourceColumn("t", "nvarchar(20)", True),
+        ]
+    )
+    files = [
+        encode_rows(
+            plans,
+            [
+                [
+                    repr(i / 7),
+                    shortest_float32(struct.unpack("<f", struct.pack("<f", i / 3))[0]),
+                    f"v{i}\t{k}",
+                ]
+                for i in range(k * 500, k * 500 + 2000)
+            ],
+        )
+        for k in range(8)
+    ]
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda data: native(plans, data), files * 3))
     assert results == [reference(plans, data) for data in files * 3]
@@ -432,8 +526,19 @@ def test_float64_near_the_fast_path_bounds_is_the_exact_parse(
     # Significands around 2**53 and powers of ten around 22, with the point anywhere:
     # the compiled converter's fast path and its strtod must both give float()'s value.
     plans = (plan_column(SourceColumn("c", "float", False)),)
-    edges = ["9007199254740992", "9007199254740993", "9007199254740991e22", "9007199254740993e-22",
-             "1e22", "1e23", "1e-22", "1e-23", "4.9e-324", "2.2250738585072014e-308", "0.1e-21"]  # fmt: skip
+    edges = [
+        "9007199254740992",
+        "9007199254740993",
+        "9007199254740991e22",
+        "9007199254740993e-22",
+        "1e22",
+        "1e23",
+        "1e-22",
+        "1e-23",
+        "4.9e-324",
+        "2.2250738585072014e-308",
+        "0.1e-21",
+    ]
     texts = list(edges)
     for significand, point, exponent, negative in parts:
         digits = str(significand)

@@ -25,10 +25,13 @@ from tests import chhttp
 from tests.integration.test_export_validate import make_hostile_db
 from tests.oracles.rowbinary_oracle import decode_rows
 
-SCHEMA = SourceSchema.of([
-    SourceColumn("id", "int", False), SourceColumn("s", "nvarchar(20)", True),
-    SourceColumn("d", "date", True),
-])  # fmt: skip
+SCHEMA = SourceSchema.of(
+    [
+        SourceColumn("id", "int", False),
+        SourceColumn("s", "nvarchar(20)", True),
+        SourceColumn("d", "date", True),
+    ]
+)
 
 
 def write_file(path: Path, lines: list[bytes]) -> Path:
@@ -57,10 +60,14 @@ def test_spool_is_private_sealed_and_exact(sample: Path, tmp_path: Path) -> None
     assert ident.rowbinary_sha256 == hashlib.sha256(data).hexdigest()
     # The rows digest, from rows encoded here by hand (Int32, Nullable(String), Nullable(Date32)).
     by_hand = [
-        struct.pack("<i", i) + b"\x00" + bytes([len(b"name %d" % i)]) + b"name %d" % i
-        + b"\x00" + struct.pack("<i", (date(2020, 1, i % 28 + 1) - date(1970, 1, 1)).days)
+        struct.pack("<i", i)
+        + b"\x00"
+        + bytes([len(b"name %d" % i)])
+        + b"name %d" % i
+        + b"\x00"
+        + struct.pack("<i", (date(2020, 1, i % 28 + 1) - date(1970, 1, 1)).days)
         for i in range(1, 3001)
-    ]  # fmt: skip
+    ]
     assert b"".join(by_hand) == data
     total = sum(int.from_bytes(hashlib.sha256(r).digest()[:16], "little") for r in by_hand)
     assert ident.rows_digest == format(total % 2**128, "032x")
@@ -198,9 +205,7 @@ def test_hostile_export_prepared_and_read_back_from_the_server(
     )
     # The server's order-independent digest of what it stored equals preparation's.
     names = [f"`{c.name}`" for c in prepared.identity.target_schema]
-    server_digest = chhttp.rows(
-        port, f"SELECT {rows_digest_sql(names)} AS d FROM prep_db.hostile"
-    )  # fmt: skip
+    server_digest = chhttp.rows(port, f"SELECT {rows_digest_sql(names)} AS d FROM prep_db.hostile")
     assert server_digest == [{"d": prepared.identity.rows_digest}]
     got = chhttp.rows(
         port,

@@ -224,9 +224,11 @@ def test_closer_kills_any_users_queries_and_reads_the_logs(port: int) -> None:
     query_id = f"pool-slow-{uuid.uuid4().hex}"
     with RunningQuery(port, INGEST, POOL_PASSWORDS[INGEST], query_id) as running:
         seen = chhttp.rows(
-            port, "SELECT user, query_id FROM system.processes",
-            user=CLOSER_USER, password=POOL_PASSWORDS[CLOSER_USER],
-        )  # fmt: skip
+            port,
+            "SELECT user, query_id FROM system.processes",
+            user=CLOSER_USER,
+            password=POOL_PASSWORDS[CLOSER_USER],
+        )
         assert {"user": INGEST, "query_id": query_id} in seen
         # Another ingest user cannot kill it: KILL QUERY of other users is the closer's.
         other = ingest_users()[1]
@@ -240,9 +242,11 @@ def test_closer_kills_any_users_queries_and_reads_the_logs(port: int) -> None:
         assert running.answer is not None and running.answer.exception_code == "394"
     assert as_user(port, "SYSTEM FLUSH LOGS", CLOSER_USER).status == 200
     logged = chhttp.rows(
-        port, f"SELECT toString(type) AS type FROM system.query_log WHERE query_id = '{query_id}'",
-        user=CLOSER_USER, password=POOL_PASSWORDS[CLOSER_USER],
-    )  # fmt: skip
+        port,
+        f"SELECT toString(type) AS type FROM system.query_log WHERE query_id = '{query_id}'",
+        user=CLOSER_USER,
+        password=POOL_PASSWORDS[CLOSER_USER],
+    )
     assert {r["type"] for r in logged} == {"QueryStart", "ExceptionWhileProcessing"}
     assert refused(as_user(port, f"SELECT count() FROM {SLOW_TABLE}", CLOSER_USER))
 
@@ -265,8 +269,9 @@ def test_catalog_reads_system_tables_and_protected_databases(
     ):
         rows = chhttp.rows(port, sql, user=CATALOG_USER, password=password)
         assert len(rows) == 1 and rows[0]["n"] >= 0, sql
-    assert chhttp.rows(port, f"SELECT a FROM {POOL_DATABASE}.{table}", user=CATALOG_USER,
-                       password=password) == [{"a": 7}]  # fmt: skip
+    assert chhttp.rows(
+        port, f"SELECT a FROM {POOL_DATABASE}.{table}", user=CATALOG_USER, password=password
+    ) == [{"a": 7}]
     users = chhttp.rows(port, "SELECT name FROM system.users", user=CATALOG_USER, password=password)
     assert set(pool_names()) <= {u["name"] for u in users}
     assert refused(as_user(port, f"INSERT INTO {POOL_DATABASE}.{table} VALUES (8)", CATALOG_USER))
@@ -313,8 +318,12 @@ def test_pool_issuer_leases_distinct_users_until_exhausted(
     ingest = issuer.issue(ROLE_INGEST, "attempt-0")
     assert ingest.ref.user == INGEST
     # The credentials are real: the server serves exactly that user.
-    answer = chhttp.post(port, "SELECT currentUser()", user=ingest.credentials.user,
-                         password=ingest.credentials.password)  # fmt: skip
+    answer = chhttp.post(
+        port,
+        "SELECT currentUser()",
+        user=ingest.credentials.user,
+        password=ingest.credentials.password,
+    )
     assert answer.text == f"{INGEST}\n"
     assert issuer.credentials(issued[0].ref).credentials == pool_credentials[PUBLISHER]
     issuer.revoke(issued[0].ref)
@@ -389,9 +398,12 @@ def test_rbac_issuer_leases_first_then_creates_grants_and_drops() -> None:
     registry = MemoryRunRegistry()
     recorder = _Recorder({"dpone_publisher_fixed": "11111111-2222-3333-4444-555555555555"})
     issuer = SqlRbacIssuer(
-        registry, recorder, [POOL_DATABASE],
-        name_factory=lambda role: f"dpone_{role}_fixed", password_factory=lambda: "pw",
-    )  # fmt: skip
+        registry,
+        recorder,
+        [POOL_DATABASE],
+        name_factory=lambda role: f"dpone_{role}_fixed",
+        password_factory=lambda: "pw",
+    )
     assert issuer.strength is ClosureStrength.REVOKED
     issued = issuer.issue(ROLE_PUBLISHER, "attempt-r")
     digest = hashlib.sha256(b"pw").hexdigest()

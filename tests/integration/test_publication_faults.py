@@ -84,18 +84,21 @@ class Case:
         self.prepared = rig.prepare(self.b, target)
         self.intent = self.prepared.intent_sha256
         assert (self.prepared.target_uuid, self.prepared.generation_uuid) == (
-            self.a_uuid, self.b.uuid,
-        )  # fmt: skip
+            self.a_uuid,
+            self.b.uuid,
+        )
 
     def holds_a(self) -> bool:
         return (self.rig.uuid_of(self.target), self.rig.rows_of(self.target)) == (
-            self.a_uuid, sorted(A_ROWS),
-        )  # fmt: skip
+            self.a_uuid,
+            sorted(A_ROWS),
+        )
 
     def holds_b(self) -> bool:
         return (self.rig.uuid_of(self.target), self.rig.rows_of(self.target)) == (
-            self.b.uuid, sorted(B_ROWS),
-        )  # fmt: skip
+            self.b.uuid,
+            sorted(B_ROWS),
+        )
 
     def record(self) -> SnapshotRecord:
         return SnapshotRecord.from_bytes(self.store().load(self.intent).record_bytes)
@@ -169,8 +172,10 @@ def test_crash_after_the_claim_commit_reconciles_to_not_published(case: Case) ->
     assert case.record().reason == "exchange_not_run"
     facts = case.last_facts()
     assert (facts["decided"], facts["exchange_finishes"], facts["closure_proven"]) == (
-        "not_published", 0, True,
-    )  # fmt: skip
+        "not_published",
+        0,
+        True,
+    )
     assert case.holds_a()
     assert case.rig.uuid_of(case.b.table) == case.b.uuid
 
@@ -193,8 +198,10 @@ def test_crash_after_the_exchange_reconciles_to_published(
     assert case.holds_b()
     facts = case.last_facts()
     assert (facts["decided"], facts["exchange_finishes"], facts["dispatch_outcome"]) == (
-        "published", 1, None,
-    )  # fmt: skip
+        "published",
+        1,
+        None,
+    )
     # Repeating publish replays the record; the EXCHANGE is never sent again.
     replay = rig.components().publisher.publish(case.intent)
     assert (replay.historical, replay.record_sha256) == (True, reconciled.record_sha256)
@@ -277,8 +284,9 @@ def test_an_exchange_error_for_a_dropped_generation_stays_unknown(case: Case) ->
     assert rig.exchange_events(case.intent) == ["ExceptionBeforeStart"]
     history = case.store().history(case.intent)
     assert [(h.state, h.revision) for h in history][-2:] == [
-        ("commit_unknown", 3), ("commit_unknown", 3),
-    ]  # fmt: skip
+        ("commit_unknown", 3),
+        ("commit_unknown", 3),
+    ]
     assert dict(history[-1].facts)["step"] == "reconcile"
 
 
@@ -302,9 +310,11 @@ def test_an_unavailable_catalog_stays_unknown_until_observed(case: Case) -> None
         trusted_users=frozenset(),
     )
     publisher = ClickHouseAtomicSnapshotPublisher(
-        authority=parts.publisher.authority, store=parts.store, catalog=blind,
+        authority=parts.publisher.authority,
+        store=parts.store,
+        catalog=blind,
         executor=parts.publisher.executor,
-    )  # fmt: skip
+    )
     published = publisher.publish(case.intent)
     assert state_of(published) == (P.COMMIT_UNKNOWN, 3)
     record = case.record()
@@ -339,9 +349,10 @@ def _alter_target(case: Case, result: DispatchResult, principal: IssuedPrincipal
 
 
 @pytest.mark.parametrize(
-    "action", [_drop_target, _rename_generation, _insert_into_target, _alter_target],
+    "action",
+    [_drop_target, _rename_generation, _insert_into_target, _alter_target],
     ids=["target-dropped", "generation-renamed", "target-written", "target-altered"],
-)  # fmt: skip
+)
 def test_tables_changed_after_the_exchange_stay_unknown(
     rig: Rig, request: pytest.FixtureRequest, action: AfterExchange
 ) -> None:
@@ -350,8 +361,10 @@ def test_tables_changed_after_the_exchange_stay_unknown(
     assert state_of(published) == (P.COMMIT_UNKNOWN, 3)
     facts = case.last_facts()
     assert (facts["decided"], facts["exchange_finishes"], facts["closure_proven"]) == (
-        "commit_unknown", 1, True,
-    )  # fmt: skip
+        "commit_unknown",
+        1,
+        True,
+    )
     assert rig.exchange_events(case.intent) == ["QueryStart", "QueryFinish"]
     # A later reconcile observes again and stays unknown at the same revision.
     assert state_of(case.reconcile()) == (P.COMMIT_UNKNOWN, 3)
@@ -411,9 +424,13 @@ def test_an_unproven_closure_stays_unknown_until_the_publisher_is_quiet(case: Ca
         while not stop.is_set():
             number += 1
             request = session_request(
-                "SELECT sleep(1)", f"dpone-test-busy-{case.intent[:16]}-{number}",
-                RequestKind.READ, session_id=session, session_timeout=5, check=False,
-            )  # fmt: skip
+                "SELECT sleep(1)",
+                f"dpone-test-busy-{case.intent[:16]}-{number}",
+                RequestKind.READ,
+                session_id=session,
+                session_timeout=5,
+                check=False,
+            )
             # Killed by the closure, or the session is locked: go again.
             with contextlib.suppress(DponeError):
                 transport.execute(request, deadline=time.monotonic() + 30)

@@ -55,39 +55,62 @@ def write_journal(
 ) -> JournalEvent:
     """A staging journal as the staging service writes it (admitted, prepared, staged)."""
     receipt = FileReceipt(
-        artifact_sha256="a" * 64, artifact_size=30, rows_validated=rows,
+        artifact_sha256="a" * 64,
+        artifact_size=30,
+        rows_validated=rows,
         schema=SourceSchema.of([SourceColumn("id", "bigint", False)]),
-        codec_id="dpone.mssql-delimited.bulk-text", codec_version=2,
-        policy_id="dpone.sqlserver-clickhouse.lossless", policy_version=1,
-    )  # fmt: skip
+        codec_id="dpone.mssql-delimited.bulk-text",
+        codec_version=2,
+        policy_id="dpone.sqlserver-clickhouse.lossless",
+        policy_version=1,
+    )
     identity: dict[str, Any] = {
         "preparation_version": "dpone-preparation/2",
         "target_schema": [{"name": "id", "clickhouse_type": "Int64"}],
-        "source_receipt_sha256": receipt.sha256, "binary_policy": "hex", "selected_mode": "python",
-        "rowbinary_bytes": 8 * rows, "rowbinary_sha256": "b" * 64, "prepared_rows": rows,
-        "rows_digest": DIGEST, **(identity_extra or {}),
-    }  # fmt: skip
+        "source_receipt_sha256": receipt.sha256,
+        "binary_policy": "hex",
+        "selected_mode": "python",
+        "rowbinary_bytes": 8 * rows,
+        "rowbinary_sha256": "b" * 64,
+        "prepared_rows": rows,
+        "rows_digest": DIGEST,
+        **(identity_extra or {}),
+    }
     identity = {k: v for k, v in identity.items() if v is not None}
     semantic = canonical_json.sha256_hex(identity)
     default = None if ingest is None else {"user": ingest.user, "user_uuid": None}
     named = principals or [default, default, default]
     base = {
-        "endpoint": f"127.0.0.1:1/{database}", "transport": "http",
-        "endpoint_identity": {"server_id": str(uuid.uuid4()), "server_id_source": "dpone_identity_table",
-                              "database": database, "database_uuid": str(uuid.uuid4()),
-                              "database_engine": "Atomic"},
+        "endpoint": f"127.0.0.1:1/{database}",
+        "transport": "http",
+        "endpoint_identity": {
+            "server_id": str(uuid.uuid4()),
+            "server_id_source": "dpone_identity_table",
+            "database": database,
+            "database_uuid": str(uuid.uuid4()),
+            "database_engine": "Atomic",
+        },
         "planned_ownership": {"database": database, "table": f"dpone_stage_{attempt_id}"},
         "cleanup_inventory": {},
-    }  # fmt: skip
+    }
     journal = ClickHouseFileAttemptJournal(work_dir, attempt_id)
     journal.open()
     docs = [
         {"state": "checking", "outcome": "admitted", "source_identity": receipt.to_document()},
-        {"state": "prepared", "outcome": "prepared", "derived_identity": identity, "semantic_id": semantic},
-        {"state": "staged", "outcome": "staged", "semantic_id": semantic,
-         "counts": {"prepared_rows": rows, "observed_count": rows},
-         "observed_ownership": {"table_uuid": str(uuid.uuid4())}},
-    ]  # fmt: skip
+        {
+            "state": "prepared",
+            "outcome": "prepared",
+            "derived_identity": identity,
+            "semantic_id": semantic,
+        },
+        {
+            "state": "staged",
+            "outcome": "staged",
+            "semantic_id": semantic,
+            "counts": {"prepared_rows": rows, "observed_count": rows},
+            "observed_ownership": {"table_uuid": str(uuid.uuid4())},
+        },
+    ]
     event = None
     for doc, principal in zip(docs, named, strict=True):
         extra = {} if principal is None else {"principal": principal}
@@ -203,11 +226,20 @@ def test_reopen_refuses_an_unleased_or_inconsistent_principal(
     cases: dict[str, tuple[list[dict[str, Any] | None], str]] = {
         "p1": ([{"user": other.user, "user_uuid": None}] * 3, "ingest_lease_missing"),
         "p2": ([None, None, None], "principal_missing"),
-        "p3": ([{"user": ingest.user, "user_uuid": None}, {"user": other.user, "user_uuid": None},
-                {"user": ingest.user, "user_uuid": None}], "principal_inconsistent"),
-        "p4": ([{"user": ingest.user, "user_uuid": other.user_uuid}] * 3, "principal_uuid_mismatch"),
+        "p3": (
+            [
+                {"user": ingest.user, "user_uuid": None},
+                {"user": other.user, "user_uuid": None},
+                {"user": ingest.user, "user_uuid": None},
+            ],
+            "principal_inconsistent",
+        ),
+        "p4": (
+            [{"user": ingest.user, "user_uuid": other.user_uuid}] * 3,
+            "principal_uuid_mismatch",
+        ),
         "p5": ([{"user": "default", "user_uuid": None}] * 3, "principal_unknown"),
-    }  # fmt: skip
+    }
     for attempt_id, (principals, reason) in cases.items():
         final = write_journal(tmp_path, attempt_id, ingest, principals=principals)
         assert (
@@ -318,11 +350,16 @@ def test_one_empty_sample_is_never_proof(
 ) -> None:
     ingest = pool.issuer.issue(ROLE_INGEST, "scripted").ref
     authority = SnapshotAuthority(
-        registry=pool.registry, issuer=pool.issuer, closer=ScriptedCloser(samples, unfinished),
-        endpoint=pool.endpoint(), probe_credentials=pool.issuer.role_credentials,
-        sessions_of=lambda ref: [], dispatch_lock=threading.Lock(),
-        policy=ClosurePolicy(samples=3, sample_spacing_seconds=0.0), sleep=lambda s: None,
-    )  # fmt: skip
+        registry=pool.registry,
+        issuer=pool.issuer,
+        closer=ScriptedCloser(samples, unfinished),
+        endpoint=pool.endpoint(),
+        probe_credentials=pool.issuer.role_credentials,
+        sessions_of=lambda ref: [],
+        dispatch_lock=threading.Lock(),
+        policy=ClosurePolicy(samples=3, sample_spacing_seconds=0.0),
+        sleep=lambda s: None,
+    )
     proof = authority.close_principal(ingest)
     assert not proof.proven and reason in proof.facts["unproven"]
     assert proof.facts["samples"][0]["queries"] == []

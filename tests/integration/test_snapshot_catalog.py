@@ -74,9 +74,9 @@ def server(clickhouse: ServerInfo) -> Iterator[ServerInfo]:
         sql(clickhouse, f"DROP DATABASE {DB} SYNC")
 
 
-def observe(server: ServerInfo, target: str, generation: str, db: str = DB) -> tuple[
-    TableObservation | None, TableObservation | None
-]:  # fmt: skip
+def observe(
+    server: ServerInfo, target: str, generation: str, db: str = DB
+) -> tuple[TableObservation | None, TableObservation | None]:
     seen = catalog(server).observe(TargetSlot(db, target), generation)
     return seen.target, seen.generation
 
@@ -186,18 +186,21 @@ HOSTILE_COLUMNS = (
 
 def hostile_row(i: int, f: float, nf: float | None, s: bytes | None, ticks: int) -> bytes:
     dto = b"\x01" if i % 2 else b"\x00" + struct.pack("<qh", ticks // 10**6, -840 + i)
-    return b"".join([
-        struct.pack("<I", i), struct.pack("<d", f),
-        b"\x01" if nf is None else b"\x00" + struct.pack("<f", nf),
-        b"\x01" if s is None else b"\x00" + varstr(s),
-        struct.pack("<q", ticks),
-        (-(10**37) + i).to_bytes(16, "little", signed=True),
-        dto,
-        b"\x01" if s is None else b"\x00" + varstr(s[:5]),
-        struct.pack("<QQ", 0x6F9619FF8B86D011, 0xB42D00C04FC964FF - i),
-        bytes([i % 2]),
-        bytes([i % 256, 0, 255]),
-    ])  # fmt: skip
+    return b"".join(
+        [
+            struct.pack("<I", i),
+            struct.pack("<d", f),
+            b"\x01" if nf is None else b"\x00" + struct.pack("<f", nf),
+            b"\x01" if s is None else b"\x00" + varstr(s),
+            struct.pack("<q", ticks),
+            (-(10**37) + i).to_bytes(16, "little", signed=True),
+            dto,
+            b"\x01" if s is None else b"\x00" + varstr(s[:5]),
+            struct.pack("<QQ", 0x6F9619FF8B86D011, 0xB42D00C04FC964FF - i),
+            bytes([i % 2]),
+            bytes([i % 256, 0, 255]),
+        ]
+    )
 
 
 def test_content_digest_equals_python_on_hostile_values(server: ServerInfo) -> None:
@@ -277,9 +280,12 @@ def test_retained_bytes_count_the_target_and_dpone_owned_generations(server: Ser
     try:
         mark = ownership_comment("old", "0" * 64)
         for name, comment in (
-            ("target_t", "x"), ("dpone_stage_old", mark), ("dpone_stage_foreign", "x"),
-            ("dpone_stage_new", mark), ("other", mark),
-        ):  # fmt: skip
+            ("target_t", "x"),
+            ("dpone_stage_old", mark),
+            ("dpone_stage_foreign", "x"),
+            ("dpone_stage_new", mark),
+            ("other", mark),
+        ):
             sql(
                 server,
                 f"CREATE TABLE {db}.{name} (id UInt64 COMMENT '{comment}') "
@@ -474,9 +480,11 @@ def test_writer_grants_through_roles_and_what_is_not_a_writer() -> None:
         GrantRow("revoked", None, "INSERT", "db", "t", True, False),
     ]
     role_grants: list[tuple[str | None, str | None, str]] = [
-        ("alice", None, "etl"), (None, "etl", "loader"), ("bob", None, "reader"),
+        ("alice", None, "etl"),
+        (None, "etl", "loader"),
+        ("bob", None, "reader"),
         ("pool_1", None, "loader"),
-    ]  # fmt: skip
+    ]
     found = writer_grant_blockers(grants, role_grants, writers, frozenset({"pool_1"}), "db", "t")
     assert found == [
         Blocker("writer_grant", "user alice can write db.t: INSERT ON db.t through role loader")

@@ -94,8 +94,13 @@ def make_pool(clickhouse: ServerInfo, pool_credentials: dict[str, Credentials]) 
     }
     user_ids = {name: ids[name] for name in pool_names()}
     registry = MemoryRunRegistry()
-    return Pool(clickhouse, registry, LocalPoolIssuer(registry, pool_credentials, user_ids),
-                dict(pool_credentials), user_ids)  # fmt: skip
+    return Pool(
+        clickhouse,
+        registry,
+        LocalPoolIssuer(registry, pool_credentials, user_ids),
+        dict(pool_credentials),
+        user_ids,
+    )
 
 
 @pytest.fixture
@@ -130,16 +135,33 @@ def make_intent(
     sha = hashlib.sha256(uuid.uuid4().bytes).hexdigest()
     limits = SnapshotLimits(10**6, 10**9, 10**9, 10**9, 10**10, 10**10)
     return SnapshotIntent(
-        request_id=f"request-{attempt_id}", attempt_id=attempt_id, slot_epoch=1, attempt_epoch=1,
-        server_id=str(uuid.uuid4()), server_id_source="dpone_identity_table", database=DB,
-        database_uuid=str(uuid.uuid4()), target_table=target, target_uuid=str(uuid.uuid4()),
-        generation_table=generation, generation_uuid=str(uuid.uuid4()), staged_event_sha256="e" * 64,
-        semantic_id="f" * 64, design_sha256="d" * 64, receipt_sha256="c" * 64, source_rows=2,
-        source_bytes=10, wire_bytes=20, content_digest="0" * 32,
+        request_id=f"request-{attempt_id}",
+        attempt_id=attempt_id,
+        slot_epoch=1,
+        attempt_epoch=1,
+        server_id=str(uuid.uuid4()),
+        server_id_source="dpone_identity_table",
+        database=DB,
+        database_uuid=str(uuid.uuid4()),
+        target_table=target,
+        target_uuid=str(uuid.uuid4()),
+        generation_table=generation,
+        generation_uuid=str(uuid.uuid4()),
+        staged_event_sha256="e" * 64,
+        semantic_id="f" * 64,
+        design_sha256="d" * 64,
+        receipt_sha256="c" * 64,
+        source_rows=2,
+        source_bytes=10,
+        wire_bytes=20,
+        content_digest="0" * 32,
         ingest=IntentPrincipal(ingest.user, ingest.user_uuid, ingest.lease_id),
         publisher=IntentPrincipal(publisher.user, publisher.user_uuid, publisher.lease_id),
-        limits=limits, prepared_at="2026-01-01T00:00:00.000000Z", raw=b"", sha256=sha,
-    )  # fmt: skip
+        limits=limits,
+        prepared_at="2026-01-01T00:00:00.000000Z",
+        raw=b"",
+        sha256=sha,
+    )
 
 
 def issue_pair(pool: Pool, attempt_id: str) -> tuple[IssuedPrincipal, IssuedPrincipal]:
@@ -157,12 +179,16 @@ def make_authority(
     sleep: Callable[[float], None] = time.sleep,
 ) -> SnapshotAuthority:
     return SnapshotAuthority(
-        registry=pool.registry, issuer=pool.issuer,
+        registry=pool.registry,
+        issuer=pool.issuer,
         closer=HttpTransport(pool.endpoint(), pool.credentials[CLOSER_USER]),
-        endpoint=pool.endpoint(), probe_credentials=pool.issuer.role_credentials,
-        sessions_of=lambda ref: sessions.get(ref.lease_id, []), dispatch_lock=lock,
-        policy=policy or ClosurePolicy(samples=3, sample_spacing_seconds=0.2), sleep=sleep,
-    )  # fmt: skip
+        endpoint=pool.endpoint(),
+        probe_credentials=pool.issuer.role_credentials,
+        sessions_of=lambda ref: sessions.get(ref.lease_id, []),
+        dispatch_lock=lock,
+        policy=policy or ClosurePolicy(samples=3, sample_spacing_seconds=0.2),
+        sleep=sleep,
+    )
 
 
 # ---------------------------------------------------------------------- EXCHANGE
@@ -418,9 +444,11 @@ def held(
     intent = make_intent(publisher.ref, ingest.ref, generation, target, attempt_id="gate")
     with HoldingProxy(pool.port) as proxy:
         executor = ClickHouseSnapshotExecutor(
-            pool.endpoint(proxy.port), dispatch_lock=threading.Lock(),
-            session_timeout=GATE_T, request_seconds=1.0,
-        )  # fmt: skip
+            pool.endpoint(proxy.port),
+            dispatch_lock=threading.Lock(),
+            session_timeout=GATE_T,
+            request_seconds=1.0,
+        )
         result = executor.exchange(intent, publisher)
         assert result.outcome is DispatchOutcome.UNKNOWN and proxy.held.is_set()
         yield proxy, intent, publisher

@@ -53,8 +53,13 @@ def export_hostile(
 
 
 def config(info: ServerInfo, work: Path, kind: str = "http", **policy: Any) -> StagingConfig:
-    return StagingConfig(Endpoint("127.0.0.1", info.http_port, info.tcp_port, DB), admin_credentials(info.data_dir), work,
-                         transport=kind, policy=StagingPolicy(**policy))  # fmt: skip
+    return StagingConfig(
+        Endpoint("127.0.0.1", info.http_port, info.tcp_port, DB),
+        admin_credentials(info.data_dir),
+        work,
+        transport=kind,
+        policy=StagingPolicy(**policy),
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -178,9 +183,15 @@ def fake_count(output: bytes) -> Callable[[ClickHouseRequest], QueryResult | Non
 
 @pytest.mark.parametrize(
     ("output", "code"),
-    [(b'{"n":88}\n', "count_mismatch"), (b'{"n":true}\n', "count_unobservable"), (b'{"n":"87"}\n', "count_unobservable"),
-     (b"", "count_unobservable"), (b'{"n":87}\n{"n":87}\n', "count_unobservable"), (b'{"m":87}\n', "count_unobservable")],
-)  # fmt: skip
+    [
+        (b'{"n":88}\n', "count_mismatch"),
+        (b'{"n":true}\n', "count_unobservable"),
+        (b'{"n":"87"}\n', "count_unobservable"),
+        (b"", "count_unobservable"),
+        (b'{"n":87}\n{"n":87}\n', "count_unobservable"),
+        (b'{"m":87}\n', "count_unobservable"),
+    ],
+)
 def test_wrong_counts_fail_and_clean_up(
     clickhouse: ServerInfo, tmp_path: Path, output: bytes, code: str
 ) -> None:
@@ -336,8 +347,10 @@ def test_server_stopped_mid_insert_retains_everything(kind: str, tmp_path: Path)
     assert summary.needs_operator and summary.state == "retained_unknown"
     assert summary.table_uuid is not None
     assert summary.inventory["table"] == {
-        "database": DB, "table": f"dpone_stage_victim_h{kind}", "uuid": summary.table_uuid,
-    }  # fmt: skip
+        "database": DB,
+        "table": f"dpone_stage_victim_h{kind}",
+        "uuid": summary.table_uuid,
+    }
     assert summary.sent_mutations[-1] == f"dpone-b02-victim-{kind}-insert"
 
 
@@ -363,8 +376,9 @@ def test_lost_insert_acknowledgment_is_proven_before_cleanup(
             return result
 
     phases: list[tuple[str, int, int]] = []
-    svc = ClickHouseValidatedFileService(LosingAcks(), DB, tmp_path / "work", policy=cfg.policy,
-                                         progress=lambda *p: phases.append(p))  # fmt: skip
+    svc = ClickHouseValidatedFileService(
+        LosingAcks(), DB, tmp_path / "work", policy=cfg.policy, progress=lambda *p: phases.append(p)
+    )
     with pytest.raises(OutcomeUnknown):
         svc.stage(ContractValidatedFileArtifact(path, receipt), "lost-ack-1")
     events = [e.document for e in read_events(tmp_path / "work" / "lost-ack-1")]
@@ -396,8 +410,9 @@ def test_verification_deadline_after_the_insert(clickhouse: ServerInfo, tmp_path
 
     cfg = config(clickhouse, tmp_path / "work", verification_seconds=60.0)
     inner = HttpTransport(cfg.endpoint, cfg.credentials, clock=lambda: now[0])  # one clock for both
-    svc = ClickHouseValidatedFileService(Interfering(inner, jump), DB, tmp_path / "work",
-                                         policy=cfg.policy, clock=lambda: now[0])  # fmt: skip
+    svc = ClickHouseValidatedFileService(
+        Interfering(inner, jump), DB, tmp_path / "work", policy=cfg.policy, clock=lambda: now[0]
+    )
     with pytest.raises(DponeError) as caught:
         svc.stage(ContractValidatedFileArtifact(path, receipt), "late-verify-1")
     # The COUNT request finds the verification deadline already spent and is never sent.
@@ -450,8 +465,11 @@ def test_decoder_and_finalizer_of_the_bundle(clickhouse: ServerInfo, tmp_path: P
     loaded = components.decoder.load(receipt)
     assert loaded.rows_validated == len(data)
     assert [p.clickhouse_type for p in components.decoder.plans(loaded)] == [
-        "Int64", "Nullable(String)", "Nullable(String)", "Nullable(UUID)",
-    ]  # fmt: skip
+        "Int64",
+        "Nullable(String)",
+        "Nullable(String)",
+        "Nullable(UUID)",
+    ]
     staged = components.validated_file.stage(
         ContractValidatedFileArtifact(path, receipt), "bundle-1"
     )

@@ -71,10 +71,24 @@ def test_crash_after_each_event(
     attempt = f"crash-{crash_after}"
     table = f"dpone_stage_crash_h{crash_after}"
     child = subprocess.run(
-        [sys.executable, "-c", CHILD, str(clickhouse.http_port), str(clickhouse.tcp_port), str(work),
-         str(path), str(receipt), attempt, str(crash_after)],
-        capture_output=True, text=True, timeout=120, check=False, env=os.environ | admin_env(admin_credentials),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(clickhouse.http_port),
+            str(clickhouse.tcp_port),
+            str(work),
+            str(path),
+            str(receipt),
+            attempt,
+            str(crash_after),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=os.environ | admin_env(admin_credentials),
+    )
     assert child.returncode == -9, child.stderr
     events = read_events(work / attempt)  # verifies sequence, chain and canonical bytes
     assert len(events) == crash_after
@@ -96,10 +110,23 @@ def test_crash_after_each_event(
         return
     listing = dpone("attempts", "list", "--work-dir", str(work), "--json")
     assert [a["attempt_id"] for a in json.loads(listing.stdout)["attempts"]] == [attempt]
-    cleaned = dpone("attempts", "cleanup", attempt, "--work-dir", str(work), "--database", DB,
-                    "--host", "127.0.0.1", "--http-port", str(clickhouse.http_port),
-                    "--tcp-port", str(clickhouse.tcp_port), "--json",
-                    extra_env=admin_env(admin_credentials))  # fmt: skip
+    cleaned = dpone(
+        "attempts",
+        "cleanup",
+        attempt,
+        "--work-dir",
+        str(work),
+        "--database",
+        DB,
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(clickhouse.http_port),
+        "--tcp-port",
+        str(clickhouse.tcp_port),
+        "--json",
+        extra_env=admin_env(admin_credentials),
+    )
     if crash_after in (3, 4):
         # The intent is durable but its query was never dispatched: the query log has no
         # terminal event for it, so its state is unproven and cleanup must refuse.
@@ -120,10 +147,24 @@ def test_cleanup_refuses_a_table_that_is_not_owned(
     path, receipt, _ = export_hostile(tmp_path)
     work = tmp_path / "work"
     child = subprocess.run(
-        [sys.executable, "-c", CHILD, str(clickhouse.http_port), str(clickhouse.tcp_port), str(work),
-         str(path), str(receipt), "swap-1", "5"],
-        capture_output=True, text=True, timeout=120, check=False, env=os.environ | admin_env(admin_credentials),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(clickhouse.http_port),
+            str(clickhouse.tcp_port),
+            str(work),
+            str(path),
+            str(receipt),
+            "swap-1",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=os.environ | admin_env(admin_credentials),
+    )
     assert child.returncode == -9
     # Someone replaces the staging table with their own under the same name.
     chhttp.query(clickhouse.http_port, f"DROP TABLE {DB}.dpone_stage_swap_h1")
@@ -131,10 +172,23 @@ def test_cleanup_refuses_a_table_that_is_not_owned(
         clickhouse.http_port,
         f"CREATE TABLE {DB}.dpone_stage_swap_h1 (id Int64 COMMENT 'theirs') ENGINE = Memory",
     )
-    cleaned = dpone("attempts", "cleanup", "swap-1", "--work-dir", str(work), "--database", DB,
-                    "--host", "127.0.0.1", "--http-port", str(clickhouse.http_port),
-                    "--tcp-port", str(clickhouse.tcp_port), "--json",
-                    extra_env=admin_env(admin_credentials))  # fmt: skip
+    cleaned = dpone(
+        "attempts",
+        "cleanup",
+        "swap-1",
+        "--work-dir",
+        str(work),
+        "--database",
+        DB,
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(clickhouse.http_port),
+        "--tcp-port",
+        str(clickhouse.tcp_port),
+        "--json",
+        extra_env=admin_env(admin_credentials),
+    )
     assert cleaned.returncode == 1
     assert json.loads(cleaned.stdout)["error"]["code"] == "ownership_unverified"
     assert chhttp.query(clickhouse.http_port, f"EXISTS TABLE {DB}.dpone_stage_swap_h1") == "1\n"

@@ -71,11 +71,21 @@ def test_completion_belongs_to_the_verification_deadline(
         if "-read-count-" in request.query_id:
             now[0] += 1000.0  # the load took longer than the whole preparation deadline
 
-    cfg = config(clickhouse, tmp_path / "work", preparation_seconds=600.0,
-                 verification_seconds=5000.0, request_seconds=5000.0)  # fmt: skip
+    cfg = config(
+        clickhouse,
+        tmp_path / "work",
+        preparation_seconds=600.0,
+        verification_seconds=5000.0,
+        request_seconds=5000.0,
+    )
     inner = HttpTransport(cfg.endpoint, cfg.credentials, clock=lambda: now[0])
-    svc = ClickHouseValidatedFileService(Interfering(inner, slow_load), DB, tmp_path / "work",
-                                         policy=cfg.policy, clock=lambda: now[0])  # fmt: skip
+    svc = ClickHouseValidatedFileService(
+        Interfering(inner, slow_load),
+        DB,
+        tmp_path / "work",
+        policy=cfg.policy,
+        clock=lambda: now[0],
+    )
     staged = svc.stage(ContractValidatedFileArtifact(path, receipt), "slow-load-1")
     assert staged.rows == len(data)
     assert states(staged.journal_path)[-1] == "staged"
@@ -113,8 +123,13 @@ def test_a_failed_failure_record_never_replaces_the_primary(
     )
     cfg = config(clickhouse, tmp_path / "work")
     # Events: 1 admitted, 2 prepared, 3 the failure record (which cannot be written).
-    svc = ClickHouseValidatedFileService(build_transport(cfg), DB, tmp_path / "work",
-                                         policy=cfg.policy, journal_factory=failing_journal(3))  # fmt: skip
+    svc = ClickHouseValidatedFileService(
+        build_transport(cfg),
+        DB,
+        tmp_path / "work",
+        policy=cfg.policy,
+        journal_factory=failing_journal(3),
+    )
     with pytest.raises(DponeError) as caught:
         svc.stage(ContractValidatedFileArtifact(path, receipt), "taken-1")
     assert caught.value.code == "table_exists"  # the primary, not the JournalError
@@ -143,8 +158,13 @@ def test_journal_failure_never_drops_without_a_durable_intent(
     transport: Any = build_transport(cfg)
     if hook is not None:
         transport = Interfering(transport, hook)
-    svc = ClickHouseValidatedFileService(transport, DB, tmp_path / "work", policy=cfg.policy,
-                                         journal_factory=failing_journal(fail_at))  # fmt: skip
+    svc = ClickHouseValidatedFileService(
+        transport,
+        DB,
+        tmp_path / "work",
+        policy=cfg.policy,
+        journal_factory=failing_journal(fail_at),
+    )
     attempt = f"journal-{fail_at}"
     with pytest.raises(DponeError) as caught:
         svc.stage(ContractValidatedFileArtifact(path, receipt), attempt)
@@ -166,8 +186,9 @@ def test_journal_failure_never_drops_without_a_durable_intent(
 def timeout_on(marker: str) -> Callable[[ClickHouseRequest], None]:
     def hook(request: ClickHouseRequest) -> None:
         if marker in request.query_id:
-            raise TransportDeadline("probe timed out (simulated)", submitted=True,
-                                    query_id=request.query_id)  # fmt: skip
+            raise TransportDeadline(
+                "probe timed out (simulated)", submitted=True, query_id=request.query_id
+            )
 
     return hook
 
@@ -270,10 +291,13 @@ def lose_answer(suffix: str, *, run_it: bool) -> Any:
 
 @pytest.mark.parametrize(
     ("suffix", "run_it", "count", "ending"),
-    [("-create", True, None, "failed_cleaned"), ("-drop", True, b'{"n":1}\n', "failed_cleaned"),
-     ("-drop", False, b'{"n":1}\n', "retained_unknown")],
+    [
+        ("-create", True, None, "failed_cleaned"),
+        ("-drop", True, b'{"n":1}\n', "failed_cleaned"),
+        ("-drop", False, b'{"n":1}\n', "retained_unknown"),
+    ],
     ids=["create_ran", "drop_ran", "drop_never_ran"],
-)  # fmt: skip
+)
 def test_an_unknown_create_or_drop_inside_the_service(
     clickhouse: ServerInfo,
     tmp_path: Path,
@@ -303,8 +327,11 @@ def test_an_unknown_create_or_drop_inside_the_service(
 
 @pytest.mark.parametrize(
     ("change", "code"),
-    [({"codec_version": 1}, "receipt_codec_mismatch"), ({"policy_id": "someone.else"}, "receipt_policy_mismatch")],
-)  # fmt: skip
+    [
+        ({"codec_version": 1}, "receipt_codec_mismatch"),
+        ({"policy_id": "someone.else"}, "receipt_policy_mismatch"),
+    ],
+)
 def test_receipt_codec_and_policy_must_be_the_ones_used(
     clickhouse: ServerInfo, tmp_path: Path, change: dict[str, Any], code: str
 ) -> None:
@@ -435,8 +462,9 @@ def test_preparation_deadline_fails_before_anything_remote(
 
     cfg = config(clickhouse, tmp_path / "work", preparation_seconds=1.5)
     inner = HttpTransport(cfg.endpoint, cfg.credentials, clock=clock)
-    svc = ClickHouseValidatedFileService(Wrapped(inner, late), DB, tmp_path / "work",
-                                         policy=cfg.policy, clock=clock)  # fmt: skip
+    svc = ClickHouseValidatedFileService(
+        Wrapped(inner, late), DB, tmp_path / "work", policy=cfg.policy, clock=clock
+    )
     with pytest.raises(DponeError) as caught:
         svc.stage(ContractValidatedFileArtifact(path, receipt), "deadline-1")
     assert caught.value.code == "phase_deadline", caught.value
@@ -448,8 +476,11 @@ def test_preparation_deadline_fails_before_anything_remote(
     assert [d["state"] for d in docs] == ["checking", "prepared", "failed_cleaned"]
     assert not any(d["outcome"] == "intent" for d in docs)  # no mutation was ever intended
     chhttp.query(clickhouse.http_port, "SYSTEM FLUSH LOGS")
-    sent = chhttp.rows(clickhouse.http_port, "SELECT DISTINCT query_kind FROM system.query_log "
-                       "WHERE query_id LIKE 'dpone-b02-deadline-1-%'")  # fmt: skip
+    sent = chhttp.rows(
+        clickhouse.http_port,
+        "SELECT DISTINCT query_kind FROM system.query_log "
+        "WHERE query_id LIKE 'dpone-b02-deadline-1-%'",
+    )
     assert sent == [{"query_kind": "Select"}]  # reads only: nothing remote changed
     assert not table_exists(clickhouse, "dpone_stage_deadline_h1")
     assert not (tmp_path / "work" / "deadline-1" / "spool").exists()
@@ -462,8 +493,11 @@ def test_no_credentials_in_any_artifact_and_the_principal_in_every_event(
     [admin_view] = chhttp.rows(
         clickhouse.http_port, "SELECT toString(id) AS id FROM system.users WHERE name = 'stager'"
     )
-    cfg = dataclasses.replace(config(clickhouse, tmp_path / "work"),
-                              credentials=Credentials("stager", STAGER_PASSWORD), principal_uuid=admin_view["id"])  # fmt: skip
+    cfg = dataclasses.replace(
+        config(clickhouse, tmp_path / "work"),
+        credentials=Credentials("stager", STAGER_PASSWORD),
+        principal_uuid=admin_view["id"],
+    )
     sink = ClickHouseSink(cfg)
     staged = sink.stage_validated_file(path, receipt, attempt_id="secret-1")
     assert staged.rows == len(data)

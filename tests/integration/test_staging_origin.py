@@ -85,16 +85,31 @@ def crash(info: ServerInfo, work: Path, attempt: str, when: str, at: int) -> lis
     """Stage ``attempt`` in a child that dies around event ``at``; its journal."""
     path, receipt, _ = export_hostile(work.parent)
     child = subprocess.run(
-        [sys.executable, "-c", CHILD, str(info.http_port), str(info.tcp_port), str(work), str(path),
-         str(receipt), attempt, when, str(at)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(info.http_port),
+            str(info.tcp_port),
+            str(work),
+            str(path),
+            str(receipt),
+            attempt,
+            when,
+            str(at),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert child.returncode == -9, child.stderr
     docs = documents(work / attempt)
     intent = docs[INSERT_INTENT - 1]
     assert (intent["outcome"], intent["query"]) == (
-        "intent", {"kind": "insert", "query_id": f"dpone-b02-{attempt}-insert"},
-    )  # fmt: skip
+        "intent",
+        {"kind": "insert", "query_id": f"dpone-b02-{attempt}-insert"},
+    )
     assert intent["principal"]["user"] == ADMIN_USER
     return docs
 
@@ -150,8 +165,9 @@ def test_cleanup_ignores_a_foreign_run_of_the_unsent_insert_id(
     with pytest.raises(DponeError) as caught:
         cleanup_attempt(operator_transport(clickhouse, work), work, attempt, database=DB)
     assert (caught.value.code, caught.value.details["query_id"]) == (
-        "termination_unproven", query_id,
-    )  # fmt: skip
+        "termination_unproven",
+        query_id,
+    )
     assert f"by {ADMIN_USER} in {DB}" in caught.value.message
     assert documents(work / attempt) == docs  # a refused cleanup writes nothing
     assert table_exists(clickhouse, table)  # and drops nothing
@@ -198,11 +214,13 @@ def lost(suffix: str, info: ServerInfo, *, run_it: bool, foreign_fails: bool) ->
 
 @pytest.mark.parametrize(
     ("suffix", "run_it", "foreign_fails", "count", "termination", "ending"),
-    [("-insert", False, False, None, "unknown", "retained_unknown"),
-     ("-drop", False, False, b'{"n":1}\n', "unknown", "retained_unknown"),
-     ("-insert", True, True, None, "finished_ok", "failed_cleaned")],
+    [
+        ("-insert", False, False, None, "unknown", "retained_unknown"),
+        ("-drop", False, False, b'{"n":1}\n', "unknown", "retained_unknown"),
+        ("-insert", True, True, None, "finished_ok", "failed_cleaned"),
+    ],
     ids=["insert_never_ran", "drop_never_ran", "own_insert_ran"],
-)  # fmt: skip
+)
 def test_the_service_proves_only_its_own_query(
     clickhouse: ServerInfo,
     tmp_path: Path,

@@ -78,16 +78,39 @@ def crash(
     request_seconds: float,
 ) -> None:
     child = subprocess.run(
-        [sys.executable, "-c", CHILD, str(info.http_port), str(info.tcp_port), str(work), str(path),
-         str(receipt), attempt, str(after), str(request_seconds)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(info.http_port),
+            str(info.tcp_port),
+            str(work),
+            str(path),
+            str(receipt),
+            attempt,
+            str(after),
+            str(request_seconds),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert child.returncode == -9, child.stderr
 
 
 def server_args(info: ServerInfo) -> list[str]:
-    return ["--database", DB, "--host", "127.0.0.1", "--http-port", str(info.http_port),
-            "--tcp-port", str(info.tcp_port), "--json"]  # fmt: skip
+    return [
+        "--database",
+        DB,
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(info.http_port),
+        "--tcp-port",
+        str(info.tcp_port),
+        "--json",
+    ]
 
 
 def listing(work: Path, *flags: str) -> list[dict[str, Any]]:
@@ -131,16 +154,21 @@ def test_recovery_after_a_server_restart(tmp_path: Path, monkeypatch: pytest.Mon
         )
         docs = [e.document for e in read_events(staged.journal_path)]
         assert (docs[0]["state"], docs[0]["outcome"], docs[0]["query"]) == (
-            "checking", "intent", {"kind": "identity", "query_id": "dpone-b02-first-1-identity"},
-        )  # fmt: skip
+            "checking",
+            "intent",
+            {"kind": "identity", "query_id": "dpone-b02-first-1-identity"},
+        )
         assert docs[0]["dispatch"]["not_before_ms"] < docs[0]["dispatch"]["not_after_ms"]
         assert docs[1]["settled"] == {
             "query_id": "dpone-b02-first-1-identity",
             "by": "acknowledged",
         }
         chhttp.query(info.http_port, "SYSTEM FLUSH LOGS")
-        kinds = chhttp.rows(info.http_port, "SELECT DISTINCT query_kind FROM system.query_log "
-                            "WHERE query_id = 'dpone-b02-first-1-identity'")  # fmt: skip
+        kinds = chhttp.rows(
+            info.http_port,
+            "SELECT DISTINCT query_kind FROM system.query_log "
+            "WHERE query_id = 'dpone-b02-first-1-identity'",
+        )
         assert kinds == [{"query_kind": "Create"}]
         # Crashes: after the verifying event (CREATE and INSERT acknowledged), and after
         # the INSERT intent (never dispatched; a one-second dispatch window).
@@ -155,8 +183,11 @@ def test_recovery_after_a_server_restart(tmp_path: Path, monkeypatch: pytest.Mon
             refused.returncode == 1 and as_json(refused)["error"]["code"] == "termination_unproven"
         )
         assert listing(work) == before  # a refused cleanup changes nothing anyone sees
-        window = next(e.document for e in read_events(work / "unacked-1") if e.document.get("dispatch")
-                      and e.document["query"]["kind"] == "insert")["dispatch"]  # fmt: skip
+        window = next(
+            e.document
+            for e in read_events(work / "unacked-1")
+            if e.document.get("dispatch") and e.document["query"]["kind"] == "insert"
+        )["dispatch"]
     # The server starts again only once the INSERT's dispatch window has closed (and the
     # two-second resolution of the start-time bound has passed).
     while time.time() * 1000 < window["not_after_ms"] + 2500:
@@ -245,8 +276,17 @@ def test_journal_head_and_what_a_failed_stage_says(
     path, receipt, _ = export_hostile(tmp_path)
     chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     work = tmp_path / "work"
-    done = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(work),
-                 "--attempt-id", "head-1", *server_args(clickhouse))  # fmt: skip
+    done = dpone(
+        "stage",
+        str(path),
+        "--receipt",
+        str(receipt),
+        "--work-dir",
+        str(work),
+        "--attempt-id",
+        "head-1",
+        *server_args(clickhouse),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     staged = as_json(done)
     head = staged["journal_head"]
@@ -263,16 +303,37 @@ def test_journal_head_and_what_a_failed_stage_says(
     assert empty.returncode == 1 and as_json(empty)["error"]["code"] == "journal_empty"
 
     # A stage that fails says what it left and how to finish.
-    closed = dpone("stage", str(path), "--receipt", str(receipt), "--work-dir", str(work), "--attempt-id",
-                   "nowhere-1", "--database", DB, "--host", "127.0.0.1", "--http-port", "1", "--tcp-port", "1")  # fmt: skip
+    closed = dpone(
+        "stage",
+        str(path),
+        "--receipt",
+        str(receipt),
+        "--work-dir",
+        str(work),
+        "--attempt-id",
+        "nowhere-1",
+        "--database",
+        DB,
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        "1",
+        "--tcp-port",
+        "1",
+    )
     assert closed.returncode == 1
     assert "the attempt nowhere-1 ended failed_cleaned; it left behind:" in closed.stderr
     assert f"journal: {work / 'nowhere-1'}" in closed.stderr
 
 
 def test_left_behind_names_the_table_spool_and_command(tmp_path: Path) -> None:
-    last = {"state": "retained_unknown", "cleanup_inventory": {
-        "spool": "/w/a-1/spool/data.rowbinary", "table": {"database": DB, "table": "dpone_stage_a_h1", "uuid": "u-1"}}}  # fmt: skip
+    last = {
+        "state": "retained_unknown",
+        "cleanup_inventory": {
+            "spool": "/w/a-1/spool/data.rowbinary",
+            "table": {"database": DB, "table": "dpone_stage_a_h1", "uuid": "u-1"},
+        },
+    }
     assert left_behind(last, Path("/w/a-1")) == {
         "table": f"{DB}.dpone_stage_a_h1 (uuid u-1), may exist",
         "spool": "/w/a-1/spool/data.rowbinary",
@@ -359,10 +420,24 @@ def test_cleanup_right_after_the_server_died_mid_insert(
 
         def child(attempt: str, mode: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
-                [sys.executable, "-c", KILLER, str(info.http_port), str(info.tcp_port), str(work),
-                 str(path), str(receipt), attempt, mode, str(info.pid)],
-                capture_output=True, text=True, timeout=120, check=False,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-c",
+                    KILLER,
+                    str(info.http_port),
+                    str(info.tcp_port),
+                    str(work),
+                    str(path),
+                    str(receipt),
+                    attempt,
+                    mode,
+                    str(info.pid),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
 
         died = child("died-1", "die")
         assert died.returncode == -9, died.stderr
@@ -391,16 +466,23 @@ def test_cleanup_right_after_the_server_died_mid_insert(
         assert as_json(done)["state"] == "failed_cleaned"
         assert not exists(info, "dpone_stage_killed_h1")
         docs = [e.document for e in read_events(work / "killed-1")]
-        [proof] = [d["remote"] for d in docs if d["outcome"] == "termination_observed"
-                   and d["remote"]["termination"] == "server_restart"]  # fmt: skip
+        [proof] = [
+            d["remote"]
+            for d in docs
+            if d["outcome"] == "termination_observed"
+            and d["remote"]["termination"] == "server_restart"
+        ]
         assert (proof["query_id"], proof["window_closed_by"], proof["window_closed_ms"]) == (
-            "dpone-b02-killed-1-insert", "returned", returned["at_ms"],
-        )  # fmt: skip
+            "dpone-b02-killed-1-insert",
+            "returned",
+            returned["at_ms"],
+        )
         # The DROP came after the ownership check, with its own intent.
         assert [(d["state"], d["outcome"]) for d in docs[-3:]] == [
-            ("cleanup", "termination_observed"), ("cleanup", "drop_intent"),
+            ("cleanup", "termination_observed"),
+            ("cleanup", "drop_intent"),
             ("failed_cleaned", "operator_cleanup"),
-        ]  # fmt: skip
+        ]
         # Ownership verified: the dropped table is the one the INSERT went to.
         assert docs[-2]["observed_ownership"] == insert["observed_ownership"]
         # The process that died while dispatching left no return record: still refused.
@@ -415,15 +497,26 @@ def test_cleanup_right_after_the_server_died_mid_insert(
 
 def test_finishing_command_repeats_the_server_options() -> None:
     """Item 16: the printed command reaches the server the stage used, the same way."""
-    remote = {"host": "127.0.0.1", "http_port": 18123, "tcp_port": 19000,
-              "data_dir": Path(".dpone/clickhouse"), "transport": "http",
-              "client_path": "clickhouse-client"}  # fmt: skip
+    remote = {
+        "host": "127.0.0.1",
+        "http_port": 18123,
+        "tcp_port": 19000,
+        "data_dir": Path(".dpone/clickhouse"),
+        "transport": "http",
+        "client_path": "clickhouse-client",
+    }
     assert finishing_command("retained_unknown", "a-1", Path("/w"), DB, remote) == (
         f"dpone attempts cleanup a-1 --work-dir /w --database {DB} "
         "--host 127.0.0.1 --http-port 18123 --tcp-port 19000"
     )
-    managed = {"host": None, "http_port": None, "tcp_port": None, "data_dir": Path("/my data"),
-               "transport": "client", "client_path": "/opt/ch client"}  # fmt: skip
+    managed = {
+        "host": None,
+        "http_port": None,
+        "tcp_port": None,
+        "data_dir": Path("/my data"),
+        "transport": "client",
+        "client_path": "/opt/ch client",
+    }
     assert finishing_command("staged", "a-1", Path("/w"), DB, managed) == (
         f"dpone attempts discard a-1 --work-dir /w --database {DB} --data-dir '/my data' "
         "--transport client --client-path '/opt/ch client'"
@@ -443,13 +536,34 @@ def test_sigterm_during_stage_says_what_remains(tmp_path: Path) -> None:
         silent.listen(8)
         port = silent.getsockname()[1]
         child = subprocess.Popen(
-            [sys.executable, "-m", "dpone", "stage", str(path), "--receipt", str(receipt),
-             "--work-dir", str(work), "--attempt-id", "term-1", "--database", DB,
-             "--host", "127.0.0.1", "--http-port", str(port), "--tcp-port", str(port),
-             "--principal", "admin"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "dpone",
+                "stage",
+                str(path),
+                "--receipt",
+                str(receipt),
+                "--work-dir",
+                str(work),
+                "--attempt-id",
+                "term-1",
+                "--database",
+                DB,
+                "--host",
+                "127.0.0.1",
+                "--http-port",
+                str(port),
+                "--tcp-port",
+                str(port),
+                "--principal",
+                "admin",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             env={**os.environ, "DPONE_CLICKHOUSE_USER": "u", "DPONE_CLICKHOUSE_PASSWORD": "p"},
-        )  # fmt: skip
+        )
         try:
             silent.settimeout(60)
             conn, _ = silent.accept()  # the stage journaled its start and now waits

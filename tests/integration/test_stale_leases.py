@@ -29,8 +29,12 @@ def _lease_in_child(store: Path, attempt_id: str) -> str:
         "from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore\n"
         f"print(SqliteSnapshotStore(sys.argv[1]).lease('ingest', {USERS!r}, sys.argv[2]).lease_id)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code, str(store), attempt_id],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(store), attempt_id],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return done.stdout.strip()
 
 
@@ -77,8 +81,11 @@ def test_ingest_verdicts_follow_the_journal_and_the_holder_process(tmp_path: Pat
     assert verdicts["running"].evidence["journal_state"] == "loading"
     assert verdicts["no-journal"].evidence["searched"] == [str(work), str(other)]
 
-    for attempt, code in (("staged", "lease_holder_live"), ("live", "lease_holder_live"),
-                          ("no-journal", "lease_holder_unknown")):  # fmt: skip
+    for attempt, code in (
+        ("staged", "lease_holder_live"),
+        ("live", "lease_holder_live"),
+        ("no-journal", "lease_holder_unknown"),
+    ):
         with pytest.raises(StateError) as refused:
             end_gone_lease(store, ids[attempt], [work, other])
         assert refused.value.code == code

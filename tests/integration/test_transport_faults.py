@@ -122,12 +122,15 @@ def test_an_expired_session_answers_372(clickhouse: ServerInfo) -> None:
     session = f"gate-{time.time_ns()}"
     t.execute(session_read("SELECT 1", "r-sess-open", session, session_timeout=1), deadline=soon())
     # It exists: a checked request inside the timeout succeeds (and restarts the timeout).
-    t.execute(session_read("SELECT 1", "r-sess-alive", session, session_timeout=1,
-                           session_check=True), deadline=soon())  # fmt: skip
+    t.execute(
+        session_read("SELECT 1", "r-sess-alive", session, session_timeout=1, session_check=True),
+        deadline=soon(),
+    )
     time.sleep(3.5)  # the timeout is the behaviour under test: 1 s plus the close cycle
     with pytest.raises(ClickHouseServerError) as caught:
-        t.execute(session_read("SELECT 1", "r-sess-gone", session, session_check=True),
-                  deadline=soon())  # fmt: skip
+        t.execute(
+            session_read("SELECT 1", "r-sess-gone", session, session_check=True), deadline=soon()
+        )
     assert caught.value.details["clickhouse_code"] == 372
 
 
@@ -136,8 +139,10 @@ def test_a_busy_session_answers_373(clickhouse: ServerInfo) -> None:
     session = f"busy-{time.time_ns()}"
     slow = session_read(
         "SELECT sleepEachRow(0.5) FROM numbers(30) SETTINGS max_block_size = 1 FORMAT TabSeparated",
-        "r-sess-slow", session, session_timeout=30,
-    )  # fmt: skip
+        "r-sess-slow",
+        session,
+        session_timeout=30,
+    )
     outcome: list[BaseException] = []
 
     def run() -> None:
@@ -150,8 +155,10 @@ def test_a_busy_session_answers_373(clickhouse: ServerInfo) -> None:
     worker.start()
     try:
         deadline = soon(20)
-        while not chhttp.rows(clickhouse.http_port,
-                              "SELECT 1 AS x FROM system.processes WHERE query_id = 'r-sess-slow'"):  # fmt: skip
+        while not chhttp.rows(
+            clickhouse.http_port,
+            "SELECT 1 AS x FROM system.processes WHERE query_id = 'r-sess-slow'",
+        ):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         with pytest.raises(ClickHouseServerError) as caught:
@@ -204,14 +211,16 @@ def test_the_query_log_proof_is_bound_to_its_origin(clickhouse: ServerInfo) -> N
     admin.execute(read("SELECT 1", qid), deadline=soon())
     after = time.time()
     # Another user runs a failing query under the same (user-chosen) id.
-    other = make_transport("http", clickhouse, user="reader", password=READER_PASSWORD,
-                           database=TEST_DATABASE)  # fmt: skip
+    other = make_transport(
+        "http", clickhouse, user="reader", password=READER_PASSWORD, database=TEST_DATABASE
+    )
     with pytest.raises(ClickHouseServerError):
         other.execute(read(f"SELECT * FROM {DB}.nope", qid), deadline=soon())
 
     def state(origin: QueryOrigin | None) -> Termination:
-        found = query_log_state(admin, qid, probe_id=f"{qid}-{time.time_ns()}", deadline=soon(),
-                                origin=origin)  # fmt: skip
+        found = query_log_state(
+            admin, qid, probe_id=f"{qid}-{time.time_ns()}", deadline=soon(), origin=origin
+        )
         return found.termination
 
     ours = QueryOrigin(ADMIN_USER, DB, before, after)
@@ -230,8 +239,10 @@ def test_the_query_log_proof_is_bound_to_its_origin(clickhouse: ServerInfo) -> N
 def test_the_client_output_cap_on_the_real_server(clickhouse: ServerInfo) -> None:
     t = make_transport("client", clickhouse, output_cap=4096)
     with pytest.raises(OutcomeUnknown) as caught:
-        t.execute(read("SELECT number FROM numbers(100000) FORMAT TabSeparated", "r-capped"),
-                  deadline=soon())  # fmt: skip
+        t.execute(
+            read("SELECT number FROM numbers(100000) FORMAT TabSeparated", "r-capped"),
+            deadline=soon(),
+        )
     assert caught.value.code == "output_budget_exceeded"
     assert "4096" in str(caught.value)
 
@@ -244,9 +255,12 @@ def test_an_error_flood_is_capped_and_the_child_reaped(
     clickhouse: ServerInfo, tmp_path: Path
 ) -> None:
     pid_file = tmp_path / "pid"
-    path = fake_client(tmp_path, f"""for a in "$@"; do [ "$a" = "--version" ] && exit 0; done
+    path = fake_client(
+        tmp_path,
+        f"""for a in "$@"; do [ "$a" = "--version" ] && exit 0; done
 echo $$ > {pid_file}
-while true; do echo "noise noise noise noise noise noise noise noise" >&2; done""")  # fmt: skip
+while true; do echo "noise noise noise noise noise noise noise noise" >&2; done""",
+    )
     t = make_transport("client", clickhouse, client_path=path, error_cap=2048)
     with pytest.raises(OutcomeUnknown) as caught:
         t.execute(read("SELECT 1", "r-flood"), deadline=soon())
@@ -258,10 +272,13 @@ def test_a_child_past_the_deadline_is_killed_and_reaped(
     clickhouse: ServerInfo, tmp_path: Path
 ) -> None:
     pid_file = tmp_path / "pid"
-    path = fake_client(tmp_path, f"""for a in "$@"; do [ "$a" = "--version" ] && exit 0; done
+    path = fake_client(
+        tmp_path,
+        f"""for a in "$@"; do [ "$a" = "--version" ] && exit 0; done
 echo $$ > {pid_file}.part && mv {pid_file}.part {pid_file}
 echo started
-exec sleep 60""")  # fmt: skip
+exec sleep 60""",
+    )
 
     def clock() -> float:
         # The deadline passes once the child runs (no race with its start-up). The pid
@@ -281,11 +298,14 @@ def test_an_exit_after_the_deadline_is_not_an_acknowledgment(
 ) -> None:
     exiting = tmp_path / "exiting"
     # Output closed early (the pump ends), then the exit comes late, with code 0.
-    path = fake_client(tmp_path, f"""for a in "$@"; do [ "$a" = "--version" ] && exit 0; done
+    path = fake_client(
+        tmp_path,
+        f"""for a in "$@"; do [ "$a" = "--version" ] && exit 0; done
 echo '{{"ok":1}}'
 exec >&- 2>&-
 sleep 2
-touch {exiting}""")  # fmt: skip
+touch {exiting}""",
+    )
 
     def clock() -> float:
         # Once the child is on its way out, the deadline has passed.
@@ -302,8 +322,11 @@ def test_the_client_ceiling_holds_while_the_body_streams(
     clickhouse: ServerInfo, tmp_path: Path
 ) -> None:
     received = tmp_path / "received"
-    path = fake_client(tmp_path, f"""for a in "$@"; do [ "$a" = "--version" ] && exit 0; done
-cat > {received}""")  # fmt: skip
+    path = fake_client(
+        tmp_path,
+        f"""for a in "$@"; do [ "$a" = "--version" ] && exit 0; done
+cat > {received}""",
+    )
     body = tmp_path / "spool"
     body.write_bytes(b"a" * 100_000)  # under the ceiling when it is opened
     calls = 0

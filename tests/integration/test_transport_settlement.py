@@ -30,8 +30,9 @@ def test_an_insert_never_sent_needs_no_termination_proof(
 
     cfg = config(clickhouse, tmp_path / "work")
     inner = HttpTransport(cfg.endpoint, cfg.credentials, clock=lambda: now[0])
-    svc = ClickHouseValidatedFileService(Interfering(inner, late), DB, tmp_path / "work",
-                                         policy=cfg.policy, clock=lambda: now[0])  # fmt: skip
+    svc = ClickHouseValidatedFileService(
+        Interfering(inner, late), DB, tmp_path / "work", policy=cfg.policy, clock=lambda: now[0]
+    )
     with pytest.raises(NotSubmitted) as caught:
         svc.stage(ContractValidatedFileArtifact(path, receipt), "unsent-insert-1")
     assert caught.value.code == "transport_deadline"

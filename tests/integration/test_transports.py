@@ -48,8 +48,15 @@ def soon(seconds: float = 30.0) -> float:
     return time.monotonic() + seconds
 
 
-def make_transport(kind: str, info: ServerInfo, *, user: str | None = None, password: str = "",
-                   database: str = DB, **kwargs: Any) -> HttpTransport | ClientTransport:  # fmt: skip
+def make_transport(
+    kind: str,
+    info: ServerInfo,
+    *,
+    user: str | None = None,
+    password: str = "",
+    database: str = DB,
+    **kwargs: Any,
+) -> HttpTransport | ClientTransport:
     """A transport as ``user``, by default the server's administrator."""
     endpoint = Endpoint("127.0.0.1", info.http_port, info.tcp_port, database)
     credentials = admin_credentials(info.data_dir) if user is None else Credentials(user, password)
@@ -75,11 +82,22 @@ def spool(tmp_path: Path, rows: int) -> Path:
 def test_create_insert_count_drop(kind: str, clickhouse: ServerInfo, tmp_path: Path) -> None:
     t = make_transport(kind, clickhouse)
     table = f"{DB}.contract_{kind}"
-    t.execute(mutation(f"CREATE TABLE {table} (id Int32, s String) ENGINE = MergeTree ORDER BY id",
-                       mutation_query_id(f"contract-{kind}", "create")), deadline=soon())  # fmt: skip
+    t.execute(
+        mutation(
+            f"CREATE TABLE {table} (id Int32, s String) ENGINE = MergeTree ORDER BY id",
+            mutation_query_id(f"contract-{kind}", "create"),
+        ),
+        deadline=soon(),
+    )
     data = spool(tmp_path, 5000)
-    result = t.execute(mutation(f"INSERT INTO {table} FORMAT RowBinary", mutation_query_id(f"contract-{kind}", "insert"),
-                                body=data), deadline=soon())  # fmt: skip
+    result = t.execute(
+        mutation(
+            f"INSERT INTO {table} FORMAT RowBinary",
+            mutation_query_id(f"contract-{kind}", "insert"),
+            body=data,
+        ),
+        deadline=soon(),
+    )
     assert result.sent_bytes == data.stat().st_size
     assert result.sent_sha256 == hashlib.sha256(data.read_bytes()).hexdigest()
     rows = t.execute(
@@ -97,8 +115,10 @@ def test_create_insert_count_drop(kind: str, clickhouse: ServerInfo, tmp_path: P
     assert chhttp.query(clickhouse.http_port, f"EXISTS TABLE {table}") == "0\n"
     # The server saw exactly these query ids, synchronously.
     chhttp.query(clickhouse.http_port, "SYSTEM FLUSH LOGS")
-    logged = chhttp.rows(clickhouse.http_port,
-        f"SELECT query_id, Settings['async_insert'] AS a FROM system.query_log WHERE query_id = 'dpone-b02-contract-{kind}-insert' AND type = 'QueryFinish'")  # fmt: skip
+    logged = chhttp.rows(
+        clickhouse.http_port,
+        f"SELECT query_id, Settings['async_insert'] AS a FROM system.query_log WHERE query_id = 'dpone-b02-contract-{kind}-insert' AND type = 'QueryFinish'",
+    )
     assert logged == [{"query_id": f"dpone-b02-contract-{kind}-insert", "a": "0"}]
 
 
@@ -146,8 +166,14 @@ def test_permission_denied_for_restricted_user(kind: str, clickhouse: ServerInfo
 def test_exception_after_rows_started_streaming(clickhouse: ServerInfo) -> None:
     t = make_transport("http", clickhouse)
     with pytest.raises(ClickHouseServerError) as caught:
-        t.execute(read("SELECT number, throwIf(number = 1500) FROM numbers(3000) SETTINGS max_block_size = 100 FORMAT TabSeparated",
-                       "r-after-200", stream_output=True), deadline=soon())  # fmt: skip
+        t.execute(
+            read(
+                "SELECT number, throwIf(number = 1500) FROM numbers(3000) SETTINGS max_block_size = 100 FORMAT TabSeparated",
+                "r-after-200",
+                stream_output=True,
+            ),
+            deadline=soon(),
+        )
     assert caught.value.code == "exception_after_status"
     assert caught.value.details["clickhouse_code"] == 395
 
@@ -157,8 +183,13 @@ def test_client_reports_a_failure_after_rows_started(
 ) -> None:
     t = make_transport("client", clickhouse)
     with pytest.raises(ClickHouseServerError) as caught:
-        t.execute(read("SELECT number, throwIf(number = 1500) FROM numbers(3000) SETTINGS max_block_size = 100 FORMAT TabSeparated",
-                       "r-client-after-rows"), deadline=soon())  # fmt: skip
+        t.execute(
+            read(
+                "SELECT number, throwIf(number = 1500) FROM numbers(3000) SETTINGS max_block_size = 100 FORMAT TabSeparated",
+                "r-client-after-rows",
+            ),
+            deadline=soon(),
+        )
     assert caught.value.details["clickhouse_code"] == 395
 
 
@@ -166,8 +197,13 @@ def test_deadline_expiry_while_slow_then_proven_by_kill(kind: str, clickhouse: S
     t = make_transport(kind, clickhouse)
     qid = f"r-{kind}-slow"
     with pytest.raises(TransportDeadline) as caught:
-        t.execute(read("SELECT sleepEachRow(0.5) FROM numbers(8) SETTINGS max_block_size = 1 FORMAT TabSeparated", qid),
-                  deadline=soon(1.0))  # fmt: skip
+        t.execute(
+            read(
+                "SELECT sleepEachRow(0.5) FROM numbers(8) SETTINGS max_block_size = 1 FORMAT TabSeparated",
+                qid,
+            ),
+            deadline=soon(1.0),
+        )
     assert caught.value.details["submitted"] is True
     admin = make_transport("http", clickhouse)
     state = prove_termination(admin, qid, probe_prefix=f"probe-{kind}-slow", deadline=soon())
@@ -281,11 +317,14 @@ def test_client_credentials_stay_out_of_argv_and_are_removed(
     clickhouse: ServerInfo, tmp_path: Path
 ) -> None:
     record = tmp_path / "record"
-    path = fake_client(tmp_path, f"""for a in "$@"; do [ "$a" = "--version" ] && exit 0; done
+    path = fake_client(
+        tmp_path,
+        f"""for a in "$@"; do [ "$a" = "--version" ] && exit 0; done
 echo "$@" > {record}.argv
 env > {record}.env
 cfg=$2; stat -L -c %a "$cfg" > {record}.mode; cat "$cfg" > {record}.cfg; echo "$cfg" > {record}.path
-echo '{{"ok":1}}'""")  # fmt: skip
+echo '{{"ok":1}}'""",
+    )
     t = make_transport(
         "client", clickhouse, user="reader", password=READER_PASSWORD, client_path=path
     )

@@ -222,11 +222,17 @@ def test_resume_continues_the_chain(tmp_path: Path) -> None:
 PATH = ["checking", "preparing", "prepared", "creating_staging", "loading", "verifying", "staged"]
 # Written out independently of the module: every edge the attempt itself may take.
 EDGES = set(itertools.pairwise(PATH)) | {
-    ("checking", "failed_cleaned"), ("preparing", "failed_cleaned"), ("prepared", "failed_cleaned"),
-    ("creating_staging", "cleanup"), ("loading", "cleanup"), ("verifying", "cleanup"),
-    ("cleanup", "failed_cleaned"), ("cleanup", "retained_unknown"), ("cleanup", "cleanup_failed"),
+    ("checking", "failed_cleaned"),
+    ("preparing", "failed_cleaned"),
+    ("prepared", "failed_cleaned"),
+    ("creating_staging", "cleanup"),
+    ("loading", "cleanup"),
+    ("verifying", "cleanup"),
+    ("cleanup", "failed_cleaned"),
+    ("cleanup", "retained_unknown"),
+    ("cleanup", "cleanup_failed"),
     ("discarding", "discarded"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize(
@@ -246,8 +252,10 @@ def test_reentry(current: str) -> None:
     """An operator may clean up what needs one; only a staged table may be discarded."""
     state = StageState(current)
     needs = current in ("retained_unknown", "cleanup_failed") or current not in (
-        "staged", "failed_cleaned", "discarded",
-    )  # fmt: skip
+        "staged",
+        "failed_cleaned",
+        "discarded",
+    )
     if needs and current != "discarding":
         assert check_reentry(state, StageState.CLEANUP) is StageState.CLEANUP
     else:

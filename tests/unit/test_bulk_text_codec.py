@@ -111,8 +111,11 @@ def test_read_errors_name_their_position(
         read_all(data, source="in.tsv")
     err = caught.value
     assert (err.code, err.details["record"], err.details["column"], err.details["offset"]) == (
-        code, record, column, offset,
-    )  # fmt: skip
+        code,
+        record,
+        column,
+        offset,
+    )
     assert err.details["source"] == "in.tsv"
     assert f"record {record}" in str(err) and f"byte offset {offset}" in str(err)
     with pytest.raises(oracle.OracleError):

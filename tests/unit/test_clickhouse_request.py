@@ -110,9 +110,13 @@ def test_credentials_accept_any_utf8_text() -> None:
 def test_session_parameters_and_their_checks() -> None:
     assert read("SELECT 1", "q").session_parameters() == {}
     gate = ClickHouseRequest(
-        "SELECT 1", "q", RequestKind.READ, session_id="pub-1", session_timeout=3,
+        "SELECT 1",
+        "q",
+        RequestKind.READ,
+        session_id="pub-1",
+        session_timeout=3,
         session_check=True,
-    )  # fmt: skip
+    )
     assert gate.session_parameters() == {
         "session_id": "pub-1",
         "session_timeout": "3",

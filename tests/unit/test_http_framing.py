@@ -291,15 +291,19 @@ def test_an_unresolvable_host_is_named_and_not_submitted() -> None:
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
     with pytest.raises(NotSubmitted) as at_start:
-        HttpTransport(Endpoint("db.nowhere.example", 8123, 9000, "db"), Credentials("u"),
-                      resolver=no_dns)  # fmt: skip
+        HttpTransport(
+            Endpoint("db.nowhere.example", 8123, 9000, "db"), Credentials("u"), resolver=no_dns
+        )
     assert at_start.value.code == "host_not_found"
     assert "'db.nowhere.example'" in str(at_start.value)
     assert at_start.value.details["host"] == "db.nowhere.example"
     assert isinstance(at_start.value.__cause__, socket.gaierror)
     answers: list[Callable[[], list[str]]] = [lambda: ["127.0.0.1"], lambda: no_dns("", 0)]
-    later = HttpTransport(Endpoint("db.example", 8123, 9000, "db"), Credentials("u"),
-                         resolver=lambda h, p: answers.pop(0)())  # fmt: skip
+    later = HttpTransport(
+        Endpoint("db.example", 8123, 9000, "db"),
+        Credentials("u"),
+        resolver=lambda h, p: answers.pop(0)(),
+    )
     with pytest.raises(NotSubmitted) as at_request:
         later.execute(read("SELECT 1", "q-dns"), deadline=time.monotonic() + 5)
     assert at_request.value.code == "host_not_found"
@@ -315,8 +319,10 @@ def closed_port() -> int:
 def test_a_deadline_spent_before_sending_is_not_submitted() -> None:
     t = HttpTransport(Endpoint("127.0.0.1", closed_port(), 0, "db"), Credentials("u"))
     with pytest.raises(TransportDeadline) as caught:
-        t.execute(mutation("CREATE TABLE t (a Int8) ENGINE = Memory", "q-late"),
-                  deadline=time.monotonic() - 1)  # fmt: skip
+        t.execute(
+            mutation("CREATE TABLE t (a Int8) ENGINE = Memory", "q-late"),
+            deadline=time.monotonic() - 1,
+        )
     # Both a deadline and provably not sent: callers settle it without any probe.
     assert isinstance(caught.value, NotSubmitted)
     assert caught.value.details["submitted"] is False
@@ -369,8 +375,9 @@ def test_the_ceiling_holds_while_the_body_streams(peer_factory: list[Peer], tmp_
                 more.write(b"b" * 65536)
         return time.monotonic()
 
-    t = HttpTransport(Endpoint("127.0.0.1", peer.port, 0, "db"), Credentials("u"),
-                      clock=growing_clock)  # fmt: skip
+    t = HttpTransport(
+        Endpoint("127.0.0.1", peer.port, 0, "db"), Credentials("u"), clock=growing_clock
+    )
     request = dataclasses.replace(
         mutation("INSERT INTO t FORMAT RowBinary", "q-grow", body=body), max_body_bytes=150_000
     )

@@ -20,10 +20,15 @@ SCHEMA = SourceSchema.of(
 
 def receipt() -> FileReceipt:
     return FileReceipt(
-        artifact_sha256="a" * 64, artifact_size=10, rows_validated=2, schema=SCHEMA,
-        codec_id="dpone.mssql-delimited.bulk-text", codec_version=2,
-        policy_id="dpone.sqlserver-clickhouse.lossless", policy_version=1,
-    )  # fmt: skip
+        artifact_sha256="a" * 64,
+        artifact_size=10,
+        rows_validated=2,
+        schema=SCHEMA,
+        codec_id="dpone.mssql-delimited.bulk-text",
+        codec_version=2,
+        policy_id="dpone.sqlserver-clickhouse.lossless",
+        policy_version=1,
+    )
 
 
 def mutate(change: Any) -> bytes:

@@ -21,8 +21,10 @@ class LogNotYetFlushed:
         if "system.query_log" in request.statement:
             raise ClickHouseServerError(
                 "Code: 60. DB::Exception: Unknown table expression identifier 'system.query_log'",
-                query_id=request.query_id, clickhouse_code=60, status=404,
-            )  # fmt: skip
+                query_id=request.query_id,
+                clickhouse_code=60,
+                status=404,
+            )
         return QueryResult(request.query_id, b"", None, None, self.name)
 
 

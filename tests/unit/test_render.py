@@ -22,27 +22,43 @@ from dpone.typepolicy.source_types import parse_source_type
 TZ = dt.timezone(dt.timedelta(hours=-5, minutes=-30))
 
 CASES = [
-    ("bit", True, "1"), ("bit", 0, "0"),
-    ("tinyint", 255, "255"), ("bigint", -(2**63), "-9223372036854775808"),
-    ("decimal(38, 10)", decimal.Decimal("-12345678901234567890123456.0123456789"),
-     "-12345678901234567890123456.0123456789"),
+    ("bit", True, "1"),
+    ("bit", 0, "0"),
+    ("tinyint", 255, "255"),
+    ("bigint", -(2**63), "-9223372036854775808"),
+    (
+        "decimal(38, 10)",
+        decimal.Decimal("-12345678901234567890123456.0123456789"),
+        "-12345678901234567890123456.0123456789",
+    ),
     ("decimal(9, 2)", decimal.Decimal("1E+2"), "100"),
     ("decimal(9, 2)", decimal.Decimal("-0.00"), "0.00"),
     ("money", decimal.Decimal("922337203685477.5807"), "922337203685477.5807"),
-    ("float", 0.1, "0.1"), ("float", -0.0, "-0.0"), ("float", 1e308, "1e+308"),
-    ("real", 0.10000000149011612, "0.1"), ("float(24)", 3.4028234663852886e38, "3.4028235e+38"),
+    ("float", 0.1, "0.1"),
+    ("float", -0.0, "-0.0"),
+    ("float", 1e308, "1e+308"),
+    ("real", 0.10000000149011612, "0.1"),
+    ("float(24)", 3.4028234663852886e38, "3.4028235e+38"),
     ("date", dt.date(1, 1, 1), "0001-01-01"),
     ("datetime2(7)", dt.datetime(2020, 1, 2, 3, 4, 5, 123456), "2020-01-02 03:04:05.1234560"),
     ("datetime2(7)", "2020-01-02 03:04:05.1234567", "2020-01-02 03:04:05.1234567"),
     ("datetime", dt.datetime(2020, 1, 2, 3, 4, 5, 3000), "2020-01-02 03:04:05.003"),
     ("smalldatetime", dt.datetime(2020, 1, 2, 3, 4), "2020-01-02 03:04:00"),
-    ("datetimeoffset(7)", dt.datetime(2020, 1, 2, 3, 4, 5, 7, tzinfo=TZ), "2020-01-02 03:04:05.0000070 -05:30"),
+    (
+        "datetimeoffset(7)",
+        dt.datetime(2020, 1, 2, 3, 4, 5, 7, tzinfo=TZ),
+        "2020-01-02 03:04:05.0000070 -05:30",
+    ),
     ("time(7)", dt.time(23, 59, 59, 999999), "23:59:59.9999990"),
-    ("uniqueidentifier", uuid.UUID("6F9619FF-8B86-D011-B42D-00C04FC964FF"), "6f9619ff-8b86-d011-b42d-00c04fc964ff"),
+    (
+        "uniqueidentifier",
+        uuid.UUID("6F9619FF-8B86-D011-B42D-00C04FC964FF"),
+        "6f9619ff-8b86-d011-b42d-00c04fc964ff",
+    ),
     ("nvarchar(10)", "ü\t", "ü\t"),
     ("varbinary(max)", bytearray(b"\x00\xff"), b"\x00\xff"),
     ("rowversion", b"\x00" * 7 + b"\x01", b"\x00" * 7 + b"\x01"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("source_type", "value", "expected"), CASES)
@@ -58,10 +74,19 @@ def test_driver_values_render_to_canonical_cells_the_policy_accepts(
 
 @pytest.mark.parametrize(
     ("source_type", "value"),
-    [("int", True), ("int", 1.0), ("bit", 2), ("decimal(9,2)", float("nan")),
-     ("decimal(9,2)", 0.1 + 0.2), ("float", "1.0"), ("datetime2", dt.datetime(2020, 1, 1, tzinfo=TZ)),
-     ("nvarchar(3)", b"x"), ("varbinary(3)", "x"), ("uniqueidentifier", "not-a-guid")],
-)  # fmt: skip
+    [
+        ("int", True),
+        ("int", 1.0),
+        ("bit", 2),
+        ("decimal(9,2)", float("nan")),
+        ("decimal(9,2)", 0.1 + 0.2),
+        ("float", "1.0"),
+        ("datetime2", dt.datetime(2020, 1, 1, tzinfo=TZ)),
+        ("nvarchar(3)", b"x"),
+        ("varbinary(3)", "x"),
+        ("uniqueidentifier", "not-a-guid"),
+    ],
+)
 def test_values_without_exact_rendering_are_refused(source_type: str, value: object) -> None:
     render = renderer_for(parse_source_type(source_type, column="c"))
     with pytest.raises((RenderError, decimal.InvalidOperation, ValueError)):
@@ -90,10 +115,16 @@ def test_render_row_names_the_record_and_column_never_the_value() -> None:
 
 @pytest.mark.parametrize(
     ("meta", "text"),
-    [(("decimal", 9, 18, 4), "decimal(18, 4)"), (("nvarchar", -1, 0, 0), "nvarchar(max)"),
-     (("nvarchar", 100, 0, 0), "nvarchar(50)"), (("datetime2", 8, 27, 7), "datetime2(7)"),
-     (("float", 8, 53, 0), "float(53)"), (("real", 4, 24, 0), "real"), (("binary", 16, 0, 0), "binary(16)")],
-)  # fmt: skip
+    [
+        (("decimal", 9, 18, 4), "decimal(18, 4)"),
+        (("nvarchar", -1, 0, 0), "nvarchar(max)"),
+        (("nvarchar", 100, 0, 0), "nvarchar(50)"),
+        (("datetime2", 8, 27, 7), "datetime2(7)"),
+        (("float", 8, 53, 0), "float(53)"),
+        (("real", 4, 24, 0), "real"),
+        (("binary", 16, 0, 0), "binary(16)"),
+    ],
+)
 def test_sqlserver_catalog_metadata_to_type_text(
     meta: tuple[str, int, int, int], text: str
 ) -> None:
@@ -112,14 +143,31 @@ def test_dsn_rules() -> None:
 
 
 FUSED_EXTRA = [
-    ("int", 7), ("int", True), ("int", 1.0), ("bigint", -(2**63)), ("float", 5), ("float", True),
-    ("float", float("inf")), ("float", "1.0"), ("uniqueidentifier", "6f9619ff-8b86-d011-b42d-00c04fc964ff"),
-    ("uniqueidentifier", "6F9619FF-8B86-D011-B42D-00C04FC964FF"), ("uniqueidentifier", "not-a-guid"),
-    ("nvarchar(10)", ""), ("nvarchar(10)", "a\x1db\tc\nd\re\x1ef\x1fg"), ("nvarchar(10)", "\ud800"),
-    ("nvarchar(10)", b"x"), ("varbinary(3)", b""), ("varbinary(3)", b"\x00\x1d"), ("varbinary(3)", "x"),
-    ("varbinary(3)", memoryview(b"ab")), ("decimal(9, 2)", "1.50"), ("decimal(9, 2)", 0.1 + 0.2),
-    ("date", "2020-01-01\t"), ("time(7)", "12:00:00\n"), ("datetime2(7)", ""),
-]  # fmt: skip
+    ("int", 7),
+    ("int", True),
+    ("int", 1.0),
+    ("bigint", -(2**63)),
+    ("float", 5),
+    ("float", True),
+    ("float", float("inf")),
+    ("float", "1.0"),
+    ("uniqueidentifier", "6f9619ff-8b86-d011-b42d-00c04fc964ff"),
+    ("uniqueidentifier", "6F9619FF-8B86-D011-B42D-00C04FC964FF"),
+    ("uniqueidentifier", "not-a-guid"),
+    ("nvarchar(10)", ""),
+    ("nvarchar(10)", "a\x1db\tc\nd\re\x1ef\x1fg"),
+    ("nvarchar(10)", "\ud800"),
+    ("nvarchar(10)", b"x"),
+    ("varbinary(3)", b""),
+    ("varbinary(3)", b"\x00\x1d"),
+    ("varbinary(3)", "x"),
+    ("varbinary(3)", memoryview(b"ab")),
+    ("decimal(9, 2)", "1.50"),
+    ("decimal(9, 2)", 0.1 + 0.2),
+    ("date", "2020-01-01\t"),
+    ("time(7)", "12:00:00\n"),
+    ("datetime2(7)", ""),
+]
 
 
 @pytest.mark.parametrize(("source_type", "value"), [(t, v) for t, v, _ in CASES] + FUSED_EXTRA)
@@ -146,12 +194,20 @@ def test_a_fused_field_equals_render_then_encode_or_refuses(
 
 
 MUST_FUSE = [
-    ("int", 7), ("bigint", -(2**63)), ("float", 0.1), ("float", -0.0), ("nvarchar(10)", ""),
-    ("nvarchar(10)", "a\x1db\tc\nd\re\x1ef\x1fg"), ("varbinary(3)", b""), ("varbinary(3)", b"\x00\x1d"),
-    ("uniqueidentifier", "6f9619ff-8b86-d011-b42d-00c04fc964ff"), ("decimal(9, 2)", "1.50"),
+    ("int", 7),
+    ("bigint", -(2**63)),
+    ("float", 0.1),
+    ("float", -0.0),
+    ("nvarchar(10)", ""),
+    ("nvarchar(10)", "a\x1db\tc\nd\re\x1ef\x1fg"),
+    ("varbinary(3)", b""),
+    ("varbinary(3)", b"\x00\x1d"),
+    ("uniqueidentifier", "6f9619ff-8b86-d011-b42d-00c04fc964ff"),
+    ("decimal(9, 2)", "1.50"),
     ("datetime2(7)", "2020-01-02 03:04:05.1234567"),
-    ("uniqueidentifier", "6F9619FF-8B86-D011-B42D-00C04FC964FF"), ("decimal(18, 2)", 1234.5),
-]  # fmt: skip
+    ("uniqueidentifier", "6F9619FF-8B86-D011-B42D-00C04FC964FF"),
+    ("decimal(18, 2)", 1234.5),
+]
 
 
 def _decimal_of_float_by_decimal(value: float) -> str | None:

@@ -34,39 +34,59 @@ def intent_document() -> dict[str, Any]:
         "parent_request": {"request_id": "req-1"},
         "attempt": {"attempt_id": "attempt-1", "slot_epoch": 3, "attempt_epoch": 7},
         "protected": {
-            "server_id": "server-1", "server_id_source": "dpone_identity",
-            "database": "dpone_pub", "database_uuid": "dddddddd-0000-4000-8000-00000000000d",
-            "target_table": "orders", "target_uuid": A,
+            "server_id": "server-1",
+            "server_id_source": "dpone_identity",
+            "database": "dpone_pub",
+            "database_uuid": "dddddddd-0000-4000-8000-00000000000d",
+            "target_table": "orders",
+            "target_uuid": A,
         },
         "generation": {
-            "table": "dpone_stage_orders", "table_uuid": B, "staged_event_sha256": "1" * 64,
-            "semantic_id": "sémantique", "design_sha256": "2" * 64,
+            "table": "dpone_stage_orders",
+            "table_uuid": B,
+            "staged_event_sha256": "1" * 64,
+            "semantic_id": "sémantique",
+            "design_sha256": "2" * 64,
         },
         "source": {
-            "receipt_sha256": "3" * 64, "rows": 10, "bytes": 100, "wire_bytes": 90,
+            "receipt_sha256": "3" * 64,
+            "rows": 10,
+            "bytes": 100,
+            "wire_bytes": 90,
             "content_digest": "4" * 32,
         },
         "principals": {
-            "ingest": {"user": "dpone_ingest_1", "user_uuid": "eeeeeeee-0000-4000-8000-00000000000e",
-                       "lease_id": "lease-1"},
-            "publisher": {"user": "dpone_publisher_1",
-                          "user_uuid": "ffffffff-0000-4000-8000-00000000000f",
-                          "lease_id": "lease-2"},
+            "ingest": {
+                "user": "dpone_ingest_1",
+                "user_uuid": "eeeeeeee-0000-4000-8000-00000000000e",
+                "lease_id": "lease-1",
+            },
+            "publisher": {
+                "user": "dpone_publisher_1",
+                "user_uuid": "ffffffff-0000-4000-8000-00000000000f",
+                "lease_id": "lease-2",
+            },
         },
         "limits": {
-            "source_rows": 100, "source_bytes": 1000, "wire_bytes": 1000,
-            "generation_storage_bytes": 1000, "retained_storage_bytes": 1000,
+            "source_rows": 100,
+            "source_bytes": 1000,
+            "wire_bytes": 1000,
+            "generation_storage_bytes": 1000,
+            "retained_storage_bytes": 1000,
             "total_transient_storage_bytes": 2000,
         },
         "prepared_at": AT,
-    }  # fmt: skip
+    }
 
 
 CLOSURE = {"strength": "custodial", "proven": True, "lease_id": "lease-2"}
 OBSERVATION = {
-    "target_uuid": B, "generation_uuid": A, "target_rows": 10,
-    "target_content_digest": "4" * 32, "exchange_finishes": 1,
-}  # fmt: skip
+    "target_uuid": B,
+    "generation_uuid": A,
+    "target_rows": 10,
+    "target_content_digest": "4" * 32,
+    "exchange_finishes": 1,
+}
 
 
 def record_document(state: SnapshotState, revision: int) -> dict[str, Any]:
@@ -259,8 +279,12 @@ def _reachable(doc: dict[str, Any]) -> bool:
     claim, closure, seen = doc["claim"], doc["closure"], doc["observation"]
     nothing_claimed = claim is None and closure is None and seen is None and doc["dispatch"] is None
     if state is P.PREPARED:
-        return (revision == 1 and nothing_claimed and doc["reason"] is None
-                and doc["previous_record_sha256"] is None)  # fmt: skip
+        return (
+            revision == 1
+            and nothing_claimed
+            and doc["reason"] is None
+            and doc["previous_record_sha256"] is None
+        )
     if doc["previous_record_sha256"] is None:
         return False
     if state is P.NOT_PUBLISHED and revision == 2:
@@ -283,13 +307,28 @@ def _reachable(doc: dict[str, Any]) -> bool:
 
 OBSERVATIONS = [
     None,
-    {"target_uuid": B, "generation_uuid": A, "target_rows": 10,
-     "target_content_digest": "4" * 32, "exchange_finishes": 1},
-    {"target_uuid": A, "generation_uuid": B, "target_rows": None,
-     "target_content_digest": None, "exchange_finishes": 0},
-    {"target_uuid": None, "generation_uuid": B, "target_rows": None,
-     "target_content_digest": None, "exchange_finishes": None},
-]  # fmt: skip
+    {
+        "target_uuid": B,
+        "generation_uuid": A,
+        "target_rows": 10,
+        "target_content_digest": "4" * 32,
+        "exchange_finishes": 1,
+    },
+    {
+        "target_uuid": A,
+        "generation_uuid": B,
+        "target_rows": None,
+        "target_content_digest": None,
+        "exchange_finishes": 0,
+    },
+    {
+        "target_uuid": None,
+        "generation_uuid": B,
+        "target_rows": None,
+        "target_content_digest": None,
+        "exchange_finishes": None,
+    },
+]
 CLOSURES = [
     None,
     {"strength": "custodial", "proven": True, "lease_id": "l"},
@@ -325,10 +364,12 @@ def test_record_state_revision_and_shape(
     doc = record_document(state, revision)
     doc.update(
         claim={"claim_id": "c", "claimed_at": AT} if claim else None,
-        closure=copy.deepcopy(closure), observation=copy.deepcopy(observation),
-        dispatch=copy.deepcopy(dispatch), reason=reason,
+        closure=copy.deepcopy(closure),
+        observation=copy.deepcopy(observation),
+        dispatch=copy.deepcopy(dispatch),
+        reason=reason,
         previous_record_sha256="6" * 64 if previous else None,
-    )  # fmt: skip
+    )
     data = dumps(doc)
     if _reachable(doc):
         record = SnapshotRecord.from_bytes(data)
@@ -391,8 +432,12 @@ def test_record_refuses_each_missing_member(member: str) -> None:
 
 def test_record_refuses_a_dispatch_with_an_unknown_outcome() -> None:
     doc = record_document(P.COMMIT_UNKNOWN, 3)
-    doc["dispatch"] = {"query_id": "q", "session_id": None, "outcome": "maybe",
-                       "clickhouse_code": None}  # fmt: skip
+    doc["dispatch"] = {
+        "query_id": "q",
+        "session_id": None,
+        "outcome": "maybe",
+        "clickhouse_code": None,
+    }
     assert code_of(dumps(doc), SnapshotRecord.from_bytes) == "invalid_document"
 
 

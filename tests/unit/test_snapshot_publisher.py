@@ -34,9 +34,13 @@ CLOCK = "2024-05-01T12:00:00.000000Z"
 
 def publisher(world: World, **options: Any) -> ClickHouseAtomicSnapshotPublisher:
     return ClickHouseAtomicSnapshotPublisher(
-        authority=world.authority, store=world.store, catalog=world.catalog,
-        executor=world.executor, clock=lambda: CLOCK, **options,
-    )  # fmt: skip
+        authority=world.authority,
+        store=world.store,
+        catalog=world.catalog,
+        executor=world.executor,
+        clock=lambda: CLOCK,
+        **options,
+    )
 
 
 @pytest.fixture
@@ -63,9 +67,12 @@ def claim_directly(world: World, intent_sha256: str) -> SnapshotRecord:
         P.EXCHANGE_INTENT, at=CLOCK, claim=RecordClaim(claim_id="c-1", claimed_at=CLOCK)
     )
     world.store.compare_and_set(
-        intent_sha256, expected=record.raw, replacement=claimed.raw,
-        authority=world.authority.recheck(intent_of(world, intent_sha256)), facts={},
-    )  # fmt: skip
+        intent_sha256,
+        expected=record.raw,
+        replacement=claimed.raw,
+        authority=world.authority.recheck(intent_of(world, intent_sha256)),
+        facts={},
+    )
     return claimed
 
 
@@ -248,8 +255,10 @@ def test_terminal_replay_uses_no_authority_at_all(world: World) -> None:
     assert world.catalog.observations == observations
     assert again.historical is True
     assert (again.state, again.revision, again.record_sha256) == (
-        first.state, first.revision, first.record_sha256,
-    )  # fmt: skip
+        first.state,
+        first.revision,
+        first.record_sha256,
+    )
     assert len(world.executor.exchanges) == 1
 
 
@@ -492,12 +501,16 @@ def test_commit_unknown_that_stays_unknown_keeps_its_revision(world: World) -> N
     again = publisher(world).reconcile(sha)
     after = world.store.history(sha)
     assert (again.state, again.revision, again.record_sha256) == (
-        P.COMMIT_UNKNOWN, 3, first.record_sha256,
-    )  # fmt: skip
+        P.COMMIT_UNKNOWN,
+        3,
+        first.record_sha256,
+    )
     assert len(after) == len(before) + 1
     assert (after[-1].record_sha256, after[-1].revision, after[-1].facts["step"]) == (
-        None, 3, "reconcile",
-    )  # fmt: skip
+        None,
+        3,
+        "reconcile",
+    )
     # publish on a COMMIT_UNKNOWN record reconciles; it never dispatches.
     world.catalog.log_fails = False
     settled = publisher(world).publish(sha)
@@ -535,8 +548,10 @@ def test_reconcile_never_rewrites_a_terminal_record(world: World) -> None:
     swap(world)  # someone swapped the tables back since
     receipt = publisher(world).reconcile(sha)
     assert (receipt.state, receipt.revision, receipt.record_sha256) == (
-        P.PUBLISHED, 3, published.record_sha256,
-    )  # fmt: skip
+        P.PUBLISHED,
+        3,
+        published.record_sha256,
+    )
     assert receipt.target_uuid == world.a_uuid  # today's observation, reported as such
     assert receipt.historical is False
     assert world.store.history(sha)[-1].facts["step"] == "observe"

@@ -124,16 +124,31 @@ DIGEST = "1" * 32
 
 def _intent() -> SnapshotIntent:
     return SnapshotIntent(
-        request_id="req", attempt_id="att", slot_epoch=1, attempt_epoch=1, server_id="s",
-        server_id_source="dpone_identity", database="db",
-        database_uuid="dddddddd-0000-4000-8000-00000000000d", target_table="t", target_uuid=A,
-        generation_table="g", generation_uuid=B, staged_event_sha256="2" * 64,
-        semantic_id="sem", design_sha256="3" * 64, receipt_sha256="4" * 64,
-        source_rows=ROWS, source_bytes=10, wire_bytes=10, content_digest=DIGEST,
+        request_id="req",
+        attempt_id="att",
+        slot_epoch=1,
+        attempt_epoch=1,
+        server_id="s",
+        server_id_source="dpone_identity",
+        database="db",
+        database_uuid="dddddddd-0000-4000-8000-00000000000d",
+        target_table="t",
+        target_uuid=A,
+        generation_table="g",
+        generation_uuid=B,
+        staged_event_sha256="2" * 64,
+        semantic_id="sem",
+        design_sha256="3" * 64,
+        receipt_sha256="4" * 64,
+        source_rows=ROWS,
+        source_bytes=10,
+        wire_bytes=10,
+        content_digest=DIGEST,
         ingest=IntentPrincipal("in", "eeeeeeee-0000-4000-8000-00000000000e", "l1"),
         publisher=IntentPrincipal("pub", "ffffffff-0000-4000-8000-00000000000f", "l2"),
-        limits=SnapshotLimits(10, 10, 10, 10, 10, 10), prepared_at=AT,
-    ).seal()  # fmt: skip
+        limits=SnapshotLimits(10, 10, 10, 10, 10, 10),
+        prepared_at=AT,
+    ).seal()
 
 
 def _facts(
@@ -175,9 +190,14 @@ def test_decide_reconcile_over_every_combination() -> None:
     intent = _intent()
     seen = set()
     for closure, target, generation, rows, digest, finishes, dispatch in itertools.product(
-        [True, False], UUIDS, UUIDS, [ROWS, ROWS + 1, None], [DIGEST, "9" * 32, None],
-        FINISHES, DISPATCH,
-    ):  # fmt: skip
+        [True, False],
+        UUIDS,
+        UUIDS,
+        [ROWS, ROWS + 1, None],
+        [DIGEST, "9" * 32, None],
+        FINISHES,
+        DISPATCH,
+    ):
         facts = _facts(target, generation, rows, digest, finishes, closure, dispatch)
         decided = decide_reconcile(intent, facts)
         assert decided is _oracle(closure, target, generation, rows, digest, finishes, dispatch)

@@ -41,10 +41,18 @@ OWNERSHIP_MARK = "dpone-owned "
 DEFAULT_TIMEOUT_SECONDS = 60.0
 # Privileges that let a holder change a table's rows, design or existence, and every
 # group above them (ALL, ALTER, CREATE, DROP) through system.privileges.
-WRITER_ROOTS = frozenset({
-    "INSERT", "ALTER TABLE", "CREATE TABLE", "DROP TABLE", "DROP DATABASE", "TRUNCATE",
-    "OPTIMIZE", "UNDROP TABLE",
-})  # fmt: skip
+WRITER_ROOTS = frozenset(
+    {
+        "INSERT",
+        "ALTER TABLE",
+        "CREATE TABLE",
+        "DROP TABLE",
+        "DROP DATABASE",
+        "TRUNCATE",
+        "OPTIMIZE",
+        "UNDROP TABLE",
+    }
+)
 STORED_KINDS = ("", "DEFAULT")  # the columns RowBinary carries, hence the content digest's
 EVENT_TYPES = ("QueryStart", "QueryFinish", "ExceptionBeforeStart", "ExceptionWhileProcessing")
 NIL_UUID = "00000000-0000-0000-0000-000000000000"
@@ -329,9 +337,10 @@ class ClickHouseSnapshotCatalog:
         names = (slot.table, generation_table)
         if slot.table == generation_table:
             raise CatalogUnobservable(
-                "the target and the generation are the same name", code="catalog_unobservable",
+                "the target and the generation are the same name",
+                code="catalog_unobservable",
                 table=slot.table,
-            )  # fmt: skip
+            )
         databases = reads.rows(
             "database",
             f"SELECT engine FROM system.databases WHERE name = {quote_literal(slot.database)}",
@@ -341,9 +350,10 @@ class ClickHouseSnapshotCatalog:
         db_engine = _text(databases[0], "engine", reads)
         tables = {
             _text(r, "name", reads): r
-            for r in reads.rows("tables", _TABLES_SQL.format(db=quote_literal(slot.database),
-                                                                names=_in(names)))
-        }  # fmt: skip
+            for r in reads.rows(
+                "tables", _TABLES_SQL.format(db=quote_literal(slot.database), names=_in(names))
+            )
+        }
         side = _SideEffects.read(reads, slot.database, names, self.trusted_users)
         observed = {
             name: self._table(reads, slot.database, name, tables[name], db_engine, side)
@@ -364,8 +374,9 @@ class ClickHouseSnapshotCatalog:
         if again != {name: t.uuid for name, t in observed.items()}:
             raise CatalogUnobservable(
                 f"{slot.database}.{slot.table} or {generation_table} changed during the observation",
-                code="catalog_unobservable", database=slot.database,
-            )  # fmt: skip
+                code="catalog_unobservable",
+                database=slot.database,
+            )
         return CatalogObservation(
             target=observed.get(slot.table),
             generation=observed.get(generation_table),
@@ -474,8 +485,10 @@ class ClickHouseSnapshotCatalog:
         if total_bytes is None:
             raise ByteObservationMissing(
                 f"total_bytes of {database}.{name} is NULL: the byte observation is missing",
-                database=database, table=name, query_id=reads.last_query_id,
-            )  # fmt: skip
+                database=database,
+                table=name,
+                query_id=reads.last_query_id,
+            )
         blockers = [
             *_design_blockers(design, db_engine),
             *side.blockers(database, name, row, reads),
@@ -519,8 +532,10 @@ class ClickHouseSnapshotCatalog:
             if row.get("total_bytes") is None:
                 raise ByteObservationMissing(
                     f"total_bytes of retained generation {database}.{name} is NULL",
-                    database=database, table=name, query_id=reads.last_query_id,
-                )  # fmt: skip
+                    database=database,
+                    table=name,
+                    query_id=reads.last_query_id,
+                )
             total += _count(row, "total_bytes", reads)
         return total
 
@@ -543,10 +558,12 @@ def _design_blockers(design: Mapping[str, Any], db_engine: str) -> list[Blocker]
         )
     for column in design["columns"]:
         if column["default_kind"]:
-            blockers.append(Blocker(
-                "computed_column",
-                f"column {column['name']} is {column['default_kind']} {column['default_expression']}",
-            ))  # fmt: skip
+            blockers.append(
+                Blocker(
+                    "computed_column",
+                    f"column {column['name']} is {column['default_kind']} {column['default_expression']}",
+                )
+            )
         if column["ttl"] is not None:
             blockers.append(Blocker("ttl", f"column {column['name']} has TTL {column['ttl']}"))
     if design["ttl"] is not None:
@@ -631,9 +648,15 @@ class _SideEffects:
         if not tree:
             raise reads.malformed("privileges", [])
         return cls(
-            incoming, refreshable, mutations, policies, grants, role_grants,
-            writer_privileges(tree), trusted,
-        )  # fmt: skip
+            incoming,
+            refreshable,
+            mutations,
+            policies,
+            grants,
+            role_grants,
+            writer_privileges(tree),
+            trusted,
+        )
 
     def blockers(
         self, database: str, name: str, row: Mapping[str, Any], reads: _Reads
@@ -668,10 +691,12 @@ class _SideEffects:
                 found.append(Blocker(reason, what.format(f"{db}.{obj}", name)))
         for mutation in self.mutations:
             if _text(mutation, "table", reads) == name:
-                found.append(Blocker(
-                    "mutation_in_flight",
-                    f"mutation {_text(mutation, 'mutation_id', reads)}: {_text(mutation, 'command', reads)}",
-                ))  # fmt: skip
+                found.append(
+                    Blocker(
+                        "mutation_in_flight",
+                        f"mutation {_text(mutation, 'mutation_id', reads)}: {_text(mutation, 'command', reads)}",
+                    )
+                )
         for policy in self.policies:
             if _text(policy, "table", reads) in (name, ""):
                 found.append(Blocker("row_policy", f"row policy {_text(policy, 'name', reads)}"))
@@ -706,10 +731,12 @@ class _Reads:
             clickhouse_code = exc.details.get("clickhouse_code")
             raise CatalogUnobservable(
                 f"catalog read {purpose} failed: {exc.message}",
-                query_id=query_id, purpose=purpose, cause=exc.code,
+                query_id=query_id,
+                purpose=purpose,
+                cause=exc.code,
                 clickhouse_code=clickhouse_code,
                 unknown_table=clickhouse_code == _UNKNOWN_TABLE,
-            ) from exc  # fmt: skip
+            ) from exc
         if not output and rows:
             raise self.malformed(purpose, rows)
         return rows
@@ -717,8 +744,9 @@ class _Reads:
     def malformed(self, purpose: str, value: object) -> CatalogUnobservable:
         return CatalogUnobservable(
             f"catalog read {purpose} answered something malformed: {value!r:.300}",
-            query_id=self.last_query_id, purpose=purpose,
-        )  # fmt: skip
+            query_id=self.last_query_id,
+            purpose=purpose,
+        )
 
 
 def _text(row: Mapping[str, Any], key: str, reads: _Reads) -> str:

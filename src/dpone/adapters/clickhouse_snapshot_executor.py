@@ -174,36 +174,41 @@ class ClickHouseSnapshotExecutor:
         tables = transport.execute(
             read(
                 "SELECT engine, engine_full, create_table_query FROM system.tables WHERE "
-                + where.format(name="name") + " FORMAT JSONEachRow",
+                + where.format(name="name")
+                + " FORMAT JSONEachRow",
                 f"{query_id}-read-table",
             ),
             deadline=self._deadline(),
-        ).json_rows()  # fmt: skip
+        ).json_rows()
         if len(tables) != 1 or not tables[0].get("engine_full"):
             raise ExecutorError(
                 f"generation {slot.database}.{generation_table} is not one table with an engine",
-                code="generation_unobservable", rows=len(tables),
-            )  # fmt: skip
+                code="generation_unobservable",
+                rows=len(tables),
+            )
         head = str(tables[0]["create_table_query"]).split(") ENGINE = ")[0]
         unrendered = [token.strip() for token in _UNRENDERED if token in head]
         if unrendered:
             raise ExecutorError(
                 f"generation {generation_table} has {', '.join(unrendered)} in its column list, "
                 "which the empty target's CREATE does not reproduce",
-                code="design_unrenderable", parts=unrendered,
-            )  # fmt: skip
+                code="design_unrenderable",
+                parts=unrendered,
+            )
         columns = transport.execute(
             read(
                 "SELECT name, type, default_kind, default_expression, compression_codec "
-                "FROM system.columns WHERE " + where.format(name="table")
+                "FROM system.columns WHERE "
+                + where.format(name="table")
                 + " ORDER BY position FORMAT JSONEachRow",
                 f"{query_id}-read-columns",
             ),
             deadline=self._deadline(),
-        ).json_rows()  # fmt: skip
+        ).json_rows()
         if not columns:
-            raise ExecutorError(f"generation {generation_table} shows no columns",
-                                code="generation_unobservable")  # fmt: skip
+            raise ExecutorError(
+                f"generation {generation_table} shows no columns", code="generation_unobservable"
+            )
         rendered = ", ".join(_column(c) for c in columns)
         return (
             f"CREATE TABLE {_qualified(slot.database, slot.table)} ({rendered}) "
@@ -220,8 +225,9 @@ class ClickHouseSnapshotExecutor:
             raise ExecutorError(
                 f"principal {ref.user} (lease {ref.lease_id}) is not the intent's publisher "
                 f"{bound.user} (lease {bound.lease_id})",
-                code="principal_mismatch", intent_sha256=intent.sha256,
-            )  # fmt: skip
+                code="principal_mismatch",
+                intent_sha256=intent.sha256,
+            )
         query_id = exchange_query_id(intent.sha256)
         session_id = exchange_session_id(intent.sha256)
         statement = (
@@ -232,23 +238,36 @@ class ClickHouseSnapshotExecutor:
             transport = self._factory(self.endpoint, principal.credentials)
             opened = settle(
                 lambda: transport.execute(
-                    session_request("SELECT 1", session_open_query_id(intent.sha256),
-                                    RequestKind.READ, session_id=session_id,
-                                    session_timeout=self.session_timeout, check=False),
+                    session_request(
+                        "SELECT 1",
+                        session_open_query_id(intent.sha256),
+                        RequestKind.READ,
+                        session_id=session_id,
+                        session_timeout=self.session_timeout,
+                        check=False,
+                    ),
                     deadline=self._deadline(),
                 ),
-                query_id, session_id,
-            )  # fmt: skip
+                query_id,
+                session_id,
+            )
             if opened.outcome is not DispatchOutcome.ACKNOWLEDGED:
                 # No session, no EXCHANGE: the statement itself never left.
                 return DispatchResult(
-                    DispatchOutcome.NOT_SENT, query_id, session_id, opened.clickhouse_code,
+                    DispatchOutcome.NOT_SENT,
+                    query_id,
+                    session_id,
+                    opened.clickhouse_code,
                     f"session_open_{opened.outcome.value}",
-                )  # fmt: skip
+                )
             request = session_request(
-                statement, query_id, RequestKind.MUTATION, session_id=session_id,
-                session_timeout=self.session_timeout, check=True,
-            )  # fmt: skip
+                statement,
+                query_id,
+                RequestKind.MUTATION,
+                session_id=session_id,
+                session_timeout=self.session_timeout,
+                check=True,
+            )
             return settle(
                 lambda: transport.execute(request, deadline=self._deadline()), query_id, session_id
             )

@@ -69,8 +69,9 @@ class ClickHouseFileAttemptJournal:
         except FileExistsError as exc:
             raise JournalError(
                 f"attempt {self.attempt_id} already exists in {self.work_dir}",
-                code="attempt_exists", attempt_id=self.attempt_id,
-            ) from exc  # fmt: skip
+                code="attempt_exists",
+                attempt_id=self.attempt_id,
+            ) from exc
         self.events_dir.mkdir(mode=0o700)
         fsync_directory(self.attempt_dir)
         fsync_directory(self.work_dir)
@@ -91,8 +92,9 @@ class ClickHouseFileAttemptJournal:
             raise JournalError(
                 f"the torn event {self.sequence + 1} of attempt {self.attempt_id} could not be "
                 f"moved aside: {exc}",
-                code="journal_write_failed", attempt_id=self.attempt_id,
-            ) from exc  # fmt: skip
+                code="journal_write_failed",
+                attempt_id=self.attempt_id,
+            ) from exc
         sequence = self.sequence + 1
         document = {
             **fields,
@@ -129,8 +131,10 @@ class ClickHouseFileAttemptJournal:
                 exc.add_note(f"the unconfirmed event file could not be removed: {cleanup}")
             raise JournalError(
                 f"event {sequence} of attempt {self.attempt_id} was not published: {exc}",
-                code="journal_write_failed", attempt_id=self.attempt_id, sequence=sequence,
-            ) from exc  # fmt: skip
+                code="journal_write_failed",
+                attempt_id=self.attempt_id,
+                sequence=sequence,
+            ) from exc
         digest = hashlib.sha256(data).hexdigest()
         self.sequence = sequence
         self.last_sha256 = digest
@@ -149,8 +153,9 @@ class ClickHouseFileAttemptJournal:
             if not events or events[-1].sequence != sequence:
                 raise JournalError(
                     f"{directory} is neither an event nor a torn publication",
-                    code="journal_diverged", event=str(directory),
-                )  # fmt: skip
+                    code="journal_diverged",
+                    event=str(directory),
+                )
             self.sequence, self.last_sha256 = sequence, events[-1].sha256
             return {"adopted_unconfirmed_event": sequence}
         found = {p.name: p.stat().st_size for p in sorted(directory.iterdir())}
@@ -189,8 +194,10 @@ def verify_journal(
         raise JournalError(
             f"{attempt_dir} ends at event {events[-1].sequence} with SHA-256 "
             f"{events[-1].sha256}, not at {head}",
-            code="journal_head_mismatch", events=len(events), last_sha256=events[-1].sha256,
-        )  # fmt: skip
+            code="journal_head_mismatch",
+            events=len(events),
+            last_sha256=events[-1].sha256,
+        )
     return events
 
 

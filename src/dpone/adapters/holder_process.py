@@ -52,9 +52,14 @@ class HolderProcess:
     machine_id: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pid": self.pid, "start_ticks": self.start_ticks, "boot_id": self.boot_id,
-                "pid_namespace": self.pid_namespace, "host": self.host,
-                "machine_id": self.machine_id}  # fmt: skip
+        return {
+            "pid": self.pid,
+            "start_ticks": self.start_ticks,
+            "boot_id": self.boot_id,
+            "pid_namespace": self.pid_namespace,
+            "host": self.host,
+            "machine_id": self.machine_id,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> HolderProcess | None:

@@ -100,16 +100,19 @@ def observe_user_ids(
     missing = sorted(set(users) - set(found))
     if missing or len(rows) != len(found):
         raise PrincipalError(
-            f"users not declared on the server: {missing}", code="principal_unknown",
-            missing=missing, query_id=query_id,
-        )  # fmt: skip
+            f"users not declared on the server: {missing}",
+            code="principal_unknown",
+            missing=missing,
+            query_id=query_id,
+        )
     return found
 
 
 def _check_role(role: str) -> None:
     if role not in ISSUABLE_ROLES:
-        raise PrincipalError(f"only {ISSUABLE_ROLES} principals are issued, not {role!r}",
-                             code="unknown_role")  # fmt: skip
+        raise PrincipalError(
+            f"only {ISSUABLE_ROLES} principals are issued, not {role!r}", code="unknown_role"
+        )
 
 
 def _active_lease(registry: SnapshotRunRegistry, ref: PrincipalRef) -> Lease:
@@ -117,13 +120,16 @@ def _active_lease(registry: SnapshotRunRegistry, ref: PrincipalRef) -> Lease:
     if lease.user != ref.user:
         raise PrincipalError(
             f"lease {ref.lease_id} belongs to {lease.user}, not {ref.user}",
-            code="principal_mismatch", lease_id=ref.lease_id,
-        )  # fmt: skip
+            code="principal_mismatch",
+            lease_id=ref.lease_id,
+        )
     if not lease.active:
         raise PrincipalError(
-            f"lease {ref.lease_id} of {ref.user} has ended", code="principal_not_active",
-            lease_id=ref.lease_id, user=ref.user,
-        )  # fmt: skip
+            f"lease {ref.lease_id} of {ref.user} has ended",
+            code="principal_not_active",
+            lease_id=ref.lease_id,
+            user=ref.user,
+        )
     return lease
 
 
@@ -164,16 +170,20 @@ class LocalPoolIssuer:
         if self._user_ids.get(ref.user) != ref.user_uuid:
             raise PrincipalError(
                 f"{ref.user} has id {self._user_ids.get(ref.user)}, not {ref.user_uuid}",
-                code="principal_mismatch", lease_id=ref.lease_id,
-            )  # fmt: skip
+                code="principal_mismatch",
+                lease_id=ref.lease_id,
+            )
         return self._issued(ref)
 
     def revoke(self, ref: PrincipalRef) -> Lease:
         """End the lease; the server still accepts the password (custodial)."""
         lease = self._registry.get_lease(ref.lease_id)
         if lease.user != ref.user:
-            raise PrincipalError(f"lease {ref.lease_id} belongs to {lease.user}, not {ref.user}",
-                                 code="principal_mismatch", lease_id=ref.lease_id)  # fmt: skip
+            raise PrincipalError(
+                f"lease {ref.lease_id} belongs to {lease.user}, not {ref.user}",
+                code="principal_mismatch",
+                lease_id=ref.lease_id,
+            )
         return self._registry.end_lease(ref.lease_id)
 
     def user_uuid(self, user: str) -> str:
@@ -198,15 +208,17 @@ class LocalPoolIssuer:
 def render_create_user(user: str, password_sha256_hex: str, hosts: Sequence[str]) -> str:
     """``CREATE USER`` with a SHA-256 password hash (never the password) and host IPs."""
     if not _SHA256_HEX.match(password_sha256_hex):
-        raise ConfigurationError("a password hash must be 64 lowercase hex digits",
-                                 code="invalid_password_hash")  # fmt: skip
+        raise ConfigurationError(
+            "a password hash must be 64 lowercase hex digits", code="invalid_password_hash"
+        )
     if not hosts:
         raise ConfigurationError("a user needs at least one host", code="invalid_host")
     try:
         networks = [str(ipaddress.ip_network(h)) for h in hosts]
     except ValueError as exc:
-        raise ConfigurationError(f"a host must be an IP address or network: {exc}",
-                                 code="invalid_host") from exc  # fmt: skip
+        raise ConfigurationError(
+            f"a host must be an IP address or network: {exc}", code="invalid_host"
+        ) from exc
     ips = ", ".join(f"IP {quote_literal(n)}" for n in networks)
     return (
         f"CREATE USER {quote_identifier(user)} IDENTIFIED WITH sha256_hash BY "
@@ -296,9 +308,10 @@ class SqlRbacIssuer:
         _active_lease(self._registry, ref)
         if ref.user not in self._passwords or self._user_ids.get(ref.user) != ref.user_uuid:
             raise PrincipalError(
-                f"{ref.user} was not issued by this process", code="principal_unknown",
+                f"{ref.user} was not issued by this process",
+                code="principal_unknown",
                 lease_id=ref.lease_id,
-            )  # fmt: skip
+            )
         return IssuedPrincipal(ref, Credentials(ref.user, self._passwords[ref.user]))
 
     def revoke(self, ref: PrincipalRef) -> Lease:

@@ -137,8 +137,10 @@ class SnapshotAuthority:
         except DponeError as exc:
             raise _unverified(
                 f"journal {attempt.journal_dir} does not verify: {exc.message}",
-                "journal_invalid", journal=str(attempt.journal_dir), cause=exc.code,
-            ) from exc  # fmt: skip
+                "journal_invalid",
+                journal=str(attempt.journal_dir),
+                cause=exc.code,
+            ) from exc
         if not events:
             raise _unverified(f"journal {attempt.journal_dir} has no events", "journal_empty")
         final = events[-1]
@@ -147,13 +149,16 @@ class SnapshotAuthority:
         if doc.get("state") != "staged" or doc.get("outcome") != "staged":
             raise _unverified(
                 f"the final event is {doc.get('state')}/{doc.get('outcome')}, not staged",
-                "final_not_staged", **where,
-            )  # fmt: skip
+                "final_not_staged",
+                **where,
+            )
         if generation_ref != final.sha256:
             raise _unverified(
                 f"generation_ref {generation_ref[:16]}... is not the final event's digest",
-                "generation_ref_mismatch", expected=final.sha256, **where,
-            )  # fmt: skip
+                "generation_ref_mismatch",
+                expected=final.sha256,
+                **where,
+            )
         attempt_id = str(doc["attempt_id"])
         receipt, receipt_sha = _receipt(events, where)
         generation = _generation(events, final, receipt_sha, where)
@@ -161,13 +166,17 @@ class SnapshotAuthority:
         if planned.get("database") != attempt.slot.database:
             raise _unverified(
                 f"the generation is in database {planned.get('database')!r}, the target slot in "
-                f"{attempt.slot.database!r}", "database_mismatch", **where,
-            )  # fmt: skip
+                f"{attempt.slot.database!r}",
+                "database_mismatch",
+                **where,
+            )
         if not receipt.rows_validated == generation.rows:
             raise _unverified(
                 f"the receipt validated {receipt.rows_validated} rows, staging counted "
-                f"{generation.rows}", "row_count_mismatch", **where,
-            )  # fmt: skip
+                f"{generation.rows}",
+                "row_count_mismatch",
+                **where,
+            )
         endpoint = _member(doc, "endpoint_identity", dict, where)
         ingest = self._ingest(events, attempt_id, where)
         admission = self._admit(attempt, attempt_id)
@@ -189,8 +198,9 @@ class SnapshotAuthority:
             canonical_json.dumps(_member(e.document, "principal", dict, where)) for e in events
         }
         if len(named) != 1:
-            raise _unverified("the journal's events name different principals",
-                              "principal_inconsistent", **where)  # fmt: skip
+            raise _unverified(
+                "the journal's events name different principals", "principal_inconsistent", **where
+            )
         principal = _member(events[-1].document, "principal", dict, where)
         user = principal.get("user")
         if not isinstance(user, str) or not user:
@@ -198,14 +208,20 @@ class SnapshotAuthority:
         try:
             known = self.issuer.user_uuid(user)
         except DponeError as exc:
-            raise _unverified(f"ingest user {user} is not an issued principal",
-                              "principal_unknown", user=user, **where) from exc  # fmt: skip
+            raise _unverified(
+                f"ingest user {user} is not an issued principal",
+                "principal_unknown",
+                user=user,
+                **where,
+            ) from exc
         recorded = principal.get("user_uuid")
         if recorded is not None and recorded != known:
             raise _unverified(
                 f"the journal says {user} has id {recorded}, the server {known}",
-                "principal_uuid_mismatch", user=user, **where,
-            )  # fmt: skip
+                "principal_uuid_mismatch",
+                user=user,
+                **where,
+            )
         leases = [
             lease
             for lease in self.registry.leases_of(attempt_id)
@@ -214,8 +230,10 @@ class SnapshotAuthority:
         if len(leases) != 1:
             raise _unverified(
                 f"attempt {attempt_id} has {len(leases)} ingest leases of {user}, not one",
-                "ingest_lease_missing", user=user, **where,
-            )  # fmt: skip
+                "ingest_lease_missing",
+                user=user,
+                **where,
+            )
         return PrincipalRef(user, known, leases[0].lease_id)
 
     def _admit(self, attempt: AttemptRef, attempt_id: str) -> Admission:
@@ -223,8 +241,9 @@ class SnapshotAuthority:
         if admission.slot != attempt.slot or admission.attempt_id != attempt_id:
             raise _unverified(
                 f"attempt {attempt_id} is admitted for {admission.slot}, not {attempt.slot}",
-                "slot_mismatch", attempt_id=attempt_id,
-            )  # fmt: skip
+                "slot_mismatch",
+                attempt_id=attempt_id,
+            )
         self._current(admission, admission.epochs)
         return admission
 
@@ -234,14 +253,17 @@ class SnapshotAuthority:
             raise AuthorityError(
                 f"attempt {admission.attempt_id} was admitted at slot epoch "
                 f"{admission.epochs.slot_epoch}; the slot is at {current}",
-                code="attempt_fenced", attempt_id=admission.attempt_id,
-                slot_epoch=epochs.slot_epoch, current_epoch=current,
-            )  # fmt: skip
+                code="attempt_fenced",
+                attempt_id=admission.attempt_id,
+                slot_epoch=epochs.slot_epoch,
+                current_epoch=current,
+            )
         if admission.ownership is not OwnershipState.ACTIVE:
             raise AuthorityError(
                 f"run {admission.parent_request} is {admission.ownership.value}, not active",
-                code="ownership_not_active", ownership=admission.ownership.value,
-            )  # fmt: skip
+                code="ownership_not_active",
+                ownership=admission.ownership.value,
+            )
 
     # ------------------------------------------------------------------ principals
 
@@ -266,8 +288,9 @@ class SnapshotAuthority:
         if lease.role != ROLE_PUBLISHER or lease.attempt_id != intent.attempt_id:
             raise AuthorityError(
                 f"lease {ref.lease_id} is a {lease.role} lease of {lease.attempt_id}, not the "
-                f"publisher of {intent.attempt_id}", code="principal_mismatch",
-            )  # fmt: skip
+                f"publisher of {intent.attempt_id}",
+                code="principal_mismatch",
+            )
         return self.issuer.credentials(ref)
 
     def principal_credentials(self, principal: PrincipalRef) -> IssuedPrincipal:
@@ -283,8 +306,9 @@ class SnapshotAuthority:
         ) != (intent.database, intent.target_table):
             raise AuthorityError(
                 f"attempt {intent.attempt_id} is admitted under {admission.parent_request} for "
-                f"{admission.slot}, not as the intent says", code="attempt_fenced",
-            )  # fmt: skip
+                f"{admission.slot}, not as the intent says",
+                code="attempt_fenced",
+            )
         self._current(admission, AttemptEpochs(intent.slot_epoch, intent.attempt_epoch))
         return ParentAuthority(admission.parent_request, admission.slot, intent.slot_epoch)
 
@@ -295,8 +319,11 @@ class SnapshotAuthority:
     def _admission(self, attempt_id: str) -> Admission:
         admission = self.registry.admission(attempt_id)
         if admission is None:
-            raise AuthorityError(f"attempt {attempt_id} is not admitted", code="attempt_fenced",
-                                 attempt_id=attempt_id)  # fmt: skip
+            raise AuthorityError(
+                f"attempt {attempt_id} is not admitted",
+                code="attempt_fenced",
+                attempt_id=attempt_id,
+            )
         return admission
 
     # ------------------------------------------------------------------ closure
@@ -370,9 +397,13 @@ class SnapshotAuthority:
         probe_id = self._next_id(f"probe-{hashlib.sha256(session_id.encode()).hexdigest()[:12]}")
         transport = self._factory(self.endpoint, self.probe_credentials(user))
         request = session_request(
-            "SELECT 1", probe_id, RequestKind.READ, session_id=session_id,
-            session_timeout=1, check=True,
-        )  # fmt: skip
+            "SELECT 1",
+            probe_id,
+            RequestKind.READ,
+            session_id=session_id,
+            session_timeout=1,
+            check=True,
+        )
         answer: int | str
         try:
             transport.execute(request, deadline=self._clock() + self.policy.request_seconds)
@@ -385,8 +416,9 @@ class SnapshotAuthority:
         return {"session_id": session_id, "probe_query_id": probe_id, "answer": answer}
 
     def _account(self, user: str, started_us: int, probe_ids: Sequence[str]) -> dict[str, Any]:
-        self.closer.execute(read("SYSTEM FLUSH LOGS", self._next_id("flush")),
-                            deadline=self._deadline())  # fmt: skip
+        self.closer.execute(
+            read("SYSTEM FLUSH LOGS", self._next_id("flush")), deadline=self._deadline()
+        )
         excluded = ", ".join(quote_literal(p) for p in ("", *probe_ids))
         rows = self._rows(
             "SELECT query_id, countIf(type = 'QueryStart') AS starts, "
@@ -406,8 +438,9 @@ class SnapshotAuthority:
         }
 
     def _rows(self, sql: str, purpose: str) -> list[dict[str, Any]]:
-        return self.closer.execute(read(sql, self._next_id(purpose)),
-                                   deadline=self._deadline()).json_rows()  # fmt: skip
+        return self.closer.execute(
+            read(sql, self._next_id(purpose)), deadline=self._deadline()
+        ).json_rows()
 
     def _next_id(self, purpose: str) -> str:
         self._reads += 1
@@ -423,16 +456,23 @@ class SnapshotAuthority:
 def _member(doc: Mapping[str, Any], name: str, kind: type, where: Mapping[str, Any]) -> Any:
     value = doc.get(name)
     if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
-        raise _unverified(f"event member {name} is missing or not a {kind.__name__}",
-                          f"{name}_missing", member=name, **where)  # fmt: skip
+        raise _unverified(
+            f"event member {name} is missing or not a {kind.__name__}",
+            f"{name}_missing",
+            member=name,
+            **where,
+        )
     return value
 
 
 def _one(events: list[JournalEvent], outcome: str, where: Mapping[str, Any]) -> JournalEvent:
     found = [e for e in events if e.document.get("outcome") == outcome]
     if len(found) != 1:
-        raise _unverified(f"the journal has {len(found)} {outcome} events, not one",
-                          f"{outcome}_event_missing", **where)  # fmt: skip
+        raise _unverified(
+            f"the journal has {len(found)} {outcome} events, not one",
+            f"{outcome}_event_missing",
+            **where,
+        )
     return found[0]
 
 
@@ -442,8 +482,9 @@ def _receipt(events: list[JournalEvent], where: Mapping[str, Any]) -> tuple[File
     try:
         receipt = FileReceipt.from_bytes(data)
     except DponeError as exc:
-        raise _unverified(f"the receipt does not parse: {exc.message}", "receipt_invalid",
-                          cause=exc.code, **where) from exc  # fmt: skip
+        raise _unverified(
+            f"the receipt does not parse: {exc.message}", "receipt_invalid", cause=exc.code, **where
+        ) from exc
     if receipt.to_bytes() != data:
         raise _unverified("the receipt is not in its canonical form", "receipt_invalid", **where)
     return receipt, hashlib.sha256(data).hexdigest()
@@ -456,15 +497,18 @@ def _generation(
     doc = final.document
     semantic_id = _member(doc, "semantic_id", str, where)
     if canonical_json.sha256_hex(identity) != semantic_id:
-        raise _unverified("the semantic id is not the derived identity's digest",
-                          "semantic_id_mismatch", **where)  # fmt: skip
+        raise _unverified(
+            "the semantic id is not the derived identity's digest", "semantic_id_mismatch", **where
+        )
     if identity.get("source_receipt_sha256") != receipt_sha:
-        raise _unverified("the derived identity names another receipt", "receipt_mismatch",
-                          **where)  # fmt: skip
+        raise _unverified("the derived identity names another receipt", "receipt_mismatch", **where)
     rows_digest = identity.get("rows_digest")
     if not isinstance(rows_digest, str) or not _DIGEST.match(rows_digest):
-        raise _unverified("the derived identity has no rows_digest (32 hex digits)",
-                          "rows_digest_missing", **where)  # fmt: skip
+        raise _unverified(
+            "the derived identity has no rows_digest (32 hex digits)",
+            "rows_digest_missing",
+            **where,
+        )
     counts = _member(doc, "counts", dict, where)
     rows = identity.get("prepared_rows")
     rowbinary_bytes = identity.get("rowbinary_bytes")
@@ -473,14 +517,14 @@ def _generation(
         and isinstance(rowbinary_bytes, int)
         and counts.get("prepared_rows") == rows == counts.get("observed_count")
     ):
-        raise _unverified(f"staging counted {counts}, prepared {rows} rows", "count_mismatch",
-                          **where)  # fmt: skip
+        raise _unverified(
+            f"staging counted {counts}, prepared {rows} rows", "count_mismatch", **where
+        )
     planned = _member(doc, "planned_ownership", dict, where)
     observed = _member(doc, "observed_ownership", dict, where)
     table, table_uuid = planned.get("table"), observed.get("table_uuid")
     if not isinstance(table, str) or not isinstance(table_uuid, str) or not table_uuid:
-        raise _unverified("the staged event names no table and UUID", "generation_missing",
-                          **where)  # fmt: skip
+        raise _unverified("the staged event names no table and UUID", "generation_missing", **where)
     return GenerationEvidence(
         table=table,
         table_uuid=table_uuid,

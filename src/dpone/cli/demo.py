@@ -37,12 +37,26 @@ from dpone.runtime.snapshot_composition import DEFAULT_STORE, provision_protecte
 DEMO_DATABASE = "dpone_demo"
 DEMO_TARGET = "customers"
 DEMO_ROWS = [
-    (1, "Ada Lovelace", "1234.50", "2024-02-29 23:59:59.1234567", "6F9619FF-8B86-D011-B42D-00C04FC964FF", b"\x00\xff"),
+    (
+        1,
+        "Ada Lovelace",
+        "1234.50",
+        "2024-02-29 23:59:59.1234567",
+        "6F9619FF-8B86-D011-B42D-00C04FC964FF",
+        b"\x00\xff",
+    ),
     (2, "tab\there, newline\nthere", "-0.01", "1900-01-01 00:00:00.0000000", None, b""),
     (3, "NULL", None, "2299-12-31 23:59:59.9999999", None, None),
     (4, "", "9999999999999.99", "1970-01-01 00:00:00.0000000", None, bytes(range(256))),
-    (5, "\x1d marker, 'quotes', \\backslash, emoji 🎉, עברית", "0", "2000-01-01 12:00:00.5000000", None, None),
-]  # fmt: skip
+    (
+        5,
+        "\x1d marker, 'quotes', \\backslash, emoji 🎉, עברית",
+        "0",
+        "2000-01-01 12:00:00.5000000",
+        None,
+        None,
+    ),
+]
 GENERATED = 995  # realistic rows after the hostile ones: 1,000 in all
 # The change between the two refreshes: deleted ids, updated ids, inserted rows.
 DELETED = (2, 4, *range(100, 200))
@@ -74,8 +88,10 @@ def build_source(path: Path) -> None:
     path.unlink(missing_ok=True)
     with sqlite3.connect(path) as conn:
         conn.execute(CREATE)
-        conn.executemany("INSERT INTO customers VALUES (?, ?, ?, ?, ?, ?)",
-                         [*DEMO_ROWS, *_generated(6, GENERATED, seed=1)])  # fmt: skip
+        conn.executemany(
+            "INSERT INTO customers VALUES (?, ?, ?, ?, ?, ?)",
+            [*DEMO_ROWS, *_generated(6, GENERATED, seed=1)],
+        )
     conn.close()
 
 
@@ -83,10 +99,13 @@ def change_source(path: Path) -> None:
     """Deletes, updates and inserts between the two refreshes."""
     with sqlite3.connect(path) as conn:
         conn.executemany("DELETE FROM customers WHERE id = ?", [(i,) for i in DELETED])
-        conn.executemany("UPDATE customers SET name = name || ' (updated)', balance = '0.01' WHERE id = ?",
-                         [(i,) for i in UPDATED])  # fmt: skip
-        conn.executemany("INSERT INTO customers VALUES (?, ?, ?, ?, ?, ?)",
-                         _generated(5000, INSERTED, seed=2))  # fmt: skip
+        conn.executemany(
+            "UPDATE customers SET name = name || ' (updated)', balance = '0.01' WHERE id = ?",
+            [(i,) for i in UPDATED],
+        )
+        conn.executemany(
+            "INSERT INTO customers VALUES (?, ?, ?, ?, ?, ?)", _generated(5000, INSERTED, seed=2)
+        )
     conn.close()
 
 
@@ -121,19 +140,32 @@ def _target_rows(data_dir: Path, port: int) -> list[list[Any]]:
         Endpoint("127.0.0.1", port, 0, DEMO_DATABASE), admin_credentials(data_dir)
     )
     result = admin.execute(
-        read(f"SELECT id, name FROM {DEMO_DATABASE}.{DEMO_TARGET} ORDER BY id FORMAT JSONEachRow",
-             f"dpone-demo-compare-{time.time_ns()}"),
+        read(
+            f"SELECT id, name FROM {DEMO_DATABASE}.{DEMO_TARGET} ORDER BY id FORMAT JSONEachRow",
+            f"dpone-demo-compare-{time.time_ns()}",
+        ),
         deadline=time.monotonic() + 60,
-    )  # fmt: skip
+    )
     return [[int(r["id"]), r["name"]] for r in result.json_rows()]
 
 
 @click.command()
 @data_dir_option
-@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".dpone/demo"),
-              show_default=True, help="Where the demo's project, source, exports and journals go.")  # fmt: skip
-@click.option("--store", "store_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=DEFAULT_STORE, show_default=True, help="The publication store.")  # fmt: skip
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".dpone/demo"),
+    show_default=True,
+    help="Where the demo's project, source, exports and journals go.",
+)
+@click.option(
+    "--store",
+    "store_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_STORE,
+    show_default=True,
+    help="The publication store.",
+)
 @json_option
 def demo(data_dir: Path, work_dir: Path, store_path: Path, as_json: bool) -> None:
     """Two verified full refreshes of a SQLite table into the local ClickHouse server."""
@@ -154,8 +186,10 @@ def demo(data_dir: Path, work_dir: Path, store_path: Path, as_json: bool) -> Non
             echo_warnings(local.warnings)
         else:
             info = running
-        say(f"ClickHouse {info.version} on http {info.http_port} ({info.data_dir}); "
-            f"project {project.path}")  # fmt: skip
+        say(
+            f"ClickHouse {info.version} on http {info.http_port} ({info.data_dir}); "
+            f"project {project.path}"
+        )
         try:
             provision_protected_databases(data_dir, info.http_port, (DEMO_DATABASE,))
             service = RefreshService(project)
@@ -164,8 +198,10 @@ def demo(data_dir: Path, work_dir: Path, store_path: Path, as_json: bool) -> Non
             if not as_json:
                 echo_warnings(first.warnings)
             change_source(source)
-            say(f"changed the source: deleted {len(DELETED)} rows, updated {len(UPDATED)}, "
-                f"inserted {INSERTED}")  # fmt: skip
+            say(
+                f"changed the source: deleted {len(DELETED)} rows, updated {len(UPDATED)}, "
+                f"inserted {INSERTED}"
+            )
             second = service.refresh(table)
             _tell(say, "second refresh", second)
             if not as_json:
@@ -179,16 +215,31 @@ def demo(data_dir: Path, work_dir: Path, store_path: Path, as_json: bool) -> Non
         deleted_gone = not {r[0] for r in found} & set(DELETED)
         ok = first.ok and second.ok and equal and deleted_gone
         if as_json:
-            emit_json(_payload(ok, info, running is not None, project.path, first, second, equal,
-                               len(found), status.to_dict()))  # fmt: skip
+            emit_json(
+                _payload(
+                    ok,
+                    info,
+                    running is not None,
+                    project.path,
+                    first,
+                    second,
+                    equal,
+                    len(found),
+                    status.to_dict(),
+                )
+            )
         else:
-            say(f"target {table.qualified_target} equals the new source row by row: {equal} "
-                f"({len(found)} rows; deleted rows gone: {deleted_gone})")  # fmt: skip
+            say(
+                f"target {table.qualified_target} equals the new source row by row: {equal} "
+                f"({len(found)} rows; deleted rows gone: {deleted_gone})"
+            )
             say("dpone status:")
             for target in status.targets:
                 last = target["last_publication"] or {}
-                say(f"  {target['target']}: {last.get('rows')} rows, uuid {last.get('uuid')}; "
-                    f"rollback copies {[c['table'] for c in target['rollback_copies'] or []]}")  # fmt: skip
+                say(
+                    f"  {target['target']}: {last.get('rows')} rows, uuid {last.get('uuid')}; "
+                    f"rollback copies {[c['table'] for c in target['rollback_copies'] or []]}"
+                )
             say(f"  needs a person: {len(status.needs_person)}")
             say(f"done in {time.monotonic() - started:.0f} s. Next:")
             say(
@@ -205,9 +256,11 @@ def demo(data_dir: Path, work_dir: Path, store_path: Path, as_json: bool) -> Non
 
 def _tell(say: Any, what: str, report: TableReport) -> None:
     if report.ok:
-        say(f"{what}: published {report.rows} rows into {report.target} "
+        say(
+            f"{what}: published {report.rows} rows into {report.target} "
             f"(uuid {report.target_uuid_before} -> {report.target_uuid_after}) in "
-            f"{sum(report.timings.values()):.1f} s")  # fmt: skip
+            f"{sum(report.timings.values()):.1f} s"
+        )
     else:
         error = report.error or {}
         say(f"{what}: FAILED in {report.phase}: [{error.get('code')}] {error.get('message')}")
@@ -215,12 +268,29 @@ def _tell(say: Any, what: str, report: TableReport) -> None:
             say(f"  next: {command}")
 
 
-def _payload(ok: bool, info: Any, was_running: bool, config: Path, first: TableReport,
-             second: TableReport, equal: bool, rows: int, status: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def _payload(
+    ok: bool,
+    info: Any,
+    was_running: bool,
+    config: Path,
+    first: TableReport,
+    second: TableReport,
+    equal: bool,
+    rows: int,
+    status: dict[str, Any],
+) -> dict[str, Any]:
     return {
-        "ok": ok, "version": info.version, "http_port": info.http_port, "tcp_port": info.tcp_port,
-        "data_dir": info.data_dir, "server_was_running": was_running, "config": str(config),
-        "database": DEMO_DATABASE, "target": f"{DEMO_DATABASE}.{DEMO_TARGET}", "rows": rows,
-        "target_equals_source": equal, "refreshes": [first.to_dict(), second.to_dict()],
+        "ok": ok,
+        "version": info.version,
+        "http_port": info.http_port,
+        "tcp_port": info.tcp_port,
+        "data_dir": info.data_dir,
+        "server_was_running": was_running,
+        "config": str(config),
+        "database": DEMO_DATABASE,
+        "target": f"{DEMO_DATABASE}.{DEMO_TARGET}",
+        "rows": rows,
+        "target_equals_source": equal,
+        "refreshes": [first.to_dict(), second.to_dict()],
         "status": status,
-    }  # fmt: skip
+    }

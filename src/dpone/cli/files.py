@@ -48,9 +48,12 @@ def _refuse_dash(ctx: click.Context, param: click.Parameter, value: str | None) 
 def output_option(name: str, *, help: str, required: bool = False) -> Callable[[F], F]:
     """An option naming an output file (see :func:`dpone.durable_files.atomic_outputs`)."""
     return click.option(
-        name, type=click.Path(dir_okay=False), callback=_refuse_dash,
-        required=required, help=help,
-    )  # fmt: skip
+        name,
+        type=click.Path(dir_okay=False),
+        callback=_refuse_dash,
+        required=required,
+        help=help,
+    )
 
 
 def load_schema(path: Path) -> SourceSchema:
@@ -108,9 +111,12 @@ def validate(
         with atomic_outputs([target], [file, schema_path], force=force) as (stream,):
             schema = load_schema(schema_path)
             receipt = validate_file(
-                file, schema, max_record_bytes=max_record_bytes, max_records=max_records,
+                file,
+                schema,
+                max_record_bytes=max_record_bytes,
+                max_records=max_records,
                 warn=warn,
-            )  # fmt: skip
+            )
             stream.write(receipt.to_bytes())
         if as_json:
             emit_json({"ok": True, "receipt": str(target), **_summary(receipt), **warn.document()})
@@ -161,9 +167,14 @@ def export(
     with reported_errors(as_json, warn):
         progress = TerminalProgress("exported") if TerminalProgress.on_terminal(as_json) else None
         result = export_table(
-            open_source(dsn), table, out, receipt_out=receipt_out, force=force, progress=progress,
+            open_source(dsn),
+            table,
+            out,
+            receipt_out=receipt_out,
+            force=force,
+            progress=progress,
             warn=warn,
-        )  # fmt: skip
+        )
         TerminalProgress.finish()
         if as_json:
             emit_json(

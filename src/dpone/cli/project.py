@@ -78,8 +78,9 @@ def init(config_path: Path) -> None:
         except FileExistsError as exc:
             raise ConfigurationError(
                 f"{config_path} exists; dpone init never overwrites a file",
-                code="config_exists", path=str(config_path),
-            ) from exc  # fmt: skip
+                code="config_exists",
+                path=str(config_path),
+            ) from exc
         with os.fdopen(fd, "w", encoding="utf-8") as stream:
             stream.write(EXAMPLE)
         click.echo(f"wrote {config_path}; edit it, then run `dpone check`")
@@ -96,8 +97,12 @@ def check(config_path: Path, as_json: bool) -> None:
         project = load_project(config_path)
         problems = reachability(project)
         if as_json:
-            document: dict[str, Any] = {"ok": not problems, "config": str(config_path),
-                                        "tables": list(project.tables), "problems": problems}  # fmt: skip
+            document: dict[str, Any] = {
+                "ok": not problems,
+                "config": str(config_path),
+                "tables": list(project.tables),
+                "problems": problems,
+            }
             if problems:  # a failure carries its error object, as every failure does
                 document["error"] = {
                     "code": "check_failed" if len(problems) > 1 else problems[0]["code"],
@@ -110,8 +115,10 @@ def check(config_path: Path, as_json: bool) -> None:
             for problem in problems:
                 click.echo(f"{problem['key']}: [{problem['code']}] {problem['message']}")
             if not problems:
-                click.echo(f"{config_path}: {len(project.tables)} table(s), every source and "
-                           "target reachable")  # fmt: skip
+                click.echo(
+                    f"{config_path}: {len(project.tables)} table(s), every source and "
+                    "target reachable"
+                )
         if problems:
             raise SystemExit(1)
 
@@ -147,11 +154,14 @@ def reachability(project: Project) -> list[dict[str, Any]]:
                 continue
             for table in project.tables.values():
                 if table.database == database:
-                    problems.append({
-                        "key": f"tables.{table.name}.target", "code": "database_not_protected",
-                        "message": f"the server does not protect {database}: restart it with "
-                                   f"`dpone server start --protect {database} ...`",
-                    })  # fmt: skip
+                    problems.append(
+                        {
+                            "key": f"tables.{table.name}.target",
+                            "code": "database_not_protected",
+                            "message": f"the server does not protect {database}: restart it with "
+                            f"`dpone server start --protect {database} ...`",
+                        }
+                    )
     except DponeError as exc:
         note("clickhouse.data_dir", exc)
     return problems

@@ -85,11 +85,15 @@ def _answer(receipt: PublicationReceipt, as_json: bool, verb: str) -> None:
         emit_json(payload)
     else:
         click.echo(f"intent {receipt.intent_sha256}")
-        click.echo(f"state {state.value} (revision {receipt.revision})"
-                   + (" [historical replay]" if receipt.historical else ""))  # fmt: skip
+        click.echo(
+            f"state {state.value} (revision {receipt.revision})"
+            + (" [historical replay]" if receipt.historical else "")
+        )
         if receipt.target_uuid is not None:
-            click.echo(f"target uuid {receipt.target_uuid}, generation-name uuid "
-                       f"{receipt.generation_uuid}, rows {receipt.target_rows}")  # fmt: skip
+            click.echo(
+                f"target uuid {receipt.target_uuid}, generation-name uuid "
+                f"{receipt.generation_uuid}, rows {receipt.target_rows}"
+            )
         if next_command:
             click.echo(f"next: {next_command}")
     if not finished:
@@ -110,16 +114,30 @@ def snapshot() -> None:
 
 
 @snapshot.command()
-@click.option("--journal", "journal_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              required=True, help="The staging attempt's directory (its journal ends in `staged`).")  # fmt: skip
+@click.option(
+    "--journal",
+    "journal_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    required=True,
+    help="The staging attempt's directory (its journal ends in `staged`).",
+)
 @click.option("--target", required=True, help="The protected target: DATABASE.TABLE.")
-@click.option("--generation", "generation_ref",
-              help="The journal head `dpone stage` printed (default: the journal's final event).")  # fmt: skip
+@click.option(
+    "--generation",
+    "generation_ref",
+    help="The journal head `dpone stage` printed (default: the journal's final event).",
+)
 @store_option
 @data_dir_option
 @json_option
-def prepare(journal_dir: Path, target: str, generation_ref: str | None, store_path: Path,
-            data_dir: Path, as_json: bool) -> None:  # fmt: skip
+def prepare(
+    journal_dir: Path,
+    target: str,
+    generation_ref: str | None,
+    store_path: Path,
+    data_dir: Path,
+    as_json: bool,
+) -> None:
     """Reopen a staged attempt's evidence and record a PREPARED publication intent."""
     with reported_errors(as_json):
         slot = _target(target)
@@ -139,8 +157,11 @@ def _call(verb: str, intent: str, store_path: Path, data_dir: Path, as_json: boo
         database = stored_database(store_path, intent)
         config = PublicationConfig(data_dir, store_path, create_store=False)
         publisher = build_publication(config, database).publisher
-        calls = {"publish": publisher.publish, "reconcile": publisher.reconcile,
-                 "cancel": publisher.cancel}  # fmt: skip
+        calls = {
+            "publish": publisher.publish,
+            "reconcile": publisher.reconcile,
+            "cancel": publisher.cancel,
+        }
         _answer(calls[verb](intent), as_json, verb)
 
 
@@ -212,16 +233,25 @@ def show(intent: str, store_path: Path, as_json: bool) -> None:
 
 
 def _history_entry(entry: HistoryEntry) -> dict[str, Any]:
-    return {"sequence": entry.sequence, "revision": entry.revision, "state": entry.state,
-            "record_sha256": entry.record_sha256, "at": entry.at, "facts": dict(entry.facts)}  # fmt: skip
+    return {
+        "sequence": entry.sequence,
+        "revision": entry.revision,
+        "state": entry.state,
+        "record_sha256": entry.record_sha256,
+        "at": entry.at,
+        "facts": dict(entry.facts),
+    }
 
 
 journal_dirs_option = click.option(
-    "--work-dir", "journal_dirs", multiple=True, required=True,
+    "--work-dir",
+    "journal_dirs",
+    multiple=True,
+    required=True,
     type=click.Path(file_okay=False, path_type=Path),
     help="A directory of attempt journals (repeatable): a project's WORK/attempts and "
-         "WORK/rollbacks, or the --work-dir given to `dpone stage`.",
-)  # fmt: skip
+    "WORK/rollbacks, or the --work-dir given to `dpone stage`.",
+)
 
 
 @snapshot.command("leases")
@@ -250,8 +280,10 @@ def leases(store_path: Path, journal_dirs: tuple[Path, ...], as_json: bool) -> N
             if not found:
                 click.echo("no active lease")
             for e in found:
-                click.echo(f"{e['lease_id']} {e['user']} ({e['role']}, attempt {e['attempt_id']}, "
-                           f"issued {e['issued_at']}): holder {e['holder']}, {e['reason']}")  # fmt: skip
+                click.echo(
+                    f"{e['lease_id']} {e['user']} ({e['role']}, attempt {e['attempt_id']}, "
+                    f"issued {e['issued_at']}): holder {e['holder']}, {e['reason']}"
+                )
                 if e.get("command"):
                     click.echo(f"  run: {e['command']}")
         if abandoned:
@@ -275,11 +307,17 @@ def end_lease(
         store = SqliteSnapshotStore(store_path, create=False)
         verdict, ended = end_gone_lease(store, lease_id, journal_dirs)
         lease = store.get_lease(lease_id)
-        payload: dict[str, Any] = {"ok": True, "lease_id": lease_id, "user": lease.user,
-                                   "role": lease.role, "attempt_id": lease.attempt_id,
-                                   "active": lease.active, "ended_now": ended,
-                                   "reason": None if verdict is None else verdict.reason,
-                                   "evidence": None if verdict is None else verdict.evidence}  # fmt: skip
+        payload: dict[str, Any] = {
+            "ok": True,
+            "lease_id": lease_id,
+            "user": lease.user,
+            "role": lease.role,
+            "attempt_id": lease.attempt_id,
+            "active": lease.active,
+            "ended_now": ended,
+            "reason": None if verdict is None else verdict.reason,
+            "evidence": None if verdict is None else verdict.evidence,
+        }
         if as_json:
             emit_json(payload)
         elif ended:

@@ -31,10 +31,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 def config_option(func: F) -> F:
     """``--config``: the project file (default ``dpone.toml``, or ``$DPONE_CONFIG``)."""
     return click.option(
-        "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-        default=DEFAULT_CONFIG, show_default=True, envvar="DPONE_CONFIG",
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=DEFAULT_CONFIG,
+        show_default=True,
+        envvar="DPONE_CONFIG",
         help="The project file.",
-    )(func)  # fmt: skip
+    )(func)
 
 
 class PhaseProgress:
@@ -73,8 +77,9 @@ def select_tables(project: Project, names: tuple[str, ...], every: bool) -> list
         raise ConfigurationError(
             f"{', '.join(unknown)}: not declared in {project.path} (it declares: "
             f"{', '.join(project.tables)})",
-            code="unknown_table", tables=unknown,
-        )  # fmt: skip
+            code="unknown_table",
+            tables=unknown,
+        )
     return [project.tables[n] for n in dict.fromkeys(names)]
 
 
@@ -89,12 +94,21 @@ def preflight(project: Project, tables: list[TableConfig]) -> None:
 @click.argument("names", nargs=-1)
 @click.option("--all", "every", is_flag=True, help="Refresh every table of the project.")
 @config_option
-@click.option("--allow-shrink", is_flag=True,
-              help="Publish even when the new generation is smaller than the shrink guard allows.")  # fmt: skip
+@click.option(
+    "--allow-shrink",
+    is_flag=True,
+    help="Publish even when the new generation is smaller than the shrink guard allows.",
+)
 @click.option("--fail-fast", is_flag=True, help="Stop at the first table that fails.")
 @json_option
-def refresh(names: tuple[str, ...], every: bool, config_path: Path, allow_shrink: bool,
-            fail_fast: bool, as_json: bool) -> None:  # fmt: skip
+def refresh(
+    names: tuple[str, ...],
+    every: bool,
+    config_path: Path,
+    allow_shrink: bool,
+    fail_fast: bool,
+    as_json: bool,
+) -> None:
     """Export, stage, prepare, guard and publish each table; report what happened.
 
     Exit 0 only when every table was published.
@@ -105,9 +119,11 @@ def refresh(names: tuple[str, ...], every: bool, config_path: Path, allow_shrink
         preflight(project, tables)
         progress = PhaseProgress() if TerminalProgress.on_terminal(as_json) else None
         service = RefreshService(
-            project, allow_shrink=allow_shrink, progress=progress,
+            project,
+            allow_shrink=allow_shrink,
+            progress=progress,
             done=progress.finish if progress is not None else None,
-        )  # fmt: skip
+        )
         reports: list[TableReport] = []
         for table in tables:
             if fail_fast and reports and not reports[-1].ok:
@@ -130,14 +146,20 @@ def _echo(report: TableReport) -> None:
     head = f"{report.table} -> {report.target}"
     if report.ok:
         was = "new target" if report.created_target else f"was {report.previous_rows}"
-        click.echo(f"{head}: published {report.rows} rows ({was}), "
-                   f"{(report.file_bytes or 0) / 1024:,.1f} KiB exported")  # fmt: skip
-        click.echo(f"  target uuid {report.target_uuid_before} -> {report.target_uuid_after}; "
-                   f"rollback copy {report.generation_table}")  # fmt: skip
+        click.echo(
+            f"{head}: published {report.rows} rows ({was}), "
+            f"{(report.file_bytes or 0) / 1024:,.1f} KiB exported"
+        )
+        click.echo(
+            f"  target uuid {report.target_uuid_before} -> {report.target_uuid_after}; "
+            f"rollback copy {report.generation_table}"
+        )
     else:
         error = report.error or {}
-        click.echo(f"{head}: NOT published ({report.outcome}, phase {report.phase}): "
-                   f"[{error.get('code')}] {error.get('message')}")  # fmt: skip
+        click.echo(
+            f"{head}: NOT published ({report.outcome}, phase {report.phase}): "
+            f"[{error.get('code')}] {error.get('message')}"
+        )
         if report.outcome in ("failed", "not_published"):
             click.echo("  the target is unchanged")
     if report.ok and report.error:

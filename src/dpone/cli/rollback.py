@@ -44,12 +44,16 @@ def _echo(report: RollbackReport) -> None:
     head = f"{report.table} -> {report.target}"
     if report.ok:
         click.echo(f"{head}: rolled back to {report.rows} rows from {report.copy_table}")
-        click.echo(f"  target uuid {report.target_uuid_before} -> {report.target_uuid_after}; "
-                   f"the undone content is the rollback copy {report.copy_table}")  # fmt: skip
+        click.echo(
+            f"  target uuid {report.target_uuid_before} -> {report.target_uuid_after}; "
+            f"the undone content is the rollback copy {report.copy_table}"
+        )
     else:
         error = report.error or {}
-        click.echo(f"{head}: NOT rolled back ({report.outcome}, phase {report.phase}): "
-                   f"[{error.get('code')}] {error.get('message')}")  # fmt: skip
+        click.echo(
+            f"{head}: NOT rolled back ({report.outcome}, phase {report.phase}): "
+            f"[{error.get('code')}] {error.get('message')}"
+        )
         if report.outcome == "failed":
             click.echo("  the target is unchanged")
     if report.intent_sha256:

@@ -189,11 +189,18 @@ def status(data_dir: Path, as_json: bool) -> None:
     if info is None:
         if as_json:
             # ok follows the exit code: "no server" is the answer scripts test for.
-            emit_json({
-                "ok": False, "running": False, "data_dir": str(data_dir.absolute()),
-                "error": {"code": "server_not_running", "message": "no server is running",
-                          "details": {}},
-            })  # fmt: skip
+            emit_json(
+                {
+                    "ok": False,
+                    "running": False,
+                    "data_dir": str(data_dir.absolute()),
+                    "error": {
+                        "code": "server_not_running",
+                        "message": "no server is running",
+                        "details": {},
+                    },
+                }
+            )
         else:
             click.echo(f"no server is running on {data_dir.absolute()}")
         sys.exit(1)
@@ -244,8 +251,14 @@ def rotate(data_dir: Path, as_json: bool) -> None:
         users = rotate_credentials(data_dir)
         running = find_running(data_dir) is not None
         if as_json:
-            emit_json({"ok": True, "users": list(users), "applied_at_next_start": True,
-                       "credentials_file": _credentials_file(data_dir)})  # fmt: skip
+            emit_json(
+                {
+                    "ok": True,
+                    "users": list(users),
+                    "applied_at_next_start": True,
+                    "credentials_file": _credentials_file(data_dir),
+                }
+            )
             return
         if not users:
             click.echo("no generated passwords to rotate (see docs/local-server.md)")
@@ -261,8 +274,12 @@ def rotate(data_dir: Path, as_json: bool) -> None:
 
 @server.command(context_settings={"ignore_unknown_options": True})
 @data_dir_option
-@click.option("--client-path", default="clickhouse-client", show_default=True,
-              help="The clickhouse-client binary.")  # fmt: skip
+@click.option(
+    "--client-path",
+    default="clickhouse-client",
+    show_default=True,
+    help="The clickhouse-client binary.",
+)
 @click.argument("client_args", nargs=-1, type=click.UNPROCESSED)
 def client(data_dir: Path, client_path: str, client_args: tuple[str, ...]) -> None:
     """Open clickhouse-client on the server as its administrator.
@@ -275,8 +292,16 @@ def client(data_dir: Path, client_path: str, client_args: tuple[str, ...]) -> No
         info = _running(data_dir)
         credentials = admin_credentials(data_dir)
         with client_config(credentials) as (config, config_fd):
-            argv = [client_path, "--config-file", config,
-                    "--host", "127.0.0.1", "--port", str(info.tcp_port), *client_args]  # fmt: skip
+            argv = [
+                client_path,
+                "--config-file",
+                config,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(info.tcp_port),
+                *client_args,
+            ]
             try:
                 code = subprocess.call(argv, pass_fds=(config_fd,))
             except FileNotFoundError as exc:

@@ -34,8 +34,12 @@ from dpone.sinks import ClickHouseSink
 from dpone.sinks.clickhouse import new_attempt_id
 
 existing_file = click.Path(exists=True, dir_okay=False, path_type=Path)
-work_dir_option = click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-                               help="Directory holding attempt journals and spools.")  # fmt: skip
+work_dir_option = click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Directory holding attempt journals and spools.",
+)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -43,27 +47,51 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def server_options(func: F) -> F:
     """Where the ClickHouse server is: the managed local one by default."""
-    for option in reversed([
-        data_dir_option,
-        click.option("--host", help="A ClickHouse host instead of the managed local server."),
-        click.option("--http-port", type=int, help="HTTP port (with --host)."),
-        click.option("--tcp-port", type=int, help="Native port (with --host)."),
-        click.option("--database", required=True, help="The Atomic database to stage into."),
-        click.option("--transport", type=click.Choice(["http", "client"]), default="http", show_default=True,
-                     help="Controlled transport; chosen explicitly, never auto."),
-        click.option("--client-path", default="clickhouse-client", show_default=True,
-                     help="clickhouse-client binary for --transport client."),
-        click.option("--preparation", "preparation_mode", type=click.Choice(MODES),
-                     default=DEFAULT_MODE, show_default=True,
-                     help="RowBinary converter: compiled (declining to the engine), the engine, or the Python reference; all give the same bytes."),
-    ]):  # fmt: skip
+    for option in reversed(
+        [
+            data_dir_option,
+            click.option("--host", help="A ClickHouse host instead of the managed local server."),
+            click.option("--http-port", type=int, help="HTTP port (with --host)."),
+            click.option("--tcp-port", type=int, help="Native port (with --host)."),
+            click.option("--database", required=True, help="The Atomic database to stage into."),
+            click.option(
+                "--transport",
+                type=click.Choice(["http", "client"]),
+                default="http",
+                show_default=True,
+                help="Controlled transport; chosen explicitly, never auto.",
+            ),
+            click.option(
+                "--client-path",
+                default="clickhouse-client",
+                show_default=True,
+                help="clickhouse-client binary for --transport client.",
+            ),
+            click.option(
+                "--preparation",
+                "preparation_mode",
+                type=click.Choice(MODES),
+                default=DEFAULT_MODE,
+                show_default=True,
+                help="RowBinary converter: compiled (declining to the engine), the engine, or the Python reference; all give the same bytes.",
+            ),
+        ]
+    ):
         func = option(func)
     return func
 
 
-def staging_config(data_dir: Path, host: str | None, http_port: int | None, tcp_port: int | None,
-                   database: str, transport: str, client_path: str, work_dir: Path,
-                   preparation_mode: str = DEFAULT_MODE) -> StagingConfig:  # fmt: skip
+def staging_config(
+    data_dir: Path,
+    host: str | None,
+    http_port: int | None,
+    tcp_port: int | None,
+    database: str,
+    transport: str,
+    client_path: str,
+    work_dir: Path,
+    preparation_mode: str = DEFAULT_MODE,
+) -> StagingConfig:
     """Endpoint from options; credentials from the environment or the managed server's file."""
     if host is None:
         info = find_running(data_dir)
@@ -81,20 +109,30 @@ def staging_config(data_dir: Path, host: str | None, http_port: int | None, tcp_
         endpoint = Endpoint(host, http_port, tcp_port, database)
     credentials = managed_credentials(data_dir, managed=host is None)
     return StagingConfig(
-        endpoint, credentials, work_dir, transport=transport, client_path=client_path,
+        endpoint,
+        credentials,
+        work_dir,
+        transport=transport,
+        client_path=client_path,
         preparation_mode=preparation_mode,
-    )  # fmt: skip
+    )
 
 
-def _with_principal(config: StagingConfig, principal: str, server: dict[str, object],
-                    store_path: Path, attempt_id: str) -> tuple[StagingConfig, str | None]:  # fmt: skip
+def _with_principal(
+    config: StagingConfig,
+    principal: str,
+    server: dict[str, object],
+    store_path: Path,
+    attempt_id: str,
+) -> tuple[StagingConfig, str | None]:
     """Stage as a leased ingest principal of the pool (and its lease id), or as the admin."""
     if principal == "admin":
         return config, None
     if server.get("host") is not None:
         if principal == "pool":
-            raise ConfigurationError("--principal pool needs the managed local server",
-                                     code="pool_needs_managed_server")  # fmt: skip
+            raise ConfigurationError(
+                "--principal pool needs the managed local server", code="pool_needs_managed_server"
+            )
         return config, None
     data_dir = Path(str(server["data_dir"]))
     if principal == "auto" and not pool_protects(data_dir, config.endpoint.database):
@@ -144,11 +182,22 @@ class TerminalProgress:
 )
 @work_dir_option
 @click.option("--attempt-id", help="Attempt id (default: time and random).")
-@click.option("--principal", type=click.Choice(["auto", "pool", "admin"]), default="auto", show_default=True,
-              help="Who stages: a leased ingest user of the publication pool (needed to publish), "
-                   "or the administrator; auto = the pool when the managed server declares it.")  # fmt: skip
-@click.option("--store", "store_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=DEFAULT_STORE, show_default=True, help="The publication store holding the lease.")  # fmt: skip
+@click.option(
+    "--principal",
+    type=click.Choice(["auto", "pool", "admin"]),
+    default="auto",
+    show_default=True,
+    help="Who stages: a leased ingest user of the publication pool (needed to publish), "
+    "or the administrator; auto = the pool when the managed server declares it.",
+)
+@click.option(
+    "--store",
+    "store_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_STORE,
+    show_default=True,
+    help="The publication store holding the lease.",
+)
 @server_options
 @json_option
 def stage(
@@ -186,9 +235,16 @@ def stage(
             raise
         if progress is not None:
             progress.finish()
-        payload = {"ok": True, "database": staged.database, "table": staged.table, "uuid": staged.uuid,
-                   "rows": staged.rows, "semantic_id": staged.semantic_id, "journal": str(staged.journal_path),
-                   "journal_head": staged.journal_head}  # fmt: skip
+        payload = {
+            "ok": True,
+            "database": staged.database,
+            "table": staged.table,
+            "uuid": staged.uuid,
+            "rows": staged.rows,
+            "semantic_id": staged.semantic_id,
+            "journal": str(staged.journal_path),
+            "journal_head": staged.journal_head,
+        }
         if as_json:
             emit_json(payload)
         else:
@@ -213,9 +269,13 @@ def _end_lease_after_failure(
 
 
 def _tell_what_remains(
-    exc: BaseException, journal_dir: Path, work_dir: Path, database: str,
-    server: Mapping[str, object], as_json: bool,
-) -> None:  # fmt: skip
+    exc: BaseException,
+    journal_dir: Path,
+    work_dir: Path,
+    database: str,
+    server: Mapping[str, object],
+    as_json: bool,
+) -> None:
     """Say what a failed or stopped stage left behind and the command that finishes it.
 
     Read from the attempt's own journal (its last event), so it holds for any way
@@ -264,8 +324,11 @@ def journal_show(attempt_dir: Path) -> None:
 
 @journal.command("verify")
 @click.argument("attempt_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--head", help="SHA-256 of the final event (as `dpone stage` printed it): "
-                             "the journal must end exactly there.")  # fmt: skip
+@click.option(
+    "--head",
+    help="SHA-256 of the final event (as `dpone stage` printed it): "
+    "the journal must end exactly there.",
+)
 @json_option
 def journal_verify(attempt_dir: Path, head: str | None, as_json: bool) -> None:
     """Check sequence, hash chain and canonical bytes; exit 1 naming the first break.
@@ -276,13 +339,22 @@ def journal_verify(attempt_dir: Path, head: str | None, as_json: bool) -> None:
         events = verify_journal(attempt_dir, head=head)
         last = events[-1]
         if as_json:
-            emit_json({"ok": True, "events": len(events), "last_sha256": last.sha256,
-                       "attempt_id": last.document["attempt_id"], "state": last.document.get("state"),
-                       "head_checked": head is not None})  # fmt: skip
+            emit_json(
+                {
+                    "ok": True,
+                    "events": len(events),
+                    "last_sha256": last.sha256,
+                    "attempt_id": last.document["attempt_id"],
+                    "state": last.document.get("state"),
+                    "head_checked": head is not None,
+                }
+            )
         else:
-            click.echo(f"{attempt_dir}: {len(events)} events verify; last state "
-                       f"{last.document.get('state')}; head {last.sha256}"
-                       + (" (as expected)" if head else ""))  # fmt: skip
+            click.echo(
+                f"{attempt_dir}: {len(events)} events verify; last state "
+                f"{last.document.get('state')}; head {last.sha256}"
+                + (" (as expected)" if head else "")
+            )
 
 
 @click.group()
@@ -298,8 +370,11 @@ def attempts_list(work_dir: Path, show_all: bool, as_json: bool) -> None:
     """List attempts that ended retained_unknown or cleanup_failed, or never ended."""
     with reported_errors(as_json):
         if not work_dir.is_dir():
-            raise ConfigurationError(f"work directory {work_dir} does not exist",
-                                     code="work_dir_missing", path=str(work_dir))  # fmt: skip
+            raise ConfigurationError(
+                f"work directory {work_dir} does not exist",
+                code="work_dir_missing",
+                path=str(work_dir),
+            )
         summaries, unreadable = survey_attempts(work_dir)
         found = [a for a in summaries if show_all or a.needs_operator]
         if unreadable:
@@ -309,10 +384,13 @@ def attempts_list(work_dir: Path, show_all: bool, as_json: bool) -> None:
                 f"{len(unreadable)} attempt journal(s) in {work_dir} cannot be read "
                 f"(first: {unreadable[0].path.name}: [{first.code}] {first.message})",
                 code="journal_unreadable",
-            )  # fmt: skip
+            )
         if as_json:
-            payload: dict[str, Any] = {"ok": not unreadable, "attempts": [a.to_dict() for a in found],
-                                       "unreadable": [u.to_dict() for u in unreadable]}  # fmt: skip
+            payload: dict[str, Any] = {
+                "ok": not unreadable,
+                "attempts": [a.to_dict() for a in found],
+                "unreadable": [u.to_dict() for u in unreadable],
+            }
             if unreadable:
                 payload["error"] = broken.to_dict()
             emit_json(payload)
@@ -325,11 +403,15 @@ def attempts_list(work_dir: Path, show_all: bool, as_json: bool) -> None:
         for a in found:
             click.echo(f"{a.attempt_id}: {a.state} (event {a.last_sequence}, error {a.error_code})")
             table = a.planned_table or {}
-            click.echo(f"  table {table.get('database')}.{table.get('table')} uuid {a.table_uuid}; "
-                       f"sent {', '.join(a.sent_mutations) or 'nothing'}")  # fmt: skip
+            click.echo(
+                f"  table {table.get('database')}.{table.get('table')} uuid {a.table_uuid}; "
+                f"sent {', '.join(a.sent_mutations) or 'nothing'}"
+            )
             if a.state == "staged":
-                click.echo(f"  staged, not published by dpone; drop it with: "
-                           f"{finishing_command(a.state, a.attempt_id, work_dir, str(table.get('database')))}")  # fmt: skip
+                click.echo(
+                    f"  staged, not published by dpone; drop it with: "
+                    f"{finishing_command(a.state, a.attempt_id, work_dir, str(table.get('database')))}"
+                )
             else:
                 click.echo(f"  inventory {json.dumps(a.inventory, sort_keys=True)}")
         for u in unreadable:
@@ -343,9 +425,14 @@ def attempts_list(work_dir: Path, show_all: bool, as_json: bool) -> None:
 @attempts.command("cleanup")
 @click.argument("attempt_id")
 @work_dir_option
-@click.option("--store", "store_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=DEFAULT_STORE, show_default=True,
-              help="The publication store holding the attempt's ingest lease (ended).")  # fmt: skip
+@click.option(
+    "--store",
+    "store_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_STORE,
+    show_default=True,
+    help="The publication store holding the attempt's ingest lease (ended).",
+)
 @server_options
 @json_option
 def attempts_cleanup(
@@ -371,9 +458,14 @@ def attempts_cleanup(
 @attempts.command("discard")
 @click.argument("attempt_id")
 @work_dir_option
-@click.option("--store", "store_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=DEFAULT_STORE, show_default=True,
-              help="The publication store holding the attempt's ingest lease (ended).")  # fmt: skip
+@click.option(
+    "--store",
+    "store_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_STORE,
+    show_default=True,
+    help="The publication store holding the attempt's ingest lease (ended).",
+)
 @server_options
 @json_option
 def attempts_discard(
@@ -393,5 +485,7 @@ def attempts_discard(
             emit_json({"ok": True, **summary.to_dict()})
         else:
             table = summary.planned_table or {}
-            click.echo(f"{attempt_id}: dropped {table.get('database')}.{table.get('table')}, "
-                       f"now {summary.state}")  # fmt: skip
+            click.echo(
+                f"{attempt_id}: dropped {table.get('database')}.{table.get('table')}, "
+                f"now {summary.state}"
+            )

@@ -27,24 +27,34 @@ def status(config_path: Path, as_json: bool) -> None:
             emit_json({"ok": not found.needs_person, **found.to_dict()})
         else:
             if not found.server_running:
-                click.echo(f"the managed server on {project.clickhouse.data_dir} is not running "
-                           "(rollback copies unknown)")  # fmt: skip
+                click.echo(
+                    f"the managed server on {project.clickhouse.data_dir} is not running "
+                    "(rollback copies unknown)"
+                )
             for target in found.targets:
                 last = target["last_publication"]
                 if last is None:
                     click.echo(f"{target['table']} -> {target['target']}: never published")
                 else:
                     how = "rolled back" if last.get("rollback") else "published"
-                    click.echo(f"{target['table']} -> {target['target']}: {last['rows']} rows, "
-                               f"{how} {last['published_at']}, uuid {last['uuid']}")  # fmt: skip
+                    click.echo(
+                        f"{target['table']} -> {target['target']}: {last['rows']} rows, "
+                        f"{how} {last['published_at']}, uuid {last['uuid']}"
+                    )
                 for copy in target["rollback_copies"] or []:
-                    click.echo(f"  rollback copy {copy['table']} (uuid {copy['uuid']}, "
-                               f"replaced {copy['published_at']})")  # fmt: skip
+                    click.echo(
+                        f"  rollback copy {copy['table']} (uuid {copy['uuid']}, "
+                        f"replaced {copy['published_at']})"
+                    )
             if not found.needs_person:
                 click.echo("nothing needs a person")
             for item in found.needs_person:
-                what = (item.get("intent_sha256") or item.get("lease_id") or item.get("attempt_id")
-                        or item.get("target"))  # fmt: skip
+                what = (
+                    item.get("intent_sha256")
+                    or item.get("lease_id")
+                    or item.get("attempt_id")
+                    or item.get("target")
+                )
                 click.echo(f"NEEDS A PERSON: {item['kind']} {what}")
                 if item.get("message"):
                     click.echo(f"  {item['message']}")

@@ -134,8 +134,9 @@ def load_project(path: Path) -> Project:
     except FileNotFoundError as exc:
         raise ProjectConfigError(
             f"no project file {path}; write an example with `dpone init`",
-            code="config_missing", path=str(path),
-        ) from exc  # fmt: skip
+            code="config_missing",
+            path=str(path),
+        ) from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ProjectConfigError(f"cannot read {path}: {exc}", path=str(path)) from exc
     return parse_project(text, path)
@@ -157,8 +158,9 @@ def parse_project(text: str, path: Path) -> Project:
         listed = "\n".join(f"  {p}" for p in reader.problems)
         raise ProjectConfigError(
             f"{path} has {len(reader.problems)} problem(s):\n{listed}",
-            path=str(path), problems=[p.to_dict() for p in reader.problems],
-        )  # fmt: skip
+            path=str(path),
+            problems=[p.to_dict() for p in reader.problems],
+        )
     assert project is not None
     return project
 
@@ -169,8 +171,9 @@ def resolve_secret(source: SourceConfig) -> tuple[str, str]:
     if not user:
         raise ConfigurationError(
             f"sources.{source.name}.user_env: the environment variable {source.user_env} is not set",
-            code="missing_credentials", key=f"sources.{source.name}.user_env",
-        )  # fmt: skip
+            code="missing_credentials",
+            key=f"sources.{source.name}.user_env",
+        )
     if source.password_file is not None:
         try:
             password = source.password_file.read_text(encoding="utf-8").rstrip("\r\n")
@@ -178,16 +181,18 @@ def resolve_secret(source: SourceConfig) -> tuple[str, str]:
             raise ConfigurationError(
                 f"sources.{source.name}.password_file: cannot read {source.password_file}: "
                 f"{exc.strerror}",
-                code="missing_credentials", key=f"sources.{source.name}.password_file",
-            ) from exc  # fmt: skip
+                code="missing_credentials",
+                key=f"sources.{source.name}.password_file",
+            ) from exc
         return user, password
     from_env = os.environ.get(source.password_env or "")
     if from_env is None:
         raise ConfigurationError(
             f"sources.{source.name}.password_env: the environment variable "
             f"{source.password_env} is not set",
-            code="missing_credentials", key=f"sources.{source.name}.password_env",
-        )  # fmt: skip
+            code="missing_credentials",
+            key=f"sources.{source.name}.password_env",
+        )
     return user, from_env
 
 
@@ -264,9 +269,16 @@ class _Reader:
         return value
 
     def get(
-        self, table: Mapping[str, Any], path: tuple[str, ...], key: str, kind: type,
-        default: Any = None, *, required: bool = False, check: Callable[[Any], str | None] | None = None,
-    ) -> Any:  # fmt: skip
+        self,
+        table: Mapping[str, Any],
+        path: tuple[str, ...],
+        key: str,
+        kind: type,
+        default: Any = None,
+        *,
+        required: bool = False,
+        check: Callable[[Any], str | None] | None = None,
+    ) -> Any:
         where = (*path, key)
         if key not in table:
             if required:
@@ -285,8 +297,9 @@ class _Reader:
                 return default
         return value
 
-    def path_value(self, table: Mapping[str, Any], path: tuple[str, ...], key: str,
-                   default: Path | None) -> Path | None:  # fmt: skip
+    def path_value(
+        self, table: Mapping[str, Any], path: tuple[str, ...], key: str, default: Path | None
+    ) -> Path | None:
         text = self.get(table, path, key, str, check=_non_empty)
         if text is None:
             return default
@@ -296,14 +309,21 @@ class _Reader:
 
     def project(self, document: dict[str, Any], path: Path) -> Project | None:
         top = self.section(document, (), ("project", "clickhouse", "sources", "tables"), {})
-        settings = self.section(top.get("project", {}), ("project",),
-                                ("work_dir", "store", "keep_rollback"), {})  # fmt: skip
+        settings = self.section(
+            top.get("project", {}), ("project",), ("work_dir", "store", "keep_rollback"), {}
+        )
         work_dir = self.path_value(settings, ("project",), "work_dir", self.base / ".dpone/work")
         store = self.path_value(
             settings, ("project",), "store", self.base / ".dpone/snapshots.sqlite"
         )
-        keep = self.get(settings, ("project",), "keep_rollback", int, DEFAULT_KEEP_ROLLBACK,
-                        check=lambda v: None if 0 <= v <= 100 else "must be between 0 and 100")  # fmt: skip
+        keep = self.get(
+            settings,
+            ("project",),
+            "keep_rollback",
+            int,
+            DEFAULT_KEEP_ROLLBACK,
+            check=lambda v: None if 0 <= v <= 100 else "must be between 0 and 100",
+        )
         clickhouse = self.clickhouse(top.get("clickhouse", {}))
         sources = {
             name: source
@@ -334,8 +354,11 @@ class _Reader:
 
     def clickhouse(self, raw: Any) -> ClickHouseConfig:
         path = ("clickhouse",)
-        hints = {"host": "only the managed local server is supported for publication; see "
-                 "docs/configuration.md", "password": "secrets never go in the file"}  # fmt: skip
+        hints = {
+            "host": "only the managed local server is supported for publication; see "
+            "docs/configuration.md",
+            "password": "secrets never go in the file",
+        }
         table = self.section(
             raw, path, ("data_dir", "transport", "client_path", "preparation"), hints
         )
@@ -344,22 +367,37 @@ class _Reader:
         return ClickHouseConfig(
             data_dir=data_dir or self.base / DEFAULT_DATA_DIR,
             transport=transport,
-            client_path=self.get(table, path, "client_path", str, "clickhouse-client", check=_non_empty),
-            preparation=self.get(table, path, "preparation", str, DEFAULT_MODE, check=_one_of(MODES)),
-        )  # fmt: skip
+            client_path=self.get(
+                table, path, "client_path", str, "clickhouse-client", check=_non_empty
+            ),
+            preparation=self.get(
+                table, path, "preparation", str, DEFAULT_MODE, check=_one_of(MODES)
+            ),
+        )
 
     def source(self, name: str, raw: Any) -> SourceConfig | None:
         path = ("sources", name)
-        known = ("kind", "path", "host", "port", "database", "user_env", "password_env",
-                 "password_file")  # fmt: skip
-        hints = {k: "secrets never go in the file: name an environment variable with "
-                 "password_env or a file with password_file"
-                 for k in ("password", "user", "secret")}  # fmt: skip
+        known = (
+            "kind",
+            "path",
+            "host",
+            "port",
+            "database",
+            "user_env",
+            "password_env",
+            "password_file",
+        )
+        hints = {
+            k: "secrets never go in the file: name an environment variable with "
+            "password_env or a file with password_file"
+            for k in ("password", "user", "secret")
+        }
         table = self.section(raw, path, known, hints)
         if not table and not isinstance(raw, dict):
             return None
-        kind = self.get(table, path, "kind", str, required=True,
-                        check=_one_of(("sqlite", "sqlserver")))  # fmt: skip
+        kind = self.get(
+            table, path, "kind", str, required=True, check=_one_of(("sqlite", "sqlserver"))
+        )
         if kind == "sqlite":
             for key in known[2:]:
                 if key in table:
@@ -372,15 +410,22 @@ class _Reader:
                 self.problem((*path, "path"), 'is for kind = "sqlite" sources only')
             env = _env_name
             source = SourceConfig(
-                name, kind,
+                name,
+                kind,
                 host=self.get(table, path, "host", str, required=True, check=_non_empty),
-                port=self.get(table, path, "port", int, 1433,
-                              check=lambda v: None if 0 < v < 65536 else "must be a TCP port"),
+                port=self.get(
+                    table,
+                    path,
+                    "port",
+                    int,
+                    1433,
+                    check=lambda v: None if 0 < v < 65536 else "must be a TCP port",
+                ),
                 database=self.get(table, path, "database", str, required=True, check=_non_empty),
                 user_env=self.get(table, path, "user_env", str, required=True, check=env),
                 password_env=self.get(table, path, "password_env", str, check=env),
                 password_file=self.path_value(table, path, "password_file", None),
-            )  # fmt: skip
+            )
             if (source.password_env is None) == (source.password_file is None):
                 self.problem(
                     (*path, "password_env"), "give exactly one of password_env and password_file"
@@ -390,10 +435,22 @@ class _Reader:
 
     def table(self, name: str, raw: Any, sources: Any) -> TableConfig | None:
         path = ("tables", name)
-        known = ("source", "table", "target", "order_by", "partition_by", "types", "shrink_guard",
-                 "limits")  # fmt: skip
-        table = self.section(raw, path, known, {"query": "a source query is not supported; "
-                                                "refresh a table or a view"})  # fmt: skip
+        known = (
+            "source",
+            "table",
+            "target",
+            "order_by",
+            "partition_by",
+            "types",
+            "shrink_guard",
+            "limits",
+        )
+        table = self.section(
+            raw,
+            path,
+            known,
+            {"query": "a source query is not supported; refresh a table or a view"},
+        )
         if not table and not isinstance(raw, dict):
             return None
         source = self.get(table, path, "source", str, required=True, check=_non_empty)
@@ -412,36 +469,63 @@ class _Reader:
         for column, type_ in types.items():
             if not isinstance(type_, str) or not type_.strip():
                 self.problem((*path, "types", column), "must be a ClickHouse type name (a string)")
-        guard = self.get(table, path, "shrink_guard", float, DEFAULT_SHRINK_GUARD,
-                         check=lambda v: None if 0.0 <= v <= 1.0 and math.isfinite(v)
-                         else "must be a fraction between 0 and 1")  # fmt: skip
+        guard = self.get(
+            table,
+            path,
+            "shrink_guard",
+            float,
+            DEFAULT_SHRINK_GUARD,
+            check=lambda v: (
+                None
+                if 0.0 <= v <= 1.0 and math.isfinite(v)
+                else "must be a fraction between 0 and 1"
+            ),
+        )
         limits = self.limits(table.get("limits", {}), (*path, "limits"))
         if source is None or source_table is None or target is None:
             return None
         database, _, target_table = target.partition(".")
-        return TableConfig(name, source, source_table, database, target_table, design,
-                           dict(types), guard, limits)  # fmt: skip
+        return TableConfig(
+            name, source, source_table, database, target_table, design, dict(types), guard, limits
+        )
 
     def limits(self, raw: Any, path: tuple[str, ...]) -> SnapshotLimits:
         table = self.section(raw, path, _LIMIT_KEYS, {})
         defaults = DEFAULT_LIMITS.to_document()
         values = {
-            key: self.get(table, path, key, int, defaults[key],
-                          check=lambda v: None if v > 0 else "must be a positive integer")
+            key: self.get(
+                table,
+                path,
+                key,
+                int,
+                defaults[key],
+                check=lambda v: None if v > 0 else "must be a positive integer",
+            )
             for key in _LIMIT_KEYS
-        }  # fmt: skip
+        }
         return SnapshotLimits(**values)
 
 
 def _kind(value: Any) -> str:
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-             dict: "a table", list: "an array"}  # fmt: skip
+    names = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        dict: "a table",
+        list: "an array",
+    }
     return names.get(type(value), type(value).__name__)
 
 
 def _article(kind: type) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            dict: "a table"}.get(kind, kind.__name__)  # fmt: skip
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        dict: "a table",
+    }.get(kind, kind.__name__)
 
 
 def _non_empty(value: str) -> str | None:

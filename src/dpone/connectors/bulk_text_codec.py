@@ -272,14 +272,17 @@ class BulkTextReader:
                 raise self._error(
                     "record_too_large",
                     f"record is longer than the budget of {limit} bytes",
-                    buffer_offset + limit, column=None,
-                )  # fmt: skip
+                    buffer_offset + limit,
+                    column=None,
+                )
         if buffer:
             raise self._error(
                 "missing_final_lf",
                 "the file does not end in LF: the last record is incomplete",
-                buffer_offset + len(buffer), column=None, record=self.records + 1,
-            )  # fmt: skip
+                buffer_offset + len(buffer),
+                column=None,
+                record=self.records + 1,
+            )
 
     def _record(self, line: bytes, offset: int) -> tuple[Cell, ...]:
         ordinal = self.records + 1
@@ -287,15 +290,19 @@ class BulkTextReader:
             raise self._error(
                 "too_many_records",
                 f"more than the budget of {self.max_records} records",
-                offset, column=None, record=ordinal,
-            )  # fmt: skip
+                offset,
+                column=None,
+                record=ordinal,
+            )
         if self.max_record_bytes is not None and len(line) + 1 > self.max_record_bytes:
             raise self._error(
                 "record_too_large",
                 f"record of {len(line) + 1} bytes exceeds the budget of "
                 f"{self.max_record_bytes} bytes",
-                offset, column=None, record=ordinal,
-            )  # fmt: skip
+                offset,
+                column=None,
+                record=ordinal,
+            )
         self.records = ordinal
         fast = self._fast_record(line)
         if fast is not None:
@@ -359,9 +366,12 @@ class BulkTextReader:
             text = field.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise self._error(
-                "invalid_utf8", f"invalid UTF-8 in column {column.name!r}",
-                offset + exc.start, column=column.name, record=ordinal,
-            ) from exc  # fmt: skip
+                "invalid_utf8",
+                f"invalid UTF-8 in column {column.name!r}",
+                offset + exc.start,
+                column=column.name,
+                record=ordinal,
+            ) from exc
         if column.kind is ColumnKind.RAW:
             if MARK in text or "\r" in text or "\x1e" in text or "\x1f" in text:
                 position = min(i for i, c in enumerate(text) if c in "\x1d\r\x1e\x1f")
@@ -369,8 +379,10 @@ class BulkTextReader:
                     "reserved_character",
                     f"column {column.name!r} holds a reserved character "
                     f"U+{ord(text[position]):04X}; non-text values are never escaped",
-                    offset + _utf8_len(text[:position]), column=column.name, record=ordinal,
-                )  # fmt: skip
+                    offset + _utf8_len(text[:position]),
+                    column=column.name,
+                    record=ordinal,
+                )
             return text
         if MARK not in text:
             bad = _RAW_FORBIDDEN.search(text)
@@ -398,8 +410,10 @@ class BulkTextReader:
                 raise self._error(
                     "dangling_escape",
                     f"column {column.name!r} ends in a lone U+001D",
-                    offset + _utf8_len(text[:j]), column=column.name, record=ordinal,
-                )  # fmt: skip
+                    offset + _utf8_len(text[:j]),
+                    column=column.name,
+                    record=ordinal,
+                )
             letter = text[j + 1]
             decoded = _DECODE.get(letter)
             if decoded is None:
@@ -410,9 +424,12 @@ class BulkTextReader:
                     else f"unknown escape U+001D {letter!r}"
                 )
                 raise self._error(
-                    code, f"{what} in column {column.name!r}",
-                    offset + _utf8_len(text[:j]), column=column.name, record=ordinal,
-                )  # fmt: skip
+                    code,
+                    f"{what} in column {column.name!r}",
+                    offset + _utf8_len(text[:j]),
+                    column=column.name,
+                    record=ordinal,
+                )
             out.append(decoded)
             i = j + 2
         return "".join(out)
@@ -426,8 +443,10 @@ class BulkTextReader:
                 "invalid_hex",
                 f"column {column.name!r} is not hex byte pairs "
                 "(whitespace is allowed only between pairs)",
-                offset + position, column=column.name, record=ordinal,
-            )  # fmt: skip
+                offset + position,
+                column=column.name,
+                record=ordinal,
+            )
         return bytes.fromhex(field.decode("ascii"))
 
     def _width_error(self, fields: list[bytes], offset: int, ordinal: int) -> BulkTextError:
@@ -450,8 +469,10 @@ class BulkTextReader:
         return self._error(
             code,
             f"column {column.name!r} holds a raw U+{ord(char):04X}; text must escape it",
-            offset + _utf8_len(text[:index]), column=column.name, record=ordinal,
-        )  # fmt: skip
+            offset + _utf8_len(text[:index]),
+            column=column.name,
+            record=ordinal,
+        )
 
     def _error(
         self, code: str, message: str, offset: int, *, column: str | None, record: int | None = None
@@ -465,8 +486,12 @@ class BulkTextReader:
             where.insert(0, self.source)
         return BulkTextError(
             f"{message} ({', '.join(where)})",
-            code=code, record=record, column=column, offset=offset, source=self.source,
-        )  # fmt: skip
+            code=code,
+            record=record,
+            column=column,
+            offset=offset,
+            source=self.source,
+        )
 
 
 def _utf8_len(text: str) -> int:

@@ -80,8 +80,11 @@ class ClientTransport:
             try:
                 done = subprocess.run(
                     [self.client_path, f"--{name}={value}", "--version"],
-                    stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False,
-                )  # fmt: skip
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=30,
+                    check=False,
+                )
             except FileNotFoundError as exc:
                 raise NotSubmitted(
                     f"clickhouse-client not found at {self.client_path!r}", code="client_missing"
@@ -107,8 +110,9 @@ class ClientTransport:
             raise ConfigurationError(
                 f"query {request.query_id} needs HTTP session {request.session_id!r}; "
                 "the client transport cannot carry sessions (use the HTTP transport)",
-                code="session_unsupported", query_id=request.query_id,
-            )  # fmt: skip
+                code="session_unsupported",
+                query_id=request.query_id,
+            )
         if self._clock() >= deadline:
             raise DeadlineBeforeSend(
                 "deadline expired before starting the client", query_id=request.query_id
@@ -116,12 +120,21 @@ class ClientTransport:
         settings, unpassed = self.passed_settings(request)
         with client_config(self._credentials) as (config, config_fd):
             argv = [
-                self.client_path, "--config-file", config,
-                "--host", self.endpoint.host, "--port", str(self.endpoint.tcp_port),
-                "--database", self.endpoint.database, "--query_id", request.query_id,
+                self.client_path,
+                "--config-file",
+                config,
+                "--host",
+                self.endpoint.host,
+                "--port",
+                str(self.endpoint.tcp_port),
+                "--database",
+                self.endpoint.database,
+                "--query_id",
+                request.query_id,
                 *[f"--{name}={value}" for name, value in settings.items()],
-                "--query", request.statement,
-            ]  # fmt: skip
+                "--query",
+                request.statement,
+            ]
             result = self._run(argv, request, deadline, config_fd)
         return dataclasses.replace(result, settings_not_sent=tuple(unpassed))
 
@@ -137,9 +150,13 @@ class ClientTransport:
                 spool.close()
 
     def _run_child(
-        self, argv: list[str], request: ClickHouseRequest, deadline: float,
-        spool: BinaryIO | None, config_fd: int,
-    ) -> QueryResult:  # fmt: skip
+        self,
+        argv: list[str],
+        request: ClickHouseRequest,
+        deadline: float,
+        spool: BinaryIO | None,
+        config_fd: int,
+    ) -> QueryResult:
         try:
             child = subprocess.Popen(
                 argv,
@@ -151,8 +168,9 @@ class ClientTransport:
         except FileNotFoundError as exc:
             raise NotSubmitted(
                 f"clickhouse-client not found at {self.client_path!r}",
-                code="client_missing", query_id=request.query_id,
-            ) from exc  # fmt: skip
+                code="client_missing",
+                query_id=request.query_id,
+            ) from exc
         try:
             sent, digest, stdout, stderr = self._pump(child, request, deadline, spool)
             self._check_deadline(deadline, request, "before the final wait")
@@ -161,8 +179,9 @@ class ClientTransport:
             except subprocess.TimeoutExpired as exc:
                 raise TransportDeadline(
                     f"client for query {request.query_id} did not exit before the deadline",
-                    submitted=True, query_id=request.query_id,
-                ) from exc  # fmt: skip
+                    submitted=True,
+                    query_id=request.query_id,
+                ) from exc
             # An already-exited process cannot authorize a late acknowledgment.
             self._check_deadline(deadline, request, "after the final wait")
         except BaseException:
@@ -206,8 +225,9 @@ class ClientTransport:
                         if len(outputs[fd]) > caps[fd]:
                             raise OutcomeUnknown(
                                 f"client output for query {request.query_id} exceeds its cap of {caps[fd]} bytes",
-                                code="output_budget_exceeded", query_id=request.query_id,
-                            )  # fmt: skip
+                                code="output_budget_exceeded",
+                                query_id=request.query_id,
+                            )
                         continue
                     assert spool is not None and child.stdin is not None
                     if not pending:
@@ -254,8 +274,9 @@ class ClientTransport:
         if left <= 0:
             raise TransportDeadline(
                 f"deadline expired {when} for query {request.query_id}",
-                submitted=True, query_id=request.query_id,
-            )  # fmt: skip
+                submitted=True,
+                query_id=request.query_id,
+            )
         return left
 
     def _acknowledge(
@@ -271,8 +292,10 @@ class ClientTransport:
         if code < 0:
             raise OutcomeUnknown(
                 f"client for query {request.query_id} was killed by signal {-code}",
-                code="client_killed", query_id=request.query_id, signal=-code,
-            )  # fmt: skip
+                code="client_killed",
+                query_id=request.query_id,
+                signal=-code,
+            )
         if code != 0 or text:
             match = _CODE.search(text)
             ch_code = int(match.group(1)) if match else None
@@ -280,14 +303,17 @@ class ClientTransport:
             if ch_code == NETWORK_ERROR and "Connection refused" in text:
                 raise NotSubmitted(
                     f"client could not connect for query {request.query_id}: {first}",
-                    code="connect_failed", query_id=request.query_id,
-                )  # fmt: skip
+                    code="connect_failed",
+                    query_id=request.query_id,
+                )
             if _HOST_NOT_FOUND.search(text):
                 raise NotSubmitted(
                     f"cannot resolve ClickHouse host {self.endpoint.host!r} for query "
                     f"{request.query_id}: {first}",
-                    code="host_not_found", host=self.endpoint.host, query_id=request.query_id,
-                )  # fmt: skip
+                    code="host_not_found",
+                    host=self.endpoint.host,
+                    query_id=request.query_id,
+                )
             where = f"{self.endpoint.host}:{self.endpoint.tcp_port}"
             if ch_code == UNEXPECTED_PACKET_FROM_SERVER and "expected Hello" in text:
                 # The native handshake failed: the query is sent only after the server's
@@ -296,8 +322,10 @@ class ClientTransport:
                     f"{where} does not speak ClickHouse's native protocol (query "
                     f"{request.query_id} was not sent): is --tcp-port the HTTP port? Give the "
                     f"native port (often 9000) as --tcp-port and the HTTP port as --http-port",
-                    code="not_native_port", query_id=request.query_id, port=self.endpoint.tcp_port,
-                )  # fmt: skip
+                    code="not_native_port",
+                    query_id=request.query_id,
+                    port=self.endpoint.tcp_port,
+                )
             from_server = (
                 "Received exception from server" in text or "Exception: Received from" in text
             )
@@ -314,20 +342,30 @@ class ClientTransport:
                 # have run the query, so nothing is known until it is proven.
                 raise OutcomeUnknown(
                     f"client for query {request.query_id} exited {code}: {first}{hint}",
-                    code="client_failed", query_id=request.query_id, exit_code=code,
+                    code="client_failed",
+                    query_id=request.query_id,
+                    exit_code=code,
                     client_code=ch_code,
-                )  # fmt: skip
+                )
             raise ClickHouseServerError(
                 f"query {request.query_id} failed with ClickHouse code {ch_code}: {first}",
-                query_id=request.query_id, clickhouse_code=ch_code, exit_code=code,
-            )  # fmt: skip
+                query_id=request.query_id,
+                clickhouse_code=ch_code,
+                exit_code=code,
+            )
         if request.body is not None and sent != Path(request.body).stat().st_size:
             raise OutcomeUnknown(
-                f"only {sent} bytes of the spool reached the client", code="short_send", query_id=request.query_id,
-            )  # fmt: skip
+                f"only {sent} bytes of the spool reached the client",
+                code="short_send",
+                query_id=request.query_id,
+            )
         return QueryResult(
-            query_id=request.query_id, output=stdout, sent_bytes=sent, sent_sha256=digest, transport=self.name,
-        )  # fmt: skip
+            query_id=request.query_id,
+            output=stdout,
+            sent_bytes=sent,
+            sent_sha256=digest,
+            transport=self.name,
+        )
 
 
 @contextmanager
@@ -367,8 +405,10 @@ def _open_spool(request: ClickHouseRequest) -> BinaryIO | None:
     except OSError as exc:
         raise NotSubmitted(
             f"cannot open the body of query {request.query_id}: {exc.strerror or exc}",
-            code="spool_unreadable", query_id=request.query_id, path=str(request.body),
-        ) from exc  # fmt: skip
+            code="spool_unreadable",
+            query_id=request.query_id,
+            path=str(request.body),
+        ) from exc
     try:
         request.check_body_size(os.fstat(spool.fileno()).st_size)
     except BaseException:
@@ -383,9 +423,11 @@ def _check_streamed(request: ClickHouseRequest, sent: int, more: int) -> None:
         raise OutcomeUnknown(
             f"the body of query {request.query_id} exceeded its ceiling of "
             f"{request.max_body_bytes} bytes while it was sent; part of it left",
-            code="body_limit_exceeded", query_id=request.query_id,
-            limit=request.max_body_bytes, sent=sent,
-        )  # fmt: skip
+            code="body_limit_exceeded",
+            query_id=request.query_id,
+            limit=request.max_body_bytes,
+            sent=sent,
+        )
 
 
 def _kill_and_reap(child: subprocess.Popen[bytes]) -> None:

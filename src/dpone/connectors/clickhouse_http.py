@@ -128,8 +128,9 @@ class HttpTransport:
             raise ConfigurationError(
                 f"{endpoint.host} resolves to {len(addresses)} addresses; dpone needs exactly one "
                 "server (no load balancer, no failover)",
-                code="ambiguous_endpoint", addresses=addresses,
-            )  # fmt: skip
+                code="ambiguous_endpoint",
+                addresses=addresses,
+            )
         self.address = addresses[0]
 
     def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
@@ -140,17 +141,20 @@ class HttpTransport:
         if now != [self.address]:
             raise NotSubmitted(
                 f"{self.endpoint.host} now resolves to {now}, not the pinned {self.address}",
-                code="address_drift", query_id=request.query_id,
-            )  # fmt: skip
+                code="address_drift",
+                query_id=request.query_id,
+            )
         spool, size = _open_body(request)
         remaining = partial(self._remaining, deadline)
         conn = _PinnedConnection(
             self.address, self.endpoint.http_port, self.endpoint.host, max(remaining(), 0.001)
         )
         conn.response_class = partial(  # type: ignore[assignment]
-            BoundedResponse, remaining=remaining,
-            metadata_budget=self._metadata_budget, body_budget=self._body_budget,
-        )  # fmt: skip
+            BoundedResponse,
+            remaining=remaining,
+            metadata_budget=self._metadata_budget,
+            body_budget=self._body_budget,
+        )
         exchange = _Exchange(self, request, conn, spool, deadline)
         try:
             body = exchange.run(size)
@@ -163,8 +167,9 @@ class HttpTransport:
         if failures:
             raise OutcomeUnknown(
                 f"cleanup after query {request.query_id} failed: {failures[0]}",
-                code="cleanup_failed", query_id=request.query_id,
-            ) from failures[0]  # fmt: skip
+                code="cleanup_failed",
+                query_id=request.query_id,
+            ) from failures[0]
         assert exchange.response is not None
         return self._acknowledge(request, exchange.response, body, exchange.body_stream)
 
@@ -177,8 +182,10 @@ class HttpTransport:
             where = {"query_id": query_id} if query_id is not None else {}
             raise NotSubmitted(
                 f"cannot resolve ClickHouse host {host!r}: {exc.strerror or exc}",
-                code="host_not_found", host=host, **where,
-            ) from exc  # fmt: skip
+                code="host_not_found",
+                host=host,
+                **where,
+            ) from exc
 
     def _url(self, request: ClickHouseRequest) -> str:
         params = {"query_id": request.query_id, "database": self.endpoint.database}
@@ -218,21 +225,26 @@ class HttpTransport:
             raise OutcomeUnknown(
                 f"HTTP {response.status} redirect to {response.getheader('Location')!r} refused "
                 f"for query {request.query_id}; the query's outcome must be proven",
-                code="redirect_refused", query_id=request.query_id, status=response.status,
-            )  # fmt: skip
+                code="redirect_refused",
+                query_id=request.query_id,
+                status=response.status,
+            )
         if response.status != 200:
             raise OutcomeUnknown(
                 f"HTTP {response.status} {response.reason} without a ClickHouse exception for "
                 f"query {request.query_id} (a proxy or another program answered?); the query's "
                 "outcome must be proven",
-                code="unexpected_status", query_id=request.query_id, status=response.status,
-            )  # fmt: skip
+                code="unexpected_status",
+                query_id=request.query_id,
+                status=response.status,
+            )
         if response.getheader("X-ClickHouse-Query-Id") not in (None, request.query_id):
             raise OutcomeUnknown(
                 f"response names query {response.getheader('X-ClickHouse-Query-Id')!r}, "
                 f"not {request.query_id!r}",
-                code="query_id_mismatch", query_id=request.query_id,
-            )  # fmt: skip
+                code="query_id_mismatch",
+                query_id=request.query_id,
+            )
         summary = None
         raw_summary = response.getheader("X-ClickHouse-Summary")
         if raw_summary:
@@ -272,21 +284,26 @@ class HttpTransport:
         # ClickHouse's HTTP interface answers HTTP/1.1; its native port answers an HTTP
         # request with a fixed HTTP/1.0 text (no framing) and runs nothing.
         if (
-            response is not None and response.version == 10 and exc.code == "bad_framing"
+            response is not None
+            and response.version == 10
+            and exc.code == "bad_framing"
             and _NATIVE_PORT_ANSWER in response.read_to_close()
-        ):  # fmt: skip
+        ):
             return NotSubmitted(
                 f"port {where} is ClickHouse's native (TCP) port, not its HTTP port; "
                 "nothing was run. Are the HTTP and native ports swapped?",
-                code="native_port", query_id=request.query_id, port=self.endpoint.http_port,
-            )  # fmt: skip
+                code="native_port",
+                query_id=request.query_id,
+                port=self.endpoint.http_port,
+            )
         hint = ""
         if response is None or response.status == 0 or response.version != 11:
             hint = f"; port {where} does not speak HTTP as ClickHouse does: is it the native port?"
         return OutcomeUnknown(
             f"response to query {request.query_id} is not valid HTTP framing: {exc}{hint}",
-            code=f"response_{exc.code}", query_id=request.query_id,
-        )  # fmt: skip
+            code=f"response_{exc.code}",
+            query_id=request.query_id,
+        )
 
     @staticmethod
     def _exception_in_body(
@@ -303,9 +320,10 @@ class HttpTransport:
         error = _server_error(request, response.status, message, None)
         return ClickHouseServerError(
             f"exception after HTTP {response.status}: {error.message}",
-            code="exception_after_status", query_id=request.query_id,
+            code="exception_after_status",
+            query_id=request.query_id,
             clickhouse_code=error.details.get("clickhouse_code"),
-        )  # fmt: skip
+        )
 
 
 class _Exchange:
@@ -341,22 +359,26 @@ class _Exchange:
         except (ResponseDeadline, TimeoutError) as exc:
             raise TransportDeadline(
                 f"deadline expired waiting for query {request.query_id}",
-                submitted=self.submitted, query_id=request.query_id,
-            ) from exc  # fmt: skip
+                submitted=self.submitted,
+                query_id=request.query_id,
+            ) from exc
         except _BodyLimit as exc:
             raise OutcomeUnknown(
                 f"the body of query {request.query_id} exceeded its ceiling of "
                 f"{request.max_body_bytes} bytes while it was sent; part of it left",
-                code="body_limit_exceeded", query_id=request.query_id,
-                limit=request.max_body_bytes, sent=self.body_stream.sent if self.body_stream else 0,
-            ) from exc  # fmt: skip
+                code="body_limit_exceeded",
+                query_id=request.query_id,
+                limit=request.max_body_bytes,
+                sent=self.body_stream.sent if self.body_stream else 0,
+            ) from exc
         except FramingError as exc:
             raise self.transport._framing_outcome(exc, self.response, request) from exc
         except (OSError, http.client.HTTPException) as exc:
             raise OutcomeUnknown(
                 f"connection lost during query {request.query_id}: {type(exc).__name__}",
-                code="connection_lost", query_id=request.query_id,
-            ) from exc  # fmt: skip
+                code="connection_lost",
+                query_id=request.query_id,
+            ) from exc
 
     def _connect(self) -> None:
         request, endpoint = self.request, self.transport.endpoint
@@ -370,13 +392,15 @@ class _Exchange:
         except OSError as exc:
             raise NotSubmitted(
                 f"cannot connect to {endpoint.describe()}: {exc.strerror or exc}",
-                code="connect_failed", query_id=request.query_id,
-            ) from exc  # fmt: skip
+                code="connect_failed",
+                query_id=request.query_id,
+            ) from exc
 
     def _send(self, size: int) -> None:
         conn, request = self.conn, self.request
-        conn.putrequest("POST", self.transport._url(request), skip_host=True,
-                        skip_accept_encoding=True)  # fmt: skip
+        conn.putrequest(
+            "POST", self.transport._url(request), skip_host=True, skip_accept_encoding=True
+        )
         for name, value in self.transport._headers().items():
             conn.putheader(name, value)
         conn.putheader("Content-Length", str(size))
@@ -395,8 +419,9 @@ class _Exchange:
         if self.body_stream.sent != size:
             raise OutcomeUnknown(
                 "spool changed size while it was sent",
-                code="spool_changed", query_id=request.query_id,
-            )  # fmt: skip
+                code="spool_changed",
+                query_id=request.query_id,
+            )
 
 
 def _open_body(request: ClickHouseRequest) -> tuple[BinaryIO | None, int]:
@@ -410,8 +435,10 @@ def _open_body(request: ClickHouseRequest) -> tuple[BinaryIO | None, int]:
     except OSError as exc:
         raise NotSubmitted(
             f"cannot open the body of query {request.query_id}: {exc.strerror or exc}",
-            code="spool_unreadable", query_id=request.query_id, path=str(request.body),
-        ) from exc  # fmt: skip
+            code="spool_unreadable",
+            query_id=request.query_id,
+            path=str(request.body),
+        ) from exc
     try:
         size = os.fstat(spool.fileno()).st_size
         request.check_body_size(size)
@@ -452,6 +479,9 @@ def _server_error(
     first = text.splitlines()[0][:400] if text else ""
     return ClickHouseServerError(
         f"query {request.query_id} failed with HTTP {status}"
-        + (f", ClickHouse code {code}" if code is not None else "") + (f": {first}" if first else ""),
-        query_id=request.query_id, clickhouse_code=code, status=status,
-    )  # fmt: skip
+        + (f", ClickHouse code {code}" if code is not None else "")
+        + (f": {first}" if first else ""),
+        query_id=request.query_id,
+        clickhouse_code=code,
+        status=status,
+    )

@@ -61,15 +61,20 @@ def _check_credential(what: str, text: str, *, show: bool) -> None:
     if any(0xD800 <= ord(ch) <= 0xDFFF for ch in text):
         raise ConfigurationError(
             f"the ClickHouse {what} has no UTF-8 form (a lone surrogate)",
-            code="invalid_credentials", field=what, **named,
-        )  # fmt: skip
+            code="invalid_credentials",
+            field=what,
+            **named,
+        )
     bad = sorted({f"U+{ord(ch):04X}" for ch in text if unicodedata.category(ch) == "Cc"})
     if bad:
         raise ConfigurationError(
             f"the ClickHouse {what} contains control characters ({', '.join(bad)}); "
             "HTTP headers and the client's configuration file cannot carry them",
-            code="invalid_credentials", field=what, characters=bad, **named,
-        )  # fmt: skip
+            code="invalid_credentials",
+            field=what,
+            characters=bad,
+            **named,
+        )
 
 
 @dataclass(frozen=True)
@@ -130,25 +135,29 @@ class ClickHouseRequest:
         if self.session_id is not None and not _SESSION_ID.match(self.session_id):
             raise ConfigurationError(
                 f"session id {self.session_id!r} must match {_SESSION_ID.pattern}",
-                code="invalid_session", query_id=self.query_id,
-            )  # fmt: skip
+                code="invalid_session",
+                query_id=self.query_id,
+            )
         if self.session_id is None and (self.session_timeout is not None or self.session_check):
             raise ConfigurationError(
                 "session_timeout and session_check need a session_id",
-                code="invalid_session", query_id=self.query_id,
-            )  # fmt: skip
+                code="invalid_session",
+                query_id=self.query_id,
+            )
         if self.session_timeout is not None and not _positive_int(self.session_timeout):
             raise ConfigurationError(
                 f"session_timeout must be a positive number of seconds, not {self.session_timeout!r}",
-                code="invalid_session", query_id=self.query_id,
-            )  # fmt: skip
+                code="invalid_session",
+                query_id=self.query_id,
+            )
         if self.max_body_bytes is not None and not (
             _positive_int(self.max_body_bytes) or self.max_body_bytes == 0
         ):
             raise ConfigurationError(
                 f"max_body_bytes must be a byte count, not {self.max_body_bytes!r}",
-                code="invalid_body_limit", query_id=self.query_id,
-            )  # fmt: skip
+                code="invalid_body_limit",
+                query_id=self.query_id,
+            )
 
     def session_parameters(self) -> dict[str, str]:
         """The HTTP URL parameters of this request's session (empty without one)."""
@@ -167,9 +176,11 @@ class ClickHouseRequest:
             raise NotSubmitted(
                 f"the body of query {self.query_id} has {size} bytes, over its ceiling of "
                 f"{self.max_body_bytes}; nothing was sent",
-                code="body_limit_exceeded", query_id=self.query_id,
-                limit=self.max_body_bytes, size=size,
-            )  # fmt: skip
+                code="body_limit_exceeded",
+                query_id=self.query_id,
+                limit=self.max_body_bytes,
+                size=size,
+            )
 
     def all_settings(self, *, http: bool) -> dict[str, str]:
         """Pinned settings for this kind and transport, then the request's own."""
@@ -184,8 +195,9 @@ class ClickHouseRequest:
             if name in merged and merged[name] != value:
                 raise ConfigurationError(
                     f"setting {name} is pinned to {merged[name]} and cannot be {value}",
-                    code="pinned_setting", setting=name,
-                )  # fmt: skip
+                    code="pinned_setting",
+                    setting=name,
+                )
             merged[name] = value
         return merged
 

@@ -53,20 +53,23 @@ class QueryResult:
             raise OutcomeUnknown(
                 f"control output line {number} of query {self.query_id} is not UTF-8 "
                 f"(byte offset {offset + exc.start})",
-                code="invalid_control_output", **{**where, "byte_offset": offset + exc.start},
-            ) from exc  # fmt: skip
+                code="invalid_control_output",
+                **{**where, "byte_offset": offset + exc.start},
+            ) from exc
         try:
             row = json.loads(text, parse_float=_refuse_float, parse_constant=_refuse_float)
         except ValueError as exc:
             raise OutcomeUnknown(
                 f"control output line {number} of query {self.query_id} is not a JSON row",
-                code="invalid_control_output", **where,
-            ) from exc  # fmt: skip
+                code="invalid_control_output",
+                **where,
+            ) from exc
         if not isinstance(row, dict):
             raise OutcomeUnknown(
                 f"control output line {number} of query {self.query_id} is not an object",
-                code="invalid_control_output", **where,
-            )  # fmt: skip
+                code="invalid_control_output",
+                **where,
+            )
         return row
 
 

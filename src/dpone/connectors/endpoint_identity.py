@@ -107,8 +107,9 @@ def observe_identity(
         raise EndpointIdentityError(
             f"database {database!r} does not exist (or this user may not see it); "
             f"create it with CREATE DATABASE {database} ENGINE = Atomic",
-            code="database_missing", database=database,
-        )  # fmt: skip
+            code="database_missing",
+            database=database,
+        )
     db = _one_row(dbs, f"database {database!r}")
     if db["uuid"] == NIL_UUID:
         raise EndpointIdentityError(
@@ -117,8 +118,9 @@ def observe_identity(
     if db["engine"] != "Atomic":
         raise EndpointIdentityError(
             f"database {database!r} has engine {db['engine']}, dpone needs Atomic",
-            code="database_not_atomic", engine=db["engine"],
-        )  # fmt: skip
+            code="database_not_atomic",
+            engine=db["engine"],
+        )
     return EndpointIdentity(server_id, source, database, str(db["uuid"]), str(db["engine"]))
 
 

@@ -196,8 +196,9 @@ def _event(row: dict[str, object], query_id: str) -> QueryLogEvent:
     except TypeError as exc:
         raise OutcomeUnknown(
             f"query log row of {query_id} has members {sorted(row)}",
-            code="invalid_control_output", query_id=query_id,
-        ) from exc  # fmt: skip
+            code="invalid_control_output",
+            query_id=query_id,
+        ) from exc
     ints = (event.event_time_us, event.query_start_time_us, event.exception_code)
     texts = (event.type, event.user, event.current_database, event.query_kind)
     if not all(type(v) is int for v in ints) or not all(isinstance(v, str) for v in texts):
@@ -232,9 +233,12 @@ def prove_termination(
         round_ += 1
         prefix = f"{probe_prefix}-{round_}"
         killed = kill_query(
-            transport, query_id, probe_id=f"{prefix}-kill", deadline=deadline,
+            transport,
+            query_id,
+            probe_id=f"{prefix}-kill",
+            deadline=deadline,
             user=origin.user if origin is not None else None,
-        )  # fmt: skip
+        )
         logged = query_log_state(
             transport, query_id, probe_id=f"{prefix}-log", deadline=deadline, origin=origin
         )

@@ -138,9 +138,13 @@ class SnapshotLimits:
     def from_document(cls, obj: Any, *, where: str = "limits") -> SnapshotLimits:
         """Parse the six ceilings; each must be a non-negative integer (not a boolean)."""
         names = (
-            "source_rows", "source_bytes", "wire_bytes", "generation_storage_bytes",
-            "retained_storage_bytes", "total_transient_storage_bytes",
-        )  # fmt: skip
+            "source_rows",
+            "source_bytes",
+            "wire_bytes",
+            "generation_storage_bytes",
+            "retained_storage_bytes",
+            "total_transient_storage_bytes",
+        )
         fields = members(obj, dict.fromkeys(names, _COUNTER), where=where)
         values = {name: _counter(fields[name], where=f"{where}.{name}") for name in names}
         return cls(**values)
@@ -285,8 +289,9 @@ class SnapshotIntent:
         ):
             raise DocumentError(
                 "intent.principals: the ingest and publisher principals must be distinct users",
-                code="principals_not_distinct", where="intent.principals",
-            )  # fmt: skip
+                code="principals_not_distinct",
+                where="intent.principals",
+            )
         intent = cls(
             request_id=_text(parent["request_id"], where="intent.parent_request.request_id"),
             attempt_id=_text(attempt["attempt_id"], where="intent.attempt.attempt_id"),
@@ -328,8 +333,9 @@ class SnapshotIntent:
         ):
             raise DocumentError(
                 "intent: the target and the generation must be two different tables",
-                code="invalid_document", where="intent.generation",
-            )  # fmt: skip
+                code="invalid_document",
+                where="intent.generation",
+            )
         return intent
 
 
@@ -455,9 +461,17 @@ class SnapshotRecord:
     def prepared(cls, intent_sha256: str, *, at: str) -> SnapshotRecord:
         """The first record of an intent: PREPARED at revision 1."""
         return cls(
-            intent_sha256=intent_sha256, state=P.PREPARED, revision=1, claim=None, closure=None,
-            observation=None, dispatch=None, reason=None, previous_record_sha256=None, at=at,
-        ).seal()  # fmt: skip
+            intent_sha256=intent_sha256,
+            state=P.PREPARED,
+            revision=1,
+            claim=None,
+            closure=None,
+            observation=None,
+            dispatch=None,
+            reason=None,
+            previous_record_sha256=None,
+            at=at,
+        ).seal()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SnapshotRecord:
@@ -470,8 +484,9 @@ class SnapshotRecord:
         except ValueError as exc:
             raise DocumentError(
                 f"record.state {doc['state']!r} is not a snapshot state",
-                code="unknown_state", where="record.state",
-            ) from exc  # fmt: skip
+                code="unknown_state",
+                where="record.state",
+            ) from exc
         revision = _counter(doc["revision"], where="record.revision")
         if revision < 1:
             raise DocumentError(
@@ -535,8 +550,11 @@ def check_record_shape(record: SnapshotRecord) -> None:
     if problems:
         raise DocumentError(
             f"record {state.value}@{revision} is unreachable: {'; '.join(problems)}",
-            code="unreachable_state", where="record", state=state.value, revision=revision,
-        )  # fmt: skip
+            code="unreachable_state",
+            where="record",
+            state=state.value,
+            revision=revision,
+        )
 
 
 def _claimed_shape(record: SnapshotRecord) -> list[str]:
@@ -635,44 +653,75 @@ _NIL_UUID = "00000000-0000-0000-0000-000000000000"
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|\+00:00)")
 
 _INTENT_SPEC: dict[str, MemberType] = {
-    "kind": str, "intent_version": _COUNTER, "parent_request": dict, "attempt": dict,
-    "protected": dict, "generation": dict, "source": dict, "principals": dict,
-    "limits": dict, "prepared_at": str,
-}  # fmt: skip
+    "kind": str,
+    "intent_version": _COUNTER,
+    "parent_request": dict,
+    "attempt": dict,
+    "protected": dict,
+    "generation": dict,
+    "source": dict,
+    "principals": dict,
+    "limits": dict,
+    "prepared_at": str,
+}
 _ATTEMPT_SPEC: dict[str, MemberType] = {
-    "attempt_id": str, "slot_epoch": _COUNTER, "attempt_epoch": _COUNTER,
-}  # fmt: skip
+    "attempt_id": str,
+    "slot_epoch": _COUNTER,
+    "attempt_epoch": _COUNTER,
+}
 _PROTECTED_SPEC: dict[str, MemberType] = {
-    "server_id": str, "server_id_source": str, "database": str, "database_uuid": str,
-    "target_table": str, "target_uuid": str,
-}  # fmt: skip
+    "server_id": str,
+    "server_id_source": str,
+    "database": str,
+    "database_uuid": str,
+    "target_table": str,
+    "target_uuid": str,
+}
 _GENERATION_SPEC: dict[str, MemberType] = {
-    "table": str, "table_uuid": str, "staged_event_sha256": str, "semantic_id": str,
+    "table": str,
+    "table_uuid": str,
+    "staged_event_sha256": str,
+    "semantic_id": str,
     "design_sha256": str,
-}  # fmt: skip
+}
 _SOURCE_SPEC: dict[str, MemberType] = {
-    "receipt_sha256": str, "rows": _COUNTER, "bytes": _COUNTER, "wire_bytes": _COUNTER,
+    "receipt_sha256": str,
+    "rows": _COUNTER,
+    "bytes": _COUNTER,
+    "wire_bytes": _COUNTER,
     "content_digest": str,
-}  # fmt: skip
+}
 _PRINCIPALS_SPEC: dict[str, MemberType] = {"ingest": dict, "publisher": dict}
 _PRINCIPAL_SPEC: dict[str, MemberType] = {"user": str, "user_uuid": str, "lease_id": str}
 _RECORD_SPEC: dict[str, MemberType] = {
-    "kind": str, "record_version": _COUNTER, "intent_sha256": str, "state": str,
-    "revision": _COUNTER, "claim": _OBJECT_OR_NULL, "closure": _OBJECT_OR_NULL,
-    "observation": _OBJECT_OR_NULL, "dispatch": _OBJECT_OR_NULL, "reason": _NULLABLE_TEXT,
-    "previous_record_sha256": _NULLABLE_TEXT, "at": str,
-}  # fmt: skip
+    "kind": str,
+    "record_version": _COUNTER,
+    "intent_sha256": str,
+    "state": str,
+    "revision": _COUNTER,
+    "claim": _OBJECT_OR_NULL,
+    "closure": _OBJECT_OR_NULL,
+    "observation": _OBJECT_OR_NULL,
+    "dispatch": _OBJECT_OR_NULL,
+    "reason": _NULLABLE_TEXT,
+    "previous_record_sha256": _NULLABLE_TEXT,
+    "at": str,
+}
 _CLAIM_SPEC: dict[str, MemberType] = {"claim_id": str, "claimed_at": str}
 _CLOSURE_SPEC: dict[str, MemberType] = {"strength": str, "proven": bool, "lease_id": str}
 _OBSERVATION_SPEC: dict[str, MemberType] = {
-    "target_uuid": _NULLABLE_TEXT, "generation_uuid": _NULLABLE_TEXT,
-    "target_rows": _NULLABLE_COUNTER, "target_content_digest": _NULLABLE_TEXT,
+    "target_uuid": _NULLABLE_TEXT,
+    "generation_uuid": _NULLABLE_TEXT,
+    "target_rows": _NULLABLE_COUNTER,
+    "target_content_digest": _NULLABLE_TEXT,
     "exchange_finishes": _NULLABLE_COUNTER,
-}  # fmt: skip
+}
 _DISPATCH_SPEC: dict[str, MemberType] = {
-    "query_id": str, "session_id": _NULLABLE_TEXT, "outcome": str,
+    "query_id": str,
+    "session_id": _NULLABLE_TEXT,
+    "outcome": str,
     "clickhouse_code": _NULLABLE_COUNTER,
-}  # fmt: skip
+}
 
 
 def _check_header(
@@ -681,16 +730,18 @@ def _check_header(
     if doc["kind"] != kind or isinstance(doc[version_key], bool) or doc[version_key] != version:
         raise DocumentError(
             f"{where} is not a {kind} version {version} document",
-            code="unsupported_version", where=where,
-        )  # fmt: skip
+            code="unsupported_version",
+            where=where,
+        )
 
 
 def _counter(value: Any, *, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise DocumentError(
             f"{where} must be a non-negative integer, not {value!r}",
-            code="invalid_counter", where=where,
-        )  # fmt: skip
+            code="invalid_counter",
+            where=where,
+        )
     return value
 
 
@@ -735,8 +786,9 @@ def _timestamp(value: str, *, where: str) -> str:
     if not valid:
         raise DocumentError(
             f"{where} must be a UTC ISO 8601 time, not {value!r}",
-            code="invalid_timestamp", where=where,
-        )  # fmt: skip
+            code="invalid_timestamp",
+            where=where,
+        )
     return value
 
 
@@ -770,8 +822,9 @@ def _closure(obj: Any) -> RecordClosure:
     if fields["strength"] not in CLOSURE_STRENGTHS:
         raise DocumentError(
             f"record.closure.strength {fields['strength']!r} is not revoked or custodial",
-            code="invalid_document", where="record.closure.strength",
-        )  # fmt: skip
+            code="invalid_document",
+            where="record.closure.strength",
+        )
     return RecordClosure(
         strength=fields["strength"],
         proven=fields["proven"],
@@ -808,8 +861,9 @@ def _dispatch(obj: Any) -> RecordDispatch:
     if fields["outcome"] not in DISPATCH_OUTCOMES:
         raise DocumentError(
             f"{where}.outcome {fields['outcome']!r} is not a dispatch outcome",
-            code="invalid_document", where=f"{where}.outcome",
-        )  # fmt: skip
+            code="invalid_document",
+            where=f"{where}.outcome",
+        )
     session, code = fields["session_id"], fields["clickhouse_code"]
     return RecordDispatch(
         query_id=_text(fields["query_id"], where=f"{where}.query_id"),

@@ -31,13 +31,17 @@ def members(obj: Any, spec: Mapping[str, MemberType], *, where: str) -> dict[str
     if missing:
         raise DocumentError(
             f"{where} is missing member(s): {', '.join(missing)}",
-            code="missing_member", where=where, members=missing,
-        )  # fmt: skip
+            code="missing_member",
+            where=where,
+            members=missing,
+        )
     if unknown:
         raise DocumentError(
             f"{where} has unknown member(s): {', '.join(unknown)}",
-            code="unknown_member", where=where, members=unknown,
-        )  # fmt: skip
+            code="unknown_member",
+            where=where,
+            members=unknown,
+        )
     for name, expected in spec.items():
         check_type(obj[name], expected, where=f"{where}.{name}")
     return obj

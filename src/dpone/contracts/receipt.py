@@ -78,11 +78,19 @@ class FileReceipt:
         """Parse canonical receipt bytes; refuse anything inconsistent."""
         obj = canonical_json.loads(data, what="receipt")
         spec: dict[str, type | tuple[type, ...]] = {
-            "kind": str, "receipt_version": int, "artifact_sha256": str, "artifact_size": int,
-            "rows_validated": int, "schema": dict, "schema_sha256": str, "codec_id": str,
-            "codec_version": int, "policy_id": str, "policy_version": int,
+            "kind": str,
+            "receipt_version": int,
+            "artifact_sha256": str,
+            "artifact_size": int,
+            "rows_validated": int,
+            "schema": dict,
+            "schema_sha256": str,
+            "codec_id": str,
+            "codec_version": int,
+            "policy_id": str,
+            "policy_version": int,
             "validator_version": str,
-        }  # fmt: skip
+        }
         fields = members(obj, spec, where="receipt")
         if fields["kind"] != RECEIPT_KIND or fields["receipt_version"] != RECEIPT_VERSION:
             raise DocumentError(

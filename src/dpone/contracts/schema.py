@@ -45,8 +45,9 @@ class SourceSchema:
             if column.name in seen:
                 raise DocumentError(
                     f"column {column.name!r} is declared twice",
-                    code="duplicate_column", column=column.name,
-                )  # fmt: skip
+                    code="duplicate_column",
+                    column=column.name,
+                )
             seen.add(column.name)
 
     @classmethod
@@ -65,8 +66,9 @@ class SourceSchema:
         if fields["schema_version"] != SCHEMA_VERSION:
             raise DocumentError(
                 f"{where}.schema_version must be {SCHEMA_VERSION}",
-                code="unsupported_version", where=where,
-            )  # fmt: skip
+                code="unsupported_version",
+                where=where,
+            )
         return cls(
             tuple(
                 SourceColumn.from_document(c, where=f"{where}.columns[{i}]")

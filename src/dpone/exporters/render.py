@@ -251,8 +251,10 @@ def field_for(st: SourceType, column: CodecColumn) -> Callable[[object], str]:
     if column.kind is not ColumnKind.RAW and render in (_text, _binary):
         return encode  # the renderer hands str or bytes through; the encoder checks the type
     fused: dict[Renderer, Callable[[object], str]] = {
-        _integer: _int_field, _float64: _float64_field, _uuid: _uuid_field,
-    }  # fmt: skip
+        _integer: _int_field,
+        _float64: _float64_field,
+        _uuid: _uuid_field,
+    }
     direct = fused.get(render)
     if direct is not None:
         return direct
@@ -296,6 +298,8 @@ def render_row(
             )
             raise RenderError(
                 f"record {record}, column {name!r}: {reason}",
-                code="value_not_renderable", record=record, column=name,
-            ) from exc  # fmt: skip
+                code="value_not_renderable",
+                record=record,
+                column=name,
+            ) from exc
     return cells

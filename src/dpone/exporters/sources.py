@@ -102,8 +102,10 @@ def sqlite_column_type(declared: str, *, column: str) -> str:
         raise PolicyError(
             f"column {column!r}: declared type {declared!r} is ambiguous in SQLite; declare "
             f"{_AMBIGUOUS[key]}",
-            code="ambiguous_sqlite_type", column=column, source_type=declared,
-        )  # fmt: skip
+            code="ambiguous_sqlite_type",
+            column=column,
+            source_type=declared,
+        )
     try:
         plan_column(SourceColumn(column, declared, nullable=True))
         # SQLite upper-cases some names it knows (INT): keep the canonical spelling.
@@ -113,8 +115,11 @@ def sqlite_column_type(declared: str, *, column: str) -> str:
         raise PolicyError(
             f"column {column!r}: declared type {declared!r} is neither a SQL Server type "
             f"dpone accepts nor one of SQLite's INTEGER, REAL, TEXT, BLOB; declare {instead}",
-            code="unsupported_type", column=column, source_type=declared, declare=instead,
-        ) from exc  # fmt: skip
+            code="unsupported_type",
+            column=column,
+            source_type=declared,
+            declare=instead,
+        ) from exc
 
 
 class SqliteSource:
@@ -133,8 +138,9 @@ class SqliteSource:
             if not stat.S_ISREG(os.stat(self.path).st_mode):
                 raise SourceError(
                     f"SQLite source {self.path} is not a regular file",
-                    code="source_not_found", path=str(self.path),
-                )  # fmt: skip
+                    code="source_not_found",
+                    path=str(self.path),
+                )
             with open(self.path, "rb") as stream:
                 header = stream.read(len(SQLITE_HEADER))
         except (FileNotFoundError, NotADirectoryError) as exc:
@@ -146,19 +152,22 @@ class SqliteSource:
             )
             raise SourceError(
                 f"SQLite database {self.path} does not exist{hint}",
-                code="source_not_found", path=str(self.path),
-            ) from exc  # fmt: skip
+                code="source_not_found",
+                path=str(self.path),
+            ) from exc
         except OSError as exc:
             raise SourceError(
                 f"cannot read SQLite database {self.path}: {exc.strerror}",
-                code="source_read_failed", path=str(self.path),
-            ) from exc  # fmt: skip
+                code="source_read_failed",
+                path=str(self.path),
+            ) from exc
         # SQLite itself treats an empty file as an empty database.
         if header and header != SQLITE_HEADER:
             raise SourceError(
                 f"{self.path} is not a SQLite database (its header is not SQLite's)",
-                code="not_a_sqlite_database", path=str(self.path),
-            )  # fmt: skip
+                code="not_a_sqlite_database",
+                path=str(self.path),
+            )
         # A file: URI with the path percent-encoded by as_uri(), so '?', '#' and '%'
         # in a name stay in the name, and mode=ro so nothing is ever created or written.
         self._uri = self.path.absolute().as_uri() + "?mode=ro"
@@ -173,13 +182,15 @@ class SqliteSource:
     def _failed(self, exc: sqlite3.Error) -> SourceError:
         if isinstance(exc, sqlite3.DatabaseError) and "not a database" in str(exc):
             return SourceError(
-                f"{self.path} is not a SQLite database", code="not_a_sqlite_database",
+                f"{self.path} is not a SQLite database",
+                code="not_a_sqlite_database",
                 path=str(self.path),
-            )  # fmt: skip
+            )
         return SourceError(
-            f"cannot read SQLite database {self.path}: {exc}", code="source_read_failed",
+            f"cannot read SQLite database {self.path}: {exc}",
+            code="source_read_failed",
             path=str(self.path),
-        )  # fmt: skip
+        )
 
     def schema(self, table: str) -> SourceSchema:
         try:
@@ -231,9 +242,14 @@ class SqlServerSource:
     """
 
     def __init__(
-        self, host: str, port: int, database: str, *, user: str | None = None,
+        self,
+        host: str,
+        port: int,
+        database: str,
+        *,
+        user: str | None = None,
         password: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.host, self.port, self.database = host, port, database
         self._user, self._password = user, password
 
@@ -260,9 +276,12 @@ class SqlServerSource:
             )
         try:
             return pymssql.connect(
-                server=self.host, port=self.port, user=user, password=password,
+                server=self.host,
+                port=self.port,
+                user=user,
+                password=password,
                 database=self.database,
-            )  # fmt: skip
+            )
         except Exception as exc:  # the driver's own error types; never echo the password
             raise SourceError(
                 f"cannot connect to SQL Server {self.host}:{self.port}/{self.database}: "

@@ -100,8 +100,9 @@ def check_databases(databases: Sequence[str]) -> tuple[str, ...]:
             raise ConfigurationError(
                 f"protected database {name!r} must be a plain identifier other than "
                 f"system and {IDENTITY_DATABASE}",
-                code="invalid_database", database=name,
-            )  # fmt: skip
+                code="invalid_database",
+                database=name,
+            )
     if len(set(databases)) != len(databases):
         raise ConfigurationError("a protected database is named twice", code="duplicate_database")
     return tuple(databases)
@@ -115,13 +116,16 @@ def role_grants(role: str, databases: Sequence[str]) -> tuple[Grant, ...]:
         # KILL QUERY of its own queries needs SELECT on system.processes; remote
         # termination reads system.query_log after a flush; identity is read only.
         return (
-            *(Grant("CREATE TABLE, INSERT, SELECT, DROP TABLE", f"{d}.{STAGING_TABLE_PREFIX}*") for d in dbs),
+            *(
+                Grant("CREATE TABLE, INSERT, SELECT, DROP TABLE", f"{d}.{STAGING_TABLE_PREFIX}*")
+                for d in dbs
+            ),
             Grant("TABLE ENGINE", "MergeTree"),
             Grant("SELECT", f"{quote_identifier(IDENTITY_DATABASE)}.*"),
             Grant("SELECT", "system.processes"),
             Grant("SELECT", "system.query_log"),
             flush,
-        )  # fmt: skip
+        )
     if role == ROLE_PUBLISHER:
         return (
             *(Grant("SELECT, INSERT, CREATE TABLE, DROP TABLE", f"{d}.*") for d in dbs),
@@ -173,8 +177,10 @@ def pool_users(
     if missing or unknown:
         raise ConfigurationError(
             f"pool passwords: missing {missing}, not in the pool {unknown}",
-            code="pool_passwords", missing=missing, unknown=unknown,
-        )  # fmt: skip
+            code="pool_passwords",
+            missing=missing,
+            unknown=unknown,
+        )
     return tuple(
         ServerUser(
             name,

@@ -243,8 +243,9 @@ class LocalServer:
             self.python,
             "-m",
             protocol.CHILD_MODULE,
-            "--data-dir", str(layout.root),
-        ]  # fmt: skip
+            "--data-dir",
+            str(layout.root),
+        ]
         if self.watch_parent:
             argv += ["--watch-parent", str(os.getpid())]
         env = dict(os.environ)

@@ -31,9 +31,20 @@ ENV_SWITCH = "DPONE_NATIVE"
 
 _KINDS = {ColumnKind.TEXT: 0, ColumnKind.BINARY: 1, ColumnKind.RAW: 2}
 _FAMILIES = {
-    "int": 1, "uint": 2, "bool": 3, "decimal": 4, "float": 5, "date": 6, "datetime": 7,
-    "time": 8, "dto": 9, "uuid": 10, "string": 11, "lowcardinality": 11, "fixed": 12,
-}  # fmt: skip
+    "int": 1,
+    "uint": 2,
+    "bool": 3,
+    "decimal": 4,
+    "float": 5,
+    "date": 6,
+    "datetime": 7,
+    "time": 8,
+    "dto": 9,
+    "uuid": 10,
+    "string": 11,
+    "lowcardinality": 11,
+    "fixed": 12,
+}
 _SPEC_WIDTH = 5
 _INT32_MAX = (1 << 31) - 1
 _INT64_MAX = (1 << 63) - 1
@@ -74,9 +85,13 @@ def _load() -> ctypes.CDLL | None:
         return None
     library.dpone_rowbinary_convert.restype = ctypes.c_int
     library.dpone_rowbinary_convert.argtypes = [
-        ctypes.c_char_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int32), ctypes.c_int,
-        ctypes.c_int64, ctypes.POINTER(_Result),
-    ]  # fmt: skip
+        ctypes.c_char_p,
+        ctypes.c_uint64,
+        ctypes.POINTER(ctypes.c_int32),
+        ctypes.c_int,
+        ctypes.c_int64,
+        ctypes.POINTER(_Result),
+    ]
     library.dpone_rowbinary_check.restype = ctypes.c_int
     library.dpone_rowbinary_check.argtypes = []
     return library if library.dpone_rowbinary_check() == 1 else None
@@ -119,9 +134,12 @@ def column_spec(plans: tuple[ColumnPlan, ...]) -> ctypes.Array[ctypes.c_int32] |
 
 
 def convert_range(
-    spec: ctypes.Array[ctypes.c_int32], data: bytes, max_record_bytes: int | None = None,
-    *, keep: bool = True,
-) -> NativePart | None:  # fmt: skip
+    spec: ctypes.Array[ctypes.c_int32],
+    data: bytes,
+    max_record_bytes: int | None = None,
+    *,
+    keep: bool = True,
+) -> NativePart | None:
     """Convert ``data`` (whole LF-terminated records); None when it declines.
 
     The call releases the GIL (ctypes does for every foreign call), so ranges given to

@@ -142,21 +142,24 @@ class HeldArtifact:
             ) from exc
         if (current.st_dev, current.st_ino) != self._identity:
             raise ArtifactMismatch(
-                f"{self.path} was replaced by another file", code="artifact_replaced",
+                f"{self.path} was replaced by another file",
+                code="artifact_replaced",
                 path=str(self.path),
-            )  # fmt: skip
+            )
         if observed.size != self.receipt.artifact_size:
             raise ArtifactMismatch(
                 f"{self.path} has {observed.size} bytes, the receipt says "
                 f"{self.receipt.artifact_size}",
-                code="artifact_size_mismatch", path=str(self.path),
-            )  # fmt: skip
+                code="artifact_size_mismatch",
+                path=str(self.path),
+            )
         if observed.sha256 != self.receipt.artifact_sha256:
             raise ArtifactMismatch(
                 f"{self.path} SHA-256 {observed.sha256} differs from the receipt's "
                 f"{self.receipt.artifact_sha256}",
-                code="artifact_hash_mismatch", path=str(self.path),
-            )  # fmt: skip
+                code="artifact_hash_mismatch",
+                path=str(self.path),
+            )
         return observed
 
     def stream(self) -> io.BufferedReader:

@@ -113,15 +113,21 @@ class AttemptSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "attempt_id": self.attempt_id, "path": str(self.path), "state": self.state,
-            "last_sequence": self.last_sequence, "last_sha256": self.last_sha256,
+            "attempt_id": self.attempt_id,
+            "path": str(self.path),
+            "state": self.state,
+            "last_sequence": self.last_sequence,
+            "last_sha256": self.last_sha256,
             "sent_mutations": list(self.sent_mutations),
             "unsettled_mutations": [m.query_id for m in self.unsettled],
-            "planned_table": self.planned_table, "table_uuid": self.table_uuid,
-            "semantic_id": self.semantic_id, "error_code": self.error_code,
-            "inventory": self.inventory, "needs_operator": self.needs_operator,
+            "planned_table": self.planned_table,
+            "table_uuid": self.table_uuid,
+            "semantic_id": self.semantic_id,
+            "error_code": self.error_code,
+            "inventory": self.inventory,
+            "needs_operator": self.needs_operator,
             "recovery_steps": list(RECOVERY_STEPS) if self.needs_operator else [],
-        }  # fmt: skip
+        }
 
 
 def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
@@ -163,13 +169,20 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
     last = events[-1] if events else None
     doc = last.document if last else {}
     return AttemptSummary(
-        attempt_id=str(doc.get("attempt_id", attempt_dir.name)), path=attempt_dir,
-        state=str(doc.get("state", "no_events")), last_sequence=last.sequence if last else 0,
-        last_sha256=last.sha256 if last else None, sent=tuple(sent), settled=frozenset(settled),
-        planned_table=planned, table_uuid=uuid, semantic_id=semantic,
-        error_code=doc.get("error_code"), inventory=dict(doc.get("cleanup_inventory") or {}),
+        attempt_id=str(doc.get("attempt_id", attempt_dir.name)),
+        path=attempt_dir,
+        state=str(doc.get("state", "no_events")),
+        last_sequence=last.sequence if last else 0,
+        last_sha256=last.sha256 if last else None,
+        sent=tuple(sent),
+        settled=frozenset(settled),
+        planned_table=planned,
+        table_uuid=uuid,
+        semantic_id=semantic,
+        error_code=doc.get("error_code"),
+        inventory=dict(doc.get("cleanup_inventory") or {}),
         rollback_copy=copy if isinstance(copy, dict) else None,
-    )  # fmt: skip
+    )
 
 
 def list_attempts(work_dir: Path) -> list[AttemptSummary]:
@@ -208,8 +221,11 @@ def survey_attempts(work_dir: Path) -> tuple[list[AttemptSummary], list[Unreadab
         except DponeError as exc:
             unreadable.append(UnreadableAttempt(attempt_dir, exc))
         except OSError as exc:
-            error = StateError(f"the journal {attempt_dir} cannot be read: {exc.strerror or exc}",
-                               code="journal_unreadable", path=str(attempt_dir))  # fmt: skip
+            error = StateError(
+                f"the journal {attempt_dir} cannot be read: {exc.strerror or exc}",
+                code="journal_unreadable",
+                path=str(attempt_dir),
+            )
             error.__cause__ = exc
             unreadable.append(UnreadableAttempt(attempt_dir, error))
     return found, unreadable
@@ -232,9 +248,12 @@ def left_behind(last: dict[str, Any], journal: Path) -> dict[str, str]:
 
 
 def finishing_command(
-    state: str, attempt_id: str, work_dir: Path, database: str,
+    state: str,
+    attempt_id: str,
+    work_dir: Path,
+    database: str,
     server: Mapping[str, object] | None = None,
-) -> str | None:  # fmt: skip
+) -> str | None:
     """The command that finishes what an attempt in ``state`` left (None: nothing to do).
 
     ``server`` holds the server options the stage used (``host``, ``http_port``,
@@ -243,8 +262,12 @@ def finishing_command(
     same server the same way.
     """
     # A discard cut short (``discarding``) is finished by the discard, never by a cleanup.
-    verb = {"staged": "discard", "discarding": "discard", "failed_cleaned": None,
-            "discarded": None}.get(state, "cleanup")  # fmt: skip
+    verb = {
+        "staged": "discard",
+        "discarding": "discard",
+        "failed_cleaned": None,
+        "discarded": None,
+    }.get(state, "cleanup")
     if verb is None:
         return None
     argv = [
@@ -275,8 +298,14 @@ def finishing_command(
 class _Operator:
     """One later actor on one attempt: its transport, deadline and read ids."""
 
-    def __init__(self, transport: QueryPort, work_dir: Path, attempt_id: str, seconds: float,
-                 wall_clock: Callable[[], float]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        transport: QueryPort,
+        work_dir: Path,
+        attempt_id: str,
+        seconds: float,
+        wall_clock: Callable[[], float],
+    ) -> None:
         self.transport = transport
         self.attempt_dir = work_dir / attempt_id
         self.journal = ClickHouseFileAttemptJournal(work_dir, attempt_id)
@@ -299,7 +328,7 @@ class _Operator:
             raise StateError(
                 f"attempt {self.summary.attempt_id} staged into {planned['database']}, not {database}",
                 code="database_mismatch",
-            )  # fmt: skip
+            )
         return str(planned["database"]), str(planned["table"])
 
     def ownership(self, database: str, table: str, expected_uuid: str | None) -> Ownership | None:
@@ -317,8 +346,11 @@ class _Operator:
         else:
             owned = found.belongs_to(s.attempt_id, s.semantic_id or "", s.table_uuid)
         if not owned or (expected_uuid is not None and found.uuid != expected_uuid):
-            raise StateError(f"{database}.{table} is not proven to be attempt {s.attempt_id}'s; not dropped",
-                             code="ownership_unverified", table_uuid=found.uuid)  # fmt: skip
+            raise StateError(
+                f"{database}.{table} is not proven to be attempt {s.attempt_id}'s; not dropped",
+                code="ownership_unverified",
+                table_uuid=found.uuid,
+            )
         return found
 
     def prove_settled(self) -> list[dict[str, Any]]:
@@ -329,42 +361,78 @@ class _Operator:
             closed = sent.window_closed_ms
             if closed is not None:
                 if started is None:
-                    started = observe_server_start(self.transport, query_id=self.read_id("uptime"),
-                                                   deadline=self.deadline, wall_clock=self.wall_clock)  # fmt: skip
+                    started = observe_server_start(
+                        self.transport,
+                        query_id=self.read_id("uptime"),
+                        deadline=self.deadline,
+                        wall_clock=self.wall_clock,
+                    )
                 if started * 1000 > closed:
-                    proofs.append({"query_id": sent.query_id, "termination": "server_restart",
-                                   "source": "uptime", "server_started_after_ms": math.floor(started * 1000),
-                                   "window_closed_ms": closed,
-                                   "window_closed_by": "deadline" if closed == sent.not_after_ms else "returned"})  # fmt: skip
+                    proofs.append(
+                        {
+                            "query_id": sent.query_id,
+                            "termination": "server_restart",
+                            "source": "uptime",
+                            "server_started_after_ms": math.floor(started * 1000),
+                            "window_closed_ms": closed,
+                            "window_closed_by": "deadline"
+                            if closed == sent.not_after_ms
+                            else "returned",
+                        }
+                    )
                     continue
             origin = dispatch_origin(sent.intent, self.wall_clock())
-            state = prove_termination(self.transport, sent.query_id, probe_prefix=self.read_id("termination"),
-                                      deadline=self.deadline, origin=origin)  # fmt: skip
+            state = prove_termination(
+                self.transport,
+                sent.query_id,
+                probe_prefix=self.read_id("termination"),
+                deadline=self.deadline,
+                origin=origin,
+            )
             if not state.proven_terminal:
                 raise StateError(
                     f"query {sent.query_id} of attempt {self.summary.attempt_id} has no proven terminal "
                     "state (no acknowledgment in the journal, the server has run since before its "
                     "dispatch window closed, and neither KILL QUERY nor the query log knows it as sent "
                     f"by {origin.user} in {origin.database} within its dispatch window); nothing done",
-                    code="termination_unproven", query_id=sent.query_id,
-                )  # fmt: skip
-            proofs.append({"query_id": sent.query_id, "termination": state.termination.value,
-                           "source": state.source})  # fmt: skip
+                    code="termination_unproven",
+                    query_id=sent.query_id,
+                )
+            proofs.append(
+                {
+                    "query_id": sent.query_id,
+                    "termination": state.termination.value,
+                    "source": state.source,
+                }
+            )
         return proofs
 
     def drop(
         self, state: StageState, kind: str, database: str, table: str, found: Ownership
     ) -> bool:
         return drop_owned_table(
-            self.transport, self.run, state, kind=kind, database=database, table=table, found=found,
-            request_seconds=self.seconds, clock=time.monotonic, read_id=self.read_id,
-        )  # fmt: skip
+            self.transport,
+            self.run,
+            state,
+            kind=kind,
+            database=database,
+            table=table,
+            found=found,
+            request_seconds=self.seconds,
+            clock=time.monotonic,
+            read_id=self.read_id,
+        )
 
 
 def cleanup_attempt(
-    transport: QueryPort, work_dir: Path, attempt_id: str, *, seconds: float = 120.0,
-    database: str | None = None, wall_clock: Callable[[], float] = time.time,
-) -> AttemptSummary:  # fmt: skip
+    transport: QueryPort,
+    work_dir: Path,
+    attempt_id: str,
+    *,
+    seconds: float = 120.0,
+    database: str | None = None,
+    wall_clock: Callable[[], float] = time.time,
+) -> AttemptSummary:
     """Verified cleanup of an attempt that needs an operator; refuses without proof.
 
     Every check is made before anything is written: a refusal leaves the journal as it
@@ -374,16 +442,20 @@ def cleanup_attempt(
     """
     op = _Operator(transport, work_dir, attempt_id, seconds, wall_clock)
     if not op.summary.needs_operator:
-        raise StateError(f"attempt {attempt_id} ended {op.summary.state}; nothing to clean",
-                         code="nothing_to_clean")  # fmt: skip
+        raise StateError(
+            f"attempt {attempt_id} ended {op.summary.state}; nothing to clean",
+            code="nothing_to_clean",
+        )
     where = op.table(database)  # before any query: a wrong --database asks nothing
     proofs = op.prove_settled()
     found = op.ownership(*where, None) if where else None
     drop_id = mutation_query_id(op.summary.attempt_id, "drop")
     if found is not None and drop_id in op.summary.sent_mutations:
         # One query id per mutation, ever: a second DROP would need a new id and a person.
-        raise StateError(f"attempt {attempt_id} already sent its DROP and the table remains",
-                         code="drop_already_sent")  # fmt: skip
+        raise StateError(
+            f"attempt {attempt_id} already sent its DROP and the table remains",
+            code="drop_already_sent",
+        )
     run = op.run
     run.enter(StageState.CLEANUP)
     run.table_created_maybe = found is not None
@@ -411,10 +483,15 @@ def cleanup_attempt(
 
 
 def discard_attempt(
-    transport: QueryPort, work_dir: Path, attempt_id: str, *, seconds: float = 120.0,
-    database: str | None = None, expected_uuid: str | None = None,
+    transport: QueryPort,
+    work_dir: Path,
+    attempt_id: str,
+    *,
+    seconds: float = 120.0,
+    database: str | None = None,
+    expected_uuid: str | None = None,
     wall_clock: Callable[[], float] = time.time,
-) -> AttemptSummary:  # fmt: skip
+) -> AttemptSummary:
     """Drop the staged table of a ``staged`` attempt that will never be published.
 
     Ownership is verified first (UUID as the journal and ``expected_uuid`` say, the
@@ -425,8 +502,10 @@ def discard_attempt(
     op = _Operator(transport, work_dir, attempt_id, seconds, wall_clock)
     state = StageState(op.summary.state)
     if state not in (StageState.STAGED, StageState.DISCARDING):
-        raise StateError(f"attempt {attempt_id} is {state.value}, not staged; nothing to discard",
-                         code="not_staged")  # fmt: skip
+        raise StateError(
+            f"attempt {attempt_id} is {state.value}, not staged; nothing to discard",
+            code="not_staged",
+        )
     where = op.table(database)
     assert where is not None  # a staged attempt always planned its table
     if state is StageState.DISCARDING:
@@ -434,12 +513,17 @@ def discard_attempt(
     found = op.ownership(*where, expected_uuid)
     discard_id = mutation_query_id(op.summary.attempt_id, "discard")
     if found is not None and discard_id in op.summary.sent_mutations:
-        raise StateError(f"attempt {attempt_id} already sent its discard and the table remains",
-                         code="discard_already_sent")  # fmt: skip
+        raise StateError(
+            f"attempt {attempt_id} already sent its discard and the table remains",
+            code="discard_already_sent",
+        )
     run = op.run
     run.enter(StageState.DISCARDING)
     if found is not None and not op.drop(StageState.DISCARDING, "discard", *where, found):
-        raise StateError(f"the discard of {where[0]}.{where[1]} has an unknown outcome; the journal "
-                         "stays at discarding", code="discard_unknown")  # fmt: skip
+        raise StateError(
+            f"the discard of {where[0]}.{where[1]} has an unknown outcome; the journal "
+            "stays at discarding",
+            code="discard_unknown",
+        )
     run.event(StageState.DISCARDED, "discarded")
     return summarize(op.attempt_dir, read_events(op.attempt_dir))

@@ -84,9 +84,13 @@ class StagingFinalizer:
     def discard(self, staged: StagedTable) -> None:
         """DROP the staged table if it is still the handle's; refuse otherwise."""
         discard_attempt(
-            self._transport, staged.journal_path.parent, staged.journal_path.name,
-            seconds=self._request_seconds, database=staged.database, expected_uuid=staged.uuid,
-        )  # fmt: skip
+            self._transport,
+            staged.journal_path.parent,
+            staged.journal_path.name,
+            seconds=self._request_seconds,
+            database=staged.database,
+            expected_uuid=staged.uuid,
+        )
 
 
 @dataclass(frozen=True)
@@ -137,9 +141,12 @@ def client_version(client_path: str) -> tuple[int, int]:
     """``clickhouse-client --version`` as (major, minor)."""
     try:
         done = subprocess.run(
-            [client_path, "--version"], stdin=subprocess.DEVNULL, capture_output=True,
-            timeout=30, check=False,
-        )  # fmt: skip
+            [client_path, "--version"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ConfigurationError(
             f"clickhouse-client at {client_path!r} cannot run: {exc}", code="client_missing"
@@ -168,7 +175,8 @@ def client_type_check(client_path: str) -> Callable[[Sequence[tuple[str, str]]],
                 f"clickhouse-client {version[0]}.{version[1]} cannot send {', '.join(refused)} "
                 "(it parses INSERT data itself and predates these types); stage with "
                 "--transport http, or use a newer clickhouse-client",
-                code="transport_cannot_carry_type", columns=refused,
-            )  # fmt: skip
+                code="transport_cannot_carry_type",
+                columns=refused,
+            )
 
     return check

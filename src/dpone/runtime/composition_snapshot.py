@@ -159,9 +159,10 @@ class ClickHouseAtomicSnapshotPublisher:
         if not closure.proven:
             raise SnapshotPublicationError(
                 f"the ingest principal {evidence.ingest.user} is not proven closed and quiescent",
-                code="ingest_not_quiescent", user=evidence.ingest.user,
+                code="ingest_not_quiescent",
+                user=evidence.ingest.user,
                 strength=closure.strength.value,
-            )  # fmt: skip
+            )
         observation = self._observe_checked(evidence)
         _generation_of(observation, evidence)  # B must be there before anything is created
         publisher: PrincipalRef | None = None
@@ -187,8 +188,14 @@ class ClickHouseAtomicSnapshotPublisher:
                 intent.sha256,
                 {"step": "create_target", "query_id": create_target_query_id(generation_ref)},
             )
-        return _receipt(record, target.uuid, generation.uuid, generation.rows,
-                        generation.content_digest, historical=False)  # fmt: skip
+        return _receipt(
+            record,
+            target.uuid,
+            generation.uuid,
+            generation.rows,
+            generation.content_digest,
+            historical=False,
+        )
 
     def _observe_checked(self, evidence: PublicationEvidence) -> CatalogObservation:
         observation = self.catalog.observe(evidence.slot, evidence.generation.table)
@@ -198,9 +205,11 @@ class ClickHouseAtomicSnapshotPublisher:
                 raise SnapshotPublicationError(
                     f"{table.database}.{table.name} has a side effect the publisher does not"
                     f" handle: {first.reason} ({first.detail})",
-                    code="side_effect_present", reason=first.reason, table=table.name,
+                    code="side_effect_present",
+                    reason=first.reason,
+                    table=table.name,
                     blockers=[b.reason for b in table.blockers],
-                )  # fmt: skip
+                )
         return observation
 
     def _create_target(
@@ -211,10 +220,16 @@ class ClickHouseAtomicSnapshotPublisher:
         slot = evidence.slot
         self.store.note_step(
             query_id,
-            {"step": "create_target", "query_id": query_id, "database": slot.database,
-             "target_table": slot.table, "generation_table": evidence.generation.table,
-             "generation_uuid": evidence.generation.table_uuid, "publisher": publisher.user},
-        )  # fmt: skip
+            {
+                "step": "create_target",
+                "query_id": query_id,
+                "database": slot.database,
+                "target_table": slot.table,
+                "generation_table": evidence.generation.table,
+                "generation_uuid": evidence.generation.table_uuid,
+                "publisher": publisher.user,
+            },
+        )
         issued = self.authority.principal_credentials(publisher)
         result = self.executor.create_target(slot, evidence.generation.table, query_id, issued)
         self.store.note_step(query_id, {"step": "create_target_answer", **_dispatch_facts(result)})
@@ -222,15 +237,18 @@ class ClickHouseAtomicSnapshotPublisher:
             raise SnapshotPublicationError(
                 f"creating the empty target {slot.database}.{slot.table} was not acknowledged"
                 f" ({result.outcome.value})",
-                code="create_target_failed", query_id=query_id, outcome=result.outcome.value,
+                code="create_target_failed",
+                query_id=query_id,
+                outcome=result.outcome.value,
                 clickhouse_code=result.clickhouse_code,
-            )  # fmt: skip
+            )
         observation = self._observe_checked(evidence)
         if observation.target is None:
             raise SnapshotPublicationError(
                 f"the created target {slot.database}.{slot.table} is not visible",
-                code="catalog_unobservable", query_id=query_id,
-            )  # fmt: skip
+                code="catalog_unobservable",
+                query_id=query_id,
+            )
         return observation
 
     def _check_generation(
@@ -243,22 +261,25 @@ class ClickHouseAtomicSnapshotPublisher:
         if target.design_sha256 != generation.design_sha256:
             raise SnapshotPublicationError(
                 f"{target.name} and {generation.name} differ in physical design",
-                code="design_mismatch", target_design=target.design_sha256,
+                code="design_mismatch",
+                target_design=target.design_sha256,
                 generation_design=generation.design_sha256,
-            )  # fmt: skip
+            )
         staged = evidence.generation
         if not generation.rows == staged.rows == evidence.source.rows:
             raise SnapshotPublicationError(
                 f"{generation.name} holds {generation.rows} rows; staging counted {staged.rows},"
                 f" the receipt {evidence.source.rows}",
-                code="content_mismatch", table=generation.name,
-            )  # fmt: skip
+                code="content_mismatch",
+                table=generation.name,
+            )
         if generation.content_digest != staged.rows_digest:
             raise SnapshotPublicationError(
                 f"{generation.name}'s content digest {generation.content_digest} differs from"
                 f" the one computed at preparation {staged.rows_digest}",
-                code="content_mismatch", table=generation.name,
-            )  # fmt: skip
+                code="content_mismatch",
+                table=generation.name,
+            )
         _check_limits(self.limits, evidence, observation, generation)
 
     def _release_unused(self, publisher: PrincipalRef, exc: DponeError) -> None:
@@ -292,9 +313,12 @@ class ClickHouseAtomicSnapshotPublisher:
         )
         try:
             self.store.compare_and_set(
-                intent_sha256, expected=record.raw, replacement=claimed.raw, authority=parent,
+                intent_sha256,
+                expected=record.raw,
+                replacement=claimed.raw,
+                authority=parent,
                 facts={"step": "claim", "claim_id": claim_id},
-            )  # fmt: skip
+            )
         except DponeError as exc:
             if exc.code != "claim_lost":
                 raise  # claim_uncertain and store failures: no dispatch, nothing asserted
@@ -309,13 +333,15 @@ class ClickHouseAtomicSnapshotPublisher:
         except DponeError as exc:
             raise SnapshotPublicationError(
                 f"the claim on {intent_sha256} could not be read back; nothing was dispatched",
-                code="claim_uncertain", intent_sha256=intent_sha256,
-            ) from exc  # fmt: skip
+                code="claim_uncertain",
+                intent_sha256=intent_sha256,
+            ) from exc
         if back != claimed.raw:
             raise SnapshotPublicationError(
                 f"the claim on {intent_sha256} reads back different bytes; nothing was dispatched",
-                code="readback_mismatch", intent_sha256=intent_sha256,
-            )  # fmt: skip
+                code="readback_mismatch",
+                intent_sha256=intent_sha256,
+            )
 
     def _dispatch_once(self, intent: SnapshotIntent, parent: ParentAuthority) -> DispatchResult:
         """Recheck authority and both names, then send the one EXCHANGE (or nothing)."""
@@ -361,8 +387,9 @@ class ClickHouseAtomicSnapshotPublisher:
                 raise SnapshotPublicationError(
                     f"{intent_sha256} is claimed (EXCHANGE_INTENT@2) and its holder has not"
                     " recorded an outcome; run reconcile",
-                    code="claim_exists", intent_sha256=intent_sha256,
-                )  # fmt: skip
+                    code="claim_exists",
+                    intent_sha256=intent_sha256,
+                )
             self.sleep(CLAIM_POLL_SECONDS)
 
     # ------------------------------------------------------------------ reconcile
@@ -379,9 +406,10 @@ class ClickHouseAtomicSnapshotPublisher:
         if ownership not in _RETAINED:
             raise SnapshotPublicationError(
                 f"the run of {intent_sha256} no longer retains its slot ({ownership.value})",
-                code="ownership_not_retained", intent_sha256=intent_sha256,
+                code="ownership_not_retained",
+                intent_sha256=intent_sha256,
                 ownership=ownership.value,
-            )  # fmt: skip
+            )
         if record.state in TERMINAL or record.state is P.PREPARED:
             return self._report(intent, record)
         return self._reconcile_claimed(intent, record, None)
@@ -389,8 +417,14 @@ class ClickHouseAtomicSnapshotPublisher:
     def _report(self, intent: SnapshotIntent, record: SnapshotRecord) -> PublicationReceipt:
         facts = self._facts(intent, closure=None, dispatch=None)
         self.store.observe(intent.sha256, {"step": "observe", **_facts_document(facts)})
-        return _receipt(record, facts.target_uuid, facts.generation_uuid, facts.target_rows,
-                        facts.target_content_digest, historical=False)  # fmt: skip
+        return _receipt(
+            record,
+            facts.target_uuid,
+            facts.generation_uuid,
+            facts.target_rows,
+            facts.target_content_digest,
+            historical=False,
+        )
 
     def _reconcile_claimed(
         self, intent: SnapshotIntent, record: SnapshotRecord, dispatch: DispatchResult | None
@@ -400,23 +434,31 @@ class ClickHouseAtomicSnapshotPublisher:
         facts = self._facts(intent, closure=closure, dispatch=known)
         decided = decide_reconcile(intent, facts)
         history = {
-            "step": "reconcile", "decided": decided.value, **_facts_document(facts),
+            "step": "reconcile",
+            "decided": decided.value,
+            **_facts_document(facts),
             "closure": None if closure is None else _closure_document(closure),
-        }  # fmt: skip
+        }
         if decided is P.COMMIT_UNKNOWN and record.state is P.COMMIT_UNKNOWN:
             # Staying unknown is not a transition: same revision, one more observation.
             self.store.observe(intent.sha256, history)
             return _receipt_observed(record, facts)
         successor = record.successor(
-            decided, at=self.clock(), observation=facts.observation(), dispatch=known,
+            decided,
+            at=self.clock(),
+            observation=facts.observation(),
+            dispatch=known,
             closure=None if closure is None else _record_closure(closure),
             reason=_reason(intent, decided, facts),
-        )  # fmt: skip
+        )
         try:
             self.store.compare_and_set(
-                intent.sha256, expected=record.raw, replacement=successor.raw,
-                authority=_cas_authority(intent), facts=history,
-            )  # fmt: skip
+                intent.sha256,
+                expected=record.raw,
+                replacement=successor.raw,
+                authority=_cas_authority(intent),
+                facts=history,
+            )
         except DponeError as exc:
             if exc.code != "claim_lost":
                 raise
@@ -472,20 +514,27 @@ class ClickHouseAtomicSnapshotPublisher:
             raise SnapshotPublicationError(
                 f"{intent_sha256} is {record.state.value}@{record.revision}: only a PREPARED"
                 " record can be cancelled",
-                code="claim_exists", intent_sha256=intent_sha256, state=record.state.value,
-            )  # fmt: skip
+                code="claim_exists",
+                intent_sha256=intent_sha256,
+                state=record.state.value,
+            )
         cancelled = record.successor(P.NOT_PUBLISHED, at=self.clock(), reason=CANCELLED)
         self.store.compare_and_set(
-            intent_sha256, expected=record.raw, replacement=cancelled.raw,
-            authority=self.authority.recheck(intent), facts={"step": "cancel"},
-        )  # fmt: skip
+            intent_sha256,
+            expected=record.raw,
+            replacement=cancelled.raw,
+            authority=self.authority.recheck(intent),
+            facts={"step": "cancel"},
+        )
         # Only now, with no claim possible any more, is closing the publisher safe.
         closure = self._close_publisher(intent)
         self.store.observe(
             intent_sha256,
-            {"step": "cancel_closure",
-             "closure": None if closure is None else _closure_document(closure)},
-        )  # fmt: skip
+            {
+                "step": "cancel_closure",
+                "closure": None if closure is None else _closure_document(closure),
+            },
+        )
         return _receipt_from_record(cancelled, historical=False)
 
     # ------------------------------------------------------------------ loading
@@ -497,13 +546,15 @@ class ClickHouseAtomicSnapshotPublisher:
         if intent.sha256 != intent_sha256 or record.intent_sha256 != intent_sha256:
             raise SnapshotPublicationError(
                 f"the store returned documents of another intent for {intent_sha256}",
-                code="store_unavailable", intent_sha256=intent_sha256,
-            )  # fmt: skip
+                code="store_unavailable",
+                intent_sha256=intent_sha256,
+            )
         if record.revision != stored.revision:
             raise SnapshotPublicationError(
                 f"the stored revision {stored.revision} differs from its record's",
-                code="store_unavailable", intent_sha256=intent_sha256,
-            )  # fmt: skip
+                code="store_unavailable",
+                intent_sha256=intent_sha256,
+            )
         return _Loaded(intent, record)
 
 
@@ -521,8 +572,9 @@ def _check_evidence(evidence: PublicationEvidence, generation_ref: str) -> None:
     if problems:
         raise SnapshotPublicationError(
             f"the evidence does not verify: {'; '.join(problems)}",
-            code="evidence_unverified", generation_ref=generation_ref,
-        )  # fmt: skip
+            code="evidence_unverified",
+            generation_ref=generation_ref,
+        )
 
 
 def _generation_of(
@@ -533,9 +585,10 @@ def _generation_of(
         raise SnapshotPublicationError(
             f"the generation {evidence.generation.table} is not the staged table"
             f" {evidence.generation.table_uuid}",
-            code="evidence_unverified", table=evidence.generation.table,
+            code="evidence_unverified",
+            table=evidence.generation.table,
             observed_uuid=None if generation is None else generation.uuid,
-        )  # fmt: skip
+        )
     return generation
 
 
@@ -546,8 +599,9 @@ def _both(
     if observation.target is None:
         raise SnapshotPublicationError(
             f"the target {evidence.slot.table} is not visible",
-            code="catalog_unobservable", table=evidence.slot.table,
-        )  # fmt: skip
+            code="catalog_unobservable",
+            table=evidence.slot.table,
+        )
     return observation.target, generation
 
 
@@ -571,8 +625,11 @@ def _check_limits(
         if value > ceilings[name]:
             raise SnapshotPublicationError(
                 f"{name} {value} exceeds its ceiling {ceilings[name]}",
-                code="limit_exceeded", ceiling=name, observed=value, limit=ceilings[name],
-            )  # fmt: skip
+                code="limit_exceeded",
+                ceiling=name,
+                observed=value,
+                limit=ceilings[name],
+            )
 
 
 def _intent(
@@ -739,16 +796,28 @@ def _receipt(
 
 
 def _receipt_observed(record: SnapshotRecord, facts: ReconcileFacts) -> PublicationReceipt:
-    return _receipt(record, facts.target_uuid, facts.generation_uuid, facts.target_rows,
-                    facts.target_content_digest, historical=False)  # fmt: skip
+    return _receipt(
+        record,
+        facts.target_uuid,
+        facts.generation_uuid,
+        facts.target_rows,
+        facts.target_content_digest,
+        historical=False,
+    )
 
 
 def _receipt_from_record(record: SnapshotRecord, *, historical: bool) -> PublicationReceipt:
     seen = record.observation
     if seen is None:
         return _receipt(record, None, None, None, None, historical=historical)
-    return _receipt(record, seen.target_uuid, seen.generation_uuid, seen.target_rows,
-                    seen.target_content_digest, historical=historical)  # fmt: skip
+    return _receipt(
+        record,
+        seen.target_uuid,
+        seen.generation_uuid,
+        seen.target_rows,
+        seen.target_content_digest,
+        historical=historical,
+    )
 
 
 def _historical(record: SnapshotRecord) -> PublicationReceipt:

@@ -65,9 +65,12 @@ def _locate(
                 where = f"{source}, {where}"
             return ValueNotRepresentable(
                 f"the value at {where} {again.reason}",
-                code=again.code, record=ordinal, column=plan.name,
-                clickhouse_type=plan.clickhouse_type, source=source,
-            )  # fmt: skip
+                code=again.code,
+                record=ordinal,
+                column=plan.name,
+                clickhouse_type=plan.clickhouse_type,
+                source=source,
+            )
     where = f"{source}, record {ordinal}" if source else f"record {ordinal}"
     return ValueNotRepresentable(
         f"the value at {where} {exc.reason}", code=exc.code, record=ordinal, source=source

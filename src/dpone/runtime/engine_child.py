@@ -136,11 +136,15 @@ def start(workers: int, cwd: Path, *, python: str | None = None, home: bool = Fa
     try:
         process = subprocess.Popen(
             [interpreter, "-c", PROGRAM, str(workers), *(["own-home"] if home else [])],
-            cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
             # TMPDIR: the embedded engine makes a directory of its own there at every
             # start and leaves it behind; in cwd it goes with the child's home.
-            env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"} | {"TMPDIR": str(cwd)},
-        )  # fmt: skip
+            env={k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
+            | {"TMPDIR": str(cwd)},
+        )
     except OSError:
         log.close()
         raise

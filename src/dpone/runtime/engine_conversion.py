@@ -379,9 +379,14 @@ def digest_sql(plans: tuple[ColumnPlan, ...], spool: Path) -> str:
 
 
 def conversion_sql(
-    plans: tuple[ColumnPlan, ...], source: Path, out: Path, max_record_bytes: int | None = None,
-    *, canonical: bool = False, lazy: bool = True,
-) -> str:  # fmt: skip
+    plans: tuple[ColumnPlan, ...],
+    source: Path,
+    out: Path,
+    max_record_bytes: int | None = None,
+    *,
+    canonical: bool = False,
+    lazy: bool = True,
+) -> str:
     """One SELECT that checks every field (and the record length) and writes RowBinary.
 
     With ``canonical``, each field is held to :func:`canonical_expressions`, else to
@@ -425,9 +430,13 @@ def run_engine_query(sql: str, *, timeout: float = 120.0, python: str | None = N
         script.write_text(sql, encoding="utf-8")
         done = subprocess.run(
             [python or sys.executable, "-c", _CHILD, str(script)],
-            cwd=work, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False,
+            cwd=work,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
             env=os.environ | {"TMPDIR": work},  # the engine's own directory goes with work
-        )  # fmt: skip
+        )
     if done.returncode != 0:
         raise EngineUnavailable(
             f"engine query failed: {done.stderr.decode('utf-8', 'replace')[-500:]}"
@@ -476,9 +485,12 @@ class EngineSession:
     """
 
     def __init__(
-        self, work_dir: Path | None = None, *, workers: int | None = None,
+        self,
+        work_dir: Path | None = None,
+        *,
+        workers: int | None = None,
         python: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``work_dir``: where the caller's range files go, and where a child started
         here runs; by default the child's own home (see
         :func:`dpone.runtime.engine_child.start_at_home`), removed when the session
@@ -696,17 +708,21 @@ def spill_range(path: Path, data: bytes | bytearray, end: int, digest: Any) -> i
         raise EngineUnavailable(
             f"cannot write a range to the engine's scratch directory {path.parent}: "
             f"{exc.strerror or exc}; set {engine_child.SCRATCH_ENV} to a directory with room",
-            code="engine_scratch", path=str(path.parent),
-        ) from exc  # fmt: skip
+            code="engine_scratch",
+            path=str(path.parent),
+        ) from exc
     finally:
         piece.release()
     return data.count(b"\n", 0, end)
 
 
 def check_sql(
-    plans: tuple[ColumnPlan, ...], source: Path, max_record_bytes: int | None = None,
-    *, canonical: bool = False,
-) -> str:  # fmt: skip
+    plans: tuple[ColumnPlan, ...],
+    source: Path,
+    max_record_bytes: int | None = None,
+    *,
+    canonical: bool = False,
+) -> str:
     """The checks of :func:`conversion_sql` alone: the number of records, or a refusal.
 
     The canonical checks run eagerly: none of them throws on any text (they parse
@@ -723,9 +739,14 @@ def check_sql(
     return f"SELECT count(){sql[head:tail]}{settings}"
 
 
-def range_statements(plans: tuple[ColumnPlan, ...], source: Path, out: Path,
-                     max_record_bytes: int | None = None, *, canonical: bool = False,
-                     ) -> list[str]:  # fmt: skip
+def range_statements(
+    plans: tuple[ColumnPlan, ...],
+    source: Path,
+    out: Path,
+    max_record_bytes: int | None = None,
+    *,
+    canonical: bool = False,
+) -> list[str]:
     """Convert the records in ``source`` into ``out``, then read ``out`` back for its digest."""
     return [
         conversion_sql(plans, source, out, max_record_bytes, canonical=canonical),
@@ -733,8 +754,9 @@ def range_statements(plans: tuple[ColumnPlan, ...], source: Path, out: Path,
     ]
 
 
-def conversion_job(plans: tuple[ColumnPlan, ...], source: Path, out: Path,
-                   max_record_bytes: int | None = None) -> tuple[list[str], list[str]]:  # fmt: skip
+def conversion_job(
+    plans: tuple[ColumnPlan, ...], source: Path, out: Path, max_record_bytes: int | None = None
+) -> tuple[list[str], list[str]]:
     """A range's job for :meth:`EngineSession.submit`: the canonical conversion (and
     digest) first, the tiered one as its fallback, which alone decides a refusal."""
     return (
@@ -743,8 +765,9 @@ def conversion_job(plans: tuple[ColumnPlan, ...], source: Path, out: Path,
     )
 
 
-def check_job(plans: tuple[ColumnPlan, ...], source: Path,
-              max_record_bytes: int | None = None) -> tuple[list[str], list[str]]:  # fmt: skip
+def check_job(
+    plans: tuple[ColumnPlan, ...], source: Path, max_record_bytes: int | None = None
+) -> tuple[list[str], list[str]]:
     """A range's job for :meth:`EngineSession.submit` in validation: the canonical
     checks first, the tiered ones as their fallback."""
     return (

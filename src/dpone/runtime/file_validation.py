@@ -123,10 +123,14 @@ def _native_check(
     digest = hashlib.sha256()
     records = 0
     ranges = NativeRanges(
-        stream, plans, total_bytes=os.fstat(stream.fileno()).st_size,
-        carry_limit=max_record_bytes or MAX_CARRY_BYTES, max_record_bytes=max_record_bytes,
-        on_bytes=digest.update, keep=False,
-    )  # fmt: skip
+        stream,
+        plans,
+        total_bytes=os.fstat(stream.fileno()).st_size,
+        carry_limit=max_record_bytes or MAX_CARRY_BYTES,
+        max_record_bytes=max_record_bytes,
+        on_bytes=digest.update,
+        keep=False,
+    )
     with ranges.parts() as parts:
         for part in parts:
             if part is None:
@@ -223,25 +227,33 @@ def verify_file(
         )
     if fresh.artifact_sha256 != receipt.artifact_sha256:
         raise ArtifactMismatch(
-            f"{path} changed while it was verified", code="artifact_changed_during_scan",
+            f"{path} changed while it was verified",
+            code="artifact_changed_during_scan",
             path=str(path),
-        )  # fmt: skip
+        )
     if fresh.rows_validated != receipt.rows_validated:
         raise ArtifactMismatch(
-            f"{path} has {fresh.rows_validated} records, the receipt says "
-            f"{receipt.rows_validated}",
-            code="receipt_rows_mismatch", path=str(path),
-        )  # fmt: skip
+            f"{path} has {fresh.rows_validated} records, the receipt says {receipt.rows_validated}",
+            code="receipt_rows_mismatch",
+            path=str(path),
+        )
     if fresh != receipt:
         differing = [
             name
-            for name in ("codec_id", "codec_version", "policy_id", "policy_version",
-                         "validator_version")
+            for name in (
+                "codec_id",
+                "codec_version",
+                "policy_id",
+                "policy_version",
+                "validator_version",
+            )
             if getattr(fresh, name) != getattr(receipt, name)
-        ]  # fmt: skip
+        ]
         raise ArtifactMismatch(
             f"the receipt of {path} was made by another validator ({', '.join(differing)} "
             "differ from this dpone's); validate the file again",
-            code="receipt_validator_mismatch", path=str(path), members=differing,
-        )  # fmt: skip
+            code="receipt_validator_mismatch",
+            path=str(path),
+            members=differing,
+        )
     return fresh

@@ -48,10 +48,17 @@ class NativeRanges:
     """
 
     def __init__(
-        self, stream: ReadsInto, plans: tuple[ColumnPlan, ...], *, total_bytes: int,
-        carry_limit: int, max_record_bytes: int | None, on_bytes: Callable[[bytes], object],
-        keep: bool = True, workers: int | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        stream: ReadsInto,
+        plans: tuple[ColumnPlan, ...],
+        *,
+        total_bytes: int,
+        carry_limit: int,
+        max_record_bytes: int | None,
+        on_bytes: Callable[[bytes], object],
+        keep: bool = True,
+        workers: int | None = None,
+    ) -> None:
         spec = rowbinary.column_spec(plans)
         if spec is None or not rowbinary.available():
             raise NativeUnavailable("the compiled converter cannot take these columns")

@@ -161,8 +161,9 @@ def prepare_rowbinary(
                 if exc.code == "engine_timeout":
                     raise DeadlineError(
                         f"preparation deadline of {budget.deadline_seconds:g} s expired during engine conversion",
-                        code="preparation_deadline", phase="engine conversion",
-                    ) from exc  # fmt: skip
+                        code="preparation_deadline",
+                        phase="engine conversion",
+                    ) from exc
                 raise
             finally:
                 session.close()
@@ -228,10 +229,13 @@ def _write_spool(
     with os.fdopen(fd, "wb", buffering=WRITE_BUFFER_BYTES) as out, artifact.stream() as stream:
         _check_free_space(path, budget, 0)
         reader = BulkTextReader(
-            stream, [p.codec_column for p in plans], source=source,
-            max_record_bytes=budget.max_record_bytes, max_records=budget.max_rows,
+            stream,
+            [p.codec_column for p in plans],
+            source=source,
+            max_record_bytes=budget.max_record_bytes,
+            max_records=budget.max_rows,
             on_chunk=source_digest.update,
-        )  # fmt: skip
+        )
 
         def write(row: bytes) -> None:
             nonlocal written, rows_done
@@ -241,8 +245,9 @@ def _write_spool(
                 raise PreparationError(
                     f"spool would exceed its budget of {budget.max_spool_bytes} bytes at "
                     f"record {rows_done}",
-                    code="spool_budget_exceeded", record=rows_done,
-                )  # fmt: skip
+                    code="spool_budget_exceeded",
+                    record=rows_done,
+                )
             spool_digest.update(row)
             content.add(row)
             out.write(row)
@@ -261,8 +266,9 @@ def _write_spool(
         out.flush()
         os.fsync(out.fileno())
     if (source_digest.hexdigest(), reader.bytes_read) != (
-        receipt.artifact_sha256, receipt.artifact_size,
-    ):  # fmt: skip
+        receipt.artifact_sha256,
+        receipt.artifact_size,
+    ):
         raise ArtifactMismatch(
             f"{source} changed after verification: the bytes converted are not the receipt's",
             code="artifact_changed_during_preparation",
@@ -322,8 +328,9 @@ def _engine_spool(
                 if part.rows != counts.pop(joined):
                     raise PreparationError(
                         f"the engine read {part.rows} rows back from its spool, the range has "
-                        "a different number of records", code="engine_divergence",
-                    )  # fmt: skip
+                        "a different number of records",
+                        code="engine_divergence",
+                    )
                 part_path = work / f"out-{joined}"
                 with open(part_path, "rb") as part_file:
                     written += _copy_all(part_file.fileno(), out.fileno())
@@ -343,10 +350,15 @@ def _engine_spool(
             records += counts[submitted]
             if budget.max_rows is not None and records > budget.max_rows:
                 return None
-            session.submit(submitted, *engine_conversion.conversion_job(
-                plans, chunk_path.absolute(), (work / f"out-{submitted}").absolute(),
-                budget.max_record_bytes,
-            ))  # fmt: skip
+            session.submit(
+                submitted,
+                *engine_conversion.conversion_job(
+                    plans,
+                    chunk_path.absolute(),
+                    (work / f"out-{submitted}").absolute(),
+                    budget.max_record_bytes,
+                ),
+            )
             submitted += 1
             while submitted - joined > session.in_flight:
                 if not collect():
@@ -393,10 +405,13 @@ def _native_spool(
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as out, artifact.stream() as stream:
         ranges = NativeRanges(
-            stream, plans, total_bytes=receipt.artifact_size,
+            stream,
+            plans,
+            total_bytes=receipt.artifact_size,
             carry_limit=budget.max_record_bytes or MAX_CARRY_BYTES,
-            max_record_bytes=budget.max_record_bytes, on_bytes=source_digest.update,
-        )  # fmt: skip
+            max_record_bytes=budget.max_record_bytes,
+            on_bytes=source_digest.update,
+        )
         with ranges.parts() as parts:
             for part in parts:
                 if part is None:
@@ -423,9 +438,15 @@ def _native_spool(
 
 
 def _converted(
-    receipt: FileReceipt, path: Path, budget: PreparationBudget, source_sha256: str,
-    size: int, written: int, records: int, content: int,
-) -> tuple[int, int, str] | None:  # fmt: skip
+    receipt: FileReceipt,
+    path: Path,
+    budget: PreparationBudget,
+    source_sha256: str,
+    size: int,
+    written: int,
+    records: int,
+    content: int,
+) -> tuple[int, int, str] | None:
     """The end of a fast path: (spool bytes, records, rows digest), or None to hand over.
 
     The bytes converted must be the receipt's (else the source changed after its
@@ -478,8 +499,9 @@ def _check_deadline(budget: PreparationBudget, deadline: float | None, phase: st
     if deadline is not None and budget.clock() >= deadline:
         raise DeadlineError(
             f"preparation deadline of {budget.deadline_seconds:g} s expired during {phase}",
-            code="preparation_deadline", phase=phase,
-        )  # fmt: skip
+            code="preparation_deadline",
+            phase=phase,
+        )
 
 
 def _check_free_space(path: Path, budget: PreparationBudget, rows: int) -> None:
@@ -491,5 +513,7 @@ def _check_free_space(path: Path, budget: PreparationBudget, rows: int) -> None:
         raise PreparationError(
             f"free space {free} bytes is below the reserve of "
             f"{budget.free_space_reserve_bytes} bytes (after record {rows})",
-            code="free_space_reserve", record=rows, free_bytes=free,
-        )  # fmt: skip
+            code="free_space_reserve",
+            record=rows,
+            free_bytes=free,
+        )

@@ -45,9 +45,12 @@ class ProjectStatus:
     active_leases: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"targets": self.targets, "needs_person": self.needs_person,
-                "server_running": self.server_running,
-                "active_leases": self.active_leases}  # fmt: skip
+        return {
+            "targets": self.targets,
+            "needs_person": self.needs_person,
+            "server_running": self.server_running,
+            "active_leases": self.active_leases,
+        }
 
 
 def project_status(project: Project) -> ProjectStatus:
@@ -65,8 +68,12 @@ def project_status(project: Project) -> ProjectStatus:
             s for s in summaries if (s.database, s.target_table) == (table.database, table.target)
         ]
         published = [s for s in mine if s.state == SnapshotState.PUBLISHED.value]
-        entry: dict[str, Any] = {"table": table.name, "target": table.qualified_target,
-                                 "last_publication": None, "rollback_copies": None}  # fmt: skip
+        entry: dict[str, Any] = {
+            "table": table.name,
+            "target": table.qualified_target,
+            "last_publication": None,
+            "rollback_copies": None,
+        }
         if published:
             last = published[-1]
             intent = SnapshotIntent.from_bytes(last.intent_bytes)
@@ -76,13 +83,15 @@ def project_status(project: Project) -> ProjectStatus:
                 else None
             )
             entry["last_publication"] = {
-                "intent_sha256": last.intent_sha256, "prepared_at": intent.prepared_at,
+                "intent_sha256": last.intent_sha256,
+                "prepared_at": intent.prepared_at,
                 "published_at": record.at if record is not None else None,
-                "rows": intent.source_rows, "uuid": intent.generation_uuid,
+                "rows": intent.source_rows,
+                "uuid": intent.generation_uuid,
                 "attempt_id": intent.attempt_id,
                 # A rollback's evidence is its journal under work_dir/rollbacks.
                 "rollback": (project.work_dir / "rollbacks" / intent.attempt_id).is_dir(),
-            }  # fmt: skip
+            }
         if info is not None and store is not None:
             entry["rollback_copies"] = _copies(
                 store, info.http_port, project, table.database, table.target
@@ -91,17 +100,27 @@ def project_status(project: Project) -> ProjectStatus:
         for summary in mine:
             state = SnapshotState(summary.state)
             if state in (SnapshotState.EXCHANGE_INTENT, SnapshotState.COMMIT_UNKNOWN):
-                status.needs_person.append({
-                    "kind": state.value, "target": table.qualified_target,
-                    "intent_sha256": summary.intent_sha256,
-                    "command": shlex.join(["dpone", "snapshot", "reconcile", summary.intent_sha256, *tail]),
-                })  # fmt: skip
+                status.needs_person.append(
+                    {
+                        "kind": state.value,
+                        "target": table.qualified_target,
+                        "intent_sha256": summary.intent_sha256,
+                        "command": shlex.join(
+                            ["dpone", "snapshot", "reconcile", summary.intent_sha256, *tail]
+                        ),
+                    }
+                )
             elif state is SnapshotState.PREPARED:
-                status.needs_person.append({
-                    "kind": "prepared", "target": table.qualified_target,
-                    "intent_sha256": summary.intent_sha256,
-                    "command": shlex.join(["dpone", "snapshot", "cancel", summary.intent_sha256, *tail]),
-                })  # fmt: skip
+                status.needs_person.append(
+                    {
+                        "kind": "prepared",
+                        "target": table.qualified_target,
+                        "intent_sha256": summary.intent_sha256,
+                        "command": shlex.join(
+                            ["dpone", "snapshot", "cancel", summary.intent_sha256, *tail]
+                        ),
+                    }
+                )
     finishing = _attempts(project, status, data_dir, store)
     if store is not None:
         _leases(project, status, store, finishing)
@@ -118,27 +137,37 @@ def _targets_without_store(project: Project, status: ProjectStatus, port: int) -
     """
     reads = iter(range(1, 10_000))
     for table in project.tables.values():
-        admin = HttpTransport(Endpoint("127.0.0.1", port, 0, table.database),
-                              admin_credentials(project.clickhouse.data_dir))  # fmt: skip
+        admin = HttpTransport(
+            Endpoint("127.0.0.1", port, 0, table.database),
+            admin_credentials(project.clickhouse.data_dir),
+        )
         try:
             found = observe_ownership(
-                admin, table.database, table.target,
-                lambda: f"dpone-status-{time.time_ns()}-{next(reads)}", time.monotonic() + 30,
-            )  # fmt: skip
+                admin,
+                table.database,
+                table.target,
+                lambda: f"dpone-status-{time.time_ns()}-{next(reads)}",
+                time.monotonic() + 30,
+            )
         except DponeError:
             continue  # unobservable now: nothing is claimed either way
         if found is not None:
-            status.needs_person.append({
-                "kind": "store_missing", "target": table.qualified_target,
-                "store": str(project.store), "uuid": found.uuid,
-                "message": f"{table.qualified_target} exists but the store {project.store} does "
-                "not: point `store` in the project file at the store its refreshes used",
-                "command": None,
-            })  # fmt: skip
+            status.needs_person.append(
+                {
+                    "kind": "store_missing",
+                    "target": table.qualified_target,
+                    "store": str(project.store),
+                    "uuid": found.uuid,
+                    "message": f"{table.qualified_target} exists but the store {project.store} does "
+                    "not: point `store` in the project file at the store its refreshes used",
+                    "command": None,
+                }
+            )
 
 
-def _leases(project: Project, status: ProjectStatus, store: SqliteSnapshotStore,
-            finishing: set[str]) -> None:  # fmt: skip
+def _leases(
+    project: Project, status: ProjectStatus, store: SqliteSnapshotStore, finishing: set[str]
+) -> None:
     """``finishing``: attempts listed with their cleanup or discard, which ends the
     attempt's ingest lease in this store once its journal is terminal (no second item)."""
     dirs = project_journal_dirs(project.work_dir)
@@ -147,17 +176,25 @@ def _leases(project: Project, status: ProjectStatus, store: SqliteSnapshotStore,
         if verdict.holder != GONE or verdict.record.lease.attempt_id in finishing:
             continue
         lease = verdict.record.lease
-        status.needs_person.append({
-            "kind": "lease_abandoned", "lease_id": lease.lease_id, "user": lease.user,
-            "role": lease.role, "attempt_id": lease.attempt_id, "reason": verdict.reason,
-            "command": end_lease_command(lease.lease_id, project.store, dirs),
-        })  # fmt: skip
+        status.needs_person.append(
+            {
+                "kind": "lease_abandoned",
+                "lease_id": lease.lease_id,
+                "user": lease.user,
+                "role": lease.role,
+                "attempt_id": lease.attempt_id,
+                "reason": verdict.reason,
+                "command": end_lease_command(lease.lease_id, project.store, dirs),
+            }
+        )
 
 
-def _copies(store: SqliteSnapshotStore, port: int, project: Project, database: str,
-            target: str) -> list[dict[str, Any]] | None:  # fmt: skip
-    admin = HttpTransport(Endpoint("127.0.0.1", port, 0, database),
-                          admin_credentials(project.clickhouse.data_dir))  # fmt: skip
+def _copies(
+    store: SqliteSnapshotStore, port: int, project: Project, database: str, target: str
+) -> list[dict[str, Any]] | None:
+    admin = HttpTransport(
+        Endpoint("127.0.0.1", port, 0, database), admin_credentials(project.clickhouse.data_dir)
+    )
     kept = []
     try:
         for copy in rollback_copies(store, database, target):
@@ -168,8 +205,9 @@ def _copies(store: SqliteSnapshotStore, port: int, project: Project, database: s
     return kept
 
 
-def _attempts(project: Project, status: ProjectStatus, data_dir: str,
-              store: SqliteSnapshotStore | None) -> set[str]:  # fmt: skip
+def _attempts(
+    project: Project, status: ProjectStatus, data_dir: str, store: SqliteSnapshotStore | None
+) -> set[str]:
     """List the attempts that need a person; the ids listed with a finishing command."""
     finishing: set[str] = set()
     attempts_dir = project.work_dir / "attempts"
@@ -194,11 +232,16 @@ def _attempts(project: Project, status: ProjectStatus, data_dir: str,
         tail = ["--data-dir", data_dir, "--store", str(project.store)]
         if command:
             finishing.add(summary.attempt_id)
-        status.needs_person.append({
-            "kind": "staged_unpublished" if lingering else summary.state, "attempt_id": summary.attempt_id, "journal": str(summary.path),
-            "table": summary.planned_table, "unsettled_mutations": [m.query_id for m in summary.unsettled],
-            "command": f"{command} {shlex.join(tail)}" if command else None,
-        })  # fmt: skip
+        status.needs_person.append(
+            {
+                "kind": "staged_unpublished" if lingering else summary.state,
+                "attempt_id": summary.attempt_id,
+                "journal": str(summary.path),
+                "table": summary.planned_table,
+                "unsettled_mutations": [m.query_id for m in summary.unsettled],
+                "command": f"{command} {shlex.join(tail)}" if command else None,
+            }
+        )
     retention_dir: Path = project.work_dir / "retention"
     for summary in list_attempts(retention_dir):
         if summary.state == "discarded":
@@ -207,11 +250,16 @@ def _attempts(project: Project, status: ProjectStatus, data_dir: str,
         # A drop of a rollback copy is finished by the discard that proves the copy's
         # ownership again (or, with nothing sent, says so).
         command = finishing_command(summary.state, summary.attempt_id, retention_dir, database)
-        status.needs_person.append({
-            "kind": "retention_unfinished", "attempt_id": summary.attempt_id,
-            "journal": str(summary.path), "table": summary.planned_table,
-            "unsettled_mutations": [m.query_id for m in summary.unsettled],
-            "command": f"{command} {shlex.join(['--data-dir', data_dir])}" if command
-            else shlex.join(["dpone", "journal", "show", str(summary.path)]),
-        })  # fmt: skip
+        status.needs_person.append(
+            {
+                "kind": "retention_unfinished",
+                "attempt_id": summary.attempt_id,
+                "journal": str(summary.path),
+                "table": summary.planned_table,
+                "unsettled_mutations": [m.query_id for m in summary.unsettled],
+                "command": f"{command} {shlex.join(['--data-dir', data_dir])}"
+                if command
+                else shlex.join(["dpone", "journal", "show", str(summary.path)]),
+            }
+        )
     return finishing

@@ -101,18 +101,29 @@ class TableReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "table": self.table, "target": self.target, "attempt_id": self.attempt_id,
-            "ok": self.ok, "outcome": self.outcome, "phase": self.phase, "rows": self.rows,
-            "previous_rows": self.previous_rows, "file_bytes": self.file_bytes,
+            "table": self.table,
+            "target": self.target,
+            "attempt_id": self.attempt_id,
+            "ok": self.ok,
+            "outcome": self.outcome,
+            "phase": self.phase,
+            "rows": self.rows,
+            "previous_rows": self.previous_rows,
+            "file_bytes": self.file_bytes,
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
-            "journal": self.journal, "intent_sha256": self.intent_sha256, "state": self.state,
-            "revision": self.revision, "target_uuid_before": self.target_uuid_before,
-            "target_uuid_after": self.target_uuid_after, "generation_table": self.generation_table,
+            "journal": self.journal,
+            "intent_sha256": self.intent_sha256,
+            "state": self.state,
+            "revision": self.revision,
+            "target_uuid_before": self.target_uuid_before,
+            "target_uuid_after": self.target_uuid_after,
+            "generation_table": self.generation_table,
             "created_target": self.created_target,
             "dropped_rollback_copies": list(self.dropped_rollback_copies),
-            "error": self.error, "next_commands": list(self.next_commands),
+            "error": self.error,
+            "next_commands": list(self.next_commands),
             "warnings": list(self.warnings),
-        }  # fmt: skip
+        }
 
 
 def open_source(source: SourceConfig) -> Source:
@@ -129,9 +140,13 @@ class RefreshService:
     """Refreshes the tables of one project on the managed local server."""
 
     def __init__(
-        self, project: Project, *, allow_shrink: bool = False, progress: Progress | None = None,
+        self,
+        project: Project,
+        *,
+        allow_shrink: bool = False,
+        progress: Progress | None = None,
         done: Callable[[], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.project = project
         self.allow_shrink = allow_shrink
         self.progress = progress
@@ -204,13 +219,18 @@ class RefreshService:
                     f"{published.revision}; the target is as the record says",
                     code=f"publication_{published.state.value.lower()}",
                     intent_sha256=intent.sha256,
-                )  # fmt: skip
+                )
         report.ok, report.outcome = True, "published"
         with phase("retention"):
             report.dropped_rollback_copies = enforce_retention(
-                parts.store, admin, project.work_dir / "retention", table.database,
-                table.target, keep=project.keep_rollback, user=admin_login.user,
-            )  # fmt: skip
+                parts.store,
+                admin,
+                project.work_dir / "retention",
+                table.database,
+                table.target,
+                keep=project.keep_rollback,
+                user=admin_login.user,
+            )
 
     def _export(self, table: TableConfig, warn: Callable[[str], None]) -> Any:
         source = open_source(self.project.sources[table.source])
@@ -233,21 +253,35 @@ class RefreshService:
         self.done()
         return result
 
-    def _stage(self, table: TableConfig, endpoint: Endpoint, ingest: IssuedPrincipal,
-               design: PhysicalDesign, exported: Any, report: TableReport,
-               parts: PublicationComponents) -> Any:  # fmt: skip
+    def _stage(
+        self,
+        table: TableConfig,
+        endpoint: Endpoint,
+        ingest: IssuedPrincipal,
+        design: PhysicalDesign,
+        exported: Any,
+        report: TableReport,
+        parts: PublicationComponents,
+    ) -> Any:
         clickhouse = self.project.clickhouse
         config = StagingConfig(
-            endpoint, ingest.credentials, self.attempts_dir, transport=clickhouse.transport,
-            client_path=clickhouse.client_path, preparation_mode=clickhouse.preparation,
-            principal_uuid=ingest.ref.user_uuid, design=design,
+            endpoint,
+            ingest.credentials,
+            self.attempts_dir,
+            transport=clickhouse.transport,
+            client_path=clickhouse.client_path,
+            preparation_mode=clickhouse.preparation,
+            principal_uuid=ingest.ref.user_uuid,
+            design=design,
             policy=staging_policy(table.limits),
-        )  # fmt: skip
+        )
         try:
             staged = ClickHouseSink(config, progress=self.progress).stage_validated_file(
-                exported.path, exported.receipt_path, attempt_id=report.attempt_id,
+                exported.path,
+                exported.receipt_path,
+                attempt_id=report.attempt_id,
                 overrides=dict(table.types) or None,
-            )  # fmt: skip
+            )
         except DponeError as exc:
             # Nothing will be published from this attempt: its ingest principal is
             # closed (proven quiescent) so the pool gets the user back.
@@ -264,9 +298,12 @@ class RefreshService:
 
     def _design(self, admin: QueryPort, table: TableConfig, attempt_id: str) -> PhysicalDesign:
         """The target's ORDER BY / PARTITION BY when it exists, else the declared design."""
-        rows = _rows(admin, "SELECT engine, sorting_key, partition_key FROM system.tables WHERE "
-                     f"database = {_literal(table.database)} AND name = {_literal(table.target)}",
-                     read_query_id(attempt_id, "refresh_design", 1))  # fmt: skip
+        rows = _rows(
+            admin,
+            "SELECT engine, sorting_key, partition_key FROM system.tables WHERE "
+            f"database = {_literal(table.database)} AND name = {_literal(table.target)}",
+            read_query_id(attempt_id, "refresh_design", 1),
+        )
         if not rows:
             return table.design
         row = rows[0]
@@ -274,8 +311,9 @@ class RefreshService:
             raise RefreshError(
                 f"the target {table.qualified_target} is a {row.get('engine')} table; a refresh "
                 "publishes MergeTree generations only",
-                code="design_unsupported", engine=row.get("engine"),
-            )  # fmt: skip
+                code="design_unsupported",
+                engine=row.get("engine"),
+            )
         try:
             return PhysicalDesign(
                 order_by=str(row.get("sorting_key") or "") or "tuple()",
@@ -289,15 +327,19 @@ class RefreshService:
 
     def _target_rows(self, admin: QueryPort, intent: SnapshotIntent, attempt_id: str) -> int:
         """The target's exact row count now, on the intent's own target UUID."""
-        rows = _rows(admin, "SELECT toString(uuid) AS uuid, total_rows FROM system.tables WHERE "
-                     f"database = {_literal(intent.database)} AND name = {_literal(intent.target_table)}",
-                     read_query_id(attempt_id, "refresh_target_rows", 1))  # fmt: skip
+        rows = _rows(
+            admin,
+            "SELECT toString(uuid) AS uuid, total_rows FROM system.tables WHERE "
+            f"database = {_literal(intent.database)} AND name = {_literal(intent.target_table)}",
+            read_query_id(attempt_id, "refresh_target_rows", 1),
+        )
         if len(rows) != 1 or rows[0].get("uuid") != intent.target_uuid:
             raise RefreshError(
                 f"the target {intent.database}.{intent.target_table} is not the prepared one "
                 f"({intent.target_uuid}): {rows!r:.200}",
-                code="target_changed", intent_sha256=intent.sha256,
-            )  # fmt: skip
+                code="target_changed",
+                intent_sha256=intent.sha256,
+            )
         count = rows[0].get("total_rows")
         if not isinstance(count, int) or isinstance(count, bool):
             count = int(str(count)) if str(count).isdigit() else None
@@ -317,22 +359,37 @@ class RefreshService:
             "--allow-shrink if the source really shrank)"
         )
 
-    def _refuse_shrink(self, parts: PublicationComponents, admin: QueryPort,
-                       intent: SnapshotIntent, report: TableReport, message: str) -> None:  # fmt: skip
+    def _refuse_shrink(
+        self,
+        parts: PublicationComponents,
+        admin: QueryPort,
+        intent: SnapshotIntent,
+        report: TableReport,
+        message: str,
+    ) -> None:
         cancelled = parts.publisher.cancel(intent.sha256)
         report.state, report.revision = cancelled.state.value, cancelled.revision
         report.outcome = "not_published"
         report.target_uuid_after = intent.target_uuid
         try:
-            discard_attempt(admin, self.attempts_dir, report.attempt_id,
-                            database=intent.database, expected_uuid=intent.generation_uuid)  # fmt: skip
+            discard_attempt(
+                admin,
+                self.attempts_dir,
+                report.attempt_id,
+                database=intent.database,
+                expected_uuid=intent.generation_uuid,
+            )
         except DponeError as exc:
             report.next_commands = [
                 self._attempt_command("staged", report.attempt_id, intent.database)
             ]
             message += f"; the generation was not discarded: [{exc.code}] {exc.message}"
-        raise RefreshError(message, code="shrink_refused", previous_rows=report.previous_rows,
-                           rows=intent.source_rows)  # fmt: skip
+        raise RefreshError(
+            message,
+            code="shrink_refused",
+            previous_rows=report.previous_rows,
+            rows=intent.source_rows,
+        )
 
     # ------------------------------------------------------------------ what remains
 
@@ -360,8 +417,18 @@ class RefreshService:
         return command
 
     def _snapshot_command(self, verb: str, intent_sha256: str) -> str:
-        return shlex.join(["dpone", "snapshot", verb, intent_sha256, "--store", str(self.project.store),
-                           "--data-dir", str(self.project.clickhouse.data_dir)])  # fmt: skip
+        return shlex.join(
+            [
+                "dpone",
+                "snapshot",
+                verb,
+                intent_sha256,
+                "--store",
+                str(self.project.store),
+                "--data-dir",
+                str(self.project.clickhouse.data_dir),
+            ]
+        )
 
     def _publication_commands(self, state: SnapshotState, intent_sha256: str) -> list[str]:
         if state in (SnapshotState.EXCHANGE_INTENT, SnapshotState.COMMIT_UNKNOWN):
@@ -398,8 +465,9 @@ def _export_lock(out: Path) -> Iterator[None]:
         except BlockingIOError as exc:
             raise RefreshError(
                 f"another refresh is exporting {out} now; run this one after it ends",
-                code="export_busy", path=str(out),
-            ) from exc  # fmt: skip
+                code="export_busy",
+                path=str(out),
+            ) from exc
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock

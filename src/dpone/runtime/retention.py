@@ -65,9 +65,13 @@ class RollbackCopy:
         return self.intent.target_uuid
 
     def to_dict(self) -> dict[str, Any]:
-        return {"table": f"{self.intent.database}.{self.table}", "uuid": self.uuid,
-                "rows": None, "published_at": self.published_at,
-                "intent_sha256": self.intent.sha256}  # fmt: skip
+        return {
+            "table": f"{self.intent.database}.{self.table}",
+            "uuid": self.uuid,
+            "rows": None,
+            "published_at": self.published_at,
+            "intent_sha256": self.intent.sha256,
+        }
 
 
 def rollback_copies(store: SqliteSnapshotStore, database: str, target: str) -> list[RollbackCopy]:
@@ -102,10 +106,12 @@ def observe_copy(transport: QueryPort, copy: RollbackCopy, purpose: str) -> Owne
     """The copy's table if its name still holds the copy's UUID, else None."""
     reads = iter(range(1, 100))
     found = observe_ownership(
-        transport, copy.intent.database, copy.table,
+        transport,
+        copy.intent.database,
+        copy.table,
         lambda: read_query_id(copy.intent.attempt_id, purpose, next(reads)),
         time.monotonic() + REQUEST_SECONDS,
-    )  # fmt: skip
+    )
     return found if found is not None and found.uuid == copy.uuid else None
 
 
@@ -122,24 +128,33 @@ def existing_copies(
 
 
 def enforce_retention(
-    store: SqliteSnapshotStore, transport: QueryPort, retention_dir: Path, database: str,
-    target: str, *, keep: int, user: str,
-) -> list[str]:  # fmt: skip
+    store: SqliteSnapshotStore,
+    transport: QueryPort,
+    retention_dir: Path,
+    database: str,
+    target: str,
+    *,
+    keep: int,
+    user: str,
+) -> list[str]:
     """Drop the copies beyond the ``keep`` newest; returns the dropped tables' names.
 
     ``user`` is the server user ``transport`` authenticates as: each drop's journal
     names it, so a later proof of the DROP's fate finds it in the query log.
     """
     unfinished = [
-        s.intent_sha256 for s in store.list_snapshots()
-        if (s.database, s.target_table) == (database, target) and SnapshotState(s.state) not in TERMINAL
-    ]  # fmt: skip
+        s.intent_sha256
+        for s in store.list_snapshots()
+        if (s.database, s.target_table) == (database, target)
+        and SnapshotState(s.state) not in TERMINAL
+    ]
     if unfinished:
         raise RetentionError(
             f"{database}.{target} has an unfinished publication ({unfinished[0]}); no rollback "
             "copy is dropped until it is reconciled",
-            code="publication_unfinished", intent_sha256=unfinished[0],
-        )  # fmt: skip
+            code="publication_unfinished",
+            intent_sha256=unfinished[0],
+        )
     dropped = []
     for copy, owned in existing_copies(store, transport, database, target)[keep:]:
         drop_copy(transport, retention_dir, copy, owned, user=user)
@@ -155,24 +170,44 @@ def drop_copy(
         raise RetentionError(
             f"{copy.intent.database}.{copy.table} carries the mark {owned.comment!r}, not "
             f"{copy.expected_comment!r}; it is not proven to be the rollback copy, not dropped",
-            code="ownership_unverified", table=copy.table, table_uuid=owned.uuid,
-        )  # fmt: skip
+            code="ownership_unverified",
+            table=copy.table,
+            table_uuid=owned.uuid,
+        )
     journal = ClickHouseFileAttemptJournal(retention_dir, "retain-" + new_attempt_id())
     journal.open()
     planned = {"database": copy.intent.database, "table": copy.table}
-    run = AttemptRun(journal, {"planned_ownership": planned, "principal": {"user": user}},
-                     state=StageState.DISCARDING)  # fmt: skip
+    run = AttemptRun(
+        journal,
+        {"planned_ownership": planned, "principal": {"user": user}},
+        state=StageState.DISCARDING,
+    )
     run.table_uuid = owned.uuid
-    run.event(StageState.DISCARDING, "retention_planned", observed_ownership={"table_uuid": owned.uuid},
-              rollback_copy={"intent_sha256": copy.intent.sha256, "uuid": copy.uuid,
-                             "comment": owned.comment, "published_at": copy.published_at})  # fmt: skip
+    run.event(
+        StageState.DISCARDING,
+        "retention_planned",
+        observed_ownership={"table_uuid": owned.uuid},
+        rollback_copy={
+            "intent_sha256": copy.intent.sha256,
+            "uuid": copy.uuid,
+            "comment": owned.comment,
+            "published_at": copy.published_at,
+        },
+    )
     reads = iter(range(1, 100))
     try:
         gone = drop_owned_table(
-            transport, run, StageState.DISCARDING, kind="discard", database=copy.intent.database,
-            table=copy.table, found=owned, request_seconds=REQUEST_SECONDS, clock=time.monotonic,
+            transport,
+            run,
+            StageState.DISCARDING,
+            kind="discard",
+            database=copy.intent.database,
+            table=copy.table,
+            found=owned,
+            request_seconds=REQUEST_SECONDS,
+            clock=time.monotonic,
             read_id=lambda purpose: read_query_id(journal.attempt_id, purpose, next(reads)),
-        )  # fmt: skip
+        )
     except DponeError as exc:
         exc.add_details(journal=str(journal.attempt_dir))
         raise
@@ -180,6 +215,7 @@ def drop_copy(
         raise RetentionError(
             f"the DROP of {copy.intent.database}.{copy.table} has an unknown outcome; its journal "
             f"{journal.attempt_dir} stays at discarding",
-            code="retention_unknown", journal=str(journal.attempt_dir),
-        )  # fmt: skip
+            code="retention_unknown",
+            journal=str(journal.attempt_dir),
+        )
     run.event(StageState.DISCARDED, "discarded")

@@ -125,16 +125,27 @@ class RollbackReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "table": self.table, "target": self.target, "attempt_id": self.attempt_id,
-            "ok": self.ok, "outcome": self.outcome, "phase": self.phase, "rows": self.rows,
-            "copy_table": self.copy_table, "undone_intent": self.undone_intent,
-            "restored_intent": self.restored_intent, "origin_journal": self.origin_journal,
-            "journal": self.journal, "intent_sha256": self.intent_sha256, "state": self.state,
-            "revision": self.revision, "target_uuid_before": self.target_uuid_before,
+            "table": self.table,
+            "target": self.target,
+            "attempt_id": self.attempt_id,
+            "ok": self.ok,
+            "outcome": self.outcome,
+            "phase": self.phase,
+            "rows": self.rows,
+            "copy_table": self.copy_table,
+            "undone_intent": self.undone_intent,
+            "restored_intent": self.restored_intent,
+            "origin_journal": self.origin_journal,
+            "journal": self.journal,
+            "intent_sha256": self.intent_sha256,
+            "state": self.state,
+            "revision": self.revision,
+            "target_uuid_before": self.target_uuid_before,
             "target_uuid_after": self.target_uuid_after,
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
-            "error": self.error, "next_commands": list(self.next_commands),
-        }  # fmt: skip
+            "error": self.error,
+            "next_commands": list(self.next_commands),
+        }
 
 
 def find_rollback_source(
@@ -147,40 +158,52 @@ def find_rollback_source(
         raise RollbackError(
             f"{database}.{target} has an unfinished publication ({unfinished[0]}); reconcile or "
             "cancel it first (`dpone status` names the command)",
-            code="publication_unfinished", intent_sha256=unfinished[0],
-        )  # fmt: skip
+            code="publication_unfinished",
+            intent_sha256=unfinished[0],
+        )
     published = [s for s in mine if s.state == SnapshotState.PUBLISHED.value]
     if not published:
-        raise RollbackError(f"{database}.{target} was never published: there is no rollback copy",
-                            code="no_rollback_copy", reason="never_published")  # fmt: skip
+        raise RollbackError(
+            f"{database}.{target} was never published: there is no rollback copy",
+            code="no_rollback_copy",
+            reason="never_published",
+        )
     undone = SnapshotIntent.from_bytes(published[-1].intent_bytes)
     # Oldest first: the first intent that named this UUID as its generation staged it.
     origin = next(
-        (i for i in (SnapshotIntent.from_bytes(s.intent_bytes) for s in mine)
-         if i.generation_uuid == undone.target_uuid),
+        (
+            i
+            for i in (SnapshotIntent.from_bytes(s.intent_bytes) for s in mine)
+            if i.generation_uuid == undone.target_uuid
+        ),
         None,
-    )  # fmt: skip
+    )
     if origin is None:
         raise RollbackError(
             f"the copy {database}.{undone.generation_table} is the empty target the first "
             "publication created: there is no earlier content to roll back to",
-            code="no_rollback_copy", reason="first_publication",
+            code="no_rollback_copy",
+            reason="first_publication",
             undone_intent=undone.sha256,
-        )  # fmt: skip
+        )
     journal = attempts_dir / origin.attempt_id
     try:
         events = read_events(journal)
     except DponeError as exc:
         raise RollbackError(
             f"the staging journal of the copy ({journal}) does not verify: {exc.message}",
-            code="staging_evidence_missing", journal=str(journal), cause=exc.code,
-        ) from exc  # fmt: skip
+            code="staging_evidence_missing",
+            journal=str(journal),
+            cause=exc.code,
+        ) from exc
     if not events or events[-1].sha256 != origin.staged_event_sha256:
         raise RollbackError(
             f"the staging journal {journal} does not end with the staged event the publication "
             f"{origin.sha256} names",
-            code="staging_evidence_missing", journal=str(journal), intent_sha256=origin.sha256,
-        )  # fmt: skip
+            code="staging_evidence_missing",
+            journal=str(journal),
+            intent_sha256=origin.sha256,
+        )
     return RollbackSource(undone, origin, journal, events)
 
 
@@ -193,22 +216,30 @@ def check_copy(observation: CatalogObservation, source: RollbackSource) -> None:
         raise RollbackError(
             f"the target {undone.database}.{undone.target_table} is not the last publication's "
             f"generation {undone.generation_uuid} (observed {target.uuid if target else None})",
-            code="target_changed", intent_sha256=undone.sha256,
-        )  # fmt: skip
+            code="target_changed",
+            intent_sha256=undone.sha256,
+        )
     if copy is None or copy.uuid != source.copy_uuid:
         raise RollbackError(
             f"{name} no longer holds the rollback copy {source.copy_uuid} (dropped by retention "
-            "or replaced)", code="no_rollback_copy", reason="copy_gone", table=name,
+            "or replaced)",
+            code="no_rollback_copy",
+            reason="copy_gone",
+            table=name,
             observed_uuid=copy.uuid if copy else None,
-        )  # fmt: skip
+        )
     if (copy.rows, copy.content_digest) != (origin.source_rows, origin.content_digest):
         raise RollbackError(
             f"{name} holds {copy.rows} rows with content digest {copy.content_digest}; it was "
             f"staged with {origin.source_rows} rows and digest {origin.content_digest}: the "
             "copy was altered, nothing is published",
-            code="content_mismatch", table=name, rows=copy.rows, expected_rows=origin.source_rows,
-            content_digest=copy.content_digest, expected_digest=origin.content_digest,
-        )  # fmt: skip
+            code="content_mismatch",
+            table=name,
+            rows=copy.rows,
+            expected_rows=origin.source_rows,
+            content_digest=copy.content_digest,
+            expected_digest=origin.content_digest,
+        )
 
 
 class RollbackService:
@@ -279,26 +310,33 @@ class RollbackService:
                     f"{published.revision}; the target is as the record says",
                     code=f"publication_{published.state.value.lower()}",
                     intent_sha256=prepared.intent_sha256,
-                )  # fmt: skip
+                )
         report.ok, report.outcome = True, "published"
 
-    def _journal(self, parts: PublicationComponents, source: RollbackSource,
-                 ingest: IssuedPrincipal, attempt_id: str) -> JournalEvent:  # fmt: skip
+    def _journal(
+        self,
+        parts: PublicationComponents,
+        source: RollbackSource,
+        ingest: IssuedPrincipal,
+        attempt_id: str,
+    ) -> JournalEvent:
         """Write the rollback attempt's journal; returns its final ``staged`` event."""
         undone = source.undone
         original = {e.document.get("outcome"): e.document for e in source.events}
         staged_doc = source.events[-1].document
         admin = HttpTransport(parts.endpoint, admin_credentials(self.project.clickhouse.data_dir))
         identity = observe_identity(
-            admin, undone.database, probe_prefix=f"dpone-b02-{attempt_id}-rollback-identity",
+            admin,
+            undone.database,
+            probe_prefix=f"dpone-b02-{attempt_id}-rollback-identity",
             deadline=time.monotonic() + REQUEST_SECONDS,
-        ).to_document()  # fmt: skip
+        ).to_document()
         if identity != staged_doc.get("endpoint_identity"):
             raise RollbackError(
                 "the server or database is not the one that staged the copy: "
                 f"{identity} != {staged_doc.get('endpoint_identity')}",
                 code="endpoint_changed",
-            )  # fmt: skip
+            )
         common = {
             "principal": {"user": ingest.ref.user, "user_uuid": ingest.ref.user_uuid},
             "planned_ownership": {"database": undone.database, "table": source.copy_table},
@@ -307,32 +345,62 @@ class RollbackService:
             "kind": "rollback",
         }
         rollback = {
-            "undone_intent": undone.sha256, "origin_intent": source.origin.sha256,
+            "undone_intent": undone.sha256,
+            "origin_intent": source.origin.sha256,
             "origin_journal": str(source.journal),
             "origin_staged_event_sha256": source.origin.staged_event_sha256,
             "copy_uuid": source.copy_uuid,
-        }  # fmt: skip
+        }
         journal = ClickHouseFileAttemptJournal(self.rollbacks_dir, attempt_id)
         journal.open()
-        journal.record({**common, "state": "checking", "outcome": "admitted", "rollback": rollback,
-                        "source_identity": original["admitted"][_ORIGIN_MEMBERS["admitted"]]})  # fmt: skip
-        journal.record({**common, "state": "prepared", "outcome": "prepared",
-                        "semantic_id": source.origin.semantic_id,
-                        "derived_identity": original["prepared"][_ORIGIN_MEMBERS["prepared"]],
-                        "counts": {"prepared_rows": source.origin.source_rows, "observed_count": None}})  # fmt: skip
+        journal.record(
+            {
+                **common,
+                "state": "checking",
+                "outcome": "admitted",
+                "rollback": rollback,
+                "source_identity": original["admitted"][_ORIGIN_MEMBERS["admitted"]],
+            }
+        )
+        journal.record(
+            {
+                **common,
+                "state": "prepared",
+                "outcome": "prepared",
+                "semantic_id": source.origin.semantic_id,
+                "derived_identity": original["prepared"][_ORIGIN_MEMBERS["prepared"]],
+                "counts": {"prepared_rows": source.origin.source_rows, "observed_count": None},
+            }
+        )
         # The copy was checked just before (verify_copy); prepare checks it again.
-        return journal.record({
-            **common, "state": "staged", "outcome": "staged", "rollback": rollback,
-            "semantic_id": source.origin.semantic_id,
-            "counts": {"prepared_rows": source.origin.source_rows,
-                       "observed_count": source.origin.source_rows},
-            "observed_ownership": {"table_uuid": source.copy_uuid},
-        })  # fmt: skip
+        return journal.record(
+            {
+                **common,
+                "state": "staged",
+                "outcome": "staged",
+                "rollback": rollback,
+                "semantic_id": source.origin.semantic_id,
+                "counts": {
+                    "prepared_rows": source.origin.source_rows,
+                    "observed_count": source.origin.source_rows,
+                },
+                "observed_ownership": {"table_uuid": source.copy_uuid},
+            }
+        )
 
     def _snapshot_command(self, verb: str, report: RollbackReport) -> str:
-        return shlex.join(["dpone", "snapshot", verb, str(report.intent_sha256), "--store",
-                           str(self.project.store), "--data-dir",
-                           str(self.project.clickhouse.data_dir)])  # fmt: skip
+        return shlex.join(
+            [
+                "dpone",
+                "snapshot",
+                verb,
+                str(report.intent_sha256),
+                "--store",
+                str(self.project.store),
+                "--data-dir",
+                str(self.project.clickhouse.data_dir),
+            ]
+        )
 
 
 def _release(parts: PublicationComponents, ingest: IssuedPrincipal, exc: DponeError) -> None:

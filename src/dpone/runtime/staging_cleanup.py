@@ -73,10 +73,22 @@ def drop_owned_table(
                 query_id=drop_id,
             ) from exc
         run.returned(drop_id)
-        proof = prove_termination(transport, drop_id, probe_prefix=read_id("termination"),
-                                  deadline=clock() + request_seconds, origin=run.origin(drop_id))  # fmt: skip
-        run.event(state, "termination_observed", remote={
-            "query_id": drop_id, "termination": proof.termination.value, "source": proof.source})  # fmt: skip
+        proof = prove_termination(
+            transport,
+            drop_id,
+            probe_prefix=read_id("termination"),
+            deadline=clock() + request_seconds,
+            origin=run.origin(drop_id),
+        )
+        run.event(
+            state,
+            "termination_observed",
+            remote={
+                "query_id": drop_id,
+                "termination": proof.termination.value,
+                "source": proof.source,
+            },
+        )
         if not proof.proven_terminal:
             return False
         run.settle(drop_id, proof.termination.value)
@@ -84,7 +96,8 @@ def drop_owned_table(
         run.settle(drop_id, SETTLED_ACKNOWLEDGED)
     if table_exists(transport, database, table, read_id("dropped"), clock() + request_seconds):
         raise CleanupRefused(
-            f"{database}.{table} still exists after its DROP", code="drop_unverified",
+            f"{database}.{table} still exists after its DROP",
+            code="drop_unverified",
             query_id=drop_id,
-        )  # fmt: skip
+        )
     return True

@@ -36,8 +36,12 @@ SETTLED_SERVER_ERROR = "server_error"
 SETTLED_NOT_SUBMITTED = "not_submitted"
 # Members of every event that describe where and as whom the attempt works.
 BASE_FIELDS = (
-    "endpoint", "endpoint_identity", "transport", "planned_ownership", "principal",
-)  # fmt: skip
+    "endpoint",
+    "endpoint_identity",
+    "transport",
+    "planned_ownership",
+    "principal",
+)
 
 
 def settlement(exc: BaseException) -> str | None:
@@ -76,8 +80,9 @@ def dispatch_origin(intent: Mapping[str, Any], now: float) -> QueryOrigin:
         raise StateError(
             f"the intent of {query_id} does not record its principal, database and "
             "dispatch window; its query-log entries cannot be told from another's",
-            code="origin_unrecorded", query_id=query_id,
-        )  # fmt: skip
+            code="origin_unrecorded",
+            query_id=query_id,
+        )
     return QueryOrigin(user, database, not_before / 1000, min(now, not_after / 1000))
 
 
@@ -126,8 +131,14 @@ class AttemptRun:
         carried = {"settled": self._settled} if self._settled else {}
         if self._returned:
             carried["returned"] = self._returned
-        document = {**self.base, "state": state.value, "outcome": outcome,
-                    "cleanup_inventory": dict(self.inventory), **carried, **fields}  # fmt: skip
+        document = {
+            **self.base,
+            "state": state.value,
+            "outcome": outcome,
+            "cleanup_inventory": dict(self.inventory),
+            **carried,
+            **fields,
+        }
         self.last = self.journal.record(document)
         self._settled = self._returned = None
         return self.last
@@ -138,10 +149,17 @@ class AttemptRun:
         """The durable intent of one mutation, with its dispatch window."""
         # Milliseconds since the epoch (canonical JSON has no floats), rounded outward.
         now = self.wall_clock()
-        window = {"not_before_ms": math.floor(now * 1000),
-                  "not_after_ms": math.ceil((now + window_seconds) * 1000)}  # fmt: skip
-        event = self.event(state, "drop_intent" if kind in ("drop", "discard") else "intent",
-                           query={"kind": kind, "query_id": query_id}, dispatch=window, **fields)  # fmt: skip
+        window = {
+            "not_before_ms": math.floor(now * 1000),
+            "not_after_ms": math.ceil((now + window_seconds) * 1000),
+        }
+        event = self.event(
+            state,
+            "drop_intent" if kind in ("drop", "discard") else "intent",
+            query={"kind": kind, "query_id": query_id},
+            dispatch=window,
+            **fields,
+        )
         self.in_flight = query_id
         self.intents[query_id] = event.document
         return event

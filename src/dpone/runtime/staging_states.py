@@ -74,6 +74,8 @@ def _check(
     if target not in table.get(current, frozenset()):
         raise StateError(
             f"staging cannot move from {current.value} to {target.value}",
-            code="invalid_transition", current=current.value, target=target.value,
-        )  # fmt: skip
+            code="invalid_transition",
+            current=current.value,
+            target=target.value,
+        )
     return target

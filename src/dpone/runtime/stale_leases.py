@@ -70,11 +70,17 @@ class LeaseVerdict:
 
     def to_dict(self) -> dict[str, Any]:
         lease = self.record.lease
-        return {"lease_id": lease.lease_id, "user": lease.user, "role": lease.role,
-                "attempt_id": lease.attempt_id, "issued_at": self.record.issued_at,
-                "holder": self.holder, "reason": self.reason, "evidence": self.evidence,
-                "holder_process": None if self.record.holder is None
-                else self.record.holder.to_dict()}  # fmt: skip
+        return {
+            "lease_id": lease.lease_id,
+            "user": lease.user,
+            "role": lease.role,
+            "attempt_id": lease.attempt_id,
+            "issued_at": self.record.issued_at,
+            "holder": self.holder,
+            "reason": self.reason,
+            "evidence": self.evidence,
+            "holder_process": None if self.record.holder is None else self.record.holder.to_dict(),
+        }
 
 
 def project_journal_dirs(work_dir: Path) -> list[Path]:
@@ -112,11 +118,16 @@ def end_gone_lease(
         raise StateError(
             f"lease {lease_id} ({verdict.record.lease.user}) is not proven abandoned: "
             f"{verdict.reason} ({verdict.evidence.get('fact', '')})",
-            code=f"lease_holder_{verdict.holder}", lease_id=lease_id,
-            reason=verdict.reason, evidence=verdict.evidence,
-        )  # fmt: skip
-    facts = {"reason": verdict.reason, "evidence": verdict.evidence,
-             "journal_dirs": [str(d) for d in journal_dirs]}  # fmt: skip
+            code=f"lease_holder_{verdict.holder}",
+            lease_id=lease_id,
+            reason=verdict.reason,
+            evidence=verdict.evidence,
+        )
+    facts = {
+        "reason": verdict.reason,
+        "evidence": verdict.evidence,
+        "journal_dirs": [str(d) for d in journal_dirs],
+    }
     _, ended = store.end_lease_of_gone_holder(lease_id, facts)
     return verdict, ended
 
@@ -143,8 +154,9 @@ def _judge(
     prepared = [i.sha256 for i, _ in intents if i.attempt_id == lease.attempt_id]
     if prepared:
         return LeaseVerdict(record, GONE, "attempt_prepared", {"intent_sha256": prepared[0]})
-    journal = next((d / lease.attempt_id for d in journal_dirs
-                    if (d / lease.attempt_id).is_dir()), None)  # fmt: skip
+    journal = next(
+        (d / lease.attempt_id for d in journal_dirs if (d / lease.attempt_id).is_dir()), None
+    )
     if journal is None:
         searched = {"searched": [str(d) for d in journal_dirs]}
         found = _by_process(record, searched)
@@ -155,8 +167,9 @@ def _judge(
     try:
         events = read_events(journal)
     except DponeError as exc:
-        return LeaseVerdict(record, UNKNOWN, "journal_unreadable",
-                            {"journal": str(journal), "error": exc.code})  # fmt: skip
+        return LeaseVerdict(
+            record, UNKNOWN, "journal_unreadable", {"journal": str(journal), "error": exc.code}
+        )
     last = events[-1].document if events else {}
     ended = str(last.get("state")) if events else None
     facts: dict[str, Any] = {"journal": str(journal), "journal_state": ended}

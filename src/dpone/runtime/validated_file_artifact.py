@@ -35,8 +35,14 @@ class AttemptSummary:
 class FileAttempt:
     """The binding of one attempt: the held file, the receipt bytes, completion."""
 
-    def __init__(self, owner: ContractValidatedFileArtifact, attempt_id: str, held: HeldArtifact,
-                 receipt_bytes: bytes, budget: FileVerificationBudget | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        owner: ContractValidatedFileArtifact,
+        attempt_id: str,
+        held: HeldArtifact,
+        receipt_bytes: bytes,
+        budget: FileVerificationBudget | None,
+    ) -> None:
         self._owner = owner
         self.attempt_id = attempt_id
         self.held = held

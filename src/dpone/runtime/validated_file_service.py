@@ -141,20 +141,27 @@ class ClickHouseValidatedFileService:
     # ------------------------------------------------------------------ the sequence
 
     def stage(
-        self, artifact: ContractValidatedFileArtifact, attempt_id: str, *,
+        self,
+        artifact: ContractValidatedFileArtifact,
+        attempt_id: str,
+        *,
         overrides: dict[str, str] | None = None,
-    ) -> StagedTable:  # fmt: skip
+    ) -> StagedTable:
         """Run one attempt; return the staged table or raise with the last confirmed record."""
         check_attempt_id(attempt_id)
         journal = self.journal_factory(self.work_dir, attempt_id)
         journal.open()
         table = staging_table_name(attempt_id)
-        run = AttemptRun(journal, {
-            "endpoint": self._endpoint_description(),
-            "transport": self.transport.name,
-            "planned_ownership": {"database": self.database, "table": table},
-            "principal": {"user": self.user, "user_uuid": self.user_uuid},
-        }, wall_clock=self.wall_clock)  # fmt: skip
+        run = AttemptRun(
+            journal,
+            {
+                "endpoint": self._endpoint_description(),
+                "transport": self.transport.name,
+                "planned_ownership": {"database": self.database, "table": table},
+                "principal": {"user": self.user, "user_uuid": self.user_uuid},
+            },
+            wall_clock=self.wall_clock,
+        )
         prep_deadline = self.clock() + self.policy.preparation_seconds
         budget = FileVerificationBudget(prep_deadline, self.policy.max_scan_bytes, self.clock)
         try:
@@ -177,8 +184,12 @@ class ClickHouseValidatedFileService:
         """Before the file is even scanned: who we are and where we stage (reads only,
         except the one-time creation of a Nil-UUID server's identity)."""
         try:
-            principal = observe_principal(self.transport, self.user, probe_prefix=self._read_id(run, "principal"),
-                                          deadline=self._bounded(deadline))  # fmt: skip
+            principal = observe_principal(
+                self.transport,
+                self.user,
+                probe_prefix=self._read_id(run, "principal"),
+                deadline=self._bounded(deadline),
+            )
         except ClickHouseServerError as exc:
             # The transport names the database on every request: the first one says so.
             if exc.details.get("clickhouse_code") != UNKNOWN_DATABASE:
@@ -186,43 +197,60 @@ class ClickHouseValidatedFileService:
             raise EndpointIdentityError(
                 f"database {self.database!r} does not exist; create it with "
                 f"CREATE DATABASE {quote_identifier(self.database)} ENGINE = Atomic",
-                code="database_missing", database=self.database,
-            ) from exc  # fmt: skip
+                code="database_missing",
+                database=self.database,
+            ) from exc
         if principal["user_uuid"] is None:
             principal["user_uuid"] = self.user_uuid
         run.base["principal"] = principal
         identity = observe_identity(
-            self.transport, self.database, probe_prefix=self._read_id(run, "identity"),
+            self.transport,
+            self.database,
+            probe_prefix=self._read_id(run, "identity"),
             deadline=self._bounded(deadline),
             establish=lambda statement: self._mutate(run, S.CHECKING, "identity", statement),
-        )  # fmt: skip
+        )
         run.base["endpoint_identity"] = identity.to_document()
 
     def _stage(
-        self, run: AttemptRun, attempt: FileAttempt, table: str, prep_deadline: float,
+        self,
+        run: AttemptRun,
+        attempt: FileAttempt,
+        table: str,
+        prep_deadline: float,
         overrides: dict[str, str] | None,
-    ) -> StagedTable:  # fmt: skip
+    ) -> StagedTable:
         receipt = attempt.receipt
         run.event(S.CHECKING, "admitted", source_identity=receipt.to_document())
         try:
             self._check_receipt(receipt, overrides)
             run.move(S.PREPARING)
             prepared = prepare_rowbinary(
-                attempt.held.path, receipt, run.journal.attempt_dir / "spool",
-                overrides=overrides, held=attempt.held, progress=partial(self._phase, "preparing"),
+                attempt.held.path,
+                receipt,
+                run.journal.attempt_dir / "spool",
+                overrides=overrides,
+                held=attempt.held,
+                progress=partial(self._phase, "preparing"),
                 mode=self.preparation_mode,
                 budget=PreparationBudget(
-                    max_record_bytes=self.policy.max_record_bytes, max_rows=self.policy.max_rows,
+                    max_record_bytes=self.policy.max_record_bytes,
+                    max_rows=self.policy.max_rows,
                     max_spool_bytes=self.policy.max_spool_bytes,
                     free_space_reserve_bytes=self.policy.free_space_reserve_bytes,
-                    deadline_seconds=max(prep_deadline - self.clock(), 0.0), clock=self.clock,
+                    deadline_seconds=max(prep_deadline - self.clock(), 0.0),
+                    clock=self.clock,
                 ),
-            )  # fmt: skip
+            )
             run.prepared = prepared
             run.inventory["spool"] = str(prepared.path)
-            run.event(S.PREPARED, "prepared", derived_identity=prepared.identity.to_document(),
-                      semantic_id=prepared.semantic_id, counts={"prepared_rows": prepared.identity.prepared_rows,
-                                                                "observed_count": None})  # fmt: skip
+            run.event(
+                S.PREPARED,
+                "prepared",
+                derived_identity=prepared.identity.to_document(),
+                semantic_id=prepared.semantic_id,
+                counts={"prepared_rows": prepared.identity.prepared_rows, "observed_count": None},
+            )
             self._absent_before_create(run, table, prep_deadline)
             self._check_deadline(prep_deadline, "pre-CREATE checks")
         except BaseException as exc:
@@ -237,15 +265,19 @@ class ClickHouseValidatedFileService:
     def _check_receipt(self, receipt: FileReceipt, overrides: dict[str, str] | None) -> None:
         """The receipt must describe the codec and policy this build reads and converts with."""
         used = {"codec": (CODEC_ID, CODEC_VERSION), "policy": (POLICY_ID, POLICY_VERSION)}
-        found = {"codec": (receipt.codec_id, receipt.codec_version),
-                 "policy": (receipt.policy_id, receipt.policy_version)}  # fmt: skip
+        found = {
+            "codec": (receipt.codec_id, receipt.codec_version),
+            "policy": (receipt.policy_id, receipt.policy_version),
+        }
         for what, expected in used.items():
             if found[what] != expected:
                 raise StagingError(
                     f"the receipt was made with {what} {found[what][0]} version {found[what][1]}; "
                     f"this dpone uses {expected[0]} version {expected[1]}: validate the file again",
-                    code=f"receipt_{what}_mismatch", receipt=list(found[what]), used=list(expected),
-                )  # fmt: skip
+                    code=f"receipt_{what}_mismatch",
+                    receipt=list(found[what]),
+                    used=list(expected),
+                )
         if self.check_types is not None:
             plans = plan_columns(receipt.schema.columns, overrides)
             self.check_types([(p.name, p.clickhouse_type) for p in plans])
@@ -260,22 +292,38 @@ class ClickHouseValidatedFileService:
         # One verification deadline covers COUNT, metadata, identity scans and completion.
         verify_deadline = self.clock() + self.policy.verification_seconds
         insert_id = mutation_query_id(run.attempt_id, "insert") if rows else None
-        run.event(S.VERIFYING, "acknowledged" if rows else "not_submitted_empty",
-                  query={"kind": "insert", "query_id": insert_id})  # fmt: skip
+        run.event(
+            S.VERIFYING,
+            "acknowledged" if rows else "not_submitted_empty",
+            query={"kind": "insert", "query_id": insert_id},
+        )
         count = self._verify(run, attempt, table, comment, prepared, verify_deadline)
         shutil.rmtree(prepared.path.parent)
         run.inventory.pop("spool", None)
         # The last check before the final event: once "staged" is durable it is the truth.
         self._check_deadline(verify_deadline, "return")
-        final = run.event(S.STAGED, "staged", semantic_id=prepared.semantic_id,
-                          counts={"prepared_rows": rows, "observed_count": count},
-                          observed_ownership={"table_uuid": run.table_uuid})  # fmt: skip
+        final = run.event(
+            S.STAGED,
+            "staged",
+            semantic_id=prepared.semantic_id,
+            counts={"prepared_rows": rows, "observed_count": count},
+            observed_ownership={"table_uuid": run.table_uuid},
+        )
         return StagedTable(
-            self.database, table, run.table_uuid or "", count, prepared.semantic_id,
-            run.journal.attempt_dir, final.sha256,
-            metadata={"validated_file_consumption": {"record": final.document,
-                                                     "journal": str(run.journal.attempt_dir)}},
-        )  # fmt: skip
+            self.database,
+            table,
+            run.table_uuid or "",
+            count,
+            prepared.semantic_id,
+            run.journal.attempt_dir,
+            final.sha256,
+            metadata={
+                "validated_file_consumption": {
+                    "record": final.document,
+                    "journal": str(run.journal.attempt_dir),
+                }
+            },
+        )
 
     def _create(self, run: AttemptRun, table: str, comment: str, prepared: PreparedSpool) -> None:
         # The ownership mark is the first column's comment: every client can send a
@@ -294,12 +342,22 @@ class ClickHouseValidatedFileService:
     def _load(self, run: AttemptRun, table: str, prepared: PreparedSpool) -> None:
         identity = prepared.identity
         if identity.prepared_rows == 0:
-            run.event(S.LOADING, "not_submitted_empty", query={"kind": "insert", "query_id": None},
-                      observed_ownership={"table_uuid": run.table_uuid})  # fmt: skip
+            run.event(
+                S.LOADING,
+                "not_submitted_empty",
+                query={"kind": "insert", "query_id": None},
+                observed_ownership={"table_uuid": run.table_uuid},
+            )
             return
         self._phase("loading", identity.prepared_rows, identity.rowbinary_bytes)
-        result = self._mutate(run, S.LOADING, "insert", f"INSERT INTO {self._qualified(table)} FORMAT RowBinary",
-                              body=prepared.path, observed_ownership={"table_uuid": run.table_uuid})  # fmt: skip
+        result = self._mutate(
+            run,
+            S.LOADING,
+            "insert",
+            f"INSERT INTO {self._qualified(table)} FORMAT RowBinary",
+            body=prepared.path,
+            observed_ownership={"table_uuid": run.table_uuid},
+        )
         if (result.sent_bytes, result.sent_sha256) != (
             identity.rowbinary_bytes,
             identity.rowbinary_sha256,
@@ -308,10 +366,17 @@ class ClickHouseValidatedFileService:
                 f"sent {result.sent_bytes} bytes with SHA-256 {result.sent_sha256}, prepared "
                 f"{identity.rowbinary_bytes} with {identity.rowbinary_sha256}",
                 code="sent_bytes_mismatch",
-            )  # fmt: skip
+            )
 
-    def _verify(self, run: AttemptRun, attempt: FileAttempt, table: str, comment: str,
-                prepared: PreparedSpool, deadline: float) -> int:  # fmt: skip
+    def _verify(
+        self,
+        run: AttemptRun,
+        attempt: FileAttempt,
+        table: str,
+        comment: str,
+        prepared: PreparedSpool,
+        deadline: float,
+    ) -> int:
         """Everything after the INSERT, under the verification deadline."""
         again = self._verify_table(run, table, comment, prepared, deadline)
         if again != run.table_uuid:
@@ -319,20 +384,26 @@ class ClickHouseValidatedFileService:
                 f"staging table UUID changed from {run.table_uuid} to {again}",
                 code="table_replaced",
             )
-        endpoint = observe_identity(self.transport, self.database, probe_prefix=self._read_id(run, "identity"),
-                                    deadline=self._bounded(deadline))  # fmt: skip
+        endpoint = observe_identity(
+            self.transport,
+            self.database,
+            probe_prefix=self._read_id(run, "identity"),
+            deadline=self._bounded(deadline),
+        )
         if endpoint.to_document() != run.base["endpoint_identity"]:
             raise StagingError(
                 f"the endpoint's identity changed during the attempt: {endpoint.to_document()} "
                 f"after the INSERT, {run.base['endpoint_identity']} before",
                 code="endpoint_changed",
-            )  # fmt: skip
+            )
         rows = prepared.identity.prepared_rows
         count = self._count(run, table, deadline)
         if count != rows:
             raise StagingError(
-                f"COUNT observed {count} rows, prepared {rows}", code="count_mismatch", observed=count
-            )  # fmt: skip
+                f"COUNT observed {count} rows, prepared {rows}",
+                code="count_mismatch",
+                observed=count,
+            )
         # Completion re-scans the source: it belongs to this deadline, not preparation's.
         attempt.complete(
             count, FileVerificationBudget(deadline, self.policy.max_scan_bytes, self.clock)
@@ -350,11 +421,14 @@ class ClickHouseValidatedFileService:
         self, run: AttemptRun, table: str, comment: str, prepared: PreparedSpool, deadline: float
     ) -> str:
         rows = self.transport.execute(
-            read("SELECT toString(uuid) AS uuid, engine, is_temporary, sorting_key, partition_key "
-                 f"FROM system.tables WHERE database = {quote_literal(self.database)} AND name = {quote_literal(table)} "
-                 "FORMAT JSONEachRow", self._read_id(run, "table")),
+            read(
+                "SELECT toString(uuid) AS uuid, engine, is_temporary, sorting_key, partition_key "
+                f"FROM system.tables WHERE database = {quote_literal(self.database)} AND name = {quote_literal(table)} "
+                "FORMAT JSONEachRow",
+                self._read_id(run, "table"),
+            ),
             deadline=self._bounded(deadline),
-        ).json_rows()  # fmt: skip
+        ).json_rows()
         if len(rows) != 1:
             raise StagingError(
                 f"staging table {table} observed {len(rows)} times", code="table_missing"
@@ -373,11 +447,14 @@ class ClickHouseValidatedFileService:
         ):
             problems.append("physical design differs")
         cols = self.transport.execute(
-            read("SELECT name, type, comment FROM system.columns "
-                 f"WHERE database = {quote_literal(self.database)} AND table = {quote_literal(table)} "
-                 "ORDER BY position FORMAT JSONEachRow", self._read_id(run, "columns")),
+            read(
+                "SELECT name, type, comment FROM system.columns "
+                f"WHERE database = {quote_literal(self.database)} AND table = {quote_literal(table)} "
+                "ORDER BY position FORMAT JSONEachRow",
+                self._read_id(run, "columns"),
+            ),
             deadline=self._bounded(deadline),
-        ).json_rows()  # fmt: skip
+        ).json_rows()
         expected = [
             {"name": c.name, "type": c.clickhouse_type} for c in prepared.identity.target_schema
         ]
@@ -386,8 +463,11 @@ class ClickHouseValidatedFileService:
         if not cols or cols[0]["comment"] != comment:
             problems.append("ownership comment differs")
         if problems:
-            raise StagingError(f"staging table {table} fails its identity check: {'; '.join(problems)}",
-                               code="table_identity_mismatch", problems=problems)  # fmt: skip
+            raise StagingError(
+                f"staging table {table} fails its identity check: {'; '.join(problems)}",
+                code="table_identity_mismatch",
+                problems=problems,
+            )
         return str(t["uuid"])
 
     def _count(self, run: AttemptRun, table: str, deadline: float) -> int:
@@ -457,8 +537,13 @@ class ClickHouseValidatedFileService:
     def _clean(self, run: AttemptRun, table: str, exc: BaseException) -> StageState:
         if not self._remote_settled(run, exc):
             return S.RETAINED_UNKNOWN
-        found = observe_ownership(self.transport, self.database, table, lambda: self._read_id(run, "owned"),
-                                  self.clock() + self.policy.verification_seconds)  # fmt: skip
+        found = observe_ownership(
+            self.transport,
+            self.database,
+            table,
+            lambda: self._read_id(run, "owned"),
+            self.clock() + self.policy.verification_seconds,
+        )
         if found is None:
             return S.FAILED_CLEANED  # nothing was created
         semantic = run.prepared.semantic_id if run.prepared else ""
@@ -466,10 +551,17 @@ class ClickHouseValidatedFileService:
             run.inventory["table_not_owned"] = table
             return S.RETAINED_UNKNOWN
         gone = drop_owned_table(
-            self.transport, run, S.CLEANUP, kind="drop", database=self.database, table=table,
-            found=found, request_seconds=self.policy.request_seconds, clock=self.clock,
+            self.transport,
+            run,
+            S.CLEANUP,
+            kind="drop",
+            database=self.database,
+            table=table,
+            found=found,
+            request_seconds=self.policy.request_seconds,
+            clock=self.clock,
             read_id=partial(self._read_id, run),
-        )  # fmt: skip
+        )
         return S.FAILED_CLEANED if gone else S.RETAINED_UNKNOWN
 
     def _remote_settled(self, run: AttemptRun, exc: BaseException) -> bool:
@@ -481,17 +573,35 @@ class ClickHouseValidatedFileService:
         if how is not None:
             run.settle(query_id, how)
             return True  # the server answered with an exception, or nothing left
-        state = prove_termination(self.transport, query_id, probe_prefix=self._read_id(run, "termination"),
-                                  deadline=self.clock() + self.policy.verification_seconds,
-                                  origin=run.origin(query_id))  # fmt: skip
+        state = prove_termination(
+            self.transport,
+            query_id,
+            probe_prefix=self._read_id(run, "termination"),
+            deadline=self.clock() + self.policy.verification_seconds,
+            origin=run.origin(query_id),
+        )
         if state.proven_terminal:
             run.settle(query_id, state.termination.value)
-        run.event(S.CLEANUP, "termination_observed",
-                  remote={"query_id": query_id, "termination": state.termination.value, "source": state.source})  # fmt: skip
+        run.event(
+            S.CLEANUP,
+            "termination_observed",
+            remote={
+                "query_id": query_id,
+                "termination": state.termination.value,
+                "source": state.source,
+            },
+        )
         return state.proven_terminal
 
-    def _mutate(self, run: AttemptRun, state: StageState, kind: str, statement: str,
-                body: Path | None = None, **intent_fields: Any) -> QueryResult:  # fmt: skip
+    def _mutate(
+        self,
+        run: AttemptRun,
+        state: StageState,
+        kind: str,
+        statement: str,
+        body: Path | None = None,
+        **intent_fields: Any,
+    ) -> QueryResult:
         """A durable intent, then the one request under its own id; records how it settled."""
         query_id = mutation_query_id(run.attempt_id, kind)
         deadline = self.clock() + self.policy.request_seconds  # before the intent (its window)

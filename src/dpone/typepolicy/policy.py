@@ -137,22 +137,28 @@ def _default_target(st: SourceType, column: str) -> tuple[ColumnKind, TargetType
 def _unsupported(column: str, st: SourceType, why: str) -> PolicyError:
     return PolicyError(
         f"column {column!r}: SQL Server type {st} is not supported ({why})",
-        code="unsupported_type", column=column, source_type=str(st),
-    )  # fmt: skip
+        code="unsupported_type",
+        column=column,
+        source_type=str(st),
+    )
 
 
 _OVERRIDE_FORMS: list[tuple[re.Pattern[str], Callable[[re.Match[str]], TargetType]]] = [
     (re.compile(r"String"), lambda m: STRING),
-    (re.compile(r"LowCardinality\(String\)"), lambda m: TargetType(
-        "LowCardinality(String)", "lowcardinality")),
-    (re.compile(r"FixedString\((\d+)\)"), lambda m: TargetType(
-        f"FixedString({int(m[1])})", "fixed", (int(m[1]),))),
+    (
+        re.compile(r"LowCardinality\(String\)"),
+        lambda m: TargetType("LowCardinality(String)", "lowcardinality"),
+    ),
+    (
+        re.compile(r"FixedString\((\d+)\)"),
+        lambda m: TargetType(f"FixedString({int(m[1])})", "fixed", (int(m[1]),)),
+    ),
     (re.compile(r"(U?)Int(8|16|32|64)"), lambda m: _int(int(m[2]), signed=not m[1])),
     (re.compile(r"Decimal\((\d+),\s*(\d+)\)"), lambda m: _decimal(int(m[1]), int(m[2]))),
     (re.compile(r"Float64"), lambda m: TargetType("Float64", "float", (64,))),
     (re.compile(r"DateTime64\((\d),\s*'UTC'\)"), lambda m: _datetime(int(m[1]))),
     (re.compile(r"Time64\((\d)\)"), lambda m: TargetType(f"Time64({m[1]})", "time", (int(m[1]),))),
-]  # fmt: skip
+]
 
 
 def _int_range(t: TargetType) -> tuple[int, int]:
@@ -173,8 +179,10 @@ def _override(column: str, st: SourceType, default: TargetType, text: str) -> Ta
     def refuse(why: str) -> PolicyError:
         return PolicyError(
             f"column {column!r}: cannot store {st} as {text!r}: {why}",
-            code="override_not_allowed", column=column, override=text,
-        )  # fmt: skip
+            code="override_not_allowed",
+            column=column,
+            override=text,
+        )
 
     if target is None:
         raise refuse("not a ClickHouse type dpone writes")
@@ -275,6 +283,7 @@ def plan_columns(
     if unknown:
         raise PolicyError(
             f"type overrides name unknown column(s): {', '.join(unknown)}",
-            code="unknown_override_column", columns=unknown,
-        )  # fmt: skip
+            code="unknown_override_column",
+            columns=unknown,
+        )
     return tuple(plan_column(c, overrides.get(c.name)) for c in columns)

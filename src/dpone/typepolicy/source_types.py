@@ -32,8 +32,10 @@ def parse_source_type(text: str, *, column: str) -> SourceType:
     if match is None:
         raise PolicyError(
             f"column {column!r}: cannot read the SQL Server type {text!r}",
-            code="invalid_source_type", column=column, source_type=text,
-        )  # fmt: skip
+            code="invalid_source_type",
+            column=column,
+            source_type=text,
+        )
     name = " ".join(match["name"].lower().split())
     params: list[int | str] = []
     if match["args"] is not None:
@@ -47,6 +49,8 @@ def parse_source_type(text: str, *, column: str) -> SourceType:
                 raise PolicyError(
                     f"column {column!r}: type parameter {raw.strip()!r} of {text!r} "
                     "is not a number or max",
-                    code="invalid_source_type", column=column, source_type=text,
-                )  # fmt: skip
+                    code="invalid_source_type",
+                    column=column,
+                    source_type=text,
+                )
     return SourceType(name, tuple(params))
