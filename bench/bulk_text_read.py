@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dpone.connectors.bulk_text_codec import BulkTextReader, BulkTextWriter
 from dpone.contracts.schema import SourceColumn, SourceSchema
-from dpone.runtime.file_validation import validate_file
+from dpone.preparation.file_validation import validate_file
 from dpone.typepolicy import plan_columns
 
 SCHEMA = SourceSchema.of(

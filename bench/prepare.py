@@ -28,9 +28,9 @@ from bench.stage import fetch_to_file, post_file
 from dpone.contracts.receipt import FileReceipt
 from dpone.localserver import LocalServer
 from dpone.localserver.control import run_admin_sql
-from dpone.runtime.engine_conversion import MODE_ENGINE
-from dpone.runtime.file_validation import validate_file
-from dpone.runtime.preparation import MODE_PYTHON, prepare_rowbinary
+from dpone.preparation.engine_conversion import MODE_ENGINE
+from dpone.preparation.file_validation import validate_file
+from dpone.preparation.spool import MODE_PYTHON, prepare_rowbinary
 
 
 def child_prepare(source: str, receipt_path: str, spool: str, mode: str) -> None:

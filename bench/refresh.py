@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import compile_bytecode
-from dpone.connectors.clickhouse_request import Credentials
 from dpone.localserver.credentials import admin_credentials
-from dpone.runtime.refresh import PHASES
+from dpone.ports.clickhouse_request import Credentials
+from dpone.project.refresh import PHASES
 
 DATABASE = "bench_db"
 CREATE = (

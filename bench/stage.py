@@ -39,12 +39,12 @@ from pathlib import Path
 from bench import compile_bytecode
 from bench.bulk_text_read import SCHEMA, generate
 from dpone.connectors.bulk_text_codec import BulkTextReader
-from dpone.connectors.clickhouse_request import Credentials
 from dpone.localserver import LocalServer
 from dpone.localserver.control import run_admin_sql
 from dpone.localserver.credentials import admin_credentials
-from dpone.runtime.engine_conversion import MODE_ENGINE
-from dpone.runtime.preparation import MODE_PYTHON
+from dpone.ports.clickhouse_request import Credentials
+from dpone.preparation.engine_conversion import MODE_ENGINE
+from dpone.preparation.spool import MODE_PYTHON
 from dpone.typepolicy import plan_columns
 
 DPONE = str(Path(sys.executable).with_name("dpone"))

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from dpone.connectors.clickhouse_request import Credentials
 from dpone.localserver import LocalServer, ServerInfo, ServerUser, admin_credentials
 from dpone.localserver.principal_pool import pool_names, pool_users
+from dpone.ports.clickhouse_request import Credentials
 from tests import chhttp
 
 # Property tests draw the same examples on every run, so a green suite stays green on

@@ -1,7 +1,7 @@
 """Publication on a real managed server for fault tests, and crash points in a child process.
 
 The rig stages real files through a leased ingest principal and builds the publisher
-with :func:`dpone.runtime.snapshot_composition.build_publication`, exactly as the CLI
+with :func:`dpone.publication.composition.build_publication`, exactly as the CLI
 does. Faults come from test-side subclasses of the real adapters, swapped in only while
 ``build_publication`` assembles them (:func:`build`); production code has no hooks
 for them beyond the store's documented test seams.
@@ -33,25 +33,25 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from dpone.adapters.clickhouse_snapshot_executor import ClickHouseSnapshotExecutor
-from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_request import ClickHouseRequest, Endpoint
-from dpone.connectors.clickhouse_result import QueryResult
 from dpone.exporters.export import export_table
 from dpone.exporters.sources import SqliteSource
+from dpone.ports.clickhouse_request import ClickHouseRequest, Endpoint
+from dpone.ports.clickhouse_result import QueryResult
 from dpone.ports.composition_snapshot import AttemptRef, TargetSlot
-from dpone.runtime import snapshot_composition
-from dpone.runtime.clickhouse_staging_composition import StagingConfig
-from dpone.runtime.composition_snapshot import PublicationReceipt
-from dpone.runtime.snapshot_composition import (
+from dpone.publication import composition as snapshot_composition
+from dpone.publication.composition import (
     PublicationComponents,
     PublicationConfig,
     build_publication,
     issue_ingest,
 )
-from dpone.runtime.validated_file_service import StagedTable
+from dpone.publication.executor import ClickHouseSnapshotExecutor
+from dpone.publication.publisher import PublicationReceipt
+from dpone.publication.store import SqliteSnapshotStore
 from dpone.sinks import ClickHouseSink
+from dpone.staging.composition import StagingConfig
+from dpone.staging.service import StagedTable
 from tests import chhttp
 
 REPOSITORY = Path(__file__).resolve().parents[1]

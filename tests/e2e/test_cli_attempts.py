@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal, read_events
-from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore
+from dpone.publication.store import SqliteSnapshotStore
+from dpone.staging.journal import ClickHouseFileAttemptJournal, read_events
 from tests import chhttp
 from tests.e2e.test_cli_server import as_json, dpone
 from tests.integration.test_staging import export_hostile

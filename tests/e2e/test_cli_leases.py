@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore, lease_step_key
 from dpone.errors import StateError
-from dpone.runtime.stale_leases import end_gone_lease, end_lease_command, judge_leases
+from dpone.project.leases import end_gone_lease, end_lease_command, judge_leases
+from dpone.publication.store import SqliteSnapshotStore, lease_step_key
 from tests.e2e.test_cli_refresh import converting, make_source, project, protected_server, rows_of
 from tests.e2e.test_cli_server import as_json, dpone
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from dpone.adapters.file_attempt_journal import read_events
-from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore
 from dpone.contracts.composition_snapshot import SnapshotIntent
+from dpone.publication.store import SqliteSnapshotStore
+from dpone.staging.journal import read_events
 from tests import chhttp
 from tests.e2e.test_cli_refresh import make_source, protected_server, rows_of
 from tests.e2e.test_cli_server import as_json, dpone

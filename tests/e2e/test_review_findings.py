@@ -13,7 +13,7 @@ from pathlib import Path
 _KILLED_PARENT = """
 import os, signal, sys
 from pathlib import Path
-from dpone.runtime.engine_conversion import EngineSession
+from dpone.preparation.engine_conversion import EngineSession
 session = EngineSession(Path(sys.argv[1]))
 print(session._process.pid, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpone.connectors.clickhouse_request import Credentials
 from dpone.contracts import canonical_json
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotRecord, check_transition
 from dpone.errors import StateError
+from dpone.ports.clickhouse_request import Credentials
 from dpone.ports.composition_snapshot import (
     AttemptEpochs,
     AttemptRef,

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 from dpone.connectors.clickhouse_client import ClientTransport
-from dpone.connectors.clickhouse_request import Credentials, Endpoint, read
-from dpone.connectors.clickhouse_result import QueryResult
 from dpone.localserver import ServerInfo
+from dpone.ports.clickhouse_request import Credentials, Endpoint, read
+from dpone.ports.clickhouse_result import QueryResult
 
 
 def _every_cmdline() -> dict[int, bytes]:

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from dpone.connectors.clickhouse_client import ClientTransport
-from dpone.connectors.clickhouse_errors import NotSubmitted, OutcomeUnknown
-from dpone.connectors.clickhouse_request import Credentials, Endpoint, read
 from dpone.localserver import ServerInfo
+from dpone.ports.clickhouse_errors import NotSubmitted, OutcomeUnknown
+from dpone.ports.clickhouse_request import Credentials, Endpoint, read
 from tests import chhttp
 
 
@@ -40,7 +40,7 @@ SLOW_CLIENT = textwrap.dedent(
     """
     import os, sys, time
     from dpone.connectors.clickhouse_client import ClientTransport
-    from dpone.connectors.clickhouse_request import Credentials, Endpoint, read
+    from dpone.ports.clickhouse_request import Credentials, Endpoint, read
 
     http, tcp, client_path = sys.argv[1:]
     admin = Credentials(os.environ["DPONE_CLICKHOUSE_USER"], os.environ["DPONE_CLICKHOUSE_PASSWORD"])

@@ -19,8 +19,8 @@ from dpone.contracts.schema import SourceColumn
 from dpone.errors import DponeError
 from dpone.exporters.export import export_table
 from dpone.exporters.sources import SqliteSource
-from dpone.runtime.conversion import ValueNotRepresentable, convert_records
-from dpone.runtime.engine_conversion import (
+from dpone.preparation.conversion import ValueNotRepresentable, convert_records
+from dpone.preparation.engine_conversion import (
     MODE_ENGINE,
     EngineUnavailable,
     canonical_expressions,
@@ -31,8 +31,8 @@ from dpone.runtime.engine_conversion import (
     run_engine_query,
     tiered_expressions,
 )
-from dpone.runtime.file_validation import validate_file
-from dpone.runtime.preparation import (
+from dpone.preparation.file_validation import validate_file
+from dpone.preparation.spool import (
     MODE_PYTHON,
     PreparationBudget,
     PreparationError,
@@ -572,7 +572,7 @@ def test_engine_mode_prepares_the_same_spool(tmp_path: Path) -> None:
 
 def test_engine_mode_refusals_name_the_same_position(tmp_path: Path) -> None:
     from dpone.contracts.schema import SourceSchema
-    from dpone.runtime.file_validation import validate_file
+    from dpone.preparation.file_validation import validate_file
 
     path = tmp_path / "in.tsv"
     path.write_bytes(b"1\t2020-01-01\n2\t2020-01-02\n")
@@ -642,7 +642,7 @@ def test_engine_rows_digest_ignores_row_order_but_not_content(tmp_path: Path) ->
 def _tiny_ranges(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
     """Make the engine path (preparation and validation) split even a small file into
     many ranges."""
-    from dpone.runtime import engine_conversion
+    from dpone.preparation import engine_conversion
 
     monkeypatch.setattr(engine_conversion, "MIN_RANGE_BYTES", size)
     monkeypatch.setattr(engine_conversion, "MAX_RANGE_BYTES", size)
@@ -669,7 +669,7 @@ def test_a_refusal_or_budget_in_a_later_range_names_the_reference_position(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from dpone.contracts.schema import SourceSchema
-    from dpone.runtime.file_validation import validate_file
+    from dpone.preparation.file_validation import validate_file
 
     _tiny_ranges(monkeypatch, 64)
     good = SourceSchema.of(
@@ -683,8 +683,8 @@ def test_a_refusal_or_budget_in_a_later_range_names_the_reference_position(
     receipt = validate_file(path, good)
     lying = type(receipt)(**{**receipt.__dict__, "schema": strict})
     errors = []
-    from dpone.runtime import native_conversion
-    from dpone.runtime.native_conversion import MODE_NATIVE
+    from dpone.preparation import native_conversion
+    from dpone.preparation.native_conversion import MODE_NATIVE
 
     monkeypatch.setattr(native_conversion, "MIN_RANGE_BYTES", 64)
     monkeypatch.setattr(native_conversion, "MAX_RANGE_BYTES", 64)
@@ -732,7 +732,7 @@ def test_random_files_in_ranges_give_the_reference_identity(
     tmp_path_factory: pytest.TempPathFactory, rows: list[Any], range_bytes: int
 ) -> None:
     from dpone.contracts.schema import SourceSchema
-    from dpone.runtime import engine_conversion
+    from dpone.preparation import engine_conversion
 
     schema = SourceSchema.of(
         [
@@ -762,7 +762,7 @@ def test_random_files_in_ranges_give_the_reference_identity(
 def test_engine_validation_gives_the_reference_receipt_without_the_reference(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dpone.runtime import file_validation
+    from dpone.preparation import file_validation
 
     make_hostile_db(tmp_path / "src.db")
     exported = export_table(SqliteSource(tmp_path / "src.db"), "hostile", tmp_path / "h.tsv")
@@ -800,8 +800,8 @@ def test_fast_validations_refuse_where_the_reference_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: bytes, budget: dict[str, int]
 ) -> None:
     from dpone.contracts.schema import SourceSchema
-    from dpone.runtime import file_validation, native_conversion
-    from dpone.runtime.native_conversion import MODE_NATIVE
+    from dpone.preparation import file_validation, native_conversion
+    from dpone.preparation.native_conversion import MODE_NATIVE
 
     _tiny_ranges(monkeypatch, 64)
     monkeypatch.setattr(native_conversion, "MIN_RANGE_BYTES", 64)
@@ -827,8 +827,8 @@ def test_a_record_longer_than_the_engine_holds_is_left_to_the_reference(
     # No record budget, and a record longer than the engine path keeps in memory: the
     # reference converts the file (no false engine_divergence), with the same result.
     from dpone.contracts.schema import SourceSchema
-    from dpone.runtime import preparation
-    from dpone.runtime.file_validation import validate_file
+    from dpone.preparation import spool as preparation
+    from dpone.preparation.file_validation import validate_file
 
     _tiny_ranges(monkeypatch, 16)
     monkeypatch.setattr(preparation, "MAX_CARRY_BYTES", 40)
@@ -848,7 +848,7 @@ def test_a_non_canonical_range_among_canonical_ones_gives_the_reference_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from dpone.contracts.schema import SourceSchema
-    from dpone.runtime import file_validation
+    from dpone.preparation import file_validation
 
     schema = SourceSchema.of(
         [
@@ -890,7 +890,7 @@ def test_a_full_scratch_is_a_coded_engine_error_and_validation_falls_back(
     import hashlib
 
     from dpone.contracts.schema import SourceSchema
-    from dpone.runtime import engine_conversion, file_validation
+    from dpone.preparation import engine_conversion, file_validation
 
     with pytest.raises(EngineUnavailable) as caught:
         engine_conversion.spill_range(tmp_path / "gone" / "in-0", b"1\n", 2, hashlib.sha256())
@@ -914,7 +914,7 @@ def test_a_full_scratch_is_a_coded_engine_error_and_validation_falls_back(
 
 def test_the_tiered_query_reads_smaller_blocks() -> None:
     """Its intermediate columns cost memory per block (see TIERED_BLOCK_ROWS)."""
-    from dpone.runtime.engine_conversion import BLOCK_ROWS, TIERED_BLOCK_ROWS, check_sql
+    from dpone.preparation.engine_conversion import BLOCK_ROWS, TIERED_BLOCK_ROWS, check_sql
 
     plans = plan_columns([SourceColumn("d", "date", False)])
     assert TIERED_BLOCK_ROWS < BLOCK_ROWS

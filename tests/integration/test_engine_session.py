@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dpone.runtime import engine_child
-from dpone.runtime.engine_conversion import REFUSAL, EngineSession, EngineUnavailable
+from dpone.preparation import engine_child
+from dpone.preparation.engine_conversion import REFUSAL, EngineSession, EngineUnavailable
 from dpone.sql import quote_literal
 
 # A peer that answers like the engine but writes its "ready" line and two answers in
@@ -147,7 +147,7 @@ def test_an_engine_that_died_with_work_unsent_gives_the_engine_error(tmp_path: P
 
 _KILLED_WITH_EARLY_ENGINE = """
 import os, signal, sys
-from dpone.runtime import engine_child
+from dpone.preparation import engine_child
 engine_child.start_early()
 child = engine_child._early
 print(child.process.pid, child.home, flush=True)
@@ -250,7 +250,7 @@ def test_a_scratch_directory_the_user_names_is_used_as_given(
 
 _BOTH_KILLED = """
 import os, signal
-from dpone.runtime import engine_child
+from dpone.preparation import engine_child
 child = engine_child.start_at_home(1)
 print(child.home, flush=True)
 os.kill(child.process.pid, signal.SIGKILL)

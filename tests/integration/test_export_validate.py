@@ -13,9 +13,9 @@ from dpone.contracts.schema import SourceColumn, SourceSchema
 from dpone.errors import PolicyError
 from dpone.exporters.export import export_table
 from dpone.exporters.sources import SqliteSource, open_source
-from dpone.runtime.artifact import ArtifactMismatch, HeldArtifact
-from dpone.runtime.conversion import ValueNotRepresentable
-from dpone.runtime.file_validation import validate_file
+from dpone.preparation.artifact import ArtifactMismatch, HeldArtifact
+from dpone.preparation.conversion import ValueNotRepresentable
+from dpone.preparation.file_validation import validate_file
 from tests.hostile_values import HOSTILE_BINARY, HOSTILE_TEXT
 from tests.oracles import bulk_text_oracle as oracle
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from dpone.connectors.clickhouse_request import Credentials
 from dpone.localserver import LocalServer, ServerInfo, ServerUser, find_running
 from dpone.localserver.layout import DataDirLayout
 from dpone.localserver.probe import accepts_connections, http_ping
+from dpone.ports.clickhouse_request import Credentials
 from tests import chhttp
 from tests.conftest import READER_PASSWORD, TEST_DATABASE
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from dpone.connectors.clickhouse_request import Credentials
 from dpone.localserver import (
     ADMIN_USER,
     ENGINE_USER,
@@ -27,6 +26,7 @@ from dpone.localserver import (
 )
 from dpone.localserver.layout import DataDirLayout
 from dpone.localserver.probe import accepts_connections
+from dpone.ports.clickhouse_request import Credentials
 from tests import chhttp
 from tests.conftest import TEST_DATABASE
 

@@ -25,12 +25,13 @@ from dpone.contracts.schema import SourceColumn, SourceSchema
 from dpone.errors import DponeError
 from dpone.exporters.export import export_table
 from dpone.exporters.sources import SqliteSource
-from dpone.native import rowbinary
-from dpone.runtime import file_validation, native_conversion, preparation
-from dpone.runtime.engine_conversion import MODE_ENGINE, EngineSession
-from dpone.runtime.file_validation import validate_file
-from dpone.runtime.native_conversion import MODE_NATIVE
-from dpone.runtime.preparation import MODE_PYTHON, prepare_rowbinary
+from dpone.preparation import file_validation, native_conversion
+from dpone.preparation import spool as preparation
+from dpone.preparation.engine_conversion import MODE_ENGINE, EngineSession
+from dpone.preparation.file_validation import validate_file
+from dpone.preparation.native import rowbinary
+from dpone.preparation.native_conversion import MODE_NATIVE
+from dpone.preparation.spool import MODE_PYTHON, prepare_rowbinary
 from dpone.typepolicy import ColumnPlan, plan_column, plan_columns
 from dpone.typepolicy.converters import shortest_float32
 from tests.hostile_values import HOSTILE_BINARY, HOSTILE_TEXT
@@ -422,7 +423,7 @@ def test_a_declined_file_goes_to_the_engine_with_the_reference_result(
 def test_a_source_changed_after_verification_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dpone.runtime.artifact import ArtifactMismatch
+    from dpone.preparation.artifact import ArtifactMismatch
 
     schema = SourceSchema.of([SourceColumn("id", "int", False)])
     path = tmp_path / "in.tsv"
@@ -557,7 +558,7 @@ def test_a_declined_file_whose_engine_cannot_start_fails_the_stage_with_the_engi
 ) -> None:
     # Found by a new user's trial: the reference used to take over silently, many
     # times slower, where --preparation engine-chdb fails with the engine's error.
-    from dpone.runtime.engine_conversion import EngineUnavailable
+    from dpone.preparation.engine_conversion import EngineUnavailable
 
     schema = SourceSchema.of([SourceColumn("f", "float", False)])
     path = tmp_path / "in.tsv"
@@ -591,7 +592,7 @@ def test_the_engine_starts_early_only_where_it_will_run(
     import click
 
     from dpone.cli import main
-    from dpone.runtime import engine_child
+    from dpone.preparation import engine_child
 
     calls: list[int] = []
     monkeypatch.setattr(engine_child, "start_early", lambda: calls.append(1))

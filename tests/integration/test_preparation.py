@@ -17,10 +17,10 @@ from dpone.errors import DeadlineError
 from dpone.exporters.export import export_table
 from dpone.exporters.sources import SqliteSource
 from dpone.localserver import ServerInfo
-from dpone.runtime.artifact import ArtifactMismatch, HeldArtifact
-from dpone.runtime.conversion import ValueNotRepresentable
-from dpone.runtime.file_validation import validate_file
-from dpone.runtime.preparation import PreparationBudget, PreparationError, prepare_rowbinary
+from dpone.preparation.artifact import ArtifactMismatch, HeldArtifact
+from dpone.preparation.conversion import ValueNotRepresentable
+from dpone.preparation.file_validation import validate_file
+from dpone.preparation.spool import PreparationBudget, PreparationError, prepare_rowbinary
 from tests import chhttp
 from tests.integration.test_export_validate import make_hostile_db
 from tests.oracles.rowbinary_oracle import decode_rows

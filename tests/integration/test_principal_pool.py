@@ -13,18 +13,7 @@ import uuid
 
 import pytest
 
-from dpone.adapters.principal_issuers import (
-    LocalPoolIssuer,
-    PrincipalError,
-    SqlRbacIssuer,
-    observe_user_ids,
-    render_create_user,
-    render_drop_user,
-    render_grant,
-)
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
-from dpone.connectors.clickhouse_result import QueryResult
 from dpone.errors import ConfigurationError, StateError
 from dpone.localserver import ServerInfo
 from dpone.localserver.principal_pool import (
@@ -40,7 +29,18 @@ from dpone.localserver.principal_pool import (
     role_grants,
     role_of,
 )
+from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
+from dpone.ports.clickhouse_result import QueryResult
 from dpone.ports.composition_snapshot import ClosureStrength, PrincipalRef
+from dpone.publication.principal_issuers import (
+    LocalPoolIssuer,
+    PrincipalError,
+    SqlRbacIssuer,
+    observe_user_ids,
+    render_create_user,
+    render_drop_user,
+    render_grant,
+)
 from tests import chhttp
 from tests.conftest import POOL_DATABASE, POOL_PASSWORDS, TEST_DATABASE
 from tests.fakes.registry import MemoryRunRegistry

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from dpone.connectors.clickhouse_request import ClickHouseRequest
-from dpone.connectors.clickhouse_result import QueryResult
 from dpone.contracts.composition_snapshot import DEFAULT_LIMITS
 from dpone.errors import DponeError
 from dpone.localserver import ServerInfo
 from dpone.ports.clickhouse import QueryPort
-from dpone.runtime.clickhouse_staging_composition import build_transport
-from dpone.runtime.snapshot_composition import staging_policy
-from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
-from dpone.runtime.validated_file_service import ClickHouseValidatedFileService
+from dpone.ports.clickhouse_request import ClickHouseRequest
+from dpone.ports.clickhouse_result import QueryResult
+from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
+from dpone.publication.composition import staging_policy
+from dpone.staging.composition import build_transport
+from dpone.staging.service import ClickHouseValidatedFileService
 from tests.integration.test_staging import DB, config, export_hostile, staging_database
 
 __all__ = ["staging_database"]  # the staging database and identity, for every test here

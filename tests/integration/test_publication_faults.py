@@ -19,14 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dpone.adapters.clickhouse_snapshot_catalog import ClickHouseSnapshotCatalog
-from dpone.adapters.clickhouse_snapshot_executor import (
-    ClickHouseSnapshotExecutor,
-    session_request,
-)
-from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_request import Endpoint, RequestKind
 from dpone.contracts.composition_snapshot import (
     SnapshotIntent,
     SnapshotRecord,
@@ -36,17 +29,24 @@ from dpone.contracts.composition_snapshot import (
 from dpone.errors import DponeError
 from dpone.localserver import LocalServer
 from dpone.localserver.principal_pool import CATALOG_USER, managed_server_users
+from dpone.ports.clickhouse_request import Endpoint, RequestKind
 from dpone.ports.composition_snapshot import DispatchResult, IssuedPrincipal
-from dpone.runtime.composition_snapshot import (
-    ClickHouseAtomicSnapshotPublisher,
-    PublicationReceipt,
-)
-from dpone.runtime.snapshot_composition import (
+from dpone.publication.catalog import ClickHouseSnapshotCatalog
+from dpone.publication.composition import (
     build_publication,
     pool_credentials,
     provision_protected_databases,
 )
-from dpone.runtime.validated_file_service import StagedTable
+from dpone.publication.executor import (
+    ClickHouseSnapshotExecutor,
+    session_request,
+)
+from dpone.publication.publisher import (
+    ClickHouseAtomicSnapshotPublisher,
+    PublicationReceipt,
+)
+from dpone.publication.store import SqliteSnapshotStore
+from dpone.staging.service import StagedTable
 from tests import chhttp
 from tests.publication_harness import Rig, Row
 

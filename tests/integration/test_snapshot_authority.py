@@ -12,16 +12,14 @@ from typing import Any
 
 import pytest
 
-from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal, JournalEvent
-from dpone.adapters.snapshot_authority import AuthorityError, ClosurePolicy, SnapshotAuthority
-from dpone.connectors.clickhouse_request import ClickHouseRequest, Credentials
-from dpone.connectors.clickhouse_result import QueryResult
 from dpone.contracts import canonical_json
 from dpone.contracts.receipt import FileReceipt
 from dpone.contracts.schema import SourceColumn, SourceSchema
 from dpone.errors import DponeError
 from dpone.localserver import ServerInfo
 from dpone.localserver.principal_pool import ROLE_INGEST
+from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials
+from dpone.ports.clickhouse_result import QueryResult
 from dpone.ports.composition_snapshot import (
     AttemptRef,
     ClosureStrength,
@@ -29,6 +27,8 @@ from dpone.ports.composition_snapshot import (
     PrincipalRef,
     TargetSlot,
 )
+from dpone.publication.authority import AuthorityError, ClosurePolicy, SnapshotAuthority
+from dpone.staging.journal import ClickHouseFileAttemptJournal, JournalEvent
 from tests.conftest import POOL_PASSWORDS
 from tests.integration.test_principal_pool import RunningQuery
 from tests.integration.test_snapshot_executor import (

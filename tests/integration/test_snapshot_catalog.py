@@ -11,7 +11,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from dpone.adapters.clickhouse_snapshot_catalog import (
+from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.connectors.clickhouse_tables import ownership_comment, staging_table_name
+from dpone.contracts.preparation import rows_digest
+from dpone.localserver import ADMIN_USER, LocalServer, ServerInfo, ServerUser
+from dpone.ports.clickhouse_errors import ClickHouseServerError
+from dpone.ports.clickhouse_request import Credentials, Endpoint, mutation
+from dpone.ports.composition_snapshot import Blocker, TableObservation, TargetSlot
+from dpone.publication.catalog import (
     OWNERSHIP_MARK,
     STAGE_PREFIX,
     ByteObservationMissing,
@@ -20,13 +27,6 @@ from dpone.adapters.clickhouse_snapshot_catalog import (
     GrantRow,
     writer_grant_blockers,
 )
-from dpone.connectors.clickhouse_errors import ClickHouseServerError
-from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_request import Credentials, Endpoint, mutation
-from dpone.connectors.clickhouse_tables import ownership_comment, staging_table_name
-from dpone.contracts.preparation import rows_digest
-from dpone.localserver import ADMIN_USER, LocalServer, ServerInfo, ServerUser
-from dpone.ports.composition_snapshot import Blocker, TableObservation, TargetSlot
 from tests import chhttp
 from tests.conftest import CATALOG_PASSWORD, SESSION_USERS
 

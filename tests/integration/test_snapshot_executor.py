@@ -14,11 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from dpone.adapters.clickhouse_snapshot_executor import ClickHouseSnapshotExecutor, ExecutorError
-from dpone.adapters.principal_issuers import LocalPoolIssuer
-from dpone.adapters.snapshot_authority import ClosurePolicy, SnapshotAuthority
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_request import Credentials, Endpoint
 from dpone.contracts.composition_snapshot import (
     IntentPrincipal,
     SnapshotIntent,
@@ -29,12 +25,16 @@ from dpone.contracts.composition_snapshot import (
 )
 from dpone.localserver import ServerInfo
 from dpone.localserver.principal_pool import CLOSER_USER, ROLE_INGEST, ROLE_PUBLISHER, pool_names
+from dpone.ports.clickhouse_request import Credentials, Endpoint
 from dpone.ports.composition_snapshot import (
     DispatchOutcome,
     IssuedPrincipal,
     PrincipalRef,
     TargetSlot,
 )
+from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
+from dpone.publication.executor import ClickHouseSnapshotExecutor, ExecutorError
+from dpone.publication.principal_issuers import LocalPoolIssuer
 from tests import chhttp
 from tests.conftest import POOL_DATABASE
 from tests.fakes.registry import MemoryRunRegistry

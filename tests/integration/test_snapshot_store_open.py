@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dpone.adapters.holder_process import Liveness, current_process, holder_liveness
-from dpone.adapters.sqlite_snapshot_store import (
+from dpone.publication.holder_process import Liveness, current_process, holder_liveness
+from dpone.publication.store import (
     SnapshotStoreError,
     SqliteSnapshotStore,
     lease_step_key,

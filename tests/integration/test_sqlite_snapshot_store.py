@@ -14,11 +14,6 @@ from typing import Any
 
 import pytest
 
-from dpone.adapters.sqlite_snapshot_store import (
-    SCHEMA_VERSION,
-    SnapshotStoreError,
-    SqliteSnapshotStore,
-)
 from dpone.contracts import canonical_json
 from dpone.errors import DponeError
 from dpone.ports.composition_snapshot import (
@@ -27,6 +22,11 @@ from dpone.ports.composition_snapshot import (
     SnapshotPublicationStore,
     SnapshotRunRegistry,
     TargetSlot,
+)
+from dpone.publication.store import (
+    SCHEMA_VERSION,
+    SnapshotStoreError,
+    SqliteSnapshotStore,
 )
 
 SLOT = TargetSlot("sales", "orders")

@@ -11,19 +11,19 @@ from typing import Any
 
 import pytest
 
-from dpone.adapters.file_attempt_journal import read_events
-from dpone.connectors.clickhouse_request import ClickHouseRequest, Endpoint
-from dpone.connectors.clickhouse_result import QueryResult
 from dpone.errors import DponeError, JournalError
 from dpone.exporters.export import export_table
 from dpone.exporters.sources import SqliteSource
 from dpone.localserver import ServerInfo, admin_credentials
-from dpone.runtime.attempt_recovery import list_attempts
-from dpone.runtime.clickhouse_file_stage_contract import StagingPolicy
-from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
-from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
-from dpone.runtime.validated_file_service import ClickHouseValidatedFileService
+from dpone.ports.clickhouse_request import ClickHouseRequest, Endpoint
+from dpone.ports.clickhouse_result import QueryResult
+from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
 from dpone.sinks import ClickHouseSink
+from dpone.staging.composition import StagingConfig, build_transport
+from dpone.staging.contract import StagingPolicy
+from dpone.staging.journal import read_events
+from dpone.staging.recovery import list_attempts
+from dpone.staging.service import ClickHouseValidatedFileService
 from tests import chhttp
 from tests.hostile_values import HOSTILE_BINARY, HOSTILE_TEXT
 
@@ -357,7 +357,7 @@ def test_server_stopped_mid_insert_retains_everything(kind: str, tmp_path: Path)
 def test_lost_insert_acknowledgment_is_proven_before_cleanup(
     clickhouse: ServerInfo, tmp_path: Path
 ) -> None:
-    from dpone.connectors.clickhouse_errors import OutcomeUnknown
+    from dpone.ports.clickhouse_errors import OutcomeUnknown
 
     path, receipt, _ = export_hostile(tmp_path)
     cfg = config(clickhouse, tmp_path / "work")
@@ -458,7 +458,7 @@ def test_loading_deadline_expires_mid_insert_and_stays_unknown(
 
 
 def test_decoder_and_finalizer_of_the_bundle(clickhouse: ServerInfo, tmp_path: Path) -> None:
-    from dpone.runtime.clickhouse_staging_composition import build_clickhouse_staging_components
+    from dpone.staging.composition import build_clickhouse_staging_components
 
     path, receipt, data = export_hostile(tmp_path)
     components = build_clickhouse_staging_components(config(clickhouse, tmp_path / "work"))

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from dpone.adapters.file_attempt_journal import read_events
-from dpone.connectors.clickhouse_request import Credentials
 from dpone.localserver import ServerInfo
-from dpone.runtime.attempt_recovery import list_attempts
+from dpone.ports.clickhouse_request import Credentials
+from dpone.staging.journal import read_events
+from dpone.staging.recovery import list_attempts
 from tests import chhttp
 from tests.e2e.test_cli_server import dpone
 from tests.integration.test_staging import DB, create_databases, export_hostile
@@ -30,11 +30,11 @@ CHILD = textwrap.dedent(
     f"""
     import os, signal, sys
     from pathlib import Path
-    from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal
-    from dpone.connectors.clickhouse_request import Credentials, Endpoint
-    from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
-    from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
-    from dpone.runtime.validated_file_service import ClickHouseValidatedFileService
+    from dpone.staging.journal import ClickHouseFileAttemptJournal
+    from dpone.ports.clickhouse_request import Credentials, Endpoint
+    from dpone.staging.composition import StagingConfig, build_transport
+    from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
+    from dpone.staging.service import ClickHouseValidatedFileService
 
     http, tcp, work, path, receipt, attempt, crash_after = sys.argv[1:]
     # The administrator, as the CLI gets it from the environment (never argv).

@@ -11,21 +11,21 @@ from typing import Any
 
 import pytest
 
-from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal, read_events
-from dpone.connectors.clickhouse_errors import OutcomeUnknown, TransportDeadline
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_request import ClickHouseRequest, Credentials, mutation
-from dpone.connectors.clickhouse_result import QueryResult
 from dpone.contracts.receipt import FileReceipt
 from dpone.errors import DponeError, JournalError
 from dpone.exporters.export import export_table
 from dpone.exporters.sources import SqliteSource
 from dpone.localserver import ADMIN_USER, ServerInfo
-from dpone.runtime.attempt_recovery import list_attempts
-from dpone.runtime.clickhouse_staging_composition import build_transport
-from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
-from dpone.runtime.validated_file_service import ClickHouseValidatedFileService
+from dpone.ports.clickhouse_errors import OutcomeUnknown, TransportDeadline
+from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials, mutation
+from dpone.ports.clickhouse_result import QueryResult
+from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
 from dpone.sinks import ClickHouseSink
+from dpone.staging.composition import build_transport
+from dpone.staging.journal import ClickHouseFileAttemptJournal, read_events
+from dpone.staging.recovery import list_attempts
+from dpone.staging.service import ClickHouseValidatedFileService
 from tests import chhttp
 from tests.conftest import STAGER_PASSWORD
 from tests.integration.test_staging import (

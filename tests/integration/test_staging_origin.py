@@ -18,16 +18,16 @@ from typing import Any
 
 import pytest
 
-from dpone.connectors.clickhouse_errors import ClickHouseServerError, OutcomeUnknown
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_request import ClickHouseRequest, Credentials, Endpoint, read
 from dpone.connectors.clickhouse_tables import staging_table_name
 from dpone.connectors.remote_termination import START_WINDOW_SLACK_SECONDS
 from dpone.errors import DponeError
 from dpone.localserver import ADMIN_USER, ServerInfo, admin_credentials
-from dpone.runtime.attempt_recovery import cleanup_attempt
-from dpone.runtime.clickhouse_staging_composition import build_transport
-from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
+from dpone.ports.clickhouse_errors import ClickHouseServerError, OutcomeUnknown
+from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials, Endpoint, read
+from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
+from dpone.staging.composition import build_transport
+from dpone.staging.recovery import cleanup_attempt
 from tests.conftest import STAGER_PASSWORD
 from tests.integration.test_staging import (
     DB,
@@ -46,11 +46,11 @@ CHILD = textwrap.dedent(
     f"""
     import os, signal, sys
     from pathlib import Path
-    from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal
-    from dpone.connectors.clickhouse_request import Credentials, Endpoint
-    from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
-    from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
-    from dpone.runtime.validated_file_service import ClickHouseValidatedFileService
+    from dpone.staging.journal import ClickHouseFileAttemptJournal
+    from dpone.ports.clickhouse_request import Credentials, Endpoint
+    from dpone.staging.composition import StagingConfig, build_transport
+    from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
+    from dpone.staging.service import ClickHouseValidatedFileService
 
     http, tcp, work, path, receipt, attempt, when, at = sys.argv[1:]
 

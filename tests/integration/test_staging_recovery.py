@@ -24,16 +24,16 @@ from typing import Any
 
 import pytest
 
-from dpone.adapters.file_attempt_journal import read_events
-from dpone.connectors.clickhouse_request import Credentials, Endpoint
 from dpone.errors import DponeError
 from dpone.localserver import LocalServer, ServerInfo, admin_credentials
-from dpone.runtime.attempt_recovery import finishing_command, left_behind
-from dpone.runtime.clickhouse_staging_composition import (
+from dpone.ports.clickhouse_request import Credentials, Endpoint
+from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
+from dpone.staging.composition import (
     StagingConfig,
     build_clickhouse_staging_components,
 )
-from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
+from dpone.staging.journal import read_events
+from dpone.staging.recovery import finishing_command, left_behind
 from tests import chhttp
 from tests.e2e.test_cli_server import as_json, dpone
 from tests.integration.test_staging import DB, export_hostile
@@ -42,12 +42,12 @@ CHILD = textwrap.dedent(
     f"""
     import os, signal, sys
     from pathlib import Path
-    from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal
-    from dpone.connectors.clickhouse_request import Credentials, Endpoint
-    from dpone.runtime.clickhouse_file_stage_contract import StagingPolicy
-    from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
-    from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
-    from dpone.runtime.validated_file_service import ClickHouseValidatedFileService
+    from dpone.staging.journal import ClickHouseFileAttemptJournal
+    from dpone.ports.clickhouse_request import Credentials, Endpoint
+    from dpone.staging.contract import StagingPolicy
+    from dpone.staging.composition import StagingConfig, build_transport
+    from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
+    from dpone.staging.service import ClickHouseValidatedFileService
 
     http, tcp, work, path, receipt, attempt, crash_after, request_seconds = sys.argv[1:]
 
@@ -356,13 +356,13 @@ KILLER = textwrap.dedent(
     f"""
     import os, signal, socket, sys, time
     from pathlib import Path
-    from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal
+    from dpone.staging.journal import ClickHouseFileAttemptJournal
     from dpone.connectors import clickhouse_http
-    from dpone.connectors.clickhouse_request import Credentials, Endpoint
-    from dpone.runtime.clickhouse_file_stage_contract import StagingPolicy
-    from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
-    from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
-    from dpone.runtime.validated_file_service import ClickHouseValidatedFileService
+    from dpone.ports.clickhouse_request import Credentials, Endpoint
+    from dpone.staging.contract import StagingPolicy
+    from dpone.staging.composition import StagingConfig, build_transport
+    from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
+    from dpone.staging.service import ClickHouseValidatedFileService
 
     http, tcp, work, path, receipt, attempt, mode, server_pid = sys.argv[1:]
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from dpone.adapters.file_attempt_journal import ClickHouseFileAttemptJournal
-from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore, lease_step_key
 from dpone.errors import StateError
-from dpone.runtime.stale_leases import end_gone_lease, judge_leases
+from dpone.project.leases import end_gone_lease, judge_leases
+from dpone.publication.store import SqliteSnapshotStore, lease_step_key
+from dpone.staging.journal import ClickHouseFileAttemptJournal
 
 USERS = ("u1", "u2", "u3", "u4", "u5", "u6", "u7")
 
@@ -26,7 +26,7 @@ def _lease_in_child(store: Path, attempt_id: str) -> str:
     """Lease from a child process that then exits: its holder is provably gone."""
     code = (
         "import sys\n"
-        "from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore\n"
+        "from dpone.publication.store import SqliteSnapshotStore\n"
         f"print(SqliteSnapshotStore(sys.argv[1]).lease('ingest', {USERS!r}, sys.argv[2]).lease_id)\n"
     )
     done = subprocess.run(

@@ -10,14 +10,7 @@ from pathlib import Path
 import pytest
 
 from dpone.connectors.clickhouse_client import ClientTransport
-from dpone.connectors.clickhouse_errors import (
-    ClickHouseServerError,
-    NotSubmitted,
-    OutcomeUnknown,
-    TransportDeadline,
-)
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_request import ClickHouseRequest, Credentials, Endpoint, read
 from dpone.connectors.remote_termination import (
     QueryOrigin,
     Termination,
@@ -26,6 +19,13 @@ from dpone.connectors.remote_termination import (
 )
 from dpone.errors import ConfigurationError
 from dpone.localserver import ADMIN_USER, ServerInfo
+from dpone.ports.clickhouse_errors import (
+    ClickHouseServerError,
+    NotSubmitted,
+    OutcomeUnknown,
+    TransportDeadline,
+)
+from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials, Endpoint, read
 from tests import chhttp
 from tests.conftest import READER_PASSWORD, TEST_DATABASE
 from tests.integration.test_transports import DB, fake_client, make_transport, soon

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from dpone.adapters.file_attempt_journal import read_events
-from dpone.connectors.clickhouse_errors import NotSubmitted
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_request import ClickHouseRequest
 from dpone.localserver import ServerInfo
-from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
-from dpone.runtime.validated_file_service import ClickHouseValidatedFileService
+from dpone.ports.clickhouse_errors import NotSubmitted
+from dpone.ports.clickhouse_request import ClickHouseRequest
+from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
+from dpone.staging.journal import read_events
+from dpone.staging.service import ClickHouseValidatedFileService
 from tests import chhttp
 from tests.integration.test_staging import DB, Interfering, config, export_hostile, table_exists
 

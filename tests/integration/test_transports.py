@@ -15,20 +15,7 @@ from typing import Any
 import pytest
 
 from dpone.connectors.clickhouse_client import ClientTransport
-from dpone.connectors.clickhouse_errors import (
-    ClickHouseServerError,
-    NotSubmitted,
-    OutcomeUnknown,
-    TransportDeadline,
-)
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_request import (
-    Credentials,
-    Endpoint,
-    mutation,
-    mutation_query_id,
-    read,
-)
 from dpone.connectors.endpoint_identity import EndpointIdentityError, observe_identity
 from dpone.connectors.remote_termination import (
     Termination,
@@ -37,6 +24,19 @@ from dpone.connectors.remote_termination import (
     query_log_state,
 )
 from dpone.localserver import LocalServer, ServerInfo, admin_credentials
+from dpone.ports.clickhouse_errors import (
+    ClickHouseServerError,
+    NotSubmitted,
+    OutcomeUnknown,
+    TransportDeadline,
+)
+from dpone.ports.clickhouse_request import (
+    Credentials,
+    Endpoint,
+    mutation,
+    mutation_query_id,
+    read,
+)
 from tests import chhttp
 from tests.conftest import READER_PASSWORD, TEST_DATABASE
 

@@ -9,8 +9,8 @@ import pytest
 
 from dpone.contracts.receipt import FileReceipt
 from dpone.errors import DeadlineError, StateError
-from dpone.runtime.artifact import ArtifactMismatch, FileVerificationBudget, HeldArtifact
-from dpone.runtime.validated_file_artifact import ContractValidatedFileArtifact
+from dpone.preparation.artifact import ArtifactMismatch, FileVerificationBudget, HeldArtifact
+from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
 from tests.integration.test_staging import export_hostile
 
 

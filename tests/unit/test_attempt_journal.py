@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from dpone.adapters import file_attempt_journal as journal_module
-from dpone.adapters.file_attempt_journal import (
+from dpone.durable_files import fsync_directory
+from dpone.errors import JournalError, StateError
+from dpone.staging import journal as journal_module
+from dpone.staging.journal import (
     ClickHouseFileAttemptJournal,
     read_events,
     verify_journal,
 )
-from dpone.durable_files import fsync_directory
-from dpone.errors import JournalError, StateError
-from dpone.runtime.staging_states import StageState, check_reentry, check_transition
+from dpone.staging.states import StageState, check_reentry, check_transition
 
 
 def journal_with(tmp_path: Path, n: int = 3) -> ClickHouseFileAttemptJournal:
@@ -108,7 +108,7 @@ def test_failing_fsync_does_not_advance_and_the_next_event_repairs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     journal = journal_with(tmp_path, 1)
-    monkeypatch.setattr("dpone.adapters.file_attempt_journal.os.fsync", failing_once(os.fsync))
+    monkeypatch.setattr("dpone.staging.journal.os.fsync", failing_once(os.fsync))
     with pytest.raises(JournalError) as caught:
         journal.record({"state": "checking", "outcome": "lost"})
     monkeypatch.undo()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dpone.connectors.clickhouse_request import (
+from dpone.errors import ConfigurationError
+from dpone.ports.clickhouse_request import (
     ClickHouseRequest,
     Credentials,
     RequestKind,
@@ -13,7 +14,6 @@ from dpone.connectors.clickhouse_request import (
     read,
     read_query_id,
 )
-from dpone.errors import ConfigurationError
 
 
 def test_mutation_query_ids() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dpone.connectors.clickhouse_errors import OutcomeUnknown
-from dpone.connectors.clickhouse_result import QueryResult
+from dpone.ports.clickhouse_errors import OutcomeUnknown
+from dpone.ports.clickhouse_result import QueryResult
 
 
 def result(output: bytes) -> QueryResult:

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from dpone.connectors.clickhouse_errors import (
+from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.errors import ConfigurationError
+from dpone.ports.clickhouse_errors import (
     ClickHouseServerError,
     NotSubmitted,
     OutcomeUnknown,
     TransportDeadline,
 )
-from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_request import Credentials, Endpoint, mutation, read
-from dpone.errors import ConfigurationError
+from dpone.ports.clickhouse_request import Credentials, Endpoint, mutation, read
 
 
 class Peer:

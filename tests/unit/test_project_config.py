@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dpone.config.project import ProjectConfigError, parse_project, resolve_secret
 from dpone.errors import ConfigurationError
+from dpone.project.config import ProjectConfigError, parse_project, resolve_secret
 
 GOOD = """\
 [project]

@@ -7,7 +7,7 @@ import io
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dpone.runtime.engine_conversion import RecordRanges
+from dpone.preparation.engine_conversion import RecordRanges
 
 
 @given(

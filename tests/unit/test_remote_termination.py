@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dpone.connectors.clickhouse_errors import ClickHouseServerError
-from dpone.connectors.clickhouse_request import ClickHouseRequest
-from dpone.connectors.clickhouse_result import QueryResult
 from dpone.connectors.remote_termination import Termination, query_log_events, query_log_state
+from dpone.ports.clickhouse_errors import ClickHouseServerError
+from dpone.ports.clickhouse_request import ClickHouseRequest
+from dpone.ports.clickhouse_result import QueryResult
 
 
 class LogNotYetFlushed:

@@ -22,7 +22,7 @@ from dpone.contracts.composition_snapshot import (
 )
 from dpone.errors import DponeError
 from dpone.ports.composition_snapshot import Blocker, OwnershipState
-from dpone.runtime.composition_snapshot import (
+from dpone.publication.publisher import (
     ClickHouseAtomicSnapshotPublisher,
     PublicationReceipt,
 )

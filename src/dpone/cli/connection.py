@@ -12,8 +12,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from dpone.connectors.clickhouse_request import Credentials
 from dpone.localserver import admin_credentials
+from dpone.ports.clickhouse_request import Credentials
 
 USER_VARIABLE = "DPONE_CLICKHOUSE_USER"
 PASSWORD_VARIABLE = "DPONE_CLICKHOUSE_PASSWORD"  # noqa: S105 (a variable name)

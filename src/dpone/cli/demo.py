@@ -23,16 +23,16 @@ import click
 
 from dpone.cli.output import echo_warnings, emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option
-from dpone.config.project import load_project
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_request import Endpoint, read
 from dpone.errors import StateError
 from dpone.localserver import LocalServer, find_running
 from dpone.localserver.credentials import admin_credentials
 from dpone.localserver.principal_pool import managed_server_users
-from dpone.runtime.project_status import project_status
-from dpone.runtime.refresh import RefreshService, TableReport
-from dpone.runtime.snapshot_composition import DEFAULT_STORE, provision_protected_databases
+from dpone.ports.clickhouse_request import Endpoint, read
+from dpone.project.config import load_project
+from dpone.project.refresh import RefreshService, TableReport
+from dpone.project.status import project_status
+from dpone.publication.composition import DEFAULT_STORE, provision_protected_databases
 
 DEMO_DATABASE = "dpone_demo"
 DEMO_TARGET = "customers"

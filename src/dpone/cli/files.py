@@ -22,7 +22,7 @@ from dpone.durable_files import atomic_outputs
 from dpone.errors import ConfigurationError
 from dpone.exporters.export import export_table, receipt_path_for
 from dpone.exporters.sources import open_source
-from dpone.runtime.file_validation import validate_file, verify_file
+from dpone.preparation.file_validation import validate_file, verify_file
 
 existing_file = click.Path(exists=True, dir_okay=False, path_type=Path)
 F = TypeVar("F", bound=Callable[..., Any])

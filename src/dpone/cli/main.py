@@ -54,7 +54,7 @@ class LazyGroup(click.Group):
         chosen = any(arg.endswith("engine-chdb") for arg in args)
         # native_built() last: it loads the library, which other commands need not pay for.
         if wanted and not helps and not reference and (chosen or not native_built()):
-            from dpone.runtime.engine_child import start_early
+            from dpone.preparation.engine_child import start_early
 
             start_early()
         return super().resolve_command(ctx, args)
@@ -69,8 +69,8 @@ class LazyGroup(click.Group):
 
 
 def native_built() -> bool:
-    """Whether the compiled converter is built and loads (see dpone.native.rowbinary)."""
-    from dpone.native.rowbinary import available
+    """Whether the compiled converter is built and loads (see dpone.preparation.native.rowbinary)."""
+    from dpone.preparation.native.rowbinary import available
 
     return available()
 

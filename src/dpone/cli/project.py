@@ -11,14 +11,14 @@ import click
 
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.refresh import config_option
-from dpone.config.project import Project, load_project
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_request import read
 from dpone.errors import ConfigurationError, DponeError
 from dpone.localserver.credentials import admin_credentials
 from dpone.localserver.principal_pool import ingest_users
-from dpone.runtime.refresh import open_source
-from dpone.runtime.snapshot_composition import managed_endpoint, pool_credentials
+from dpone.ports.clickhouse_request import read
+from dpone.project.config import Project, load_project
+from dpone.project.refresh import open_source
+from dpone.publication.composition import managed_endpoint, pool_credentials
 from dpone.sql import quote_literal
 
 EXAMPLE = """\

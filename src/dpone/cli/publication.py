@@ -1,8 +1,8 @@
 """``dpone snapshot``: prepare, publish, reconcile, cancel and show a publication;
 list the pool's leases and end one whose holder is gone.
 
-Thin over :mod:`dpone.runtime.snapshot_composition` (and
-:mod:`dpone.runtime.stale_leases`): each command parses, calls one publisher method
+Thin over :mod:`dpone.publication.composition` (and
+:mod:`dpone.project.leases`): each command parses, calls one publisher method
 and prints one answer. Only ``prepare`` may create the store; every other command
 needs it to exist (``store_missing``). Every JSON answer carries ``state`` and
 ``revision``; a publication that did not reach PUBLISHED exits 1 and names the
@@ -17,21 +17,21 @@ from typing import Any
 
 import click
 
-from dpone.adapters.file_attempt_journal import read_events
-from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotRecord, SnapshotState
 from dpone.errors import ConfigurationError, StateError
 from dpone.ports.composition_snapshot import AttemptRef, HistoryEntry, TargetSlot
-from dpone.runtime.composition_snapshot import PublicationReceipt
-from dpone.runtime.snapshot_composition import (
+from dpone.project.leases import GONE, end_gone_lease, end_lease_command, judge_leases
+from dpone.publication.composition import (
     DEFAULT_STORE,
     PublicationConfig,
     build_publication,
     stored_database,
 )
-from dpone.runtime.stale_leases import GONE, end_gone_lease, end_lease_command, judge_leases
+from dpone.publication.publisher import PublicationReceipt
+from dpone.publication.store import SqliteSnapshotStore
+from dpone.staging.journal import read_events
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 

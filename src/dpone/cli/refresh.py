@@ -1,6 +1,6 @@
 """``dpone refresh``: the full refresh of the project's tables, one attempt each.
 
-Thin over :class:`dpone.runtime.refresh.RefreshService`. With ``--json`` the command
+Thin over :class:`dpone.project.refresh.RefreshService`. With ``--json`` the command
 prints ONE object, ``{"ok": ..., "tables": [...]}``, one member per table (the rule
 that every ``--json`` prints exactly one object holds here too).
 """
@@ -20,10 +20,10 @@ from dpone.cli.output import (
     json_option,
     reported_errors,
 )
-from dpone.config.project import DEFAULT_CONFIG, Project, TableConfig, load_project
 from dpone.errors import ConfigurationError
-from dpone.runtime.refresh import RefreshService, TableReport
-from dpone.runtime.snapshot_composition import managed_endpoint, pool_credentials
+from dpone.project.config import DEFAULT_CONFIG, Project, TableConfig, load_project
+from dpone.project.refresh import RefreshService, TableReport
+from dpone.publication.composition import managed_endpoint, pool_credentials
 
 F = TypeVar("F", bound=Callable[..., Any])
 

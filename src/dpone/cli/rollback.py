@@ -1,6 +1,6 @@
 """``dpone rollback TABLE``: restore the rollback copy through a new publication.
 
-Thin over :class:`dpone.runtime.rollback.RollbackService`. With ``--json`` it prints
+Thin over :class:`dpone.project.rollback.RollbackService`. With ``--json`` it prints
 ONE object: the table's report (``ok``, ``outcome``, ``phase``, ``error``, ...).
 """
 
@@ -12,8 +12,8 @@ import click
 
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.refresh import config_option, preflight, select_tables
-from dpone.config.project import load_project
-from dpone.runtime.rollback import RollbackReport, RollbackService
+from dpone.project.config import load_project
+from dpone.project.rollback import RollbackReport, RollbackService
 
 
 @click.command()

@@ -29,7 +29,7 @@ from dpone.localserver import (
 )
 from dpone.localserver.layout import DEFAULT_DATA_DIR, DataDirLayout
 from dpone.localserver.principal_pool import managed_server_users
-from dpone.runtime.snapshot_composition import provision_protected_databases
+from dpone.publication.composition import provision_protected_databases
 
 # The database the demo publishes into; `server start --protect` names others.
 DEFAULT_PROTECTED_DATABASE = "dpone_demo"

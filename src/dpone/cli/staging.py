@@ -11,15 +11,18 @@ from typing import Any, TypeVar
 
 import click
 
-from dpone.adapters.file_attempt_journal import read_events, verify_journal
-from dpone.adapters.sqlite_snapshot_store import SqliteSnapshotStore
 from dpone.cli.connection import managed_credentials
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option
-from dpone.connectors.clickhouse_request import Endpoint, check_attempt_id
 from dpone.errors import ConfigurationError, DponeError, StateError
 from dpone.localserver import find_running
-from dpone.runtime.attempt_recovery import (
+from dpone.ports.clickhouse_request import Endpoint, check_attempt_id
+from dpone.preparation.spool import DEFAULT_MODE, MODES
+from dpone.publication.composition import DEFAULT_STORE, issue_ingest, pool_protects
+from dpone.publication.store import SqliteSnapshotStore
+from dpone.staging.composition import StagingConfig, build_transport
+from dpone.staging.journal import read_events, verify_journal
+from dpone.staging.recovery import (
     RECOVERY_STEPS,
     cleanup_attempt,
     discard_attempt,
@@ -27,11 +30,7 @@ from dpone.runtime.attempt_recovery import (
     left_behind,
     survey_attempts,
 )
-from dpone.runtime.clickhouse_staging_composition import StagingConfig, build_transport
-from dpone.runtime.preparation import DEFAULT_MODE, MODES
-from dpone.runtime.snapshot_composition import DEFAULT_STORE, issue_ingest, pool_protects
-from dpone.sinks import ClickHouseSink
-from dpone.sinks.clickhouse import new_attempt_id
+from dpone.staging.sink import ClickHouseSink, new_attempt_id
 
 existing_file = click.Path(exists=True, dir_okay=False, path_type=Path)
 work_dir_option = click.option(

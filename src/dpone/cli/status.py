@@ -8,8 +8,8 @@ import click
 
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.refresh import config_option
-from dpone.config.project import load_project
-from dpone.runtime.project_status import project_status
+from dpone.project.config import load_project
+from dpone.project.status import project_status
 
 
 @click.command()

@@ -25,16 +25,16 @@ from pathlib import Path
 from typing import BinaryIO
 from xml.sax.saxutils import escape
 
-from dpone.connectors.clickhouse_errors import (
+from dpone.errors import ConfigurationError
+from dpone.ports.clickhouse_errors import (
     ClickHouseServerError,
     DeadlineBeforeSend,
     NotSubmitted,
     OutcomeUnknown,
     TransportDeadline,
 )
-from dpone.connectors.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
-from dpone.connectors.clickhouse_result import QueryResult
-from dpone.errors import ConfigurationError
+from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
+from dpone.ports.clickhouse_result import QueryResult
 
 OUTPUT_CAP = 64 * 1024
 ERROR_CAP = 64 * 1024

@@ -23,13 +23,6 @@ from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
-from dpone.connectors.clickhouse_errors import (
-    ClickHouseServerError,
-    DeadlineBeforeSend,
-    NotSubmitted,
-    OutcomeUnknown,
-    TransportDeadline,
-)
 from dpone.connectors.clickhouse_file_response import (
     BODY_BUDGET,
     METADATA_BUDGET,
@@ -37,9 +30,16 @@ from dpone.connectors.clickhouse_file_response import (
     FramingError,
     ResponseDeadline,
 )
-from dpone.connectors.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
-from dpone.connectors.clickhouse_result import QueryResult
 from dpone.errors import ConfigurationError, DponeError
+from dpone.ports.clickhouse_errors import (
+    ClickHouseServerError,
+    DeadlineBeforeSend,
+    NotSubmitted,
+    OutcomeUnknown,
+    TransportDeadline,
+)
+from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
+from dpone.ports.clickhouse_result import QueryResult
 
 SEND_CHUNK_BYTES = 64 * 1024
 _CODE = re.compile(rb"Code: (\d+)\. ")

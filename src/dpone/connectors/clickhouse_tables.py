@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dpone.connectors.clickhouse_request import check_attempt_id, read
 from dpone.errors import StateError
 from dpone.ports.clickhouse import QueryPort
+from dpone.ports.clickhouse_request import check_attempt_id, read
 from dpone.sql import quote_literal
 
 STAGING_PREFIX = "dpone_stage_"

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dpone.connectors.clickhouse_errors import ClickHouseServerError
-from dpone.connectors.clickhouse_request import read
 from dpone.errors import StateError
 from dpone.ports.clickhouse import QueryPort
+from dpone.ports.clickhouse_errors import ClickHouseServerError
+from dpone.ports.clickhouse_request import read
 from dpone.sql import quote_literal
 
 NIL_UUID = "00000000-0000-0000-0000-000000000000"

@@ -17,9 +17,9 @@ import enum
 import time
 from dataclasses import dataclass
 
-from dpone.connectors.clickhouse_errors import ClickHouseServerError, OutcomeUnknown
-from dpone.connectors.clickhouse_request import read
 from dpone.ports.clickhouse import QueryPort
+from dpone.ports.clickhouse_errors import ClickHouseServerError, OutcomeUnknown
+from dpone.ports.clickhouse_request import read
 from dpone.sql import quote_literal
 
 TERMINAL_LOG_TYPES = ("QueryFinish", "ExceptionBeforeStart", "ExceptionWhileProcessing")

@@ -13,7 +13,7 @@ from dpone.durable_files import OutputError, atomic_outputs
 from dpone.errors import ConfigurationError
 from dpone.exporters.render import RenderError, field_for, render_row, renderer_for
 from dpone.exporters.sources import Source
-from dpone.runtime.file_validation import validate_file
+from dpone.preparation.file_validation import validate_file
 from dpone.typepolicy import plan_columns
 from dpone.typepolicy.source_types import parse_source_type
 

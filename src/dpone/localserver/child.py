@@ -46,7 +46,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dpone.connectors.clickhouse_request import Credentials
 from dpone.errors import DponeError, TransportError
 from dpone.localserver.control import run_admin_sql
 from dpone.localserver.credentials import admin_credentials
@@ -60,6 +59,7 @@ from dpone.localserver.protocol import (
     EXIT_QUERY_FAILED,
     request_stop,
 )
+from dpone.ports.clickhouse_request import Credentials
 from dpone.sql import quote_literal
 
 # After the parent is gone, how long a clean stop may take before a hard exit.

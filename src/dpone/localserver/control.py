@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import http.client
 
-from dpone.connectors.clickhouse_request import Credentials
 from dpone.errors import TransportError
 from dpone.localserver.probe import LOOPBACK
+from dpone.ports.clickhouse_request import Credentials
 
 MAX_ANSWER_BYTES = 1 << 20
 

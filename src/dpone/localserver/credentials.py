@@ -28,10 +28,10 @@ import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
-from dpone.connectors.clickhouse_request import Credentials
 from dpone.localserver.config import ADMIN_USER, ENGINE_USER, ServerUser
 from dpone.localserver.errors import CredentialsCorrupt, CredentialsMissing
 from dpone.localserver.layout import DataDirLayout, write_private_file
+from dpone.ports.clickhouse_request import Credentials
 
 __all__ = [
     "ADMIN_USER",

@@ -32,7 +32,6 @@ from types import TracebackType
 from typing import Any
 
 import dpone
-from dpone.connectors.clickhouse_request import Credentials
 from dpone.errors import ConfigurationError
 from dpone.localserver import protocol
 from dpone.localserver.config import (
@@ -61,6 +60,7 @@ from dpone.localserver.layout import (
     write_private_file,
 )
 from dpone.localserver.probe import LOOPBACK, accepts_connections, http_ping, port_is_free
+from dpone.ports.clickhouse_request import Credentials
 
 # A cold first start was seen to take over 4 s on these machines.
 DEFAULT_START_TIMEOUT = 60.0

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from dpone.connectors.clickhouse_request import ClickHouseRequest
-from dpone.connectors.clickhouse_result import QueryResult
+from dpone.ports.clickhouse_request import ClickHouseRequest
+from dpone.ports.clickhouse_result import QueryResult
 
 
 class QueryPort(Protocol):
     """One controlled transport (HTTP or client): one request, sent once.
 
     ``execute`` returns a complete acknowledgment or raises a typed outcome
-    (:mod:`dpone.connectors.clickhouse_errors`); it never retries.
+    (:mod:`dpone.ports.clickhouse_errors`); it never retries.
     """
 
     name: str

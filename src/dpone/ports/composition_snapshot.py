@@ -1,7 +1,7 @@
 """The four ports of atomic snapshot publication (seed 000), and what they return.
 
-``ClickHouseAtomicSnapshotPublisher`` (``dpone.runtime.composition_snapshot``) depends
-only on these Protocols. Concrete adapters live in ``dpone.adapters``:
+``ClickHouseAtomicSnapshotPublisher`` (``dpone.publication.publisher``) depends
+only on these Protocols. Concrete adapters live in ``dpone.publication``:
 
 - :class:`SnapshotPublicationAuthority`: reopens the original evidence (journal,
   receipt, admission, epochs), issues and closes principals, proves quiescence.
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from dpone.connectors.clickhouse_request import Credentials
     from dpone.contracts.composition_snapshot import SnapshotIntent
+    from dpone.ports.clickhouse_request import Credentials
 
 
 # ---------------------------------------------------------------------- references

@@ -1,1 +1,1 @@
-"""Services and state machines: validation, preparation, staging, publication."""
+"""The source documents' module names, kept importable: each re-exports its room's module."""

@@ -1,93 +1,13 @@
-"""Contracts of validated file staging: the finite policy, the design, the errors.
+"""The source document's name for ``dpone.staging.contract``: its public names, importable here."""
 
-The service depends on these, on the query port of :mod:`dpone.ports.clickhouse`
-and nothing concrete: a policy whose every bound is finite, and the physical design the
-staging table is created with (so it can later equal a publication target's).
-"""
+from dpone.staging.contract import (
+    PhysicalDesign,
+    StagingError,
+    StagingPolicy,
+)
 
-from __future__ import annotations
-
-import re
-from dataclasses import dataclass, field
-
-from dpone.errors import ConfigurationError, DponeError
-
-_KEY_EXPRESSION = re.compile(r"^[A-Za-z0-9_`(), ]*$")
-
-
-class StagingError(DponeError):
-    """Staging did not produce a verified table; ``details['last_event']`` is the last confirmed record."""
-
-    code = "staging_failed"
-
-
-@dataclass(frozen=True)
-class StagingPolicy:
-    """Finite admission policy: every bound is set, none is unlimited."""
-
-    preparation_seconds: float = 600.0
-    verification_seconds: float = 300.0
-    request_seconds: float = 600.0
-    max_rows: int = 100_000_000
-    max_record_bytes: int = 64 * 1024 * 1024
-    max_spool_bytes: int = 64 * 1024**3
-    free_space_reserve_bytes: int = 256 * 1024 * 1024
-    max_scan_bytes: int = 256 * 1024**3
-
-    def __post_init__(self) -> None:
-        for name, value in self.__dict__.items():
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ConfigurationError(
-                    f"staging policy {name} must be a positive finite number",
-                    code="invalid_policy",
-                    field=name,
-                )
-            if value == float("inf"):
-                raise ConfigurationError(
-                    f"staging policy {name} must be finite", code="invalid_policy", field=name
-                )
-
-
-@dataclass(frozen=True)
-class PhysicalDesign:
-    """The staging table's engine design; the identity checks compare against it."""
-
-    order_by: str = "tuple()"
-    partition_by: str | None = None
-    settings: tuple[tuple[str, str], ...] = field(default=())
-    engine: str = "MergeTree"
-
-    def __post_init__(self) -> None:
-        if self.engine != "MergeTree":
-            raise ConfigurationError(
-                "staging tables use the local MergeTree engine", code="invalid_design"
-            )
-        for expression in (self.order_by, self.partition_by or ""):
-            if not _KEY_EXPRESSION.match(expression):
-                raise ConfigurationError(
-                    f"key expression {expression!r} is not allowed", code="invalid_design"
-                )
-        for name, value in self.settings:
-            if not re.fullmatch(r"[a-z_]+", name) or not re.fullmatch(r"[A-Za-z0-9_.]+", value):
-                raise ConfigurationError(
-                    f"table setting {name}={value} is not allowed", code="invalid_design"
-                )
-
-    def clause(self) -> str:
-        """The ENGINE ... clause of the CREATE statement."""
-        parts = [f"ENGINE = {self.engine}"]
-        if self.partition_by:
-            parts.append(f"PARTITION BY {self.partition_by}")
-        parts.append(f"ORDER BY {self.order_by}")
-        if self.settings:
-            parts.append("SETTINGS " + ", ".join(f"{n} = {v}" for n, v in self.settings))
-        return " ".join(parts)
-
-    @property
-    def expected_sorting_key(self) -> str:
-        """``system.tables.sorting_key`` as the server reports it for this design."""
-        return "" if self.order_by.replace(" ", "") == "tuple()" else self.order_by.replace("`", "")
-
-    @property
-    def expected_partition_key(self) -> str:
-        return (self.partition_by or "").replace("`", "")
+__all__ = [
+    "PhysicalDesign",
+    "StagingError",
+    "StagingPolicy",
+]

@@ -1,5 +1,5 @@
-"""Sinks: where validated files go."""
+"""The source document's ``sinks.ClickHouseSink``: the staging sink, importable here."""
 
-from dpone.sinks.clickhouse import ClickHouseSink
+from dpone.staging.sink import ClickHouseSink
 
 __all__ = ["ClickHouseSink"]

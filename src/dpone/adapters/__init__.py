@@ -1,1 +1,0 @@
-"""Concrete implementations of the ports: journals, stores, catalogs."""

@@ -1,0 +1,259 @@
+"""``validate_file``: scan a bulk text file under a schema and issue its receipt.
+
+One pass reads the file through the codec's reader, hashes every byte read, checks
+row width, UTF-8, escapes, hex, NOT NULL and that every value converts exactly under
+the type policy. Only a file that passes gets a receipt.
+
+By default the checks run in the compiled converter (the same conversion a
+preparation runs, over whole-record ranges hashed in order on the way, its bytes
+discarded); a file it declines goes to the embedded engine (the engine preparation's
+checks); when the engine refuses anything, or cannot run, the Python reference
+validates the file again and names the first bad value exactly. A receipt is the same
+whichever decided.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from dpone.connectors.bulk_text_codec import CODEC_ID, CODEC_VERSION, BulkTextReader
+from dpone.contracts.receipt import FileReceipt
+from dpone.contracts.schema import SourceSchema
+from dpone.preparation.artifact import ArtifactMismatch, HeldArtifact
+from dpone.preparation.conversion import convert_records
+from dpone.preparation.engine_conversion import (
+    MAX_CARRY_BYTES,
+    MODE_ENGINE,
+    EngineSession,
+    EngineUnavailable,
+    RecordRanges,
+    check_job,
+    range_bytes,
+    spill_range,
+)
+from dpone.preparation.native_conversion import MODE_NATIVE, NativeRanges, takes
+from dpone.preparation.spool import DEFAULT_MODE, MODE_PYTHON
+from dpone.typepolicy import POLICY_ID, POLICY_VERSION, ColumnPlan, plan_columns
+
+__all__ = ["MODE_ENGINE", "MODE_NATIVE", "MODE_PYTHON", "validate_file", "verify_file"]
+
+
+def validate_file(
+    path: str | os.PathLike[str],
+    schema: SourceSchema,
+    *,
+    overrides: Mapping[str, str] | None = None,
+    max_record_bytes: int | None = None,
+    max_records: int | None = None,
+    source_name: str | None = None,
+    mode: str = DEFAULT_MODE,
+    warn: Callable[[str], None] | None = None,
+) -> FileReceipt:
+    """Validate ``path`` against ``schema``; return its receipt or raise a located error.
+
+    ``mode`` chooses who checks the values first: the compiled converter (the default;
+    a file it declines goes to the engine), the engine (any refusal is then named by
+    the reference) or the Python reference alone. When the engine cannot
+    run at all (not installed, no usable scratch directory), the reference validates
+    alone, with the same result but many times slower: ``warn`` is told why.
+    """
+    plans = plan_columns(schema.columns, dict(overrides or {}))  # refuses types before reading
+    digest = hashlib.sha256()
+    source = source_name or str(path)
+    with open(Path(path), "rb") as stream:
+        size_before = os.fstat(stream.fileno()).st_size
+        counted = None
+        if mode == MODE_NATIVE and takes(plans):
+            counted = _native_check(stream, plans, max_record_bytes, max_records)
+            if counted is None:
+                stream.seek(0)
+        if counted is None and mode in (MODE_NATIVE, MODE_ENGINE):
+            counted = _engine_check(stream, plans, max_record_bytes, max_records, warn)
+            if counted is None:
+                stream.seek(0)
+        if counted is not None:
+            rows, sha256, read = counted
+            if not size_before == os.fstat(stream.fileno()).st_size == read:
+                raise ArtifactMismatch(
+                    f"{source} changed while it was validated", code="artifact_changed_during_scan"
+                )
+            return _receipt(schema, sha256, read, rows)
+        reader = BulkTextReader(
+            stream,
+            [p.codec_column for p in plans],
+            source=source,
+            max_record_bytes=max_record_bytes,
+            max_records=max_records,
+            on_chunk=digest.update,
+        )
+        rows = convert_records(reader, plans, source=source)
+        size_after = os.fstat(stream.fileno()).st_size
+    if not size_before == size_after == reader.bytes_read:
+        raise ArtifactMismatch(
+            f"{source} changed while it was validated", code="artifact_changed_during_scan"
+        )
+    return _receipt(schema, digest.hexdigest(), reader.bytes_read, rows)
+
+
+def _receipt(schema: SourceSchema, sha256: str, size: int, rows: int) -> FileReceipt:
+    return FileReceipt(
+        artifact_sha256=sha256,
+        artifact_size=size,
+        rows_validated=rows,
+        schema=schema,
+        codec_id=CODEC_ID,
+        codec_version=CODEC_VERSION,
+        policy_id=POLICY_ID,
+        policy_version=POLICY_VERSION,
+    )
+
+
+def _native_check(
+    stream: io.BufferedReader,
+    plans: tuple[ColumnPlan, ...],
+    max_record_bytes: int | None,
+    max_records: int | None,
+) -> tuple[int, str, int] | None:
+    """(records, SHA-256, bytes) when the compiled converter takes every record; None
+    to hand over (to the engine, then the reference), as :func:`_engine_check`."""
+    digest = hashlib.sha256()
+    records = 0
+    ranges = NativeRanges(
+        stream,
+        plans,
+        total_bytes=os.fstat(stream.fileno()).st_size,
+        carry_limit=max_record_bytes or MAX_CARRY_BYTES,
+        max_record_bytes=max_record_bytes,
+        on_bytes=digest.update,
+        keep=False,
+    )
+    with ranges.parts() as parts:
+        for part in parts:
+            if part is None:
+                return None
+            records += part.rows
+            if max_records is not None and records > max_records:
+                return None
+    if ranges.too_long or ranges.trailing:
+        return None
+    return records, digest.hexdigest(), ranges.size
+
+
+def _engine_check(
+    stream: io.BufferedReader,
+    plans: tuple[ColumnPlan, ...],
+    max_record_bytes: int | None,
+    max_records: int | None,
+    warn: Callable[[str], None] | None,
+) -> tuple[int, str, int] | None:
+    """(records, SHA-256, bytes) when the engine accepts every record; None to hand over.
+
+    The stream is read once; each whole-record range is hashed in order and written to
+    a private file that one engine worker checks. A refusal, a budget, a missing final
+    LF or an engine that cannot run all hand the file to the reference.
+    """
+    digest = hashlib.sha256()
+    size = records = submitted = finished = 0
+    try:
+        with EngineSession() as session:
+            work = session.work_dir  # the engine's own home, which it removes
+            counts: dict[int, int] = {}
+
+            def collect() -> bool:
+                nonlocal finished
+                job, answer = session.next_result(lambda: False)
+                if answer is None or int(answer) != counts.pop(job):
+                    return False
+                (work / f"in-{job}").unlink()
+                finished += 1
+                return True
+
+            total = os.fstat(stream.fileno()).st_size
+            chunk_bytes = range_bytes(total, session.workers)
+            ranges = RecordRanges(stream, chunk_bytes, max_record_bytes or MAX_CARRY_BYTES)
+            for data, end in ranges:
+                chunk = work / f"in-{submitted}"
+                counts[submitted] = spill_range(chunk, data, end, digest)
+                del data
+                size += end
+                records += counts[submitted]
+                if max_records is not None and records > max_records:
+                    return None
+                session.submit(submitted, *check_job(plans, chunk, max_record_bytes))
+                submitted += 1
+                while submitted - finished > session.in_flight:
+                    if not collect():
+                        return None
+            if ranges.too_long or ranges.trailing:
+                return None
+            while finished < submitted:
+                if not collect():
+                    return None
+    except EngineUnavailable as exc:
+        if warn is not None:
+            warn(
+                "the engine could not run, so the Python reference validated alone, which "
+                f"is many times slower: {_one_line(str(exc))}"
+            )
+        return None  # the reference validates alone
+    return records, digest.hexdigest(), size
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    """A multi-line reason (an engine's log tail) as its first and last lines."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    short = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
+    return short if len(short) <= limit else short[: limit - 3] + "..."
+
+
+def verify_file(
+    path: str | os.PathLike[str], receipt: FileReceipt, *, warn: Callable[[str], None] | None = None
+) -> FileReceipt:
+    """Check that ``path`` is exactly the file ``receipt`` describes; return a fresh receipt.
+
+    The bytes are checked first (size and SHA-256 through a held descriptor, so a
+    replaced file is refused), then the file is validated again under the receipt's
+    schema: the fresh receipt must equal the given one member for member, so a
+    hand-edited ``rows_validated`` (or codec, policy or validator) is refused too.
+    """
+    with HeldArtifact(path, receipt) as held:
+        held.verify()
+        fresh = validate_file(
+            f"/proc/self/fd/{held.fd}", receipt.schema, source_name=str(path), warn=warn
+        )
+    if fresh.artifact_sha256 != receipt.artifact_sha256:
+        raise ArtifactMismatch(
+            f"{path} changed while it was verified",
+            code="artifact_changed_during_scan",
+            path=str(path),
+        )
+    if fresh.rows_validated != receipt.rows_validated:
+        raise ArtifactMismatch(
+            f"{path} has {fresh.rows_validated} records, the receipt says {receipt.rows_validated}",
+            code="receipt_rows_mismatch",
+            path=str(path),
+        )
+    if fresh != receipt:
+        differing = [
+            name
+            for name in (
+                "codec_id",
+                "codec_version",
+                "policy_id",
+                "policy_version",
+                "validator_version",
+            )
+            if getattr(fresh, name) != getattr(receipt, name)
+        ]
+        raise ArtifactMismatch(
+            f"the receipt of {path} was made by another validator ({', '.join(differing)} "
+            "differ from this dpone's); validate the file again",
+            code="receipt_validator_mismatch",
+            path=str(path),
+            members=differing,
+        )
+    return fresh

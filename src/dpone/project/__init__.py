@@ -1,0 +1,1 @@
+"""The project's workflows: refresh, rollback, status, retention and leases from dpone.toml."""

@@ -1,0 +1,558 @@
+"""Strict parsing of ``dpone.toml`` (the standard library's TOML reader).
+
+Every problem is collected, not only the first: an unknown key, a missing one, a value
+of the wrong type or out of range, a table naming a source that does not exist. Each
+problem names its key path (``tables.customers.order_by``) and, when the key can be
+found in the text, its line. Secrets are never values of the file: a SQL Server
+password comes from an environment variable (``password_env``) or a file
+(``password_file``) the config names; a ``password`` key is refused.
+
+Relative paths are relative to the directory holding the project file.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpone.contracts.composition_snapshot import DEFAULT_LIMITS, SnapshotLimits
+from dpone.errors import ConfigurationError
+from dpone.localserver.layout import DEFAULT_DATA_DIR
+from dpone.localserver.principal_pool import check_databases
+from dpone.preparation.spool import DEFAULT_MODE, MODES
+from dpone.staging.composition import TRANSPORTS
+from dpone.staging.contract import PhysicalDesign
+
+DEFAULT_CONFIG = Path("dpone.toml")
+DEFAULT_SHRINK_GUARD = 0.5
+DEFAULT_KEEP_ROLLBACK = 1
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LIMIT_KEYS = tuple(DEFAULT_LIMITS.to_document())
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One problem of the project file: where (key path, line) and what."""
+
+    key: str
+    message: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.key} (line {self.line})" if self.line else self.key
+        return f"{where}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "line": self.line, "message": self.message}
+
+
+class ProjectConfigError(ConfigurationError):
+    """The project file is missing, not TOML, or has problems (``details['problems']``)."""
+
+    code = "invalid_config"
+
+
+@dataclass(frozen=True)
+class ClickHouseConfig:
+    """The ClickHouse a refresh publishes into: the managed local server."""
+
+    data_dir: Path
+    transport: str = "http"
+    client_path: str = "clickhouse-client"
+    preparation: str = DEFAULT_MODE
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """A source connection: a SQLite file or a SQL Server database."""
+
+    name: str
+    kind: str  # "sqlite" or "sqlserver"
+    path: Path | None = None
+    host: str | None = None
+    port: int = 1433
+    database: str | None = None
+    user_env: str | None = None
+    password_env: str | None = None
+    password_file: Path | None = None
+
+    def describe(self) -> str:
+        """Where the source is, without any secret."""
+        if self.kind == "sqlite":
+            return f"sqlite:{self.path}"
+        return f"mssql://{self.host}:{self.port}/{self.database}"
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """One refreshed table: source table, target slot, design of a new target, guards."""
+
+    name: str
+    source: str
+    source_table: str
+    database: str
+    target: str
+    design: PhysicalDesign = field(default_factory=PhysicalDesign)
+    types: Mapping[str, str] = field(default_factory=dict)
+    shrink_guard: float = DEFAULT_SHRINK_GUARD
+    limits: SnapshotLimits = DEFAULT_LIMITS
+
+    @property
+    def qualified_target(self) -> str:
+        return f"{self.database}.{self.target}"
+
+
+@dataclass(frozen=True)
+class Project:
+    """A parsed ``dpone.toml``."""
+
+    path: Path
+    work_dir: Path
+    store: Path
+    keep_rollback: int
+    clickhouse: ClickHouseConfig
+    sources: Mapping[str, SourceConfig]
+    tables: Mapping[str, TableConfig]
+
+    @property
+    def databases(self) -> tuple[str, ...]:
+        """The protected databases the tables publish into, in order of appearance."""
+        return tuple(dict.fromkeys(t.database for t in self.tables.values()))
+
+
+def load_project(path: Path) -> Project:
+    """Read and parse ``path``; raises :class:`ProjectConfigError` listing every problem."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError as exc:
+        raise ProjectConfigError(
+            f"no project file {path}; write an example with `dpone init`",
+            code="config_missing",
+            path=str(path),
+        ) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProjectConfigError(f"cannot read {path}: {exc}", path=str(path)) from exc
+    return parse_project(text, path)
+
+
+def parse_project(text: str, path: Path) -> Project:
+    """Parse the text of a project file found at ``path`` (for relative paths)."""
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        line = _decode_line(str(exc))
+        problem = ConfigProblem("(file)", f"not valid TOML: {exc}", line)
+        raise ProjectConfigError(
+            f"{path}: {problem}", path=str(path), problems=[problem.to_dict()]
+        ) from exc
+    reader = _Reader(_Locator(text), path.parent)
+    project = reader.project(document, path)
+    if reader.problems:
+        listed = "\n".join(f"  {p}" for p in reader.problems)
+        raise ProjectConfigError(
+            f"{path} has {len(reader.problems)} problem(s):\n{listed}",
+            path=str(path),
+            problems=[p.to_dict() for p in reader.problems],
+        )
+    assert project is not None
+    return project
+
+
+def resolve_secret(source: SourceConfig) -> tuple[str, str]:
+    """The SQL Server user and password, read now from the named variable or file."""
+    user = os.environ.get(source.user_env or "")
+    if not user:
+        raise ConfigurationError(
+            f"sources.{source.name}.user_env: the environment variable {source.user_env} is not set",
+            code="missing_credentials",
+            key=f"sources.{source.name}.user_env",
+        )
+    if source.password_file is not None:
+        try:
+            password = source.password_file.read_text(encoding="utf-8").rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigurationError(
+                f"sources.{source.name}.password_file: cannot read {source.password_file}: "
+                f"{exc.strerror}",
+                code="missing_credentials",
+                key=f"sources.{source.name}.password_file",
+            ) from exc
+        return user, password
+    from_env = os.environ.get(source.password_env or "")
+    if from_env is None:
+        raise ConfigurationError(
+            f"sources.{source.name}.password_env: the environment variable "
+            f"{source.password_env} is not set",
+            code="missing_credentials",
+            key=f"sources.{source.name}.password_env",
+        )
+    return user, from_env
+
+
+# ---------------------------------------------------------------------- locating keys
+
+
+def _decode_line(message: str) -> int | None:
+    found = re.search(r"at line (\d+)", message)
+    return int(found[1]) if found else None
+
+
+class _Locator:
+    """Line numbers of keys: table headers and ``key =`` lines, by key path.
+
+    A best effort over the text (tomllib gives no positions): good for the layouts
+    people write; a key it cannot place is reported without a line.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.lines: dict[tuple[str, ...], int] = {}
+        table: tuple[str, ...] = ()
+        for number, raw in enumerate(text.splitlines(), start=1):
+            line = raw.strip()
+            header = re.match(r"^\[\[?\s*([^\]]+?)\s*\]\]?", line)
+            if header:
+                table = _split_key(header[1])
+                self.lines.setdefault(table, number)
+                continue
+            key = re.match(r"^([A-Za-z0-9_\-\"'. ]+?)\s*=", line)
+            if key:
+                path = table + _split_key(key[1])
+                self.lines.setdefault(path, number)
+                inline = re.search(r"=\s*\{(.*)\}", line)
+                for name in re.findall(r"([A-Za-z0-9_\-\"']+)\s*=", inline[1] if inline else ""):
+                    self.lines.setdefault(path + _split_key(name), number)
+
+    def line(self, path: tuple[str, ...]) -> int | None:
+        while path:
+            if path in self.lines:
+                return self.lines[path]
+            path = path[:-1]
+        return None
+
+
+def _split_key(text: str) -> tuple[str, ...]:
+    return tuple(part.strip().strip("\"'") for part in text.split("."))
+
+
+# ---------------------------------------------------------------------- reading
+
+
+class _Reader:
+    """Walks the document, collecting problems instead of stopping at the first."""
+
+    def __init__(self, locator: _Locator, base: Path) -> None:
+        self.locator = locator
+        self.base = base
+        self.problems: list[ConfigProblem] = []
+
+    def problem(self, path: tuple[str, ...], message: str) -> None:
+        self.problems.append(ConfigProblem(".".join(path), message, self.locator.line(path)))
+
+    def section(
+        self, value: Any, path: tuple[str, ...], known: tuple[str, ...], hints: Mapping[str, str]
+    ) -> dict[str, Any]:
+        """A table's members, after reporting every unknown key."""
+        if not isinstance(value, dict):
+            self.problem(path, f"must be a table, not {_kind(value)}")
+            return {}
+        for key in value:
+            if key not in known:
+                hint = hints.get(key) or f"known keys: {', '.join(known)}"
+                self.problem((*path, key), f"unknown key ({hint})")
+        return value
+
+    def get(
+        self,
+        table: Mapping[str, Any],
+        path: tuple[str, ...],
+        key: str,
+        kind: type,
+        default: Any = None,
+        *,
+        required: bool = False,
+        check: Callable[[Any], str | None] | None = None,
+    ) -> Any:
+        where = (*path, key)
+        if key not in table:
+            if required:
+                self.problem(where, "is required")
+            return default
+        value = table[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            self.problem(where, f"must be {_article(kind)}, not {_kind(value)}")
+            return default
+        if check is not None:
+            message = check(value)
+            if message:
+                self.problem(where, message)
+                return default
+        return value
+
+    def path_value(
+        self, table: Mapping[str, Any], path: tuple[str, ...], key: str, default: Path | None
+    ) -> Path | None:
+        text = self.get(table, path, key, str, check=_non_empty)
+        if text is None:
+            return default
+        return self.base / Path(text).expanduser()
+
+    # ------------------------------------------------------------------ sections
+
+    def project(self, document: dict[str, Any], path: Path) -> Project | None:
+        top = self.section(document, (), ("project", "clickhouse", "sources", "tables"), {})
+        settings = self.section(
+            top.get("project", {}), ("project",), ("work_dir", "store", "keep_rollback"), {}
+        )
+        work_dir = self.path_value(settings, ("project",), "work_dir", self.base / ".dpone/work")
+        store = self.path_value(
+            settings, ("project",), "store", self.base / ".dpone/snapshots.sqlite"
+        )
+        keep = self.get(
+            settings,
+            ("project",),
+            "keep_rollback",
+            int,
+            DEFAULT_KEEP_ROLLBACK,
+            check=lambda v: None if 0 <= v <= 100 else "must be between 0 and 100",
+        )
+        clickhouse = self.clickhouse(top.get("clickhouse", {}))
+        sources = {
+            name: source
+            for name, raw in self.named(top, "sources").items()
+            if (source := self.source(name, raw)) is not None
+        }
+        tables = {
+            name: table
+            for name, raw in self.named(top, "tables").items()
+            if (table := self.table(name, raw, top.get("sources", {}))) is not None
+        }
+        if "tables" in top and not top.get("tables"):
+            self.problem(("tables",), "declares no table")
+        if self.problems:
+            return None
+        assert work_dir is not None and store is not None
+        return Project(path, work_dir, store, keep, clickhouse, sources, tables)
+
+    def named(self, top: Mapping[str, Any], key: str) -> dict[str, Any]:
+        found = top.get(key, {})
+        if not isinstance(found, dict):
+            self.problem((key,), f"must be a table of named {key}, not {_kind(found)}")
+            return {}
+        for name in found:
+            if not _NAME.match(name):
+                self.problem((key, name), "a name is 1-64 letters, digits, '_', '-' or '.'")
+        return {n: v for n, v in found.items() if _NAME.match(n)}
+
+    def clickhouse(self, raw: Any) -> ClickHouseConfig:
+        path = ("clickhouse",)
+        hints = {
+            "host": "only the managed local server is supported for publication; see "
+            "docs/configuration.md",
+            "password": "secrets never go in the file",
+        }
+        table = self.section(
+            raw, path, ("data_dir", "transport", "client_path", "preparation"), hints
+        )
+        data_dir = self.path_value(table, path, "data_dir", self.base / DEFAULT_DATA_DIR)
+        transport = self.get(table, path, "transport", str, "http", check=_one_of(TRANSPORTS))
+        return ClickHouseConfig(
+            data_dir=data_dir or self.base / DEFAULT_DATA_DIR,
+            transport=transport,
+            client_path=self.get(
+                table, path, "client_path", str, "clickhouse-client", check=_non_empty
+            ),
+            preparation=self.get(
+                table, path, "preparation", str, DEFAULT_MODE, check=_one_of(MODES)
+            ),
+        )
+
+    def source(self, name: str, raw: Any) -> SourceConfig | None:
+        path = ("sources", name)
+        known = (
+            "kind",
+            "path",
+            "host",
+            "port",
+            "database",
+            "user_env",
+            "password_env",
+            "password_file",
+        )
+        hints = {
+            k: "secrets never go in the file: name an environment variable with "
+            "password_env or a file with password_file"
+            for k in ("password", "user", "secret")
+        }
+        table = self.section(raw, path, known, hints)
+        if not table and not isinstance(raw, dict):
+            return None
+        kind = self.get(
+            table, path, "kind", str, required=True, check=_one_of(("sqlite", "sqlserver"))
+        )
+        if kind == "sqlite":
+            for key in known[2:]:
+                if key in table:
+                    self.problem((*path, key), 'is for kind = "sqlserver" sources only')
+            if "path" not in table:
+                self.problem((*path, "path"), "is required for a sqlite source")
+            return SourceConfig(name, kind, path=self.path_value(table, path, "path", None))
+        if kind == "sqlserver":
+            if "path" in table:
+                self.problem((*path, "path"), 'is for kind = "sqlite" sources only')
+            env = _env_name
+            source = SourceConfig(
+                name,
+                kind,
+                host=self.get(table, path, "host", str, required=True, check=_non_empty),
+                port=self.get(
+                    table,
+                    path,
+                    "port",
+                    int,
+                    1433,
+                    check=lambda v: None if 0 < v < 65536 else "must be a TCP port",
+                ),
+                database=self.get(table, path, "database", str, required=True, check=_non_empty),
+                user_env=self.get(table, path, "user_env", str, required=True, check=env),
+                password_env=self.get(table, path, "password_env", str, check=env),
+                password_file=self.path_value(table, path, "password_file", None),
+            )
+            if (source.password_env is None) == (source.password_file is None):
+                self.problem(
+                    (*path, "password_env"), "give exactly one of password_env and password_file"
+                )
+            return source
+        return None
+
+    def table(self, name: str, raw: Any, sources: Any) -> TableConfig | None:
+        path = ("tables", name)
+        known = (
+            "source",
+            "table",
+            "target",
+            "order_by",
+            "partition_by",
+            "types",
+            "shrink_guard",
+            "limits",
+        )
+        table = self.section(
+            raw,
+            path,
+            known,
+            {"query": "a source query is not supported; refresh a table or a view"},
+        )
+        if not table and not isinstance(raw, dict):
+            return None
+        source = self.get(table, path, "source", str, required=True, check=_non_empty)
+        if source is not None and (not isinstance(sources, dict) or source not in sources):
+            self.problem((*path, "source"), f"names no source: declare [sources.{source}]")
+        source_table = self.get(table, path, "table", str, required=True, check=_non_empty)
+        target = self.get(table, path, "target", str, required=True, check=_target)
+        order_by = self.get(table, path, "order_by", str, "tuple()", check=_non_empty)
+        partition_by = self.get(table, path, "partition_by", str, None, check=_non_empty)
+        design = PhysicalDesign()
+        try:
+            design = PhysicalDesign(order_by=order_by, partition_by=partition_by)
+        except ConfigurationError as exc:
+            self.problem((*path, "order_by"), exc.message)
+        types = self.get(table, path, "types", dict, {})
+        for column, type_ in types.items():
+            if not isinstance(type_, str) or not type_.strip():
+                self.problem((*path, "types", column), "must be a ClickHouse type name (a string)")
+        guard = self.get(
+            table,
+            path,
+            "shrink_guard",
+            float,
+            DEFAULT_SHRINK_GUARD,
+            check=lambda v: (
+                None
+                if 0.0 <= v <= 1.0 and math.isfinite(v)
+                else "must be a fraction between 0 and 1"
+            ),
+        )
+        limits = self.limits(table.get("limits", {}), (*path, "limits"))
+        if source is None or source_table is None or target is None:
+            return None
+        database, _, target_table = target.partition(".")
+        return TableConfig(
+            name, source, source_table, database, target_table, design, dict(types), guard, limits
+        )
+
+    def limits(self, raw: Any, path: tuple[str, ...]) -> SnapshotLimits:
+        table = self.section(raw, path, _LIMIT_KEYS, {})
+        defaults = DEFAULT_LIMITS.to_document()
+        values = {
+            key: self.get(
+                table,
+                path,
+                key,
+                int,
+                defaults[key],
+                check=lambda v: None if v > 0 else "must be a positive integer",
+            )
+            for key in _LIMIT_KEYS
+        }
+        return SnapshotLimits(**values)
+
+
+def _kind(value: Any) -> str:
+    names = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        dict: "a table",
+        list: "an array",
+    }
+    return names.get(type(value), type(value).__name__)
+
+
+def _article(kind: type) -> str:
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        dict: "a table",
+    }.get(kind, kind.__name__)
+
+
+def _non_empty(value: str) -> str | None:
+    return None if value.strip() else "must not be empty"
+
+
+def _env_name(value: str) -> str | None:
+    return None if _ENV.match(value) else "must be an environment variable's name"
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str | None]:
+    def check(value: str) -> str | None:
+        return None if value in choices else f"must be one of {', '.join(choices)}"
+
+    return check
+
+
+def _target(value: str) -> str | None:
+    database, dot, table = value.partition(".")
+    if not dot or not table or "." in table:
+        return "must be DATABASE.TABLE"
+    try:
+        check_databases((database,))
+    except ConfigurationError as exc:
+        return exc.message
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,191}", table):
+        return "the table name must be letters, digits and '_'"
+    if table.startswith("dpone_stage_"):
+        return "dpone_stage_ names are staging generations, not targets"
+    return None

@@ -1,0 +1,194 @@
+"""Leases of the principal pool whose holder is gone, proven from durable facts.
+
+A pool lease (:class:`~dpone.publication.store.SqliteSnapshotStore`)
+is ended by the process that uses it, or by the step that takes the principal over
+(``prepare``'s closure, ``reconcile``, ``cancel``, ``attempts discard``). A process
+killed with SIGKILL ends nothing: its lease stays active, and four such exhaust a role
+(``pool_exhausted``). :func:`judge_leases` decides, for every active lease, whether its
+holder can still use it, from facts that never change back once true:
+
+Publisher leases (taken by ``prepare``):
+
+- named by an intent: ``prepared`` or ``exchange_intent`` / ``commit_unknown`` -> the
+  holder is the publication (live; ``snapshot cancel`` or ``reconcile`` ends it);
+  ``published`` / ``not_published`` -> gone (``intent_terminal``).
+- named by no intent: the preparation died before storing its intent; gone once the
+  process that took the lease is gone (``process_gone``), live while it runs.
+
+Ingest leases (taken by ``stage`` / ``refresh`` / ``rollback``):
+
+- the attempt has an intent: gone (``attempt_prepared``): ``prepare`` closed the
+  principal (ending the lease first) before it stored the intent.
+- the attempt's journal (under one of the given journal directories) ended in a
+  terminal state other than ``staged`` -> gone (``attempt_terminal``).
+- it ended ``staged``: a later ``prepare`` may still use it (live;
+  ``attempts discard`` ends it), unless it is a rollback's journal, which nothing but
+  its own process publishes: gone once that process is gone (``rollback_abandoned``).
+- it has no terminal state: gone once its process is gone (``process_gone``); its
+  leftovers on the server are ``attempts cleanup``'s business.
+- no journal is found: unknown (it may be staged in a work dir not searched).
+
+A process is gone only as :mod:`dpone.publication.holder_process` proves it (pid, start
+time, boot, pid namespace, host recorded when the lease was issued); anything else is
+``unknown`` and is never ended. Every ``gone`` fact is permanent, so a judgement made
+before the ending write cannot turn false before it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState
+from dpone.errors import DponeError, StateError
+from dpone.localserver.principal_pool import ROLE_INGEST, ROLE_PUBLISHER
+from dpone.publication.holder_process import Liveness, holder_liveness
+from dpone.publication.store import LeaseRecord, SqliteSnapshotStore
+from dpone.staging.journal import read_events
+from dpone.staging.states import TERMINAL
+
+GONE, LIVE, UNKNOWN = "gone", "live", "unknown"
+_TERMINAL_STAGE = {s.value for s in TERMINAL}
+_UNRESOLVED = {SnapshotState.EXCHANGE_INTENT.value, SnapshotState.COMMIT_UNKNOWN.value}
+
+
+@dataclass(frozen=True)
+class LeaseVerdict:
+    """One active lease and whether its holder can still use it (``holder``)."""
+
+    record: LeaseRecord
+    holder: str  # GONE, LIVE or UNKNOWN
+    reason: str
+    evidence: dict[str, Any]
+
+    @property
+    def lease_id(self) -> str:
+        return self.record.lease.lease_id
+
+    def to_dict(self) -> dict[str, Any]:
+        lease = self.record.lease
+        return {
+            "lease_id": lease.lease_id,
+            "user": lease.user,
+            "role": lease.role,
+            "attempt_id": lease.attempt_id,
+            "issued_at": self.record.issued_at,
+            "holder": self.holder,
+            "reason": self.reason,
+            "evidence": self.evidence,
+            "holder_process": None if self.record.holder is None else self.record.holder.to_dict(),
+        }
+
+
+def project_journal_dirs(work_dir: Path) -> list[Path]:
+    """Where a project's attempts keep their journals (refresh and rollback)."""
+    return [work_dir / "attempts", work_dir / "rollbacks"]
+
+
+def end_lease_command(lease_id: str, store: Path, journal_dirs: Sequence[Path]) -> str:
+    """The exact ``dpone snapshot end-lease`` command for ``lease_id``."""
+    argv = ["dpone", "snapshot", "end-lease", lease_id, "--store", str(store)]
+    for directory in journal_dirs:
+        argv += ["--work-dir", str(directory)]
+    return shlex.join(argv)
+
+
+def judge_leases(store: SqliteSnapshotStore, journal_dirs: Sequence[Path]) -> list[LeaseVerdict]:
+    """A verdict for every active lease of ``store``, oldest first."""
+    intents = [(SnapshotIntent.from_bytes(s.intent_bytes), s.state) for s in store.list_snapshots()]
+    return [_judge(r, intents, journal_dirs) for r in store.lease_records()]
+
+
+def end_gone_lease(
+    store: SqliteSnapshotStore, lease_id: str, journal_dirs: Sequence[Path]
+) -> tuple[LeaseVerdict | None, bool]:
+    """End ``lease_id`` only if its holder is proven gone; the verdict and whether it ended.
+
+    ``(None, False)``: the lease had already ended. ``lease_holder_live`` or
+    ``lease_holder_unknown`` (nothing written) otherwise.
+    """
+    store.get_lease(lease_id)  # lease_not_found before anything else
+    verdict = next((v for v in judge_leases(store, journal_dirs) if v.lease_id == lease_id), None)
+    if verdict is None:
+        return None, False
+    if verdict.holder != GONE:
+        raise StateError(
+            f"lease {lease_id} ({verdict.record.lease.user}) is not proven abandoned: "
+            f"{verdict.reason} ({verdict.evidence.get('fact', '')})",
+            code=f"lease_holder_{verdict.holder}",
+            lease_id=lease_id,
+            reason=verdict.reason,
+            evidence=verdict.evidence,
+        )
+    facts = {
+        "reason": verdict.reason,
+        "evidence": verdict.evidence,
+        "journal_dirs": [str(d) for d in journal_dirs],
+    }
+    _, ended = store.end_lease_of_gone_holder(lease_id, facts)
+    return verdict, ended
+
+
+def _judge(
+    record: LeaseRecord,
+    intents: list[tuple[SnapshotIntent, str]],
+    journal_dirs: Sequence[Path],
+) -> LeaseVerdict:
+    lease = record.lease
+    if lease.role == ROLE_PUBLISHER:
+        bound = [(i, state) for i, state in intents if i.publisher.lease_id == lease.lease_id]
+        if bound:
+            intent, state = bound[0]
+            evidence = {"intent_sha256": intent.sha256, "state": state}
+            if state == SnapshotState.PREPARED.value:
+                return LeaseVerdict(record, LIVE, "intent_prepared", evidence)
+            if state in _UNRESOLVED:
+                return LeaseVerdict(record, LIVE, "intent_unresolved", evidence)
+            return LeaseVerdict(record, GONE, "intent_terminal", evidence)
+        return _by_process(record, {"intent": None})
+    if lease.role != ROLE_INGEST:
+        return LeaseVerdict(record, UNKNOWN, "unknown_role", {"role": lease.role})
+    prepared = [i.sha256 for i, _ in intents if i.attempt_id == lease.attempt_id]
+    if prepared:
+        return LeaseVerdict(record, GONE, "attempt_prepared", {"intent_sha256": prepared[0]})
+    journal = next(
+        (d / lease.attempt_id for d in journal_dirs if (d / lease.attempt_id).is_dir()), None
+    )
+    if journal is None:
+        searched = {"searched": [str(d) for d in journal_dirs]}
+        found = _by_process(record, searched)
+        if found.holder == LIVE:
+            return found
+        # Without its journal the attempt may have staged elsewhere, for a later prepare.
+        return LeaseVerdict(record, UNKNOWN, "journal_not_found", {**found.evidence})
+    try:
+        events = read_events(journal)
+    except DponeError as exc:
+        return LeaseVerdict(
+            record, UNKNOWN, "journal_unreadable", {"journal": str(journal), "error": exc.code}
+        )
+    last = events[-1].document if events else {}
+    ended = str(last.get("state")) if events else None
+    facts: dict[str, Any] = {"journal": str(journal), "journal_state": ended}
+    if ended in _TERMINAL_STAGE and ended != "staged":
+        return LeaseVerdict(record, GONE, "attempt_terminal", facts)
+    if ended == "staged":
+        if "rollback" not in last:
+            return LeaseVerdict(record, LIVE, "staged_unprepared", facts)
+        found = _by_process(record, facts)
+        reason = "rollback_abandoned" if found.holder == GONE else found.reason
+        return LeaseVerdict(record, found.holder, reason, found.evidence)
+    return _by_process(record, facts)
+
+
+def _by_process(record: LeaseRecord, evidence: dict[str, Any]) -> LeaseVerdict:
+    liveness, fact = holder_liveness(record.holder)
+    facts = {**evidence, "fact": fact}
+    if liveness is Liveness.GONE:
+        return LeaseVerdict(record, GONE, "process_gone", facts)
+    if liveness is Liveness.ALIVE:
+        return LeaseVerdict(record, LIVE, "process_alive", facts)
+    return LeaseVerdict(record, UNKNOWN, "process_unknown", facts)

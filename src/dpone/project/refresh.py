@@ -1,0 +1,495 @@
+"""The full refresh of one table: export, stage, prepare, guard, publish, report.
+
+One attempt per table and call, in phases:
+
+- ``export``: the source table to a bulk text file and its receipt in the work dir
+  (validated as it is written; a failed export leaves neither).
+- ``stage``: a leased ingest principal of the pool stages the file into a private
+  generation whose physical design is the target's (read from ``system.tables`` when
+  the target exists, the declared design otherwise).
+- ``prepare``: the publisher reopens the evidence, closes the ingest principal, checks
+  the catalog (a first publication creates the empty target here) and records PREPARED.
+- ``shrink_guard``: the target's row count, observed by the administrator on the
+  intent's own target UUID, against the generation's; a drop larger than the table's
+  fraction cancels the intent (NOT_PUBLISHED, nothing sent) and discards the
+  generation, unless the caller allows it.
+- ``publish``: one claimed EXCHANGE, then reconcile (see the publisher).
+- ``retention``: rollback copies beyond the project's count are dropped, each proven
+  to be what the store says it is (see :mod:`dpone.project.retention`).
+
+Whatever fails, the target is left as it was, and the report names the phase, the
+error and the command that finishes or undoes what remains.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shlex
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState
+from dpone.durable_files import temporary_siblings
+from dpone.errors import DponeError, StateError
+from dpone.exporters.export import export_table, receipt_path_for
+from dpone.exporters.sources import Source, SqliteSource, SqlServerSource
+from dpone.localserver.credentials import admin_credentials
+from dpone.localserver.principal_pool import ROLE_INGEST
+from dpone.ports.clickhouse import QueryPort
+from dpone.ports.clickhouse_request import Endpoint, read, read_query_id
+from dpone.ports.composition_snapshot import AttemptRef, IssuedPrincipal, TargetSlot
+from dpone.project.config import Project, SourceConfig, TableConfig, resolve_secret
+from dpone.project.retention import enforce_retention
+from dpone.publication.composition import (
+    PublicationComponents,
+    PublicationConfig,
+    build_publication,
+    staging_policy,
+)
+from dpone.sql import quote_literal
+from dpone.staging.composition import StagingConfig
+from dpone.staging.contract import PhysicalDesign
+from dpone.staging.journal import read_events
+from dpone.staging.recovery import discard_attempt, finishing_command
+from dpone.staging.sink import ClickHouseSink, new_attempt_id
+
+PHASES = ("export", "stage", "prepare", "shrink_guard", "publish", "retention")
+REQUEST_SECONDS = 60.0
+# progress(phase, rows, bytes): a terminal display only, never part of any evidence.
+Progress = Callable[[str, int, int], None]
+
+
+class RefreshError(StateError):
+    """A refresh step refused to go on (see ``code``: shrink_refused, design_unreadable)."""
+
+    code = "refresh_failed"
+
+
+@dataclass
+class TableReport:
+    """What one table's refresh did, for people (text) and programs (``to_dict``)."""
+
+    table: str
+    target: str
+    attempt_id: str
+    ok: bool = False
+    outcome: str = "failed"  # published, not_published, failed, commit_unknown
+    phase: str | None = None  # the phase that failed
+    rows: int | None = None
+    previous_rows: int | None = None
+    file_bytes: int | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    journal: str | None = None
+    intent_sha256: str | None = None
+    state: str | None = None
+    revision: int | None = None
+    target_uuid_before: str | None = None
+    target_uuid_after: str | None = None
+    generation_table: str | None = None
+    created_target: bool = False
+    dropped_rollback_copies: list[str] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+    next_commands: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "target": self.target,
+            "attempt_id": self.attempt_id,
+            "ok": self.ok,
+            "outcome": self.outcome,
+            "phase": self.phase,
+            "rows": self.rows,
+            "previous_rows": self.previous_rows,
+            "file_bytes": self.file_bytes,
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "journal": self.journal,
+            "intent_sha256": self.intent_sha256,
+            "state": self.state,
+            "revision": self.revision,
+            "target_uuid_before": self.target_uuid_before,
+            "target_uuid_after": self.target_uuid_after,
+            "generation_table": self.generation_table,
+            "created_target": self.created_target,
+            "dropped_rollback_copies": list(self.dropped_rollback_copies),
+            "error": self.error,
+            "next_commands": list(self.next_commands),
+            "warnings": list(self.warnings),
+        }
+
+
+def open_source(source: SourceConfig) -> Source:
+    """The configured source, with SQL Server credentials read now (never stored)."""
+    if source.kind == "sqlite":
+        assert source.path is not None
+        return SqliteSource(source.path)
+    user, password = resolve_secret(source)
+    assert source.host is not None and source.database is not None
+    return SqlServerSource(source.host, source.port, source.database, user=user, password=password)
+
+
+class RefreshService:
+    """Refreshes the tables of one project on the managed local server."""
+
+    def __init__(
+        self,
+        project: Project,
+        *,
+        allow_shrink: bool = False,
+        progress: Progress | None = None,
+        done: Callable[[], None] | None = None,
+    ) -> None:
+        self.project = project
+        self.allow_shrink = allow_shrink
+        self.progress = progress
+        self.done = done or (lambda: None)
+
+    @property
+    def attempts_dir(self) -> Path:
+        return self.project.work_dir / "attempts"
+
+    def refresh(self, table: TableConfig) -> TableReport:
+        """One attempt for ``table``; never raises a :class:`DponeError` (the report has it)."""
+        report = TableReport(table.name, table.qualified_target, new_attempt_id())
+        phase = Phases(report.timings)
+        try:
+            self._run(table, report, phase)
+        except DponeError as exc:
+            self.done()
+            report.phase = phase.current
+            report.error = exc.to_dict()
+            if not report.next_commands:
+                report.next_commands = self._after_failure(table, report, exc)
+        return report
+
+    # ------------------------------------------------------------------ the phases
+
+    def _run(self, table: TableConfig, report: TableReport, phase: Phases) -> None:
+        project = self.project
+        with phase("export"):
+            exported = self._export(table, report.warnings.append)
+        report.file_bytes = exported.receipt.artifact_size
+        report.rows = exported.receipt.rows_validated
+        with phase("stage"):
+            parts = build_publication(
+                PublicationConfig(project.clickhouse.data_dir, project.store, table.limits),
+                table.database,
+            )
+            admin_login = admin_credentials(project.clickhouse.data_dir)
+            admin = HttpTransport(parts.endpoint, admin_login)
+            design = self._design(admin, table, report.attempt_id)
+            ingest = parts.issuer.issue(ROLE_INGEST, report.attempt_id)
+            staged = self._stage(table, parts.endpoint, ingest, design, exported, report, parts)
+        report.journal = str(staged.journal_path)
+        report.generation_table = staged.table
+        with phase("prepare"):
+            prepared = parts.publisher.prepare(
+                AttemptRef(staged.journal_path, TargetSlot(table.database, table.target)),
+                staged.journal_head,
+            )
+        report.intent_sha256 = prepared.intent_sha256
+        intent = SnapshotIntent.from_bytes(parts.store.load(prepared.intent_sha256).intent_bytes)
+        report.target_uuid_before = intent.target_uuid
+        report.created_target = any(
+            h.facts.get("step") == "create_target" for h in parts.store.history(intent.sha256)
+        )
+        with phase("shrink_guard"):
+            report.previous_rows = self._target_rows(admin, intent, report.attempt_id)
+            refused = self._shrinks(table, report.previous_rows, intent.source_rows)
+            if refused is not None:
+                self._refuse_shrink(parts, admin, intent, report, refused)
+                return
+        with phase("publish"):
+            published = parts.publisher.publish(prepared.intent_sha256)
+            report.state, report.revision = published.state.value, published.revision
+            report.target_uuid_after = published.target_uuid
+            if published.state is not SnapshotState.PUBLISHED:
+                report.outcome = published.state.value.lower()
+                report.next_commands = self._publication_commands(published.state, intent.sha256)
+                raise RefreshError(
+                    f"the publication ended {published.state.value} at revision "
+                    f"{published.revision}; the target is as the record says",
+                    code=f"publication_{published.state.value.lower()}",
+                    intent_sha256=intent.sha256,
+                )
+        report.ok, report.outcome = True, "published"
+        with phase("retention"):
+            report.dropped_rollback_copies = enforce_retention(
+                parts.store,
+                admin,
+                project.work_dir / "retention",
+                table.database,
+                table.target,
+                keep=project.keep_rollback,
+                user=admin_login.user,
+            )
+
+    def _export(self, table: TableConfig, warn: Callable[[str], None]) -> Any:
+        source = open_source(self.project.sources[table.source])
+        exports = self.project.work_dir / "exports"
+        exports.mkdir(parents=True, exist_ok=True)
+        progress = None
+        if self.progress is not None:
+            show = self.progress
+            progress = lambda rows, size: show("export", rows, size)  # noqa: E731
+        # The work dir is the refresh's own: each run replaces the table's last export.
+        out = exports / f"{table.name}.tsv"
+        with _export_lock(out):
+            # A refresh killed while exporting (SIGKILL runs no cleanup) left its
+            # temporary siblings; under the lock no live export of this table owns one.
+            for stale in _partial_exports(out):
+                stale.unlink(missing_ok=True)
+            result = export_table(
+                source, table.source_table, out, force=True, progress=progress, warn=warn
+            )
+        self.done()
+        return result
+
+    def _stage(
+        self,
+        table: TableConfig,
+        endpoint: Endpoint,
+        ingest: IssuedPrincipal,
+        design: PhysicalDesign,
+        exported: Any,
+        report: TableReport,
+        parts: PublicationComponents,
+    ) -> Any:
+        clickhouse = self.project.clickhouse
+        config = StagingConfig(
+            endpoint,
+            ingest.credentials,
+            self.attempts_dir,
+            transport=clickhouse.transport,
+            client_path=clickhouse.client_path,
+            preparation_mode=clickhouse.preparation,
+            principal_uuid=ingest.ref.user_uuid,
+            design=design,
+            policy=staging_policy(table.limits),
+        )
+        try:
+            staged = ClickHouseSink(config, progress=self.progress).stage_validated_file(
+                exported.path,
+                exported.receipt_path,
+                attempt_id=report.attempt_id,
+                overrides=dict(table.types) or None,
+            )
+        except DponeError as exc:
+            # Nothing will be published from this attempt: its ingest principal is
+            # closed (proven quiescent) so the pool gets the user back.
+            try:
+                parts.publisher.authority.close_principal(ingest.ref)
+            except DponeError as close_exc:
+                exc.add_details(ingest_release_failed=close_exc.code)
+            if "journal" in exc.details:
+                report.journal = str(exc.details["journal"])
+            raise
+        finally:
+            self.done()
+        return staged
+
+    def _design(self, admin: QueryPort, table: TableConfig, attempt_id: str) -> PhysicalDesign:
+        """The target's ORDER BY / PARTITION BY when it exists, else the declared design."""
+        rows = _rows(
+            admin,
+            "SELECT engine, sorting_key, partition_key FROM system.tables WHERE "
+            f"database = {_literal(table.database)} AND name = {_literal(table.target)}",
+            read_query_id(attempt_id, "refresh_design", 1),
+        )
+        if not rows:
+            return table.design
+        row = rows[0]
+        if row.get("engine") != "MergeTree":
+            raise RefreshError(
+                f"the target {table.qualified_target} is a {row.get('engine')} table; a refresh "
+                "publishes MergeTree generations only",
+                code="design_unsupported",
+                engine=row.get("engine"),
+            )
+        try:
+            return PhysicalDesign(
+                order_by=str(row.get("sorting_key") or "") or "tuple()",
+                partition_by=str(row.get("partition_key") or "") or None,
+            )
+        except DponeError as exc:
+            raise RefreshError(
+                f"the target's keys cannot be reproduced by a generation: {exc.message}",
+                code="design_unsupported",
+            ) from exc
+
+    def _target_rows(self, admin: QueryPort, intent: SnapshotIntent, attempt_id: str) -> int:
+        """The target's exact row count now, on the intent's own target UUID."""
+        rows = _rows(
+            admin,
+            "SELECT toString(uuid) AS uuid, total_rows FROM system.tables WHERE "
+            f"database = {_literal(intent.database)} AND name = {_literal(intent.target_table)}",
+            read_query_id(attempt_id, "refresh_target_rows", 1),
+        )
+        if len(rows) != 1 or rows[0].get("uuid") != intent.target_uuid:
+            raise RefreshError(
+                f"the target {intent.database}.{intent.target_table} is not the prepared one "
+                f"({intent.target_uuid}): {rows!r:.200}",
+                code="target_changed",
+                intent_sha256=intent.sha256,
+            )
+        count = rows[0].get("total_rows")
+        if not isinstance(count, int) or isinstance(count, bool):
+            count = int(str(count)) if str(count).isdigit() else None
+        if count is None:
+            raise RefreshError("the target's row count is unobservable", code="target_changed")
+        return count
+
+    def _shrinks(self, table: TableConfig, before: int, after: int) -> str | None:
+        if self.allow_shrink or before == 0 or after >= before:
+            return None
+        lost = (before - after) / before
+        if lost <= table.shrink_guard:
+            return None
+        return (
+            f"the new generation has {after} rows, the target {before}: {lost:.0%} fewer, more "
+            f"than the guard's {table.shrink_guard:.0%}; nothing was published (run again with "
+            "--allow-shrink if the source really shrank)"
+        )
+
+    def _refuse_shrink(
+        self,
+        parts: PublicationComponents,
+        admin: QueryPort,
+        intent: SnapshotIntent,
+        report: TableReport,
+        message: str,
+    ) -> None:
+        cancelled = parts.publisher.cancel(intent.sha256)
+        report.state, report.revision = cancelled.state.value, cancelled.revision
+        report.outcome = "not_published"
+        report.target_uuid_after = intent.target_uuid
+        try:
+            discard_attempt(
+                admin,
+                self.attempts_dir,
+                report.attempt_id,
+                database=intent.database,
+                expected_uuid=intent.generation_uuid,
+            )
+        except DponeError as exc:
+            report.next_commands = [
+                self._attempt_command("staged", report.attempt_id, intent.database)
+            ]
+            message += f"; the generation was not discarded: [{exc.code}] {exc.message}"
+        raise RefreshError(
+            message,
+            code="shrink_refused",
+            previous_rows=report.previous_rows,
+            rows=intent.source_rows,
+        )
+
+    # ------------------------------------------------------------------ what remains
+
+    def _after_failure(self, table: TableConfig, report: TableReport, exc: DponeError) -> list[str]:
+        """The command that finishes or undoes what the failed phase left."""
+        if report.phase == "retention":
+            return []  # published; the copies left are listed by `dpone status`
+        if report.intent_sha256 is not None and report.phase == "publish":
+            return [self._snapshot_command("reconcile", report.intent_sha256)]
+        if report.intent_sha256 is not None and report.phase == "shrink_guard":
+            if report.state is None:
+                return [self._snapshot_command("cancel", report.intent_sha256)]
+            return []
+        if report.journal is not None:
+            events = _events(Path(report.journal))
+            state = str(events[-1].document.get("state")) if events else "no_events"
+            command = self._attempt_command(state, report.attempt_id, table.database)
+            return [command] if command else []
+        return []
+
+    def _attempt_command(self, state: str, attempt_id: str, database: str) -> str:
+        command = finishing_command(state, attempt_id, self.attempts_dir, database) or ""
+        if command:
+            command += " " + shlex.join(["--data-dir", str(self.project.clickhouse.data_dir)])
+        return command
+
+    def _snapshot_command(self, verb: str, intent_sha256: str) -> str:
+        return shlex.join(
+            [
+                "dpone",
+                "snapshot",
+                verb,
+                intent_sha256,
+                "--store",
+                str(self.project.store),
+                "--data-dir",
+                str(self.project.clickhouse.data_dir),
+            ]
+        )
+
+    def _publication_commands(self, state: SnapshotState, intent_sha256: str) -> list[str]:
+        if state in (SnapshotState.EXCHANGE_INTENT, SnapshotState.COMMIT_UNKNOWN):
+            return [self._snapshot_command("reconcile", intent_sha256)]
+        return []
+
+
+class Phases:
+    """Times each phase and remembers which one is running."""
+
+    def __init__(self, timings: dict[str, float]) -> None:
+        self.timings = timings
+        self.current: str | None = None
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        self.current = name
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.timings[name] = time.monotonic() - started
+        self.current = None
+
+
+@contextmanager
+def _export_lock(out: Path) -> Iterator[None]:
+    """Exclusive use of one table's export in the work dir (released by the kernel on death)."""
+    lock = out.with_name(f".{out.name}.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise RefreshError(
+                f"another refresh is exporting {out} now; run this one after it ends",
+                code="export_busy",
+                path=str(out),
+            ) from exc
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _partial_exports(out: Path) -> list[Path]:
+    """The temporary siblings an export of ``out`` (data and receipt) writes before its rename."""
+    return [*temporary_siblings(out), *temporary_siblings(receipt_path_for(out))]
+
+
+def _events(journal: Path) -> list[Any]:
+    try:
+        return read_events(journal)
+    except DponeError:
+        return []
+
+
+def _literal(value: str) -> str:
+    return quote_literal(value)
+
+
+def _rows(transport: QueryPort, sql: str, query_id: str) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + REQUEST_SECONDS
+    return transport.execute(
+        read(f"{sql} FORMAT JSONEachRow", query_id), deadline=deadline
+    ).json_rows()

@@ -1,0 +1,412 @@
+"""Rollback: put the previous content of a target back through a new publication.
+
+After a PUBLISHED EXCHANGE the previous target sits under the generation's name: the
+rollback copy (see :mod:`dpone.project.retention`). A rollback never sends a blind
+second EXCHANGE. It is a new attempt that the publisher admits, prepares and publishes
+exactly like a refresh's, so the store records it, the shrink of nothing is guessed,
+and ``dpone snapshot reconcile`` finishes it if it is cut short.
+
+What the rollback attempt proves, and how:
+
+- ``locate``: from the store, the slot's newest PUBLISHED intent (the one undone) names
+  the copy: its ``generation_table`` now holds its ``target_uuid``. The content of that
+  UUID was staged by the OLDEST intent whose ``generation_uuid`` is that UUID (later
+  ones are earlier rollbacks of the same content); its staging journal, under the
+  project's ``attempts`` dir, must verify and end with the very ``staged`` event the
+  intent names (``staged_event_sha256``). A copy that is the empty target a first
+  publication created has no staging evidence: there is nothing to roll back to.
+- ``verify_copy``: the catalog (as ``dpone_catalog``) observes the target and the copy:
+  the target still has the undone intent's generation UUID, the copy the UUID the
+  evidence describes, and the copy's exact row count and server-computed content
+  digest equal the ones that staging proved (``content_mismatch`` otherwise).
+- ``evidence``: a rollback journal under ``<work_dir>/rollbacks/<attempt>`` whose
+  events carry the ORIGINAL receipt (``admitted``) and derived identity
+  (``prepared``) unchanged, and a final ``staged`` event naming the copy and its
+  UUID, the counts observed now, the endpoint identity observed now (equal to the
+  original's) and ``rollback`` facts (the undone intent, the origin intent and its
+  journal and staged event). The authority requires an ingest principal leased for
+  the attempt: one is leased and recorded; no statement ever runs as it, and the
+  publisher's ``prepare`` closes it and proves it quiescent like any other.
+- ``prepare`` and ``publish``: the normal publisher (it re-checks UUIDs, design, rows
+  and content digest against the same evidence before the EXCHANGE).
+
+Afterwards the target holds the old content again and the undone content is the new
+rollback copy, under the same name; a second rollback swaps back the same way.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.connectors.endpoint_identity import observe_identity
+from dpone.contracts.composition_snapshot import TERMINAL, SnapshotIntent, SnapshotState
+from dpone.errors import DponeError, StateError
+from dpone.localserver.credentials import admin_credentials
+from dpone.localserver.principal_pool import ROLE_INGEST
+from dpone.ports.composition_snapshot import (
+    AttemptRef,
+    CatalogObservation,
+    IssuedPrincipal,
+    TargetSlot,
+)
+from dpone.project.config import Project, TableConfig
+from dpone.project.refresh import Phases
+from dpone.publication.composition import (
+    PublicationComponents,
+    PublicationConfig,
+    build_publication,
+)
+from dpone.publication.store import SqliteSnapshotStore
+from dpone.staging.journal import (
+    ClickHouseFileAttemptJournal,
+    JournalEvent,
+    read_events,
+)
+from dpone.staging.sink import new_attempt_id
+
+REQUEST_SECONDS = 60.0
+# The staging events whose documents the rollback journal repeats, by outcome.
+_ORIGIN_MEMBERS = {"admitted": "source_identity", "prepared": "derived_identity"}
+
+
+class RollbackError(StateError):
+    """A rollback refused (see ``code``: no_rollback_copy, content_mismatch, ...)."""
+
+    code = "rollback_refused"
+
+
+@dataclass(frozen=True)
+class RollbackSource:
+    """The publication undone, the copy it left, and the evidence that staged the copy."""
+
+    undone: SnapshotIntent
+    origin: SnapshotIntent
+    journal: Path
+    events: list[JournalEvent]
+
+    @property
+    def copy_table(self) -> str:
+        return self.undone.generation_table
+
+    @property
+    def copy_uuid(self) -> str:
+        return self.undone.target_uuid
+
+
+@dataclass
+class RollbackReport:
+    """What one rollback did, for people (text) and programs (``to_dict``)."""
+
+    table: str
+    target: str
+    attempt_id: str
+    ok: bool = False
+    outcome: str = "failed"  # published, failed, commit_unknown, exchange_intent
+    phase: str | None = None
+    rows: int | None = None
+    copy_table: str | None = None
+    undone_intent: str | None = None
+    restored_intent: str | None = None
+    origin_journal: str | None = None
+    journal: str | None = None
+    intent_sha256: str | None = None
+    state: str | None = None
+    revision: int | None = None
+    target_uuid_before: str | None = None
+    target_uuid_after: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    error: dict[str, Any] | None = None
+    next_commands: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "target": self.target,
+            "attempt_id": self.attempt_id,
+            "ok": self.ok,
+            "outcome": self.outcome,
+            "phase": self.phase,
+            "rows": self.rows,
+            "copy_table": self.copy_table,
+            "undone_intent": self.undone_intent,
+            "restored_intent": self.restored_intent,
+            "origin_journal": self.origin_journal,
+            "journal": self.journal,
+            "intent_sha256": self.intent_sha256,
+            "state": self.state,
+            "revision": self.revision,
+            "target_uuid_before": self.target_uuid_before,
+            "target_uuid_after": self.target_uuid_after,
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "error": self.error,
+            "next_commands": list(self.next_commands),
+        }
+
+
+def find_rollback_source(
+    store: SqliteSnapshotStore, attempts_dir: Path, database: str, target: str
+) -> RollbackSource:
+    """The copy the slot's last publication left and the journal that staged its content."""
+    mine = [s for s in store.list_snapshots() if (s.database, s.target_table) == (database, target)]
+    unfinished = [s.intent_sha256 for s in mine if SnapshotState(s.state) not in TERMINAL]
+    if unfinished:
+        raise RollbackError(
+            f"{database}.{target} has an unfinished publication ({unfinished[0]}); reconcile or "
+            "cancel it first (`dpone status` names the command)",
+            code="publication_unfinished",
+            intent_sha256=unfinished[0],
+        )
+    published = [s for s in mine if s.state == SnapshotState.PUBLISHED.value]
+    if not published:
+        raise RollbackError(
+            f"{database}.{target} was never published: there is no rollback copy",
+            code="no_rollback_copy",
+            reason="never_published",
+        )
+    undone = SnapshotIntent.from_bytes(published[-1].intent_bytes)
+    # Oldest first: the first intent that named this UUID as its generation staged it.
+    origin = next(
+        (
+            i
+            for i in (SnapshotIntent.from_bytes(s.intent_bytes) for s in mine)
+            if i.generation_uuid == undone.target_uuid
+        ),
+        None,
+    )
+    if origin is None:
+        raise RollbackError(
+            f"the copy {database}.{undone.generation_table} is the empty target the first "
+            "publication created: there is no earlier content to roll back to",
+            code="no_rollback_copy",
+            reason="first_publication",
+            undone_intent=undone.sha256,
+        )
+    journal = attempts_dir / origin.attempt_id
+    try:
+        events = read_events(journal)
+    except DponeError as exc:
+        raise RollbackError(
+            f"the staging journal of the copy ({journal}) does not verify: {exc.message}",
+            code="staging_evidence_missing",
+            journal=str(journal),
+            cause=exc.code,
+        ) from exc
+    if not events or events[-1].sha256 != origin.staged_event_sha256:
+        raise RollbackError(
+            f"the staging journal {journal} does not end with the staged event the publication "
+            f"{origin.sha256} names",
+            code="staging_evidence_missing",
+            journal=str(journal),
+            intent_sha256=origin.sha256,
+        )
+    return RollbackSource(undone, origin, journal, events)
+
+
+def check_copy(observation: CatalogObservation, source: RollbackSource) -> None:
+    """The target is the undone generation; the copy is the staged content, unchanged."""
+    undone, origin = source.undone, source.origin
+    target, copy = observation.target, observation.generation
+    name = f"{undone.database}.{source.copy_table}"
+    if target is None or target.uuid != undone.generation_uuid:
+        raise RollbackError(
+            f"the target {undone.database}.{undone.target_table} is not the last publication's "
+            f"generation {undone.generation_uuid} (observed {target.uuid if target else None})",
+            code="target_changed",
+            intent_sha256=undone.sha256,
+        )
+    if copy is None or copy.uuid != source.copy_uuid:
+        raise RollbackError(
+            f"{name} no longer holds the rollback copy {source.copy_uuid} (dropped by retention "
+            "or replaced)",
+            code="no_rollback_copy",
+            reason="copy_gone",
+            table=name,
+            observed_uuid=copy.uuid if copy else None,
+        )
+    if (copy.rows, copy.content_digest) != (origin.source_rows, origin.content_digest):
+        raise RollbackError(
+            f"{name} holds {copy.rows} rows with content digest {copy.content_digest}; it was "
+            f"staged with {origin.source_rows} rows and digest {origin.content_digest}: the "
+            "copy was altered, nothing is published",
+            code="content_mismatch",
+            table=name,
+            rows=copy.rows,
+            expected_rows=origin.source_rows,
+            content_digest=copy.content_digest,
+            expected_digest=origin.content_digest,
+        )
+
+
+class RollbackService:
+    """Rolls one table of a project back to its rollback copy (see the module doc)."""
+
+    def __init__(self, project: Project) -> None:
+        self.project = project
+
+    @property
+    def rollbacks_dir(self) -> Path:
+        return self.project.work_dir / "rollbacks"
+
+    def rollback(self, table: TableConfig) -> RollbackReport:
+        """One rollback attempt; never raises a :class:`DponeError` (the report has it)."""
+        report = RollbackReport(table.name, table.qualified_target, new_attempt_id())
+        phase = Phases(report.timings)
+        try:
+            self._run(table, report, phase)
+        except DponeError as exc:
+            report.phase = phase.current
+            report.error = exc.to_dict()
+        return report
+
+    def _run(self, table: TableConfig, report: RollbackReport, phase: Phases) -> None:
+        project = self.project
+        slot = TargetSlot(table.database, table.target)
+        with phase("locate"):
+            parts = build_publication(
+                PublicationConfig(project.clickhouse.data_dir, project.store, table.limits),
+                table.database,
+            )
+            source = find_rollback_source(
+                parts.store, project.work_dir / "attempts", table.database, table.target
+            )
+        report.copy_table = f"{table.database}.{source.copy_table}"
+        report.undone_intent, report.restored_intent = source.undone.sha256, source.origin.sha256
+        report.origin_journal, report.rows = str(source.journal), source.origin.source_rows
+        report.target_uuid_before = source.undone.generation_uuid
+        with phase("verify_copy"):
+            check_copy(parts.publisher.catalog.observe(slot, source.copy_table), source)
+        with phase("evidence"):
+            ingest = parts.issuer.issue(ROLE_INGEST, report.attempt_id)
+            try:
+                staged = self._journal(parts, source, ingest, report.attempt_id)
+            except DponeError as exc:
+                _release(parts, ingest, exc)
+                raise
+        report.journal = str(self.rollbacks_dir / report.attempt_id)
+        with phase("prepare"):
+            try:
+                prepared = parts.publisher.prepare(
+                    AttemptRef(Path(report.journal), slot), staged.sha256
+                )
+            except DponeError as exc:
+                _release(parts, ingest, exc)  # a refused reopen leaves the lease active
+                raise
+        report.intent_sha256 = prepared.intent_sha256
+        with phase("publish"):
+            published = parts.publisher.publish(prepared.intent_sha256)
+            report.state, report.revision = published.state.value, published.revision
+            report.target_uuid_after = published.target_uuid
+            if published.state is not SnapshotState.PUBLISHED:
+                report.outcome = published.state.value.lower()
+                if published.state is not SnapshotState.NOT_PUBLISHED:
+                    report.next_commands = [self._snapshot_command("reconcile", report)]
+                raise RollbackError(
+                    f"the rollback publication ended {published.state.value} at revision "
+                    f"{published.revision}; the target is as the record says",
+                    code=f"publication_{published.state.value.lower()}",
+                    intent_sha256=prepared.intent_sha256,
+                )
+        report.ok, report.outcome = True, "published"
+
+    def _journal(
+        self,
+        parts: PublicationComponents,
+        source: RollbackSource,
+        ingest: IssuedPrincipal,
+        attempt_id: str,
+    ) -> JournalEvent:
+        """Write the rollback attempt's journal; returns its final ``staged`` event."""
+        undone = source.undone
+        original = {e.document.get("outcome"): e.document for e in source.events}
+        staged_doc = source.events[-1].document
+        admin = HttpTransport(parts.endpoint, admin_credentials(self.project.clickhouse.data_dir))
+        identity = observe_identity(
+            admin,
+            undone.database,
+            probe_prefix=f"dpone-b02-{attempt_id}-rollback-identity",
+            deadline=time.monotonic() + REQUEST_SECONDS,
+        ).to_document()
+        if identity != staged_doc.get("endpoint_identity"):
+            raise RollbackError(
+                "the server or database is not the one that staged the copy: "
+                f"{identity} != {staged_doc.get('endpoint_identity')}",
+                code="endpoint_changed",
+            )
+        common = {
+            "principal": {"user": ingest.ref.user, "user_uuid": ingest.ref.user_uuid},
+            "planned_ownership": {"database": undone.database, "table": source.copy_table},
+            "endpoint": f"{parts.endpoint.host}:{parts.endpoint.http_port}/{undone.database}",
+            "endpoint_identity": identity,
+            "kind": "rollback",
+        }
+        rollback = {
+            "undone_intent": undone.sha256,
+            "origin_intent": source.origin.sha256,
+            "origin_journal": str(source.journal),
+            "origin_staged_event_sha256": source.origin.staged_event_sha256,
+            "copy_uuid": source.copy_uuid,
+        }
+        journal = ClickHouseFileAttemptJournal(self.rollbacks_dir, attempt_id)
+        journal.open()
+        journal.record(
+            {
+                **common,
+                "state": "checking",
+                "outcome": "admitted",
+                "rollback": rollback,
+                "source_identity": original["admitted"][_ORIGIN_MEMBERS["admitted"]],
+            }
+        )
+        journal.record(
+            {
+                **common,
+                "state": "prepared",
+                "outcome": "prepared",
+                "semantic_id": source.origin.semantic_id,
+                "derived_identity": original["prepared"][_ORIGIN_MEMBERS["prepared"]],
+                "counts": {"prepared_rows": source.origin.source_rows, "observed_count": None},
+            }
+        )
+        # The copy was checked just before (verify_copy); prepare checks it again.
+        return journal.record(
+            {
+                **common,
+                "state": "staged",
+                "outcome": "staged",
+                "rollback": rollback,
+                "semantic_id": source.origin.semantic_id,
+                "counts": {
+                    "prepared_rows": source.origin.source_rows,
+                    "observed_count": source.origin.source_rows,
+                },
+                "observed_ownership": {"table_uuid": source.copy_uuid},
+            }
+        )
+
+    def _snapshot_command(self, verb: str, report: RollbackReport) -> str:
+        return shlex.join(
+            [
+                "dpone",
+                "snapshot",
+                verb,
+                str(report.intent_sha256),
+                "--store",
+                str(self.project.store),
+                "--data-dir",
+                str(self.project.clickhouse.data_dir),
+            ]
+        )
+
+
+def _release(parts: PublicationComponents, ingest: IssuedPrincipal, exc: DponeError) -> None:
+    """Close the rollback's ingest principal if its lease is still active (nothing ran as it)."""
+    try:
+        if parts.store.get_lease(ingest.ref.lease_id).active:
+            parts.publisher.authority.close_principal(ingest.ref)
+    except DponeError as close_exc:
+        exc.add_details(ingest_release_failed=close_exc.code)

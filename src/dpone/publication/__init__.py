@@ -1,0 +1,1 @@
+"""Publication: a verified generation made the target in one reconciled EXCHANGE."""

@@ -1,0 +1,244 @@
+"""The one wiring point of publication on the managed local server.
+
+``build_publication`` assembles :class:`ClickHouseAtomicSnapshotPublisher` from the
+concrete adapters: the SQLite store (records, history, run registry, leases), the
+catalog (as ``dpone_catalog``), the executor (as the leased publisher, over HTTP), and
+the authority with the local pool issuer (closure as ``dpone_closer``). Every
+password comes from the managed server's credentials file; nothing is read from the
+environment and nothing is printed.
+
+``issue_ingest`` leases an ingest principal for one staging attempt: staging then
+runs as that pool user and records it in its journal, so that ``prepare`` can close
+it and prove it quiescent before anything is published.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.contracts.composition_snapshot import (
+    DEFAULT_LIMITS,
+    SnapshotIntent,
+    SnapshotLimits,
+    exchange_session_id,
+)
+from dpone.errors import ConfigurationError
+from dpone.localserver import find_running
+from dpone.localserver.control import run_admin_sql
+from dpone.localserver.credentials import admin_credentials, load_credentials
+from dpone.localserver.errors import ServerNotRunning
+from dpone.localserver.principal_pool import (
+    CATALOG_USER,
+    CLOSER_USER,
+    IDENTITY_DATABASE,
+    ROLE_INGEST,
+    check_databases,
+    ingest_users,
+    pool_names,
+)
+from dpone.ports.clickhouse_request import Credentials, Endpoint, read
+from dpone.ports.composition_snapshot import IssuedPrincipal, PrincipalRef
+from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
+from dpone.publication.catalog import ClickHouseSnapshotCatalog
+from dpone.publication.executor import ClickHouseSnapshotExecutor
+from dpone.publication.principal_issuers import LocalPoolIssuer, observe_user_ids
+from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
+from dpone.publication.store import SqliteSnapshotStore
+from dpone.sql import quote_identifier, quote_literal
+from dpone.staging.contract import StagingPolicy
+
+DEFAULT_STORE = Path(".dpone/snapshots.sqlite")
+REQUEST_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class PublicationConfig:
+    """Where the managed server and the store are, and the publication's ceilings.
+
+    ``create_store``: False for a command that only continues existing records
+    (publish, reconcile, cancel): a missing store is then ``store_missing``, never a
+    new empty one at a mistyped path.
+    """
+
+    data_dir: Path
+    store_path: Path = DEFAULT_STORE
+    limits: SnapshotLimits = DEFAULT_LIMITS
+    claim_wait_seconds: float = 30.0
+    create_store: bool = True
+
+
+@dataclass(frozen=True)
+class PublicationComponents:
+    """The publisher and the parts a command may need beside it."""
+
+    publisher: ClickHouseAtomicSnapshotPublisher
+    store: SqliteSnapshotStore
+    issuer: LocalPoolIssuer
+    endpoint: Endpoint
+
+
+def staging_policy(limits: SnapshotLimits, base: StagingPolicy | None = None) -> StagingPolicy:
+    """The staging bounds that enforce a publication's ceilings while data streams.
+
+    Source rows bound the preparation's record count, source bytes every verification
+    scan of the file, wire bytes the spool as it is written and the INSERT body as it
+    is sent; the final values are checked again at ``prepare``.
+    """
+    return dataclasses.replace(
+        base or StagingPolicy(),
+        max_rows=max(limits.source_rows, 1),
+        max_scan_bytes=max(limits.source_bytes, 1),
+        max_spool_bytes=max(limits.wire_bytes, 1),
+    )
+
+
+def managed_endpoint(data_dir: Path, database: str) -> Endpoint:
+    """The running managed server's endpoint in ``database`` (``server_not_running``)."""
+    info = find_running(data_dir)
+    if info is None:
+        raise ServerNotRunning(
+            f"no managed server is running on {data_dir}; start it with "
+            f"`dpone server start --data-dir {data_dir}`",
+            data_dir=str(data_dir),
+        )
+    return Endpoint("127.0.0.1", info.http_port, info.tcp_port, database)
+
+
+def pool_credentials(data_dir: Path) -> dict[str, Credentials]:
+    """Credentials of every pool user declared on the managed server (``pool_missing``)."""
+    known = load_credentials(data_dir)
+    missing = [name for name in (CATALOG_USER, CLOSER_USER, *pool_names()) if name not in known]
+    if missing:
+        raise ConfigurationError(
+            "the managed server was started without the publication pool "
+            f"({', '.join(missing[:3])}...): restart it with `dpone server stop` and "
+            "`dpone server start --protect DATABASE`",
+            code="pool_missing",
+            missing=missing,
+        )
+    return known
+
+
+def build_issuer(data_dir: Path, store: SqliteSnapshotStore, endpoint: Endpoint) -> LocalPoolIssuer:
+    """The local pool issuer: credentials from the file, user ids observed by the admin."""
+    credentials = pool_credentials(data_dir)
+    admin = HttpTransport(endpoint, admin_credentials(data_dir))
+    ids = observe_user_ids(
+        admin,
+        pool_names(),
+        query_id=f"dpone-s00-pool-ids-{time.time_ns()}",
+        deadline=time.monotonic() + REQUEST_SECONDS,
+    )
+    return LocalPoolIssuer(store, credentials, ids)
+
+
+def pool_protects(data_dir: Path, database: str) -> bool:
+    """Whether the managed server declares the pool with grants on ``database``.
+
+    Read from the server's own ``system.grants`` as the administrator: the users file
+    is applied at start only, so what the server shows is what holds.
+    """
+    if CATALOG_USER not in load_credentials(data_dir):
+        return False
+    # Asked from `system`: the database may not exist, which staging reports itself.
+    endpoint = managed_endpoint(data_dir, "system")
+    rows = (
+        HttpTransport(endpoint, admin_credentials(data_dir))
+        .execute(
+            read(
+                "SELECT count() AS n FROM system.grants WHERE user_name = "
+                f"{quote_literal(ingest_users()[0])} AND database = {quote_literal(database)} "
+                "FORMAT JSONEachRow",
+                f"dpone-s00-pool-grants-{time.time_ns()}",
+            ),
+            deadline=time.monotonic() + REQUEST_SECONDS,
+        )
+        .json_rows()
+    )
+    return rows != [{"n": 0}]
+
+
+def issue_ingest(
+    data_dir: Path, store_path: Path, database: str, attempt_id: str
+) -> IssuedPrincipal:
+    """Lease an ingest principal for one staging attempt (its lease lives in the store)."""
+    endpoint = managed_endpoint(data_dir, database)
+    store = SqliteSnapshotStore(store_path)
+    return build_issuer(data_dir, store, endpoint).issue(ROLE_INGEST, attempt_id)
+
+
+def build_publication(config: PublicationConfig, database: str) -> PublicationComponents:
+    """Assemble the publisher for ``database`` on the running managed server."""
+    endpoint = managed_endpoint(config.data_dir, database)
+    store = SqliteSnapshotStore(config.store_path, create=config.create_store)
+    issuer = build_issuer(config.data_dir, store, endpoint)
+    credentials = pool_credentials(config.data_dir)
+    admin = admin_credentials(config.data_dir)
+    # One lock per process: a dispatch and a closure never overlap here; across
+    # processes the durable claim and the session gate do the same job.
+    lock = threading.Lock()
+    policy = ClosurePolicy()
+
+    def sessions_of(principal: PrincipalRef) -> list[str]:
+        # The publisher's only session is the drain gate of the intent it is bound to.
+        sessions = []
+        for summary in store.list_snapshots():
+            intent = SnapshotIntent.from_bytes(summary.intent_bytes)
+            if intent.publisher.lease_id == principal.lease_id:
+                sessions.append(exchange_session_id(intent.sha256))
+        return sessions
+
+    authority = SnapshotAuthority(
+        registry=store,
+        issuer=issuer,
+        closer=HttpTransport(endpoint, credentials[CLOSER_USER]),
+        endpoint=endpoint,
+        probe_credentials=issuer.role_credentials,
+        sessions_of=sessions_of,
+        dispatch_lock=lock,
+        policy=policy,
+    )
+    catalog = ClickHouseSnapshotCatalog(
+        HttpTransport(endpoint, credentials[CATALOG_USER]),
+        trusted_users=frozenset({admin.user, CATALOG_USER, CLOSER_USER, *pool_names()}),
+    )
+    executor = ClickHouseSnapshotExecutor(
+        endpoint, dispatch_lock=lock, session_timeout=policy.session_timeout
+    )
+    publisher = ClickHouseAtomicSnapshotPublisher(
+        authority=authority,
+        store=store,
+        catalog=catalog,
+        executor=executor,
+        limits=config.limits,
+        claim_wait_seconds=config.claim_wait_seconds,
+    )
+    return PublicationComponents(publisher, store, issuer, endpoint)
+
+
+def provision_protected_databases(
+    data_dir: Path, http_port: int, databases: tuple[str, ...]
+) -> None:
+    """As the administrator: the identity database and each protected Atomic database.
+
+    The pool can only read ``_dpone_identity`` and cannot create databases, so the
+    administrator creates them once, right after the server starts.
+    """
+    credentials = admin_credentials(data_dir)
+    for name in (IDENTITY_DATABASE, *check_databases(databases)):
+        run_admin_sql(
+            http_port,
+            f"CREATE DATABASE IF NOT EXISTS {quote_identifier(name)} ENGINE = Atomic",
+            credentials=credentials,
+        )
+
+
+def stored_database(store_path: Path, intent_sha256: str) -> str:
+    """The protected database an intent in the store belongs to (``store_missing``)."""
+    store = SqliteSnapshotStore(store_path, create=False)
+    return SnapshotIntent.from_bytes(store.load(intent_sha256).intent_bytes).database

@@ -1,0 +1,291 @@
+"""The publication's mutations, rendered here and sent once as the publisher principal.
+
+Two statements, each with its own query id, never retried:
+
+- ``create_target`` (first publication only): an empty target with the generation's
+  design. ``CREATE TABLE target AS generation`` is not used: it copies column
+  comments (checked on 26.9), and the generation's first column carries the staging
+  attempt's ownership mark, which an empty target must never claim. The statement is
+  rendered from ``system.columns`` (name, type, default kind and expression, codec)
+  and ``system.tables.engine_full`` (PARTITION BY, ORDER BY, TTL, SETTINGS); a
+  generation with what that rendering cannot reproduce (column TTL, skipping
+  indices, projections, constraints) is refused before anything is sent. The
+  catalog compares both designs afterwards anyway (comments excluded).
+- ``exchange``: ``EXCHANGE TABLES db.target AND db.generation`` with
+  ``exchange_query_id(intent)`` inside the HTTP session ``exchange_session_id(intent)``:
+  the session is opened first with ``session_timeout`` T, then the EXCHANGE is sent
+  with ``session_check=1``, so a request delayed past the session's death fails with
+  372 SESSION_NOT_FOUND and changes nothing (the authority's drain gate).
+
+Every dispatch holds the lock it shares with the authority, so closure never runs
+while a dispatch is in flight. Outcomes: a complete acknowledgment is ACKNOWLEDGED;
+ClickHouse's own exception (a numbered code) is REFUSED; a request provably never
+sent is NOT_SENT; anything else, including an HTTP error without a ClickHouse code
+(which an intermediary could have produced), is UNKNOWN.
+
+A reused query id does not protect anything: the server runs a second EXCHANGE with
+the same id again and swaps the tables back (checked), so only the store's single
+claim may lead here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.contracts.composition_snapshot import (
+    QUERY_ID_PREFIX,
+    SnapshotIntent,
+    exchange_query_id,
+    exchange_session_id,
+)
+from dpone.errors import DponeError, StateError
+from dpone.ports.clickhouse import QueryPort
+from dpone.ports.clickhouse_errors import (
+    ClickHouseServerError,
+    NotSubmitted,
+    TransportDeadline,
+)
+from dpone.ports.clickhouse_request import (
+    ClickHouseRequest,
+    Credentials,
+    Endpoint,
+    RequestKind,
+    read,
+)
+from dpone.ports.composition_snapshot import (
+    DispatchOutcome,
+    DispatchResult,
+    IssuedPrincipal,
+    TargetSlot,
+)
+from dpone.sql import quote_identifier, quote_literal
+
+# T: how long the drain-gate session outlives its last request. The authority's
+# closure waits this long (plus a margin) before its probe, so it is kept short.
+SESSION_TIMEOUT_SECONDS = 5
+REQUEST_SECONDS = 30.0
+TransportFactory = Callable[[Endpoint, Credentials], QueryPort]
+# Parts of a column list that the rendering below does not reproduce.
+_UNRENDERED = (" TTL ", "INDEX ", "PROJECTION ", "CONSTRAINT ")
+
+
+class ExecutorError(StateError):
+    """A dispatch was refused before anything was sent (see ``code``)."""
+
+    code = "executor_error"
+
+
+def session_open_query_id(intent_sha256: str) -> str:
+    """The query id of the request that opens an intent's drain-gate session."""
+    return f"{QUERY_ID_PREFIX}-{intent_sha256[:32]}-session-open"
+
+
+def session_request(
+    statement: str,
+    query_id: str,
+    kind: RequestKind,
+    *,
+    session_id: str,
+    session_timeout: int,
+    check: bool,
+) -> ClickHouseRequest:
+    """A request inside HTTP session ``session_id``.
+
+    ``session_id``, ``session_timeout`` and ``session_check`` are URL parameters of
+    the HTTP interface; the request's settings travel as URL parameters too, which
+    is all the HTTP transport needs (the client transport has no sessions).
+    """
+    settings = [("session_id", session_id), ("session_timeout", str(int(session_timeout)))]
+    if check:
+        settings.append(("session_check", "1"))
+    return ClickHouseRequest(statement, query_id, kind, settings=tuple(settings))
+
+
+def settle(send: Callable[[], Any], query_id: str, session_id: str | None = None) -> DispatchResult:
+    """Send once and map the outcome; never retries."""
+    try:
+        send()
+    except ClickHouseServerError as exc:
+        code = exc.details.get("clickhouse_code")
+        if isinstance(code, int):
+            return DispatchResult(DispatchOutcome.REFUSED, query_id, session_id, code, exc.code)
+        return DispatchResult(DispatchOutcome.UNKNOWN, query_id, session_id, None, exc.code)
+    except NotSubmitted as exc:
+        return DispatchResult(DispatchOutcome.NOT_SENT, query_id, session_id, None, exc.code)
+    except TransportDeadline as exc:
+        # The transport checks the deadline before the first byte and says so.
+        sent = exc.details.get("submitted") is not False
+        outcome = DispatchOutcome.UNKNOWN if sent else DispatchOutcome.NOT_SENT
+        return DispatchResult(outcome, query_id, session_id, None, exc.code)
+    except Exception as exc:  # whatever else happened, the statement may have run
+        code = exc.code if isinstance(exc, DponeError) else type(exc).__name__
+        return DispatchResult(DispatchOutcome.UNKNOWN, query_id, session_id, None, code)
+    return DispatchResult(DispatchOutcome.ACKNOWLEDGED, query_id, session_id)
+
+
+class ClickHouseSnapshotExecutor:
+    """Sends the publication's statements as the issued publisher; see the module doc."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        dispatch_lock: threading.Lock,
+        transport_factory: TransportFactory = HttpTransport,
+        session_timeout: int = SESSION_TIMEOUT_SECONDS,
+        request_seconds: float = REQUEST_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.endpoint = endpoint
+        self.dispatch_lock = dispatch_lock
+        self.session_timeout = session_timeout
+        self._factory = transport_factory
+        self._request_seconds = request_seconds
+        self._clock = clock
+
+    # ------------------------------------------------------------------ create
+
+    def create_target(
+        self, slot: TargetSlot, generation_table: str, query_id: str, principal: IssuedPrincipal
+    ) -> DispatchResult:
+        """Create the empty target with the generation's design (see the module doc)."""
+        with self.dispatch_lock:
+            transport = self._factory(self.endpoint, principal.credentials)
+            try:
+                statement = self.render_create_target(transport, slot, generation_table, query_id)
+            except DponeError as exc:
+                # Only reads ran: the CREATE itself provably never left.
+                return DispatchResult(DispatchOutcome.NOT_SENT, query_id, None, None, exc.code)
+            request = ClickHouseRequest(statement, query_id, RequestKind.MUTATION)
+            return settle(lambda: transport.execute(request, deadline=self._deadline()), query_id)
+
+    def render_create_target(
+        self, transport: QueryPort, slot: TargetSlot, generation_table: str, query_id: str
+    ) -> str:
+        """``CREATE TABLE db.target (<columns>) ENGINE = <engine_full>``, from the server."""
+        where = (
+            f"database = {quote_literal(slot.database)} AND "
+            f"{{name}} = {quote_literal(generation_table)}"
+        )
+        tables = transport.execute(
+            read(
+                "SELECT engine, engine_full, create_table_query FROM system.tables WHERE "
+                + where.format(name="name")
+                + " FORMAT JSONEachRow",
+                f"{query_id}-read-table",
+            ),
+            deadline=self._deadline(),
+        ).json_rows()
+        if len(tables) != 1 or not tables[0].get("engine_full"):
+            raise ExecutorError(
+                f"generation {slot.database}.{generation_table} is not one table with an engine",
+                code="generation_unobservable",
+                rows=len(tables),
+            )
+        head = str(tables[0]["create_table_query"]).split(") ENGINE = ")[0]
+        unrendered = [token.strip() for token in _UNRENDERED if token in head]
+        if unrendered:
+            raise ExecutorError(
+                f"generation {generation_table} has {', '.join(unrendered)} in its column list, "
+                "which the empty target's CREATE does not reproduce",
+                code="design_unrenderable",
+                parts=unrendered,
+            )
+        columns = transport.execute(
+            read(
+                "SELECT name, type, default_kind, default_expression, compression_codec "
+                "FROM system.columns WHERE "
+                + where.format(name="table")
+                + " ORDER BY position FORMAT JSONEachRow",
+                f"{query_id}-read-columns",
+            ),
+            deadline=self._deadline(),
+        ).json_rows()
+        if not columns:
+            raise ExecutorError(
+                f"generation {generation_table} shows no columns", code="generation_unobservable"
+            )
+        rendered = ", ".join(_column(c) for c in columns)
+        return (
+            f"CREATE TABLE {_qualified(slot.database, slot.table)} ({rendered}) "
+            f"ENGINE = {tables[0]['engine_full']}"
+        )
+
+    # ------------------------------------------------------------------ exchange
+
+    def exchange(self, intent: SnapshotIntent, principal: IssuedPrincipal) -> DispatchResult:
+        """Open the intent's session, then send its one EXCHANGE in it (see the module doc)."""
+        bound = intent.publisher
+        ref = principal.ref
+        if (ref.user, ref.user_uuid, ref.lease_id) != (bound.user, bound.user_uuid, bound.lease_id):
+            raise ExecutorError(
+                f"principal {ref.user} (lease {ref.lease_id}) is not the intent's publisher "
+                f"{bound.user} (lease {bound.lease_id})",
+                code="principal_mismatch",
+                intent_sha256=intent.sha256,
+            )
+        query_id = exchange_query_id(intent.sha256)
+        session_id = exchange_session_id(intent.sha256)
+        statement = (
+            f"EXCHANGE TABLES {_qualified(intent.database, intent.target_table)} "
+            f"AND {_qualified(intent.database, intent.generation_table)}"
+        )
+        with self.dispatch_lock:
+            transport = self._factory(self.endpoint, principal.credentials)
+            opened = settle(
+                lambda: transport.execute(
+                    session_request(
+                        "SELECT 1",
+                        session_open_query_id(intent.sha256),
+                        RequestKind.READ,
+                        session_id=session_id,
+                        session_timeout=self.session_timeout,
+                        check=False,
+                    ),
+                    deadline=self._deadline(),
+                ),
+                query_id,
+                session_id,
+            )
+            if opened.outcome is not DispatchOutcome.ACKNOWLEDGED:
+                # No session, no EXCHANGE: the statement itself never left.
+                return DispatchResult(
+                    DispatchOutcome.NOT_SENT,
+                    query_id,
+                    session_id,
+                    opened.clickhouse_code,
+                    f"session_open_{opened.outcome.value}",
+                )
+            request = session_request(
+                statement,
+                query_id,
+                RequestKind.MUTATION,
+                session_id=session_id,
+                session_timeout=self.session_timeout,
+                check=True,
+            )
+            return settle(
+                lambda: transport.execute(request, deadline=self._deadline()), query_id, session_id
+            )
+
+    def _deadline(self) -> float:
+        return self._clock() + self._request_seconds
+
+
+def _qualified(database: str, table: str) -> str:
+    return f"{quote_identifier(database)}.{quote_identifier(table)}"
+
+
+def _column(row: dict[str, Any]) -> str:
+    parts = [quote_identifier(str(row["name"])), str(row["type"])]
+    if row.get("default_kind"):
+        parts.append(str(row["default_kind"]))
+        if row.get("default_expression"):
+            parts.append(str(row["default_expression"]))
+    if row.get("compression_codec"):
+        parts.append(str(row["compression_codec"]))
+    return " ".join(parts)

@@ -1,0 +1,1 @@
+"""Staging: a prepared file sent into a private, verified table, with its attempt journal."""

@@ -1,0 +1,103 @@
+"""Removing a staging table that is proven to be the attempt's own.
+
+Shared by the three actors that drop a staging table: the service's cleanup after a
+failure, the operator's ``attempts cleanup`` and ``attempts discard`` (and the
+finalizer). Each drop has a durable intent, its own query id, and a verified
+outcome: the server's acknowledgment or a proof of the query's termination (query-log
+evidence only from the DROP's own origin), then an exact observation that the table
+is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dpone.connectors.clickhouse_tables import Ownership, TableObservationError, table_exists
+from dpone.connectors.endpoint_identity import EndpointIdentityError
+from dpone.connectors.remote_termination import prove_termination
+from dpone.errors import DeadlineError, DponeError, TransportError
+from dpone.ports.clickhouse import QueryPort
+from dpone.ports.clickhouse_request import mutation, mutation_query_id
+from dpone.sql import quote_identifier
+from dpone.staging.contract import StagingError
+from dpone.staging.run import (
+    SETTLED_ACKNOWLEDGED,
+    SETTLED_SERVER_ERROR,
+    AttemptRun,
+    settlement,
+)
+from dpone.staging.states import StageState
+
+# Failures of an observation: the remote state stays unknown (never assumed).
+UNOBSERVABLE = (TransportError, DeadlineError, TableObservationError, EndpointIdentityError)
+
+
+class CleanupRefused(StagingError):
+    """A cleanup step ran and failed: the server refused the DROP, or the table remains."""
+
+    code = "cleanup_failed"
+
+
+def drop_owned_table(
+    transport: QueryPort,
+    run: AttemptRun,
+    state: StageState,
+    *,
+    kind: str,
+    database: str,
+    table: str,
+    found: Ownership,
+    request_seconds: float,
+    clock: Callable[[], float],
+    read_id: Callable[[str], str],
+) -> bool:
+    """DROP ``database.table`` (already proven owned as ``found``); True when it is gone.
+
+    False when the DROP's outcome is unknown and its termination is unproven (the
+    table may still exist). Raises :class:`CleanupRefused` when the server refused the
+    DROP, nothing was sent, or the table is still there afterwards.
+    """
+    drop_id = mutation_query_id(run.attempt_id, kind)
+    deadline = clock() + request_seconds  # before the intent: its window is conservative
+    run.intent(state, kind, drop_id, request_seconds, observed_ownership={"table_uuid": found.uuid})
+    statement = f"DROP TABLE {quote_identifier(database)}.{quote_identifier(table)}"
+    try:
+        transport.execute(mutation(statement, drop_id), deadline=deadline)
+    except DponeError as exc:
+        how = settlement(exc)
+        if how is not None:
+            run.settle(drop_id, how)
+            what = "refused" if how == SETTLED_SERVER_ERROR else "never received"
+            raise CleanupRefused(
+                f"the server {what} the DROP of {database}.{table}: {exc.message}",
+                query_id=drop_id,
+            ) from exc
+        run.returned(drop_id)
+        proof = prove_termination(
+            transport,
+            drop_id,
+            probe_prefix=read_id("termination"),
+            deadline=clock() + request_seconds,
+            origin=run.origin(drop_id),
+        )
+        run.event(
+            state,
+            "termination_observed",
+            remote={
+                "query_id": drop_id,
+                "termination": proof.termination.value,
+                "source": proof.source,
+            },
+        )
+        if not proof.proven_terminal:
+            return False
+        run.settle(drop_id, proof.termination.value)
+    else:
+        run.settle(drop_id, SETTLED_ACKNOWLEDGED)
+    if table_exists(transport, database, table, read_id("dropped"), clock() + request_seconds):
+        raise CleanupRefused(
+            f"{database}.{table} still exists after its DROP",
+            code="drop_unverified",
+            query_id=drop_id,
+        )
+    return True

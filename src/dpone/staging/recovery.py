@@ -1,0 +1,529 @@
+"""Finding attempts that need an operator, their verified cleanup, and discarding staged tables.
+
+An attempt needs an operator when its journal ends in ``retained_unknown`` or
+``cleanup_failed``, or ends without a terminal state at all (the process died).
+
+Cleanup needs every mutation the journal shows as sent to be settled: acknowledged
+(or answered with an exception, or never sent) as a later event records, or proven
+terminal now: by ``KILL QUERY ... SYNC`` / ``system.query_log`` (only entries of a
+query sent as the attempt's principal, in its database, within the intent's dispatch
+window: attempt ids and so query ids are chosen by users), or by the server having
+started after the mutation's dispatch window closed (a restarted server runs nothing
+of its previous life; its query log may be empty). The window closes when the
+request deadline passes, or earlier when the journal records that the sending call
+returned (``returned``: the transport had stopped sending); when the sending process
+itself died, only the deadline closes it. Only a table proven to be
+the attempt's own (UUID, ownership mark, name) is dropped. A refused cleanup writes
+nothing: ``attempts list`` shows the same afterwards. Nothing is inferred from silence.
+
+A staged table that will never be published is discarded the same way: ownership
+verified, a durable intent, its own query id (``-discard``), removal verified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shlex
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpone.connectors.clickhouse_tables import Ownership, observe_ownership
+from dpone.connectors.endpoint_identity import observe_server_start
+from dpone.connectors.remote_termination import prove_termination
+from dpone.errors import DponeError, StateError
+from dpone.localserver.layout import DEFAULT_DATA_DIR
+from dpone.ports.clickhouse import QueryPort
+from dpone.ports.clickhouse_request import mutation_query_id, read_query_id
+from dpone.staging.cleanup import UNOBSERVABLE, CleanupRefused, drop_owned_table
+from dpone.staging.journal import (
+    ClickHouseFileAttemptJournal,
+    JournalEvent,
+    read_events,
+)
+from dpone.staging.run import AttemptRun, dispatch_origin
+from dpone.staging.states import NEEDS_OPERATOR, TERMINAL, StageState
+
+RECOVERY_STEPS = (
+    "prove the exact query's terminal state (its acknowledgment in the journal, a server "
+    "start after its dispatch window, KILL QUERY WHERE query_id = ... SYNC, or system.query_log)",
+    "verify the staging table's ownership (its UUID and first-column comment) before any DROP",
+    "archive the attempt directory (journal and spool)",
+    "start a fresh attempt with a new attempt id",
+)
+_PROVEN = frozenset({"finished_ok", "failed", "killed", "server_restart"})
+
+
+@dataclass(frozen=True)
+class SentMutation:
+    """One mutation the journal shows as sent: its id, kind, dispatch window and intent."""
+
+    query_id: str
+    kind: str
+    not_after_ms: int | None  # wall time after which it can no longer have been sent
+    # The intent event: its principal, planned database and window (dispatch_origin).
+    intent: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    returned_ms: int | None = None  # when the sending call returned unsettled, if recorded
+
+    @property
+    def window_closed_ms(self) -> int | None:
+        """The wall time after which no byte of it was sent (None: unknown)."""
+        ends = [t for t in (self.not_after_ms, self.returned_ms) if type(t) is int]
+        return min(ends) if ends else None
+
+
+@dataclass(frozen=True)
+class AttemptSummary:
+    """What an operator needs to know about one attempt."""
+
+    attempt_id: str
+    path: Path
+    state: str
+    last_sequence: int
+    last_sha256: str | None
+    sent: tuple[SentMutation, ...]
+    settled: frozenset[str]
+    planned_table: dict[str, Any] | None
+    table_uuid: str | None
+    semantic_id: str | None
+    error_code: str | None
+    inventory: dict[str, Any]
+    # A retention drop's journal names the rollback copy (uuid, mark) it drops instead
+    # of a table of its own (see dpone.project.retention).
+    rollback_copy: dict[str, Any] | None = None
+
+    @property
+    def sent_mutations(self) -> tuple[str, ...]:
+        return tuple(m.query_id for m in self.sent)
+
+    @property
+    def unsettled(self) -> tuple[SentMutation, ...]:
+        """Sent mutations whose end no event records: each needs a proof before a DROP."""
+        return tuple(m for m in self.sent if m.query_id not in self.settled)
+
+    @property
+    def needs_operator(self) -> bool:
+        return self.state not in {s.value for s in TERMINAL} or self.state in {
+            s.value for s in NEEDS_OPERATOR
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attempt_id": self.attempt_id,
+            "path": str(self.path),
+            "state": self.state,
+            "last_sequence": self.last_sequence,
+            "last_sha256": self.last_sha256,
+            "sent_mutations": list(self.sent_mutations),
+            "unsettled_mutations": [m.query_id for m in self.unsettled],
+            "planned_table": self.planned_table,
+            "table_uuid": self.table_uuid,
+            "semantic_id": self.semantic_id,
+            "error_code": self.error_code,
+            "inventory": self.inventory,
+            "needs_operator": self.needs_operator,
+            "recovery_steps": list(RECOVERY_STEPS) if self.needs_operator else [],
+        }
+
+
+def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
+    """Condense a verified journal."""
+    sent: list[SentMutation] = []
+    settled: set[str] = set()
+    returned: dict[str, int] = {}
+    uuid = semantic = planned = copy = None
+    for event in events:
+        doc = event.document
+        back = doc.get("returned")
+        if isinstance(back, dict) and type(back.get("at_ms")) is int:
+            returned[str(back.get("query_id"))] = back["at_ms"]
+        query = doc.get("query")
+        if (
+            isinstance(query, dict)
+            and query.get("query_id")
+            and doc.get("outcome") in ("intent", "drop_intent")
+        ):
+            window = doc.get("dispatch") or {}
+            sent.append(
+                SentMutation(
+                    str(query["query_id"]),
+                    str(query.get("kind")),
+                    window.get("not_after_ms"),
+                    intent=doc,
+                )
+            )
+        if isinstance(doc.get("settled"), dict):
+            settled.add(str(doc["settled"]["query_id"]))
+        remote = doc.get("remote")
+        if isinstance(remote, dict) and remote.get("termination") in _PROVEN:
+            settled.add(str(remote["query_id"]))
+        uuid = (doc.get("observed_ownership") or {}).get("table_uuid") or uuid
+        semantic = doc.get("semantic_id", semantic)
+        planned = doc.get("planned_ownership", planned)
+        copy = doc.get("rollback_copy", copy)
+    sent = [dataclasses.replace(m, returned_ms=returned.get(m.query_id)) for m in sent]
+    last = events[-1] if events else None
+    doc = last.document if last else {}
+    return AttemptSummary(
+        attempt_id=str(doc.get("attempt_id", attempt_dir.name)),
+        path=attempt_dir,
+        state=str(doc.get("state", "no_events")),
+        last_sequence=last.sequence if last else 0,
+        last_sha256=last.sha256 if last else None,
+        sent=tuple(sent),
+        settled=frozenset(settled),
+        planned_table=planned,
+        table_uuid=uuid,
+        semantic_id=semantic,
+        error_code=doc.get("error_code"),
+        inventory=dict(doc.get("cleanup_inventory") or {}),
+        rollback_copy=copy if isinstance(copy, dict) else None,
+    )
+
+
+def list_attempts(work_dir: Path) -> list[AttemptSummary]:
+    """Every attempt under ``work_dir`` (journals that do not verify raise)."""
+    found, unreadable = survey_attempts(work_dir)
+    if unreadable:
+        raise unreadable[0].error
+    return found
+
+
+@dataclass(frozen=True)
+class UnreadableAttempt:
+    """An attempt directory whose journal does not verify (or cannot be read)."""
+
+    path: Path
+    error: DponeError
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attempt_id": self.path.name, "path": str(self.path), "error": self.error.to_dict()}
+
+
+def survey_attempts(work_dir: Path) -> tuple[list[AttemptSummary], list[UnreadableAttempt]]:
+    """Every attempt under ``work_dir``, and apart those whose journal cannot be read.
+
+    One corrupt journal does not hide the others: each is read on its own.
+    """
+    found: list[AttemptSummary] = []
+    unreadable: list[UnreadableAttempt] = []
+    if not work_dir.is_dir():
+        return found, unreadable
+    for attempt_dir in sorted(work_dir.iterdir()):
+        if not (attempt_dir / "events").is_dir():
+            continue
+        try:
+            found.append(summarize(attempt_dir, read_events(attempt_dir)))
+        except DponeError as exc:
+            unreadable.append(UnreadableAttempt(attempt_dir, exc))
+        except OSError as exc:
+            error = StateError(
+                f"the journal {attempt_dir} cannot be read: {exc.strerror or exc}",
+                code="journal_unreadable",
+                path=str(attempt_dir),
+            )
+            error.__cause__ = exc
+            unreadable.append(UnreadableAttempt(attempt_dir, error))
+    return found, unreadable
+
+
+def left_behind(last: dict[str, Any], journal: Path) -> dict[str, str]:
+    """What a failed attempt left, from its last event: table, spool, journal."""
+    remains: dict[str, str] = {}
+    inventory = last.get("cleanup_inventory") or {}
+    table = inventory.get("table")
+    if isinstance(table, dict):
+        uuid = f" (uuid {table['uuid']})" if table.get("uuid") else ""
+        remains["table"] = f"{table.get('database')}.{table.get('table')}{uuid}, may exist"
+    if inventory.get("table_not_owned"):
+        remains["table not proven ours"] = str(inventory["table_not_owned"])
+    if inventory.get("spool"):
+        remains["spool"] = str(inventory["spool"])
+    remains["journal"] = str(journal)
+    return remains
+
+
+def finishing_command(
+    state: str,
+    attempt_id: str,
+    work_dir: Path,
+    database: str,
+    server: Mapping[str, object] | None = None,
+) -> str | None:
+    """The command that finishes what an attempt in ``state`` left (None: nothing to do).
+
+    ``server`` holds the server options the stage used (``host``, ``http_port``,
+    ``tcp_port``, ``data_dir``, ``transport``, ``client_path``, as the CLI names them):
+    those that differ from their defaults are repeated, so the command reaches the
+    same server the same way.
+    """
+    # A discard cut short (``discarding``) is finished by the discard, never by a cleanup.
+    verb = {
+        "staged": "discard",
+        "discarding": "discard",
+        "failed_cleaned": None,
+        "discarded": None,
+    }.get(state, "cleanup")
+    if verb is None:
+        return None
+    argv = [
+        "dpone",
+        "attempts",
+        verb,
+        attempt_id,
+        "--work-dir",
+        str(work_dir),
+        "--database",
+        database,
+    ]
+    given = server or {}
+    if given.get("host") is not None:
+        argv += ["--host", str(given["host"])]
+        for key in ("http_port", "tcp_port"):
+            if given.get(key) is not None:
+                argv += [f"--{key.replace('_', '-')}", str(given[key])]
+    elif given.get("data_dir") is not None and Path(str(given["data_dir"])) != DEFAULT_DATA_DIR:
+        argv += ["--data-dir", str(given["data_dir"])]
+    if given.get("transport") not in (None, "http"):
+        argv += ["--transport", str(given["transport"])]
+        if given.get("client_path") not in (None, "clickhouse-client"):
+            argv += ["--client-path", str(given["client_path"])]
+    return shlex.join(argv)
+
+
+class _Operator:
+    """One later actor on one attempt: its transport, deadline and read ids."""
+
+    def __init__(
+        self,
+        transport: QueryPort,
+        work_dir: Path,
+        attempt_id: str,
+        seconds: float,
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self.transport = transport
+        self.attempt_dir = work_dir / attempt_id
+        self.journal = ClickHouseFileAttemptJournal(work_dir, attempt_id)
+        self.run = AttemptRun.resume(self.journal, wall_clock=wall_clock)
+        self.summary = summarize(self.attempt_dir, read_events(self.attempt_dir))
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+        self.wall_clock = wall_clock
+        self._reads = 0
+
+    def read_id(self, purpose: str) -> str:
+        self._reads += 1
+        return read_query_id(self.summary.attempt_id, f"recovery_{purpose}", self._reads)
+
+    def table(self, database: str | None) -> tuple[str, str] | None:
+        planned = self.summary.planned_table
+        if planned is None:
+            return None
+        if database is not None and planned["database"] != database:
+            raise StateError(
+                f"attempt {self.summary.attempt_id} staged into {planned['database']}, not {database}",
+                code="database_mismatch",
+            )
+        return str(planned["database"]), str(planned["table"])
+
+    def ownership(self, database: str, table: str, expected_uuid: str | None) -> Ownership | None:
+        """The table if it exists and is provably the attempt's; refuses otherwise."""
+        found = observe_ownership(
+            self.transport, database, table, lambda: self.read_id("owned"), self.deadline
+        )
+        if found is None:
+            return None
+        s = self.summary
+        if s.rollback_copy is not None:  # a retention drop: the copy keeps its creator's mark
+            owned = found.uuid == s.rollback_copy.get("uuid") and (found.comment or "") == (
+                s.rollback_copy.get("comment") or ""
+            )
+        else:
+            owned = found.belongs_to(s.attempt_id, s.semantic_id or "", s.table_uuid)
+        if not owned or (expected_uuid is not None and found.uuid != expected_uuid):
+            raise StateError(
+                f"{database}.{table} is not proven to be attempt {s.attempt_id}'s; not dropped",
+                code="ownership_unverified",
+                table_uuid=found.uuid,
+            )
+        return found
+
+    def prove_settled(self) -> list[dict[str, Any]]:
+        """A proof for every unsettled mutation (reads only); refuses at the first without."""
+        proofs: list[dict[str, Any]] = []
+        started: float | None = None
+        for sent in self.summary.unsettled:
+            closed = sent.window_closed_ms
+            if closed is not None:
+                if started is None:
+                    started = observe_server_start(
+                        self.transport,
+                        query_id=self.read_id("uptime"),
+                        deadline=self.deadline,
+                        wall_clock=self.wall_clock,
+                    )
+                if started * 1000 > closed:
+                    proofs.append(
+                        {
+                            "query_id": sent.query_id,
+                            "termination": "server_restart",
+                            "source": "uptime",
+                            "server_started_after_ms": math.floor(started * 1000),
+                            "window_closed_ms": closed,
+                            "window_closed_by": "deadline"
+                            if closed == sent.not_after_ms
+                            else "returned",
+                        }
+                    )
+                    continue
+            origin = dispatch_origin(sent.intent, self.wall_clock())
+            state = prove_termination(
+                self.transport,
+                sent.query_id,
+                probe_prefix=self.read_id("termination"),
+                deadline=self.deadline,
+                origin=origin,
+            )
+            if not state.proven_terminal:
+                raise StateError(
+                    f"query {sent.query_id} of attempt {self.summary.attempt_id} has no proven terminal "
+                    "state (no acknowledgment in the journal, the server has run since before its "
+                    "dispatch window closed, and neither KILL QUERY nor the query log knows it as sent "
+                    f"by {origin.user} in {origin.database} within its dispatch window); nothing done",
+                    code="termination_unproven",
+                    query_id=sent.query_id,
+                )
+            proofs.append(
+                {
+                    "query_id": sent.query_id,
+                    "termination": state.termination.value,
+                    "source": state.source,
+                }
+            )
+        return proofs
+
+    def drop(
+        self, state: StageState, kind: str, database: str, table: str, found: Ownership
+    ) -> bool:
+        return drop_owned_table(
+            self.transport,
+            self.run,
+            state,
+            kind=kind,
+            database=database,
+            table=table,
+            found=found,
+            request_seconds=self.seconds,
+            clock=time.monotonic,
+            read_id=self.read_id,
+        )
+
+
+def cleanup_attempt(
+    transport: QueryPort,
+    work_dir: Path,
+    attempt_id: str,
+    *,
+    seconds: float = 120.0,
+    database: str | None = None,
+    wall_clock: Callable[[], float] = time.time,
+) -> AttemptSummary:
+    """Verified cleanup of an attempt that needs an operator; refuses without proof.
+
+    Every check is made before anything is written: a refusal leaves the journal as it
+    was. Once the proofs hold, the journal records them, the DROP (with its intent)
+    and the end: ``failed_cleaned``, or ``cleanup_failed`` / ``retained_unknown`` when
+    the DROP is refused or its outcome stays unknown.
+    """
+    op = _Operator(transport, work_dir, attempt_id, seconds, wall_clock)
+    if not op.summary.needs_operator:
+        raise StateError(
+            f"attempt {attempt_id} ended {op.summary.state}; nothing to clean",
+            code="nothing_to_clean",
+        )
+    where = op.table(database)  # before any query: a wrong --database asks nothing
+    proofs = op.prove_settled()
+    found = op.ownership(*where, None) if where else None
+    drop_id = mutation_query_id(op.summary.attempt_id, "drop")
+    if found is not None and drop_id in op.summary.sent_mutations:
+        # One query id per mutation, ever: a second DROP would need a new id and a person.
+        raise StateError(
+            f"attempt {attempt_id} already sent its DROP and the table remains",
+            code="drop_already_sent",
+        )
+    run = op.run
+    run.enter(StageState.CLEANUP)
+    run.table_created_maybe = found is not None
+    run.table_uuid = found.uuid if found else None
+    for proof in proofs:
+        run.event(StageState.CLEANUP, "termination_observed", remote=proof)
+    ending = StageState.FAILED_CLEANED
+    if found is not None and where is not None:
+        try:
+            gone = op.drop(StageState.CLEANUP, "drop", *where, found)
+        except CleanupRefused as exc:
+            run.record_failure(StageState.CLEANUP_FAILED, exc)
+            raise
+        except UNOBSERVABLE as exc:
+            run.record_failure(StageState.RETAINED_UNKNOWN, exc)
+            raise
+        ending = StageState.FAILED_CLEANED if gone else StageState.RETAINED_UNKNOWN
+    if ending is StageState.FAILED_CLEANED:
+        shutil.rmtree(op.attempt_dir / "spool", ignore_errors=True)
+        run.inventory = {}
+    else:
+        run.inventory["table"] = {**run.base["planned_ownership"], "uuid": run.table_uuid}
+    run.event(ending, "operator_cleanup")
+    return summarize(op.attempt_dir, read_events(op.attempt_dir))
+
+
+def discard_attempt(
+    transport: QueryPort,
+    work_dir: Path,
+    attempt_id: str,
+    *,
+    seconds: float = 120.0,
+    database: str | None = None,
+    expected_uuid: str | None = None,
+    wall_clock: Callable[[], float] = time.time,
+) -> AttemptSummary:
+    """Drop the staged table of a ``staged`` attempt that will never be published.
+
+    Ownership is verified first (UUID as the journal and ``expected_uuid`` say, the
+    ownership mark, the name); the DROP has a durable intent and the query id
+    ``dpone-b02-<attempt>-discard``. Ends ``discarded``; an unknown DROP outcome leaves
+    ``discarding`` (an operator looks, and may run discard again).
+    """
+    op = _Operator(transport, work_dir, attempt_id, seconds, wall_clock)
+    state = StageState(op.summary.state)
+    if state not in (StageState.STAGED, StageState.DISCARDING):
+        raise StateError(
+            f"attempt {attempt_id} is {state.value}, not staged; nothing to discard",
+            code="not_staged",
+        )
+    where = op.table(database)
+    assert where is not None  # a staged attempt always planned its table
+    if state is StageState.DISCARDING:
+        op.prove_settled()
+    found = op.ownership(*where, expected_uuid)
+    discard_id = mutation_query_id(op.summary.attempt_id, "discard")
+    if found is not None and discard_id in op.summary.sent_mutations:
+        raise StateError(
+            f"attempt {attempt_id} already sent its discard and the table remains",
+            code="discard_already_sent",
+        )
+    run = op.run
+    run.enter(StageState.DISCARDING)
+    if found is not None and not op.drop(StageState.DISCARDING, "discard", *where, found):
+        raise StateError(
+            f"the discard of {where[0]}.{where[1]} has an unknown outcome; the journal "
+            "stays at discarding",
+            code="discard_unknown",
+        )
+    run.event(StageState.DISCARDED, "discarded")
+    return summarize(op.attempt_dir, read_events(op.attempt_dir))

@@ -1,0 +1,645 @@
+"""``ClickHouseValidatedFileService``: a validated file becomes a verified staging table.
+
+It owns the attempt sequence, query ownership and failure cleanup:
+
+    checking -> preparing -> prepared -> creating_staging -> loading -> verifying -> staged
+    a failure before CREATE ends failed_cleaned; after it, cleanup decides:
+    failed_cleaned (terminal query and verified removal), retained_unknown (local or
+    remote state unknown: table, spool and journal are kept) or cleanup_failed (a
+    cleanup step ran and failed: the server refused the DROP).
+
+Before the expensive work it checks what it can: the server answers as the expected
+user, the database exists and is Atomic, the receipt was made with the codec and
+policy this build uses, and the transport can carry every target type. A durable
+journal intent precedes every mutation; each mutation has exactly one
+``dpone-b02-<attempt>-<identity|create|insert|drop>`` query id and is never retried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from dpone.connectors.bulk_text_codec import CODEC_ID, CODEC_VERSION
+from dpone.connectors.clickhouse_tables import (
+    observe_ownership,
+    ownership_comment,
+    staging_table_name,
+    table_exists,
+)
+from dpone.connectors.endpoint_identity import (
+    NIL_UUID,
+    EndpointIdentityError,
+    observe_identity,
+    observe_principal,
+)
+from dpone.connectors.remote_termination import prove_termination
+from dpone.contracts.receipt import FileReceipt
+from dpone.errors import DeadlineError, DponeError
+from dpone.ports.clickhouse import QueryPort
+from dpone.ports.clickhouse_errors import ClickHouseServerError
+from dpone.ports.clickhouse_request import (
+    check_attempt_id,
+    mutation,
+    mutation_query_id,
+    read,
+    read_query_id,
+)
+from dpone.ports.clickhouse_result import QueryResult
+from dpone.preparation.artifact import FileVerificationBudget
+from dpone.preparation.spool import (
+    DEFAULT_MODE,
+    PreparationBudget,
+    PreparedSpool,
+    prepare_rowbinary,
+)
+from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact, FileAttempt
+from dpone.sql import quote_identifier, quote_literal
+from dpone.staging.cleanup import UNOBSERVABLE, CleanupRefused, drop_owned_table
+from dpone.staging.contract import (
+    PhysicalDesign,
+    StagingError,
+    StagingPolicy,
+)
+from dpone.staging.journal import ClickHouseFileAttemptJournal
+from dpone.staging.run import (
+    SETTLED_ACKNOWLEDGED,
+    AttemptRun,
+    error_code,
+    settlement,
+)
+from dpone.staging.states import StageState
+from dpone.typepolicy import POLICY_ID, POLICY_VERSION, plan_columns
+
+S = StageState
+UNKNOWN_DATABASE = 81  # ClickHouse's error code
+# check_types(columns): refuses (name, ClickHouse type) pairs the transport cannot send.
+TypeCheck = Callable[[Sequence[tuple[str, str]]], None]
+
+
+@dataclass(frozen=True)
+class StagedTable:
+    """The handle of a verified staging table; ``journal_head`` is the final event's SHA-256."""
+
+    database: str
+    table: str
+    uuid: str
+    rows: int
+    semantic_id: str
+    journal_path: Path
+    journal_head: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class ClickHouseValidatedFileService:
+    """Stages one validated file per call through one controlled transport."""
+
+    def __init__(
+        self,
+        transport: QueryPort,
+        database: str,
+        work_dir: str | Path,
+        *,
+        policy: StagingPolicy | None = None,
+        design: PhysicalDesign | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        journal_factory: Callable[
+            [Path, str], ClickHouseFileAttemptJournal
+        ] = ClickHouseFileAttemptJournal,
+        progress: Callable[[str, int, int], None] | None = None,
+        preparation_mode: str = DEFAULT_MODE,
+        user: str | None = None,
+        user_uuid: str | None = None,
+        check_types: TypeCheck | None = None,
+    ) -> None:
+        self.transport = transport
+        self.database = database
+        self.work_dir = Path(work_dir)
+        self.policy = policy or StagingPolicy()
+        self.design = design or PhysicalDesign()
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.journal_factory = journal_factory
+        # progress(phase, rows, bytes): for a terminal display; never part of the evidence.
+        self.progress = progress
+        self.preparation_mode = preparation_mode
+        # The user the credentials name (None: whoever the server says), and its
+        # system.users id when an administrator observed it for a user who cannot.
+        self.user = user
+        self.user_uuid = user_uuid
+        self.check_types = check_types
+        self._reads = 0
+
+    # ------------------------------------------------------------------ the sequence
+
+    def stage(
+        self,
+        artifact: ContractValidatedFileArtifact,
+        attempt_id: str,
+        *,
+        overrides: dict[str, str] | None = None,
+    ) -> StagedTable:
+        """Run one attempt; return the staged table or raise with the last confirmed record."""
+        check_attempt_id(attempt_id)
+        journal = self.journal_factory(self.work_dir, attempt_id)
+        journal.open()
+        table = staging_table_name(attempt_id)
+        run = AttemptRun(
+            journal,
+            {
+                "endpoint": self._endpoint_description(),
+                "transport": self.transport.name,
+                "planned_ownership": {"database": self.database, "table": table},
+                "principal": {"user": self.user, "user_uuid": self.user_uuid},
+            },
+            wall_clock=self.wall_clock,
+        )
+        prep_deadline = self.clock() + self.policy.preparation_seconds
+        budget = FileVerificationBudget(prep_deadline, self.policy.max_scan_bytes, self.clock)
+        try:
+            with contextlib.ExitStack() as stack:
+                try:
+                    self._preflight(run, prep_deadline)
+                    attempt = stack.enter_context(
+                        artifact.file_validation_attempt(attempt_id, verification_budget=budget)
+                    )
+                except BaseException as exc:
+                    run.record_failure(S.FAILED_CLEANED, exc)  # nothing exists remotely
+                    raise
+                return self._stage(run, attempt, table, prep_deadline, overrides)
+        except BaseException as exc:
+            if isinstance(exc, DponeError) and run.last is not None:
+                exc.add_details(last_event=run.last.document, journal=str(journal.attempt_dir))
+            raise
+
+    def _preflight(self, run: AttemptRun, deadline: float) -> None:
+        """Before the file is even scanned: who we are and where we stage (reads only,
+        except the one-time creation of a Nil-UUID server's identity)."""
+        try:
+            principal = observe_principal(
+                self.transport,
+                self.user,
+                probe_prefix=self._read_id(run, "principal"),
+                deadline=self._bounded(deadline),
+            )
+        except ClickHouseServerError as exc:
+            # The transport names the database on every request: the first one says so.
+            if exc.details.get("clickhouse_code") != UNKNOWN_DATABASE:
+                raise
+            raise EndpointIdentityError(
+                f"database {self.database!r} does not exist; create it with "
+                f"CREATE DATABASE {quote_identifier(self.database)} ENGINE = Atomic",
+                code="database_missing",
+                database=self.database,
+            ) from exc
+        if principal["user_uuid"] is None:
+            principal["user_uuid"] = self.user_uuid
+        run.base["principal"] = principal
+        identity = observe_identity(
+            self.transport,
+            self.database,
+            probe_prefix=self._read_id(run, "identity"),
+            deadline=self._bounded(deadline),
+            establish=lambda statement: self._mutate(run, S.CHECKING, "identity", statement),
+        )
+        run.base["endpoint_identity"] = identity.to_document()
+
+    def _stage(
+        self,
+        run: AttemptRun,
+        attempt: FileAttempt,
+        table: str,
+        prep_deadline: float,
+        overrides: dict[str, str] | None,
+    ) -> StagedTable:
+        receipt = attempt.receipt
+        run.event(S.CHECKING, "admitted", source_identity=receipt.to_document())
+        try:
+            self._check_receipt(receipt, overrides)
+            run.move(S.PREPARING)
+            prepared = prepare_rowbinary(
+                attempt.held.path,
+                receipt,
+                run.journal.attempt_dir / "spool",
+                overrides=overrides,
+                held=attempt.held,
+                progress=partial(self._phase, "preparing"),
+                mode=self.preparation_mode,
+                budget=PreparationBudget(
+                    max_record_bytes=self.policy.max_record_bytes,
+                    max_rows=self.policy.max_rows,
+                    max_spool_bytes=self.policy.max_spool_bytes,
+                    free_space_reserve_bytes=self.policy.free_space_reserve_bytes,
+                    deadline_seconds=max(prep_deadline - self.clock(), 0.0),
+                    clock=self.clock,
+                ),
+            )
+            run.prepared = prepared
+            run.inventory["spool"] = str(prepared.path)
+            run.event(
+                S.PREPARED,
+                "prepared",
+                derived_identity=prepared.identity.to_document(),
+                semantic_id=prepared.semantic_id,
+                counts={"prepared_rows": prepared.identity.prepared_rows, "observed_count": None},
+            )
+            self._absent_before_create(run, table, prep_deadline)
+            self._check_deadline(prep_deadline, "pre-CREATE checks")
+        except BaseException as exc:
+            self._fail_before_create(run, exc)
+            raise
+        try:
+            return self._create_load_verify(run, attempt, prepared, table)
+        except BaseException as exc:
+            self._cleanup(run, table, exc)
+            raise
+
+    def _check_receipt(self, receipt: FileReceipt, overrides: dict[str, str] | None) -> None:
+        """The receipt must describe the codec and policy this build reads and converts with."""
+        used = {"codec": (CODEC_ID, CODEC_VERSION), "policy": (POLICY_ID, POLICY_VERSION)}
+        found = {
+            "codec": (receipt.codec_id, receipt.codec_version),
+            "policy": (receipt.policy_id, receipt.policy_version),
+        }
+        for what, expected in used.items():
+            if found[what] != expected:
+                raise StagingError(
+                    f"the receipt was made with {what} {found[what][0]} version {found[what][1]}; "
+                    f"this dpone uses {expected[0]} version {expected[1]}: validate the file again",
+                    code=f"receipt_{what}_mismatch",
+                    receipt=list(found[what]),
+                    used=list(expected),
+                )
+        if self.check_types is not None:
+            plans = plan_columns(receipt.schema.columns, overrides)
+            self.check_types([(p.name, p.clickhouse_type) for p in plans])
+
+    def _create_load_verify(
+        self, run: AttemptRun, attempt: FileAttempt, prepared: PreparedSpool, table: str
+    ) -> StagedTable:
+        comment = ownership_comment(run.attempt_id, prepared.semantic_id)
+        self._create(run, table, comment, prepared)
+        rows = prepared.identity.prepared_rows
+        self._load(run, table, prepared)
+        # One verification deadline covers COUNT, metadata, identity scans and completion.
+        verify_deadline = self.clock() + self.policy.verification_seconds
+        insert_id = mutation_query_id(run.attempt_id, "insert") if rows else None
+        run.event(
+            S.VERIFYING,
+            "acknowledged" if rows else "not_submitted_empty",
+            query={"kind": "insert", "query_id": insert_id},
+        )
+        count = self._verify(run, attempt, table, comment, prepared, verify_deadline)
+        shutil.rmtree(prepared.path.parent)
+        run.inventory.pop("spool", None)
+        # The last check before the final event: once "staged" is durable it is the truth.
+        self._check_deadline(verify_deadline, "return")
+        final = run.event(
+            S.STAGED,
+            "staged",
+            semantic_id=prepared.semantic_id,
+            counts={"prepared_rows": rows, "observed_count": count},
+            observed_ownership={"table_uuid": run.table_uuid},
+        )
+        return StagedTable(
+            self.database,
+            table,
+            run.table_uuid or "",
+            count,
+            prepared.semantic_id,
+            run.journal.attempt_dir,
+            final.sha256,
+            metadata={
+                "validated_file_consumption": {
+                    "record": final.document,
+                    "journal": str(run.journal.attempt_dir),
+                }
+            },
+        )
+
+    def _create(self, run: AttemptRun, table: str, comment: str, prepared: PreparedSpool) -> None:
+        # The ownership mark is the first column's comment: every client can send a
+        # column COMMENT (Debian's clickhouse-client 18.16 cannot parse a table COMMENT).
+        columns = ", ".join(
+            f"{quote_identifier(c.name)} {c.clickhouse_type}"
+            + (f" COMMENT {quote_literal(comment)}" if i == 0 else "")
+            for i, c in enumerate(prepared.identity.target_schema)
+        )
+        run.table_created_maybe = True
+        statement = f"CREATE TABLE {self._qualified(table)} ({columns}) {self.design.clause()}"
+        self._mutate(run, S.CREATING_STAGING, "create", statement)
+        verify_by = self.clock() + self.policy.verification_seconds
+        run.table_uuid = self._verify_table(run, table, comment, prepared, verify_by)
+
+    def _load(self, run: AttemptRun, table: str, prepared: PreparedSpool) -> None:
+        identity = prepared.identity
+        if identity.prepared_rows == 0:
+            run.event(
+                S.LOADING,
+                "not_submitted_empty",
+                query={"kind": "insert", "query_id": None},
+                observed_ownership={"table_uuid": run.table_uuid},
+            )
+            return
+        self._phase("loading", identity.prepared_rows, identity.rowbinary_bytes)
+        result = self._mutate(
+            run,
+            S.LOADING,
+            "insert",
+            f"INSERT INTO {self._qualified(table)} FORMAT RowBinary",
+            body=prepared.path,
+            observed_ownership={"table_uuid": run.table_uuid},
+        )
+        if (result.sent_bytes, result.sent_sha256) != (
+            identity.rowbinary_bytes,
+            identity.rowbinary_sha256,
+        ):
+            raise StagingError(
+                f"sent {result.sent_bytes} bytes with SHA-256 {result.sent_sha256}, prepared "
+                f"{identity.rowbinary_bytes} with {identity.rowbinary_sha256}",
+                code="sent_bytes_mismatch",
+            )
+
+    def _verify(
+        self,
+        run: AttemptRun,
+        attempt: FileAttempt,
+        table: str,
+        comment: str,
+        prepared: PreparedSpool,
+        deadline: float,
+    ) -> int:
+        """Everything after the INSERT, under the verification deadline."""
+        again = self._verify_table(run, table, comment, prepared, deadline)
+        if again != run.table_uuid:
+            raise StagingError(
+                f"staging table UUID changed from {run.table_uuid} to {again}",
+                code="table_replaced",
+            )
+        endpoint = observe_identity(
+            self.transport,
+            self.database,
+            probe_prefix=self._read_id(run, "identity"),
+            deadline=self._bounded(deadline),
+        )
+        if endpoint.to_document() != run.base["endpoint_identity"]:
+            raise StagingError(
+                f"the endpoint's identity changed during the attempt: {endpoint.to_document()} "
+                f"after the INSERT, {run.base['endpoint_identity']} before",
+                code="endpoint_changed",
+            )
+        rows = prepared.identity.prepared_rows
+        count = self._count(run, table, deadline)
+        if count != rows:
+            raise StagingError(
+                f"COUNT observed {count} rows, prepared {rows}",
+                code="count_mismatch",
+                observed=count,
+            )
+        # Completion re-scans the source: it belongs to this deadline, not preparation's.
+        attempt.complete(
+            count, FileVerificationBudget(deadline, self.policy.max_scan_bytes, self.clock)
+        )
+        self._check_deadline(deadline, "completion")
+        return count
+
+    def _phase(self, phase: str, rows: int, size: int) -> None:
+        if self.progress is not None:
+            self.progress(phase, rows, size)
+
+    # ------------------------------------------------------------------ checks
+
+    def _verify_table(
+        self, run: AttemptRun, table: str, comment: str, prepared: PreparedSpool, deadline: float
+    ) -> str:
+        rows = self.transport.execute(
+            read(
+                "SELECT toString(uuid) AS uuid, engine, is_temporary, sorting_key, partition_key "
+                f"FROM system.tables WHERE database = {quote_literal(self.database)} AND name = {quote_literal(table)} "
+                "FORMAT JSONEachRow",
+                self._read_id(run, "table"),
+            ),
+            deadline=self._bounded(deadline),
+        ).json_rows()
+        if len(rows) != 1:
+            raise StagingError(
+                f"staging table {table} observed {len(rows)} times", code="table_missing"
+            )
+        t = rows[0]
+        problems = []
+        if t["uuid"] in ("", NIL_UUID):
+            problems.append("Nil table UUID")
+        if t["engine"] != self.design.engine:
+            problems.append(f"engine {t['engine']}")
+        if t["is_temporary"] not in (0, False):
+            problems.append("temporary table")
+        if (
+            t["sorting_key"] != self.design.expected_sorting_key
+            or t["partition_key"] != self.design.expected_partition_key
+        ):
+            problems.append("physical design differs")
+        cols = self.transport.execute(
+            read(
+                "SELECT name, type, comment FROM system.columns "
+                f"WHERE database = {quote_literal(self.database)} AND table = {quote_literal(table)} "
+                "ORDER BY position FORMAT JSONEachRow",
+                self._read_id(run, "columns"),
+            ),
+            deadline=self._bounded(deadline),
+        ).json_rows()
+        expected = [
+            {"name": c.name, "type": c.clickhouse_type} for c in prepared.identity.target_schema
+        ]
+        if [{"name": c["name"], "type": c["type"]} for c in cols] != expected:
+            problems.append("columns differ from the prepared schema")
+        if not cols or cols[0]["comment"] != comment:
+            problems.append("ownership comment differs")
+        if problems:
+            raise StagingError(
+                f"staging table {table} fails its identity check: {'; '.join(problems)}",
+                code="table_identity_mismatch",
+                problems=problems,
+            )
+        return str(t["uuid"])
+
+    def _count(self, run: AttemptRun, table: str, deadline: float) -> int:
+        rows = self.transport.execute(
+            read(
+                f"SELECT count() AS n FROM {self._qualified(table)} FORMAT JSONEachRow",
+                self._read_id(run, "count"),
+            ),
+            deadline=self._bounded(deadline),
+        ).json_rows()
+        if len(rows) != 1 or set(rows[0]) != {"n"}:
+            raise StagingError(
+                f"COUNT returned {len(rows)} rows {rows!r:.200}", code="count_unobservable"
+            )
+        value = rows[0]["n"]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise StagingError(
+                f"COUNT returned a {type(value).__name__}, not an integer",
+                code="count_unobservable",
+            )
+        return value
+
+    def _absent_before_create(self, run: AttemptRun, table: str, deadline: float) -> None:
+        if table_exists(
+            self.transport,
+            self.database,
+            table,
+            self._read_id(run, "absent"),
+            self._bounded(deadline),
+        ):
+            raise StagingError(
+                f"staging table {table} already exists; it is not this attempt's",
+                code="table_exists",
+            )
+
+    # ------------------------------------------------------------------ failure
+
+    def _fail_before_create(self, run: AttemptRun, exc: BaseException) -> None:
+        if run.prepared is not None:
+            shutil.rmtree(run.prepared.path.parent, ignore_errors=True)
+            run.inventory.pop("spool", None)
+        run.record_failure(S.FAILED_CLEANED, exc)
+
+    def _cleanup(self, run: AttemptRun, table: str, exc: BaseException) -> None:
+        """After the CREATE intent: decide and record how the attempt ends; never raises."""
+        try:
+            run.event(S.CLEANUP, "started", error_code=error_code(exc))
+            try:
+                ending = self._clean(run, table, exc)
+            except CleanupRefused as refused:
+                exc.add_note(f"cleanup did not finish: {refused}")
+                ending = S.CLEANUP_FAILED
+            except UNOBSERVABLE as unobservable:
+                # The server could not be asked, or did not answer exactly: its state is
+                # unknown, never assumed; everything is kept.
+                exc.add_note(f"remote state could not be observed: {unobservable}")
+                ending = S.RETAINED_UNKNOWN
+            if ending is S.FAILED_CLEANED and run.prepared is not None:
+                shutil.rmtree(run.prepared.path.parent, ignore_errors=True)
+                run.inventory.pop("spool", None)
+            run.terminal(ending, exc)
+        except BaseException as cleanup_exc:
+            exc.add_note(f"cleanup did not finish: {type(cleanup_exc).__name__}: {cleanup_exc}")
+            if run.state is S.CLEANUP:
+                run.record_failure(S.CLEANUP_FAILED, cleanup_exc, primary=exc)
+
+    def _clean(self, run: AttemptRun, table: str, exc: BaseException) -> StageState:
+        if not self._remote_settled(run, exc):
+            return S.RETAINED_UNKNOWN
+        found = observe_ownership(
+            self.transport,
+            self.database,
+            table,
+            lambda: self._read_id(run, "owned"),
+            self.clock() + self.policy.verification_seconds,
+        )
+        if found is None:
+            return S.FAILED_CLEANED  # nothing was created
+        semantic = run.prepared.semantic_id if run.prepared else ""
+        if not found.belongs_to(run.attempt_id, semantic, run.table_uuid):
+            run.inventory["table_not_owned"] = table
+            return S.RETAINED_UNKNOWN
+        gone = drop_owned_table(
+            self.transport,
+            run,
+            S.CLEANUP,
+            kind="drop",
+            database=self.database,
+            table=table,
+            found=found,
+            request_seconds=self.policy.request_seconds,
+            clock=self.clock,
+            read_id=partial(self._read_id, run),
+        )
+        return S.FAILED_CLEANED if gone else S.RETAINED_UNKNOWN
+
+    def _remote_settled(self, run: AttemptRun, exc: BaseException) -> bool:
+        """True when every mutation sent so far is proven finished on the server."""
+        query_id = run.in_flight
+        if query_id is None:
+            return True  # every mutation sent was settled; the failure was local
+        how = settlement(exc)
+        if how is not None:
+            run.settle(query_id, how)
+            return True  # the server answered with an exception, or nothing left
+        state = prove_termination(
+            self.transport,
+            query_id,
+            probe_prefix=self._read_id(run, "termination"),
+            deadline=self.clock() + self.policy.verification_seconds,
+            origin=run.origin(query_id),
+        )
+        if state.proven_terminal:
+            run.settle(query_id, state.termination.value)
+        run.event(
+            S.CLEANUP,
+            "termination_observed",
+            remote={
+                "query_id": query_id,
+                "termination": state.termination.value,
+                "source": state.source,
+            },
+        )
+        return state.proven_terminal
+
+    def _mutate(
+        self,
+        run: AttemptRun,
+        state: StageState,
+        kind: str,
+        statement: str,
+        body: Path | None = None,
+        **intent_fields: Any,
+    ) -> QueryResult:
+        """A durable intent, then the one request under its own id; records how it settled."""
+        query_id = mutation_query_id(run.attempt_id, kind)
+        deadline = self.clock() + self.policy.request_seconds  # before the intent (its window)
+        run.intent(state, kind, query_id, self.policy.request_seconds, **intent_fields)
+        request = mutation(statement, query_id, body=body)
+        if body is not None:
+            # The wire carries the spool: its ceiling holds while the body streams too.
+            request = dataclasses.replace(request, max_body_bytes=self.policy.max_spool_bytes)
+        try:
+            result = self.transport.execute(request, deadline=deadline)
+        except BaseException as exc:
+            how = settlement(exc)
+            if how is not None:
+                run.settle(query_id, how)
+            else:
+                run.returned(query_id)  # the transport raised: nothing more is sent
+            raise
+        run.settle(query_id, SETTLED_ACKNOWLEDGED)
+        return result
+
+    # ------------------------------------------------------------------ helpers
+
+    def _read_id(self, run: AttemptRun, purpose: str) -> str:
+        self._reads += 1
+        return read_query_id(run.attempt_id, purpose, self._reads)
+
+    def _bounded(self, phase_deadline: float) -> float:
+        return min(phase_deadline, self.clock() + self.policy.request_seconds)
+
+    def _check_deadline(self, deadline: float, phase: str) -> None:
+        if self.clock() >= deadline:
+            raise DeadlineError(
+                f"deadline expired during {phase}", code="phase_deadline", phase=phase
+            )
+
+    def _qualified(self, table: str) -> str:
+        return f"{quote_identifier(self.database)}.{quote_identifier(table)}"
+
+    def _endpoint_description(self) -> str:
+        endpoint = getattr(self.transport, "endpoint", None)
+        return endpoint.describe() if endpoint is not None else self.transport.name

@@ -1,0 +1,121 @@
+"""The package's rooms import only downward (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+import dpone
+
+PACKAGE = Path(dpone.__file__).parent
+
+# Lowest first; a module may import its own room and any room below it.
+ROOMS: tuple[tuple[str, ...], ...] = (
+    ("dpone", "dpone.errors", "dpone.durable_files", "dpone.sql"),
+    ("dpone.contracts",),
+    ("dpone.ports",),
+    ("dpone.connectors",),
+    ("dpone.localserver",),
+    ("dpone.typepolicy",),
+    ("dpone.preparation",),
+    ("dpone.exporters",),
+    ("dpone.staging",),
+    ("dpone.publication",),
+    ("dpone.project",),
+    ("dpone.cli", "dpone.__main__"),
+)
+# The source documents' module names: re-exports that nothing inside the package imports.
+FACADES = ("dpone.runtime", "dpone.sinks")
+SEED_NAMES = (
+    ("dpone.runtime.composition_snapshot", "ClickHouseAtomicSnapshotPublisher"),
+    ("dpone.runtime.clickhouse_file_stage_contract", "StagingPolicy"),
+    ("dpone.runtime.clickhouse_staging_composition", "build_clickhouse_staging_components"),
+    ("dpone.contracts.composition_snapshot", "SnapshotIntent"),
+    ("dpone.ports.composition_snapshot", "SnapshotPublicationStore"),
+    ("dpone.connectors.bulk_text_codec", "BulkTextReader"),
+    ("dpone.sinks", "ClickHouseSink"),
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _room(module: str) -> str:
+    best = ""
+    for room in (name for rooms in ROOMS for name in rooms):
+        if (module == room or module.startswith(room + ".")) and len(room) > len(best):
+            best = room
+    for facade in FACADES:
+        if module == facade or module.startswith(facade + "."):
+            return facade
+    return best
+
+
+def _rank(room: str) -> int:
+    for rank, rooms in enumerate(ROOMS):
+        if room in rooms:
+            return rank
+    raise AssertionError(f"{room!r} is in no room")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+    return [(line, name) for line, name in found if name.split(".")[0] == "dpone"]
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_module_lives_in_a_room() -> None:
+    for path in _modules():
+        assert _room(_module_name(path)), f"{path} belongs to no room of docs/architecture.md"
+
+
+def test_no_import_runs_upward() -> None:
+    upward: list[str] = []
+    for path in _modules():
+        source = _room(_module_name(path))
+        if source in FACADES:
+            continue
+        for line, target in _imports(path):
+            room = _room(target)
+            if room in FACADES:
+                upward.append(f"{path.name}:{line} imports the facade {target}")
+            elif _rank(room) > _rank(source):
+                upward.append(f"{path.relative_to(PACKAGE)}:{line} ({source}) imports {target}")
+    assert upward == []
+
+
+def test_the_rank_check_itself_sees_an_upward_import() -> None:
+    assert _rank(_room("dpone.project.refresh")) > _rank(_room("dpone.staging.sink"))
+    assert _rank(_room("dpone.ports.clickhouse")) < _rank(_room("dpone.connectors.clickhouse_http"))
+
+
+@pytest.mark.parametrize(("module", "name"), SEED_NAMES)
+def test_the_source_documents_names_stay_importable(module: str, name: str) -> None:
+    assert hasattr(importlib.import_module(module), name)
+
+
+def test_modules_stay_small() -> None:
+    for path in _modules():
+        lines = path.read_text(encoding="utf-8").count("\n")
+        assert lines <= 600, f"{path.relative_to(PACKAGE)} has {lines} lines"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                assert length <= 80, (
+                    f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} has {length} lines"
+                )
