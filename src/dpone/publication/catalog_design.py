@@ -1,0 +1,126 @@
+"""One table's design and content as the catalog observes them from system tables.
+
+The design is everything that must match between the target and the generation for an
+EXCHANGE to keep the target's meaning (engine, columns, keys, TTL, settings, indices,
+projections, constraints); the content is the row count and digest of the stored
+columns, computed by the server. See docs/publication-catalog.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from dpone.contracts.preparation import rows_digest_sql
+from dpone.ports.composition_snapshot import Blocker
+from dpone.publication.catalog_reads import CatalogReads, text_field
+from dpone.publication.catalog_sql import column_ttls, engine_clauses
+from dpone.sql import quote_identifier, quote_literal
+
+STORED_KINDS = ("", "DEFAULT")  # the columns RowBinary carries, hence the content digest's
+
+
+def table_filter(database: str, name: str) -> str:
+    """The WHERE condition that picks one table's rows out of a system table."""
+    return f"database = {quote_literal(database)} AND table = {quote_literal(name)}"
+
+
+def read_design(
+    reads: CatalogReads, database: str, name: str, row: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The design of ``database.name`` from its system.tables ``row`` and four more reads."""
+    engine = text_field(row, "engine", reads)
+    create = text_field(row, "create_table_query", reads)
+    in_table = table_filter(database, name)
+    columns = reads.rows(
+        "columns",
+        "SELECT name, type, default_kind, default_expression, compression_codec FROM "
+        f"system.columns WHERE {in_table} ORDER BY position",
+    )
+    if not columns:
+        raise reads.malformed("columns", {"table": name})
+    ttls = column_ttls(create)
+    engine_full, table_ttl, settings = engine_clauses(text_field(row, "engine_full", reads))
+    return {
+        "engine": engine,
+        "engine_full": engine_full,
+        "columns": [_column_design(c, ttls, reads) for c in columns],
+        "partition_key": text_field(row, "partition_key", reads),
+        "sorting_key": text_field(row, "sorting_key", reads),
+        "primary_key": text_field(row, "primary_key", reads),
+        "sampling_key": text_field(row, "sampling_key", reads),
+        "ttl": table_ttl,
+        "settings": settings,
+        "skipping_indices": reads.rows(
+            "indices",
+            f"SELECT name, type_full, expr, granularity FROM system.data_skipping_indices "
+            f"WHERE {in_table} ORDER BY name",
+        ),
+        "projections": reads.rows(
+            "projections",
+            f"SELECT name, type, query FROM system.projections WHERE {in_table} ORDER BY name",
+        ),
+        "constraints": reads.rows(
+            "constraints",
+            f"SELECT name, toString(type) AS type, expression FROM system.constraints "
+            f"WHERE {in_table} ORDER BY name",
+        ),
+    }
+
+
+def _column_design(
+    column: Mapping[str, Any], ttls: Mapping[str, str], reads: CatalogReads
+) -> dict[str, Any]:
+    return {
+        "name": text_field(column, "name", reads),
+        "type": text_field(column, "type", reads),
+        "default_kind": text_field(column, "default_kind", reads),
+        "default_expression": text_field(column, "default_expression", reads),
+        "codec": text_field(column, "compression_codec", reads),
+        "ttl": ttls.get(text_field(column, "name", reads)),
+    }
+
+
+def read_content(
+    reads: CatalogReads, database: str, name: str, design: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The one row ``{"rows", "digest"}`` of ``database.name``'s stored columns."""
+    stored = [
+        quote_identifier(c["name"]) for c in design["columns"] if c["default_kind"] in STORED_KINDS
+    ]
+    if not stored:
+        raise reads.malformed("columns", {"table": name, "stored_columns": 0})
+    where = f"{quote_identifier(database)}.{quote_identifier(name)}"
+    content = reads.rows(
+        "content", f"SELECT count() AS rows, {rows_digest_sql(stored)} AS digest FROM {where}"
+    )
+    if len(content) != 1 or not re.fullmatch(r"[0-9a-f]{32}", str(content[0].get("digest"))):
+        raise reads.malformed("content", content)
+    return content[0]
+
+
+def design_blockers(design: Mapping[str, Any], db_engine: str) -> list[Blocker]:
+    """What in a design the publisher does not handle: one blocker each."""
+    blockers = []
+    if db_engine != "Atomic":
+        blockers.append(Blocker("not_atomic", f"database engine is {db_engine}, not Atomic"))
+    if design["engine"] != "MergeTree":
+        blockers.append(
+            Blocker("non_mergetree", f"table engine is {design['engine']}, not MergeTree")
+        )
+    for column in design["columns"]:
+        if column["default_kind"]:
+            blockers.append(
+                Blocker(
+                    "computed_column",
+                    f"column {column['name']} is {column['default_kind']} {column['default_expression']}",
+                )
+            )
+        if column["ttl"] is not None:
+            blockers.append(Blocker("ttl", f"column {column['name']} has TTL {column['ttl']}"))
+    if design["ttl"] is not None:
+        blockers.append(Blocker("ttl", f"table TTL {design['ttl']}"))
+    for projection in design["projections"]:
+        blockers.append(Blocker("projection", f"projection {projection.get('name')}"))
+    return blockers

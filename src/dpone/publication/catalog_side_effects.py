@@ -1,0 +1,104 @@
+"""The side effects around a table that the publisher does not handle, read from system tables.
+
+Materialized views writing into a table (refreshable or not), views and dictionaries
+reading from it, mutations in flight, row policies, and untrusted writers
+(:mod:`dpone.publication.catalog_grants`): each becomes a :class:`Blocker`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dpone.ports.composition_snapshot import Blocker
+from dpone.publication.catalog_grants import ServerAccess
+from dpone.publication.catalog_reads import CatalogReads, in_list, text_field
+from dpone.sql import quote_literal
+
+
+@dataclass(frozen=True)
+class SideEffects:
+    """Server-wide facts read once per observation: views, refreshes, mutations, access."""
+
+    incoming: list[dict[str, Any]]
+    refreshable: frozenset[tuple[str, str]]
+    mutations: list[dict[str, Any]]
+    policies: list[dict[str, Any]]
+    access: ServerAccess
+    trusted: frozenset[str]
+
+    @classmethod
+    def read(
+        cls, reads: CatalogReads, database: str, names: tuple[str, str], trusted: frozenset[str]
+    ) -> SideEffects:
+        """Read the facts for both names, in one fixed order of queries."""
+        db = quote_literal(database)
+        incoming = reads.rows(
+            "incoming_views",
+            "SELECT database, name, target_table FROM system.tables WHERE engine = "
+            f"'MaterializedView' AND target_database = {db} AND target_table IN {in_list(names)}",
+        )
+        refreshable = frozenset(
+            (text_field(r, "database", reads), text_field(r, "view", reads))
+            for r in reads.rows("refreshes", "SELECT database, view FROM system.view_refreshes")
+        )
+        mutations = reads.rows(
+            "mutations",
+            f"SELECT table, mutation_id, command FROM system.mutations WHERE database = {db} "
+            f"AND table IN {in_list(names)} AND is_done = 0",
+        )
+        policies = reads.rows(
+            "row_policies",
+            "SELECT name, database, table FROM system.row_policies WHERE "
+            f"database IN ({db}, '') AND table IN ({in_list(names)[1:-1]}, '')",
+        )
+        return cls(incoming, refreshable, mutations, policies, ServerAccess.read(reads), trusted)
+
+    def blockers(
+        self, database: str, name: str, row: Mapping[str, Any], reads: CatalogReads
+    ) -> list[Blocker]:
+        """Every side effect on ``name`` (whose system.tables row is ``row``), in a fixed order."""
+        found: list[Blocker] = []
+        for view in self.incoming:
+            if text_field(view, "target_table", reads) != name:
+                continue
+            key = (text_field(view, "database", reads), text_field(view, "name", reads))
+            if key in self.refreshable:
+                found.append(
+                    Blocker(
+                        "refreshable_mv", f"refreshable view {key[0]}.{key[1]} writes to {name}"
+                    )
+                )
+            else:
+                found.append(
+                    Blocker("incoming_mv", f"materialized view {key[0]}.{key[1]} writes to {name}")
+                )
+        for kind, reason, what in (
+            ("dependencies", "outgoing_mv", "materialized view {} reads from {}"),
+            ("loading_dependent", "dictionary", "{} loads from {}"),
+        ):
+            dbs, objects = row.get(f"{kind}_database"), row.get(f"{kind}_table")
+            if (
+                not isinstance(dbs, list)
+                or not isinstance(objects, list)
+                or len(dbs) != len(objects)
+            ):
+                raise reads.malformed("tables", {"table": name, kind: [dbs, objects]})
+            for db, obj in sorted(zip(dbs, objects, strict=True)):
+                found.append(Blocker(reason, what.format(f"{db}.{obj}", name)))
+        for mutation in self.mutations:
+            if text_field(mutation, "table", reads) == name:
+                found.append(
+                    Blocker(
+                        "mutation_in_flight",
+                        f"mutation {text_field(mutation, 'mutation_id', reads)}: {text_field(mutation, 'command', reads)}",
+                    )
+                )
+        for policy in self.policies:
+            if text_field(policy, "table", reads) in (name, ""):
+                found.append(
+                    Blocker("row_policy", f"row policy {text_field(policy, 'name', reads)}")
+                )
+        found.extend(self.access.blockers(self.trusted, database, name))
+        return found

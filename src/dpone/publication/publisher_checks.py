@@ -1,0 +1,139 @@
+"""The publisher's evidence checks: what must hold before an intent is stored or sent.
+
+``prepare`` refuses with a :class:`SnapshotPublicationError` naming the check;
+the dispatch path asks :func:`exchange_precheck` for a stable reason not to send.
+"""
+
+from __future__ import annotations
+
+from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotLimits
+from dpone.ports.composition_snapshot import (
+    CatalogObservation,
+    PublicationEvidence,
+    TableObservation,
+)
+from dpone.publication.publisher_receipts import SnapshotPublicationError
+
+
+def check_evidence(evidence: PublicationEvidence, generation_ref: str) -> None:
+    """The reopened evidence names this generation, the slot's database and an ingest user."""
+    problems = []
+    if evidence.generation.staged_event_sha256 != generation_ref:
+        problems.append("the reopened generation record is not the one named")
+    if evidence.endpoint.get("database") != evidence.slot.database:
+        problems.append("the staged endpoint is another database than the target slot's")
+    if evidence.ingest.user == "" or evidence.ingest.user_uuid == "":
+        problems.append("the staging journal names no ingest principal")
+    if problems:
+        raise SnapshotPublicationError(
+            f"the evidence does not verify: {'; '.join(problems)}",
+            code="evidence_unverified",
+            generation_ref=generation_ref,
+        )
+
+
+def generation_of(
+    observation: CatalogObservation, evidence: PublicationEvidence
+) -> TableObservation:
+    """The observed generation, which must be the staged table itself."""
+    generation = observation.generation
+    if generation is None or generation.uuid != evidence.generation.table_uuid:
+        raise SnapshotPublicationError(
+            f"the generation {evidence.generation.table} is not the staged table"
+            f" {evidence.generation.table_uuid}",
+            code="evidence_unverified",
+            table=evidence.generation.table,
+            observed_uuid=None if generation is None else generation.uuid,
+        )
+    return generation
+
+
+def both_tables(
+    observation: CatalogObservation, evidence: PublicationEvidence
+) -> tuple[TableObservation, TableObservation]:
+    """The observed target and generation, both of which must be there."""
+    generation = generation_of(observation, evidence)
+    if observation.target is None:
+        raise SnapshotPublicationError(
+            f"the target {evidence.slot.table} is not visible",
+            code="catalog_unobservable",
+            table=evidence.slot.table,
+        )
+    return observation.target, generation
+
+
+def check_generation(
+    limits: SnapshotLimits,
+    evidence: PublicationEvidence,
+    observation: CatalogObservation,
+    target: TableObservation,
+    generation: TableObservation,
+) -> None:
+    """Same physical design as the target, the staged content, and within the limits."""
+    if target.design_sha256 != generation.design_sha256:
+        raise SnapshotPublicationError(
+            f"{target.name} and {generation.name} differ in physical design",
+            code="design_mismatch",
+            target_design=target.design_sha256,
+            generation_design=generation.design_sha256,
+        )
+    staged = evidence.generation
+    if not generation.rows == staged.rows == evidence.source.rows:
+        raise SnapshotPublicationError(
+            f"{generation.name} holds {generation.rows} rows; staging counted {staged.rows},"
+            f" the receipt {evidence.source.rows}",
+            code="content_mismatch",
+            table=generation.name,
+        )
+    if generation.content_digest != staged.rows_digest:
+        raise SnapshotPublicationError(
+            f"{generation.name}'s content digest {generation.content_digest} differs from"
+            f" the one computed at preparation {staged.rows_digest}",
+            code="content_mismatch",
+            table=generation.name,
+        )
+    check_limits(limits, evidence, observation, generation)
+
+
+def check_limits(
+    limits: SnapshotLimits,
+    evidence: PublicationEvidence,
+    observation: CatalogObservation,
+    generation: TableObservation,
+) -> None:
+    """Every observed size is within its ceiling."""
+    observed = {
+        "source_rows": evidence.source.rows,
+        "source_bytes": evidence.source.bytes,
+        "wire_bytes": evidence.generation.rowbinary_bytes,
+        "generation_storage_bytes": generation.total_bytes,
+        # The catalog's retained bytes already hold A and every retained generation.
+        "retained_storage_bytes": observation.retained_bytes,
+        "total_transient_storage_bytes": observation.retained_bytes + generation.total_bytes,
+    }
+    ceilings = limits.to_document()
+    for name, value in observed.items():
+        if value > ceilings[name]:
+            raise SnapshotPublicationError(
+                f"{name} {value} exceeds its ceiling {ceilings[name]}",
+                code="limit_exceeded",
+                ceiling=name,
+                observed=value,
+                limit=ceilings[name],
+            )
+
+
+def exchange_precheck(intent: SnapshotIntent, observation: CatalogObservation) -> str | None:
+    """Why the EXCHANGE must not be sent now (a stable reason), or None."""
+    target, generation = observation.target, observation.generation
+    if target is None or generation is None:
+        return "table_missing"
+    if (target.uuid, generation.uuid) != (intent.target_uuid, intent.generation_uuid):
+        return "uuid_pair_changed"
+    if target.blockers or generation.blockers:
+        return "side_effect_present"
+    if target.design_sha256 != generation.design_sha256:
+        return "design_mismatch"
+    if (generation.rows, generation.content_digest) != (intent.source_rows, intent.content_digest):
+        return "content_mismatch"
+    return None

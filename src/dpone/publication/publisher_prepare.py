@@ -1,0 +1,187 @@
+"""The publisher's prepare path: from reopened evidence to a stored PREPARED@1 intent.
+
+The authority reopens the evidence, the ingest principal is closed and proven
+quiescent, the catalog is observed (a first publication creates the empty target
+here, as its own noted step), design, content and limits are checked, a publisher is
+issued, and the intent is stored with its PREPARED record.
+"""
+
+from __future__ import annotations
+
+from dpone.contracts.composition_snapshot import (
+    SnapshotIntent,
+    SnapshotLimits,
+    SnapshotRecord,
+    create_target_query_id,
+)
+from dpone.errors import DponeError
+from dpone.ports.composition_snapshot import (
+    AttemptRef,
+    CatalogObservation,
+    DispatchOutcome,
+    PrincipalRef,
+    PublicationEvidence,
+    TableObservation,
+)
+from dpone.publication.publisher_checks import (
+    both_tables,
+    check_evidence,
+    check_generation,
+    generation_of,
+)
+from dpone.publication.publisher_ports import PublisherPorts
+from dpone.publication.publisher_receipts import (
+    PublicationReceipt,
+    SnapshotPublicationError,
+    receipt,
+)
+from dpone.publication.publisher_records import dispatch_facts, intent_principal
+
+
+class PreparePath(PublisherPorts):
+    """``prepare``: check everything, issue a publisher, store the intent as PREPARED@1."""
+
+    def prepare(self, attempt: AttemptRef, generation_ref: str) -> PublicationReceipt:
+        """Reopen the evidence, prove ingest closed, check the catalog, store PREPARED@1."""
+        evidence = self.authority.reopen(attempt, generation_ref)
+        check_evidence(evidence, generation_ref)
+        closure = self.authority.close_principal(evidence.ingest)
+        if not closure.proven:
+            raise SnapshotPublicationError(
+                f"the ingest principal {evidence.ingest.user} is not proven closed and quiescent",
+                code="ingest_not_quiescent",
+                user=evidence.ingest.user,
+                strength=closure.strength.value,
+            )
+        observation = self._observe_checked(evidence)
+        generation_of(observation, evidence)  # B must be there before anything is created
+        publisher: PrincipalRef | None = None
+        created = observation.target is None
+        try:
+            if created:
+                publisher = self.authority.issue_publisher(evidence)
+                observation = self._create_target(evidence, generation_ref, publisher)
+            target, generation = both_tables(observation, evidence)
+            check_generation(self.limits, evidence, observation, target, generation)
+            if publisher is None:
+                publisher = self.authority.issue_publisher(evidence)
+            intent = seal_intent(evidence, target, generation, publisher, self.limits, self.clock())
+            record = SnapshotRecord.prepared(intent.sha256, at=self.clock())
+            self.store.create(intent.raw, record.raw, self.authority.recheck(intent))
+        except DponeError as exc:
+            # An uncertain create may have stored the intent: its publisher stays leased.
+            if publisher is not None and exc.code != "prepare_uncertain":
+                self._release_unused(publisher, exc)
+            raise
+        if created:  # link the pre-intent step note into the intent's own history
+            self.store.observe(
+                intent.sha256,
+                {"step": "create_target", "query_id": create_target_query_id(generation_ref)},
+            )
+        return receipt(
+            record,
+            target.uuid,
+            generation.uuid,
+            generation.rows,
+            generation.content_digest,
+            historical=False,
+        )
+
+    def _observe_checked(self, evidence: PublicationEvidence) -> CatalogObservation:
+        observation = self.catalog.observe(evidence.slot, evidence.generation.table)
+        for table in (observation.target, observation.generation):
+            if table is not None and table.blockers:
+                first = table.blockers[0]
+                raise SnapshotPublicationError(
+                    f"{table.database}.{table.name} has a side effect the publisher does not"
+                    f" handle: {first.reason} ({first.detail})",
+                    code="side_effect_present",
+                    reason=first.reason,
+                    table=table.name,
+                    blockers=[b.reason for b in table.blockers],
+                )
+        return observation
+
+    def _create_target(
+        self, evidence: PublicationEvidence, generation_ref: str, publisher: PrincipalRef
+    ) -> CatalogObservation:
+        """First publication: note the step durably, CREATE the empty target, re-observe."""
+        query_id = create_target_query_id(generation_ref)
+        slot = evidence.slot
+        self.store.note_step(
+            query_id,
+            {
+                "step": "create_target",
+                "query_id": query_id,
+                "database": slot.database,
+                "target_table": slot.table,
+                "generation_table": evidence.generation.table,
+                "generation_uuid": evidence.generation.table_uuid,
+                "publisher": publisher.user,
+            },
+        )
+        issued = self.authority.principal_credentials(publisher)
+        result = self.executor.create_target(slot, evidence.generation.table, query_id, issued)
+        self.store.note_step(query_id, {"step": "create_target_answer", **dispatch_facts(result)})
+        if result.outcome is not DispatchOutcome.ACKNOWLEDGED:
+            raise SnapshotPublicationError(
+                f"creating the empty target {slot.database}.{slot.table} was not acknowledged"
+                f" ({result.outcome.value})",
+                code="create_target_failed",
+                query_id=query_id,
+                outcome=result.outcome.value,
+                clickhouse_code=result.clickhouse_code,
+            )
+        observation = self._observe_checked(evidence)
+        if observation.target is None:
+            raise SnapshotPublicationError(
+                f"the created target {slot.database}.{slot.table} is not visible",
+                code="catalog_unobservable",
+                query_id=query_id,
+            )
+        return observation
+
+    def _release_unused(self, publisher: PrincipalRef, exc: DponeError) -> None:
+        # No intent names this publisher, so no other caller can be using it.
+        try:
+            self.authority.close_principal(publisher)
+        except DponeError as close_exc:
+            exc.add_details(publisher_release_failed=close_exc.code)
+
+
+def seal_intent(
+    evidence: PublicationEvidence,
+    target: TableObservation,
+    generation: TableObservation,
+    publisher: PrincipalRef,
+    limits: SnapshotLimits,
+    prepared_at: str,
+) -> SnapshotIntent:
+    """The sealed intent that names exactly these tables, this evidence and this publisher."""
+    endpoint = evidence.endpoint
+    return SnapshotIntent(
+        request_id=evidence.parent_request,
+        attempt_id=evidence.attempt_id,
+        slot_epoch=evidence.epochs.slot_epoch,
+        attempt_epoch=evidence.epochs.attempt_epoch,
+        server_id=str(endpoint.get("server_id", "")),
+        server_id_source=str(endpoint.get("server_id_source", "")),
+        database=evidence.slot.database,
+        database_uuid=str(endpoint.get("database_uuid", "")),
+        target_table=evidence.slot.table,
+        target_uuid=target.uuid,
+        generation_table=generation.name,
+        generation_uuid=generation.uuid,
+        staged_event_sha256=evidence.generation.staged_event_sha256,
+        semantic_id=evidence.generation.semantic_id,
+        design_sha256=generation.design_sha256,
+        receipt_sha256=evidence.source.receipt_sha256,
+        source_rows=evidence.source.rows,
+        source_bytes=evidence.source.bytes,
+        wire_bytes=evidence.generation.rowbinary_bytes,
+        content_digest=evidence.generation.rows_digest,
+        ingest=intent_principal(evidence.ingest),
+        publisher=intent_principal(publisher),
+        limits=limits,
+        prepared_at=prepared_at,
+    ).seal()

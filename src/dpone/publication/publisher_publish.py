@@ -1,0 +1,143 @@
+"""The publisher's publish path: one claim, at most one EXCHANGE, then reconcile.
+
+Only this call's acknowledged 1 -> 2 compare-and-set on the exact PREPARED bytes, read
+back independently, permits the one EXCHANGE; then ``reconcile``. A claimed record
+found by any call is reconciled, never dispatched again.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from dpone.contracts.composition_snapshot import (
+    TERMINAL,
+    RecordClaim,
+    SnapshotIntent,
+    SnapshotRecord,
+    SnapshotState,
+    exchange_query_id,
+)
+from dpone.errors import DponeError
+from dpone.ports.composition_snapshot import DispatchOutcome, DispatchResult, ParentAuthority
+from dpone.publication.publisher_checks import exchange_precheck
+from dpone.publication.publisher_ports import CLAIM_POLL_SECONDS
+from dpone.publication.publisher_receipts import (
+    PublicationReceipt,
+    SnapshotPublicationError,
+    historical_receipt,
+    receipt_from_record,
+)
+from dpone.publication.publisher_reconcile import ReconcilePath
+from dpone.publication.publisher_records import intent_slot
+
+P = SnapshotState
+
+
+class PublishPath(ReconcilePath):
+    """``publish``: claim PREPARED@1 once, dispatch at most once, reconcile what happened."""
+
+    def publish(self, intent_sha256: str) -> PublicationReceipt:
+        """Claim once, recheck, dispatch at most one EXCHANGE, reconcile."""
+        loaded = self._load(intent_sha256)
+        record = loaded.record
+        if record.state in TERMINAL:
+            return historical_receipt(record)  # replay: no authority, no observation
+        if record.state is P.EXCHANGE_INTENT:
+            # Another call holds the claim and may be dispatching right now: closing its
+            # publisher here could cut its EXCHANGE, so wait for its outcome instead.
+            return self._await_claim_holder(intent_sha256)
+        if record.state is P.COMMIT_UNKNOWN:
+            # An old claim never grants another EXCHANGE: resolve it instead.
+            return self.reconcile(intent_sha256)
+        intent = loaded.intent
+        parent = self.authority.recheck(intent)
+        now = self.clock()
+        claim_id = uuid.uuid4().hex
+        claimed = record.successor(
+            P.EXCHANGE_INTENT, at=now, claim=RecordClaim(claim_id=claim_id, claimed_at=now)
+        )
+        try:
+            self.store.compare_and_set(
+                intent_sha256,
+                expected=record.raw,
+                replacement=claimed.raw,
+                authority=parent,
+                facts={"step": "claim", "claim_id": claim_id},
+            )
+        except DponeError as exc:
+            if exc.code != "claim_lost":
+                raise  # claim_uncertain and store failures: no dispatch, nothing asserted
+            return self._after_lost_claim(intent_sha256, record, exc)
+        self._verify_claim(intent_sha256, claimed)
+        dispatch = self._dispatch_once(intent, parent)
+        return self._reconcile_claimed(intent, claimed, dispatch)
+
+    def _verify_claim(self, intent_sha256: str, claimed: SnapshotRecord) -> None:
+        try:
+            back = self.store.read_back(intent_sha256)
+        except DponeError as exc:
+            raise SnapshotPublicationError(
+                f"the claim on {intent_sha256} could not be read back; nothing was dispatched",
+                code="claim_uncertain",
+                intent_sha256=intent_sha256,
+            ) from exc
+        if back != claimed.raw:
+            raise SnapshotPublicationError(
+                f"the claim on {intent_sha256} reads back different bytes; nothing was dispatched",
+                code="readback_mismatch",
+                intent_sha256=intent_sha256,
+            )
+
+    def _dispatch_once(self, intent: SnapshotIntent, parent: ParentAuthority) -> DispatchResult:
+        """Recheck authority and both names, then send the one EXCHANGE (or nothing)."""
+        query_id = exchange_query_id(intent.sha256)
+        try:
+            if self.authority.recheck(intent) != parent:
+                return _not_sent(query_id, "authority_changed")
+            problem = exchange_precheck(
+                intent, self.catalog.observe(intent_slot(intent), intent.generation_table)
+            )
+            if problem is not None:
+                return _not_sent(query_id, problem)
+            issued = self.authority.publisher_credentials(intent)
+        except DponeError as exc:
+            return _not_sent(query_id, exc.code)
+        try:
+            return self.executor.exchange(intent, issued)
+        except DponeError as exc:
+            # The executor's contract is to answer, not raise; an exception after the
+            # call began may follow a sent request, so it proves nothing.
+            return DispatchResult(DispatchOutcome.UNKNOWN, query_id, None, error_code=exc.code)
+
+    def _after_lost_claim(
+        self, intent_sha256: str, prepared: SnapshotRecord, exc: DponeError
+    ) -> PublicationReceipt:
+        """Another caller won (or the authority refused): close nothing, report its record."""
+        if self._load(intent_sha256).record.raw == prepared.raw:
+            raise exc  # nobody claimed: the authority refused this caller
+        return self._await_claim_holder(intent_sha256)
+
+    def _await_claim_holder(self, intent_sha256: str) -> PublicationReceipt:
+        """Wait (bounded) until the claim's holder records its outcome; report that record.
+
+        Raises ``claim_exists`` if the record is still EXCHANGE_INTENT after the wait (its
+        holder may have died): only ``reconcile`` may resolve it, never another dispatch.
+        """
+        deadline = time.monotonic() + self.claim_wait_seconds
+        while True:
+            current = self._load(intent_sha256).record
+            if current.state is not P.EXCHANGE_INTENT:
+                return receipt_from_record(current, historical=current.state in TERMINAL)
+            if time.monotonic() >= deadline:
+                raise SnapshotPublicationError(
+                    f"{intent_sha256} is claimed (EXCHANGE_INTENT@2) and its holder has not"
+                    " recorded an outcome; run reconcile",
+                    code="claim_exists",
+                    intent_sha256=intent_sha256,
+                )
+            self.sleep(CLAIM_POLL_SECONDS)
+
+
+def _not_sent(query_id: str, reason: str) -> DispatchResult:
+    return DispatchResult(DispatchOutcome.NOT_SENT, query_id, None, error_code=reason)

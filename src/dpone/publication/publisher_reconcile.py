@@ -1,0 +1,164 @@
+"""The publisher's reconcile path: move a claimed record only to what is proven.
+
+``reconcile`` closes the publisher, observes both names, the query log and B's
+content, and moves the record only along an allowed edge
+(:func:`dpone.contracts.composition_snapshot.decide_reconcile`). It never issues
+credentials and never calls the executor.
+"""
+
+from __future__ import annotations
+
+from dpone.contracts.composition_snapshot import (
+    TERMINAL,
+    ReconcileFacts,
+    RecordDispatch,
+    SnapshotIntent,
+    SnapshotRecord,
+    SnapshotState,
+    decide_reconcile,
+    exchange_query_id,
+)
+from dpone.errors import DponeError
+from dpone.ports.composition_snapshot import (
+    CatalogObservation,
+    ClosureProof,
+    DispatchResult,
+    OwnershipState,
+)
+from dpone.publication.publisher_ports import PublisherPorts
+from dpone.publication.publisher_receipts import (
+    PublicationReceipt,
+    SnapshotPublicationError,
+    receipt_from_record,
+    receipt_observed,
+)
+from dpone.publication.publisher_records import (
+    cas_authority,
+    closure_document,
+    facts_document,
+    intent_slot,
+    record_closure,
+    record_dispatch,
+)
+
+P = SnapshotState
+_RETAINED = frozenset({OwnershipState.ACTIVE, OwnershipState.RETIRING})
+
+
+class ReconcilePath(PublisherPorts):
+    """``reconcile``: observe, decide, and compare-and-set along an allowed edge."""
+
+    def reconcile(self, intent_sha256: str) -> PublicationReceipt:
+        """Close the publisher, observe, and move a claimed record to what is proven.
+
+        Needs retained ownership (ACTIVE or RETIRING). A terminal record is observed and
+        reported but never rewritten; a PREPARED one has no publisher in use to close.
+        """
+        loaded = self._load(intent_sha256)
+        intent, record = loaded.intent, loaded.record
+        ownership = self.authority.ownership(intent)
+        if ownership not in _RETAINED:
+            raise SnapshotPublicationError(
+                f"the run of {intent_sha256} no longer retains its slot ({ownership.value})",
+                code="ownership_not_retained",
+                intent_sha256=intent_sha256,
+                ownership=ownership.value,
+            )
+        if record.state in TERMINAL or record.state is P.PREPARED:
+            return self._report(intent, record)
+        return self._reconcile_claimed(intent, record, None)
+
+    def _report(self, intent: SnapshotIntent, record: SnapshotRecord) -> PublicationReceipt:
+        facts = self._facts(intent, closure=None, dispatch=None)
+        self.store.observe(intent.sha256, {"step": "observe", **facts_document(facts)})
+        return receipt_observed(record, facts)
+
+    def _reconcile_claimed(
+        self, intent: SnapshotIntent, record: SnapshotRecord, dispatch: DispatchResult | None
+    ) -> PublicationReceipt:
+        closure = self._close_publisher(intent)
+        known = record_dispatch(dispatch) if dispatch is not None else record.dispatch
+        facts = self._facts(intent, closure=closure, dispatch=known)
+        decided = decide_reconcile(intent, facts)
+        history = {
+            "step": "reconcile",
+            "decided": decided.value,
+            **facts_document(facts),
+            "closure": None if closure is None else closure_document(closure),
+        }
+        if decided is P.COMMIT_UNKNOWN and record.state is P.COMMIT_UNKNOWN:
+            # Staying unknown is not a transition: same revision, one more observation.
+            self.store.observe(intent.sha256, history)
+            return receipt_observed(record, facts)
+        successor = record.successor(
+            decided,
+            at=self.clock(),
+            observation=facts.observation(),
+            dispatch=known,
+            closure=None if closure is None else record_closure(closure),
+            reason=reconcile_reason(intent, decided, facts),
+        )
+        try:
+            self.store.compare_and_set(
+                intent.sha256,
+                expected=record.raw,
+                replacement=successor.raw,
+                authority=cas_authority(intent),
+                facts=history,
+            )
+        except DponeError as exc:
+            if exc.code != "claim_lost":
+                raise
+            # A concurrent reconcile moved the record first: report what it wrote.
+            return receipt_from_record(self._load(intent.sha256).record, historical=False)
+        return receipt_observed(successor, facts)
+
+    def _facts(
+        self,
+        intent: SnapshotIntent,
+        *,
+        closure: ClosureProof | None,
+        dispatch: RecordDispatch | None,
+    ) -> ReconcileFacts:
+        try:
+            observation: CatalogObservation | None = self.catalog.observe(
+                intent_slot(intent), intent.generation_table
+            )
+        except DponeError:
+            observation = None
+        try:
+            events = self.catalog.exchange_events(exchange_query_id(intent.sha256))
+            finishes: int | None = sum(1 for e in events if e.type == "QueryFinish")
+        except DponeError:
+            finishes = None
+        target = None if observation is None else observation.target
+        generation = None if observation is None else observation.generation
+        return ReconcileFacts(
+            closure_proven=closure is not None and closure.proven,
+            target_uuid=None if target is None else target.uuid,
+            generation_uuid=None if generation is None else generation.uuid,
+            target_rows=None if target is None else target.rows,
+            target_content_digest=None if target is None else target.content_digest,
+            exchange_finishes=finishes,
+            dispatch_outcome=None if dispatch is None else dispatch.outcome,
+        )
+
+
+def reconcile_reason(
+    intent: SnapshotIntent, decided: SnapshotState, facts: ReconcileFacts
+) -> str | None:
+    """Why the record is where it is, for the operator (a stable short code)."""
+    if decided is P.PUBLISHED:
+        return None
+    if decided is P.NOT_PUBLISHED:
+        return "exchange_not_run"
+    if not facts.closure_proven:
+        return "closure_unproven"
+    if facts.target_uuid is None or facts.generation_uuid is None:
+        return "tables_unobserved"
+    pair = (facts.target_uuid, facts.generation_uuid)
+    if pair == (intent.generation_uuid, intent.target_uuid):
+        return "content_mismatch"
+    if pair == (intent.target_uuid, intent.generation_uuid):
+        return "exchange_logged" if facts.exchange_finishes else "query_log_unobservable"
+    return "uuid_pair_unexpected"
