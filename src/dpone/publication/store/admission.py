@@ -1,0 +1,211 @@
+"""The run registry: admissions to a slot, slot epochs, ownership, and the authority recheck.
+
+A run's ``parent_request`` is a random id chosen at admission; its ``attempt_epoch``
+is the store-wide admission number (1, 2, ...), its ``slot_epoch`` the slot's epoch
+after the admission incremented it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+
+from dpone.contracts.composition_snapshot import SnapshotState
+from dpone.ports.composition_snapshot import (
+    Admission,
+    AttemptEpochs,
+    OwnershipState,
+    ParentAuthority,
+    TargetSlot,
+)
+from dpone.publication.store.connections import StoreConnections
+from dpone.publication.store.errors import SnapshotStoreError
+from dpone.publication.store.schema import now
+
+# A durable claim not yet resolved: it blocks new admissions to its slot, and RETIRING
+# ownership (still retained) may resolve it.
+UNRESOLVED_STATES = (SnapshotState.EXCHANGE_INTENT.value, SnapshotState.COMMIT_UNKNOWN.value)
+_OWNERSHIP_NEXT = {
+    OwnershipState.ACTIVE: OwnershipState.RETIRING,
+    OwnershipState.RETIRING: OwnershipState.RETIRED,
+}
+_RUN_COLUMNS = (
+    "parent_request, database, target_table, attempt_id, slot_epoch, attempt_epoch, ownership"
+)
+
+
+class RunAdmission(StoreConnections):
+    """The :class:`~dpone.ports.composition_snapshot.SnapshotRunRegistry` half of the store."""
+
+    def admit(self, slot: TargetSlot, attempt_id: str) -> Admission:
+        """Admit ``attempt_id`` for ``slot`` or return its existing admission.
+
+        A new admission increments the slot's epoch and moves older ACTIVE runs of the
+        slot to RETIRING; ``slot_blocked`` while a record of the slot is EXCHANGE_INTENT
+        or COMMIT_UNKNOWN; ``admission_conflict`` if the attempt holds another slot.
+        """
+        with self._write("admit", "store_commit_unknown") as conn:
+            existing = admission_row(conn, "attempt_id", attempt_id)
+            if existing is not None:
+                if existing.slot != slot:
+                    raise SnapshotStoreError(
+                        f"attempt {attempt_id} is admitted for"
+                        f" {existing.slot.database}.{existing.slot.table}",
+                        code="admission_conflict",
+                        attempt_id=attempt_id,
+                    )
+                return existing
+            _refuse_a_blocked_slot(conn, slot, attempt_id)
+            return _admit_new_run(conn, slot, attempt_id)
+
+    def admission(self, attempt_id: str) -> Admission | None:
+        """The admission of ``attempt_id``, if any."""
+        with self._reading("admission") as conn:
+            return admission_row(conn, "attempt_id", attempt_id)
+
+    def current_epoch(self, slot: TargetSlot) -> int:
+        """The slot's current epoch (0 before any admission)."""
+        with self._reading("current_epoch") as conn:
+            return slot_epoch(conn, slot)
+
+    def set_ownership(self, parent_request: str, state: OwnershipState) -> None:
+        """Move a run's ownership one step forward (setting the current one is a no-op)."""
+        with self._write("set_ownership", "store_commit_unknown") as conn:
+            run = admission_row(conn, "parent_request", parent_request)
+            if run is None:
+                raise SnapshotStoreError(
+                    f"no run {parent_request} is admitted",
+                    code="admission_not_found",
+                    parent_request=parent_request,
+                )
+            if run.ownership is state:
+                return
+            if _OWNERSHIP_NEXT.get(run.ownership) is not state:
+                raise SnapshotStoreError(
+                    f"ownership of {parent_request} cannot move from"
+                    f" {run.ownership.value} to {state.value}",
+                    code="invalid_ownership_transition",
+                    parent_request=parent_request,
+                )
+            conn.execute(
+                "UPDATE runs SET ownership = ? WHERE parent_request = ?",
+                (state.value, parent_request),
+            )
+
+
+def _refuse_a_blocked_slot(conn: sqlite3.Connection, slot: TargetSlot, attempt_id: str) -> None:
+    """``slot_blocked`` while a record of ``slot`` holds an unresolved durable claim."""
+    blocking = conn.execute(
+        "SELECT r.intent_sha256, r.state FROM records r JOIN intents i"
+        " USING (intent_sha256) WHERE i.database = ? AND i.target_table = ?"
+        f" AND r.state IN ({', '.join('?' for _ in UNRESOLVED_STATES)})"
+        " ORDER BY r.intent_sha256",
+        (slot.database, slot.table, *UNRESOLVED_STATES),
+    ).fetchall()
+    if blocking:
+        raise SnapshotStoreError(
+            f"{slot.database}.{slot.table} is held by an unresolved publication"
+            f" ({blocking[0][1]} {blocking[0][0]})",
+            code="slot_blocked",
+            attempt_id=attempt_id,
+            intents=[row[0] for row in blocking],
+        )
+
+
+def _admit_new_run(conn: sqlite3.Connection, slot: TargetSlot, attempt_id: str) -> Admission:
+    """Increment the slot's epoch, retire its ACTIVE runs and insert the new run."""
+    epoch = slot_epoch(conn, slot) + 1
+    conn.execute(
+        "INSERT INTO slots VALUES (?, ?, ?) ON CONFLICT (database, target_table)"
+        " DO UPDATE SET epoch = excluded.epoch",
+        (slot.database, slot.table, epoch),
+    )
+    conn.execute(
+        "UPDATE runs SET ownership = ? WHERE database = ? AND target_table = ? AND ownership = ?",
+        (
+            OwnershipState.RETIRING.value,
+            slot.database,
+            slot.table,
+            OwnershipState.ACTIVE.value,
+        ),
+    )
+    number = conn.execute("SELECT coalesce(max(attempt_epoch), 0) + 1 FROM runs")
+    admission = Admission(
+        uuid.uuid4().hex,
+        slot,
+        attempt_id,
+        AttemptEpochs(epoch, number.fetchone()[0]),
+        OwnershipState.ACTIVE,
+    )
+    conn.execute(
+        "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            admission.parent_request,
+            slot.database,
+            slot.table,
+            attempt_id,
+            epoch,
+            admission.epochs.attempt_epoch,
+            admission.ownership.value,
+            now(),
+        ),
+    )
+    return admission
+
+
+def slot_epoch(conn: sqlite3.Connection, slot: TargetSlot) -> int:
+    """The slot's epoch as stored in ``conn``'s transaction (0 before any admission)."""
+    row = conn.execute(
+        "SELECT epoch FROM slots WHERE database = ? AND target_table = ?",
+        (slot.database, slot.table),
+    ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def admission_row(conn: sqlite3.Connection, column: str, value: str) -> Admission | None:
+    """The run whose ``column`` (``attempt_id`` or ``parent_request``) is ``value``, if any."""
+    assert column in ("attempt_id", "parent_request")
+    row = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE {column} = ?", (value,)).fetchone()
+    if row is None:
+        return None
+    return Admission(
+        row[0],
+        TargetSlot(row[1], row[2]),
+        row[3],
+        AttemptEpochs(row[4], row[5]),
+        OwnershipState(row[6]),
+    )
+
+
+def authority_problem(
+    conn: sqlite3.Connection,
+    authority: ParentAuthority,
+    *,
+    allow_retiring: bool,
+    intent_sha256: str | None = None,
+) -> tuple[str, str] | None:
+    """Why ``authority`` may not write now (code, sentence), or None when it may."""
+    run = admission_row(conn, "parent_request", authority.parent_request)
+    if run is None:
+        return "attempt_fenced", f"run {authority.parent_request} is not admitted"
+    if intent_sha256 is not None:
+        bound = conn.execute(
+            "SELECT parent_request, database, target_table FROM intents WHERE intent_sha256 = ?",
+            (intent_sha256,),
+        ).fetchone()
+        if bound is None or (bound[0], TargetSlot(bound[1], bound[2])) != (
+            authority.parent_request,
+            authority.slot,
+        ):
+            return "attempt_fenced", "the intent belongs to another run or slot"
+    current = slot_epoch(conn, authority.slot)
+    if run.slot != authority.slot or run.epochs.slot_epoch != authority.slot_epoch:
+        return "attempt_fenced", f"run {authority.parent_request} holds another slot epoch"
+    if current != authority.slot_epoch:
+        return "attempt_fenced", (
+            f"the slot is at epoch {current}, the run was admitted at {authority.slot_epoch}"
+        )
+    allowed = {OwnershipState.ACTIVE} | ({OwnershipState.RETIRING} if allow_retiring else set())
+    if run.ownership not in allowed:
+        return "ownership_not_active", f"run {authority.parent_request} is {run.ownership.value}"
+    return None

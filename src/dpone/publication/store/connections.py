@@ -1,0 +1,182 @@
+"""The store's connections: opening the file, fresh reads and units of work.
+
+Every write is one unit of work (``BEGIN IMMEDIATE``, the checks and the writes,
+``COMMIT``; anything else rolls back), every read a fresh connection's snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+
+from dpone.publication.store.errors import SnapshotStoreError, store_error, store_missing
+from dpone.publication.store.schema import check_identity, create_schema, open_file
+
+BUSY_TIMEOUT_SECONDS = 10.0
+
+
+class _UnitOfWork:
+    """``BEGIN IMMEDIATE`` ... :meth:`commit`; rolled back unless committed."""
+
+    def __init__(self, store: StoreConnections, operation: str, uncertain: str) -> None:
+        self.store = store
+        self.operation = operation
+        self.uncertain = uncertain
+        self.committing = False
+        self.committed = False
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn = self.store._connect(self.operation)
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except BaseException as exc:
+            self.conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise self._mapped(exc) from exc
+            raise
+        return self.conn
+
+    def commit(self) -> None:
+        self.committing = True
+        self.store._before_commit(self.operation)
+        self.conn.execute("COMMIT")
+        self.store._after_commit(self.operation)
+        self.committed = True
+
+    def _mapped(self, exc: BaseException) -> SnapshotStoreError:
+        return store_error(
+            exc,
+            path=self.store.path,
+            operation=self.operation,
+            committing=self.committing,
+            uncertain=self.uncertain,
+        )
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if not self.committed and self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+        except sqlite3.Error as cleanup:
+            if exc is not None:
+                exc.add_note(f"the rollback failed too: {cleanup}")
+        finally:
+            self.conn.close()
+        # An exception raised by a commit hook is part of the commit: the outcome is unknown.
+        mappable = isinstance(exc, sqlite3.Error) or (
+            self.committing and isinstance(exc, Exception)
+        )
+        if exc is not None and mappable and not isinstance(exc, SnapshotStoreError):
+            raise self._mapped(exc) from exc
+
+
+class StoreConnections:
+    """The opened store file, with its fault seams, fresh reads and units of work.
+
+    The base of every part of :class:`~dpone.publication.store.SqliteSnapshotStore`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+        create: bool = True,
+    ) -> None:
+        """Open (``create``: and create if missing) the store at ``path``.
+
+        With ``create=False`` a missing file, or one that holds no store yet, is
+        ``store_missing`` and nothing is created or written.
+        """
+        self.path = Path(path)
+        self.busy_timeout = busy_timeout
+        self._uri = f"{self.path.absolute().as_uri()}?mode=rw"
+        self._open(create)
+
+    # ------------------------------------------------------------------ fault seams
+
+    def _before_commit(self, operation: str) -> None:
+        """Called inside the transaction just before ``COMMIT`` (test seam)."""
+
+    def _after_commit(self, operation: str) -> None:
+        """Called right after ``COMMIT`` returned; raising here models a lost answer."""
+
+    def _after_read_back(self, intent_sha256: str, data: bytes | None) -> bytes | None:
+        """Called with what the fresh connection read (test seam); returns what to report."""
+        return data
+
+    # ------------------------------------------------------------------ connections
+
+    def _open(self, create: bool) -> None:
+        """Create the file ``0600`` if needed, refuse a foreign one, set WAL, create the schema."""
+        open_file(self.path, create)
+        with self._reading("open") as conn:
+            fresh = check_identity(conn, self.path)  # before anything could modify a foreign file
+        if fresh and not create:
+            raise store_missing(self.path, "the file holds no store yet")
+        conn = self._connect("open")
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise self._error(exc, "open") from exc
+        finally:
+            conn.close()
+        if str(mode).lower() != "wal":
+            raise SnapshotStoreError(
+                f"{self.path} cannot use WAL mode (journal_mode is {mode})",
+                code="store_unavailable",
+                path=str(self.path),
+            )
+        if not fresh:
+            return
+        with self._write("open", "store_commit_unknown") as work:
+            if check_identity(work, self.path):  # another process may have created it meanwhile
+                create_schema(work)
+
+    def _connect(self, operation: str) -> sqlite3.Connection:
+        """A new connection in autocommit mode; transactions are explicit."""
+        try:
+            conn = sqlite3.connect(
+                self._uri, uri=True, timeout=self.busy_timeout, isolation_level=None
+            )
+        except sqlite3.Error as exc:
+            raise self._error(exc, operation) from exc
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise self._error(exc, operation) from exc
+        return conn
+
+    def _error(self, exc: BaseException, operation: str) -> SnapshotStoreError:
+        return store_error(
+            exc, path=self.path, operation=operation, committing=False, uncertain=None
+        )
+
+    @contextmanager
+    def _reading(self, operation: str) -> Iterator[sqlite3.Connection]:
+        """A read-only snapshot on a fresh connection (``BEGIN`` ... ``ROLLBACK``)."""
+        conn = self._connect(operation)
+        try:
+            conn.execute("PRAGMA query_only = ON")
+            conn.execute("BEGIN")
+            yield conn
+        except sqlite3.Error as exc:
+            raise self._error(exc, operation) from exc
+        finally:
+            conn.close()  # closing ends the read transaction
+
+    @contextmanager
+    def _write(self, operation: str, uncertain: str) -> Iterator[sqlite3.Connection]:
+        """One unit of work: yields the connection, commits when the block succeeds."""
+        work = _UnitOfWork(self, operation, uncertain)
+        with work as conn:
+            yield conn
+            work.commit()

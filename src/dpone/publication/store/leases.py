@@ -1,0 +1,159 @@
+"""Principal leases: at most one active lease per user, each with its holder noted.
+
+A lease's holder process (:mod:`dpone.publication.holder_process`) is noted in ``steps``
+under the key ``lease/<lease_id>`` in the transaction that issues the lease; an
+operator's end of a lease whose holder is gone is noted there too, with the facts
+that proved it, in the transaction that ends it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dpone.contracts import canonical_json
+from dpone.ports.composition_snapshot import Lease
+from dpone.publication.holder_process import HolderProcess, current_process
+from dpone.publication.store.connections import StoreConnections
+from dpone.publication.store.errors import SnapshotStoreError
+from dpone.publication.store.schema import decode_facts, now
+from dpone.publication.store.steps import append_step
+
+_LEASE_COLUMNS = "lease_id, user, role, attempt_id, active"  # the order _lease reads
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """One lease as stored, with when it was issued and the process that took it."""
+
+    lease: Lease
+    issued_at: str
+    ended_at: str | None
+    holder: HolderProcess | None
+
+
+def lease_step_key(lease_id: str) -> str:
+    """The ``steps`` key under which a lease's holder and its operator end are noted."""
+    return f"lease/{lease_id}"
+
+
+class PrincipalLeases(StoreConnections):
+    """Leases of pool principals: issued, ended, and listed with their holders."""
+
+    def lease(self, role: str, candidates: tuple[str, ...], attempt_id: str) -> Lease:
+        """Lease the first candidate without an active lease (``pool_exhausted``)."""
+        with self._write("lease", "store_commit_unknown") as conn:
+            busy = {
+                row[0]
+                for row in conn.execute("SELECT user FROM leases WHERE active = 1").fetchall()
+            }
+            free = [user for user in candidates if user not in busy]
+            if not free:
+                raise SnapshotStoreError(
+                    f"every {role} principal is leased ({', '.join(candidates) or 'none'})",
+                    code="pool_exhausted",
+                    role=role,
+                    attempt_id=attempt_id,
+                )
+            lease = Lease(uuid.uuid4().hex, free[0], role, attempt_id, True)
+            at = now()
+            conn.execute(
+                "INSERT INTO leases VALUES (?, ?, ?, ?, 1, ?, NULL)",
+                (lease.lease_id, lease.user, role, attempt_id, at),
+            )
+            # Who holds it, in the same transaction: a holder killed with SIGKILL cannot
+            # end its lease, and only this record lets a later reader prove it gone.
+            holder = {"step": "issued", "holder": current_process().to_dict()}
+            append_step(conn, lease_step_key(lease.lease_id), canonical_json.dumps(holder), at)
+        return lease
+
+    def end_lease(self, lease_id: str) -> Lease:
+        """End a lease (idempotent); returns it as stored now."""
+        with self._write("end_lease", "store_commit_unknown") as conn:
+            conn.execute(
+                "UPDATE leases SET active = 0, ended_at = ? WHERE lease_id = ? AND active = 1",
+                (now(), lease_id),
+            )
+            return _lease_row(conn, lease_id)
+
+    def end_lease_of_gone_holder(
+        self, lease_id: str, facts: Mapping[str, Any]
+    ) -> tuple[Lease, bool]:
+        """End an operator-proven abandoned lease and note why, in one transaction.
+
+        ``facts`` are what proved the holder gone (the caller decides; see
+        :mod:`dpone.project.leases`). Returns the lease as stored now and whether
+        this call ended it (False: it had already ended; nothing is written then).
+        """
+        note = canonical_json.dumps({"step": "ended_by_operator", **dict(facts)})
+        with self._write("end_lease_of_gone_holder", "store_commit_unknown") as conn:
+            at = now()
+            ended = conn.execute(
+                "UPDATE leases SET active = 0, ended_at = ? WHERE lease_id = ? AND active = 1",
+                (at, lease_id),
+            ).rowcount
+            lease = _lease_row(conn, lease_id)
+            if ended:
+                append_step(conn, lease_step_key(lease_id), note, at)
+        return lease, bool(ended)
+
+    def lease_records(self, *, active_only: bool = True) -> list[LeaseRecord]:
+        """Leases (by default the active ones), oldest first, with their holder process."""
+        where = " WHERE l.active = 1" if active_only else ""
+        with self._reading("lease_records") as conn:
+            rows = conn.execute(
+                f"SELECT {_LEASE_COLUMNS}, issued_at, ended_at FROM leases l{where}"
+                " ORDER BY l.rowid"
+            ).fetchall()
+            notes = conn.execute(
+                "SELECT key, facts FROM steps WHERE key LIKE 'lease/%' ORDER BY id"
+            ).fetchall()
+        issued: dict[str, Mapping[str, Any]] = {}
+        for key, data in notes:
+            facts = decode_facts(data)
+            if facts.get("step") == "issued":
+                issued[str(key)] = facts
+        records = []
+        for row in rows:
+            holder = issued.get(lease_step_key(row[0]), {}).get("holder")
+            records.append(
+                LeaseRecord(
+                    _lease(row[:5]),
+                    row[5],
+                    row[6],
+                    HolderProcess.from_dict(holder) if isinstance(holder, Mapping) else None,
+                )
+            )
+        return records
+
+    def get_lease(self, lease_id: str) -> Lease:
+        """A lease as stored now (``lease_not_found``)."""
+        with self._reading("get_lease") as conn:
+            return _lease_row(conn, lease_id)
+
+    def leases_of(self, attempt_id: str) -> list[Lease]:
+        """Every lease ever issued to ``attempt_id``, oldest first."""
+        with self._reading("leases_of") as conn:
+            rows = conn.execute(
+                f"SELECT {_LEASE_COLUMNS} FROM leases WHERE attempt_id = ? ORDER BY rowid",
+                (attempt_id,),
+            ).fetchall()
+        return [_lease(row) for row in rows]
+
+
+def _lease(row: tuple[Any, ...]) -> Lease:
+    return Lease(row[0], row[1], row[2], row[3], bool(row[4]))
+
+
+def _lease_row(conn: sqlite3.Connection, lease_id: str) -> Lease:
+    row = conn.execute(
+        f"SELECT {_LEASE_COLUMNS} FROM leases WHERE lease_id = ?", (lease_id,)
+    ).fetchone()
+    if row is None:
+        raise SnapshotStoreError(
+            f"no lease {lease_id} was issued", code="lease_not_found", lease_id=lease_id
+        )
+    return _lease(row)

@@ -1,0 +1,170 @@
+"""The store's SQLite file: its schema, its identity, its creation and its column encodings.
+
+The file is created ``0600`` (a missing parent directory ``0700``) and identifies itself
+with ``PRAGMA application_id`` and ``PRAGMA user_version`` (:data:`SCHEMA_VERSION`); a
+file with another identity is refused before anything could modify it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from dpone.contracts import canonical_json
+from dpone.durable_files import fsync_directory
+from dpone.publication.store.errors import SnapshotStoreError, store_missing
+
+SCHEMA_VERSION = 1
+APPLICATION_ID = 0x64703031  # "dp01": marks the file as a dpone snapshot store
+
+_SCHEMA = """
+CREATE TABLE intents (
+    intent_sha256 TEXT PRIMARY KEY, intent_bytes BLOB NOT NULL, created_at TEXT NOT NULL,
+    parent_request TEXT NOT NULL, database TEXT NOT NULL, target_table TEXT NOT NULL
+) STRICT;
+CREATE TABLE records (
+    intent_sha256 TEXT PRIMARY KEY REFERENCES intents (intent_sha256),
+    record_bytes BLOB NOT NULL, revision INTEGER NOT NULL CHECK (revision >= 1),
+    state TEXT NOT NULL
+) STRICT;
+CREATE TABLE history (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    intent_sha256 TEXT NOT NULL REFERENCES intents (intent_sha256),
+    revision INTEGER NOT NULL, state TEXT NOT NULL, record_sha256 TEXT,
+    at TEXT NOT NULL, facts BLOB NOT NULL
+) STRICT;
+CREATE INDEX history_of_intent ON history (intent_sha256, id);
+CREATE TABLE slots (
+    database TEXT NOT NULL, target_table TEXT NOT NULL, epoch INTEGER NOT NULL,
+    PRIMARY KEY (database, target_table)
+) STRICT;
+CREATE TABLE runs (
+    parent_request TEXT PRIMARY KEY, database TEXT NOT NULL, target_table TEXT NOT NULL,
+    attempt_id TEXT NOT NULL UNIQUE, slot_epoch INTEGER NOT NULL,
+    attempt_epoch INTEGER NOT NULL UNIQUE,
+    ownership TEXT NOT NULL CHECK (ownership IN ('active', 'retiring', 'retired')),
+    admitted_at TEXT NOT NULL
+) STRICT;
+CREATE TABLE leases (
+    lease_id TEXT PRIMARY KEY, user TEXT NOT NULL, role TEXT NOT NULL,
+    attempt_id TEXT NOT NULL, active INTEGER NOT NULL CHECK (active IN (0, 1)),
+    issued_at TEXT NOT NULL, ended_at TEXT
+) STRICT;
+CREATE UNIQUE INDEX one_active_lease_per_user ON leases (user) WHERE active = 1;
+CREATE TABLE steps (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, facts BLOB NOT NULL,
+    at TEXT NOT NULL
+) STRICT;
+CREATE INDEX steps_of_key ON steps (key, id);
+CREATE TRIGGER intents_immutable BEFORE UPDATE ON intents
+    BEGIN SELECT RAISE(ABORT, 'intents are immutable'); END;
+CREATE TRIGGER intents_kept BEFORE DELETE ON intents
+    BEGIN SELECT RAISE(ABORT, 'intents are immutable'); END;
+CREATE TRIGGER records_next_revision BEFORE UPDATE ON records
+    WHEN NEW.revision != OLD.revision + 1 OR NEW.intent_sha256 != OLD.intent_sha256
+    BEGIN SELECT RAISE(ABORT, 'a record changes only to its next revision'); END;
+CREATE TRIGGER records_kept BEFORE DELETE ON records
+    BEGIN SELECT RAISE(ABORT, 'records are never deleted'); END;
+CREATE TRIGGER history_no_update BEFORE UPDATE ON history
+    BEGIN SELECT RAISE(ABORT, 'history is append-only'); END;
+CREATE TRIGGER history_no_delete BEFORE DELETE ON history
+    BEGIN SELECT RAISE(ABORT, 'history is append-only'); END;
+CREATE TRIGGER steps_no_update BEFORE UPDATE ON steps
+    BEGIN SELECT RAISE(ABORT, 'steps are append-only'); END;
+CREATE TRIGGER steps_no_delete BEFORE DELETE ON steps
+    BEGIN SELECT RAISE(ABORT, 'steps are append-only'); END;
+CREATE TRIGGER ownership_forward BEFORE UPDATE OF ownership ON runs
+    WHEN NEW.ownership != OLD.ownership AND NOT (
+        (OLD.ownership = 'active' AND NEW.ownership = 'retiring')
+        OR (OLD.ownership = 'retiring' AND NEW.ownership = 'retired'))
+    BEGIN SELECT RAISE(ABORT, 'ownership only moves forward'); END;
+"""
+
+
+def _statements(script: str) -> Iterator[str]:
+    """Split a schema script into statements (``executescript`` would commit first)."""
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            yield buffer.strip()
+            buffer = ""
+
+
+def create_schema(conn: sqlite3.Connection) -> None:
+    """Create every table, index and trigger and stamp the identity, in ``conn``'s transaction."""
+    for statement in _statements(_SCHEMA):
+        conn.execute(statement)
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def check_identity(conn: sqlite3.Connection, path: Path) -> bool:
+    """True for an empty database; raises unless the file is this store's schema."""
+    app = conn.execute("PRAGMA application_id").fetchone()[0]
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    tables = conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0]
+    if app == 0 and version == 0 and tables == 0:
+        return True
+    if app != APPLICATION_ID or version != SCHEMA_VERSION:
+        raise SnapshotStoreError(
+            f"{path} is not a dpone snapshot store of schema version {SCHEMA_VERSION}"
+            f" (application_id {app}, user_version {version})",
+            code="store_schema_mismatch",
+            path=str(path),
+            application_id=app,
+            user_version=version,
+        )
+    return False
+
+
+def open_file(path: Path, create: bool) -> None:
+    """Check ``path`` is a regular file (``create``: create it ``0600`` first, durably)."""
+    where = {"path": str(path)}
+    try:
+        if create:
+            # The mode applies only to directories created here; existing ones stay.
+            path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        else:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise SnapshotStoreError(
+                    f"{path} is not a regular file", code="store_unavailable", **where
+                )
+        finally:
+            os.close(fd)
+        if create:
+            fsync_directory(path.parent)
+    except FileNotFoundError as exc:
+        if create:  # the parent vanished while it was being created
+            raise SnapshotStoreError(
+                f"cannot open the snapshot store {path}: {exc}",
+                code="store_unavailable",
+                **where,
+            ) from exc
+        raise store_missing(path, "the file does not exist") from exc
+    except OSError as exc:
+        raise SnapshotStoreError(
+            f"cannot open the snapshot store {path}: {exc}",
+            code="store_unavailable",
+            **where,
+        ) from exc
+
+
+def now() -> str:
+    """The current time as every ``at`` column holds it (UTC ISO 8601, microseconds)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def decode_facts(data: bytes) -> Mapping[str, Any]:
+    """A ``facts`` column (canonical JSON bytes of an object) as a mapping."""
+    value = canonical_json.loads(bytes(data), what="history facts")
+    assert isinstance(value, dict)
+    return value
