@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from dpone.publication.catalog_reads import CatalogUnobservable
+from dpone.publication.catalog.reads import CatalogUnobservable
 
 _TOKEN = re.compile(
     r"""'(?:[^'\\]|\\.)*'|`(?:[^`\\]|\\.)*`|"(?:[^"\\]|\\.)*"|[A-Za-z_][A-Za-z0-9_]*|\s+|.""",

@@ -25,14 +25,14 @@ from dpone.ports.composition_snapshot import (
     DispatchResult,
     OwnershipState,
 )
-from dpone.publication.publisher_ports import PublisherPorts
-from dpone.publication.publisher_receipts import (
+from dpone.publication.publisher.ports import PublisherPorts
+from dpone.publication.publisher.receipts import (
     PublicationReceipt,
     SnapshotPublicationError,
     receipt_from_record,
     receipt_observed,
 )
-from dpone.publication.publisher_records import (
+from dpone.publication.publisher.records import (
     cas_authority,
     closure_document,
     facts_document,

@@ -12,7 +12,7 @@ from dpone.ports.composition_snapshot import (
     PublicationEvidence,
     TableObservation,
 )
-from dpone.publication.publisher_receipts import SnapshotPublicationError
+from dpone.publication.publisher.receipts import SnapshotPublicationError
 
 
 def check_evidence(evidence: PublicationEvidence, generation_ref: str) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 
 from dpone.contracts.preparation import rows_digest_sql
 from dpone.ports.composition_snapshot import Blocker
-from dpone.publication.catalog_reads import CatalogReads, text_field
-from dpone.publication.catalog_sql import column_ttls, engine_clauses
+from dpone.publication.catalog.reads import CatalogReads, text_field
+from dpone.publication.catalog.sql import column_ttls, engine_clauses
 from dpone.sql import quote_identifier, quote_literal
 
 STORED_KINDS = ("", "DEFAULT")  # the columns RowBinary carries, hence the content digest's

@@ -5,16 +5,16 @@ no I/O of its own. The decisions live in :mod:`dpone.contracts.composition_snaps
 (edges, record shapes, :func:`decide_reconcile`); the publisher sequences the ports,
 one module a path:
 
-- ``prepare`` (:mod:`.publisher_prepare`): the authority reopens the evidence, the
+- ``prepare`` (:mod:`.prepare`): the authority reopens the evidence, the
   ingest principal is closed and proven quiescent, the catalog is observed (a first
   publication creates the empty target here, as its own noted step), design, content
-  and limits are checked (:mod:`.publisher_checks`), a publisher is issued, and the
+  and limits are checked (:mod:`.checks`), a publisher is issued, and the
   intent is stored with its PREPARED record.
-- ``publish`` (:mod:`.publisher_publish`): only this call's acknowledged 1 -> 2
+- ``publish`` (:mod:`.publish`): only this call's acknowledged 1 -> 2
   compare-and-set on the exact PREPARED bytes, read back independently, permits the one
   EXCHANGE; then ``reconcile``. A claimed record found by any call is reconciled, never
   dispatched again.
-- ``reconcile`` (:mod:`.publisher_reconcile`): closes the publisher, observes both
+- ``reconcile`` (:mod:`.reconcile`): closes the publisher, observes both
   names, the query log and B's content, and moves the record only along an allowed
   edge. It never issues credentials and never calls the executor.
 - ``cancel`` (here): PREPARED@1 -> NOT_PUBLISHED@2, then the unused publisher is closed.
@@ -26,17 +26,17 @@ fence.
 from __future__ import annotations
 
 from dpone.contracts.composition_snapshot import CANCELLED, SnapshotState
-from dpone.publication.publisher_ports import CLAIM_POLL_SECONDS, CLAIM_WAIT_SECONDS
-from dpone.publication.publisher_prepare import PreparePath
-from dpone.publication.publisher_publish import PublishPath
-from dpone.publication.publisher_receipts import (
+from dpone.publication.publisher.ports import CLAIM_POLL_SECONDS, CLAIM_WAIT_SECONDS
+from dpone.publication.publisher.prepare import PreparePath
+from dpone.publication.publisher.publish import PublishPath
+from dpone.publication.publisher.receipts import (
     PublicationReceipt,
     SnapshotPublicationError,
     historical_receipt,
     receipt_from_record,
     utc_now,
 )
-from dpone.publication.publisher_records import closure_document
+from dpone.publication.publisher.records import closure_document
 
 __all__ = [
     "CLAIM_POLL_SECONDS",
@@ -55,7 +55,7 @@ class ClickHouseAtomicSnapshotPublisher(PreparePath, PublishPath):
 
     Constructed with keyword arguments ``authority``, ``store``, ``catalog``,
     ``executor`` and optionally ``limits``, ``clock``, ``claim_wait_seconds`` and
-    ``sleep`` (see :class:`~dpone.publication.publisher_ports.PublisherPorts`).
+    ``sleep`` (see :class:`~dpone.publication.publisher.ports.PublisherPorts`).
     """
 
     def cancel(self, intent_sha256: str) -> PublicationReceipt:

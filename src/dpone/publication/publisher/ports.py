@@ -20,8 +20,8 @@ from dpone.ports.composition_snapshot import (
     SnapshotPublicationAuthority,
     SnapshotPublicationStore,
 )
-from dpone.publication.publisher_receipts import SnapshotPublicationError, utc_now
-from dpone.publication.publisher_records import principal_ref
+from dpone.publication.publisher.receipts import SnapshotPublicationError, utc_now
+from dpone.publication.publisher.records import principal_ref
 
 # How long a caller that lost the claim waits for the winner's outcome, and how often
 # it looks. The wait only delays the loser's answer; it never changes what happens.

@@ -9,9 +9,9 @@ rules (what is part of the design, which side effects block, which grants count 
 writers) are documented in docs/publication-catalog.md.
 
 The parts, one concern a module: the reads and their typed failures
-(:mod:`.catalog_reads`), the SQL text the server shows (:mod:`.catalog_sql`), a table's
-design and content (:mod:`.catalog_design`), the side effects around it
-(:mod:`.catalog_side_effects`) and its untrusted writers (:mod:`.catalog_grants`).
+(:mod:`.reads`), the SQL text the server shows (:mod:`.sql`), a table's
+design and content (:mod:`.design`), the side effects around it
+(:mod:`.side_effects`) and its untrusted writers (:mod:`.grants`).
 """
 
 from __future__ import annotations
@@ -29,20 +29,20 @@ from dpone.ports.composition_snapshot import (
     TableObservation,
     TargetSlot,
 )
-from dpone.publication.catalog_design import (
+from dpone.publication.catalog.design import (
     STORED_KINDS,
     design_blockers,
     read_content,
     read_design,
     table_filter,
 )
-from dpone.publication.catalog_grants import (
+from dpone.publication.catalog.grants import (
     WRITER_ROOTS,
     GrantRow,
     writer_grant_blockers,
     writer_privileges,
 )
-from dpone.publication.catalog_reads import (
+from dpone.publication.catalog.reads import (
     ByteObservationMissing,
     CatalogReads,
     CatalogUnobservable,
@@ -51,8 +51,8 @@ from dpone.publication.catalog_reads import (
     in_list,
     text_field,
 )
-from dpone.publication.catalog_side_effects import SideEffects
-from dpone.publication.catalog_sql import column_elements, column_ttls, engine_clauses
+from dpone.publication.catalog.side_effects import SideEffects
+from dpone.publication.catalog.sql import column_elements, column_ttls, engine_clauses
 from dpone.sql import quote_literal
 
 __all__ = [

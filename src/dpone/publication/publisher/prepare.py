@@ -23,19 +23,19 @@ from dpone.ports.composition_snapshot import (
     PublicationEvidence,
     TableObservation,
 )
-from dpone.publication.publisher_checks import (
+from dpone.publication.publisher.checks import (
     both_tables,
     check_evidence,
     check_generation,
     generation_of,
 )
-from dpone.publication.publisher_ports import PublisherPorts
-from dpone.publication.publisher_receipts import (
+from dpone.publication.publisher.ports import PublisherPorts
+from dpone.publication.publisher.receipts import (
     PublicationReceipt,
     SnapshotPublicationError,
     receipt,
 )
-from dpone.publication.publisher_records import dispatch_facts, intent_principal
+from dpone.publication.publisher.records import dispatch_facts, intent_principal
 
 
 class PreparePath(PublisherPorts):

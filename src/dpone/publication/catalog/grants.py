@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from dpone.ports.composition_snapshot import Blocker
-from dpone.publication.catalog_reads import (
+from dpone.publication.catalog.reads import (
     CatalogReads,
     count_field,
     optional_text_field,

@@ -2,7 +2,7 @@
 
 Materialized views writing into a table (refreshable or not), views and dictionaries
 reading from it, mutations in flight, row policies, and untrusted writers
-(:mod:`dpone.publication.catalog_grants`): each becomes a :class:`Blocker`.
+(:mod:`dpone.publication.catalog.grants`): each becomes a :class:`Blocker`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpone.ports.composition_snapshot import Blocker
-from dpone.publication.catalog_grants import ServerAccess
-from dpone.publication.catalog_reads import CatalogReads, in_list, text_field
+from dpone.publication.catalog.grants import ServerAccess
+from dpone.publication.catalog.reads import CatalogReads, in_list, text_field
 from dpone.sql import quote_literal
 
 

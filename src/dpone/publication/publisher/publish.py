@@ -20,16 +20,16 @@ from dpone.contracts.composition_snapshot import (
 )
 from dpone.errors import DponeError
 from dpone.ports.composition_snapshot import DispatchOutcome, DispatchResult, ParentAuthority
-from dpone.publication.publisher_checks import exchange_precheck
-from dpone.publication.publisher_ports import CLAIM_POLL_SECONDS
-from dpone.publication.publisher_receipts import (
+from dpone.publication.publisher.checks import exchange_precheck
+from dpone.publication.publisher.ports import CLAIM_POLL_SECONDS
+from dpone.publication.publisher.receipts import (
     PublicationReceipt,
     SnapshotPublicationError,
     historical_receipt,
     receipt_from_record,
 )
-from dpone.publication.publisher_reconcile import ReconcilePath
-from dpone.publication.publisher_records import intent_slot
+from dpone.publication.publisher.reconcile import ReconcilePath
+from dpone.publication.publisher.records import intent_slot
 
 P = SnapshotState
 
