@@ -24,6 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+# The record's vocabulary and the principal's document are the contracts' shapes; the
+# ports' results name them, so they are importable here too.
+from dpone.contracts.composition_snapshot import ClosureStrength as ClosureStrength
+from dpone.contracts.composition_snapshot import DispatchOutcome as DispatchOutcome
+from dpone.contracts.composition_snapshot import PrincipalIdentity
+
 if TYPE_CHECKING:
     from dpone.contracts.composition_snapshot import SnapshotIntent
     from dpone.ports.clickhouse_request import Credentials
@@ -60,15 +66,8 @@ class OwnershipState(enum.Enum):
 
 
 @dataclass(frozen=True)
-class PrincipalRef:
+class PrincipalRef(PrincipalIdentity):
     """An issued ClickHouse principal: user name, ``system.users.id`` and its lease."""
-
-    user: str
-    user_uuid: str
-    lease_id: str
-
-    def to_document(self) -> dict[str, Any]:
-        return {"user": self.user, "user_uuid": self.user_uuid, "lease_id": self.lease_id}
 
 
 @dataclass(frozen=True)
@@ -77,19 +76,6 @@ class IssuedPrincipal:
 
     ref: PrincipalRef
     credentials: Credentials = field(repr=False)
-
-
-class ClosureStrength(enum.Enum):
-    """How strongly a principal was closed.
-
-    ``revoked``: the server itself refuses the principal now (DROP USER / password
-    rotated and applied). ``custodial``: the lease is closed and every query of the
-    principal is proven finished, but the server would still accept its password
-    (the embedded server cannot revoke users while it runs).
-    """
-
-    REVOKED = "revoked"
-    CUSTODIAL = "custodial"
 
 
 @dataclass(frozen=True)
@@ -305,15 +291,6 @@ class ExchangeEvent:
 
 
 # ---------------------------------------------------------------------- executor
-
-
-class DispatchOutcome(enum.Enum):
-    """What one dispatch learned from the server's answer."""
-
-    ACKNOWLEDGED = "acknowledged"  # complete success acknowledgment
-    REFUSED = "refused"  # ClickHouse's own exception: the statement did not apply
-    UNKNOWN = "unknown"  # it may have run
-    NOT_SENT = "not_sent"  # provably never left this process
 
 
 @dataclass(frozen=True)
