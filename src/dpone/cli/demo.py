@@ -16,6 +16,7 @@ import random
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,13 @@ from dpone.cli.output import echo_warnings, emit_json, json_option, reported_err
 from dpone.cli.server import data_dir_option
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.errors import StateError
-from dpone.localserver import LocalServer, find_running
+from dpone.localserver import LocalServer, ServerInfo, find_running
 from dpone.localserver.credentials import admin_credentials
 from dpone.localserver.principal_pool import managed_server_users
 from dpone.ports.clickhouse_request import Endpoint, read
-from dpone.project.config import load_project
+from dpone.project.config import TableConfig, load_project
 from dpone.project.refresh import RefreshService, TableReport
-from dpone.project.status import project_status
+from dpone.project.status import ProjectStatus, project_status
 from dpone.publication.composition import DEFAULT_STORE, provision_protected_databases
 
 DEMO_DATABASE = "dpone_demo"
@@ -62,6 +63,8 @@ GENERATED = 995  # realistic rows after the hostile ones: 1,000 in all
 DELETED = (2, 4, *range(100, 200))
 UPDATED = (1, 3, *range(500, 510))
 INSERTED = 25
+# say(text): the demo's running commentary (silent under --json).
+Say = Callable[[str], object]
 CREATE = (
     "CREATE TABLE customers (id bigint NOT NULL, name nvarchar(200), balance decimal(18, 2), "
     "updated_at datetime2(7) NOT NULL, external_id uniqueidentifier, avatar varbinary)"
@@ -179,33 +182,14 @@ def demo(data_dir: Path, work_dir: Path, store_path: Path, as_json: bool) -> Non
         table = project.tables["customers"]
         say = (lambda text: None) if as_json else click.echo
         running = find_running(data_dir)
-        local = None
-        if running is None:
-            local = LocalServer(data_dir, users=managed_server_users((DEMO_DATABASE,)))
-            info = local.start()
-            echo_warnings(local.warnings)
-        else:
-            info = running
+        info, local = _server(data_dir, running)
         say(
             f"ClickHouse {info.version} on http {info.http_port} ({info.data_dir}); "
             f"project {project.path}"
         )
         try:
             provision_protected_databases(data_dir, info.http_port, (DEMO_DATABASE,))
-            service = RefreshService(project)
-            first = service.refresh(table)
-            _tell(say, "first refresh", first)
-            if not as_json:
-                echo_warnings(first.warnings)
-            change_source(source)
-            say(
-                f"changed the source: deleted {len(DELETED)} rows, updated {len(UPDATED)}, "
-                f"inserted {INSERTED}"
-            )
-            second = service.refresh(table)
-            _tell(say, "second refresh", second)
-            if not as_json:
-                echo_warnings(second.warnings)
+            first, second = _refresh_twice(RefreshService(project), table, source, say, as_json)
             expected, found = _source_rows(source), _target_rows(data_dir, info.http_port)
             status = project_status(project)
         finally:
@@ -233,28 +217,66 @@ def demo(data_dir: Path, work_dir: Path, store_path: Path, as_json: bool) -> Non
                 f"target {table.qualified_target} equals the new source row by row: {equal} "
                 f"({len(found)} rows; deleted rows gone: {deleted_gone})"
             )
-            say("dpone status:")
-            for target in status.targets:
-                last = target["last_publication"] or {}
-                say(
-                    f"  {target['target']}: {last.get('rows')} rows, uuid {last.get('uuid')}; "
-                    f"rollback copies {[c['table'] for c in target['rollback_copies'] or []]}"
-                )
-            say(f"  needs a person: {len(status.needs_person)}")
-            say(f"done in {time.monotonic() - started:.0f} s. Next:")
-            say(
-                f"  dpone server start --protect {DEMO_DATABASE}      # the demo stopped the server it started"
-            )
-            say(f"  dpone status --config {project.path}")
-            say(f"  dpone refresh customers --config {project.path}")
-            say("  dpone init                      # a dpone.toml for your own tables")
+            _tell_status(say, status)
+            _tell_next(say, project.path, started)
         if not ok:
             if not (first.ok and second.ok):
                 raise SystemExit(1)
             raise StateError("the target does not equal the source", code="demo_mismatch")
 
 
-def _tell(say: Any, what: str, report: TableReport) -> None:
+def _server(data_dir: Path, running: ServerInfo | None) -> tuple[ServerInfo, LocalServer | None]:
+    """The running server's info, or a server started for the demo (stopped at its end)."""
+    if running is not None:
+        return running, None
+    local = LocalServer(data_dir, users=managed_server_users((DEMO_DATABASE,)))
+    info = local.start()
+    echo_warnings(local.warnings)
+    return info, local
+
+
+def _refresh_twice(
+    service: RefreshService, table: TableConfig, source: Path, say: Say, as_json: bool
+) -> tuple[TableReport, TableReport]:
+    """Refresh, change the source, refresh again."""
+    first = service.refresh(table)
+    _tell(say, "first refresh", first)
+    if not as_json:
+        echo_warnings(first.warnings)
+    change_source(source)
+    say(
+        f"changed the source: deleted {len(DELETED)} rows, updated {len(UPDATED)}, "
+        f"inserted {INSERTED}"
+    )
+    second = service.refresh(table)
+    _tell(say, "second refresh", second)
+    if not as_json:
+        echo_warnings(second.warnings)
+    return first, second
+
+
+def _tell_status(say: Say, status: ProjectStatus) -> None:
+    say("dpone status:")
+    for target in status.targets:
+        last = target["last_publication"] or {}
+        say(
+            f"  {target['target']}: {last.get('rows')} rows, uuid {last.get('uuid')}; "
+            f"rollback copies {[c['table'] for c in target['rollback_copies'] or []]}"
+        )
+    say(f"  needs a person: {len(status.needs_person)}")
+
+
+def _tell_next(say: Say, config: Path, started: float) -> None:
+    say(f"done in {time.monotonic() - started:.0f} s. Next:")
+    say(
+        f"  dpone server start --protect {DEMO_DATABASE}      # the demo stopped the server it started"
+    )
+    say(f"  dpone status --config {config}")
+    say(f"  dpone refresh customers --config {config}")
+    say("  dpone init                      # a dpone.toml for your own tables")
+
+
+def _tell(say: Say, what: str, report: TableReport) -> None:
     if report.ok:
         say(
             f"{what}: published {report.rows} rows into {report.target} "

@@ -12,6 +12,7 @@ command that finishes it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -165,31 +166,29 @@ def _call(verb: str, intent: str, store_path: Path, data_dir: Path, as_json: boo
         _answer(calls[verb](intent), as_json, verb)
 
 
-@snapshot.command()
-@click.argument("intent")
-@store_option
-@data_dir_option
-@json_option
+def _intent_verb(func: Callable[..., None]) -> click.Command:
+    """A ``snapshot`` command on one stored INTENT, with ``--store``, ``--data-dir``, ``--json``.
+
+    The one argument and option set of ``publish``, ``reconcile`` and ``cancel``.
+    """
+    return snapshot.command()(
+        click.argument("intent")(store_option(data_dir_option(json_option(func))))
+    )
+
+
+@_intent_verb
 def publish(intent: str, store_path: Path, data_dir: Path, as_json: bool) -> None:
     """Claim once, dispatch at most one EXCHANGE, then reconcile."""
     _call("publish", intent, store_path, data_dir, as_json)
 
 
-@snapshot.command()
-@click.argument("intent")
-@store_option
-@data_dir_option
-@json_option
+@_intent_verb
 def reconcile(intent: str, store_path: Path, data_dir: Path, as_json: bool) -> None:
     """Close the publisher and decide the outcome from what the server shows."""
     _call("reconcile", intent, store_path, data_dir, as_json)
 
 
-@snapshot.command()
-@click.argument("intent")
-@store_option
-@data_dir_option
-@json_option
+@_intent_verb
 def cancel(intent: str, store_path: Path, data_dir: Path, as_json: bool) -> None:
     """Cancel a PREPARED publication (NOT_PUBLISHED at revision 2); nothing is sent."""
     _call("cancel", intent, store_path, data_dir, as_json)

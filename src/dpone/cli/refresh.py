@@ -23,6 +23,7 @@ from dpone.cli.output import (
 from dpone.errors import ConfigurationError
 from dpone.project.config import DEFAULT_CONFIG, Project, TableConfig, load_project
 from dpone.project.refresh import RefreshService, TableReport
+from dpone.project.table_run import RunReport
 from dpone.publication.composition import managed_endpoint, pool_credentials
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -168,10 +169,15 @@ def _echo(report: TableReport) -> None:
         click.echo(f"  dropped old rollback copy {dropped}")
     timings = ", ".join(f"{k} {v:.2f}s" for k, v in report.timings.items())
     click.echo(f"  phases: {timings}")
+    echo_evidence(report)
+    echo_warnings(report.warnings)
+
+
+def echo_evidence(report: RunReport) -> None:
+    """The lines a table's run ends with: its intent, its journal, what to run next."""
     if report.intent_sha256:
         click.echo(f"  intent {report.intent_sha256} ({report.state}@{report.revision})")
     if report.journal:
         click.echo(f"  journal {report.journal}")
     for command in report.next_commands:
         click.echo(f"  next: {command}")
-    echo_warnings(report.warnings)

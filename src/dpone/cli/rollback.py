@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from dpone.cli.output import emit_json, json_option, reported_errors
-from dpone.cli.refresh import config_option, preflight, select_tables
+from dpone.cli.refresh import config_option, echo_evidence, preflight, select_tables
 from dpone.project.config import load_project
 from dpone.project.rollback import RollbackReport, RollbackService
 
@@ -56,9 +56,4 @@ def _echo(report: RollbackReport) -> None:
         )
         if report.outcome == "failed":
             click.echo("  the target is unchanged")
-    if report.intent_sha256:
-        click.echo(f"  intent {report.intent_sha256} ({report.state}@{report.revision})")
-    if report.journal:
-        click.echo(f"  journal {report.journal}")
-    for command in report.next_commands:
-        click.echo(f"  next: {command}")
+    echo_evidence(report)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NoReturn
 from xml.sax.saxutils import escape
 
 from dpone.errors import ConfigurationError
@@ -297,62 +297,7 @@ class ClientTransport:
                 signal=-code,
             )
         if code != 0 or text:
-            match = _CODE.search(text)
-            ch_code = int(match.group(1)) if match else None
-            first = text.splitlines()[0][:400] if text else ""
-            if ch_code == NETWORK_ERROR and "Connection refused" in text:
-                raise NotSubmitted(
-                    f"client could not connect for query {request.query_id}: {first}",
-                    code="connect_failed",
-                    query_id=request.query_id,
-                )
-            if _HOST_NOT_FOUND.search(text):
-                raise NotSubmitted(
-                    f"cannot resolve ClickHouse host {self.endpoint.host!r} for query "
-                    f"{request.query_id}: {first}",
-                    code="host_not_found",
-                    host=self.endpoint.host,
-                    query_id=request.query_id,
-                )
-            where = f"{self.endpoint.host}:{self.endpoint.tcp_port}"
-            if ch_code == UNEXPECTED_PACKET_FROM_SERVER and "expected Hello" in text:
-                # The native handshake failed: the query is sent only after the server's
-                # Hello, so nothing was sent. Another protocol answered on that port.
-                raise NotSubmitted(
-                    f"{where} does not speak ClickHouse's native protocol (query "
-                    f"{request.query_id} was not sent): is --tcp-port the HTTP port? Give the "
-                    f"native port (often 9000) as --tcp-port and the HTTP port as --http-port",
-                    code="not_native_port",
-                    query_id=request.query_id,
-                    port=self.endpoint.tcp_port,
-                )
-            from_server = (
-                "Received exception from server" in text or "Exception: Received from" in text
-            )
-            hint = ""
-            if ch_code == ATTEMPT_TO_READ_AFTER_EOF and not from_server:
-                # What the Debian client says when an HTTP port closes on its Hello; the
-                # same text can end a lost connection, so the outcome stays unknown.
-                hint = (
-                    f" ({where} closed the connection without answering: if it is the HTTP "
-                    "port, give the native port (often 9000) as --tcp-port)"
-                )
-            if ch_code is None or not from_server:
-                # The client's own failure (a lost connection, a reset): the server may
-                # have run the query, so nothing is known until it is proven.
-                raise OutcomeUnknown(
-                    f"client for query {request.query_id} exited {code}: {first}{hint}",
-                    code="client_failed",
-                    query_id=request.query_id,
-                    exit_code=code,
-                    client_code=ch_code,
-                )
-            raise ClickHouseServerError(
-                f"query {request.query_id} failed with ClickHouse code {ch_code}: {first}",
-                query_id=request.query_id,
-                clickhouse_code=ch_code,
-                exit_code=code,
-            )
+            self._raise_failure(request, code, text)
         if request.body is not None and sent != Path(request.body).stat().st_size:
             raise OutcomeUnknown(
                 f"only {sent} bytes of the spool reached the client",
@@ -366,6 +311,73 @@ class ClientTransport:
             sent_sha256=digest,
             transport=self.name,
         )
+
+    def _raise_failure(self, request: ClickHouseRequest, code: int, text: str) -> NoReturn:
+        """The client exited non-zero or wrote to stderr: say what is known of the query."""
+        match = _CODE.search(text)
+        ch_code = int(match.group(1)) if match else None
+        first = text.splitlines()[0][:400] if text else ""
+        self._raise_if_not_sent(request, ch_code, text, first)
+        where = self._where()
+        from_server = "Received exception from server" in text or "Exception: Received from" in text
+        hint = ""
+        if ch_code == ATTEMPT_TO_READ_AFTER_EOF and not from_server:
+            # What the Debian client says when an HTTP port closes on its Hello; the
+            # same text can end a lost connection, so the outcome stays unknown.
+            hint = (
+                f" ({where} closed the connection without answering: if it is the HTTP "
+                "port, give the native port (often 9000) as --tcp-port)"
+            )
+        if ch_code is None or not from_server:
+            # The client's own failure (a lost connection, a reset): the server may
+            # have run the query, so nothing is known until it is proven.
+            raise OutcomeUnknown(
+                f"client for query {request.query_id} exited {code}: {first}{hint}",
+                code="client_failed",
+                query_id=request.query_id,
+                exit_code=code,
+                client_code=ch_code,
+            )
+        raise ClickHouseServerError(
+            f"query {request.query_id} failed with ClickHouse code {ch_code}: {first}",
+            query_id=request.query_id,
+            clickhouse_code=ch_code,
+            exit_code=code,
+        )
+
+    def _raise_if_not_sent(
+        self, request: ClickHouseRequest, ch_code: int | None, text: str, first: str
+    ) -> None:
+        """The failures that prove the query never reached a server: no connection,
+        no such host, or a peer that does not speak the native protocol."""
+        if ch_code == NETWORK_ERROR and "Connection refused" in text:
+            raise NotSubmitted(
+                f"client could not connect for query {request.query_id}: {first}",
+                code="connect_failed",
+                query_id=request.query_id,
+            )
+        if _HOST_NOT_FOUND.search(text):
+            raise NotSubmitted(
+                f"cannot resolve ClickHouse host {self.endpoint.host!r} for query "
+                f"{request.query_id}: {first}",
+                code="host_not_found",
+                host=self.endpoint.host,
+                query_id=request.query_id,
+            )
+        if ch_code == UNEXPECTED_PACKET_FROM_SERVER and "expected Hello" in text:
+            # The native handshake failed: the query is sent only after the server's
+            # Hello, so nothing was sent. Another protocol answered on that port.
+            raise NotSubmitted(
+                f"{self._where()} does not speak ClickHouse's native protocol (query "
+                f"{request.query_id} was not sent): is --tcp-port the HTTP port? Give the "
+                f"native port (often 9000) as --tcp-port and the HTTP port as --http-port",
+                code="not_native_port",
+                query_id=request.query_id,
+                port=self.endpoint.tcp_port,
+            )
+
+    def _where(self) -> str:
+        return f"{self.endpoint.host}:{self.endpoint.tcp_port}"
 
 
 @contextmanager

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +47,16 @@ from dpone.ports.clickhouse_request import Endpoint, read, read_query_id
 from dpone.ports.composition_snapshot import AttemptRef, IssuedPrincipal, TargetSlot
 from dpone.project.config import Project, SourceConfig, TableConfig, resolve_secret
 from dpone.project.retention import enforce_retention
-from dpone.publication.composition import (
-    PublicationComponents,
-    PublicationConfig,
-    build_publication,
-    staging_policy,
+from dpone.project.table_run import (
+    REQUEST_SECONDS,
+    Phases,
+    PublishStep,
+    RunReport,
+    publication_for,
+    run_phases,
+    snapshot_command,
 )
+from dpone.publication.composition import PublicationComponents, staging_policy
 from dpone.sql import quote_literal
 from dpone.staging.composition import StagingConfig
 from dpone.staging.contract import PhysicalDesign
@@ -60,7 +65,6 @@ from dpone.staging.recovery import discard_attempt, finishing_command
 from dpone.staging.sink import ClickHouseSink, new_attempt_id
 
 PHASES = ("export", "stage", "prepare", "shrink_guard", "publish", "retention")
-REQUEST_SECONDS = 60.0
 # progress(phase, rows, bytes): a terminal display only, never part of any evidence.
 Progress = Callable[[str, int, int], None]
 
@@ -71,58 +75,23 @@ class RefreshError(StateError):
     code = "refresh_failed"
 
 
+_PUBLISH = PublishStep(
+    "publication",
+    RefreshError,
+    reconcile_in=frozenset({SnapshotState.EXCHANGE_INTENT, SnapshotState.COMMIT_UNKNOWN}),
+)
+
+
 @dataclass
-class TableReport:
+class TableReport(RunReport):
     """What one table's refresh did, for people (text) and programs (``to_dict``)."""
 
-    table: str
-    target: str
-    attempt_id: str
-    ok: bool = False
-    outcome: str = "failed"  # published, not_published, failed, commit_unknown
-    phase: str | None = None  # the phase that failed
-    rows: int | None = None
     previous_rows: int | None = None
     file_bytes: int | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-    journal: str | None = None
-    intent_sha256: str | None = None
-    state: str | None = None
-    revision: int | None = None
-    target_uuid_before: str | None = None
-    target_uuid_after: str | None = None
     generation_table: str | None = None
     created_target: bool = False
     dropped_rollback_copies: list[str] = field(default_factory=list)
-    error: dict[str, Any] | None = None
-    next_commands: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "table": self.table,
-            "target": self.target,
-            "attempt_id": self.attempt_id,
-            "ok": self.ok,
-            "outcome": self.outcome,
-            "phase": self.phase,
-            "rows": self.rows,
-            "previous_rows": self.previous_rows,
-            "file_bytes": self.file_bytes,
-            "timings": {k: round(v, 3) for k, v in self.timings.items()},
-            "journal": self.journal,
-            "intent_sha256": self.intent_sha256,
-            "state": self.state,
-            "revision": self.revision,
-            "target_uuid_before": self.target_uuid_before,
-            "target_uuid_after": self.target_uuid_after,
-            "generation_table": self.generation_table,
-            "created_target": self.created_target,
-            "dropped_rollback_copies": list(self.dropped_rollback_copies),
-            "error": self.error,
-            "next_commands": list(self.next_commands),
-            "warnings": list(self.warnings),
-        }
 
 
 def open_source(source: SourceConfig) -> Source:
@@ -158,16 +127,12 @@ class RefreshService:
     def refresh(self, table: TableConfig) -> TableReport:
         """One attempt for ``table``; never raises a :class:`DponeError` (the report has it)."""
         report = TableReport(table.name, table.qualified_target, new_attempt_id())
-        phase = Phases(report.timings)
-        try:
-            self._run(table, report, phase)
-        except DponeError as exc:
-            self.done()
-            report.phase = phase.current
-            report.error = exc.to_dict()
-            if not report.next_commands:
-                report.next_commands = self._after_failure(table, report, exc)
-        return report
+        return run_phases(report, partial(self._run, table), partial(self._failed, table))
+
+    def _failed(self, table: TableConfig, report: TableReport, exc: DponeError) -> None:
+        self.done()
+        if not report.next_commands:
+            report.next_commands = self._after_failure(table, report, exc)
 
     # ------------------------------------------------------------------ the phases
 
@@ -178,10 +143,7 @@ class RefreshService:
         report.file_bytes = exported.receipt.artifact_size
         report.rows = exported.receipt.rows_validated
         with phase("stage"):
-            parts = build_publication(
-                PublicationConfig(project.clickhouse.data_dir, project.store, table.limits),
-                table.database,
-            )
+            parts = publication_for(project, table)
             admin_login = admin_credentials(project.clickhouse.data_dir)
             admin = HttpTransport(parts.endpoint, admin_login)
             design = self._design(admin, table, report.attempt_id)
@@ -207,19 +169,7 @@ class RefreshService:
                 self._refuse_shrink(parts, admin, intent, report, refused)
                 return
         with phase("publish"):
-            published = parts.publisher.publish(prepared.intent_sha256)
-            report.state, report.revision = published.state.value, published.revision
-            report.target_uuid_after = published.target_uuid
-            if published.state is not SnapshotState.PUBLISHED:
-                report.outcome = published.state.value.lower()
-                report.next_commands = self._publication_commands(published.state, intent.sha256)
-                raise RefreshError(
-                    f"the publication ended {published.state.value} at revision "
-                    f"{published.revision}; the target is as the record says",
-                    code=f"publication_{published.state.value.lower()}",
-                    intent_sha256=intent.sha256,
-                )
-        report.ok, report.outcome = True, "published"
+            _PUBLISH.run(project, parts, report)
         with phase("retention"):
             report.dropped_rollback_copies = enforce_retention(
                 parts.store,
@@ -397,10 +347,10 @@ class RefreshService:
         if report.phase == "retention":
             return []  # published; the copies left are listed by `dpone status`
         if report.intent_sha256 is not None and report.phase == "publish":
-            return [self._snapshot_command("reconcile", report.intent_sha256)]
+            return [snapshot_command(self.project, "reconcile", report.intent_sha256)]
         if report.intent_sha256 is not None and report.phase == "shrink_guard":
             if report.state is None:
-                return [self._snapshot_command("cancel", report.intent_sha256)]
+                return [snapshot_command(self.project, "cancel", report.intent_sha256)]
             return []
         if report.journal is not None:
             events = _events(Path(report.journal))
@@ -414,43 +364,6 @@ class RefreshService:
         if command:
             command += " " + shlex.join(["--data-dir", str(self.project.clickhouse.data_dir)])
         return command
-
-    def _snapshot_command(self, verb: str, intent_sha256: str) -> str:
-        return shlex.join(
-            [
-                "dpone",
-                "snapshot",
-                verb,
-                intent_sha256,
-                "--store",
-                str(self.project.store),
-                "--data-dir",
-                str(self.project.clickhouse.data_dir),
-            ]
-        )
-
-    def _publication_commands(self, state: SnapshotState, intent_sha256: str) -> list[str]:
-        if state in (SnapshotState.EXCHANGE_INTENT, SnapshotState.COMMIT_UNKNOWN):
-            return [self._snapshot_command("reconcile", intent_sha256)]
-        return []
-
-
-class Phases:
-    """Times each phase and remembers which one is running."""
-
-    def __init__(self, timings: dict[str, float]) -> None:
-        self.timings = timings
-        self.current: str | None = None
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        self.current = name
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            self.timings[name] = time.monotonic() - started
-        self.current = None
 
 
 @contextmanager

@@ -36,11 +36,10 @@ rollback copy, under the same name; a second rollback swaps back the same way.
 
 from __future__ import annotations
 
-import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.endpoint_identity import observe_identity
@@ -55,12 +54,15 @@ from dpone.ports.composition_snapshot import (
     TargetSlot,
 )
 from dpone.project.config import Project, TableConfig
-from dpone.project.refresh import Phases
-from dpone.publication.composition import (
-    PublicationComponents,
-    PublicationConfig,
-    build_publication,
+from dpone.project.table_run import (
+    REQUEST_SECONDS,
+    Phases,
+    PublishStep,
+    RunReport,
+    publication_for,
+    run_phases,
 )
+from dpone.publication.composition import PublicationComponents
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.journal import (
     ClickHouseFileAttemptJournal,
@@ -69,7 +71,6 @@ from dpone.staging.journal import (
 )
 from dpone.staging.sink import new_attempt_id
 
-REQUEST_SECONDS = 60.0
 # The staging events whose documents the rollback journal repeats, by outcome.
 _ORIGIN_MEMBERS = {"admitted": "source_identity", "prepared": "derived_identity"}
 
@@ -78,6 +79,12 @@ class RollbackError(StateError):
     """A rollback refused (see ``code``: no_rollback_copy, content_mismatch, ...)."""
 
     code = "rollback_refused"
+
+
+# Short of a terminal state, a rollback publication is finished by `dpone snapshot reconcile`.
+_PUBLISH = PublishStep(
+    "rollback publication", RollbackError, reconcile_in=frozenset(SnapshotState) - TERMINAL
+)
 
 
 @dataclass(frozen=True)
@@ -99,53 +106,13 @@ class RollbackSource:
 
 
 @dataclass
-class RollbackReport:
+class RollbackReport(RunReport):
     """What one rollback did, for people (text) and programs (``to_dict``)."""
 
-    table: str
-    target: str
-    attempt_id: str
-    ok: bool = False
-    outcome: str = "failed"  # published, failed, commit_unknown, exchange_intent
-    phase: str | None = None
-    rows: int | None = None
     copy_table: str | None = None
     undone_intent: str | None = None
     restored_intent: str | None = None
     origin_journal: str | None = None
-    journal: str | None = None
-    intent_sha256: str | None = None
-    state: str | None = None
-    revision: int | None = None
-    target_uuid_before: str | None = None
-    target_uuid_after: str | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-    error: dict[str, Any] | None = None
-    next_commands: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "table": self.table,
-            "target": self.target,
-            "attempt_id": self.attempt_id,
-            "ok": self.ok,
-            "outcome": self.outcome,
-            "phase": self.phase,
-            "rows": self.rows,
-            "copy_table": self.copy_table,
-            "undone_intent": self.undone_intent,
-            "restored_intent": self.restored_intent,
-            "origin_journal": self.origin_journal,
-            "journal": self.journal,
-            "intent_sha256": self.intent_sha256,
-            "state": self.state,
-            "revision": self.revision,
-            "target_uuid_before": self.target_uuid_before,
-            "target_uuid_after": self.target_uuid_after,
-            "timings": {k: round(v, 3) for k, v in self.timings.items()},
-            "error": self.error,
-            "next_commands": list(self.next_commands),
-        }
 
 
 def find_rollback_source(
@@ -255,22 +222,13 @@ class RollbackService:
     def rollback(self, table: TableConfig) -> RollbackReport:
         """One rollback attempt; never raises a :class:`DponeError` (the report has it)."""
         report = RollbackReport(table.name, table.qualified_target, new_attempt_id())
-        phase = Phases(report.timings)
-        try:
-            self._run(table, report, phase)
-        except DponeError as exc:
-            report.phase = phase.current
-            report.error = exc.to_dict()
-        return report
+        return run_phases(report, partial(self._run, table))
 
     def _run(self, table: TableConfig, report: RollbackReport, phase: Phases) -> None:
         project = self.project
         slot = TargetSlot(table.database, table.target)
         with phase("locate"):
-            parts = build_publication(
-                PublicationConfig(project.clickhouse.data_dir, project.store, table.limits),
-                table.database,
-            )
+            parts = publication_for(project, table)
             source = find_rollback_source(
                 parts.store, project.work_dir / "attempts", table.database, table.target
             )
@@ -298,20 +256,7 @@ class RollbackService:
                 raise
         report.intent_sha256 = prepared.intent_sha256
         with phase("publish"):
-            published = parts.publisher.publish(prepared.intent_sha256)
-            report.state, report.revision = published.state.value, published.revision
-            report.target_uuid_after = published.target_uuid
-            if published.state is not SnapshotState.PUBLISHED:
-                report.outcome = published.state.value.lower()
-                if published.state is not SnapshotState.NOT_PUBLISHED:
-                    report.next_commands = [self._snapshot_command("reconcile", report)]
-                raise RollbackError(
-                    f"the rollback publication ended {published.state.value} at revision "
-                    f"{published.revision}; the target is as the record says",
-                    code=f"publication_{published.state.value.lower()}",
-                    intent_sha256=prepared.intent_sha256,
-                )
-        report.ok, report.outcome = True, "published"
+            _PUBLISH.run(project, parts, report)
 
     def _journal(
         self,
@@ -386,20 +331,6 @@ class RollbackService:
                 },
                 "observed_ownership": {"table_uuid": source.copy_uuid},
             }
-        )
-
-    def _snapshot_command(self, verb: str, report: RollbackReport) -> str:
-        return shlex.join(
-            [
-                "dpone",
-                "snapshot",
-                verb,
-                str(report.intent_sha256),
-                "--store",
-                str(self.project.store),
-                "--data-dir",
-                str(self.project.clickhouse.data_dir),
-            ]
         )
 
 

@@ -13,6 +13,8 @@ user, the database exists and is Atomic, the receipt was made with the codec and
 policy this build uses, and the transport can carry every target type. A durable
 journal intent precedes every mutation; each mutation has exactly one
 ``dpone-b02-<attempt>-<identity|create|insert|drop>`` query id and is never retried.
+The reads that prove the staging table is the attempt's own are in
+:mod:`dpone.staging.table_checks`.
 """
 
 from __future__ import annotations
@@ -32,10 +34,8 @@ from dpone.connectors.clickhouse_tables import (
     observe_ownership,
     ownership_comment,
     staging_table_name,
-    table_exists,
 )
 from dpone.connectors.endpoint_identity import (
-    NIL_UUID,
     EndpointIdentityError,
     observe_identity,
     observe_principal,
@@ -49,7 +49,6 @@ from dpone.ports.clickhouse_request import (
     check_attempt_id,
     mutation,
     mutation_query_id,
-    read,
     read_query_id,
 )
 from dpone.ports.clickhouse_result import QueryResult
@@ -76,6 +75,7 @@ from dpone.staging.run import (
     settlement,
 )
 from dpone.staging.states import StageState
+from dpone.staging.table_checks import StagingTableChecks, qualified_name
 from dpone.typepolicy import POLICY_ID, POLICY_VERSION, plan_columns
 
 S = StageState
@@ -251,7 +251,7 @@ class ClickHouseValidatedFileService:
                 semantic_id=prepared.semantic_id,
                 counts={"prepared_rows": prepared.identity.prepared_rows, "observed_count": None},
             )
-            self._absent_before_create(run, table, prep_deadline)
+            self._checks(run).absent(table, prep_deadline)
             self._check_deadline(prep_deadline, "pre-CREATE checks")
         except BaseException as exc:
             self._fail_before_create(run, exc)
@@ -337,7 +337,8 @@ class ClickHouseValidatedFileService:
         statement = f"CREATE TABLE {self._qualified(table)} ({columns}) {self.design.clause()}"
         self._mutate(run, S.CREATING_STAGING, "create", statement)
         verify_by = self.clock() + self.policy.verification_seconds
-        run.table_uuid = self._verify_table(run, table, comment, prepared, verify_by)
+        schema = prepared.identity.target_schema
+        run.table_uuid = self._checks(run).identity(table, comment, schema, verify_by)
 
     def _load(self, run: AttemptRun, table: str, prepared: PreparedSpool) -> None:
         identity = prepared.identity
@@ -378,7 +379,8 @@ class ClickHouseValidatedFileService:
         deadline: float,
     ) -> int:
         """Everything after the INSERT, under the verification deadline."""
-        again = self._verify_table(run, table, comment, prepared, deadline)
+        checks = self._checks(run)
+        again = checks.identity(table, comment, prepared.identity.target_schema, deadline)
         if again != run.table_uuid:
             raise StagingError(
                 f"staging table UUID changed from {run.table_uuid} to {again}",
@@ -397,7 +399,7 @@ class ClickHouseValidatedFileService:
                 code="endpoint_changed",
             )
         rows = prepared.identity.prepared_rows
-        count = self._count(run, table, deadline)
+        count = checks.count(table, deadline)
         if count != rows:
             raise StagingError(
                 f"COUNT observed {count} rows, prepared {rows}",
@@ -414,94 +416,6 @@ class ClickHouseValidatedFileService:
     def _phase(self, phase: str, rows: int, size: int) -> None:
         if self.progress is not None:
             self.progress(phase, rows, size)
-
-    # ------------------------------------------------------------------ checks
-
-    def _verify_table(
-        self, run: AttemptRun, table: str, comment: str, prepared: PreparedSpool, deadline: float
-    ) -> str:
-        rows = self.transport.execute(
-            read(
-                "SELECT toString(uuid) AS uuid, engine, is_temporary, sorting_key, partition_key "
-                f"FROM system.tables WHERE database = {quote_literal(self.database)} AND name = {quote_literal(table)} "
-                "FORMAT JSONEachRow",
-                self._read_id(run, "table"),
-            ),
-            deadline=self._bounded(deadline),
-        ).json_rows()
-        if len(rows) != 1:
-            raise StagingError(
-                f"staging table {table} observed {len(rows)} times", code="table_missing"
-            )
-        t = rows[0]
-        problems = []
-        if t["uuid"] in ("", NIL_UUID):
-            problems.append("Nil table UUID")
-        if t["engine"] != self.design.engine:
-            problems.append(f"engine {t['engine']}")
-        if t["is_temporary"] not in (0, False):
-            problems.append("temporary table")
-        if (
-            t["sorting_key"] != self.design.expected_sorting_key
-            or t["partition_key"] != self.design.expected_partition_key
-        ):
-            problems.append("physical design differs")
-        cols = self.transport.execute(
-            read(
-                "SELECT name, type, comment FROM system.columns "
-                f"WHERE database = {quote_literal(self.database)} AND table = {quote_literal(table)} "
-                "ORDER BY position FORMAT JSONEachRow",
-                self._read_id(run, "columns"),
-            ),
-            deadline=self._bounded(deadline),
-        ).json_rows()
-        expected = [
-            {"name": c.name, "type": c.clickhouse_type} for c in prepared.identity.target_schema
-        ]
-        if [{"name": c["name"], "type": c["type"]} for c in cols] != expected:
-            problems.append("columns differ from the prepared schema")
-        if not cols or cols[0]["comment"] != comment:
-            problems.append("ownership comment differs")
-        if problems:
-            raise StagingError(
-                f"staging table {table} fails its identity check: {'; '.join(problems)}",
-                code="table_identity_mismatch",
-                problems=problems,
-            )
-        return str(t["uuid"])
-
-    def _count(self, run: AttemptRun, table: str, deadline: float) -> int:
-        rows = self.transport.execute(
-            read(
-                f"SELECT count() AS n FROM {self._qualified(table)} FORMAT JSONEachRow",
-                self._read_id(run, "count"),
-            ),
-            deadline=self._bounded(deadline),
-        ).json_rows()
-        if len(rows) != 1 or set(rows[0]) != {"n"}:
-            raise StagingError(
-                f"COUNT returned {len(rows)} rows {rows!r:.200}", code="count_unobservable"
-            )
-        value = rows[0]["n"]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise StagingError(
-                f"COUNT returned a {type(value).__name__}, not an integer",
-                code="count_unobservable",
-            )
-        return value
-
-    def _absent_before_create(self, run: AttemptRun, table: str, deadline: float) -> None:
-        if table_exists(
-            self.transport,
-            self.database,
-            table,
-            self._read_id(run, "absent"),
-            self._bounded(deadline),
-        ):
-            raise StagingError(
-                f"staging table {table} already exists; it is not this attempt's",
-                code="table_exists",
-            )
 
     # ------------------------------------------------------------------ failure
 
@@ -638,7 +552,16 @@ class ClickHouseValidatedFileService:
             )
 
     def _qualified(self, table: str) -> str:
-        return f"{quote_identifier(self.database)}.{quote_identifier(table)}"
+        return qualified_name(self.database, table)
+
+    def _checks(self, run: AttemptRun) -> StagingTableChecks:
+        return StagingTableChecks(
+            self.transport,
+            self.database,
+            self.design,
+            read_id=partial(self._read_id, run),
+            bounded=self._bounded,
+        )
 
     def _endpoint_description(self) -> str:
         endpoint = getattr(self.transport, "endpoint", None)

@@ -1,0 +1,153 @@
+"""The shape of one table's run, shared by the refresh and the rollback.
+
+A run is one attempt for one table in named, timed phases. It never raises a
+:class:`DponeError`: its report names the phase that failed and carries the error.
+Both runs end in the same ``publish`` step and name the same ``dpone snapshot``
+commands for what a cut-short publication leaves.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
+
+from dpone.contracts.composition_snapshot import SnapshotState
+from dpone.errors import DponeError, StateError
+from dpone.project.config import Project, TableConfig
+from dpone.publication.composition import (
+    PublicationComponents,
+    PublicationConfig,
+    build_publication,
+)
+
+REQUEST_SECONDS = 60.0
+
+
+@dataclass
+class RunReport:
+    """What one table's run did, for people (text) and programs (``to_dict``)."""
+
+    table: str
+    target: str
+    attempt_id: str
+    ok: bool = False
+    # published, not_published, failed, skipped, or how a cut-short publication ended
+    outcome: str = "failed"
+    phase: str | None = None  # the phase that failed
+    rows: int | None = None
+    journal: str | None = None
+    intent_sha256: str | None = None
+    state: str | None = None
+    revision: int | None = None
+    target_uuid_before: str | None = None
+    target_uuid_after: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    error: dict[str, Any] | None = None
+    next_commands: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field; timings rounded to the millisecond, lists copied."""
+        document: dict[str, Any] = {}
+        for member in fields(self):
+            value = getattr(self, member.name)
+            document[member.name] = list(value) if isinstance(value, list) else value
+        document["timings"] = {k: round(v, 3) for k, v in self.timings.items()}
+        return document
+
+
+class Phases:
+    """Times each phase and remembers which one is running."""
+
+    def __init__(self, timings: dict[str, float]) -> None:
+        self.timings = timings
+        self.current: str | None = None
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        self.current = name
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.timings[name] = time.monotonic() - started
+        self.current = None
+
+
+R = TypeVar("R", bound=RunReport)
+
+
+def run_phases(
+    report: R,
+    run: Callable[[R, Phases], None],
+    failed: Callable[[R, DponeError], None] | None = None,
+) -> R:
+    """``run`` the phases into ``report``; a :class:`DponeError` ends up in the report.
+
+    ``failed`` sees the report once the failed phase and the error are in it.
+    """
+    phase = Phases(report.timings)
+    try:
+        run(report, phase)
+    except DponeError as exc:
+        report.phase = phase.current
+        report.error = exc.to_dict()
+        if failed is not None:
+            failed(report, exc)
+    return report
+
+
+def publication_for(project: Project, table: TableConfig) -> PublicationComponents:
+    """The publisher, store and issuer that publish into ``table``'s database."""
+    return build_publication(
+        PublicationConfig(project.clickhouse.data_dir, project.store, table.limits),
+        table.database,
+    )
+
+
+@dataclass(frozen=True)
+class PublishStep:
+    """The ``publish`` phase of one kind of run, and how it reports an unfinished end."""
+
+    what: str  # what the error message calls the publication
+    error: type[StateError]
+    # The states in which `dpone snapshot reconcile` is named as the next command.
+    reconcile_in: frozenset[SnapshotState]
+
+    def run(self, project: Project, parts: PublicationComponents, report: RunReport) -> None:
+        """Publish the report's PREPARED intent; raise ``error`` unless it ends PUBLISHED."""
+        assert report.intent_sha256 is not None
+        published = parts.publisher.publish(report.intent_sha256)
+        report.state, report.revision = published.state.value, published.revision
+        report.target_uuid_after = published.target_uuid
+        if published.state is SnapshotState.PUBLISHED:
+            report.ok, report.outcome = True, "published"
+            return
+        report.outcome = published.state.value.lower()
+        if published.state in self.reconcile_in:
+            report.next_commands = [snapshot_command(project, "reconcile", report.intent_sha256)]
+        raise self.error(
+            f"the {self.what} ended {published.state.value} at revision "
+            f"{published.revision}; the target is as the record says",
+            code=f"publication_{published.state.value.lower()}",
+            intent_sha256=report.intent_sha256,
+        )
+
+
+def snapshot_command(project: Project, verb: str, intent_sha256: str) -> str:
+    """The ``dpone snapshot VERB`` command line for one of the project's intents."""
+    return shlex.join(
+        [
+            "dpone",
+            "snapshot",
+            verb,
+            intent_sha256,
+            "--store",
+            str(project.store),
+            "--data-dir",
+            str(project.clickhouse.data_dir),
+        ]
+    )
