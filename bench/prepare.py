@@ -28,9 +28,8 @@ from bench.stage import fetch_to_file, post_file
 from dpone.contracts.receipt import FileReceipt
 from dpone.localserver import LocalServer
 from dpone.localserver.control import run_admin_sql
-from dpone.preparation.engine_conversion import MODE_ENGINE
 from dpone.preparation.file_validation import validate_file
-from dpone.preparation.spool import MODE_PYTHON, prepare_rowbinary
+from dpone.preparation.spool import MODE_NATIVE, MODE_PYTHON, prepare_rowbinary
 
 
 def child_prepare(source: str, receipt_path: str, spool: str, mode: str) -> None:
@@ -42,12 +41,8 @@ def child_prepare(source: str, receipt_path: str, spool: str, mode: str) -> None
         json.dumps(
             {
                 "seconds": seconds,
-                # The engine runs in a child of its own: count the larger of the two peaks.
-                "peak_mib": max(
-                    resource.getrusage(who).ru_maxrss
-                    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-                )
-                / 1024,
+                # Both converters run in this process (the compiled one in its threads).
+                "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 "rows": prepared.identity.prepared_rows,
                 "rowbinary_bytes": prepared.identity.rowbinary_bytes,
                 "rowbinary_sha256": prepared.identity.rowbinary_sha256,
@@ -63,7 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--child", nargs=4)
-    parser.add_argument("--modes", default=f"{MODE_PYTHON},{MODE_ENGINE}")
+    parser.add_argument("--modes", default=f"{MODE_PYTHON},{MODE_NATIVE}")
     args = parser.parse_args()
     if args.child:
         child_prepare(*args.child)

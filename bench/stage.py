@@ -8,8 +8,8 @@ managed local server started here, times (median of ``--runs``):
 - ``raw insert``: the same rows as ClickHouse's own TabSeparated (written by the
   server from a staged table), POSTed into a fresh table: the baseline;
 - ``stage``: ``dpone stage`` as a user runs it, one process per run, in the default
-  preparation mode (the compiled converter); ``stage-engine`` and ``stage-python``
-  with ``--preparation engine-chdb`` and ``python-reference``;
+  preparation mode (the compiled converter); ``stage-python`` with ``--preparation
+  python-reference``;
 - ``validate``: ``dpone validate`` of the file;
 - ``export``: ``dpone export`` from a SQLite database holding the same rows.
 
@@ -43,7 +43,6 @@ from dpone.localserver import LocalServer
 from dpone.localserver.control import run_admin_sql
 from dpone.localserver.credentials import admin_credentials
 from dpone.ports.clickhouse_request import Credentials
-from dpone.preparation.engine_conversion import MODE_ENGINE
 from dpone.preparation.spool import MODE_PYTHON
 from dpone.typepolicy import plan_columns
 
@@ -51,7 +50,7 @@ DPONE = str(Path(sys.executable).with_name("dpone"))
 # The sampling costs CPU too: every 10 ms it took about a third of a core (measured),
 # which the dpone steps paid and the raw insert (not sampled) did not.
 SAMPLE_SECONDS = 0.05
-STEPS = ("raw", "stage", "stage-engine", "stage-python", "validate", "export")
+STEPS = ("raw", "stage", "stage-python", "validate", "export")
 
 
 @dataclass(frozen=True)
@@ -285,7 +284,7 @@ def main() -> None:
 
                 return once
 
-            modes = {"stage": "default", "stage-engine": MODE_ENGINE, "stage-python": MODE_PYTHON}
+            modes = {"stage": "default", "stage-python": MODE_PYTHON}
             for step, mode in modes.items():
                 if step in steps:
                     results[step] = median(f"stage {mode}", args.runs, stage(mode))

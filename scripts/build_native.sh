@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build dpone's compiled converter (src/dpone/preparation/native/rowbinary.c) next to its loader.
 # Needs a C compiler and OpenSSL's headers (Debian: gcc, libssl-dev). dpone runs without
-# the library (conversion then starts with the embedded engine, several times slower),
+# the library (the Python reference then converts alone, many times slower),
 # but its tests need it, so scripts/bootstrap.sh stops if this fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -262,3 +262,32 @@ def test_json_reports_stay_one_object_on_failure(tmp_path: Path) -> None:
     payload = json.loads(done.stdout)
     assert payload["ok"] is False and payload["error"]["code"] == "source_not_found"
     assert payload["error"]["details"]["path"] == str(tmp_path / "x?y.db")
+
+
+def test_the_removed_engine_preparation_is_a_named_error_on_the_command_line(
+    tmp_path: Path,
+) -> None:
+    """``--preparation engine-chdb`` and ``preparation = "engine-chdb"`` in dpone.toml:
+    exit 2, one JSON object with --json (no traceback), naming the replacement."""
+    (tmp_path / "f.tsv").write_bytes(b"1\n")
+    (tmp_path / "r.json").write_text("{}")
+    flag = ["--preparation", "engine-chdb"]
+    stage = ["stage", str(tmp_path / "f.tsv"), "--receipt", str(tmp_path / "r.json")]
+    stage += ["--work-dir", str(tmp_path / "w"), "--database", "d", *flag]
+    config = tmp_path / "dpone.toml"
+    config.write_text(
+        '[clickhouse]\npreparation = "engine-chdb"\n[sources.s]\nkind = "sqlite"\npath = "s.db"\n'
+        '[tables.t]\nsource = "s"\ntable = "t"\ntarget = "db.t"\n'
+    )
+    for args in (stage, ["check", "--config", str(config)], ["refresh", "--config", str(config)]):
+        done = dpone(*args, "--json")
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.stdout.count("\n") == 1 and "Traceback" not in done.stderr
+        error = as_json(done)["error"]
+        assert error["code"] == "preparation_mode_removed", error
+        assert "'engine-chdb' was removed" in error["message"] and "'native'" in error["message"]
+        text = dpone(*args)
+        assert text.returncode == 2 and "Traceback" not in text.stderr
+        assert "dpone: error: [preparation_mode_removed]" in text.stderr
+    assert as_json(dpone(*stage, "--json"))["error"]["details"]["replacement"] == "native"
+    assert not (tmp_path / "w").exists()  # refused before anything started

@@ -246,23 +246,16 @@ def test_out_dot_slash_dash_writes_a_file_named_dash(tmp_path: Path) -> None:
     assert dash.returncode == 2 and "./- for a file named '-'" in dash.stderr
 
 
-def test_validation_without_the_engine_warns(tmp_path: Path) -> None:
-    """With the compiled converter off (or declining), an unusable engine scratch
-    directory leaves validation to the reference: the same receipt, and a warning that
-    says why (text on stderr, JSON in the object)."""
+def test_validation_without_the_compiled_converter_warns(tmp_path: Path) -> None:
+    """With the compiled converter switched off, the reference validates alone: the
+    same receipt, and a warning that says why (text on stderr, JSON in the object)."""
     data = tmp_path / "f.tsv"
     data.write_bytes(b"1\t\n2\t3\n")
     schema = _int_schema(tmp_path)
     fine = dpone("validate", str(data), "--schema", str(schema), "--json")
     assert fine.returncode == 0, fine.stderr
     assert as_json(fine)["warnings"] == []
-    missing = {"DPONE_ENGINE_SCRATCH": str(tmp_path / "missing")}
-    # The compiled converter needs no scratch: nothing to warn about.
-    native = dpone(
-        "validate", str(data), "--schema", str(schema), "--force", "--json", extra_env=missing
-    )
-    assert native.returncode == 0 and as_json(native)["warnings"] == [], native.stderr
-    missing["DPONE_NATIVE"] = "0"
+    off = {"DPONE_NATIVE": "0"}
     for as_object in (True, False):
         again = dpone(
             "validate",
@@ -271,7 +264,7 @@ def test_validation_without_the_engine_warns(tmp_path: Path) -> None:
             str(schema),
             "--force",
             *(["--json"] if as_object else []),
-            extra_env=missing,
+            extra_env=off,
         )
         assert again.returncode == 0, again.stderr
         if as_object:
@@ -281,18 +274,17 @@ def test_validation_without_the_engine_warns(tmp_path: Path) -> None:
             (warning,) = [
                 line for line in again.stderr.splitlines() if line.startswith("dpone: warning:")
             ]
-        assert "DPONE_ENGINE_SCRATCH" in warning and str(tmp_path / "missing") in warning
-        assert "engine_scratch" in warning and "Python reference" in warning
+        assert "switched off (DPONE_NATIVE=0)" in warning and "Python reference" in warning
     verified = dpone(
-        "verify", str(data), "--receipt", f"{data}.receipt.json", "--json", extra_env=missing
+        "verify", str(data), "--receipt", f"{data}.receipt.json", "--json", extra_env=off
     )
     assert verified.returncode == 0, verified.stderr
-    assert "engine_scratch" in as_json(verified)["warnings"][0]
+    assert "DPONE_NATIVE=0" in as_json(verified)["warnings"][0]
     # A failure keeps its warning too: one JSON object, with both.
     data.write_bytes(b"1\t\nx\t3\n")
     failed = dpone(
-        "validate", str(data), "--schema", str(schema), "--force", "--json", extra_env=missing
+        "validate", str(data), "--schema", str(schema), "--force", "--json", extra_env=off
     )
     assert failed.returncode == 1
     assert as_json(failed)["error"]["code"] == "invalid_value"
-    assert "engine_scratch" in as_json(failed)["warnings"][0]
+    assert "DPONE_NATIVE=0" in as_json(failed)["warnings"][0]

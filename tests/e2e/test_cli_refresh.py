@@ -406,23 +406,21 @@ def test_status_with_a_store_that_is_not_the_refreshes_says_so(
     assert text.returncode == 1 and "NEEDS A PERSON: store_missing" in text.stdout
 
 
-def test_an_unusable_engine_scratch_is_said_in_the_refresh_report(
+def test_a_validation_warning_is_said_in_the_refresh_report(
     tmp_path: Path, server: dict[str, Any]
 ) -> None:
-    """With the compiled converter off, the export's validation falls back to the
-    reference with a warning; the stage (which then needs the engine) fails with
-    engine_scratch; no target is created."""
+    """With the compiled converter off, the export's validation and the stage go to the
+    reference: the refresh succeeds, and its report carries the validation's warning."""
     make_source(tmp_path / "shop.db", rows_of(3))
-    config = project(tmp_path, server, "t_scratch")
-    missing = {"DPONE_ENGINE_SCRATCH": str(tmp_path / "missing"), "DPONE_NATIVE": "0"}
-    done = dpone("refresh", "--config", str(config), "items", "--json", extra_env=missing)
+    config = project(tmp_path, server, "t_reference")
+    off = {"DPONE_NATIVE": "0"}
+    done = dpone("refresh", "--config", str(config), "items", "--json", extra_env=off)
     report = as_json(done)["tables"][0]
-    assert done.returncode == 1 and report["phase"] == "stage", report
-    assert report["error"]["code"] == "engine_scratch"
+    assert done.returncode == 0 and report["ok"], report
     (warning,) = report["warnings"]
-    assert "engine_scratch" in warning and str(tmp_path / "missing") in warning
-    assert chhttp.query(server["http_port"], f"EXISTS TABLE {DATABASE}.t_scratch") == "0\n"
-    text = dpone("refresh", "--config", str(config), "items", extra_env=missing)
-    assert text.returncode == 1
-    assert "dpone: warning: the engine could not run" in text.stderr
+    assert "switched off (DPONE_NATIVE=0)" in warning and "Python reference" in warning
+    assert chhttp.query(server["http_port"], f"SELECT count() FROM {DATABASE}.t_reference") == "3\n"
+    text = dpone("refresh", "--config", str(config), "items", extra_env=off)
+    assert text.returncode == 0, text.stderr
+    assert "dpone: warning: the compiled converter is switched off" in text.stderr
     assert "dpone: warning" not in text.stdout

@@ -1,14 +1,15 @@
 """The compiled converter against the Python reference: what it takes, it takes exactly.
 
-It may decline anything (the engine and the reference then decide), but it must never
-accept a value the reference refuses, and what it accepts must give the reference's
-bytes and rows digest. It must also take the canonical text exporters write, or it
-would be no faster than the engine it declines to.
+It may decline anything (the reference then decides), but it must never accept a
+value the reference refuses, and what it accepts must give the reference's bytes and
+rows digest. It must also take the canonical text exporters write, or it would be no
+faster than the reference it declines to.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import io
 import math
 import shutil
 import struct
@@ -20,14 +21,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpone.contracts.preparation import ROWS_DIGEST_MODULUS
+from dpone.connectors.bulk_text_codec import BulkTextReader, encode_record
+from dpone.contracts.preparation import ROWS_DIGEST_MODULUS, rows_digest
 from dpone.contracts.schema import SourceColumn, SourceSchema
 from dpone.errors import DponeError
 from dpone.exporters.export import export_table
 from dpone.exporters.sources import SqliteSource
 from dpone.preparation import file_validation, native_conversion
 from dpone.preparation import spool as preparation
-from dpone.preparation.engine_conversion import MODE_ENGINE, EngineSession
+from dpone.preparation.conversion import convert_records
 from dpone.preparation.file_validation import validate_file
 from dpone.preparation.native import rowbinary
 from dpone.preparation.native_conversion import MODE_NATIVE
@@ -35,9 +37,71 @@ from dpone.preparation.spool import MODE_PYTHON, prepare_rowbinary
 from dpone.typepolicy import ColumnPlan, plan_column, plan_columns
 from dpone.typepolicy.converters import shortest_float32
 from tests.hostile_values import HOSTILE_BINARY, HOSTILE_TEXT
-from tests.integration.test_engine_conversion import EXTRA_FIELDS, encode_rows, numbers, reference
 from tests.integration.test_export_validate import make_hostile_db
 from tests.unit import test_type_policy as tp
+
+
+def reference(plans: tuple[ColumnPlan, ...], data: bytes) -> tuple[bytes, str] | None:
+    """The reference's spool bytes and the rows digest of its rows, split by the converter."""
+    rows: list[bytes] = []
+    try:
+        convert_records(
+            BulkTextReader(io.BytesIO(data), [p.codec_column for p in plans]), plans, rows.append
+        )
+    except DponeError:
+        return None
+    return b"".join(rows), rows_digest(rows)
+
+
+def encode_rows(plans: tuple[ColumnPlan, ...], rows: list[list[Any]]) -> bytes:
+    return b"".join(encode_record([p.codec_column for p in plans], row) for row in rows)
+
+
+EXTRA_FIELDS = [
+    ("nvarchar(5)", b"a\x1dX"),
+    ("nvarchar(5)", b"a\x1d"),
+    ("nvarchar(5)", b"\x1dEa"),
+    ("nvarchar(5)", b"a\rb"),
+    ("nvarchar(5)", b"\xff"),
+    ("nvarchar(5)", b"\x1dE"),
+    ("nvarchar(5)", b"a\x1ePb"),
+    ("varbinary(5)", b" ab"),
+    ("varbinary(5)", b"ab "),
+    ("varbinary(5)", b"a b"),
+    ("varbinary(5)", b"ab cd"),
+    ("varbinary(5)", b"abc"),
+    ("varbinary(5)", b"\x1dE"),
+    ("int", b"1\x1d"),
+    ("int", b"\x1dE"),
+    ("bigint", b"9223372036854775807"),
+    ("decimal(38, 0)", b"-" + b"9" * 38),
+    ("decimal(5, 2)", b"123.450"),
+    ("decimal(5, 2)", b"1234.5"),
+    ("real", b"3.4028236e38"),
+    ("real", b"1e-46"),
+    ("float", b"1e-400"),
+    ("datetimeoffset(3)", b"2020-01-01 00:00:00 +14:00"),
+    ("datetimeoffset(3)", b"2020-01-01 00:00:00  +01:00"),
+    ("time(7)", b"23:59:59.99999999"),
+    ("date", b"2000-02-30"),
+]
+
+# Cells of an nvarchar(max), a varbinary(max) and a bigint column, NULLs included.
+texts = st.one_of(
+    st.none(), st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=30)
+)
+binaries = st.one_of(st.none(), st.binary(max_size=20))
+bigints = st.integers(-(2**63), 2**63 - 1)
+
+numbers = st.one_of(
+    st.integers(-(2**63), 2**63 - 1).map(str),
+    st.decimals(min_value=-(10**12), max_value=10**12, places=4, allow_nan=False).map(
+        lambda d: format(d, "f")
+    ),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.floats(width=32, allow_nan=False, allow_infinity=False).map(repr),
+    st.text(alphabet="0123456789-.eE+ ", max_size=12),
+)
 
 
 def native(plans: tuple[ColumnPlan, ...], data: bytes) -> tuple[bytes, str] | None:
@@ -63,7 +127,7 @@ def field_verdicts(cases: list[tuple[str, bool, bytes]], override: str | None = 
 
 def test_the_library_is_built_and_runs() -> None:
     # The test command builds it (scripts/bootstrap.sh): a missing library is a failure
-    # here, never a silent fall back to the engine.
+    # here, never a silent fall back to the reference.
     assert rowbinary.available()
     assert rowbinary.LIBRARY.is_file()
 
@@ -260,11 +324,9 @@ def _stamp_text(stamp: dt.datetime, digits: int) -> str:
 @given(
     st.lists(
         st.tuples(
-            st.one_of(
-                st.none(), st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=30)
-            ),
-            st.one_of(st.none(), st.binary(max_size=20)),
-            st.integers(-(2**63), 2**63 - 1),
+            texts,
+            binaries,
+            bigints,
             st.one_of(
                 st.none(),
                 st.decimals(min_value=-(10**13), max_value=10**13, places=4, allow_nan=False),
@@ -316,7 +378,7 @@ def test_random_canonical_rows_are_taken_with_identical_bytes(rows: list[Any]) -
     assert native(plans, data) == expected
 
 
-def test_columns_it_does_not_take_are_left_to_the_engine() -> None:
+def test_columns_it_does_not_take_are_left_to_the_reference() -> None:
     assert (
         rowbinary.column_spec(plan_columns([SourceColumn("d", "decimal(38, 2)", False)]))
         is not None
@@ -362,28 +424,23 @@ def _tiny_ranges(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
     monkeypatch.setattr(native_conversion, "MAX_RANGE_BYTES", size)
 
 
-def _no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the engine was started for a file the compiled converter takes")
+def _no_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_reference(*args: object, **kwargs: object) -> int:
+        raise AssertionError("the compiled converter handed a valid file on")
 
-    monkeypatch.setattr(preparation, "EngineSession", refuse)
-    monkeypatch.setattr(file_validation, "EngineSession", refuse)
+    monkeypatch.setattr(preparation, "convert_records", no_reference)
+    monkeypatch.setattr(file_validation, "convert_records", no_reference)
 
 
 @pytest.mark.parametrize("range_bytes", [1, 97, 1 << 20])
-def test_native_mode_prepares_the_reference_spool_without_the_engine(
+def test_native_mode_prepares_the_reference_spool_without_the_reference(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, range_bytes: int
 ) -> None:
     _tiny_ranges(monkeypatch, range_bytes)
     make_hostile_db(tmp_path / "src.db")
     exported = export_table(SqliteSource(tmp_path / "src.db"), "hostile", tmp_path / "h.tsv")
     python = prepare_rowbinary(exported.path, exported.receipt, tmp_path / "a")
-    _no_engine(monkeypatch)
-
-    def no_reference(*args: object, **kwargs: object) -> int:
-        raise AssertionError("the compiled converter handed a valid file on")
-
-    monkeypatch.setattr(file_validation, "convert_records", no_reference)
+    _no_reference(monkeypatch)
     fast = prepare_rowbinary(exported.path, exported.receipt, tmp_path / "b", mode=MODE_NATIVE)
     assert fast.path.read_bytes() == python.path.read_bytes()
     assert fast.identity == python.identity and fast.semantic_id == python.semantic_id
@@ -392,11 +449,11 @@ def test_native_mode_prepares_the_reference_spool_without_the_engine(
     assert validate_file(exported.path, exported.receipt.schema) == exported.receipt
 
 
-def test_a_declined_file_goes_to_the_engine_with_the_reference_result(
+def test_a_declined_file_goes_to_the_reference_with_the_reference_result(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A float longer than the compiled converter reads: the reference accepts it, the
-    # compiled converter declines, and the engine converts the whole file.
+    # compiled converter declines, and the reference converts the whole file.
     _tiny_ranges(monkeypatch, 64)
     schema = SourceSchema.of([SourceColumn("id", "int", False), SourceColumn("f", "float", True)])
     long_float = "0." + "0" * 450 + "1"
@@ -405,16 +462,15 @@ def test_a_declined_file_goes_to_the_engine_with_the_reference_result(
     path = tmp_path / "in.tsv"
     path.write_bytes("".join(lines).encode())
     receipt = validate_file(path, schema, mode=MODE_PYTHON)
-    assert validate_file(path, schema) == receipt == validate_file(path, schema, mode=MODE_ENGINE)
+    assert validate_file(path, schema) == receipt
     started: list[object] = []
-    real = EngineSession
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         started.append(1)
-        return real(*args, **kwargs)
+        return convert_records(*args, **kwargs)
 
-    monkeypatch.setattr(preparation, "EngineSession", counted)
     python = prepare_rowbinary(path, receipt, tmp_path / "a")
+    monkeypatch.setattr(preparation, "convert_records", counted)
     fast = prepare_rowbinary(path, receipt, tmp_path / "b", mode=MODE_NATIVE)
     assert fast.path.read_bytes() == python.path.read_bytes() and fast.identity == python.identity
     assert started == [1]
@@ -449,7 +505,7 @@ def test_switched_off_it_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyP
     schema = SourceSchema.of([SourceColumn("id", "int", False)])
     path = tmp_path / "in.tsv"
     path.write_bytes(b"1\n2\n")
-    receipt = validate_file(path, schema)  # the engine then
+    receipt = validate_file(path, schema)  # the reference then
     spool = prepare_rowbinary(path, receipt, tmp_path / "s", mode=MODE_NATIVE)
     assert spool.identity.prepared_rows == 2
     spool.path.chmod(0o600)
@@ -496,7 +552,7 @@ def test_a_fault_of_the_converter_hands_the_file_on(
     schema = SourceSchema.of([SourceColumn("id", "int", False)])
     path = tmp_path / "in.tsv"
     path.write_bytes(b"1\n2\n")
-    receipt = validate_file(path, schema)  # the engine, then
+    receipt = validate_file(path, schema)  # the reference, then
     assert receipt == validate_file(path, schema, mode=MODE_PYTHON)
     spool = prepare_rowbinary(path, receipt, tmp_path / "s", mode=MODE_NATIVE)
     assert spool.path.read_bytes() == b"\x01\x00\x00\x00\x02\x00\x00\x00"
@@ -551,52 +607,3 @@ def test_float64_near_the_fast_path_bounds_is_the_exact_parse(
         ours = native(plans, data)
         assert ours == reference(plans, data), text
         assert ours is not None, text
-
-
-def test_a_declined_file_whose_engine_cannot_start_fails_the_stage_with_the_engine_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Found by a new user's trial: the reference used to take over silently, many
-    # times slower, where --preparation engine-chdb fails with the engine's error.
-    from dpone.preparation.engine_conversion import EngineUnavailable
-
-    schema = SourceSchema.of([SourceColumn("f", "float", False)])
-    path = tmp_path / "in.tsv"
-    path.write_bytes(b"1.5\n0." + b"0" * 450 + b"1\n")  # declined: a float over 400 characters
-    receipt = validate_file(path, schema)
-
-    def cannot(*args: object, **kwargs: object) -> None:
-        raise EngineUnavailable("the engine could not start: no room", code="engine_scratch")
-
-    monkeypatch.setattr(preparation, "EngineSession", cannot)
-    for mode in (MODE_NATIVE, MODE_ENGINE):
-        with pytest.raises(EngineUnavailable) as caught:
-            prepare_rowbinary(path, receipt, tmp_path / "s", mode=mode)
-        assert caught.value.code == "engine_scratch" and not (tmp_path / "s").exists()
-
-
-@pytest.mark.parametrize(
-    ("built", "args", "started"),
-    [
-        (True, ["stage", "f", "--json"], False),  # the compiled converter runs first
-        (True, ["stage", "f", "--preparation", "engine-chdb"], True),
-        (False, ["stage", "f"], True),  # not built: the engine is the first converter
-        (False, ["validate", "f"], True),
-        (False, ["stage", "f", "--preparation", "python-reference"], False),
-        (True, ["stage", "f", "--help"], False),
-    ],
-)
-def test_the_engine_starts_early_only_where_it_will_run(
-    monkeypatch: pytest.MonkeyPatch, built: bool, args: list[str], started: bool
-) -> None:
-    import click
-
-    from dpone.cli import main
-    from dpone.preparation import engine_child
-
-    calls: list[int] = []
-    monkeypatch.setattr(engine_child, "start_early", lambda: calls.append(1))
-    monkeypatch.setattr(main, "native_built", lambda: built)
-    with click.Context(main.cli) as ctx:
-        main.cli.resolve_command(ctx, args)
-    assert bool(calls) == started

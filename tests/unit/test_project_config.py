@@ -80,3 +80,32 @@ def test_design_and_target_are_checked() -> None:
         "sales.orders", "sales.dpone_stage_x"
     )
     assert problems(bad) == {"tables.orders.order_by": 13, "tables.orders.target": 12}
+
+
+def test_the_removed_engine_preparation_is_named_with_its_replacement() -> None:
+    stale = '[clickhouse]\npreparation = "engine-chdb"\n' + GOOD
+    with pytest.raises(ProjectConfigError) as caught:
+        parse_project(stale, Path("/p/dpone.toml"))
+    # Its only problem: the error takes the problem's own code.
+    assert caught.value.code == "preparation_mode_removed"
+    (problem,) = caught.value.details["problems"]
+    assert (problem["key"], problem["line"], problem["code"]) == (
+        "clickhouse.preparation",
+        2,
+        "preparation_mode_removed",
+    )
+    assert "'engine-chdb' was removed" in problem["message"] and "'native'" in problem["message"]
+    # With other problems the file is invalid_config, the removed mode still coded.
+    with pytest.raises(ProjectConfigError) as several:
+        parse_project(stale.replace("keep_rollback = 2", "keep_rollback = -1"), Path("/p/x"))
+    assert several.value.code == "invalid_config"
+    codes = {p["key"]: p.get("code") for p in several.value.details["problems"]}
+    assert codes == {
+        "clickhouse.preparation": "preparation_mode_removed",
+        "project.keep_rollback": None,
+    }
+    # The modes that stay parse; an unknown one is a plain problem.
+    for mode in ("native", "python-reference"):
+        chosen = parse_project(f'[clickhouse]\npreparation = "{mode}"\n' + GOOD, Path("/p/x"))
+        assert chosen.clickhouse.preparation == mode
+    assert problems('[clickhouse]\npreparation = "bogus"\n' + GOOD) == {"clickhouse.preparation": 2}

@@ -7,7 +7,7 @@ import io
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dpone.preparation.engine_conversion import RecordRanges
+from dpone.preparation.ranges import RecordRanges
 
 
 @given(

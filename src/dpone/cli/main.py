@@ -30,9 +30,6 @@ COMMANDS = {
     "rollback": "dpone.cli.rollback",
     "status": "dpone.cli.status",
 }
-# Commands that convert with the engine by default: its child starts loading (about
-# half a second) while the command's modules are imported and its source verified.
-ENGINE_COMMANDS = {"stage", "validate"}
 
 
 class LazyGroup(click.Group):
@@ -41,24 +38,6 @@ class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
 
-    def resolve_command(
-        self, ctx: click.Context, args: list[str]
-    ) -> tuple[str | None, click.Command | None, list[str]]:
-        # Only on the way to running a command: not for help, nor for shell completion
-        # (resilient parsing), nor when the reference converter was chosen instead.
-        helps = {"-h", "--help"}.intersection(args)
-        # Nor when the compiled converter will run first: it needs no engine unless it
-        # declines a file, and a child loading beside it would take a core from it.
-        reference = any(arg.endswith("python-reference") for arg in args)
-        wanted = args and args[0] in ENGINE_COMMANDS and not ctx.resilient_parsing
-        chosen = any(arg.endswith("engine-chdb") for arg in args)
-        # native_built() last: it loads the library, which other commands need not pay for.
-        if wanted and not helps and not reference and (chosen or not native_built()):
-            from dpone.preparation.engine_child import start_early
-
-            start_early()
-        return super().resolve_command(ctx, args)
-
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         module = COMMANDS.get(cmd_name)
         if module is None:
@@ -66,13 +45,6 @@ class LazyGroup(click.Group):
         command = getattr(importlib.import_module(module), cmd_name)
         assert isinstance(command, click.Command)
         return command
-
-
-def native_built() -> bool:
-    """Whether the compiled converter is built and loads (see dpone.preparation.native.rowbinary)."""
-    from dpone.preparation.native.rowbinary import available
-
-    return available()
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -35,7 +35,8 @@ keep_rollback = 1                 # rollback copies kept per target (0 keeps non
 # The managed local server (`dpone server start --protect DATABASE ...`).
 data_dir = ".dpone/clickhouse"
 transport = "http"                # http or client (clickhouse-client)
-preparation = "engine-chdb"       # engine-chdb (the default) or python-reference: same bytes
+preparation = "native"            # native (the default; a file it declines goes to the
+                                  # Python reference) or python-reference: same bytes
 
 [sources.shop]
 kind = "sqlite"

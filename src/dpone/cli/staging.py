@@ -17,7 +17,7 @@ from dpone.cli.server import data_dir_option
 from dpone.errors import ConfigurationError, DponeError, StateError
 from dpone.localserver import find_running
 from dpone.ports.clickhouse_request import Endpoint, check_attempt_id
-from dpone.preparation.spool import DEFAULT_MODE, MODES
+from dpone.preparation.modes import DEFAULT_MODE, MODES, refuse_removed_mode
 from dpone.publication.composition import DEFAULT_STORE, issue_ingest, pool_protects
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.composition import StagingConfig, build_transport
@@ -42,6 +42,20 @@ work_dir_option = click.option(
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class PreparationChoice(click.Choice[str]):
+    """The preparation modes. A removed one (``engine-chdb``) is refused with its typed
+    error, ``preparation_mode_removed``, which names the replacement, not as an
+    unknown choice."""
+
+    def __init__(self) -> None:
+        super().__init__(MODES)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        if isinstance(value, str):
+            refuse_removed_mode(value)
+        return super().convert(value, param, ctx)
 
 
 def server_options(func: F) -> F:
@@ -69,10 +83,11 @@ def server_options(func: F) -> F:
             click.option(
                 "--preparation",
                 "preparation_mode",
-                type=click.Choice(MODES),
+                type=PreparationChoice(),
                 default=DEFAULT_MODE,
                 show_default=True,
-                help="RowBinary converter: compiled (declining to the engine), the engine, or the Python reference; all give the same bytes.",
+                help="RowBinary converter: compiled (a file it declines goes to the Python "
+                "reference), or the Python reference alone; both give the same bytes.",
             ),
         ]
     ):

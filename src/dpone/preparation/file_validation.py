@@ -6,10 +6,8 @@ the type policy. Only a file that passes gets a receipt.
 
 By default the checks run in the compiled converter (the same conversion a
 preparation runs, over whole-record ranges hashed in order on the way, its bytes
-discarded); a file it declines goes to the embedded engine (the engine preparation's
-checks); when the engine refuses anything, or cannot run, the Python reference
-validates the file again and names the first bad value exactly. A receipt is the same
-whichever decided.
+discarded); a file it declines goes to the Python reference, which validates it
+again and names the first bad value exactly. A receipt is the same whichever decided.
 """
 
 from __future__ import annotations
@@ -25,21 +23,12 @@ from dpone.contracts.receipt import FileReceipt
 from dpone.contracts.schema import SourceSchema
 from dpone.preparation.artifact import ArtifactMismatch, HeldArtifact
 from dpone.preparation.conversion import convert_records
-from dpone.preparation.engine_conversion import (
-    MAX_CARRY_BYTES,
-    MODE_ENGINE,
-    EngineSession,
-    EngineUnavailable,
-    RecordRanges,
-    check_job,
-    range_bytes,
-    spill_range,
-)
-from dpone.preparation.native_conversion import MODE_NATIVE, NativeRanges, takes
-from dpone.preparation.spool import DEFAULT_MODE, MODE_PYTHON
+from dpone.preparation.modes import DEFAULT_MODE, MODE_NATIVE, MODE_PYTHON, refuse_removed_mode
+from dpone.preparation.native_conversion import NativeRanges, not_taken
+from dpone.preparation.ranges import MAX_CARRY_BYTES
 from dpone.typepolicy import POLICY_ID, POLICY_VERSION, ColumnPlan, plan_columns
 
-__all__ = ["MODE_ENGINE", "MODE_NATIVE", "MODE_PYTHON", "validate_file", "verify_file"]
+__all__ = ["MODE_NATIVE", "MODE_PYTHON", "validate_file", "verify_file"]
 
 
 def validate_file(
@@ -56,23 +45,21 @@ def validate_file(
     """Validate ``path`` against ``schema``; return its receipt or raise a located error.
 
     ``mode`` chooses who checks the values first: the compiled converter (the default;
-    a file it declines goes to the engine), the engine (any refusal is then named by
-    the reference) or the Python reference alone. When the engine cannot
-    run at all (not installed, no usable scratch directory), the reference validates
-    alone, with the same result but many times slower: ``warn`` is told why.
+    a file it declines goes to the reference, which names any refusal) or the Python
+    reference alone. When the compiled converter cannot take the file at all (switched
+    off, not built, a column it does not take), the reference validates alone, with the
+    same result but many times slower: ``warn`` is told why. A removed mode raises
+    :class:`dpone.preparation.modes.PreparationModeRemoved`, naming its replacement.
     """
+    refuse_removed_mode(mode)
     plans = plan_columns(schema.columns, dict(overrides or {}))  # refuses types before reading
     digest = hashlib.sha256()
     source = source_name or str(path)
     with open(Path(path), "rb") as stream:
         size_before = os.fstat(stream.fileno()).st_size
         counted = None
-        if mode == MODE_NATIVE and takes(plans):
-            counted = _native_check(stream, plans, max_record_bytes, max_records)
-            if counted is None:
-                stream.seek(0)
-        if counted is None and mode in (MODE_NATIVE, MODE_ENGINE):
-            counted = _engine_check(stream, plans, max_record_bytes, max_records, warn)
+        if mode == MODE_NATIVE:
+            counted = _native_check(stream, plans, max_record_bytes, max_records, warn)
             if counted is None:
                 stream.seek(0)
         if counted is not None:
@@ -117,9 +104,24 @@ def _native_check(
     plans: tuple[ColumnPlan, ...],
     max_record_bytes: int | None,
     max_records: int | None,
+    warn: Callable[[str], None] | None,
 ) -> tuple[int, str, int] | None:
     """(records, SHA-256, bytes) when the compiled converter takes every record; None
-    to hand over (to the engine, then the reference), as :func:`_engine_check`."""
+    to hand the file to the reference.
+
+    The stream is read once; each whole-record range is hashed in order and converted
+    with its bytes discarded. A decline, a budget, a too long record or a missing final
+    LF hands the file over; so does a converter that cannot take it at all, with a
+    ``warn``ing that says why.
+    """
+    reason = not_taken(plans)
+    if reason is not None:
+        if warn is not None:
+            warn(
+                f"the compiled converter {reason}, so the Python reference validated the "
+                "file alone, which is many times slower"
+            )
+        return None
     digest = hashlib.sha256()
     records = 0
     ranges = NativeRanges(
@@ -141,73 +143,6 @@ def _native_check(
     if ranges.too_long or ranges.trailing:
         return None
     return records, digest.hexdigest(), ranges.size
-
-
-def _engine_check(
-    stream: io.BufferedReader,
-    plans: tuple[ColumnPlan, ...],
-    max_record_bytes: int | None,
-    max_records: int | None,
-    warn: Callable[[str], None] | None,
-) -> tuple[int, str, int] | None:
-    """(records, SHA-256, bytes) when the engine accepts every record; None to hand over.
-
-    The stream is read once; each whole-record range is hashed in order and written to
-    a private file that one engine worker checks. A refusal, a budget, a missing final
-    LF or an engine that cannot run all hand the file to the reference.
-    """
-    digest = hashlib.sha256()
-    size = records = submitted = finished = 0
-    try:
-        with EngineSession() as session:
-            work = session.work_dir  # the engine's own home, which it removes
-            counts: dict[int, int] = {}
-
-            def collect() -> bool:
-                nonlocal finished
-                job, answer = session.next_result(lambda: False)
-                if answer is None or int(answer) != counts.pop(job):
-                    return False
-                (work / f"in-{job}").unlink()
-                finished += 1
-                return True
-
-            total = os.fstat(stream.fileno()).st_size
-            chunk_bytes = range_bytes(total, session.workers)
-            ranges = RecordRanges(stream, chunk_bytes, max_record_bytes or MAX_CARRY_BYTES)
-            for data, end in ranges:
-                chunk = work / f"in-{submitted}"
-                counts[submitted] = spill_range(chunk, data, end, digest)
-                del data
-                size += end
-                records += counts[submitted]
-                if max_records is not None and records > max_records:
-                    return None
-                session.submit(submitted, *check_job(plans, chunk, max_record_bytes))
-                submitted += 1
-                while submitted - finished > session.in_flight:
-                    if not collect():
-                        return None
-            if ranges.too_long or ranges.trailing:
-                return None
-            while finished < submitted:
-                if not collect():
-                    return None
-    except EngineUnavailable as exc:
-        if warn is not None:
-            warn(
-                "the engine could not run, so the Python reference validated alone, which "
-                f"is many times slower: {_one_line(str(exc))}"
-            )
-        return None  # the reference validates alone
-    return records, digest.hexdigest(), size
-
-
-def _one_line(text: str, limit: int = 400) -> str:
-    """A multi-line reason (an engine's log tail) as its first and last lines."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    short = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
-    return short if len(short) <= limit else short[: limit - 3] + "..."
 
 
 def verify_file(

@@ -14,13 +14,12 @@ import contextlib
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from dpone.preparation import engine_child
-from dpone.preparation.engine_conversion import ReadsInto, RecordRanges, range_bytes
 from dpone.preparation.native import rowbinary
 from dpone.preparation.native.rowbinary import MODE_NATIVE, NativePart, NativeUnavailable
+from dpone.preparation.ranges import ReadsInto, RecordRanges, default_workers, range_bytes
 from dpone.typepolicy import ColumnPlan
 
-__all__ = ["MODE_NATIVE", "NativeRanges", "NativeUnavailable", "takes"]
+__all__ = ["MODE_NATIVE", "NativeRanges", "NativeUnavailable", "not_taken", "takes"]
 
 # Bounds of a range's length: short enough that the ranges in flight stay small in
 # memory (each holds its bytes and its RowBinary), long enough that a call's fixed
@@ -31,19 +30,32 @@ MAX_RANGE_BYTES = 8 << 20
 
 def takes(plans: tuple[ColumnPlan, ...]) -> bool:
     """Whether the compiled converter is available and takes columns like ``plans``."""
-    return rowbinary.available() and rowbinary.column_spec(plans) is not None
+    return not_taken(plans) is None
+
+
+def not_taken(plans: tuple[ColumnPlan, ...]) -> str | None:
+    """Why the compiled converter takes no file of ``plans`` ("is switched off (...)",
+    "does not take Decimal(76, 40)"), or None when it takes them."""
+    reason = rowbinary.unavailable_reason()
+    if reason is not None:
+        return reason
+    if rowbinary.column_spec(plans) is not None:
+        return None
+    # Which column: the first one it would not take alone (none for no columns at all).
+    odd = [p.clickhouse_type for p in plans if rowbinary.column_spec((p,)) is None]
+    return f"does not take {odd[0]}" if odd else "takes no file without columns"
 
 
 class NativeRanges:
     """The converted parts of ``stream``, in order (:meth:`parts`); None once a range is declined.
 
     A fault of the converter itself (out of memory, say) counts as declining: the
-    next converter decides, as for any range this one does not take.
+    reference decides, as for any range this one does not take.
 
     ``on_bytes`` sees every byte handed to the converter, in order (to hash them). After
     iteration, ``size`` is the bytes converted, and ``too_long`` and ``trailing`` say
     what :class:`RecordRanges` says (a record too long to hold, bytes after the last
-    LF): both are for another converter to name. ``keep`` False drops the RowBinary
+    LF): both are for the reference to name. ``keep`` False drops the RowBinary
     (validation needs only the verdict).
     """
 
@@ -66,7 +78,7 @@ class NativeRanges:
         self._max_record_bytes = max_record_bytes
         self._on_bytes = on_bytes
         self._keep = keep
-        self.workers = workers or engine_child.default_workers()
+        self.workers = workers or default_workers()
         chunk = range_bytes(total_bytes, self.workers, (MIN_RANGE_BYTES, MAX_RANGE_BYTES))
         self._ranges = RecordRanges(stream, chunk, carry_limit)
         self.size = 0

@@ -27,7 +27,7 @@ from dpone.contracts.preparation import (
 from dpone.contracts.receipt import FileReceipt
 from dpone.durable_files import fsync_directory
 from dpone.errors import DeadlineError, DponeError
-from dpone.preparation import engine_conversion, native_conversion
+from dpone.preparation import native_conversion
 from dpone.preparation.artifact import (
     ArtifactMismatch,
     FileObservation,
@@ -35,23 +35,30 @@ from dpone.preparation.artifact import (
     scan_descriptor,
 )
 from dpone.preparation.conversion import convert_records
-from dpone.preparation.engine_conversion import (
-    MAX_CARRY_BYTES,
-    MODE_ENGINE,
-    EngineSession,
-    EngineSpool,
-    EngineUnavailable,
-    RecordRanges,
-    spill_range,
+from dpone.preparation.modes import (
+    DEFAULT_MODE,
+    MODE_NATIVE,
+    MODE_PYTHON,
+    MODES,
+    PreparationModeRemoved,
+    refuse_removed_mode,
 )
-from dpone.preparation.native_conversion import MODE_NATIVE, NativeRanges
+from dpone.preparation.native_conversion import NativeRanges
+from dpone.preparation.ranges import MAX_CARRY_BYTES
 from dpone.typepolicy import POLICY_ID, POLICY_VERSION, ColumnPlan, plan_columns
 
-MODE_PYTHON = "python-reference"
-MODES = (MODE_NATIVE, MODE_ENGINE, MODE_PYTHON)
-# What a stage uses unless told otherwise: the compiled converter, then the engine for
-# whatever it declines, both held to the reference's bytes.
-DEFAULT_MODE = MODE_NATIVE
+__all__ = [
+    "DEFAULT_MODE",
+    "MODES",
+    "MODE_NATIVE",
+    "MODE_PYTHON",
+    "PreparationBudget",
+    "PreparationError",
+    "PreparationModeRemoved",
+    "PreparedSpool",
+    "prepare_rowbinary",
+]
+
 SPOOL_NAME = "data.rowbinary"
 # Budgets are checked every this many rows (and at the end).
 CHECK_EVERY_ROWS = 1024
@@ -108,11 +115,12 @@ def prepare_rowbinary(
     attempt, verified by that caller just before; otherwise one is opened and verified
     here. Either way the conversion hashes every byte it converts and refuses a
     spool whose source bytes are not the receipt's. ``mode`` selects the converter: the
-    Python reference; the engine fast path, which produces identical bytes and, when
-    it refuses anything, hands over to the reference to name the exact error; or the
-    compiled converter, which hands a file it declines to the engine.
+    Python reference, or the compiled converter, which hands a file it declines (or
+    cannot take) to the reference, which names the exact error; both give the same
+    bytes. A removed mode raises :class:`PreparationModeRemoved`, naming its replacement.
     """
     if mode not in MODES:
+        refuse_removed_mode(mode)
         raise PreparationError(f"unknown preparation mode {mode!r}", code="invalid_mode")
     budget = budget or PreparationBudget()
     deadline = None if budget.deadline_seconds is None else budget.clock() + budget.deadline_seconds
@@ -125,78 +133,20 @@ def prepare_rowbinary(
             f"spool directory {directory} already exists", code="spool_exists", path=str(directory)
         ) from exc
     own_held = held is None
-    session = None
-    native = mode == MODE_NATIVE and native_conversion.takes(plans)
     try:
-        if mode == MODE_ENGINE or (mode == MODE_NATIVE and not native):
-            # Start the engine first: it loads while the source is verified. Ranges
-            # pass through its home, which it removes.
-            session = EngineSession()
         artifact = held or HeldArtifact(source, receipt)
     except BaseException:
-        if session is not None:
-            session.close()
         shutil.rmtree(directory, ignore_errors=True)
         raise
+    path = directory / SPOOL_NAME
     try:
         _check_deadline(budget, deadline, "entry")
         if own_held:  # a caller's held descriptor was verified by that caller
             artifact.verify()
             _check_deadline(budget, deadline, "entry verification")
-        path = directory / SPOOL_NAME
-        engine_result = None
-        declined = False
-        if native:
-            engine_result = _native_spool(
-                artifact, receipt, plans, path, budget, deadline, progress
-            )
-            if engine_result is None:
-                path.unlink(missing_ok=True)
-                # The engine takes what the compiled converter declined; if it cannot
-                # start, the stage fails as with --preparation engine-chdb, naming why.
-                session = EngineSession()
-        if session is not None:
-            try:
-                engine_result = _engine_spool(
-                    artifact, receipt, plans, path, budget, deadline, session, progress
-                )
-            except _Declined:
-                declined = True
-            except EngineUnavailable as exc:
-                if exc.code == "engine_timeout":
-                    raise DeadlineError(
-                        f"preparation deadline of {budget.deadline_seconds:g} s expired during engine conversion",
-                        code="preparation_deadline",
-                        phase="engine conversion",
-                    ) from exc
-                raise
-            finally:
-                session.close()
-            if engine_result is None:
-                path.unlink(missing_ok=True)
-        if engine_result is None:
-            digest, size, rows, content = _write_spool(
-                artifact, receipt, plans, path, budget, deadline, str(source), progress
-            )
-            if session is not None and not declined:
-                # The engine refused what the reference accepts: never silently.
-                raise PreparationError(
-                    "the engine refused a file the reference converter accepts",
-                    code="engine_divergence",
-                )
-        else:
-            # The engine wrote the spool itself: its digest is the one the seal reads.
-            digest, size, rows, content = None, *engine_result
-        _check_deadline(budget, deadline, "sealing")
-        sealed = _seal(path)
-        if sealed.size != size or digest not in (None, sealed.sha256):
-            raise PreparationError(
-                "the spool on disk differs from what was written", code="spool_mismatch"
-            )
-        _check_deadline(budget, deadline, "seal verification")
+        job = _Job(artifact, receipt, plans, path, budget, deadline, str(source), progress)
+        sealed, size, rows, content = _write_and_seal(job, mode)
     except BaseException:
-        if session is not None:
-            session.close()
         shutil.rmtree(directory, ignore_errors=True)
         raise
     finally:
@@ -214,24 +164,58 @@ def prepare_rowbinary(
     return PreparedSpool(path, identity, plans, mode)
 
 
-def _write_spool(
-    artifact: HeldArtifact,
-    receipt: FileReceipt,
-    plans: tuple[ColumnPlan, ...],
-    path: Path,
-    budget: PreparationBudget,
-    deadline: float | None,
-    source: str,
-    progress: Callable[[int, int], None] | None = None,
-) -> tuple[str, int, int, str]:
+@dataclass(frozen=True)
+class _Job:
+    """One preparation's inputs, as both converters take them."""
+
+    artifact: HeldArtifact
+    receipt: FileReceipt
+    plans: tuple[ColumnPlan, ...]
+    path: Path
+    budget: PreparationBudget
+    deadline: float | None
+    source: str
+    progress: Callable[[int, int], None] | None
+
+
+def _write_and_seal(job: _Job, mode: str) -> tuple[FileObservation, int, int, str]:
+    """Write the spool, seal it and read it back: (sealed, spool bytes, records, rows digest).
+
+    The compiled converter first when ``mode`` asks for it and it takes the columns;
+    a file it declines (a value the reference refuses, nearly always) is converted
+    again, whole, by the reference, which names the record, column and reason.
+    """
+    written = None
+    if mode == MODE_NATIVE and native_conversion.takes(job.plans):
+        written = _native_spool(job)
+        if written is None:
+            job.path.unlink(missing_ok=True)
+    if written is None:
+        digest, size, rows, content = _write_spool(job)
+    else:
+        # The compiled converter's digest is the one the seal reads back.
+        digest, (size, rows, content) = None, written
+    _check_deadline(job.budget, job.deadline, "sealing")
+    sealed = _seal(job.path)
+    if sealed.size != size or digest not in (None, sealed.sha256):
+        raise PreparationError(
+            "the spool on disk differs from what was written", code="spool_mismatch"
+        )
+    _check_deadline(job.budget, job.deadline, "seal verification")
+    return sealed, size, rows, content
+
+
+def _write_spool(job: _Job) -> tuple[str, int, int, str]:
     """The reference path: (spool SHA-256, spool bytes, records, rows digest)."""
+    receipt, plans, path, budget = job.receipt, job.plans, job.path, job.budget
+    deadline, source, progress = job.deadline, job.source, job.progress
     source_digest = hashlib.sha256()
     spool_digest = hashlib.sha256()
     content = RowsDigest()
     written = 0
     rows_done = 0
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb", buffering=WRITE_BUFFER_BYTES) as out, artifact.stream() as stream:
+    with os.fdopen(fd, "wb", buffering=WRITE_BUFFER_BYTES) as out, job.artifact.stream() as stream:
         _check_free_space(path, budget, 0)
         reader = BulkTextReader(
             stream,
@@ -287,132 +271,27 @@ def _write_spool(
     return spool_digest.hexdigest(), written, rows, content.hexdigest()
 
 
-def _engine_spool(
-    artifact: HeldArtifact,
-    receipt: FileReceipt,
-    plans: tuple[ColumnPlan, ...],
-    path: Path,
-    budget: PreparationBudget,
-    deadline: float | None,
-    session: EngineSession,
-    progress: Callable[[int, int], None] | None = None,
-) -> tuple[int, int, str] | None:
-    """The engine fast path: (spool bytes, records, rows digest), or None to hand over.
-
-    The source is read once, through the held descriptor, in ranges that end at a
-    record boundary; every range is hashed in order before the engine sees it, so the
-    bytes converted are provably the receipt's. Each range becomes a private file
-    (0600, in the engine's private 0700 home) that one engine worker converts into a part of
-    the spool and reads back for its row count and rows digest; at most a few ranges
-    are in flight, so disk and memory stay flat whatever the file's size. Parts are
-    joined in order. Any refusal or budget the engine cannot name exactly (a missing
-    final LF, too many records, a too long record, the spool budget) goes to the
-    reference, which reports it at its record and column.
-    """
-    work = session.work_dir
-    chunk_bytes = engine_conversion.range_bytes(receipt.artifact_size, session.workers)
-    source_digest = hashlib.sha256()
-    size = records = written = rows_total = submitted = joined = 0
-    counts: dict[int, int] = {}
-    done: dict[int, EngineSpool] = {}
-    content = 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as out, artifact.stream() as stream:
-
-        def collect() -> bool:
-            """Wait for one range; join every finished one in order. False: refused."""
-            nonlocal joined, written, rows_total, content
-            job, answer = session.next_result(
-                lambda: deadline is not None and budget.clock() >= deadline
-            )
-            if answer is None:
-                return False
-            done[job] = engine_conversion.parse_digest(answer)
-            while joined in done:
-                part = done.pop(joined)
-                if part.rows != counts.pop(joined):
-                    raise PreparationError(
-                        f"the engine read {part.rows} rows back from its spool, the range has "
-                        "a different number of records",
-                        code="engine_divergence",
-                    )
-                part_path = work / f"out-{joined}"
-                with open(part_path, "rb") as part_file:
-                    written += _copy_all(part_file.fileno(), out.fileno())
-                part_path.unlink()
-                (work / f"in-{joined}").unlink()
-                rows_total += part.rows
-                content += int(part.rows_digest, 16)
-                joined += 1
-            return True
-
-        ranges = RecordRanges(stream, chunk_bytes, budget.max_record_bytes or MAX_CARRY_BYTES)
-        for data, end in ranges:
-            chunk_path = work / f"in-{submitted}"
-            counts[submitted] = spill_range(chunk_path, data, end, source_digest)
-            del data
-            size += end
-            records += counts[submitted]
-            if budget.max_rows is not None and records > budget.max_rows:
-                return None
-            session.submit(
-                submitted,
-                *engine_conversion.conversion_job(
-                    plans,
-                    chunk_path.absolute(),
-                    (work / f"out-{submitted}").absolute(),
-                    budget.max_record_bytes,
-                ),
-            )
-            submitted += 1
-            while submitted - joined > session.in_flight:
-                if not collect():
-                    return None
-            _check_deadline(budget, deadline, f"engine conversion (record {records})")
-            _check_free_space(path, budget, records)
-            if budget.max_spool_bytes is not None and written > budget.max_spool_bytes:
-                return None  # the reference names the record where the budget ran out
-            if progress is not None:
-                progress(rows_total, size)
-        if ranges.too_long and budget.max_record_bytes is None:
-            raise _Declined  # a record longer than the engine path holds: the reference decides
-        if ranges.too_long or ranges.trailing:
-            return None  # a record too long, or bytes after the last LF: the reference names them
-        while joined < submitted:
-            if not collect():
-                return None
-        out.flush()
-        os.fsync(out.fileno())
-    converted = _converted(
-        receipt, path, budget, source_digest.hexdigest(), size, written, records, content
-    )
-    return converted if rows_total == records else None
-
-
-def _native_spool(
-    artifact: HeldArtifact,
-    receipt: FileReceipt,
-    plans: tuple[ColumnPlan, ...],
-    path: Path,
-    budget: PreparationBudget,
-    deadline: float | None,
-    progress: Callable[[int, int], None] | None = None,
-) -> tuple[int, int, str] | None:
+def _native_spool(job: _Job) -> tuple[int, int, str] | None:
     """The compiled converter: (spool bytes, records, rows digest), or None to hand over.
 
-    As :func:`_engine_spool`, with the ranges converted in this process's threads and
-    their RowBinary appended to the spool in order; anything the converter declines,
-    and any budget it cannot name exactly, goes to the next converter.
+    The source is read once, through the held descriptor, in ranges that end at a
+    record boundary; every range is hashed in order before it is converted (so the
+    bytes converted are provably the receipt's), converted in this process's threads,
+    and its RowBinary appended to the spool in order. Anything the converter declines,
+    and any budget or fault it cannot name exactly (a missing final LF, a too long
+    record, too many records, the spool budget), goes to the reference, which names it
+    at its record and column.
     """
+    path, budget, deadline, progress = job.path, job.budget, job.deadline, job.progress
     source_digest = hashlib.sha256()
     written = records = 0
     content = 0
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as out, artifact.stream() as stream:
+    with os.fdopen(fd, "wb") as out, job.artifact.stream() as stream:
         ranges = NativeRanges(
             stream,
-            plans,
-            total_bytes=receipt.artifact_size,
+            job.plans,
+            total_bytes=job.receipt.artifact_size,
             carry_limit=budget.max_record_bytes or MAX_CARRY_BYTES,
             max_record_bytes=budget.max_record_bytes,
             on_bytes=source_digest.update,
@@ -438,7 +317,7 @@ def _native_spool(
         out.flush()
         os.fsync(out.fileno())
     return _converted(
-        receipt, path, budget, source_digest.hexdigest(), ranges.size, written, records, content
+        job.receipt, path, budget, source_digest.hexdigest(), ranges.size, written, records, content
     )
 
 
@@ -452,7 +331,7 @@ def _converted(
     records: int,
     content: int,
 ) -> tuple[int, int, str] | None:
-    """The end of a fast path: (spool bytes, records, rows digest), or None to hand over.
+    """The end of the compiled path: (spool bytes, records, rows digest), or None to hand over.
 
     The bytes converted must be the receipt's (else the source changed after its
     verification); a record count or spool budget that does not hold goes to the
@@ -469,23 +348,6 @@ def _converted(
         return None
     _check_free_space(path, budget, records)
     return written, records, format(content % ROWS_DIGEST_MODULUS, "032x")
-
-
-class _Declined(Exception):
-    """The engine path leaves a file it does not take in bounded memory to the reference."""
-
-
-def _copy_all(source: int, target: int) -> int:
-    """Append all of ``source`` to ``target`` inside the kernel; the bytes copied.
-
-    ``sendfile``, not ``copy_file_range``: the part is on the engine's file system
-    (often tmpfs), the spool on the work directory's, and the latter refuses a copy
-    across file systems (EXDEV).
-    """
-    total = 0
-    while copied := os.sendfile(target, source, None, 1 << 30):
-        total += copied
-    return total
 
 
 def _seal(path: Path) -> FileObservation:

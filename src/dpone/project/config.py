@@ -25,7 +25,13 @@ from dpone.contracts.composition_snapshot import DEFAULT_LIMITS, SnapshotLimits
 from dpone.errors import ConfigurationError
 from dpone.localserver.layout import DEFAULT_DATA_DIR
 from dpone.localserver.principal_pool import check_databases
-from dpone.preparation.spool import DEFAULT_MODE, MODES
+from dpone.preparation.modes import (
+    DEFAULT_MODE,
+    MODES,
+    REMOVED_MODES,
+    PreparationModeRemoved,
+    removed_mode_message,
+)
 from dpone.staging.composition import TRANSPORTS
 from dpone.staging.contract import PhysicalDesign
 
@@ -39,18 +45,24 @@ _LIMIT_KEYS = tuple(DEFAULT_LIMITS.to_document())
 
 @dataclass(frozen=True)
 class ConfigProblem:
-    """One problem of the project file: where (key path, line) and what."""
+    """One problem of the project file: where (key path, line) and what.
+
+    ``code`` is set for a problem a program may act on (a removed preparation mode:
+    ``preparation_mode_removed``); the others are all ``invalid_config``.
+    """
 
     key: str
     message: str
     line: int | None = None
+    code: str | None = None
 
     def __str__(self) -> str:
         where = f"{self.key} (line {self.line})" if self.line else self.key
         return f"{where}: {self.message}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "line": self.line, "message": self.message}
+        document = {"key": self.key, "line": self.line, "message": self.message}
+        return document if self.code is None else {**document, "code": self.code}
 
 
 class ProjectConfigError(ConfigurationError):
@@ -156,8 +168,11 @@ def parse_project(text: str, path: Path) -> Project:
     project = reader.project(document, path)
     if reader.problems:
         listed = "\n".join(f"  {p}" for p in reader.problems)
+        # A file whose one problem has a code of its own fails with that code.
+        only = reader.problems[0] if len(reader.problems) == 1 else None
         raise ProjectConfigError(
             f"{path} has {len(reader.problems)} problem(s):\n{listed}",
+            code=None if only is None else only.code,
             path=str(path),
             problems=[p.to_dict() for p in reader.problems],
         )
@@ -252,8 +267,8 @@ class _Reader:
         self.base = base
         self.problems: list[ConfigProblem] = []
 
-    def problem(self, path: tuple[str, ...], message: str) -> None:
-        self.problems.append(ConfigProblem(".".join(path), message, self.locator.line(path)))
+    def problem(self, path: tuple[str, ...], message: str, code: str | None = None) -> None:
+        self.problems.append(ConfigProblem(".".join(path), message, self.locator.line(path), code))
 
     def section(
         self, value: Any, path: tuple[str, ...], known: tuple[str, ...], hints: Mapping[str, str]
@@ -370,10 +385,22 @@ class _Reader:
             client_path=self.get(
                 table, path, "client_path", str, "clickhouse-client", check=_non_empty
             ),
-            preparation=self.get(
-                table, path, "preparation", str, DEFAULT_MODE, check=_one_of(MODES)
-            ),
+            preparation=self.preparation(table, path),
         )
+
+    def preparation(self, table: Mapping[str, Any], path: tuple[str, ...]) -> str:
+        """The preparation mode; a removed one is a problem with its own code, naming
+        the replacement."""
+        chosen = table.get("preparation")
+        if isinstance(chosen, str) and chosen in REMOVED_MODES:
+            self.problem(
+                (*path, "preparation"),
+                removed_mode_message(chosen),
+                code=PreparationModeRemoved.code,
+            )
+            return DEFAULT_MODE
+        mode: str = self.get(table, path, "preparation", str, DEFAULT_MODE, check=_one_of(MODES))
+        return mode
 
     def source(self, name: str, raw: Any) -> SourceConfig | None:
         path = ("sources", name)

@@ -21,7 +21,7 @@ from dpone.contracts.receipt import FileReceipt
 from dpone.errors import ConfigurationError
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import Credentials, Endpoint
-from dpone.preparation.spool import DEFAULT_MODE
+from dpone.preparation.modes import DEFAULT_MODE, refuse_removed_mode
 from dpone.staging.contract import (
     PhysicalDesign,
     StagingPolicy,
@@ -55,6 +55,10 @@ class StagingConfig:
     # system.users id of the staging user, observed by an administrator, for a user
     # whose own grants do not let it read system.users (recorded in the journal).
     principal_uuid: str | None = None
+
+    def __post_init__(self) -> None:
+        # Refused here, before any attempt starts, with the error naming the replacement.
+        refuse_removed_mode(self.preparation_mode)
 
 
 class ReceiptDecoder:

@@ -1,11 +1,11 @@
 /*
  * dpone's compiled conversion: whole records of the bulk text format to RowBinary.
  *
- * A third converter beside the Python reference (dpone.typepolicy.converters with
- * dpone.connectors.bulk_text_codec) and the engine's SQL. It takes only what it can
- * prove the reference accepts, with the reference's exact bytes; on anything else
- * (a value the reference refuses, or one this code does not decide) it declines the
- * whole range, and the caller converts it another way. It never names an error: the
+ * The second converter beside the Python reference (dpone.typepolicy.converters with
+ * dpone.connectors.bulk_text_codec). It takes only what it can prove the reference
+ * accepts, with the reference's exact bytes; on anything else (a value the reference
+ * refuses, or one this code does not decide) it declines the whole range, and the
+ * caller converts the file with the reference. It never names an error: the
  * reference does that. Differential tests hold it to the reference value by value.
  *
  * Called through ctypes, which releases the GIL for the call, so ranges convert on

@@ -1,15 +1,15 @@
 """The compiled conversion (``rowbinary.c``): whole records to RowBinary, on all cores.
 
-A converter held to the Python reference's bytes like the engine is, and narrower by
-design: it takes a range of records only when it can prove the reference accepts
-every value in it, and gives the reference's exact bytes and rows digest; anything
-else it *declines*, and the caller converts that range another way (the engine, and
-the reference behind it, which names what is wrong). It never decides a refusal.
+A converter held to the Python reference's bytes, and narrower by design: it takes a
+range of records only when it can prove the reference accepts every value in it, and
+gives the reference's exact bytes and rows digest; anything else it *declines*, and
+the caller converts the file with the reference, which names what is wrong. It never
+decides a refusal.
 
 The library is built from ``rowbinary.c`` by ``scripts/build_native.sh`` (which
 ``scripts/bootstrap.sh`` runs); where it is
 missing or cannot run (no compiler at install time, a big-endian machine), the
-converter is simply not available and the callers use the engine.
+converter is simply not available and the callers use the reference.
 """
 
 from __future__ import annotations
@@ -21,10 +21,19 @@ from pathlib import Path
 
 from dpone.connectors.bulk_text_codec import ColumnKind
 from dpone.errors import DponeError
+from dpone.preparation.modes import MODE_NATIVE
 from dpone.typepolicy import ColumnPlan
 from dpone.typepolicy.policy import target_of
 
-MODE_NATIVE = "native"
+__all__ = [
+    "MODE_NATIVE",
+    "NativePart",
+    "NativeUnavailable",
+    "available",
+    "column_spec",
+    "convert_range",
+    "unavailable_reason",
+]
 LIBRARY = Path(__file__).with_name("_rowbinary.so")
 # Set to a false value ("0") to leave the compiled converter unused.
 ENV_SWITCH = "DPONE_NATIVE"
@@ -76,13 +85,16 @@ class NativePart:
     rows_digest: int  # the sum of the rows' terms modulo 2**128 (see RowsDigest)
 
 
-def _load() -> ctypes.CDLL | None:
+def _load() -> tuple[ctypes.CDLL | None, str | None]:
+    """The library, or None and why not."""
     if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
-        return None
+        return None, f"is switched off ({ENV_SWITCH}={os.environ[ENV_SWITCH]})"
+    if not LIBRARY.is_file():
+        return None, "is not built (scripts/build_native.sh builds it)"
     try:
         library = ctypes.CDLL(str(LIBRARY))
-    except OSError:
-        return None
+    except OSError as exc:
+        return None, f"cannot be loaded ({exc})"
     library.dpone_rowbinary_convert.restype = ctypes.c_int
     library.dpone_rowbinary_convert.argtypes = [
         ctypes.c_char_p,
@@ -94,10 +106,12 @@ def _load() -> ctypes.CDLL | None:
     ]
     library.dpone_rowbinary_check.restype = ctypes.c_int
     library.dpone_rowbinary_check.argtypes = []
-    return library if library.dpone_rowbinary_check() == 1 else None
+    if library.dpone_rowbinary_check() != 1:
+        return None, "cannot run on this machine"
+    return library, None
 
 
-_LIBRARY = _load()
+_LIBRARY, _UNAVAILABLE = _load()
 
 
 def available() -> bool:
@@ -105,10 +119,17 @@ def available() -> bool:
     return _LIBRARY is not None
 
 
+def unavailable_reason() -> str | None:
+    """Why the compiled converter is not available ("is switched off (...)"), or None."""
+    if _LIBRARY is not None:
+        return None
+    return _UNAVAILABLE or "is not available"
+
+
 def column_spec(plans: tuple[ColumnPlan, ...]) -> ctypes.Array[ctypes.c_int32] | None:
     """The converter's description of ``plans``, or None when it takes none of it.
 
-    Left to the engine: decimals wider than 38 digits, fractional precision above 7
+    Left to the reference: decimals wider than 38 digits, fractional precision above 7
     (the reference's own limit of an Int64 of ticks), a parameter outside the C
     side's 32-bit integers (a huge FixedString width), and any pairing of column kind
     and type the policy does not produce (or no columns at all).
