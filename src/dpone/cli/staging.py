@@ -24,6 +24,7 @@ from dpone.staging.composition import StagingConfig, build_transport
 from dpone.staging.journal import read_events, verify_journal
 from dpone.staging.recovery import (
     RECOVERY_STEPS,
+    attempt_directory,
     cleanup_attempt,
     discard_attempt,
     finishing_command,
@@ -454,9 +455,13 @@ def attempts_cleanup(
 ) -> None:
     """Clean ATTEMPT_ID up when its queries' terminal state is proven; refuse otherwise.
 
-    Once cleaned up, the attempt's ingest lease in the publication store ends too.
+    ATTEMPT_ID names a directory directly inside --work-dir, and the server must be
+    the one the attempt's journal bound (endpoint_mismatch). Once cleaned up, the
+    attempt's ingest lease in the publication store ends too.
     """
     with reported_errors(as_json):
+        # Before the server is even looked for: a bad id is the user's first error.
+        attempt_directory(work_dir, attempt_id)
         config = staging_config(work_dir=work_dir, **server)  # type: ignore[arg-type]
         summary = cleanup_attempt(
             build_transport(config), work_dir, attempt_id, database=config.endpoint.database
@@ -487,9 +492,12 @@ def attempts_discard(
 ) -> None:
     """Drop the staged table of ATTEMPT_ID (never published) after verifying it is its own.
 
-    The attempt's ingest lease in the publication store ends too.
+    As for cleanup, ATTEMPT_ID names a directory directly inside --work-dir and the
+    server must be the one the journal bound. The attempt's ingest lease in the
+    publication store ends too.
     """
     with reported_errors(as_json):
+        attempt_directory(work_dir, attempt_id)  # as for cleanup: before any server
         config = staging_config(work_dir=work_dir, **server)  # type: ignore[arg-type]
         summary = discard_attempt(
             build_transport(config), work_dir, attempt_id, database=config.endpoint.database

@@ -6,17 +6,22 @@ finalizer). Each drop has a durable intent, its own query id, and a verified
 outcome: the server's acknowledgment or a proof of the query's termination (query-log
 evidence only from the DROP's own origin), then an exact observation that the table
 is gone.
+
+Also here: the check that a later actor talks to the server an attempt's journal
+bound (:func:`check_bound_endpoint`), before it proves or drops anything.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from dpone.connectors.clickhouse_tables import Ownership, TableObservationError, table_exists
-from dpone.connectors.endpoint_identity import EndpointIdentityError
+from dpone.connectors.endpoint_identity import EndpointIdentityError, observe_identity
 from dpone.connectors.remote_termination import prove_termination
-from dpone.errors import DeadlineError, DponeError, TransportError
+from dpone.errors import DeadlineError, DponeError, StateError, TransportError
 from dpone.ports.clickhouse import QueryPort
+from dpone.ports.clickhouse_errors import ClickHouseServerError
 from dpone.ports.clickhouse_request import mutation, mutation_query_id
 from dpone.sql import quote_identifier
 from dpone.staging.contract import StagingError
@@ -30,12 +35,67 @@ from dpone.staging.states import StageState
 
 # Failures of an observation: the remote state stays unknown (never assumed).
 UNOBSERVABLE = (TransportError, DeadlineError, TableObservationError, EndpointIdentityError)
+UNKNOWN_DATABASE = 81  # ClickHouse's error code (every request names the database)
 
 
 class CleanupRefused(StagingError):
     """A cleanup step ran and failed: the server refused the DROP, or the table remains."""
 
     code = "cleanup_failed"
+
+
+class EndpointMismatch(StateError):
+    """The endpoint is not the server (or database) the attempt's journal bound."""
+
+    code = "endpoint_mismatch"
+
+
+def check_bound_endpoint(
+    transport: QueryPort,
+    bound: Mapping[str, Any] | None,
+    database: str,
+    *,
+    attempt_id: str,
+    probe_prefix: str,
+    deadline: float,
+) -> dict[str, Any]:
+    """The endpoint's identity (reads only); refuses unless it is ``bound``.
+
+    ``bound`` is the identity the attempt's journal recorded (None: it recorded none,
+    and the observation is returned unchecked). Raises :class:`EndpointMismatch`
+    naming both identities, or the :class:`EndpointIdentityError` of an endpoint
+    without a usable identity (with the journal's identity added to its details).
+    """
+    try:
+        observed = observe_identity(
+            transport, database, probe_prefix=probe_prefix, deadline=deadline
+        ).to_document()
+    except EndpointIdentityError as exc:
+        exc.add_details(journal_identity=bound, attempt_id=attempt_id)
+        raise
+    except ClickHouseServerError as exc:
+        if exc.details.get("clickhouse_code") != UNKNOWN_DATABASE:
+            raise
+        raise EndpointIdentityError(
+            f"database {database!r} does not exist on this endpoint: it is not where attempt "
+            f"{attempt_id} staged; nothing done",
+            code="database_missing",
+            database=database,
+            journal_identity=bound,
+            attempt_id=attempt_id,
+        ) from exc
+    if bound is not None and observed != dict(bound):
+        raise EndpointMismatch(
+            f"attempt {attempt_id} worked on server {bound.get('server_id')} (database "
+            f"{bound.get('database')} uuid {bound.get('database_uuid')}), as its journal binds; "
+            f"this endpoint is server {observed['server_id']} (database {observed['database']} "
+            f"uuid {observed['database_uuid']}). Nothing was done: point the command at the "
+            "server the attempt staged on",
+            attempt_id=attempt_id,
+            journal_identity=dict(bound),
+            observed_identity=observed,
+        )
+    return observed
 
 
 def drop_owned_table(

@@ -18,6 +18,11 @@ nothing: ``attempts list`` shows the same afterwards. Nothing is inferred from s
 
 A staged table that will never be published is discarded the same way: ownership
 verified, a durable intent, its own query id (``-discard``), removal verified.
+
+Every operation first checks that the endpoint is the server and database the journal
+bound (``endpoint_mismatch`` otherwise, writing nothing): another server's start
+time or missing table proves nothing here. Attempt ids name one directory directly
+inside the work directory (:func:`attempt_directory`).
 """
 
 from __future__ import annotations
@@ -35,11 +40,16 @@ from typing import Any
 from dpone.connectors.clickhouse_tables import Ownership, observe_ownership
 from dpone.connectors.endpoint_identity import observe_server_start
 from dpone.connectors.remote_termination import prove_termination
-from dpone.errors import DponeError, StateError
+from dpone.errors import ConfigurationError, DponeError, StateError
 from dpone.localserver.layout import DEFAULT_DATA_DIR
 from dpone.ports.clickhouse import QueryPort
-from dpone.ports.clickhouse_request import mutation_query_id, read_query_id
-from dpone.staging.cleanup import UNOBSERVABLE, CleanupRefused, drop_owned_table
+from dpone.ports.clickhouse_request import check_attempt_id, mutation_query_id, read_query_id
+from dpone.staging.cleanup import (
+    UNOBSERVABLE,
+    CleanupRefused,
+    check_bound_endpoint,
+    drop_owned_table,
+)
 from dpone.staging.journal import (
     ClickHouseFileAttemptJournal,
     JournalEvent,
@@ -56,6 +66,33 @@ RECOVERY_STEPS = (
     "start a fresh attempt with a new attempt id",
 )
 _PROVEN = frozenset({"finished_ok", "failed", "killed", "server_restart"})
+
+
+def attempt_directory(work_dir: Path, attempt_id: str) -> Path:
+    """The directory of ``attempt_id`` in ``work_dir``; refuses an id that leaves it.
+
+    The id follows the attempt id grammar (one path component: ``invalid_attempt_id``)
+    and names a directory directly inside ``work_dir``, not a symbolic link
+    (``attempt_outside_work_dir``): nothing acts on a journal ``work_dir`` does not hold.
+    """
+    try:
+        check_attempt_id(attempt_id)
+    except ConfigurationError as exc:
+        exc.add_details(attempt_id=attempt_id, work_dir=str(work_dir))
+        raise
+    path = Path(work_dir) / attempt_id
+    resolved = path.resolve()
+    if path.is_symlink() or resolved.parent != Path(work_dir).resolve():
+        raise ConfigurationError(
+            f"attempt {attempt_id}: {path} is a link to {resolved}, not a directory of its own "
+            f"in the work directory {work_dir}; nothing done",
+            code="attempt_outside_work_dir",
+            attempt_id=attempt_id,
+            path=str(path),
+            resolved=str(resolved),
+            work_dir=str(work_dir),
+        )
+    return path
 
 
 @dataclass(frozen=True)
@@ -95,6 +132,9 @@ class AttemptSummary:
     # A retention drop's journal names the rollback copy (uuid, mark) it drops instead
     # of a table of its own (see dpone.project.retention).
     rollback_copy: dict[str, Any] | None = None
+    # The server and database the attempt worked on, as its journal bound them (None:
+    # its events record none, e.g. a retention drop's).
+    endpoint_identity: dict[str, Any] | None = None
 
     @property
     def sent_mutations(self) -> tuple[str, ...]:
@@ -125,6 +165,7 @@ class AttemptSummary:
             "semantic_id": self.semantic_id,
             "error_code": self.error_code,
             "inventory": self.inventory,
+            "endpoint_identity": self.endpoint_identity,
             "needs_operator": self.needs_operator,
             "recovery_steps": list(RECOVERY_STEPS) if self.needs_operator else [],
         }
@@ -135,7 +176,7 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
     sent: list[SentMutation] = []
     settled: set[str] = set()
     returned: dict[str, int] = {}
-    uuid = semantic = planned = copy = None
+    uuid = semantic = planned = copy = bound = None
     for event in events:
         doc = event.document
         back = doc.get("returned")
@@ -165,6 +206,8 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
         semantic = doc.get("semantic_id", semantic)
         planned = doc.get("planned_ownership", planned)
         copy = doc.get("rollback_copy", copy)
+        if isinstance(doc.get("endpoint_identity"), dict):
+            bound = doc["endpoint_identity"]
     sent = [dataclasses.replace(m, returned_ms=returned.get(m.query_id)) for m in sent]
     last = events[-1] if events else None
     doc = last.document if last else {}
@@ -182,6 +225,7 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
         error_code=doc.get("error_code"),
         inventory=dict(doc.get("cleanup_inventory") or {}),
         rollback_copy=copy if isinstance(copy, dict) else None,
+        endpoint_identity=bound,
     )
 
 
@@ -307,10 +351,18 @@ class _Operator:
         wall_clock: Callable[[], float],
     ) -> None:
         self.transport = transport
-        self.attempt_dir = work_dir / attempt_id
+        self.attempt_dir = attempt_directory(work_dir, attempt_id)
         self.journal = ClickHouseFileAttemptJournal(work_dir, attempt_id)
         self.run = AttemptRun.resume(self.journal, wall_clock=wall_clock)
         self.summary = summarize(self.attempt_dir, read_events(self.attempt_dir))
+        if self.summary.attempt_id != attempt_id:
+            # A renamed directory: events appended under this name would break its journal.
+            raise StateError(
+                f"{self.attempt_dir} holds the journal of attempt {self.summary.attempt_id}, "
+                f"not {attempt_id}; nothing done",
+                code="attempt_id_mismatch",
+                journal_attempt_id=self.summary.attempt_id,
+            )
         self.seconds = seconds
         self.deadline = time.monotonic() + seconds
         self.wall_clock = wall_clock
@@ -330,6 +382,23 @@ class _Operator:
                 code="database_mismatch",
             )
         return str(planned["database"]), str(planned["table"])
+
+    def check_endpoint(self) -> None:
+        """The first query of every operation: the endpoint is the one the journal bound.
+
+        A journal that binds none (a retention drop's) is bound from here on to the
+        identity observed: the events this operation appends record it.
+        """
+        planned = self.summary.planned_table or {}
+        observed = check_bound_endpoint(
+            self.transport,
+            self.summary.endpoint_identity,
+            str((self.summary.endpoint_identity or planned).get("database")),
+            attempt_id=self.summary.attempt_id,
+            probe_prefix=self.read_id("identity"),
+            deadline=self.deadline,
+        )
+        self.run.base.setdefault("endpoint_identity", observed)
 
     def ownership(self, database: str, table: str, expected_uuid: str | None) -> Ownership | None:
         """The table if it exists and is provably the attempt's; refuses otherwise."""
@@ -447,6 +516,7 @@ def cleanup_attempt(
             code="nothing_to_clean",
         )
     where = op.table(database)  # before any query: a wrong --database asks nothing
+    op.check_endpoint()  # the first query: another server proves nothing about this one
     proofs = op.prove_settled()
     found = op.ownership(*where, None) if where else None
     drop_id = mutation_query_id(op.summary.attempt_id, "drop")
@@ -508,6 +578,7 @@ def discard_attempt(
         )
     where = op.table(database)
     assert where is not None  # a staged attempt always planned its table
+    op.check_endpoint()
     if state is StageState.DISCARDING:
         op.prove_settled()
     found = op.ownership(*where, expected_uuid)
