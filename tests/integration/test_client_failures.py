@@ -1,8 +1,9 @@
-"""What ``--transport client`` says when it is pointed at the wrong port."""
+"""What ``--transport client`` says when it is pointed at the wrong port or cannot run."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -13,10 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from dpone.connectors.clickhouse_client import ClientTransport
+from dpone.connectors.clickhouse_client import (
+    ClientProbeDeadline,
+    ClientTransport,
+    ClientUnusable,
+    client_version,
+)
+from dpone.errors import DeadlineError
 from dpone.localserver import ServerInfo
 from dpone.ports.clickhouse_errors import NotSubmitted, OutcomeUnknown
 from dpone.ports.clickhouse_request import Credentials, Endpoint, read
+from dpone.staging.composition import client_type_check
 from tests import chhttp
 
 
@@ -117,3 +125,88 @@ def test_sigkill_during_a_client_query_leaves_no_credential_file(
         for pid in clients:  # the orphaned client child this test started
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def script(tmp_path: Path, body: str, mode: int = 0o755) -> str:
+    path = tmp_path / "clickhouse-client"
+    path.write_text(body)
+    path.chmod(mode)
+    return str(path)
+
+
+def client_at(info: ServerInfo, credentials: Credentials, path: str) -> ClientTransport:
+    endpoint = Endpoint("127.0.0.1", info.http_port, info.tcp_port, "default")
+    return ClientTransport(endpoint, credentials, client_path=path)
+
+
+@pytest.mark.parametrize(
+    ("body", "mode", "code", "number"),
+    [  # a real script without execute permission; a file that is no program
+        (
+            "#!/bin/sh\necho 'ClickHouse client version 18.16.1.'\n",
+            0o644,
+            "client_not_executable",
+            errno.EACCES,
+        ),
+        ("not a program\n", 0o755, "client_cannot_run", errno.ENOEXEC),
+    ],
+)
+def test_a_client_that_cannot_start_is_named_and_nothing_is_sent(
+    clickhouse: ServerInfo,
+    admin_credentials: Credentials,
+    tmp_path: Path,
+    body: str,
+    mode: int,
+    code: str,
+    number: int,
+) -> None:
+    path = script(tmp_path, body, mode)
+    qid = f"dpone-test-unstartable-{time.time_ns()}"
+    with pytest.raises(ClientUnusable) as caught:
+        client_at(clickhouse, admin_credentials, path).execute(
+            read("SELECT 1", qid), deadline=time.monotonic() + 60
+        )
+    assert isinstance(caught.value, NotSubmitted)
+    assert (caught.value.code, caught.value.details["client_path"]) == (code, path)
+    assert caught.value.details["query_id"] == qid and qid in caught.value.message
+    assert isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == number
+    assert caught.value.details["errno"] == number
+    with pytest.raises(ClientUnusable) as version:
+        client_version(path, deadline=time.monotonic() + 60)
+    assert (version.value.code, version.value.details["client_path"]) == (code, path)
+    assert isinstance(version.value.__cause__, OSError) and version.value.__cause__.errno == number
+
+
+SLEEPER = "#!/bin/sh\nexec sleep 30\n"  # never answers --version in time
+
+
+def test_the_version_probe_ends_at_the_callers_deadline(
+    clickhouse: ServerInfo, admin_credentials: Credentials, tmp_path: Path
+) -> None:
+    path = script(tmp_path, SLEEPER)
+    qid = f"dpone-test-slow-probe-{time.time_ns()}"
+    began = time.monotonic()
+    with pytest.raises(ClientProbeDeadline) as caught:
+        client_at(clickhouse, admin_credentials, path).execute(
+            read("SELECT 1", qid), deadline=began + 0.5
+        )
+    assert time.monotonic() - began < 5  # the caller's deadline, not a fixed 30 s
+    error = caught.value
+    assert isinstance(error, NotSubmitted) and isinstance(error, DeadlineError)
+    assert error.details == {"submitted": False, "client_path": path, "query_id": qid}
+    assert isinstance(error.__cause__, subprocess.TimeoutExpired)
+
+
+def test_the_type_check_asks_the_version_within_its_bound(tmp_path: Path) -> None:
+    path = script(tmp_path, SLEEPER)
+    began = time.monotonic()
+    with pytest.raises(ClientProbeDeadline) as caught:
+        client_version(path, deadline=began + 0.5)
+    with pytest.raises(ClientProbeDeadline):
+        client_type_check(path, seconds=0.5)([("c", "Int32")])
+    assert time.monotonic() - began < 5
+    assert caught.value.details["client_path"] == path
+
+
+def test_the_real_client_says_its_version(clickhouse_client: str) -> None:
+    assert client_version(clickhouse_client, deadline=time.monotonic() + 60) == (18, 16)

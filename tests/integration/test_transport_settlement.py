@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.connectors.clickhouse_tables import staging_table_name
 from dpone.localserver import ServerInfo
+from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_errors import NotSubmitted
 from dpone.ports.clickhouse_request import ClickHouseRequest
-from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
+from dpone.sinks import ClickHouseSink
+from dpone.staging.composition import StagingConfig
 from dpone.staging.journal import read_events
-from dpone.staging.service import ClickHouseValidatedFileService
 from tests import chhttp
 from tests.integration.test_staging import DB, Interfering, config, export_hostile, table_exists
 
@@ -22,23 +25,31 @@ def test_an_insert_never_sent_needs_no_termination_proof(
 ) -> None:
     chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
     path, receipt, _ = export_hostile(tmp_path)
-    now = [0.0]
+    skew = [0.0]
 
     def late(request: ClickHouseRequest) -> None:
-        if request.query_id.endswith("-insert"):
-            now[0] += 10_000.0  # the INSERT's deadline is spent before a byte leaves
+        # For the INSERT alone, the transport's clock is past every deadline: its
+        # deadline is spent before a byte leaves. Every other request runs in time.
+        skew[0] = 10_000.0 if request.query_id.endswith("-insert") else 0.0
 
-    cfg = config(clickhouse, tmp_path / "work")
-    inner = HttpTransport(cfg.endpoint, cfg.credentials, clock=lambda: now[0])
-    svc = ClickHouseValidatedFileService(
-        Interfering(inner, late), DB, tmp_path / "work", policy=cfg.policy, clock=lambda: now[0]
-    )
+    def transport(cfg: StagingConfig) -> QueryPort:
+        clock = lambda: time.monotonic() + skew[0]  # noqa: E731 - the transport's clock only
+        return Interfering(HttpTransport(cfg.endpoint, cfg.credentials, clock=clock), late)
+
+    sink = ClickHouseSink(config(clickhouse, tmp_path / "work"), transport_factory=transport)
     with pytest.raises(NotSubmitted) as caught:
-        svc.stage(ContractValidatedFileArtifact(path, receipt), "unsent-insert-1")
+        sink.stage_validated_file(path, receipt, attempt_id="unsent-insert-1")
     assert caught.value.code == "transport_deadline"
     assert caught.value.details["submitted"] is False
     events = [e.document for e in read_events(tmp_path / "work" / "unsent-insert-1")]
     # Not sent means not sent: no probes of the INSERT, the table dropped, all cleaned.
     assert not [e for e in events if e["outcome"] == "termination_observed"]
     assert events[-1]["state"] == "failed_cleaned"
-    assert not table_exists(clickhouse, "dpone_stage_unsent_insert_1")
+    # The table the attempt created (its name from the code, never spelled by hand: an
+    # old spelling names a table that never existed, and its absence proves nothing).
+    table = staging_table_name("unsent-insert-1")
+    assert events[0]["planned_ownership"]["table"] == table
+    # The one creation, the INSERT never sent, the drop (the identity may come first).
+    intents = [e["query"]["kind"] for e in events if e["outcome"] in ("intent", "drop_intent")]
+    assert [k for k in intents if k != "identity"] == ["create", "insert", "drop"]
+    assert not table_exists(clickhouse, table)

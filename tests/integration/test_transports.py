@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import os
 import re
 import signal
@@ -16,7 +18,13 @@ import pytest
 
 from dpone.connectors.clickhouse_client import ClientTransport
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.endpoint_identity import EndpointIdentityError, observe_identity
+from dpone.connectors.endpoint_identity import (
+    EndpointIdentityError,
+    observe_identity,
+    observe_principal,
+    observe_server_start,
+    observe_user_uuid,
+)
 from dpone.connectors.remote_termination import (
     Termination,
     kill_query,
@@ -24,6 +32,7 @@ from dpone.connectors.remote_termination import (
     query_log_state,
 )
 from dpone.localserver import LocalServer, ServerInfo, admin_credentials
+from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_errors import (
     ClickHouseServerError,
     NotSubmitted,
@@ -31,12 +40,14 @@ from dpone.ports.clickhouse_errors import (
     TransportDeadline,
 )
 from dpone.ports.clickhouse_request import (
+    ClickHouseRequest,
     Credentials,
     Endpoint,
     mutation,
     mutation_query_id,
     read,
 )
+from dpone.ports.clickhouse_result import QueryResult
 from tests import chhttp
 from tests.conftest import READER_PASSWORD, TEST_DATABASE
 
@@ -249,6 +260,18 @@ def test_kill_of_a_running_query(kind: str, clickhouse: ServerInfo) -> None:
     )
 
 
+def _client_runs(query_id: str) -> bool:
+    """Whether a process runs with ``query_id`` as one argument (the client child)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:
+            continue  # it exited meanwhile
+        if query_id.encode() in argv:
+            return True
+    return False
+
+
 def test_server_stopped_mid_insert_is_unknown_until_proven(
     kind: str, clickhouse: ServerInfo, tmp_path: Path
 ) -> None:
@@ -260,17 +283,20 @@ def test_server_stopped_mid_insert_is_unknown_until_proven(
             f"CREATE TABLE {DB}.t (id Int32, s String) ENGINE = MergeTree ORDER BY id",
         )
         calls = 0
+        qid = mutation_query_id(f"victim-{kind}", "insert")
 
         def killing_clock() -> float:
             nonlocal calls
-            calls += 1
+            # The client transport first asks the server (a read) whether the settings
+            # the client cannot send hold: count from when the INSERT's own child runs.
+            if kind == "http" or calls or _client_runs(qid):
+                calls += 1
             if calls == 4:  # a few chunks in: the server dies mid-INSERT
                 os.kill(victim.info.pid, signal.SIGKILL)
                 time.sleep(0.3)
             return time.monotonic()
 
         t = make_transport(kind, victim.info, clock=killing_clock)
-        qid = mutation_query_id(f"victim-{kind}", "insert")
         with pytest.raises(OutcomeUnknown) as caught:
             t.execute(
                 mutation(
@@ -356,3 +382,64 @@ def test_endpoint_identity_on_the_managed_server(clickhouse: ServerInfo) -> None
     with pytest.raises(EndpointIdentityError) as missing:
         observe_identity(t, "no_such_db", probe_prefix="ident-4", deadline=soon())
     assert missing.value.code == "database_missing"
+
+
+class WithoutMember:
+    """The real transport, with ``member`` taken out of the rows of queries ending in
+    ``suffix``: a malformed control row, a fault a real server cannot produce."""
+
+    def __init__(self, inner: QueryPort, suffix: str, member: str) -> None:
+        self.inner, self.suffix, self.member = inner, suffix, member
+        self.name = inner.name
+
+    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
+        result = self.inner.execute(request, deadline=deadline)
+        if not request.query_id.endswith(self.suffix):
+            return result
+        rows = [{k: v for k, v in row.items() if k != self.member} for row in result.json_rows()]
+        output = b"".join(json.dumps(row).encode() + b"\n" for row in rows)
+        return dataclasses.replace(result, output=output)
+
+
+@pytest.mark.parametrize(
+    ("suffix", "member"),
+    [("-server", "id"), ("-identity", "uuid"), ("-database", "uuid"), ("-database", "engine")],
+)
+def test_a_control_row_without_a_member_is_a_named_error(
+    clickhouse: ServerInfo, suffix: str, member: str
+) -> None:
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    chhttp.query(
+        clickhouse.http_port, "CREATE DATABASE IF NOT EXISTS _dpone_identity ENGINE = Atomic"
+    )
+    t = WithoutMember(make_transport("http", clickhouse), suffix, member)
+    with pytest.raises(EndpointIdentityError) as caught:
+        observe_identity(t, DB, probe_prefix="ident-member", deadline=soon())
+    error = caught.value
+    assert error.code == "identity_unobservable"
+    assert error.details == {"query_id": f"ident-member{suffix}", "member": member}
+    assert f"ident-member{suffix}" in error.message and repr(member) in error.message
+    assert isinstance(error.__cause__, KeyError)
+
+
+@pytest.mark.parametrize(
+    ("call", "suffix", "member"),
+    [
+        (lambda t: observe_principal(t, None, probe_prefix="p", deadline=soon()), "p-user", "user"),
+        (
+            lambda t: observe_user_uuid(t, "dpone_admin", query_id="p-uid", deadline=soon()),
+            "p-uid",
+            "id",
+        ),
+        (lambda t: observe_server_start(t, query_id="p-up", deadline=soon()), "p-up", "up"),
+    ],
+    ids=["principal", "user_uuid", "server_start"],
+)
+def test_who_and_since_when_without_a_member_are_named_errors(
+    clickhouse: ServerInfo, call: Callable[[Any], object], suffix: str, member: str
+) -> None:
+    t = WithoutMember(make_transport("http", clickhouse), suffix, member)
+    with pytest.raises(EndpointIdentityError) as caught:
+        call(t)
+    assert caught.value.details == {"query_id": suffix, "member": member}
+    assert isinstance(caught.value.__cause__, KeyError)

@@ -91,9 +91,20 @@ def decode_value(cur: Cursor, ch_type: str) -> Any:
     raise NotImplementedError(t)
 
 
-def decode_rows(data: bytes, types: list[str]) -> list[tuple[Any, ...]]:
+def decode_rows(data: bytes, types: list[str], rows: int | None = None) -> list[tuple[Any, ...]]:
+    """Decode ``data`` as rows of ``types``: exactly ``rows`` of them when given.
+
+    Without ``rows`` any whole number of rows is accepted, so a writer that emits an
+    extra row goes unnoticed: pass the count the writer claims. With it, bytes after
+    the last expected row (trailing rows, whole or partial) and a short input are
+    refused with ``ValueError``.
+    """
     cur = Cursor(data)
-    rows = []
-    while cur.pos < len(data):
-        rows.append(tuple(decode_value(cur, t) for t in types))
-    return rows
+    decoded: list[tuple[Any, ...]] = []
+    while cur.pos < len(data) if rows is None else len(decoded) < rows:
+        decoded.append(tuple(decode_value(cur, t) for t in types))
+    if cur.pos != len(data):
+        raise ValueError(
+            f"{len(data) - cur.pos} trailing bytes after the {len(decoded)} expected rows"
+        )
+    return decoded

@@ -6,6 +6,11 @@ final wait. Credentials travel in an anonymous in-memory configuration file pass
 as ``/dev/fd/N`` (:func:`client_config`): no file holding them is ever left on disk,
 and they are never in argv or the environment of other processes. On any
 BaseException (KeyboardInterrupt included) the child is killed and reaped first.
+
+An old client cannot send every pinned setting (Debian's 18.16 does not know
+``async_insert``). A mutation is then sent only after a read through the same client
+proved that the server's profile gives each such setting its pinned value; otherwise
+it is refused before anything is sent (``pinned_settings_not_sent``).
 """
 
 from __future__ import annotations
@@ -19,13 +24,13 @@ import re
 import selectors
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, NoReturn
 from xml.sax.saxutils import escape
 
-from dpone.errors import ConfigurationError
+from dpone.errors import ConfigurationError, DeadlineError, DponeError
 from dpone.ports.clickhouse_errors import (
     ClickHouseServerError,
     DeadlineBeforeSend,
@@ -33,8 +38,15 @@ from dpone.ports.clickhouse_errors import (
     OutcomeUnknown,
     TransportDeadline,
 )
-from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
+from dpone.ports.clickhouse_request import (
+    ClickHouseRequest,
+    Credentials,
+    Endpoint,
+    RequestKind,
+    read,
+)
 from dpone.ports.clickhouse_result import QueryResult
+from dpone.sql import quote_literal
 
 OUTPUT_CAP = 64 * 1024
 ERROR_CAP = 64 * 1024
@@ -45,6 +57,90 @@ ATTEMPT_TO_READ_AFTER_EOF = 32
 UNEXPECTED_PACKET_FROM_SERVER = 102
 # A failed name lookup: 198 DNS_ERROR (recent clients), Poco's "Host not found" (18.16).
 _HOST_NOT_FOUND = re.compile(r"Not found address of host|Host not found")
+_VERSION = re.compile(rb"version (\d+)\.(\d+)")
+
+
+class ClientUnusable(NotSubmitted):
+    """The configured ``clickhouse-client`` cannot be run or asked what it is; nothing was sent."""
+
+    code = "client_unusable"
+
+
+class ClientProbeDeadline(TransportDeadline, NotSubmitted):
+    """``clickhouse-client ... --version`` outlived the caller's deadline; nothing was sent."""
+
+    code = "client_probe_deadline"
+
+
+def probe_client(
+    client_path: str,
+    options: Sequence[str] = (),
+    *,
+    deadline: float,
+    clock: Callable[[], float] = time.monotonic,
+    query_id: str | None = None,
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``client_path OPTIONS --version`` within ``deadline``; it talks to no server.
+
+    ``--version`` parses the options and exits (``--help`` cannot serve: some builds
+    print it without end). A client that cannot be started, or that outlives the
+    deadline (it is killed), raises a typed error naming the path (and ``query_id``,
+    the request it was asked for).
+    """
+    argv = [client_path, *options, "--version"]
+    left = deadline - clock()
+    try:
+        if left <= 0:  # already spent: start nothing
+            raise subprocess.TimeoutExpired(argv, 0)
+        return subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=left, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ClientProbeDeadline(
+            f"clickhouse-client at {client_path!r} did not answer --version within the "
+            f"caller's deadline ({max(left, 0):.3g} s left); nothing was sent",
+            submitted=False,
+            client_path=client_path,
+            **({"query_id": query_id} if query_id else {}),
+        ) from exc
+    except OSError as exc:
+        raise cannot_start(client_path, exc, query_id) from exc
+
+
+def cannot_start(client_path: str, exc: OSError, query_id: str | None) -> ClientUnusable:
+    """The typed error for a client that could not be started (``exc`` is the cause)."""
+    code, why = (
+        ("client_missing", "was not found")
+        if isinstance(exc, FileNotFoundError)
+        else ("client_not_executable", "is not executable by this user")
+        if isinstance(exc, PermissionError)
+        else ("client_cannot_run", f"cannot be started ({exc.strerror or exc})")
+    )
+    sent = f"; query {query_id} was not sent" if query_id else ""
+    return ClientUnusable(
+        f"clickhouse-client at {client_path!r} {why}{sent}",
+        code=code,
+        client_path=client_path,
+        errno=exc.errno,
+        **({"query_id": query_id} if query_id else {}),
+    )
+
+
+def client_version(
+    client_path: str, *, deadline: float, clock: Callable[[], float] = time.monotonic
+) -> tuple[int, int]:
+    """``clickhouse-client --version`` as (major, minor), asked within ``deadline``."""
+    done = probe_client(client_path, deadline=deadline, clock=clock)
+    found = _VERSION.search(done.stdout)
+    if done.returncode != 0 or found is None:
+        raise ClientUnusable(
+            f"clickhouse-client at {client_path!r} does not say its version (exit "
+            f"{done.returncode}: {done.stdout[:200]!r})",
+            code="client_version_unknown",
+            client_path=client_path,
+            exit_code=done.returncode,
+        )
+    return int(found[1]), int(found[2])
 
 
 class ClientTransport:
@@ -69,41 +165,47 @@ class ClientTransport:
         self._output_cap = output_cap
         self._error_cap = error_cap
         self._options: dict[str, bool] = {}
+        self._version: tuple[int, int] | None = None
 
-    def supports_setting(self, name: str, value: str) -> bool:
+    def supports_setting(
+        self, name: str, value: str, *, deadline: float, query_id: str | None = None
+    ) -> bool:
         """Whether this client accepts ``--name=value`` (old clients know fewer settings).
 
-        Probed once per setting with ``--version``, which parses options and exits;
-        ``--help`` cannot be used (some builds print it without end).
+        Probed once per setting (:func:`probe_client`), within the caller's deadline.
         """
         if name not in self._options:
-            try:
-                done = subprocess.run(
-                    [self.client_path, f"--{name}={value}", "--version"],
-                    stdin=subprocess.DEVNULL,
-                    capture_output=True,
-                    timeout=30,
-                    check=False,
-                )
-            except FileNotFoundError as exc:
-                raise NotSubmitted(
-                    f"clickhouse-client not found at {self.client_path!r}", code="client_missing"
-                ) from exc
+            option = [f"--{name}={value}"]
+            done = probe_client(
+                self.client_path, option, deadline=deadline, clock=self._clock, query_id=query_id
+            )
             self._options[name] = done.returncode == 0
         return self._options[name]
 
-    def passed_settings(self, request: ClickHouseRequest) -> tuple[dict[str, str], list[str]]:
-        """Settings sent on the command line, and those this client cannot carry.
+    def version(self, *, deadline: float) -> tuple[int, int]:
+        """This client's (major, minor) version, asked once (:func:`client_version`)."""
+        if self._version is None:
+            self._version = client_version(self.client_path, deadline=deadline, clock=self._clock)
+        return self._version
 
-        A setting the client does not know cannot be sent by it; such settings must be
-        pinned by the server's user profile (the managed server pins async_insert=0).
-        """
+    def passed_settings(
+        self, request: ClickHouseRequest, *, deadline: float
+    ) -> tuple[dict[str, str], list[str]]:
+        """Settings sent on the command line, and those this client cannot carry."""
         wanted = request.all_settings(http=False)
-        passed = {k: v for k, v in wanted.items() if self.supports_setting(k, v)}
+        passed = {
+            k: v
+            for k, v in wanted.items()
+            if self.supports_setting(k, v, deadline=deadline, query_id=request.query_id)
+        }
         return passed, sorted(set(wanted) - set(passed))
 
     def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
-        """Run ``request`` once; return its complete acknowledgment or raise a typed outcome."""
+        """Run ``request`` once; return its complete acknowledgment or raise a typed outcome.
+
+        ``settings_not_sent`` on the result names the pinned settings this client could
+        not send; on a mutation each was proven to hold on the server before sending.
+        """
         if request.session_id is not None:
             # HTTP sessions do not exist in the native protocol: sending without one
             # would silently drop the guarantee the caller asked for.
@@ -117,7 +219,9 @@ class ClientTransport:
             raise DeadlineBeforeSend(
                 "deadline expired before starting the client", query_id=request.query_id
             )
-        settings, unpassed = self.passed_settings(request)
+        settings, unpassed = self.passed_settings(request, deadline=deadline)
+        if unpassed and request.kind is RequestKind.MUTATION:
+            self._prove_held(request, unpassed, deadline)
         with client_config(self._credentials) as (config, config_fd):
             argv = [
                 self.client_path,
@@ -137,6 +241,57 @@ class ClientTransport:
             ]
             result = self._run(argv, request, deadline, config_fd)
         return dataclasses.replace(result, settings_not_sent=tuple(unpassed))
+
+    def _prove_held(self, request: ClickHouseRequest, unpassed: list[str], deadline: float) -> None:
+        """Refuse (nothing sent) a mutation unless the server gives every setting the
+        client cannot send its pinned value: a pinned setting is never dropped silently.
+
+        The proof is a read through this client as this user (``<query id>-settings``):
+        ``system.settings`` shows what the user's profile makes of each setting, which
+        is what the mutation will run with since the client cannot change it.
+        """
+        wanted = request.all_settings(http=False)
+        names = ", ".join(quote_literal(name) for name in unpassed)
+        probe = read(
+            f"SELECT name, value FROM system.settings WHERE name IN ({names}) FORMAT JSONEachRow",
+            f"{request.query_id}-settings",
+        )
+        try:
+            rows = self.execute(probe, deadline=deadline).json_rows()
+            version = self.version(deadline=deadline)
+        except DeadlineError as exc:
+            raise DeadlineBeforeSend(
+                f"deadline expired while proving the pinned settings of query "
+                f"{request.query_id} (probe {probe.query_id}); it was not sent",
+                query_id=request.query_id,
+            ) from exc
+        except DponeError as exc:
+            raise NotSubmitted(
+                f"the pinned settings {', '.join(unpassed)} of query {request.query_id} could "
+                f"not be proven on the server (probe {probe.query_id}: {exc}); it was not sent",
+                code="pinned_settings_unproven",
+                query_id=request.query_id,
+                probe_query_id=probe.query_id,
+                settings=unpassed,
+            ) from exc
+        observed = {str(row.get("name")): row.get("value") for row in rows}
+        differ = {n: observed.get(n) for n in unpassed if observed.get(n) != wanted[n]}
+        if differ:
+            raise NotSubmitted(
+                f"clickhouse-client {version[0]}.{version[1]} at {self.client_path!r} cannot "
+                f"send the pinned settings {', '.join(f'{n}={wanted[n]}' for n in differ)} of "
+                f"query {request.query_id}, and the server gives them "
+                f"{', '.join(f'{n}={v}' for n, v in differ.items())} (None: unknown to it); "
+                "nothing was sent: pin them in the user's settings profile, use a newer "
+                "clickhouse-client, or --transport http",
+                code="pinned_settings_not_sent",
+                query_id=request.query_id,
+                probe_query_id=probe.query_id,
+                settings={n: wanted[n] for n in differ},
+                observed=differ,
+                client_version=f"{version[0]}.{version[1]}",
+                client_path=self.client_path,
+            )
 
     def _run(
         self, argv: list[str], request: ClickHouseRequest, deadline: float, config_fd: int
@@ -165,12 +320,8 @@ class ClientTransport:
                 stderr=subprocess.PIPE,
                 pass_fds=(config_fd,),
             )
-        except FileNotFoundError as exc:
-            raise NotSubmitted(
-                f"clickhouse-client not found at {self.client_path!r}",
-                code="client_missing",
-                query_id=request.query_id,
-            ) from exc
+        except OSError as exc:
+            raise cannot_start(self.client_path, exc, request.query_id) from exc
         try:
             sent, digest, stdout, stderr = self._pump(child, request, deadline, spool)
             self._check_deadline(deadline, request, "before the final wait")
@@ -255,19 +406,10 @@ class ClientTransport:
                     pending = pending[written:]
         finally:
             selector.close()
+        out, err = (bytes(outputs[stream.fileno()]) for stream in (child.stdout, child.stderr))
         if request.body is None:
-            return (
-                None,
-                None,
-                bytes(outputs[child.stdout.fileno()]),
-                bytes(outputs[child.stderr.fileno()]),
-            )
-        return (
-            sent,
-            digest.hexdigest(),
-            bytes(outputs[child.stdout.fileno()]),
-            bytes(outputs[child.stderr.fileno()]),
-        )
+            return None, None, out, err
+        return sent, digest.hexdigest(), out, err
 
     def _check_deadline(self, deadline: float, request: ClickHouseRequest, when: str) -> float:
         left = deadline - self._clock()

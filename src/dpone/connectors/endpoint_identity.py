@@ -59,12 +59,24 @@ class EndpointIdentity:
         }
 
 
-def _one_row(rows: list[dict[str, Any]], what: str) -> dict[str, Any]:
+def _one_row(rows: list[dict[str, Any]], what: str, query_id: str, *members: str) -> dict[str, Any]:
+    """The only row of ``rows`` with ``members``; a row without one is unobservable."""
     if len(rows) != 1:
         raise EndpointIdentityError(
-            f"{what}: expected one row, got {len(rows)}", code="identity_unobservable"
+            f"{what}: expected one row from query {query_id}, got {len(rows)}",
+            code="identity_unobservable",
+            query_id=query_id,
         )
-    return rows[0]
+    try:
+        return {member: rows[0][member] for member in members}
+    except KeyError as exc:
+        raise EndpointIdentityError(
+            f"{what}: the row from query {query_id} has no member {exc.args[0]!r} "
+            f"(it has {sorted(rows[0])!r:.200})",
+            code="identity_unobservable",
+            query_id=query_id,
+            member=exc.args[0],
+        ) from exc
 
 
 def _rows(
@@ -73,6 +85,13 @@ def _rows(
     return transport.execute(
         read(f"{statement} FORMAT JSONEachRow", query_id), deadline=deadline
     ).json_rows()
+
+
+def _one(
+    transport: QueryPort, statement: str, query_id: str, deadline: float, *members: str
+) -> dict[str, Any]:
+    """The one row ``statement`` answers, with ``members`` (named by the statement)."""
+    return _one_row(_rows(transport, statement, query_id, deadline), statement, query_id, *members)
 
 
 def observe_identity(
@@ -87,20 +106,19 @@ def observe_identity(
 
     Also proves the target database exists and is ``Atomic`` (EXCHANGE TABLES needs it).
     """
-    row = _one_row(
-        _rows(transport, "SELECT toString(serverUUID()) AS id", f"{probe_prefix}-server", deadline),
-        "serverUUID()",
-    )
+    statement = "SELECT toString(serverUUID()) AS id"
+    row = _one(transport, statement, f"{probe_prefix}-server", deadline, "id")
     server_id, source = str(row["id"]), SOURCE_SERVER_UUID
     if server_id == NIL_UUID:
         server_id, source = (
             _dpone_identity(transport, probe_prefix, deadline, establish),
             SOURCE_DPONE_TABLE,
         )
+    query_id = f"{probe_prefix}-database"
     dbs = _rows(
         transport,
         f"SELECT toString(uuid) AS uuid, engine FROM system.databases WHERE name = {quote_literal(database)}",
-        f"{probe_prefix}-database",
+        query_id,
         deadline,
     )
     if not dbs:
@@ -110,7 +128,7 @@ def observe_identity(
             code="database_missing",
             database=database,
         )
-    db = _one_row(dbs, f"database {database!r}")
+    db = _one_row(dbs, f"database {database!r}", query_id, "uuid", "engine")
     if db["uuid"] == NIL_UUID:
         raise EndpointIdentityError(
             f"database {database!r} has the Nil UUID", code="nil_database_uuid"
@@ -137,7 +155,8 @@ def _dpone_identity(
         "SELECT toString(uuid) AS uuid FROM system.databases "
         f"WHERE name = {quote_literal(IDENTITY_DATABASE)}"
     )
-    rows = _rows(transport, statement, f"{probe_prefix}-identity", deadline)
+    query_id = f"{probe_prefix}-identity"
+    rows = _rows(transport, statement, query_id, deadline)
     if not rows and establish is not None:
         try:
             establish(IDENTITY_CREATE)
@@ -147,14 +166,15 @@ def _dpone_identity(
                 f"database {IDENTITY_DATABASE}: {exc.message}",
                 code="identity_unavailable",
             ) from exc
-        rows = _rows(transport, statement, f"{probe_prefix}-identity-created", deadline)
+        query_id = f"{probe_prefix}-identity-created"
+        rows = _rows(transport, statement, query_id, deadline)
     if not rows:
         raise EndpointIdentityError(
             f"this server reports a Nil serverUUID() and its dpone identity database "
             f"{IDENTITY_DATABASE} does not exist (or this user may not see it)",
             code="identity_unavailable",
         )
-    row = _one_row(rows, "dpone identity database")
+    row = _one_row(rows, "dpone identity database", query_id, "uuid")
     if row["uuid"] == NIL_UUID:
         raise EndpointIdentityError(
             "dpone identity database has the Nil UUID", code="identity_unavailable"
@@ -173,10 +193,7 @@ def observe_principal(
     497); then ``user_uuid`` is None and only an administrator can observe it
     (:func:`observe_user_uuid`).
     """
-    row = _one_row(
-        _rows(transport, "SELECT currentUser() AS user", f"{probe_prefix}-user", deadline),
-        "currentUser()",
-    )
+    row = _one(transport, "SELECT currentUser() AS user", f"{probe_prefix}-user", deadline, "user")
     user = user if user is not None else str(row["user"])
     if row["user"] != user:
         raise EndpointIdentityError(
@@ -196,15 +213,8 @@ def observe_principal(
 
 def observe_user_uuid(transport: QueryPort, user: str, *, query_id: str, deadline: float) -> str:
     """``system.users.id`` of ``user`` as text (needs SELECT on system.users)."""
-    row = _one_row(
-        _rows(
-            transport,
-            f"SELECT toString(id) AS id FROM system.users WHERE name = {quote_literal(user)}",
-            query_id,
-            deadline,
-        ),
-        f"system.users id of {user!r}",
-    )
+    statement = f"SELECT toString(id) AS id FROM system.users WHERE name = {quote_literal(user)}"
+    row = _one(transport, statement, query_id, deadline, "id")
     return str(row["id"])
 
 
@@ -222,7 +232,7 @@ def observe_server_start(
     start whatever the two clocks say (no clock skew enters).
     """
     began = wall_clock()
-    row = _one_row(_rows(transport, "SELECT uptime() AS up", query_id, deadline), "uptime()")
+    row = _one(transport, "SELECT uptime() AS up", query_id, deadline, "up")
     up = row["up"]
     if isinstance(up, bool) or not isinstance(up, int) or up < 0:
         raise EndpointIdentityError(f"uptime() returned {up!r}", code="identity_unobservable")
