@@ -74,7 +74,7 @@ def test_spool_is_private_sealed_and_exact(sample: Path, tmp_path: Path) -> None
     assert ident.to_document()["rows_digest"] == ident.rows_digest
     assert ident.to_document()["preparation_version"] == "dpone-rowbinary-preparation/3"
     assert ident.source_receipt_sha256 == receipt.sha256
-    rows = decode_rows(data, [c.clickhouse_type for c in ident.target_schema])
+    rows = decode_rows(data, [c.clickhouse_type for c in ident.target_schema], rows=3000)
     assert rows[0][0] == 1 and rows[0][1] == b"name 1" and str(rows[0][2]) == "2020-01-02"
     assert [c.clickhouse_type for c in ident.target_schema] == [
         "Int32",

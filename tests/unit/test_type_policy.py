@@ -23,7 +23,7 @@ def roundtrip(
 ) -> Any:
     plan = plan_column(SourceColumn("c", source_type, nullable), override)
     data = plan.encode(cell)
-    [(value,)] = decode_rows(data, [plan.clickhouse_type])
+    [(value,)] = decode_rows(data, [plan.clickhouse_type], rows=1)
     return value
 
 
