@@ -14,6 +14,12 @@ boundary::
 ``after-claim``: right after the claim's COMMIT returned; ``after-send``: after the
 EXCHANGE request's last byte was handed to the socket, before any answer was read;
 ``after-answer``: after the EXCHANGE's complete acknowledgment, before the record.
+
+With ``stop-`` before a step name (:data:`STOP_STEPS`) the child publishes through the
+library and SIGSTOPs itself once at that step instead, so that another process can act
+while it is stopped; after SIGCONT it carries on and prints its answer (``state@rev``
+or the error's code) on stdout. ``reconcile`` reconciles the intent once and prints
+the same.
 """
 
 from __future__ import annotations
@@ -34,12 +40,15 @@ from typing import Any
 from unittest import mock
 
 from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.contracts.composition_snapshot import SnapshotIntent
+from dpone.errors import DponeError
 from dpone.exporters.export import export_table
 from dpone.exporters.sources import SqliteSource
 from dpone.ports.clickhouse_request import ClickHouseRequest, Endpoint
 from dpone.ports.clickhouse_result import QueryResult
-from dpone.ports.composition_snapshot import AttemptRef, TargetSlot
+from dpone.ports.composition_snapshot import AttemptRef, IssuedPrincipal, TargetSlot
 from dpone.publication import composition as snapshot_composition
+from dpone.publication.authority import SnapshotAuthority
 from dpone.publication.composition import (
     PublicationComponents,
     PublicationConfig,
@@ -57,6 +66,14 @@ from tests import chhttp
 REPOSITORY = Path(__file__).resolve().parents[1]
 Row = tuple[int, str | None, int | None]
 CRASH_POINTS = ("after-claim", "after-send", "after-answer")
+# Where a holder stops itself between the claim and the EXCHANGE (see the module doc).
+STOP_STEPS = (
+    "after-claim",
+    "after-credentials",
+    "before-gate",
+    "after-session",
+    "before-exchange",
+)
 
 
 def is_exchange(request: ClickHouseRequest) -> bool:
@@ -98,11 +115,76 @@ class KillAfterAnswerTransport(HttpTransport):
         return result
 
 
+_stopped: set[str] = set()
+
+
+def stop_once(step: str) -> None:
+    """SIGSTOP this process the first time ``step`` is reached (a stall of any length)."""
+    if step not in _stopped:
+        _stopped.add(step)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+class StopAfterClaimStore(SqliteSnapshotStore):
+    """Stops right after the claim's compare-and-set committed."""
+
+    def _after_commit(self, operation: str) -> None:
+        if operation == "compare_and_set":
+            stop_once("after-claim")
+
+
+class StopAfterCredentialsAuthority(SnapshotAuthority):
+    """Stops right after the publisher's credentials were handed out."""
+
+    def publisher_credentials(self, intent: SnapshotIntent) -> IssuedPrincipal:
+        issued = super().publisher_credentials(intent)
+        stop_once("after-credentials")
+        return issued
+
+
+class StopBeforeGateExecutor(ClickHouseSnapshotExecutor):
+    """Stops in the executor before it takes the dispatch gate."""
+
+    def exchange(self, intent: SnapshotIntent, principal: IssuedPrincipal) -> Any:
+        stop_once("before-gate")
+        return super().exchange(intent, principal)
+
+
+class StopInSessionTransport(HttpTransport):
+    """Stops after the session-open request answered, or before the EXCHANGE is sent."""
+
+    step = "after-session"
+
+    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
+        if self.step == "before-exchange" and is_exchange(request):
+            stop_once(self.step)
+        result = super().execute(request, deadline=deadline)
+        if self.step == "after-session" and str(request.query_id).endswith("-session-open"):
+            stop_once(self.step)
+        return result
+
+
+class StopBeforeExchangeTransport(StopInSessionTransport):
+    step = "before-exchange"
+
+
+def _stop_swaps(step: str) -> dict[str, Any]:
+    if step == "after-claim":
+        return {"store": StopAfterClaimStore}
+    if step == "after-credentials":
+        return {"authority": StopAfterCredentialsAuthority}
+    if step == "before-gate":
+        return {"executor": StopBeforeGateExecutor}
+    transport = StopInSessionTransport if step == "after-session" else StopBeforeExchangeTransport
+    return {"executor": functools.partial(ClickHouseSnapshotExecutor, transport_factory=transport)}
+
+
 @contextlib.contextmanager
 def swapped(
     *,
     store: type[SqliteSnapshotStore] | None = None,
     executor: Any = None,
+    authority: Any = None,
 ) -> Iterator[None]:
     """Let ``build_publication`` assemble these test-side classes instead of the real ones."""
     with contextlib.ExitStack() as stack:
@@ -113,6 +195,10 @@ def swapped(
         if executor is not None:
             stack.enter_context(
                 mock.patch.object(snapshot_composition, "ClickHouseSnapshotExecutor", executor)
+            )
+        if authority is not None:
+            stack.enter_context(
+                mock.patch.object(snapshot_composition, "SnapshotAuthority", authority)
             )
         yield
 
@@ -185,26 +271,40 @@ class Rig:
             AttemptRef(staged.journal_path, slot), staged.journal_head
         )
 
+    def child_argv(self, point: str, intent: str) -> list[str]:
+        """The command line of a harness child at ``point`` on ``intent``."""
+        return [
+            sys.executable,
+            "-m",
+            "tests.publication_harness",
+            point,
+            "--data-dir",
+            str(self.data_dir),
+            "--store",
+            str(self.store_path),
+            "--database",
+            self.database,
+            intent,
+        ]
+
     def crash(self, point: str, intent: str) -> subprocess.CompletedProcess[str]:
         """Publish ``intent`` in a child process that SIGKILLs itself at ``point``."""
         return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "tests.publication_harness",
-                point,
-                "--data-dir",
-                str(self.data_dir),
-                "--store",
-                str(self.store_path),
-                "--database",
-                self.database,
-                intent,
-            ],
+            self.child_argv(point, intent),
             capture_output=True,
             text=True,
             timeout=180,
             check=False,
+            cwd=REPOSITORY,
+        )
+
+    def child(self, point: str, intent: str) -> subprocess.Popen[str]:
+        """Start a harness child (``stop-<step>`` or ``reconcile``) without waiting."""
+        return subprocess.Popen(
+            self.child_argv(point, intent),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             cwd=REPOSITORY,
         )
 
@@ -248,17 +348,32 @@ def _crash_swaps(point: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Publish one intent and die at the named point (exit 3 if the point was never hit)."""
     parser = argparse.ArgumentParser(prog="python -m tests.publication_harness")
-    parser.add_argument("point", choices=CRASH_POINTS)
+    stops = tuple(f"stop-{step}" for step in STOP_STEPS)
+    parser.add_argument("point", choices=(*CRASH_POINTS, *stops, "reconcile"))
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--store", type=Path, required=True)
     parser.add_argument("--database", required=True)
     parser.add_argument("intent")
     args = parser.parse_args(argv)
     config = PublicationConfig(args.data_dir, args.store)
+    if args.point == "reconcile" or args.point.startswith("stop-"):
+        return _answer_child(config, args.database, args.point, args.intent)
     publisher = build(config, args.database, **_crash_swaps(args.point)).publisher
     receipt = publisher.publish(args.intent)
     print(f"survived: {receipt.state.value}@{receipt.revision}", file=sys.stderr)
     return 3
+
+
+def _answer_child(config: PublicationConfig, database: str, point: str, intent: str) -> int:
+    swaps = {} if point == "reconcile" else _stop_swaps(point.removeprefix("stop-"))
+    publisher = build(config, database, **swaps).publisher
+    try:
+        receipt = (publisher.reconcile if point == "reconcile" else publisher.publish)(intent)
+    except DponeError as exc:
+        print(exc.code)
+        return 1
+    print(f"{receipt.state.value}@{receipt.revision}")
+    return 0
 
 
 if __name__ == "__main__":

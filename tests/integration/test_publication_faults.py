@@ -428,7 +428,9 @@ def test_an_unproven_closure_stays_unknown_until_the_publisher_is_quiet(case: Ca
                 f"dpone-test-busy-{case.intent[:16]}-{number}",
                 RequestKind.READ,
                 session_id=session,
-                session_timeout=5,
+                # T as the executor's: a longer one keeps the session open longer,
+                # which only keeps the closure unproven longer.
+                session_timeout=1,
                 check=False,
             )
             # Killed by the closure, or the session is locked: go again.

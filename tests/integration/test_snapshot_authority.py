@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,8 @@ from tests.integration.test_snapshot_executor import (
     make_authority,
     make_intent,
     make_pool,
+    new_gate,
+    scope_with,
 )
 
 DIGEST = "0123456789abcdef" * 2
@@ -126,7 +127,7 @@ def fresh_pool(clickhouse: ServerInfo, pool_credentials: dict[str, Credentials])
 
 @pytest.fixture
 def authority(pool: Pool) -> SnapshotAuthority:
-    return make_authority(pool, threading.Lock(), {})
+    return make_authority(pool, new_gate(), {})
 
 
 def staged(
@@ -309,7 +310,11 @@ def test_closure_kills_a_running_query_then_proves_quiescence(
     samples = proof.facts["samples"]
     assert len(samples) >= 3 and all(s["queries"] == [] for s in samples)
     assert samples[-1]["at_us"] > samples[0]["at_us"]
-    assert proof.facts["query_log"] == {"unfinished": [], "started_after_closure": []}
+    assert proof.facts["query_log"] == {
+        "since_us": 0,
+        "unfinished": [],
+        "started_after_closure": [],
+    }
     assert not pool.registry.get_lease(ingest.lease_id).active
     with pytest.raises(DponeError):
         authority.principal_credentials(ingest)
@@ -355,8 +360,8 @@ def test_one_empty_sample_is_never_proof(
         closer=ScriptedCloser(samples, unfinished),
         endpoint=pool.endpoint(),
         probe_credentials=pool.issuer.role_credentials,
-        sessions_of=lambda ref: [],
-        dispatch_lock=threading.Lock(),
+        scope_of=lambda ref: scope_with(ref.lease_id, []),
+        dispatch_gate=new_gate(),
         policy=ClosurePolicy(samples=3, sample_spacing_seconds=0.0),
         sleep=lambda s: None,
     )

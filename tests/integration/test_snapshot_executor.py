@@ -6,11 +6,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import socket
+import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,7 +36,10 @@ from dpone.ports.composition_snapshot import (
     TargetSlot,
 )
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
+from dpone.publication.dispatch_gate import DispatchGate
+from dpone.publication.dispatch_notes import DispatchGuard, SessionUse
 from dpone.publication.executor import ClickHouseSnapshotExecutor, ExecutorError
+from dpone.publication.lease_scope import LeaseScope
 from dpone.publication.principal_issuers import LocalPoolIssuer
 from tests import chhttp
 from tests.conftest import POOL_DATABASE
@@ -170,9 +176,45 @@ def issue_pair(pool: Pool, attempt_id: str) -> tuple[IssuedPrincipal, IssuedPrin
     return ingest, publisher
 
 
+class UnstoredGuard(DispatchGuard):
+    """The executor's wire behaviour on intents no store holds (they are built here, not
+    prepared): the re-check passes and the notes are kept in memory. The re-check itself
+    is held through ``build_publication`` in test_dispatch_gate.py."""
+
+    def __init__(self) -> None:
+        self.notes: list[dict[str, Any]] = []
+
+    def check(self, intent: SnapshotIntent, principal: IssuedPrincipal, step: str) -> None:
+        return None
+
+    def note(self, intent_sha256: str, facts: Mapping[str, Any]) -> None:
+        self.notes.append(dict(facts))
+
+
+def new_gate() -> DispatchGate:
+    """A dispatch gate of its own (a lock file in a fresh temporary directory)."""
+    return DispatchGate(Path(tempfile.mkdtemp(prefix="dpone-gate-")) / "gate.lock")
+
+
+def executor_on(
+    endpoint: Endpoint, gate: DispatchGate | None = None, **options: Any
+) -> ClickHouseSnapshotExecutor:
+    """An executor with its own gate (or ``gate``) and an :class:`UnstoredGuard`."""
+    return ClickHouseSnapshotExecutor(
+        endpoint, dispatch_gate=gate or new_gate(), guard=UnstoredGuard(), **options
+    )
+
+
+def scope_with(lease_id: str, sessions: list[str]) -> LeaseScope:
+    """A lease's scope whose sessions were opened with no recorded answer (full wait)."""
+    return LeaseScope(
+        lease_id, 0, None, (), tuple(SessionUse(s, True, None) for s in sessions), False
+    )
+
+
 def make_authority(
     pool: Pool,
-    lock: threading.Lock,
+    gate: DispatchGate,
     sessions: dict[str, list[str]],
     *,
     policy: ClosurePolicy | None = None,
@@ -184,8 +226,8 @@ def make_authority(
         closer=HttpTransport(pool.endpoint(), pool.credentials[CLOSER_USER]),
         endpoint=pool.endpoint(),
         probe_credentials=pool.issuer.role_credentials,
-        sessions_of=lambda ref: sessions.get(ref.lease_id, []),
-        dispatch_lock=lock,
+        scope_of=lambda ref: scope_with(ref.lease_id, sessions.get(ref.lease_id, [])),
+        dispatch_gate=gate,
         policy=policy or ClosurePolicy(samples=3, sample_spacing_seconds=0.2),
         sleep=sleep,
     )
@@ -200,7 +242,7 @@ def test_exchange_swaps_as_the_publisher_and_a_reused_id_swaps_back(
     generation, target = tables
     ingest, publisher = issue_pair(pool, "a1")
     intent = make_intent(publisher.ref, ingest.ref, generation, target)
-    executor = ClickHouseSnapshotExecutor(pool.endpoint(), dispatch_lock=threading.Lock())
+    executor = executor_on(pool.endpoint())
     a, b = uuid_of(pool.port, target), uuid_of(pool.port, generation)
     result = executor.exchange(intent, publisher)
     assert result.outcome is DispatchOutcome.ACKNOWLEDGED
@@ -231,9 +273,7 @@ def test_exchange_with_a_missing_table_is_refused_with_its_code(
     ingest, publisher = issue_pair(pool, "a2")
     intent = make_intent(publisher.ref, ingest.ref, generation + "_missing", target)
     a = uuid_of(pool.port, target)
-    result = ClickHouseSnapshotExecutor(pool.endpoint(), dispatch_lock=threading.Lock()).exchange(
-        intent, publisher
-    )
+    result = executor_on(pool.endpoint()).exchange(intent, publisher)
     assert (result.outcome, result.clickhouse_code) == (DispatchOutcome.REFUSED, 60)
     assert uuid_of(pool.port, target) == a
     assert log_types(pool.port, result.query_id) == ["ExceptionBeforeStart"]
@@ -245,7 +285,7 @@ def test_exchange_refuses_another_principal_before_sending(
     generation, target = tables
     ingest, publisher = issue_pair(pool, "a3")
     intent = make_intent(publisher.ref, ingest.ref, generation, target)
-    executor = ClickHouseSnapshotExecutor(pool.endpoint(), dispatch_lock=threading.Lock())
+    executor = executor_on(pool.endpoint())
     with pytest.raises(ExecutorError) as refused:
         executor.exchange(intent, ingest)
     assert refused.value.code == "principal_mismatch"
@@ -259,9 +299,7 @@ def test_exchange_that_cannot_connect_is_not_sent(pool: Pool, tables: tuple[str,
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         closed_port = probe.getsockname()[1]
-    executor = ClickHouseSnapshotExecutor(
-        pool.endpoint(closed_port), dispatch_lock=threading.Lock()
-    )
+    executor = executor_on(pool.endpoint(closed_port))
     result = executor.exchange(intent, publisher)
     assert (result.outcome, result.error_code) == (
         DispatchOutcome.NOT_SENT,
@@ -278,9 +316,7 @@ def test_an_http_error_without_a_clickhouse_code_is_unknown(
     with HoldingProxy(
         pool.port, answer_marked=b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n"
     ) as proxy:
-        executor = ClickHouseSnapshotExecutor(
-            pool.endpoint(proxy.port), dispatch_lock=threading.Lock()
-        )
+        executor = executor_on(pool.endpoint(proxy.port))
         result = executor.exchange(intent, publisher)
     assert (result.outcome, result.clickhouse_code) == (DispatchOutcome.UNKNOWN, None)
 
@@ -295,7 +331,7 @@ def test_create_target_copies_the_design_without_comments(
     target = f"first_{uuid.uuid4().hex[:12]}"
     _, publisher = issue_pair(pool, "a6")
     query_id = create_target_query_id(hashlib.sha256(target.encode()).hexdigest())
-    executor = ClickHouseSnapshotExecutor(pool.endpoint(), dispatch_lock=threading.Lock())
+    executor = executor_on(pool.endpoint())
     result = executor.create_target(TargetSlot(DB, target), generation, query_id, publisher)
     assert result.outcome is DispatchOutcome.ACKNOWLEDGED
 
@@ -334,7 +370,7 @@ def test_create_target_refuses_a_design_it_cannot_render(pool: Pool) -> None:
         "ENGINE = MergeTree ORDER BY id",
     )
     _, publisher = issue_pair(pool, "a7")
-    executor = ClickHouseSnapshotExecutor(pool.endpoint(), dispatch_lock=threading.Lock())
+    executor = executor_on(pool.endpoint())
     result = executor.create_target(TargetSlot(DB, target), generation, f"q-{token}", publisher)
     assert (result.outcome, result.error_code) == (DispatchOutcome.NOT_SENT, "design_unrenderable")
     assert uuid_of(pool.port, target) is None
@@ -443,9 +479,8 @@ def held(
     ingest, publisher = issue_pair(pool, "gate")
     intent = make_intent(publisher.ref, ingest.ref, generation, target, attempt_id="gate")
     with HoldingProxy(pool.port) as proxy:
-        executor = ClickHouseSnapshotExecutor(
+        executor = executor_on(
             pool.endpoint(proxy.port),
-            dispatch_lock=threading.Lock(),
             session_timeout=GATE_T,
             request_seconds=1.0,
         )
@@ -466,7 +501,7 @@ def test_gate_proves_a_request_held_past_the_session_timeout_dead(
     before = (uuid_of(pool.port, target), uuid_of(pool.port, generation))
     session = exchange_session_id(intent.sha256)
     authority = make_authority(
-        pool, threading.Lock(), {publisher.ref.lease_id: [session]}, policy=GATE_POLICY
+        pool, new_gate(), {publisher.ref.lease_id: [session]}, policy=GATE_POLICY
     )
     proof = authority.close_principal(publisher.ref)
     assert proof.proven, proof.facts["unproven"]
@@ -496,7 +531,7 @@ def test_gate_released_before_the_probe_is_not_proof(
     session = exchange_session_id(intent.sha256)
     authority = make_authority(
         pool,
-        threading.Lock(),
+        new_gate(),
         {publisher.ref.lease_id: [session]},
         policy=GATE_POLICY,
         sleep=sleep_releasing,
@@ -513,14 +548,12 @@ def test_closure_waits_for_a_dispatch_in_flight(pool: Pool, tables: tuple[str, s
     generation, target = tables
     ingest, publisher = issue_pair(pool, "lock")
     intent = make_intent(publisher.ref, ingest.ref, generation, target, attempt_id="lock")
-    lock = threading.Lock()
+    gate = new_gate()
     authority = make_authority(
-        pool, lock, {}, policy=ClosurePolicy(samples=3, sample_spacing_seconds=0.1)
+        pool, gate, {}, policy=ClosurePolicy(samples=3, sample_spacing_seconds=0.1)
     )
     with HoldingProxy(pool.port) as proxy:
-        executor = ClickHouseSnapshotExecutor(
-            pool.endpoint(proxy.port), dispatch_lock=lock, request_seconds=60
-        )
+        executor = executor_on(pool.endpoint(proxy.port), gate, request_seconds=60)
         results: list[object] = []
         dispatch = threading.Thread(
             target=lambda: results.append(executor.exchange(intent, publisher))

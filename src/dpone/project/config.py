@@ -32,6 +32,7 @@ from dpone.preparation.modes import (
     PreparationModeRemoved,
     removed_mode_message,
 )
+from dpone.publication.settings import SETTINGS, PublicationSettings
 from dpone.staging.composition import TRANSPORTS
 from dpone.staging.contract import PhysicalDesign
 
@@ -132,6 +133,7 @@ class Project:
     clickhouse: ClickHouseConfig
     sources: Mapping[str, SourceConfig]
     tables: Mapping[str, TableConfig]
+    publication: PublicationSettings = field(default_factory=PublicationSettings)
 
     @property
     def databases(self) -> tuple[str, ...]:
@@ -323,7 +325,9 @@ class _Reader:
     # ------------------------------------------------------------------ sections
 
     def project(self, document: dict[str, Any], path: Path) -> Project | None:
-        top = self.section(document, (), ("project", "clickhouse", "sources", "tables"), {})
+        top = self.section(
+            document, (), ("project", "clickhouse", "publication", "sources", "tables"), {}
+        )
         settings = self.section(
             top.get("project", {}), ("project",), ("work_dir", "store", "keep_rollback"), {}
         )
@@ -340,6 +344,7 @@ class _Reader:
             check=lambda v: None if 0 <= v <= 100 else "must be between 0 and 100",
         )
         clickhouse = self.clickhouse(top.get("clickhouse", {}))
+        publication = self.publication(top.get("publication", {}))
         sources = {
             name: source
             for name, raw in self.named(top, "sources").items()
@@ -355,7 +360,7 @@ class _Reader:
         if self.problems:
             return None
         assert work_dir is not None and store is not None
-        return Project(path, work_dir, store, keep, clickhouse, sources, tables)
+        return Project(path, work_dir, store, keep, clickhouse, sources, tables, publication)
 
     def named(self, top: Mapping[str, Any], key: str) -> dict[str, Any]:
         found = top.get(key, {})
@@ -387,6 +392,12 @@ class _Reader:
             ),
             preparation=self.preparation(table, path),
         )
+
+    def publication(self, raw: Any) -> PublicationSettings:
+        path = ("publication",)
+        table = self.section(raw, path, tuple(SETTINGS), {})
+        got = {k: self.get(table, path, k, t, d, check=c) for k, (t, d, c) in SETTINGS.items()}
+        return PublicationSettings(**got)
 
     def preparation(self, table: Mapping[str, Any], path: tuple[str, ...]) -> str:
         """The preparation mode; a removed one is a problem with its own code, naming

@@ -8,28 +8,37 @@ event names and its lease for the attempt, and the admission with its epochs. An
 inconsistency raises ``evidence_unverified`` naming what was wrong.
 
 ``close_principal`` (custodial on the embedded server, where a user cannot be
-revoked while the server runs), under the lock shared with the executor:
+revoked while the server runs) acts on one lease, never on a bare user name (its
+:class:`~dpone.publication.lease_scope.LeaseScope`):
 
-1. the server's clock at the start, then the lease ends (no credentials from now on);
-2. ``KILL QUERY WHERE user = <u> SYNC`` as the closer;
+1. holding the dispatch gate (:mod:`dpone.publication.dispatch_gate`) that every
+   dispatch holds: the server's clock, then the lease ends (no credentials, and no
+   dispatch of this lease can open a session or send from now on), then the lease's
+   scope is read: its window, its query-id marks and its sessions' dispatch notes;
+2. ``KILL QUERY ... SYNC`` as the closer: every query of the user while this lease is
+   the user's latest; only the lease's marked queries once the user was leased again;
 3. samples of ``system.processes`` for the user over a window (several, never one);
-4. the drain gate for each HTTP session the principal may have used: after the
-   session timeout T (plus a margin for the server's periodic sweep), a probe with
-   the principal's credentials and ``session_check=1`` must answer 372
-   SESSION_NOT_FOUND (nothing runs or can start in it); 373 or an open session is
-   not proof. Sessions are per user on this server, so the probe uses the
-   principal's own credentials, and it renews an open session for one second only;
-5. ``SYSTEM FLUSH LOGS`` and the query-log account of the user: every QueryStart
-   has its finish or exception, and nothing started after the closure began.
+4. the drain gate for each HTTP session of the lease: the session outlives its last
+   request by T, so the probe waits T plus a margin (the server's periodic sweep),
+   counted from the last request's recorded answer (from now when a request may still
+   be running); no wait when no session-opening note exists, because the executor
+   notes the opening under the gate after re-checking the lease this closure has
+   ended. The probe, with the principal's credentials (sessions are per user) and
+   ``session_check=1``, must answer 372 SESSION_NOT_FOUND (nothing runs or can start
+   in it); 373 or an open session is not proof, and a probe that finds the session
+   open re-arms it for the full T again (checked), so a later closure waits again;
+5. ``SYSTEM FLUSH LOGS`` and the query-log account of the lease: every QueryStart of
+   the lease since the lease was issued has its finish or exception, and nothing
+   started after the closure began. Queries from before the lease (say, an INSERT cut
+   by a server stop, whose QueryStart never gets a finish) are not the lease's.
 
 The proof is ``proven`` only when every step held; ``facts`` record all of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import re
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,8 +47,7 @@ from typing import Any
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.contracts import canonical_json
 from dpone.contracts.composition_snapshot import QUERY_ID_PREFIX, SnapshotIntent
-from dpone.contracts.receipt import FileReceipt
-from dpone.errors import DponeError, StateError
+from dpone.errors import DponeError
 from dpone.localserver.principal_pool import ROLE_INGEST, ROLE_PUBLISHER
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_errors import ClickHouseServerError
@@ -49,7 +57,6 @@ from dpone.ports.composition_snapshot import (
     AttemptEpochs,
     AttemptRef,
     ClosureProof,
-    GenerationEvidence,
     IssuedPrincipal,
     OwnershipState,
     ParentAuthority,
@@ -58,24 +65,28 @@ from dpone.ports.composition_snapshot import (
     SnapshotRunRegistry,
     SourceEvidence,
 )
+from dpone.publication.dispatch_gate import DispatchGate
+from dpone.publication.dispatch_notes import PROBE_OPEN, SessionUse
 from dpone.publication.executor import (
+    SESSION_MARGIN_SECONDS,
     SESSION_TIMEOUT_SECONDS,
     TransportFactory,
     session_request,
 )
+from dpone.publication.journal_evidence import (
+    AuthorityError,
+    generation_evidence,
+    journal_member,
+    journal_receipt,
+    unverified,
+)
+from dpone.publication.lease_scope import LeaseScope
 from dpone.publication.principal_issuers import PrincipalIssuer
 from dpone.sql import quote_literal
 from dpone.staging.journal import JournalEvent, read_events
 
 SESSION_NOT_FOUND = 372
 SESSION_IS_LOCKED = 373
-_DIGEST = re.compile(r"^[0-9a-f]{32}$")
-
-
-class AuthorityError(StateError):
-    """The authority refused (see ``code``: evidence_unverified, attempt_fenced, ...)."""
-
-    code = "authority_error"
 
 
 @dataclass(frozen=True)
@@ -83,16 +94,14 @@ class ClosurePolicy:
     """How closure samples and waits. ``session_timeout`` must be the executor's T."""
 
     samples: int = 3
-    sample_spacing_seconds: float = 0.5
+    sample_spacing_seconds: float = 0.1
     session_timeout: int = SESSION_TIMEOUT_SECONDS
     # The server drops expired sessions on a periodic sweep: a session created with
-    # T = 2 still answered 2.05 s later (checked), so the probe waits a margin more.
-    session_margin_seconds: float = 3.0
+    # T = 2 still answered 2.05 s later, and 372 came reliably from T + 2 s for T = 1,
+    # 2 and 5 (checked), so the probe waits a margin more. A slower network between
+    # this host and the server needs a larger margin (the answer's travel time).
+    session_margin_seconds: float = SESSION_MARGIN_SECONDS
     request_seconds: float = 30.0
-
-
-def _unverified(message: str, reason: str, **details: Any) -> AuthorityError:
-    return AuthorityError(message, code="evidence_unverified", reason=reason, **details)
 
 
 class SnapshotAuthority:
@@ -106,26 +115,33 @@ class SnapshotAuthority:
         closer: QueryPort,
         endpoint: Endpoint,
         probe_credentials: Callable[[str], Credentials],
-        sessions_of: Callable[[PrincipalRef], Sequence[str]],
-        dispatch_lock: threading.Lock,
+        scope_of: Callable[[PrincipalRef], LeaseScope],
+        dispatch_gate: DispatchGate,
         policy: ClosurePolicy | None = None,
         transport_factory: TransportFactory = HttpTransport,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        wall_clock: Callable[[], float] = time.time,
+        note_step: Callable[[str, Mapping[str, Any]], object] | None = None,
     ) -> None:
-        """``closer`` runs as the closer principal; ``sessions_of`` names the HTTP sessions
-        a principal may have used (for a publisher: its intent's exchange session)."""
+        """``closer`` runs as the closer principal; ``scope_of`` reads what belongs to a
+        lease (:func:`dpone.publication.lease_scope.lease_scope`): its window, marks and
+        sessions with their dispatch notes. ``wall_clock`` is the clock the executor
+        notes its answers in (Unix seconds); ``note_step`` (the store's) keeps a probe
+        that found a session open, so that the next closure waits the full T again."""
         self.registry = registry
         self.issuer = issuer
         self.closer = closer
         self.endpoint = endpoint
         self.probe_credentials = probe_credentials
-        self.sessions_of = sessions_of
-        self.dispatch_lock = dispatch_lock
+        self.scope_of = scope_of
+        self.dispatch_gate = dispatch_gate
         self.policy = policy or ClosurePolicy()
         self._factory = transport_factory
         self._clock = clock
         self._sleep = sleep
+        self._wall_clock = wall_clock
+        self._note_step = note_step
         self._reads = 0
 
     # ------------------------------------------------------------------ reopen
@@ -135,49 +151,49 @@ class SnapshotAuthority:
         try:
             events = read_events(attempt.journal_dir)
         except DponeError as exc:
-            raise _unverified(
+            raise unverified(
                 f"journal {attempt.journal_dir} does not verify: {exc.message}",
                 "journal_invalid",
                 journal=str(attempt.journal_dir),
                 cause=exc.code,
             ) from exc
         if not events:
-            raise _unverified(f"journal {attempt.journal_dir} has no events", "journal_empty")
+            raise unverified(f"journal {attempt.journal_dir} has no events", "journal_empty")
         final = events[-1]
         doc = final.document
         where = {"journal": str(attempt.journal_dir), "event": final.sequence}
         if doc.get("state") != "staged" or doc.get("outcome") != "staged":
-            raise _unverified(
+            raise unverified(
                 f"the final event is {doc.get('state')}/{doc.get('outcome')}, not staged",
                 "final_not_staged",
                 **where,
             )
         if generation_ref != final.sha256:
-            raise _unverified(
+            raise unverified(
                 f"generation_ref {generation_ref[:16]}... is not the final event's digest",
                 "generation_ref_mismatch",
                 expected=final.sha256,
                 **where,
             )
         attempt_id = str(doc["attempt_id"])
-        receipt, receipt_sha = _receipt(events, where)
-        generation = _generation(events, final, receipt_sha, where)
-        planned = _member(doc, "planned_ownership", dict, where)
+        receipt, receipt_sha = journal_receipt(events, where)
+        generation = generation_evidence(events, final, receipt_sha, where)
+        planned = journal_member(doc, "planned_ownership", dict, where)
         if planned.get("database") != attempt.slot.database:
-            raise _unverified(
+            raise unverified(
                 f"the generation is in database {planned.get('database')!r}, the target slot in "
                 f"{attempt.slot.database!r}",
                 "database_mismatch",
                 **where,
             )
         if not receipt.rows_validated == generation.rows:
-            raise _unverified(
+            raise unverified(
                 f"the receipt validated {receipt.rows_validated} rows, staging counted "
                 f"{generation.rows}",
                 "row_count_mismatch",
                 **where,
             )
-        endpoint = _member(doc, "endpoint_identity", dict, where)
+        endpoint = journal_member(doc, "endpoint_identity", dict, where)
         ingest = self._ingest(events, attempt_id, where)
         admission = self._admit(attempt, attempt_id)
         return PublicationEvidence(
@@ -195,20 +211,21 @@ class SnapshotAuthority:
         self, events: list[JournalEvent], attempt_id: str, where: Mapping[str, Any]
     ) -> PrincipalRef:
         named = {
-            canonical_json.dumps(_member(e.document, "principal", dict, where)) for e in events
+            canonical_json.dumps(journal_member(e.document, "principal", dict, where))
+            for e in events
         }
         if len(named) != 1:
-            raise _unverified(
+            raise unverified(
                 "the journal's events name different principals", "principal_inconsistent", **where
             )
-        principal = _member(events[-1].document, "principal", dict, where)
+        principal = journal_member(events[-1].document, "principal", dict, where)
         user = principal.get("user")
         if not isinstance(user, str) or not user:
-            raise _unverified("the journal names no ingest user", "principal_missing", **where)
+            raise unverified("the journal names no ingest user", "principal_missing", **where)
         try:
             known = self.issuer.user_uuid(user)
         except DponeError as exc:
-            raise _unverified(
+            raise unverified(
                 f"ingest user {user} is not an issued principal",
                 "principal_unknown",
                 user=user,
@@ -216,7 +233,7 @@ class SnapshotAuthority:
             ) from exc
         recorded = principal.get("user_uuid")
         if recorded is not None and recorded != known:
-            raise _unverified(
+            raise unverified(
                 f"the journal says {user} has id {recorded}, the server {known}",
                 "principal_uuid_mismatch",
                 user=user,
@@ -228,7 +245,7 @@ class SnapshotAuthority:
             if lease.role == ROLE_INGEST and lease.user == user
         ]
         if len(leases) != 1:
-            raise _unverified(
+            raise unverified(
                 f"attempt {attempt_id} has {len(leases)} ingest leases of {user}, not one",
                 "ingest_lease_missing",
                 user=user,
@@ -239,7 +256,7 @@ class SnapshotAuthority:
     def _admit(self, attempt: AttemptRef, attempt_id: str) -> Admission:
         admission = self.registry.admit(attempt.slot, attempt_id)
         if admission.slot != attempt.slot or admission.attempt_id != attempt_id:
-            raise _unverified(
+            raise unverified(
                 f"attempt {attempt_id} is admitted for {admission.slot}, not {attempt.slot}",
                 "slot_mismatch",
                 attempt_id=attempt_id,
@@ -329,36 +346,49 @@ class SnapshotAuthority:
     # ------------------------------------------------------------------ closure
 
     def close_principal(self, principal: PrincipalRef) -> ClosureProof:
-        """End the lease, stop the principal's queries and prove it quiescent (custodial)."""
-        with self.dispatch_lock:
-            return self._close(principal)
+        """End the lease, stop the lease's queries and prove it quiescent (custodial)."""
+        with self.dispatch_gate.held():
+            started_us = self._server_micros()
+            lease = self.issuer.revoke(principal)
+            # Read under the gate, after the end: no dispatch can add an opening now.
+            scope = self.scope_of(principal)
+            killed = self._kill(principal.user, scope)
+        return self._prove(principal, lease.active, scope, started_us, killed)
 
-    def _close(self, principal: PrincipalRef) -> ClosureProof:
+    def gate_wait_seconds(self, scope: LeaseScope) -> float:
+        """How long from now until every opened session of ``scope`` has surely expired."""
+        window = self.policy.session_timeout + self.policy.session_margin_seconds
+        now_us = int(self._wall_clock() * 1_000_000)
+        waits = [
+            max(0.0, window - (now_us - (s.settled_at_us or now_us)) / 1_000_000)
+            for s in scope.sessions
+            if s.opened
+        ]
+        return max(waits, default=0.0)
+
+    def _prove(
+        self,
+        principal: PrincipalRef,
+        lease_active: bool,
+        scope: LeaseScope,
+        started_us: int,
+        killed: list[dict[str, Any]],
+    ) -> ClosureProof:
         user = principal.user
-        unproven: list[str] = []
-        started_us = self._server_micros()
-        lease = self.issuer.revoke(principal)
-        if lease.active:
-            unproven.append("lease_active")
-        killed = self._rows(
-            f"KILL QUERY WHERE user = {quote_literal(user)} SYNC FORMAT JSONEachRow", "kill"
-        )
-        sessions = tuple(self.sessions_of(principal))
-        wait = self.policy.session_timeout + self.policy.session_margin_seconds if sessions else 0.0
+        unproven = ["lease_active"] if lease_active else []
+        wait = self.gate_wait_seconds(scope)
         gate_at = self._clock() + wait
-        samples = [self._sample(user)]
+        samples = [self._sample(user, scope)]
         while len(samples) < self.policy.samples or self._clock() < gate_at:
             self._sleep(self.policy.sample_spacing_seconds)
-            samples.append(self._sample(user))
-        gates = [self._probe(user, session) for session in sessions]
-        samples.append(self._sample(user))
-        busy = [s for s in samples if s["queries"]]
-        if busy:
+            samples.append(self._sample(user, scope))
+        gates = [self._probe(user, session) for session in scope.sessions]
+        samples.append(self._sample(user, scope))
+        if any(s["queries"] for s in samples):
             unproven.append("processes_running")
         if any(g["answer"] != SESSION_NOT_FOUND for g in gates):
             unproven.append("session_open")
-        probe_ids = [g["probe_query_id"] for g in gates]
-        account = self._account(user, started_us, probe_ids)
+        account = self._account(user, scope, started_us, [g["probe_query_id"] for g in gates])
         if account["unfinished"]:
             unproven.append("query_log_unfinished")
         if account["started_after_closure"]:
@@ -366,8 +396,10 @@ class SnapshotAuthority:
         facts = {
             "user": user,
             "lease_id": principal.lease_id,
-            "lease_active": lease.active,
+            "lease_active": lease_active,
             "closure_started_us": started_us,
+            "scope": scope.to_dict(),
+            "gate_wait_ms": int(wait * 1000),
             "killed": [
                 {"query_id": str(r.get("query_id")), "kill_status": str(r.get("kill_status"))}
                 for r in killed
@@ -379,21 +411,47 @@ class SnapshotAuthority:
         }
         return ClosureProof(principal, not unproven, self.issuer.strength, facts)
 
+    def _kill(self, user: str, scope: LeaseScope) -> list[dict[str, Any]]:
+        """KILL the lease's queries: all of the user's while the lease is its latest."""
+        where = f"user = {quote_literal(user)}"
+        if scope.relet:
+            if not scope.marks:
+                return []
+            where += f" AND ({_marked(scope)})"
+        return self._rows(f"KILL QUERY WHERE {where} SYNC FORMAT JSONEachRow", "kill")
+
     def _server_micros(self) -> int:
         rows = self._rows("SELECT toUnixTimestamp64Micro(now64(6)) AS us FORMAT JSONEachRow", "now")
         return int(rows[0]["us"])
 
-    def _sample(self, user: str) -> dict[str, Any]:
+    def _sample(self, user: str, scope: LeaseScope) -> dict[str, Any]:
         # The server's own FIFO query runs as user '' over the Local interface; the
-        # filter on a nonempty user name excludes it.
+        # filter on a nonempty user name excludes it. Once the user was leased again,
+        # only this lease's marked queries are its own (the new lease's are not).
+        where = f"user = {quote_literal(user)}"
+        if scope.relet:
+            where += f" AND ({_marked(scope) if scope.marks else '0'})"
         rows = self._rows(
-            f"SELECT query_id FROM system.processes WHERE user = {quote_literal(user)} "
-            "FORMAT JSONEachRow",
-            "sample",
+            f"SELECT query_id FROM system.processes WHERE {where} FORMAT JSONEachRow", "sample"
         )
         return {"at_us": self._server_micros(), "queries": sorted(str(r["query_id"]) for r in rows)}
 
-    def _probe(self, user: str, session_id: str) -> dict[str, Any]:
+    def _probe(self, user: str, session: SessionUse) -> dict[str, Any]:
+        found = self._probe_once(user, session.session_id)
+        if found["answer"] != SESSION_NOT_FOUND and self._note_step and session.note_key:
+            with contextlib.suppress(DponeError):  # unproven either way; the note helps later
+                self._note_step(
+                    session.note_key,
+                    {
+                        "step": PROBE_OPEN,
+                        "session_id": session.session_id,
+                        "at_us": int(self._wall_clock() * 1_000_000),
+                        "answer": found["answer"],
+                    },
+                )
+        return found
+
+    def _probe_once(self, user: str, session_id: str) -> dict[str, Any]:
         probe_id = self._next_id(f"probe-{hashlib.sha256(session_id.encode()).hexdigest()[:12]}")
         transport = self._factory(self.endpoint, self.probe_credentials(user))
         request = session_request(
@@ -415,26 +473,36 @@ class SnapshotAuthority:
             answer = exc.code
         return {"session_id": session_id, "probe_query_id": probe_id, "answer": answer}
 
-    def _account(self, user: str, started_us: int, probe_ids: Sequence[str]) -> dict[str, Any]:
+    def _account(
+        self, user: str, scope: LeaseScope, started_us: int, probe_ids: Sequence[str]
+    ) -> dict[str, Any]:
+        """Every query of the lease (see :class:`LeaseScope`) in the query log."""
         self.closer.execute(
             read("SYSTEM FLUSH LOGS", self._next_id("flush")), deadline=self._deadline()
         )
         excluded = ", ".join(quote_literal(p) for p in ("", *probe_ids))
+        # A query id is the lease's when its latest start is inside the lease (the lower
+        # bound) and, once the user was leased again, it is marked or began before the end.
+        owned = f"last >= {int(scope.issued_at_us)}"
+        if scope.relet:
+            ended = scope.ended_at_us if scope.ended_at_us is not None else started_us
+            marked = _marked(scope) if scope.marks else "0"
+            owned += f" AND (({marked}) OR first <= {int(ended)})"
         rows = self._rows(
             "SELECT query_id, countIf(type = 'QueryStart') AS starts, "
             "countIf(type IN ('QueryFinish', 'ExceptionWhileProcessing')) AS ends, "
-            "maxIf(toUnixTimestamp64Micro(event_time_microseconds), type = 'QueryStart') AS last "
+            "maxIf(toUnixTimestamp64Micro(event_time_microseconds), type = 'QueryStart') AS last, "
+            "minIf(toUnixTimestamp64Micro(event_time_microseconds), type = 'QueryStart') AS first "
             f"FROM system.query_log WHERE user = {quote_literal(user)} "
             f"AND query_id NOT IN ({excluded}) GROUP BY query_id "
-            f"HAVING starts != ends OR (starts > 0 AND last >= {int(started_us)}) "
+            f"HAVING starts > 0 AND {owned} AND (starts != ends OR last >= {int(started_us)}) "
             "ORDER BY query_id FORMAT JSONEachRow",
             "account",
         )
         return {
+            "since_us": scope.issued_at_us,
             "unfinished": [str(r["query_id"]) for r in rows if r["starts"] != r["ends"]],
-            "started_after_closure": [
-                str(r["query_id"]) for r in rows if r["starts"] > 0 and r["last"] >= started_us
-            ],
+            "started_after_closure": [str(r["query_id"]) for r in rows if r["last"] >= started_us],
         }
 
     def _rows(self, sql: str, purpose: str) -> list[dict[str, Any]]:
@@ -450,87 +518,6 @@ class SnapshotAuthority:
         return self._clock() + self.policy.request_seconds
 
 
-# ---------------------------------------------------------------------- journal reading
-
-
-def _member(doc: Mapping[str, Any], name: str, kind: type, where: Mapping[str, Any]) -> Any:
-    value = doc.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
-        raise _unverified(
-            f"event member {name} is missing or not a {kind.__name__}",
-            f"{name}_missing",
-            member=name,
-            **where,
-        )
-    return value
-
-
-def _one(events: list[JournalEvent], outcome: str, where: Mapping[str, Any]) -> JournalEvent:
-    found = [e for e in events if e.document.get("outcome") == outcome]
-    if len(found) != 1:
-        raise _unverified(
-            f"the journal has {len(found)} {outcome} events, not one",
-            f"{outcome}_event_missing",
-            **where,
-        )
-    return found[0]
-
-
-def _receipt(events: list[JournalEvent], where: Mapping[str, Any]) -> tuple[FileReceipt, str]:
-    admitted = _one(events, "admitted", where)
-    data = canonical_json.dumps(_member(admitted.document, "source_identity", dict, where))
-    try:
-        receipt = FileReceipt.from_bytes(data)
-    except DponeError as exc:
-        raise _unverified(
-            f"the receipt does not parse: {exc.message}", "receipt_invalid", cause=exc.code, **where
-        ) from exc
-    if receipt.to_bytes() != data:
-        raise _unverified("the receipt is not in its canonical form", "receipt_invalid", **where)
-    return receipt, hashlib.sha256(data).hexdigest()
-
-
-def _generation(
-    events: list[JournalEvent], final: JournalEvent, receipt_sha: str, where: Mapping[str, Any]
-) -> GenerationEvidence:
-    identity = _member(_one(events, "prepared", where).document, "derived_identity", dict, where)
-    doc = final.document
-    semantic_id = _member(doc, "semantic_id", str, where)
-    if canonical_json.sha256_hex(identity) != semantic_id:
-        raise _unverified(
-            "the semantic id is not the derived identity's digest", "semantic_id_mismatch", **where
-        )
-    if identity.get("source_receipt_sha256") != receipt_sha:
-        raise _unverified("the derived identity names another receipt", "receipt_mismatch", **where)
-    rows_digest = identity.get("rows_digest")
-    if not isinstance(rows_digest, str) or not _DIGEST.match(rows_digest):
-        raise _unverified(
-            "the derived identity has no rows_digest (32 hex digits)",
-            "rows_digest_missing",
-            **where,
-        )
-    counts = _member(doc, "counts", dict, where)
-    rows = identity.get("prepared_rows")
-    rowbinary_bytes = identity.get("rowbinary_bytes")
-    if not (
-        isinstance(rows, int)
-        and isinstance(rowbinary_bytes, int)
-        and counts.get("prepared_rows") == rows == counts.get("observed_count")
-    ):
-        raise _unverified(
-            f"staging counted {counts}, prepared {rows} rows", "count_mismatch", **where
-        )
-    planned = _member(doc, "planned_ownership", dict, where)
-    observed = _member(doc, "observed_ownership", dict, where)
-    table, table_uuid = planned.get("table"), observed.get("table_uuid")
-    if not isinstance(table, str) or not isinstance(table_uuid, str) or not table_uuid:
-        raise _unverified("the staged event names no table and UUID", "generation_missing", **where)
-    return GenerationEvidence(
-        table=table,
-        table_uuid=table_uuid,
-        staged_event_sha256=final.sha256,
-        semantic_id=semantic_id,
-        rows=rows,
-        rowbinary_bytes=rowbinary_bytes,
-        rows_digest=rows_digest,
-    )
+def _marked(scope: LeaseScope) -> str:
+    """SQL: the query id carries one of the lease's marks."""
+    return " OR ".join(f"startsWith(query_id, {quote_literal(m)})" for m in scope.marks)

@@ -15,7 +15,6 @@ it and prove it quiescent before anything is published.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,6 @@ from dpone.contracts.composition_snapshot import (
     DEFAULT_LIMITS,
     SnapshotIntent,
     SnapshotLimits,
-    exchange_session_id,
 )
 from dpone.errors import ConfigurationError
 from dpone.localserver import find_running
@@ -42,10 +40,17 @@ from dpone.localserver.principal_pool import (
     pool_names,
 )
 from dpone.ports.clickhouse_request import Credentials, Endpoint, read
-from dpone.ports.composition_snapshot import IssuedPrincipal, PrincipalRef
+from dpone.ports.composition_snapshot import IssuedPrincipal
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
 from dpone.publication.catalog import ClickHouseSnapshotCatalog
-from dpone.publication.executor import ClickHouseSnapshotExecutor
+from dpone.publication.dispatch_gate import DispatchGate, gate_path
+from dpone.publication.dispatch_notes import DispatchGuard
+from dpone.publication.executor import (
+    SESSION_MARGIN_SECONDS,
+    SESSION_TIMEOUT_SECONDS,
+    ClickHouseSnapshotExecutor,
+)
+from dpone.publication.lease_scope import lease_scope
 from dpone.publication.principal_issuers import LocalPoolIssuer, observe_user_ids
 from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
 from dpone.publication.store import SqliteSnapshotStore
@@ -62,7 +67,9 @@ class PublicationConfig:
 
     ``create_store``: False for a command that only continues existing records
     (publish, reconcile, cancel): a missing store is then ``store_missing``, never a
-    new empty one at a mistyped path.
+    new empty one at a mistyped path. ``session_timeout_seconds`` (T) and
+    ``session_margin_seconds``: the drain-gate session's timeout and the margin closure
+    waits beyond it (``[publication]`` of ``dpone.toml``).
     """
 
     data_dir: Path
@@ -70,6 +77,8 @@ class PublicationConfig:
     limits: SnapshotLimits = DEFAULT_LIMITS
     claim_wait_seconds: float = 30.0
     create_store: bool = True
+    session_timeout_seconds: int = SESSION_TIMEOUT_SECONDS
+    session_margin_seconds: float = SESSION_MARGIN_SECONDS
 
 
 @dataclass(frozen=True)
@@ -179,19 +188,13 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
     issuer = build_issuer(config.data_dir, store, endpoint)
     credentials = pool_credentials(config.data_dir)
     admin = admin_credentials(config.data_dir)
-    # One lock per process: a dispatch and a closure never overlap here; across
-    # processes the durable claim and the session gate do the same job.
-    lock = threading.Lock()
-    policy = ClosurePolicy()
-
-    def sessions_of(principal: PrincipalRef) -> list[str]:
-        # The publisher's only session is the drain gate of the intent it is bound to.
-        sessions = []
-        for summary in store.list_snapshots():
-            intent = SnapshotIntent.from_bytes(summary.intent_bytes)
-            if intent.publisher.lease_id == principal.lease_id:
-                sessions.append(exchange_session_id(intent.sha256))
-        return sessions
+    # One gate beside the store, across processes: a dispatch and a closure never
+    # overlap, and a closure's end of a lease is seen by every later dispatch.
+    gate = DispatchGate(gate_path(config.store_path))
+    policy = ClosurePolicy(
+        session_timeout=config.session_timeout_seconds,
+        session_margin_seconds=config.session_margin_seconds,
+    )
 
     authority = SnapshotAuthority(
         registry=store,
@@ -199,16 +202,20 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
         closer=HttpTransport(endpoint, credentials[CLOSER_USER]),
         endpoint=endpoint,
         probe_credentials=issuer.role_credentials,
-        sessions_of=sessions_of,
-        dispatch_lock=lock,
+        scope_of=lambda principal: lease_scope(store, principal),
+        dispatch_gate=gate,
         policy=policy,
+        note_step=store.note_step,
     )
     catalog = ClickHouseSnapshotCatalog(
         HttpTransport(endpoint, credentials[CATALOG_USER]),
         trusted_users=frozenset({admin.user, CATALOG_USER, CLOSER_USER, *pool_names()}),
     )
     executor = ClickHouseSnapshotExecutor(
-        endpoint, dispatch_lock=lock, session_timeout=policy.session_timeout
+        endpoint,
+        dispatch_gate=gate,
+        guard=DispatchGuard(store),
+        session_timeout=policy.session_timeout,
     )
     publisher = ClickHouseAtomicSnapshotPublisher(
         authority=authority,

@@ -17,8 +17,15 @@ Two statements, each with its own query id, never retried:
   with ``session_check=1``, so a request delayed past the session's death fails with
   372 SESSION_NOT_FOUND and changes nothing (the authority's drain gate).
 
-Every dispatch holds the lock it shares with the authority, so closure never runs
-while a dispatch is in flight. Outcomes: a complete acknowledgment is ACKNOWLEDGED;
+Every dispatch holds the dispatch gate it shares with the authority's closure, across
+processes (:mod:`dpone.publication.dispatch_gate`). Holding it, ``exchange`` re-checks
+that its lease is still the intent's active publisher lease and that the record is the
+intent's EXCHANGE_INTENT@2 (:class:`~dpone.publication.dispatch_notes.DispatchGuard`),
+immediately before it opens the session and again before it sends the EXCHANGE; it
+notes durably that it opens the session before it does, and when (wall clock) and how
+each request answered, after it did; a refused re-check is noted with its reason. A
+closure that ended the lease under the gate therefore either finds the opening note
+or knows the session was never opened and never will be. Outcomes: a complete acknowledgment is ACKNOWLEDGED;
 ClickHouse's own exception (a numbered code) is REFUSED; a request provably never
 sent is NOT_SENT; anything else, including an HTTP error without a ClickHouse code
 (which an intermediary could have produced), is UNKNOWN.
@@ -30,7 +37,7 @@ claim may lead here.
 
 from __future__ import annotations
 
-import threading
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -62,11 +69,16 @@ from dpone.ports.composition_snapshot import (
     IssuedPrincipal,
     TargetSlot,
 )
+from dpone.publication.dispatch_gate import DispatchGate
+from dpone.publication.dispatch_notes import OPENING, REFUSED, DispatchGuard, DispatchRefused
 from dpone.sql import quote_identifier, quote_literal
 
 # T: how long the drain-gate session outlives its last request. The authority's
-# closure waits this long (plus a margin) before its probe, so it is kept short.
-SESSION_TIMEOUT_SECONDS = 5
+# closure waits this long plus the margin after the last answer before its probe, so
+# both are kept short: the shortest measured safe on the managed server (372 came
+# reliably from T + 2 s for T = 1, 2 and 5).
+SESSION_TIMEOUT_SECONDS = 1
+SESSION_MARGIN_SECONDS = 2.0
 REQUEST_SECONDS = 30.0
 TransportFactory = Callable[[Endpoint, Credentials], QueryPort]
 # Parts of a column list that the rendering below does not reproduce.
@@ -134,14 +146,20 @@ class ClickHouseSnapshotExecutor:
         self,
         endpoint: Endpoint,
         *,
-        dispatch_lock: threading.Lock,
+        dispatch_gate: DispatchGate,
+        guard: DispatchGuard,
         transport_factory: TransportFactory = HttpTransport,
         session_timeout: int = SESSION_TIMEOUT_SECONDS,
         request_seconds: float = REQUEST_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """``guard`` re-checks the lease and the claim and notes each step durably;
+        ``wall_clock`` (Unix seconds) stamps the answers closure counts its wait from."""
         self.endpoint = endpoint
-        self.dispatch_lock = dispatch_lock
+        self.dispatch_gate = dispatch_gate
+        self.guard = guard
+        self._wall_clock = wall_clock
         self.session_timeout = session_timeout
         self._factory = transport_factory
         self._request_seconds = request_seconds
@@ -153,7 +171,7 @@ class ClickHouseSnapshotExecutor:
         self, slot: TargetSlot, generation_table: str, query_id: str, principal: IssuedPrincipal
     ) -> DispatchResult:
         """Create the empty target with the generation's design (see the module doc)."""
-        with self.dispatch_lock:
+        with self.dispatch_gate.held():
             transport = self._factory(self.endpoint, principal.credentials)
             try:
                 statement = self.render_create_target(transport, slot, generation_table, query_id)
@@ -230,22 +248,16 @@ class ClickHouseSnapshotExecutor:
             )
         query_id = exchange_query_id(intent.sha256)
         session_id = exchange_session_id(intent.sha256)
-        statement = (
-            f"EXCHANGE TABLES {_qualified(intent.database, intent.target_table)} "
-            f"AND {_qualified(intent.database, intent.generation_table)}"
-        )
-        with self.dispatch_lock:
+        with self.dispatch_gate.held():
+            refused = self._recheck(intent, principal, "before_session", session_id)
+            if refused is not None:
+                return refused
             transport = self._factory(self.endpoint, principal.credentials)
-            opened = settle(
+            opened = self._send(
+                intent,
+                "session_open_answered",
                 lambda: transport.execute(
-                    session_request(
-                        "SELECT 1",
-                        session_open_query_id(intent.sha256),
-                        RequestKind.READ,
-                        session_id=session_id,
-                        session_timeout=self.session_timeout,
-                        check=False,
-                    ),
+                    self._request(intent, "SELECT 1", session_open_query_id(intent.sha256), False),
                     deadline=self._deadline(),
                 ),
                 query_id,
@@ -260,20 +272,97 @@ class ClickHouseSnapshotExecutor:
                     opened.clickhouse_code,
                     f"session_open_{opened.outcome.value}",
                 )
-            request = session_request(
-                statement,
+            refused = self._recheck(intent, principal, "before_exchange", session_id)
+            if refused is not None:
+                return refused
+            statement = (
+                f"EXCHANGE TABLES {_qualified(intent.database, intent.target_table)} "
+                f"AND {_qualified(intent.database, intent.generation_table)}"
+            )
+            request = self._request(intent, statement, query_id, True)
+            return self._send(
+                intent,
+                "exchange_answered",
+                lambda: transport.execute(request, deadline=self._deadline()),
                 query_id,
-                RequestKind.MUTATION,
-                session_id=session_id,
-                session_timeout=self.session_timeout,
-                check=True,
+                session_id,
             )
-            return settle(
-                lambda: transport.execute(request, deadline=self._deadline()), query_id, session_id
+
+    def _request(
+        self, intent: SnapshotIntent, statement: str, query_id: str, check: bool
+    ) -> ClickHouseRequest:
+        kind = RequestKind.MUTATION if check else RequestKind.READ
+        return session_request(
+            statement,
+            query_id,
+            kind,
+            session_id=exchange_session_id(intent.sha256),
+            session_timeout=self.session_timeout,
+            check=check,
+        )
+
+    def _recheck(
+        self, intent: SnapshotIntent, principal: IssuedPrincipal, step: str, session_id: str
+    ) -> DispatchResult | None:
+        """Under the gate: the lease and the claim still hold, and the step is noted first.
+
+        Returns the NOT_SENT result (noted with its reason) when they do not, or when the
+        note cannot be written (nothing may leave without its note).
+        """
+        query_id = exchange_query_id(intent.sha256)
+        try:
+            self.guard.check(intent, principal, step)
+        except DispatchRefused as exc:
+            with _ignored():  # the refusal is returned either way; the note is best effort
+                self.guard.note(
+                    intent.sha256,
+                    {"step": REFUSED, "at": step, "session_id": session_id, "reason": exc.code},
+                )
+            opened = None if step == "before_session" else session_id
+            return DispatchResult(DispatchOutcome.NOT_SENT, query_id, opened, None, exc.code)
+        if step != "before_session":
+            return None
+        try:
+            self.guard.note(
+                intent.sha256,
+                {"step": OPENING, "session_id": session_id, "at_us": self._wall_us()},
             )
+        except DponeError as exc:
+            return DispatchResult(DispatchOutcome.NOT_SENT, query_id, None, None, exc.code)
+        return None
+
+    def _send(
+        self,
+        intent: SnapshotIntent,
+        step: str,
+        send: Callable[[], Any],
+        query_id: str,
+        session_id: str,
+    ) -> DispatchResult:
+        """Send once (:func:`settle`), then note when and how the request answered."""
+        result = settle(send, query_id, session_id)
+        note = {
+            "step": step,
+            "session_id": session_id,
+            "answered_at_us": self._wall_us(),
+            "outcome": result.outcome.value,
+            "clickhouse_code": result.clickhouse_code,
+            "reason": result.error_code,
+        }
+        # Without this note closure waits the full T from its own start: still safe.
+        with _ignored():
+            self.guard.note(intent.sha256, note)
+        return result
+
+    def _wall_us(self) -> int:
+        return int(self._wall_clock() * 1_000_000)
 
     def _deadline(self) -> float:
         return self._clock() + self._request_seconds
+
+
+def _ignored() -> contextlib.AbstractContextManager[None]:
+    return contextlib.suppress(DponeError)
 
 
 def _qualified(database: str, table: str) -> str:

@@ -84,6 +84,8 @@ class ReconcilePath(PublisherPorts):
             "step": "reconcile",
             "decided": decided.value,
             **facts_document(facts),
+            # Why this call's dispatch ended as it did (None when it made none).
+            "dispatch_reason": None if dispatch is None else dispatch.error_code,
             "closure": None if closure is None else closure_document(closure),
         }
         if decided is P.COMMIT_UNKNOWN and record.state is P.COMMIT_UNKNOWN:
@@ -109,8 +111,18 @@ class ReconcilePath(PublisherPorts):
         except DponeError as exc:
             if exc.code != "claim_lost":
                 raise
-            # A concurrent reconcile moved the record first: report what it wrote.
-            return receipt_from_record(self._load(intent.sha256).record, historical=False)
+            # A concurrent reconcile moved the record first: keep what this call saw
+            # (its closure and observation) in the history, then report what it wrote.
+            current = self._load(intent.sha256).record
+            self.store.observe(
+                intent.sha256,
+                {
+                    **history,
+                    "step": "reconcile_lost",
+                    "found": f"{current.state.value}@{current.revision}",
+                },
+            )
+            return receipt_from_record(current, historical=False)
         return receipt_observed(successor, facts)
 
     def _facts(

@@ -1,0 +1,101 @@
+"""What belongs to one lease of a pool user: the scope of its closure.
+
+A pool user is leased again and again, one active lease at a time, so closure acts on
+a lease, never on a bare user name (:class:`LeaseScope`):
+
+- its lower time bound is the lease's issue time: nothing the user ran before the
+  lease (an old attempt's INSERT cut by a server stop, whose QueryStart the saved
+  query log keeps without a finish) belongs to it;
+- its queries carry its marks: the query ids of the publisher's intent
+  (``dpone-s00-<intent[:32]>-``) or of the ingest attempt (``dpone-b02-<attempt>-``);
+- while it was the user's latest lease, everything the user ran from the lease's start
+  is its own, marked or not. Once the user has been leased again (``relet``), only the
+  lease's marked queries, and what started before the lease ended, are its own: its
+  closure kills only its marked queries and accounts only for those and for what
+  started inside its window, never for the new lease's.
+
+The issue time is the store's wall clock; the managed server runs on the same host
+and clock, which the query log's ``event_time_microseconds`` is compared with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from dpone.contracts.composition_snapshot import (
+    QUERY_ID_PREFIX,
+    SnapshotIntent,
+    exchange_session_id,
+)
+from dpone.errors import StateError
+from dpone.localserver.principal_pool import ROLE_INGEST
+from dpone.ports.composition_snapshot import PrincipalRef
+from dpone.publication.dispatch_notes import SessionUse, dispatch_step_key, session_use
+from dpone.publication.store import SqliteSnapshotStore
+
+STAGING_QUERY_ID_PREFIX = "dpone-b02"
+
+
+@dataclass(frozen=True)
+class LeaseScope:
+    """One lease's window, query-id marks and drain-gate sessions (see the module doc)."""
+
+    lease_id: str
+    issued_at_us: int
+    ended_at_us: int | None
+    marks: tuple[str, ...]
+    sessions: tuple[SessionUse, ...]
+    relet: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "lease_id": self.lease_id,
+            "issued_at_us": self.issued_at_us,
+            "ended_at_us": self.ended_at_us,
+            "marks": list(self.marks),
+            "sessions": [s.to_dict() for s in self.sessions],
+            "relet": self.relet,
+        }
+
+
+def micros(at: str) -> int:
+    """A store ``at`` (UTC ISO 8601 with microseconds, ``Z``) as Unix microseconds."""
+    parsed = datetime.strptime(at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    return int(parsed.timestamp()) * 1_000_000 + parsed.microsecond
+
+
+def lease_scope(store: SqliteSnapshotStore, principal: PrincipalRef) -> LeaseScope:
+    """The scope of ``principal``'s lease as the store holds it now."""
+    records = store.lease_records(active_only=False)
+    mine = [r for r in records if r.lease.lease_id == principal.lease_id]
+    if len(mine) != 1:
+        raise StateError(
+            f"lease {principal.lease_id} is not in the store",
+            code="lease_not_found",
+            lease_id=principal.lease_id,
+        )
+    record = mine[0]
+    position = records.index(record)
+    relet = any(r.lease.user == record.lease.user for r in records[position + 1 :])
+    marks: list[str] = []
+    sessions: list[SessionUse] = []
+    if record.lease.role == ROLE_INGEST:
+        marks.append(f"{STAGING_QUERY_ID_PREFIX}-{record.lease.attempt_id}-")
+    else:
+        for summary in store.list_snapshots():
+            intent = SnapshotIntent.from_bytes(summary.intent_bytes)
+            if intent.publisher.lease_id == principal.lease_id:
+                marks.append(f"{QUERY_ID_PREFIX}-{intent.sha256[:32]}-")
+                key = dispatch_step_key(intent.sha256)
+                notes = store.step_notes(key)
+                sessions.append(session_use(exchange_session_id(intent.sha256), notes, key))
+    return LeaseScope(
+        lease_id=principal.lease_id,
+        issued_at_us=micros(record.issued_at),
+        ended_at_us=None if record.ended_at is None else micros(record.ended_at),
+        marks=tuple(marks),
+        sessions=tuple(sessions),
+        relet=relet,
+    )

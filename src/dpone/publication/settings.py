@@ -1,0 +1,39 @@
+"""The publication's settings a project file may give (``[publication]`` of ``dpone.toml``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dpone.publication.executor import SESSION_MARGIN_SECONDS, SESSION_TIMEOUT_SECONDS
+
+
+@dataclass(frozen=True)
+class PublicationSettings:
+    """The drain-gate session's timeout T and closure's margin past it.
+
+    Closure waits T plus the margin after the EXCHANGE's answer before its probe; a
+    slower network between this host and the server needs a larger margin.
+    """
+
+    session_timeout_seconds: int = SESSION_TIMEOUT_SECONDS
+    session_margin_seconds: float = SESSION_MARGIN_SECONDS
+
+
+def check_timeout(value: int) -> str | None:
+    """Why a ``session_timeout_seconds`` is refused (None: accepted)."""
+    return None if 1 <= value <= 3600 else "must be between 1 and 3600"
+
+
+def check_margin(value: float) -> str | None:
+    """Why a ``session_margin_seconds`` is refused (None: accepted)."""
+    return None if math.isfinite(value) and 0 <= value <= 3600 else "must be between 0 and 3600"
+
+
+# Each key of ``[publication]``: its type, default and check (``dpone.project.config``).
+SETTINGS: dict[str, tuple[type, object, Callable[[Any], str | None]]] = {
+    "session_timeout_seconds": (int, SESSION_TIMEOUT_SECONDS, check_timeout),
+    "session_margin_seconds": (float, SESSION_MARGIN_SECONDS, check_margin),
+}

@@ -1,0 +1,109 @@
+"""Closure acts on one lease, on the real server: an old lease's closure never touches
+the pool user's new lease, and what the user ran before the lease is not the lease's."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.localserver import ServerInfo
+from dpone.localserver.principal_pool import (
+    CLOSER_USER,
+    ROLE_INGEST,
+    pool_names,
+)
+from dpone.ports.clickhouse_request import Credentials, Endpoint
+from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
+from dpone.publication.dispatch_gate import DispatchGate
+from dpone.publication.lease_scope import lease_scope
+from dpone.publication.principal_issuers import LocalPoolIssuer
+from dpone.publication.store import SqliteSnapshotStore
+from tests import chhttp
+from tests.conftest import POOL_DATABASE
+from tests.integration.test_principal_pool import RunningQuery
+
+POLICY = ClosurePolicy(samples=3, sample_spacing_seconds=0.1)
+
+
+def user_ids(port: int) -> dict[str, str]:
+    rows = chhttp.rows(port, "SELECT name, toString(id) AS id FROM system.users")
+    return {r["name"]: r["id"] for r in rows if r["name"] in pool_names()}
+
+
+def authority_on(
+    store: SqliteSnapshotStore,
+    issuer: LocalPoolIssuer,
+    endpoint: Endpoint,
+    closer: Credentials,
+    gate: Path,
+) -> SnapshotAuthority:
+    """The authority as build_publication wires it: real store, scope and gate."""
+    return SnapshotAuthority(
+        registry=store,
+        issuer=issuer,
+        closer=HttpTransport(endpoint, closer),
+        endpoint=endpoint,
+        probe_credentials=issuer.role_credentials,
+        scope_of=lambda ref: lease_scope(store, ref),
+        dispatch_gate=DispatchGate(gate),
+        policy=POLICY,
+    )
+
+
+def test_closing_an_old_lease_never_touches_the_new_leases_query(
+    clickhouse: ServerInfo, pool_credentials: dict[str, Credentials], tmp_path: Path
+) -> None:
+    port = clickhouse.http_port
+    chhttp.query(port, f"CREATE DATABASE IF NOT EXISTS {POOL_DATABASE} ENGINE = Atomic")
+    store = SqliteSnapshotStore(tmp_path / "snapshots.sqlite")
+    issuer = LocalPoolIssuer(store, pool_credentials, user_ids(port))
+    endpoint = Endpoint("127.0.0.1", port, clickhouse.tcp_port, POOL_DATABASE)
+    authority = authority_on(
+        store, issuer, endpoint, pool_credentials[CLOSER_USER], tmp_path / "gate"
+    )
+    token = uuid.uuid4().hex[:10]
+    old = issuer.issue(ROLE_INGEST, f"old{token}").ref
+    issuer.revoke(old)  # ended, never closed: the user goes to the next attempt
+    new = issuer.issue(ROLE_INGEST, f"new{token}").ref
+    assert new.user == old.user and new.lease_id != old.lease_id
+    # The new attempt's INSERT-like long query, carrying the new lease's mark.
+    query_id = f"dpone-b02-new{token}-insert"
+    with RunningQuery(port, new.user, pool_credentials[new.user].password, query_id) as running:
+        proof = authority.close_principal(old)
+        still = chhttp.rows(
+            port, f"SELECT 1 AS n FROM system.processes WHERE query_id = '{query_id}'"
+        )
+        assert still == [{"n": 1}] and running.thread.is_alive()
+        assert proof.proven, proof.facts["unproven"]
+        assert proof.facts["killed"] == []
+        assert proof.facts["scope"]["relet"] is True
+        assert query_id not in proof.facts["query_log"]["unfinished"]
+        assert all(s["queries"] == [] for s in proof.facts["samples"])
+        # The new lease's own closure does stop it.
+        own = authority.close_principal(new)
+        running.thread.join(timeout=60)
+    assert {"query_id": query_id, "kill_status": "finished"} in own.facts["killed"]
+    assert own.facts["scope"]["relet"] is False
+
+
+def test_the_gate_serializes_threads_of_one_process(tmp_path: Path) -> None:
+    gate = DispatchGate(tmp_path / "gate.lock")
+    inside: list[int] = []
+    overlap: list[bool] = []
+
+    def hold() -> None:
+        with gate.held():
+            inside.append(1)
+            overlap.append(len(inside) > 1)
+            time.sleep(0.05)
+            inside.pop()
+
+    workers = [threading.Thread(target=hold) for _ in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=30)
+    assert overlap == [False] * 8
