@@ -424,3 +424,28 @@ def test_a_validation_warning_is_said_in_the_refresh_report(
     assert text.returncode == 0, text.stderr
     assert "dpone: warning: the compiled converter is switched off" in text.stderr
     assert "dpone: warning" not in text.stdout
+
+
+def test_the_projects_drain_gate_settings_reach_the_refresh_publisher(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    from dpone.project.config import load_project
+    from dpone.project.table_run import publication_for
+    from dpone.publication.authority import SnapshotAuthority
+    from dpone.publication.executor import ClickHouseSnapshotExecutor
+
+    config = project(
+        tmp_path,
+        server,
+        "t_gate",
+        extra="[publication]\nsession_timeout_seconds = 3\nsession_margin_seconds = 4.5\n",
+    )
+    loaded = load_project(config)
+    parts = publication_for(loaded, loaded.tables["items"])
+    executor = parts.publisher.executor
+    authority = parts.publisher.authority
+    assert isinstance(executor, ClickHouseSnapshotExecutor)
+    assert isinstance(authority, SnapshotAuthority)
+    assert executor.session_timeout == 3
+    assert authority.policy.session_timeout == 3
+    assert authority.policy.session_margin_seconds == 4.5

@@ -103,7 +103,13 @@ def run_phases(
 def publication_for(project: Project, table: TableConfig) -> PublicationComponents:
     """The publisher, store and issuer that publish into ``table``'s database."""
     return build_publication(
-        PublicationConfig(project.clickhouse.data_dir, project.store, table.limits),
+        PublicationConfig(
+            project.clickhouse.data_dir,
+            project.store,
+            table.limits,
+            session_timeout_seconds=project.publication.session_timeout_seconds,
+            session_margin_seconds=project.publication.session_margin_seconds,
+        ),
         table.database,
     )
 
