@@ -14,7 +14,7 @@ import pytest
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_tables import ownership_comment, staging_table_name
 from dpone.contracts.preparation import rows_digest
-from dpone.localserver import ADMIN_USER, LocalServer, ServerInfo, ServerUser
+from dpone.localserver import ADMIN_USER, ServerInfo, ServerUser
 from dpone.ports.clickhouse_errors import ClickHouseServerError
 from dpone.ports.clickhouse_request import Credentials, Endpoint, mutation
 from dpone.ports.composition_snapshot import Blocker, TableObservation, TargetSlot
@@ -29,6 +29,7 @@ from dpone.publication.catalog import (
 )
 from tests import chhttp
 from tests.conftest import CATALOG_PASSWORD, SESSION_USERS
+from tests.own_servers import own_server
 
 DB = "dpone_cat_t"
 # Every session user is trusted except the one declared to hold ambient write grants.
@@ -512,10 +513,7 @@ def test_not_atomic_and_non_mergetree(server: ServerInfo) -> None:
 @pytest.fixture(scope="module")
 def policy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerInfo]:
     """A server of its own: row policies come only from users.d, and a global writer."""
-    data = tmp_path_factory.mktemp("catalog-server")
-    users_d = data / "run" / "users.d"
-    users_d.mkdir(parents=True)
-    (users_d / "policy.xml").write_text(
+    policy = (
         "<clickhouse><users><limited><databases><dpone_cat_rp><target_t>"
         "<filter>id &gt; 1</filter></target_t></dpone_cat_rp></databases></limited>"
         "</users></clickhouse>"
@@ -526,15 +524,11 @@ def policy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerIn
         ServerUser("limited", password="l", grants=("GRANT SELECT ON dpone_cat_rp.*",)),
         ServerUser("everywhere", password="e", grants=("GRANT INSERT ON *.*",)),
     ]
-    local = LocalServer(data, users=users)
-    info = local.start()
-    chhttp.register_server(info.http_port, data)
-    try:
+    data = tmp_path_factory.mktemp("catalog-server")
+    with own_server(data, users, {"users.d/policy.xml": policy}) as info:
         chhttp.query(info.http_port, "CREATE DATABASE dpone_cat_rp ENGINE = Atomic")
         pair(info, "dpone_cat_rp", "target_t", "gen_t")
         yield info
-    finally:
-        local.stop()
 
 
 def test_row_policy_and_a_global_writer(policy_server: ServerInfo) -> None:

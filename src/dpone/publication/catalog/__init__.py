@@ -11,7 +11,9 @@ writers) are documented in docs/publication-catalog.md.
 The parts, one concern a module: the reads and their typed failures
 (:mod:`.reads`), the SQL text the server shows (:mod:`.sql`), a table's
 design and content (:mod:`.design`), the side effects around it
-(:mod:`.side_effects`) and its untrusted writers (:mod:`.grants`).
+(:mod:`.side_effects`), the tables that write into it (:mod:`.writers`), its
+untrusted writers (:mod:`.grants`) and which principals are allowed per observation
+(:mod:`.allowance`).
 """
 
 from __future__ import annotations
@@ -22,12 +24,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dpone.contracts import canonical_json
+from dpone.errors import DponeError
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.composition_snapshot import (
     CatalogObservation,
     ExchangeEvent,
     TableObservation,
     TargetSlot,
+)
+from dpone.publication.catalog.allowance import (
+    AllowedWriters,
+    allowed_pool_users,
+    lease_allowance,
 )
 from dpone.publication.catalog.design import (
     STORED_KINDS,
@@ -63,14 +71,18 @@ __all__ = [
     "STAGE_PREFIX",
     "STORED_KINDS",
     "WRITER_ROOTS",
+    "AllowedWriters",
     "ByteObservationMissing",
     "CatalogUnobservable",
     "ClickHouseSnapshotCatalog",
     "GrantRow",
+    "allowed_pool_users",
     "catalog_query_id",
     "column_elements",
     "column_ttls",
+    "design_sha256",
     "engine_clauses",
+    "lease_allowance",
     "writer_grant_blockers",
     "writer_privileges",
 ]
@@ -97,20 +109,24 @@ class ClickHouseSnapshotCatalog:
 
     ``transport`` carries the catalog principal (read-only on the protected databases
     and the system tables, plus ``SYSTEM FLUSH LOGS``). ``trusted_users`` are the users
-    whose write grants are controlled elsewhere (the administrator, the catalog, the
-    closer and the leased pool); any other user able to write either table blocks.
+    whose write grants are allowed at every observation (the administrator, the
+    catalog, the closer); ``allowed_writers``, when given, is asked once per
+    observation for the principals allowed now (for a leased pool,
+    :func:`lease_allowance`). Any other user able to write either table blocks.
     """
 
     def __init__(
         self,
         transport: QueryPort,
         *,
-        trusted_users: frozenset[str],
+        trusted_users: frozenset[str] = frozenset(),
+        allowed_writers: AllowedWriters | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._transport = transport
         self.trusted_users = frozenset(trusted_users)
+        self._allowed_writers = allowed_writers
         self._timeout = timeout_seconds
         self._clock = clock
 
@@ -137,7 +153,7 @@ class ClickHouseSnapshotCatalog:
                 "tables", _TABLES_SQL.format(db=quote_literal(slot.database), names=in_list(names))
             )
         }
-        side = SideEffects.read(reads, slot.database, names, self.trusted_users)
+        side = SideEffects.read(reads, slot.database, names, self._allowed(slot, generation_table))
         observed = {
             name: self._table(reads, slot.database, name, tables[name], db_engine, side)
             for name in names
@@ -191,6 +207,22 @@ class ClickHouseSnapshotCatalog:
 
     # ------------------------------------------------------------------ internals
 
+    def _allowed(self, slot: TargetSlot, generation_table: str) -> frozenset[str]:
+        """The trusted users and the principals the caller allows for this observation."""
+        if self._allowed_writers is None:
+            return self.trusted_users
+        try:
+            allowed = frozenset(self._allowed_writers(slot, generation_table))
+        except DponeError as exc:
+            raise CatalogUnobservable(
+                f"the principals allowed to write {slot.database}.{slot.table} could not be"
+                f" read: {exc.message}",
+                database=slot.database,
+                table=slot.table,
+                cause=exc.code,
+            ) from exc
+        return self.trusted_users | allowed
+
     def _table(
         self,
         reads: CatalogReads,
@@ -225,7 +257,7 @@ class ClickHouseSnapshotCatalog:
             uuid=text_field(row, "uuid", reads),
             engine=design["engine"],
             design=design,
-            design_sha256=canonical_json.sha256_hex(design),
+            design_sha256=design_sha256(design),
             rows=count_field(content, "rows", reads),
             content_digest=str(content["digest"]),
             total_bytes=count_field(row, "total_bytes", reads),
@@ -264,6 +296,11 @@ class ClickHouseSnapshotCatalog:
                 )
             total += count_field(row, "total_bytes", reads)
         return total
+
+
+def design_sha256(design: Mapping[str, Any]) -> str:
+    """SHA-256 of a design's canonical JSON: the digest an intent binds at prepare."""
+    return canonical_json.sha256_hex(design)
 
 
 def _now() -> str:

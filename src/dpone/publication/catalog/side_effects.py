@@ -1,7 +1,8 @@
 """The side effects around a table that the publisher does not handle, read from system tables.
 
-Materialized views writing into a table (refreshable or not), views and dictionaries
-reading from it, mutations in flight, row policies, and untrusted writers
+Materialized views writing into a table (refreshable or not), tables that write into
+it or follow its name (:mod:`dpone.publication.catalog.writers`), views and
+dictionaries reading from it, mutations in flight, row policies, and untrusted writers
 (:mod:`dpone.publication.catalog.grants`): each becomes a :class:`Blocker`.
 """
 
@@ -14,14 +15,16 @@ from typing import Any
 from dpone.ports.composition_snapshot import Blocker
 from dpone.publication.catalog.grants import ServerAccess
 from dpone.publication.catalog.reads import CatalogReads, in_list, text_field
+from dpone.publication.catalog.writers import WriterTables
 from dpone.sql import quote_literal
 
 
 @dataclass(frozen=True)
 class SideEffects:
-    """Server-wide facts read once per observation: views, refreshes, mutations, access."""
+    """Server-wide facts read once per observation: views, writers, mutations, access."""
 
     incoming: list[dict[str, Any]]
+    writer_tables: WriterTables
     refreshable: frozenset[tuple[str, str]]
     mutations: list[dict[str, Any]]
     policies: list[dict[str, Any]]
@@ -39,6 +42,7 @@ class SideEffects:
             "SELECT database, name, target_table FROM system.tables WHERE engine = "
             f"'MaterializedView' AND target_database = {db} AND target_table IN {in_list(names)}",
         )
+        writer_tables = WriterTables.read(reads, database, names)
         refreshable = frozenset(
             (text_field(r, "database", reads), text_field(r, "view", reads))
             for r in reads.rows("refreshes", "SELECT database, view FROM system.view_refreshes")
@@ -53,7 +57,15 @@ class SideEffects:
             "SELECT name, database, table FROM system.row_policies WHERE "
             f"database IN ({db}, '') AND table IN ({in_list(names)[1:-1]}, '')",
         )
-        return cls(incoming, refreshable, mutations, policies, ServerAccess.read(reads), trusted)
+        return cls(
+            incoming,
+            writer_tables,
+            refreshable,
+            mutations,
+            policies,
+            ServerAccess.read(reads),
+            trusted,
+        )
 
     def blockers(
         self, database: str, name: str, row: Mapping[str, Any], reads: CatalogReads
@@ -74,6 +86,7 @@ class SideEffects:
                 found.append(
                     Blocker("incoming_mv", f"materialized view {key[0]}.{key[1]} writes to {name}")
                 )
+        found.extend(self.writer_tables.blockers(name))
         for kind, reason, what in (
             ("dependencies", "outgoing_mv", "materialized view {} reads from {}"),
             ("loading_dependent", "dictionary", "{} loads from {}"),

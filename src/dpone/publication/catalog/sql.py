@@ -114,3 +114,62 @@ def engine_clauses(engine_full: str) -> tuple[str, str | None, str | None]:
 
 def _unquote_identifier(lexeme: str) -> str:
     return re.sub(r"\\(.)", r"\1", lexeme[1:-1])
+
+
+def engine_arguments(engine_full: str) -> list[list[str]] | None:
+    """The top-level arguments of ``Engine(a, b, ...)`` (tokens, blanks dropped), or None.
+
+    None when ``engine_full`` does not start with an engine name and its argument list.
+    """
+    words = [t for t in _tokens(engine_full) if not t.isspace()]
+    if len(words) < 3 or words[1] != "(":
+        return None
+    depth = 0
+    for index in range(1, len(words)):
+        depth += {"(": 1, ")": -1}.get(words[index], 0)
+        if depth == 0:
+            inner = words[2:index]
+            return _split_top(inner) if inner else []
+    return None
+
+
+def string_literal(argument: Sequence[str]) -> str | None:
+    """The value of an argument that is exactly one single-quoted string literal."""
+    if len(argument) == 1 and len(argument[0]) >= 2 and argument[0][0] == argument[0][-1] == "'":
+        return re.sub(r"\\(.)", r"\1", argument[0][1:-1])
+    return None
+
+
+def definition_words(create_table_query: str, engine_full: str) -> frozenset[str]:
+    """Every identifier and string value a table's definition shows, column list excluded.
+
+    The column list is left out so that a column named like a table never reads as a
+    reference to it; ``engine_full`` is included whole (engine arguments live there).
+    """
+    tokens = _tokens(create_table_query)
+    cut: tuple[int, int] | None = None
+    depth = start = 0
+    for index, lexeme in enumerate(tokens):
+        if depth == 0 and lexeme in ("ENGINE", "AS"):
+            break  # the first group after these is not a column list
+        if lexeme == "(":
+            if depth == 0:
+                start = index
+            depth += 1
+        elif lexeme == ")":
+            depth -= 1
+            if depth == 0:
+                cut = (start, index + 1)
+                break
+    kept = tokens if cut is None else [*tokens[: cut[0]], *tokens[cut[1] :]]
+    return frozenset(_word(t) for t in (*kept, *_tokens(engine_full)) if _is_word(t))
+
+
+def _is_word(lexeme: str) -> bool:
+    return lexeme[:1] in ("'", "`", '"') or lexeme[:1].isalpha() or lexeme[:1] == "_"
+
+
+def _word(lexeme: str) -> str:
+    if lexeme[:1] in ("'", "`", '"'):
+        return re.sub(r"\\(.)", r"\1", lexeme[1:-1])
+    return lexeme
