@@ -348,10 +348,38 @@ def _alter_target(case: Case, result: DispatchResult, principal: IssuedPrincipal
     case.rig.admin(f"ALTER TABLE {DB}.{case.target} ADD COLUMN extra UInt8 DEFAULT 1")
 
 
+def _design_change(sql: str) -> AfterExchange:
+    """An alteration of the target's design only: its rows, content and UUID stay B's."""
+
+    def act(case: Case, result: DispatchResult, principal: IssuedPrincipal) -> None:
+        case.rig.admin(f"ALTER TABLE {DB}.{case.target} {sql}")
+
+    return act
+
+
+DESIGN_CHANGES = {
+    "skipping-index": "ADD INDEX dpone_idx id TYPE minmax GRANULARITY 1",
+    "column-codec": "MODIFY COLUMN name Nullable(String) CODEC(ZSTD(3))",
+    "table-setting": "MODIFY SETTING max_parts_in_total = 12345",
+}
+
+
 @pytest.mark.parametrize(
     "action",
-    [_drop_target, _rename_generation, _insert_into_target, _alter_target],
-    ids=["target-dropped", "generation-renamed", "target-written", "target-altered"],
+    [
+        _drop_target,
+        _rename_generation,
+        _insert_into_target,
+        _alter_target,
+        *(_design_change(sql) for sql in DESIGN_CHANGES.values()),
+    ],
+    ids=[
+        "target-dropped",
+        "generation-renamed",
+        "target-written",
+        "target-altered",
+        *DESIGN_CHANGES,
+    ],
 )
 def test_tables_changed_after_the_exchange_stay_unknown(
     rig: Rig, request: pytest.FixtureRequest, action: AfterExchange
@@ -371,6 +399,9 @@ def test_tables_changed_after_the_exchange_stay_unknown(
     assert rig.exchange_events(case.intent) == ["QueryStart", "QueryFinish"]
     history = case.store().history(case.intent)
     assert [h.revision for h in history] == [1, 2, 3, 3]
+    if action.__name__ == "act":  # a design change alone: the tables hold B and A, rows intact
+        assert case.holds_b()
+        assert case.record().reason == "design_changed"
 
 
 def test_a_renamed_generation_put_back_is_then_published(case: Case) -> None:

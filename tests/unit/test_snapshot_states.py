@@ -120,6 +120,7 @@ B = "bbbbbbbb-0000-4000-8000-00000000000b"
 OTHER = "cccccccc-0000-4000-8000-00000000000c"
 ROWS = 5
 DIGEST = "1" * 32
+DESIGN = "3" * 64
 
 
 def _intent() -> SnapshotIntent:
@@ -138,7 +139,7 @@ def _intent() -> SnapshotIntent:
         generation_uuid=B,
         staged_event_sha256="2" * 64,
         semantic_id="sem",
-        design_sha256="3" * 64,
+        design_sha256=DESIGN,
         receipt_sha256="4" * 64,
         source_rows=ROWS,
         source_bytes=10,
@@ -159,8 +160,9 @@ def _facts(
     finishes: int | None,
     closure: bool = True,
     dispatch: str | None = None,
+    design: str | None = DESIGN,
 ) -> ReconcileFacts:
-    return ReconcileFacts(closure, target, generation, rows, digest, finishes, dispatch)
+    return ReconcileFacts(closure, target, generation, rows, digest, finishes, dispatch, design)
 
 
 UUIDS = [A, B, OTHER, None]
@@ -189,7 +191,7 @@ def _oracle(
 def test_decide_reconcile_over_every_combination() -> None:
     intent = _intent()
     seen = set()
-    for closure, target, generation, rows, digest, finishes, dispatch in itertools.product(
+    for closure, target, generation, rows, digest, finishes, dispatch, design in itertools.product(
         [True, False],
         UUIDS,
         UUIDS,
@@ -197,10 +199,14 @@ def test_decide_reconcile_over_every_combination() -> None:
         [DIGEST, "9" * 32, None],
         FINISHES,
         DISPATCH,
+        [DESIGN, "8" * 64, None],
     ):
-        facts = _facts(target, generation, rows, digest, finishes, closure, dispatch)
+        facts = _facts(target, generation, rows, digest, finishes, closure, dispatch, design)
         decided = decide_reconcile(intent, facts)
-        assert decided is _oracle(closure, target, generation, rows, digest, finishes, dispatch)
+        expected = _oracle(closure, target, generation, rows, digest, finishes, dispatch)
+        if expected is P.PUBLISHED and design != DESIGN:
+            expected = P.COMMIT_UNKNOWN  # an altered (or unobserved) design is not published
+        assert decided is expected
         seen.add(decided)
     assert seen == {P.PUBLISHED, P.NOT_PUBLISHED, P.COMMIT_UNKNOWN}
 
@@ -212,6 +218,8 @@ def test_decide_reconcile_over_every_combination() -> None:
         (_facts(B, A, ROWS, DIGEST, None), P.PUBLISHED),
         (_facts(B, A, ROWS, DIGEST, 1, closure=False), P.COMMIT_UNKNOWN),
         (_facts(B, A, ROWS - 1, DIGEST, 1), P.COMMIT_UNKNOWN),
+        (_facts(B, A, ROWS, DIGEST, 1, design="8" * 64), P.COMMIT_UNKNOWN),  # altered design
+        (_facts(B, A, ROWS, DIGEST, 1, design=None), P.COMMIT_UNKNOWN),  # design unobserved
         (_facts(A, B, None, None, 0), P.NOT_PUBLISHED),
         (_facts(A, B, None, None, None, dispatch="refused"), P.NOT_PUBLISHED),
         (_facts(A, B, None, None, None, dispatch="not_sent"), P.NOT_PUBLISHED),

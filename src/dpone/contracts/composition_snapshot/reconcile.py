@@ -18,6 +18,8 @@ class ReconcileFacts:
 
     ``dispatch_outcome`` is the DispatchOutcome value this process got from its own
     EXCHANGE, if it sent one in this call (a crash leaves none).
+    ``target_design_sha256`` is the design digest of the table the target name holds,
+    computed as the one the intent bound at prepare.
     """
 
     closure_proven: bool
@@ -27,6 +29,7 @@ class ReconcileFacts:
     target_content_digest: str | None
     exchange_finishes: int | None
     dispatch_outcome: str | None = None
+    target_design_sha256: str | None = None
 
     def observation(self) -> RecordObservation:
         """The facts as a record's ``observation`` member."""
@@ -43,7 +46,8 @@ def decide_reconcile(intent: SnapshotIntent, facts: ReconcileFacts) -> SnapshotS
     """The state the facts prove: PUBLISHED, NOT_PUBLISHED, or else COMMIT_UNKNOWN.
 
     PUBLISHED: closure proven, the target name holds B, the generation name holds A, and
-    the target's rows and content digest equal the source's. NOT_PUBLISHED: closure
+    the target's rows, content digest and design digest equal the bound ones (an index,
+    codec, setting or TTL added after the EXCHANGE is not the published design). NOT_PUBLISHED: closure
     proven, the names still hold A and B, and the EXCHANGE provably never ran (the query
     log, observable, has no QueryFinish for its id; or this process's own dispatch was
     refused or never sent, and the log shows no finish). An A/B pair with a logged finish
@@ -56,6 +60,7 @@ def decide_reconcile(intent: SnapshotIntent, facts: ReconcileFacts) -> SnapshotS
         parity = (
             facts.target_rows == intent.source_rows
             and facts.target_content_digest == intent.content_digest
+            and facts.target_design_sha256 == intent.design_sha256
         )
         return P.PUBLISHED if parity else P.COMMIT_UNKNOWN
     if (facts.target_uuid, facts.generation_uuid) == (a, b):

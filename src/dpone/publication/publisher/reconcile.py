@@ -153,6 +153,7 @@ class ReconcilePath(PublisherPorts):
             target_content_digest=None if target is None else target.content_digest,
             exchange_finishes=finishes,
             dispatch_outcome=None if dispatch is None else dispatch.outcome,
+            target_design_sha256=None if target is None else target.design_sha256,
         )
 
 
@@ -170,6 +171,8 @@ def reconcile_reason(
         return "tables_unobserved"
     pair = (facts.target_uuid, facts.generation_uuid)
     if pair == (intent.generation_uuid, intent.target_uuid):
+        if facts.target_design_sha256 != intent.design_sha256:
+            return "design_changed"
         return "content_mismatch"
     if pair == (intent.target_uuid, intent.generation_uuid):
         return "exchange_logged" if facts.exchange_finishes else "query_log_unobservable"

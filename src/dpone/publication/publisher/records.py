@@ -74,6 +74,7 @@ def facts_document(facts: ReconcileFacts) -> dict[str, Any]:
         "target_content_digest": facts.target_content_digest,
         "exchange_finishes": facts.exchange_finishes,
         "dispatch_outcome": facts.dispatch_outcome,
+        "target_design_sha256": facts.target_design_sha256,
     }
 
 
