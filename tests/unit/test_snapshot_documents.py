@@ -293,10 +293,10 @@ def _reachable(doc: dict[str, Any]) -> bool:
         return False
     if state is P.EXCHANGE_INTENT:
         return revision == 2 and closure is None and seen is None and doc["dispatch"] is None
-    if revision < 3:
+    if revision < 3 or revision > 4:
         return False
     if state is P.COMMIT_UNKNOWN:
-        return True
+        return revision == 3  # it keeps its revision while it stays unknown
     proven = closure is not None and closure["proven"] is True
     pair = seen is not None and None not in (seen["target_uuid"], seen["generation_uuid"])
     if state is P.NOT_PUBLISHED:
@@ -389,9 +389,9 @@ def test_every_state_revision_pair(state: SnapshotState, revision: int) -> None:
     reachable = {
         P.PREPARED: revision == 1,
         P.EXCHANGE_INTENT: revision == 2,
-        P.NOT_PUBLISHED: revision >= 2,
-        P.PUBLISHED: revision >= 3,
-        P.COMMIT_UNKNOWN: revision >= 3,
+        P.NOT_PUBLISHED: 2 <= revision <= 4,
+        P.PUBLISHED: 3 <= revision <= 4,
+        P.COMMIT_UNKNOWN: revision == 3,
     }[state]
     assert code_of(data, SnapshotRecord.from_bytes) == (None if reachable else "unreachable_state")
 

@@ -9,9 +9,10 @@ States and revisions (the seed's table)::
 
     PREPARED        exactly 1   no dispatch claim yet
     EXCHANGE_INTENT exactly 2   the single claim is durable, the SQL outcome unknown
-    PUBLISHED       >= 3        closed publisher, observed B/A UUID pair, full B parity
-    NOT_PUBLISHED   >= 2        closed publisher and A/B observed; 2 only by cancellation
-    COMMIT_UNKNOWN  >= 3        something uncertain; ownership retained
+    PUBLISHED       3 or 4      closed publisher, observed B/A UUID pair, full B parity
+    NOT_PUBLISHED   2 to 4      closed publisher and A/B observed; 2 only by cancellation
+    COMMIT_UNKNOWN  exactly 3   something uncertain; ownership retained (it keeps its
+                                revision while it stays unknown, so 4 and later are refused)
 
 Edges: none -> PREPARED(1); PREPARED(1) -> EXCHANGE_INTENT(2) | NOT_PUBLISHED(2);
 EXCHANGE_INTENT(2) -> PUBLISHED(3) | NOT_PUBLISHED(3) | COMMIT_UNKNOWN(3);

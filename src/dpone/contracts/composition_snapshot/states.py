@@ -35,9 +35,13 @@ def revision_ok(state: SnapshotState, revision: int) -> bool:
         return revision == 1
     if state is P.EXCHANGE_INTENT:
         return revision == 2
+    # COMMIT_UNKNOWN is entered only from EXCHANGE_INTENT@2 and keeps its revision while
+    # it stays unknown, so it exists at 3 alone; the terminal states follow 2 or 3.
+    if state is P.COMMIT_UNKNOWN:
+        return revision == 3
     if state is P.NOT_PUBLISHED:
-        return revision >= 2
-    return revision >= 3  # PUBLISHED, COMMIT_UNKNOWN
+        return 2 <= revision <= 4
+    return 3 <= revision <= 4  # PUBLISHED
 
 
 def transition_ok(
@@ -74,8 +78,8 @@ def check_record_shape(record: SnapshotRecord) -> None:
 
     PREPARED@1: nothing but the intent. EXCHANGE_INTENT@2: a claim, nothing observed yet.
     NOT_PUBLISHED@2: the cancellation (no claim, reason ``cancelled``). PUBLISHED and
-    NOT_PUBLISHED@>=3: a claim, a proven closure and the observed UUID pair (PUBLISHED
-    also B's rows and digest). COMMIT_UNKNOWN@>=3: a claim. Every record after the first
+    NOT_PUBLISHED@3-4: a claim, a proven closure and the observed UUID pair (PUBLISHED
+    also B's rows and digest). COMMIT_UNKNOWN@3: a claim. Every record after the first
     names its predecessor.
     """
     state, revision = record.state, record.revision
