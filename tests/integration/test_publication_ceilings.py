@@ -16,6 +16,7 @@ from dpone.ports.clickhouse_result import QueryResult
 from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
 from dpone.publication.composition import staging_policy
 from dpone.staging.composition import build_transport
+from dpone.staging.journal import file_journals
 from dpone.staging.service import ClickHouseValidatedFileService
 from tests.integration.test_staging import DB, config, export_hostile, staging_database
 
@@ -42,7 +43,12 @@ def service(
     cfg = config(info, work)
     policy = staging_policy(limits)  # type: ignore[arg-type]
     transport = Recording(build_transport(dataclasses.replace(cfg, policy=policy)))
-    return ClickHouseValidatedFileService(transport, DB, work, policy=policy), transport
+    return (
+        ClickHouseValidatedFileService(
+            transport, DB, journal_factory=file_journals(work), policy=policy
+        ),
+        transport,
+    )
 
 
 def test_the_insert_body_carries_the_wire_ceiling(clickhouse: ServerInfo, tmp_path: Path) -> None:

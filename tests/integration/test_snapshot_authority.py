@@ -26,7 +26,8 @@ from dpone.ports.composition_snapshot import (
     PrincipalRef,
     TargetSlot,
 )
-from dpone.publication.authority import AuthorityError, ClosurePolicy, SnapshotAuthority
+from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
+from dpone.publication.journal_evidence import AuthorityError
 from dpone.staging.journal import ClickHouseFileAttemptJournal, JournalEvent
 from tests.conftest import POOL_PASSWORDS
 from tests.integration.test_principal_pool import RunningQuery

@@ -21,7 +21,7 @@ from dpone.preparation.validated_file_artifact import ContractValidatedFileArtif
 from dpone.sinks import ClickHouseSink
 from dpone.staging.composition import StagingConfig, build_transport
 from dpone.staging.contract import StagingPolicy
-from dpone.staging.journal import read_events
+from dpone.staging.journal import file_journals, read_events
 from dpone.staging.recovery import list_attempts
 from dpone.staging.service import ClickHouseValidatedFileService
 from tests import chhttp
@@ -145,6 +145,35 @@ def test_empty_input_is_not_submitted_and_counted_zero(
     assert events[-1].document["counts"] == {"prepared_rows": 0, "observed_count": 0}
 
 
+def test_every_event_records_counts_null_until_known(
+    clickhouse: ServerInfo, tmp_path: Path
+) -> None:
+    path, receipt, data = export_hostile(tmp_path)
+    staged = ClickHouseSink(config(clickhouse, tmp_path / "work")).stage_validated_file(
+        path, receipt, attempt_id="counts-1"
+    )
+    n = len(data)
+    assert [
+        (e.document["state"], e.document["counts"]) for e in read_events(staged.journal_path)
+    ] == [
+        ("checking", {"prepared_rows": None, "observed_count": None}),  # admitted
+        ("prepared", {"prepared_rows": n, "observed_count": None}),
+        ("creating_staging", {"prepared_rows": n, "observed_count": None}),
+        ("loading", {"prepared_rows": n, "observed_count": None}),
+        ("verifying", {"prepared_rows": n, "observed_count": None}),
+        ("staged", {"prepared_rows": n, "observed_count": n}),
+    ]
+    # A failure at admission: its one event says nothing is known yet.
+    with open(path, "ab") as f:
+        f.write(b"1\t\t\t\n")
+    with pytest.raises(DponeError):
+        ClickHouseSink(config(clickhouse, tmp_path / "work")).stage_validated_file(
+            path, receipt, attempt_id="counts-2"
+        )
+    [failed] = read_events(tmp_path / "work" / "counts-2")
+    assert failed.document["counts"] == {"prepared_rows": None, "observed_count": None}
+
+
 class Interfering:
     """A real transport with a hook that runs before chosen requests (faults a server cannot make)."""
 
@@ -160,16 +189,25 @@ class Interfering:
         return replaced if replaced is not None else result
 
 
-def service(
+def runner(inner: Any) -> Any:
+    """A ``runner_factory`` that hands the sink's service ``inner`` (a wrapped transport)."""
+
+    def factory(cfg: StagingConfig, policy: StagingPolicy) -> Any:
+        assert policy == cfg.policy  # the service's policy reaches the factory
+        return inner
+
+    return factory
+
+
+def interfering_sink(
     info: ServerInfo,
     work: Path,
     hook: Callable[[ClickHouseRequest], QueryResult | None],
     **policy: Any,
-) -> ClickHouseValidatedFileService:
+) -> ClickHouseSink:
+    """The public sink whose service runs through a real transport with ``hook``."""
     cfg = config(info, work, **policy)
-    return ClickHouseValidatedFileService(
-        Interfering(build_transport(cfg), hook), DB, work, policy=cfg.policy
-    )
+    return ClickHouseSink(cfg, runner_factory=runner(Interfering(build_transport(cfg), hook)))
 
 
 def fake_count(output: bytes) -> Callable[[ClickHouseRequest], QueryResult | None]:
@@ -198,10 +236,10 @@ def test_wrong_counts_fail_and_clean_up(
     path, receipt, data = export_hostile(tmp_path)
     if b"87" in output:
         output = output.replace(b"87", str(len(data)).encode())
-    svc = service(clickhouse, tmp_path / "work", fake_count(output))
+    sink = interfering_sink(clickhouse, tmp_path / "work", fake_count(output))
     attempt = f"count-{abs(hash(output)) % 10**8}"
     with pytest.raises(DponeError) as caught:
-        svc.stage(ContractValidatedFileArtifact(path, receipt), attempt)
+        sink.stage_validated_file(path, receipt, attempt_id=attempt)
     assert caught.value.code == code
     assert caught.value.details["last_event"]["state"] == "failed_cleaned"
     assert not table_exists(clickhouse, f"dpone_stage_{attempt.replace('-', '_h')}")
@@ -225,8 +263,8 @@ def test_table_altered_between_checks_is_refused(clickhouse: ServerInfo, tmp_pat
                 )
 
     with pytest.raises(DponeError) as caught:
-        service(clickhouse, tmp_path / "work", alter).stage(
-            ContractValidatedFileArtifact(path, receipt), "altered-1"
+        interfering_sink(clickhouse, tmp_path / "work", alter).stage_validated_file(
+            path, receipt, attempt_id="altered-1"
         )
     assert caught.value.code == "table_identity_mismatch"
     assert "columns differ" in str(caught.value)
@@ -244,8 +282,8 @@ def test_source_modified_during_insert_is_detected(clickhouse: ServerInfo, tmp_p
                 f.write(b"9")
 
     with pytest.raises(DponeError) as caught:
-        service(clickhouse, tmp_path / "work", tamper).stage(
-            ContractValidatedFileArtifact(path, receipt), "tamper-1"
+        interfering_sink(clickhouse, tmp_path / "work", tamper).stage_validated_file(
+            path, receipt, attempt_id="tamper-1"
         )
     assert caught.value.code == "artifact_hash_mismatch"
     assert states(tmp_path / "work" / "tamper-1")[-1] == "failed_cleaned"
@@ -262,8 +300,8 @@ def test_spool_modified_before_insert_is_detected(clickhouse: ServerInfo, tmp_pa
                 f.write(b"\x07")
 
     with pytest.raises(DponeError) as caught:
-        service(clickhouse, tmp_path / "work", tamper).stage(
-            ContractValidatedFileArtifact(path, receipt), "spool-1"
+        interfering_sink(clickhouse, tmp_path / "work", tamper).stage_validated_file(
+            path, receipt, attempt_id="spool-1"
         )
     assert caught.value.code == "sent_bytes_mismatch"
     assert not table_exists(clickhouse, "dpone_stage_spool_h1")
@@ -333,9 +371,11 @@ def test_server_stopped_mid_insert_retains_everything(kind: str, tmp_path: Path)
             nonlocal inserting
             inserting = request.query_id.endswith("-insert")
 
-        svc = ClickHouseValidatedFileService(Interfering(inner, arm), DB, tmp_path / "work")
+        sink = ClickHouseSink(
+            config(info, tmp_path / "work", kind), runner_factory=runner(Interfering(inner, arm))
+        )
         with pytest.raises(DponeError) as caught:
-            svc.stage(ContractValidatedFileArtifact(path, receipt), f"victim-{kind}")
+            sink.stage_validated_file(path, receipt, attempt_id=f"victim-{kind}")
         victim._process.wait()  # type: ignore[union-attr]
         victim._process = None
     assert caught.value.details["last_event"]["state"] == "retained_unknown", getattr(
@@ -376,11 +416,11 @@ def test_lost_insert_acknowledgment_is_proven_before_cleanup(
             return result
 
     phases: list[tuple[str, int, int]] = []
-    svc = ClickHouseValidatedFileService(
-        LosingAcks(), DB, tmp_path / "work", policy=cfg.policy, progress=lambda *p: phases.append(p)
+    sink = ClickHouseSink(
+        cfg, runner_factory=runner(LosingAcks()), progress=lambda *p: phases.append(p)
     )
     with pytest.raises(OutcomeUnknown):
-        svc.stage(ContractValidatedFileArtifact(path, receipt), "lost-ack-1")
+        sink.stage_validated_file(path, receipt, attempt_id="lost-ack-1")
     events = [e.document for e in read_events(tmp_path / "work" / "lost-ack-1")]
     observed = next(e for e in events if e["outcome"] == "termination_observed")
     assert observed["remote"] == {
@@ -411,7 +451,11 @@ def test_verification_deadline_after_the_insert(clickhouse: ServerInfo, tmp_path
     cfg = config(clickhouse, tmp_path / "work", verification_seconds=60.0)
     inner = HttpTransport(cfg.endpoint, cfg.credentials, clock=lambda: now[0])  # one clock for both
     svc = ClickHouseValidatedFileService(
-        Interfering(inner, jump), DB, tmp_path / "work", policy=cfg.policy, clock=lambda: now[0]
+        Interfering(inner, jump),
+        DB,
+        journal_factory=file_journals(tmp_path / "work"),
+        policy=cfg.policy,
+        clock=lambda: now[0],
     )
     with pytest.raises(DponeError) as caught:
         svc.stage(ContractValidatedFileArtifact(path, receipt), "late-verify-1")
@@ -435,13 +479,28 @@ def test_loading_deadline_expires_mid_insert_and_stays_unknown(
             now[0] += 400.0  # each reading while the INSERT streams costs 400 s
         return now[0]
 
-    def arm(request: ClickHouseRequest) -> None:
-        sending[0] = request.query_id.endswith("-insert")
+    class WhileInserting:
+        """Arms the costly clock for the INSERT's own call only."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner, self.name, self.endpoint = inner, inner.name, inner.endpoint
+
+        def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
+            sending[0] = request.query_id.endswith("-insert")
+            try:
+                result: QueryResult = self.inner.execute(request, deadline=deadline)
+                return result
+            finally:
+                sending[0] = False
 
     cfg = config(clickhouse, tmp_path / "work", request_seconds=1000.0)
     inner = HttpTransport(cfg.endpoint, cfg.credentials, clock=clock)
     svc = ClickHouseValidatedFileService(
-        Interfering(inner, arm), DB, tmp_path / "work", policy=cfg.policy, clock=clock
+        WhileInserting(inner),
+        DB,
+        journal_factory=file_journals(tmp_path / "work"),
+        policy=cfg.policy,
+        clock=clock,
     )
     with pytest.raises(DponeError) as caught:
         svc.stage(ContractValidatedFileArtifact(path, receipt), "late-load-1")

@@ -30,11 +30,10 @@ CHILD = textwrap.dedent(
     f"""
     import os, signal, sys
     from pathlib import Path
-    from dpone.staging.journal import ClickHouseFileAttemptJournal
+    from dpone.staging.journal import ClickHouseFileAttemptJournal, file_journals
     from dpone.ports.clickhouse_request import Credentials, Endpoint
-    from dpone.staging.composition import StagingConfig, build_transport
-    from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
-    from dpone.staging.service import ClickHouseValidatedFileService
+    from dpone.staging.composition import StagingConfig
+    from dpone.sinks import ClickHouseSink
 
     http, tcp, work, path, receipt, attempt, crash_after = sys.argv[1:]
     # The administrator, as the CLI gets it from the environment (never argv).
@@ -48,8 +47,8 @@ CHILD = textwrap.dedent(
             return event
 
     cfg = StagingConfig(Endpoint("127.0.0.1", int(http), int(tcp), "{DB}"), admin, Path(work))
-    svc = ClickHouseValidatedFileService(build_transport(cfg), "{DB}", Path(work), journal_factory=Crashing)
-    svc.stage(ContractValidatedFileArtifact(Path(path), Path(receipt)), attempt)
+    sink = ClickHouseSink(cfg, journal_factory=file_journals(Path(work), Crashing))
+    sink.stage_validated_file(path, receipt, attempt_id=attempt)
     """
 )
 

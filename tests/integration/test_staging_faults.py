@@ -23,7 +23,7 @@ from dpone.ports.clickhouse_result import QueryResult
 from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
 from dpone.sinks import ClickHouseSink
 from dpone.staging.composition import build_transport
-from dpone.staging.journal import ClickHouseFileAttemptJournal, read_events
+from dpone.staging.journal import ClickHouseFileAttemptJournal, file_journals, read_events
 from dpone.staging.recovery import list_attempts
 from dpone.staging.service import ClickHouseValidatedFileService
 from tests import chhttp
@@ -34,7 +34,8 @@ from tests.integration.test_staging import (
     config,
     export_hostile,
     fake_count,
-    service,
+    interfering_sink,
+    runner,
     staging_database,
     states,
     table_exists,
@@ -82,7 +83,7 @@ def test_completion_belongs_to_the_verification_deadline(
     svc = ClickHouseValidatedFileService(
         Interfering(inner, slow_load),
         DB,
-        tmp_path / "work",
+        journal_factory=file_journals(tmp_path / "work"),
         policy=cfg.policy,
         clock=lambda: now[0],
     )
@@ -123,15 +124,9 @@ def test_a_failed_failure_record_never_replaces_the_primary(
     )
     cfg = config(clickhouse, tmp_path / "work")
     # Events: 1 admitted, 2 prepared, 3 the failure record (which cannot be written).
-    svc = ClickHouseValidatedFileService(
-        build_transport(cfg),
-        DB,
-        tmp_path / "work",
-        policy=cfg.policy,
-        journal_factory=failing_journal(3),
-    )
+    sink = ClickHouseSink(cfg, journal_factory=file_journals(cfg.work_dir, failing_journal(3)))
     with pytest.raises(DponeError) as caught:
-        svc.stage(ContractValidatedFileArtifact(path, receipt), "taken-1")
+        sink.stage_validated_file(path, receipt, attempt_id="taken-1")
     assert caught.value.code == "table_exists"  # the primary, not the JournalError
     notes = getattr(caught.value, "__notes__", [])
     assert any("could not be published" in n and "disk full #1" in n for n in notes), notes
@@ -158,16 +153,14 @@ def test_journal_failure_never_drops_without_a_durable_intent(
     transport: Any = build_transport(cfg)
     if hook is not None:
         transport = Interfering(transport, hook)
-    svc = ClickHouseValidatedFileService(
-        transport,
-        DB,
-        tmp_path / "work",
-        policy=cfg.policy,
-        journal_factory=failing_journal(fail_at),
+    sink = ClickHouseSink(
+        cfg,
+        runner_factory=runner(transport),
+        journal_factory=file_journals(cfg.work_dir, failing_journal(fail_at)),
     )
     attempt = f"journal-{fail_at}"
     with pytest.raises(DponeError) as caught:
-        svc.stage(ContractValidatedFileArtifact(path, receipt), attempt)
+        sink.stage_validated_file(path, receipt, attempt_id=attempt)
     # The error raised is the first failure; every later one is a note on it.
     assert caught.value.message.startswith(primary), caught.value.message
     notes = " ".join(getattr(caught.value, "__notes__", []))
@@ -211,10 +204,10 @@ def test_unobservable_cleanup_is_retained_unknown_with_the_table_listed(
     clickhouse: ServerInfo, tmp_path: Path, fault: Any, dropped: bool
 ) -> None:
     path, receipt, _ = export_hostile(tmp_path)
-    svc = service(clickhouse, tmp_path / "work", chain(WRONG_COUNT, fault))
+    sink = interfering_sink(clickhouse, tmp_path / "work", chain(WRONG_COUNT, fault))
     attempt = f"blind-{int(dropped)}"
     with pytest.raises(DponeError) as caught:
-        svc.stage(ContractValidatedFileArtifact(path, receipt), attempt)
+        sink.stage_validated_file(path, receipt, attempt_id=attempt)
     assert caught.value.code == "count_mismatch"
     docs = documents(tmp_path / "work" / attempt)
     last = docs[-1]
@@ -242,14 +235,33 @@ class Wrapped:
         return result
 
 
-def wrapped_service(
-    info: ServerInfo, work: Path, fault: Any, count: bytes | None = b'{"n":1}\n'
-) -> ClickHouseValidatedFileService:
-    cfg = config(info, work)
+def wrapped_transport(cfg: Any, fault: Any, count: bytes | None) -> Wrapped:
+    """A real transport; ``fault`` may take over a request, ``count`` replaces the COUNT."""
     inner: Any = build_transport(cfg)
     if count is not None:
         inner = Interfering(inner, fake_count(count))
-    return ClickHouseValidatedFileService(Wrapped(inner, fault), DB, work, policy=cfg.policy)
+    return Wrapped(inner, fault)
+
+
+def wrapped_sink(
+    info: ServerInfo, work: Path, fault: Any, count: bytes | None = b'{"n":1}\n'
+) -> ClickHouseSink:
+    """The public sink whose service runs through :func:`wrapped_transport`."""
+    cfg = config(info, work)
+    return ClickHouseSink(cfg, runner_factory=runner(wrapped_transport(cfg, fault, count)))
+
+
+def wrapped_service(
+    info: ServerInfo, work: Path, fault: Any, count: bytes | None = b'{"n":1}\n'
+) -> ClickHouseValidatedFileService:
+    """The service itself around :func:`wrapped_transport` (for callers that need it)."""
+    cfg = config(info, work)
+    return ClickHouseValidatedFileService(
+        wrapped_transport(cfg, fault, count),
+        DB,
+        journal_factory=file_journals(work),
+        policy=cfg.policy,
+    )
 
 
 def test_a_drop_the_server_refuses_ends_cleanup_failed(
@@ -264,8 +276,8 @@ def test_a_drop_the_server_refuses_ends_cleanup_failed(
             )
 
     with pytest.raises(DponeError) as caught:
-        wrapped_service(clickhouse, tmp_path / "work", refuse_drop).stage(
-            ContractValidatedFileArtifact(path, receipt), "refused-1"
+        wrapped_sink(clickhouse, tmp_path / "work", refuse_drop).stage_validated_file(
+            path, receipt, attempt_id="refused-1"
         )
     assert caught.value.code == "count_mismatch"
     assert any("refused the DROP" in n for n in getattr(caught.value, "__notes__", []))
@@ -309,9 +321,9 @@ def test_an_unknown_create_or_drop_inside_the_service(
     path, receipt, _ = export_hostile(tmp_path)
     attempt = f"unknown{suffix}-{int(run_it)}"
     with pytest.raises(DponeError):
-        wrapped_service(
+        wrapped_sink(
             clickhouse, tmp_path / "work", lose_answer(suffix, run_it=run_it), count
-        ).stage(ContractValidatedFileArtifact(path, receipt), attempt)
+        ).stage_validated_file(path, receipt, attempt_id=attempt)
     docs = documents(tmp_path / "work" / attempt)
     observed = [d["remote"] for d in docs if d["outcome"] == "termination_observed"]
     query_id = f"dpone-b02-{attempt}{suffix}"
@@ -353,25 +365,23 @@ def test_endpoint_identity_is_checked_again_after_the_insert(
     clickhouse: ServerInfo, tmp_path: Path
 ) -> None:
     path, receipt, _ = export_hostile(tmp_path)
-    seen = 0
 
     def new_identity(request: ClickHouseRequest) -> None:
-        nonlocal seen
-        if "-read-table-" in request.query_id:
-            seen += 1
-            if seen == 2:  # after the INSERT: the endpoint is now another server's identity
-                chhttp.query(clickhouse.http_port, "DROP DATABASE _dpone_identity SYNC")
-                chhttp.query(
-                    clickhouse.http_port, "CREATE DATABASE _dpone_identity ENGINE = Atomic"
-                )
+        if request.query_id.endswith("-insert"):  # from now on: another server's identity
+            chhttp.query(clickhouse.http_port, "DROP DATABASE _dpone_identity SYNC")
+            chhttp.query(clickhouse.http_port, "CREATE DATABASE _dpone_identity ENGINE = Atomic")
 
     with pytest.raises(DponeError) as caught:
-        service(clickhouse, tmp_path / "work", new_identity).stage(
-            ContractValidatedFileArtifact(path, receipt), "moved-1"
+        interfering_sink(clickhouse, tmp_path / "work", new_identity).stage_validated_file(
+            path, receipt, attempt_id="moved-1"
         )
     assert caught.value.code == "endpoint_changed"
-    assert states(tmp_path / "work" / "moved-1")[-1] == "failed_cleaned"
-    assert not table_exists(clickhouse, "dpone_stage_moved_h1")
+    before, after = caught.value.details["before"], caught.value.details["after"]
+    assert before["server_id"] != after["server_id"]
+    # Through another server nothing says what the attempt created: all is retained.
+    assert states(tmp_path / "work" / "moved-1")[-1] == "retained_unknown"
+    assert table_exists(clickhouse, "dpone_stage_moved_h1")
+    assert (tmp_path / "work" / "moved-1" / "spool" / "data.rowbinary").exists()
 
 
 # ---------------------------------------------------------------- item 17: before the expensive work
@@ -435,8 +445,8 @@ def test_receipt_replaced_during_the_attempt(clickhouse: ServerInfo, tmp_path: P
             staged.replace(receipt)
 
     with pytest.raises(DponeError) as caught:
-        service(clickhouse, tmp_path / "work", replace_receipt).stage(
-            ContractValidatedFileArtifact(path, receipt), "receipt-1"
+        interfering_sink(clickhouse, tmp_path / "work", replace_receipt).stage_validated_file(
+            path, receipt, attempt_id="receipt-1"
         )
     assert caught.value.code == "receipt_replaced"
     assert states(tmp_path / "work" / "receipt-1")[-1] == "failed_cleaned"
@@ -463,7 +473,11 @@ def test_preparation_deadline_fails_before_anything_remote(
     cfg = config(clickhouse, tmp_path / "work", preparation_seconds=1.5)
     inner = HttpTransport(cfg.endpoint, cfg.credentials, clock=clock)
     svc = ClickHouseValidatedFileService(
-        Wrapped(inner, late), DB, tmp_path / "work", policy=cfg.policy, clock=clock
+        Wrapped(inner, late),
+        DB,
+        journal_factory=file_journals(tmp_path / "work"),
+        policy=cfg.policy,
+        clock=clock,
     )
     with pytest.raises(DponeError) as caught:
         svc.stage(ContractValidatedFileArtifact(path, receipt), "deadline-1")

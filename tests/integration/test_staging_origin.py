@@ -46,7 +46,7 @@ CHILD = textwrap.dedent(
     f"""
     import os, signal, sys
     from pathlib import Path
-    from dpone.staging.journal import ClickHouseFileAttemptJournal
+    from dpone.staging.journal import ClickHouseFileAttemptJournal, file_journals
     from dpone.ports.clickhouse_request import Credentials, Endpoint
     from dpone.staging.composition import StagingConfig, build_transport
     from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
@@ -66,7 +66,7 @@ CHILD = textwrap.dedent(
     # The administrator, as the CLI gets it from the environment (never argv).
     admin = Credentials(os.environ["DPONE_CLICKHOUSE_USER"], os.environ["DPONE_CLICKHOUSE_PASSWORD"])
     cfg = StagingConfig(Endpoint("127.0.0.1", int(http), int(tcp), "{DB}"), admin, Path(work))
-    svc = ClickHouseValidatedFileService(build_transport(cfg), "{DB}", Path(work), journal_factory=Crashing)
+    svc = ClickHouseValidatedFileService(build_transport(cfg), "{DB}", journal_factory=file_journals(Path(work), Crashing))
     svc.stage(ContractValidatedFileArtifact(Path(path), Path(receipt)), attempt)
     """
 )

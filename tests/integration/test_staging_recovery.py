@@ -42,7 +42,7 @@ CHILD = textwrap.dedent(
     f"""
     import os, signal, sys
     from pathlib import Path
-    from dpone.staging.journal import ClickHouseFileAttemptJournal
+    from dpone.staging.journal import ClickHouseFileAttemptJournal, file_journals
     from dpone.ports.clickhouse_request import Credentials, Endpoint
     from dpone.staging.contract import StagingPolicy
     from dpone.staging.composition import StagingConfig, build_transport
@@ -61,7 +61,7 @@ CHILD = textwrap.dedent(
     # The administrator, as the CLI gets it from the environment (never argv).
     admin = Credentials(os.environ["DPONE_CLICKHOUSE_USER"], os.environ["DPONE_CLICKHOUSE_PASSWORD"])
     cfg = StagingConfig(Endpoint("127.0.0.1", int(http), int(tcp), "{DB}"), admin, Path(work))
-    svc = ClickHouseValidatedFileService(build_transport(cfg), "{DB}", Path(work), journal_factory=Crashing,
+    svc = ClickHouseValidatedFileService(build_transport(cfg), "{DB}", journal_factory=file_journals(Path(work), Crashing),
                                          policy=StagingPolicy(request_seconds=float(request_seconds)))
     svc.stage(ContractValidatedFileArtifact(Path(path), Path(receipt)), attempt)
     """
@@ -356,7 +356,7 @@ KILLER = textwrap.dedent(
     f"""
     import os, signal, socket, sys, time
     from pathlib import Path
-    from dpone.staging.journal import ClickHouseFileAttemptJournal
+    from dpone.staging.journal import ClickHouseFileAttemptJournal, file_journals
     from dpone.connectors import clickhouse_http
     from dpone.ports.clickhouse_request import Credentials, Endpoint
     from dpone.staging.contract import StagingPolicy
@@ -393,7 +393,7 @@ KILLER = textwrap.dedent(
     clickhouse_http._BodyStream.read = killing_read
     admin = Credentials(os.environ["DPONE_CLICKHOUSE_USER"], os.environ["DPONE_CLICKHOUSE_PASSWORD"])
     cfg = StagingConfig(Endpoint("127.0.0.1", int(http), int(tcp), "{DB}"), admin, Path(work))
-    svc = ClickHouseValidatedFileService(build_transport(cfg), "{DB}", Path(work), journal_factory=DiesAtInsert,
+    svc = ClickHouseValidatedFileService(build_transport(cfg), "{DB}", journal_factory=file_journals(Path(work), DiesAtInsert),
                                          policy=StagingPolicy(request_seconds=600.0))
     svc.stage(ContractValidatedFileArtifact(Path(path), Path(receipt)), attempt)
     """

@@ -12,9 +12,7 @@ from typing import Any
 
 import pytest
 
-from dpone.durable_files import fsync_directory
 from dpone.errors import JournalError, StateError
-from dpone.staging import journal as journal_module
 from dpone.staging.journal import (
     ClickHouseFileAttemptJournal,
     read_events,
@@ -138,7 +136,8 @@ def test_failure_after_the_link_takes_the_event_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     journal = journal_with(tmp_path, 1)
-    monkeypatch.setattr(journal_module, "fsync_directory", failing_once(fsync_directory))
+    # fsync 1 is the partial file's; 2 is the sequence directory's, after the link.
+    monkeypatch.setattr("dpone.staging.journal.os.fsync", failing_once(os.fsync, 2))
     with pytest.raises(JournalError) as caught:
         journal.record({"state": "checking", "outcome": "unconfirmed"})
     monkeypatch.undo()
@@ -151,30 +150,83 @@ def test_failure_after_the_link_takes_the_event_back(
     assert [e.sequence for e in read_events(journal.attempt_dir)] == [1, 2]
 
 
-def test_an_event_that_could_not_be_taken_back_is_adopted(
+def test_an_event_that_could_not_be_taken_back_is_never_adopted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     journal = journal_with(tmp_path, 1)
-    monkeypatch.setattr(journal_module, "fsync_directory", failing_once(fsync_directory))
-    real_unlink = Path.unlink
+    monkeypatch.setattr("dpone.staging.journal.os.fsync", failing_once(os.fsync, 2))
+    real_unlink = os.unlink
 
-    def unlink(self: Path, missing_ok: bool = False) -> None:
-        if self.name == "attempt.json":
+    def unlink(path: Any, *, dir_fd: int | None = None) -> None:
+        if path == "attempt.json":
             raise OSError(30, "Read-only file system (simulated)")
-        real_unlink(self, missing_ok=missing_ok)
+        real_unlink(path, dir_fd=dir_fd)
 
-    monkeypatch.setattr(Path, "unlink", unlink)
+    monkeypatch.setattr("dpone.staging.journal.os.unlink", unlink)
     with pytest.raises(JournalError) as caught:
         journal.record({"state": "checking", "outcome": "unconfirmed"})
     monkeypatch.undo()
+    assert caught.value.code == "journal_write_failed"
     assert "could not be removed" in "".join(getattr(caught.value.__cause__, "__notes__", []))
     assert journal.sequence == 1  # never advanced on an unconfirmed write
-    # Complete and chained, the event verifies: the next one adopts it and says so.
-    event = journal.record({"state": "checking", "outcome": "next"})
-    events = read_events(journal.attempt_dir)
-    assert [e.document["outcome"] for e in events] == ["step-0", "unconfirmed", "next"]
-    assert event.sequence == 3 and event.document["previous_sha256"] == events[1].sha256
-    assert event.document["journal_repair"] == {"adopted_unconfirmed_event": 2}
+    # The visible file is not an event: the journal records nothing after it.
+    with pytest.raises(JournalError) as refused:
+        journal.record({"state": "cleanup", "outcome": "next"})
+    assert refused.value.code == "journal_unconfirmed_event"
+    assert refused.value.details["sequence"] == 2
+    assert refused.value.details["event"].endswith("events/000002/attempt.json")
+    assert sorted(p.name for p in journal.events_dir.iterdir()) == ["000001", "000002"]
+    assert journal.sequence == 1
+
+
+def test_events_go_to_the_directory_opened_not_the_path(tmp_path: Path) -> None:
+    journal = journal_with(tmp_path, 1)
+    moved = journal.attempt_dir.rename(tmp_path / "moved")
+    (journal.attempt_dir / "events").mkdir(parents=True)  # someone else's, at the old path
+    event = journal.record({"state": "checking", "outcome": "second"})
+    assert event.sequence == 2
+    assert [e.document["outcome"] for e in read_events(moved)] == ["step-0", "second"]
+    assert list((journal.attempt_dir / "events").iterdir()) == []
+
+
+def synced_inodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the inode of every descriptor the journal fsyncs."""
+    synced: list[int] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real(fd)
+
+    monkeypatch.setattr("dpone.staging.journal.os.fsync", fsync)
+    return synced
+
+
+def test_an_event_is_synced_file_and_directories(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = journal_with(tmp_path, 1)
+    synced = synced_inodes(monkeypatch)
+    event = journal.record({"state": "checking", "outcome": "synced"})
+    monkeypatch.undo()
+    expected = [event.path.stat().st_ino, event.path.parent.stat().st_ino]
+    assert synced == [*expected, journal.events_dir.stat().st_ino]
+
+
+def test_the_spool_entry_is_synced_and_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = journal_with(tmp_path, 1)
+    journal.spool_dir.mkdir()
+    (journal.spool_dir / "data.rowbinary").write_bytes(b"x")
+    synced = synced_inodes(monkeypatch)
+    journal.spool_prepared()
+    assert synced == [journal.attempt_dir.stat().st_ino]  # the spool's entry in its parent
+    journal.release_spool()
+    assert not journal.spool_dir.exists()
+    assert synced[1:] == [journal.attempt_dir.stat().st_ino]  # and its removal
+    monkeypatch.undo()
+    journal.release_spool()  # nothing left: nothing to do
 
 
 def test_a_crash_left_directory_does_not_block_later_writes(tmp_path: Path) -> None:

@@ -296,7 +296,7 @@ def _reachable(doc: dict[str, Any]) -> bool:
     if revision < 3 or revision > 4:
         return False
     if state is P.COMMIT_UNKNOWN:
-        return revision == 3  # it keeps its revision while it stays unknown
+        return bool(revision == 3)  # it keeps its revision while it stays unknown
     proven = closure is not None and closure["proven"] is True
     pair = seen is not None and None not in (seen["target_uuid"], seen["generation_uuid"])
     if state is P.NOT_PUBLISHED:

@@ -5,17 +5,25 @@ collaborators, built in order: the validated-file service, the decoder (receipt
 documents and their schema plans) and the finalizer (ownership-checked removal of a
 staged table). Assembly calls nothing remote. Production composition selects exactly
 one controlled transport, ``http`` or ``client``; ``auto`` is refused.
+
+Three factories are injected here (and through ``ClickHouseSink``), each with its
+production default: ``transport_factory(config)`` builds the controlled transport
+(:func:`build_transport`); ``runner_factory(config, policy)`` gives the service the
+transport it runs the attempt through (by default the transport itself; the source
+document's ``validated_file_runner_factory``); ``journal_factory(policy, attempt_id)``
+gives it each attempt's journal (by default file journals in ``config.work_dir``).
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpone.connectors.clickhouse_client import ClientTransport
+from dpone.connectors.clickhouse_client import client_version as client_version  # re-exported
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.contracts.receipt import FileReceipt
 from dpone.errors import ConfigurationError
@@ -26,8 +34,9 @@ from dpone.staging.contract import (
     PhysicalDesign,
     StagingPolicy,
 )
+from dpone.staging.journal import file_journals
 from dpone.staging.recovery import discard_attempt
-from dpone.staging.service import ClickHouseValidatedFileService, StagedTable
+from dpone.staging.service import ClickHouseValidatedFileService, JournalFactory, StagedTable
 from dpone.typepolicy import ColumnPlan, plan_columns
 
 TRANSPORTS = ("http", "client")
@@ -119,15 +128,28 @@ def build_transport(config: StagingConfig) -> QueryPort:
     )
 
 
+TransportFactory = Callable[[StagingConfig], QueryPort]
+RunnerFactory = Callable[[StagingConfig, StagingPolicy], QueryPort]
+
+
 def build_clickhouse_staging_components(
-    config: StagingConfig, *, progress: Callable[[str, int, int], None] | None = None
+    config: StagingConfig,
+    *,
+    progress: Callable[[str, int, int], None] | None = None,
+    transport_factory: TransportFactory | None = None,
+    runner_factory: RunnerFactory | None = None,
+    journal_factory: JournalFactory | None = None,
 ) -> StagingComponents:
-    """Build service, decoder and finalizer in order, around one transport."""
-    transport = build_transport(config)
+    """Build service, decoder and finalizer in order, around one transport.
+
+    The factories are called once each, here; ``None`` takes the production default.
+    """
+    transport = (transport_factory or build_transport)(config)
+    runner = transport if runner_factory is None else runner_factory(config, config.policy)
     service = ClickHouseValidatedFileService(
-        transport,
+        runner,
         config.endpoint.database,
-        config.work_dir,
+        journal_factory=journal_factory or file_journals(config.work_dir),
         policy=config.policy,
         design=config.design,
         progress=progress,
@@ -141,33 +163,19 @@ def build_clickhouse_staging_components(
     )
 
 
-def client_version(client_path: str) -> tuple[int, int]:
-    """``clickhouse-client --version`` as (major, minor)."""
-    try:
-        done = subprocess.run(
-            [client_path, "--version"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigurationError(
-            f"clickhouse-client at {client_path!r} cannot run: {exc}", code="client_missing"
-        ) from exc
-    found = re.search(rb"version (\d+)\.(\d+)", done.stdout)
-    if done.returncode != 0 or found is None:
-        raise ConfigurationError(
-            f"clickhouse-client at {client_path!r} does not say its version", code="client_missing"
-        )
-    return int(found[1]), int(found[2])
+def client_type_check(
+    client_path: str,
+    *,
+    seconds: float = StagingPolicy.preparation_seconds,
+    clock: Callable[[], float] = time.monotonic,
+) -> Callable[[Sequence[tuple[str, str]]], None]:
+    """Refuses, before anything is created, target types this client cannot send.
 
-
-def client_type_check(client_path: str) -> Callable[[Sequence[tuple[str, str]]], None]:
-    """Refuses, before anything is created, target types this client cannot send."""
+    Each check asks the client its version within ``seconds`` (the caller's bound).
+    """
 
     def check(columns: Sequence[tuple[str, str]]) -> None:
-        version = client_version(client_path)
+        version = client_version(client_path, deadline=clock() + seconds, clock=clock)
         refused = [
             f"{name} {type_}"
             for name, type_ in columns

@@ -1,53 +1,69 @@
 """The immutable attempt journal: one directory per attempt, one event per sequence.
 
 Layout: ``<work_dir>/<attempt_id>/events/<six-digit-sequence>/attempt.json``. Each
-event is canonical JSON. It is published create-only: the sequence directory is
-created exclusively, the bytes go to a private partial file that is fsynced and then
-hard-linked to ``attempt.json`` (a link never replaces), and the directories are
-fsynced. The sequence and the previous event's SHA-256 advance only after all of
-that succeeded. A visible file whose writer failed is not an event: ``verify`` and
-``read_events`` stop at the first sequence whose publication did not complete.
+event is canonical JSON, written by descriptor: the attempt directory is opened once
+(when the journal is opened or resumed) and every write is relative to that
+descriptor, so a path renamed or replaced under a running attempt never receives its
+events. An event is published create-only: the sequence directory is created
+exclusively, the bytes go to a private partial file that is fsynced and then
+hard-linked to ``attempt.json`` (a link never replaces), and the sequence and events
+directories are fsynced. The sequence and the previous event's SHA-256 advance only
+after all of that succeeded. The spool directory's entry in the attempt directory is
+made durable too (``spool_prepared``) before an event names the spool.
+
+A visible file whose writer failed is not an event. Its writer takes it back; if the
+take-back fails too, the journal refuses every later record
+(``journal_unconfirmed_event``): the next record must not read and adopt it, and the
+attempt, ending without a terminal state, asks an operator to look.
 
 A publication that did not complete (a crash, a failed write) leaves a torn
-``events/<n>/`` directory. The next ``record`` repairs it instead of being blocked by
-it: a torn directory (no ``attempt.json``) is moved to ``<attempt>/torn/`` and the
-new event says what was found there (``journal_repair``); a complete event whose
-writer could not confirm it (its take-back failed) verifies like any other and is
-adopted, and the next event says so. The attempt id of a journal is the one its
-events carry, so an archived (renamed) attempt directory still verifies.
+``events/<n>/`` directory without ``attempt.json``. ``verify`` and ``read_events``
+stop there, and the next ``record`` repairs it instead of being blocked by it: it is
+moved to ``<attempt>/torn/`` and the new event says what was found there
+(``journal_repair``). The attempt id of a journal is the one its events carry, so an
+archived (renamed) attempt directory still verifies.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+import shutil
+import weakref
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from dpone.contracts import canonical_json
-from dpone.durable_files import fsync_directory
 from dpone.errors import JournalError
+from dpone.ports.attempt_journal import ClickHouseFileJournalResource, JournalEvent
+from dpone.staging.contract import StagingPolicy
+
+__all__ = [
+    "ClickHouseFileAttemptJournal",
+    "ClickHouseFileJournalResource",
+    "JournalEvent",
+    "file_journals",
+    "read_events",
+    "verify_journal",
+]
 
 JOURNAL_VERSION = 1
 EVENT_FILE = "attempt.json"
 PARTIAL_FILE = ".attempt.json.partial"
 TORN_DIR = "torn"
+SPOOL_DIR = "spool"
 _SEQUENCE = re.compile(r"^[0-9]{6}$")
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
 # Members every event has; the rest of an event is the service's business.
 ENVELOPE = ("journal_version", "attempt_id", "sequence", "previous_sha256")
 
 
-@dataclass(frozen=True)
-class JournalEvent:
-    """One published event: its document, canonical bytes' digest and path."""
-
-    sequence: int
-    document: dict[str, Any]
-    sha256: str
-    path: Path
+def _close_all(fds: list[int]) -> None:
+    while fds:
+        os.close(fds.pop())
 
 
 class ClickHouseFileAttemptJournal:
@@ -60,34 +76,91 @@ class ClickHouseFileAttemptJournal:
         self.events_dir = self.attempt_dir / "events"
         self.sequence = 0
         self.last_sha256: str | None = None
+        # The attempt and events directories, opened once; closed by close() or with
+        # the journal.
+        self._fds: list[int] = []
+        self._closer = weakref.finalize(self, _close_all, self._fds)
+        self._unconfirmed: dict[str, Any] | None = None  # an event that could not be taken back
+
+    @property
+    def spool_dir(self) -> Path:
+        """The private spool's directory inside the attempt directory."""
+        return self.attempt_dir / SPOOL_DIR
 
     def open(self) -> None:
         """Create the attempt directory (exclusively) and its events directory."""
-        self.work_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.attempt_dir.mkdir(mode=0o700)
-        except FileExistsError as exc:
-            raise JournalError(
-                f"attempt {self.attempt_id} already exists in {self.work_dir}",
-                code="attempt_exists",
-                attempt_id=self.attempt_id,
-            ) from exc
-        self.events_dir.mkdir(mode=0o700)
-        fsync_directory(self.attempt_dir)
-        fsync_directory(self.work_dir)
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+            work_fd = os.open(self.work_dir, _DIRECTORY & ~os.O_NOFOLLOW)
+        except OSError as exc:
+            raise self._failed("the work directory cannot be opened", exc) from exc
+        try:
+            try:
+                os.mkdir(self.attempt_id, 0o700, dir_fd=work_fd)
+            except FileExistsError as exc:
+                raise JournalError(
+                    f"attempt {self.attempt_id} already exists in {self.work_dir}",
+                    code="attempt_exists",
+                    attempt_id=self.attempt_id,
+                ) from exc
+            attempt_fd = self._keep(os.open(self.attempt_id, _DIRECTORY, dir_fd=work_fd))
+            os.mkdir("events", 0o700, dir_fd=attempt_fd)
+            self._keep(os.open("events", _DIRECTORY, dir_fd=attempt_fd))
+            os.fsync(attempt_fd)
+            os.fsync(work_fd)
+        except OSError as exc:
+            raise self._failed("the attempt directory cannot be created", exc) from exc
+        finally:
+            os.close(work_fd)
 
     def resume(self) -> list[JournalEvent]:
         """Continue an existing, verified journal (for recovery); returns its events."""
+        self._descriptors()
         events = read_events(self.attempt_dir)
         if events:
             self.sequence = events[-1].sequence
             self.last_sha256 = events[-1].sha256
         return events
 
+    def close(self) -> None:
+        """Release the directory descriptors (a later record opens them again)."""
+        _close_all(self._fds)
+
+    def spool_prepared(self) -> None:
+        """fsync the attempt directory: the spool directory's entry in it is durable."""
+        try:
+            os.fsync(self._descriptors()[0])
+        except OSError as exc:
+            raise self._failed("the spool directory's entry could not be synced", exc) from exc
+
+    def release_spool(self) -> None:
+        """Remove the spool directory (if any) and make its removal durable."""
+        attempt_fd = self._descriptors()[0]
+        try:
+            shutil.rmtree(SPOOL_DIR, dir_fd=attempt_fd)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise self._failed("the spool could not be removed", exc) from exc
+        try:
+            os.fsync(attempt_fd)
+        except OSError as exc:
+            raise self._failed("the spool's removal could not be synced", exc) from exc
+
     def record(self, fields: Mapping[str, Any]) -> JournalEvent:
         """Publish the next event durably; only then advance sequence and hash."""
+        if self._unconfirmed is not None:
+            raise JournalError(
+                f"event {self._unconfirmed['sequence']} of attempt {self.attempt_id} was "
+                "written, its publication failed and it could not be taken back: it is not "
+                "an event, and this journal records nothing after it (an operator looks)",
+                code="journal_unconfirmed_event",
+                attempt_id=self.attempt_id,
+                **self._unconfirmed,
+            )
+        attempt_fd, events_fd = self._descriptors()
         try:
-            repair = self._clear_the_way()
+            repair = self._clear_the_way(attempt_fd, events_fd)
         except OSError as exc:
             raise JournalError(
                 f"the torn event {self.sequence + 1} of attempt {self.attempt_id} could not be "
@@ -105,77 +178,169 @@ class ClickHouseFileAttemptJournal:
             "previous_sha256": self.last_sha256,
         }
         data = canonical_json.dumps(document)
-        directory = self.events_dir / f"{sequence:06d}"
+        self._publish(events_fd, sequence, data)
+        digest = hashlib.sha256(data).hexdigest()
+        self.sequence = sequence
+        self.last_sha256 = digest
+        return JournalEvent(
+            sequence, document, digest, self.events_dir / f"{sequence:06d}" / EVENT_FILE
+        )
+
+    def _publish(self, events_fd: int, sequence: int, data: bytes) -> None:
+        """Create ``events/<sequence>/attempt.json`` with ``data``, durably, or raise."""
+        name = f"{sequence:06d}"
+        directory: int | None = None
         try:
-            directory.mkdir(mode=0o700)
-            partial = directory / PARTIAL_FILE
-            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            try:
-                written = os.write(fd, data)
-                if written != len(data):
-                    raise OSError(
-                        f"short write of event {sequence}: {written} of {len(data)} bytes"
-                    )
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.link(partial, directory / EVENT_FILE)
-            os.unlink(partial)
-            fsync_directory(directory)
-            fsync_directory(self.events_dir)
+            os.mkdir(name, 0o700, dir_fd=events_fd)
+            directory = os.open(name, _DIRECTORY, dir_fd=events_fd)
+            _write_synced(directory, PARTIAL_FILE, data)
+            os.link(PARTIAL_FILE, EVENT_FILE, src_dir_fd=directory, dst_dir_fd=directory)
+            os.unlink(PARTIAL_FILE, dir_fd=directory)
+            os.fsync(directory)
+            os.fsync(events_fd)
         except OSError as exc:
-            # A visible file whose writer failed is not an event: take it back if we can.
-            try:
-                (directory / EVENT_FILE).unlink(missing_ok=True)
-            except OSError as cleanup:
-                exc.add_note(f"the unconfirmed event file could not be removed: {cleanup}")
+            if directory is not None:
+                self._take_back(directory, sequence, exc)
             raise JournalError(
                 f"event {sequence} of attempt {self.attempt_id} was not published: {exc}",
                 code="journal_write_failed",
                 attempt_id=self.attempt_id,
                 sequence=sequence,
             ) from exc
-        digest = hashlib.sha256(data).hexdigest()
-        self.sequence = sequence
-        self.last_sha256 = digest
-        return JournalEvent(sequence, document, digest, directory / EVENT_FILE)
+        finally:
+            if directory is not None:
+                os.close(directory)
 
-    def _clear_the_way(self) -> dict[str, Any] | None:
+    def _take_back(self, directory: int, sequence: int, exc: OSError) -> None:
+        """A visible file whose writer failed is not an event: remove it, or stop here."""
+        try:
+            try:
+                os.unlink(EVENT_FILE, dir_fd=directory)
+            except FileNotFoundError:
+                return  # never linked: nothing visible to take back
+            os.fsync(directory)
+        except OSError as cleanup:
+            exc.add_note(f"the unconfirmed event file could not be removed: {cleanup}")
+            self._unconfirmed = {
+                "sequence": sequence,
+                "event": str(self.events_dir / f"{sequence:06d}" / EVENT_FILE),
+            }
+
+    def _clear_the_way(self, attempt_fd: int, events_fd: int) -> dict[str, Any] | None:
         """Repair what an earlier publication of the next sequence left; say what it was."""
-        sequence = self.sequence + 1
-        directory = self.events_dir / f"{sequence:06d}"
-        if not os.path.lexists(directory):
+        name = f"{self.sequence + 1:06d}"
+        try:
+            directory = os.open(name, _DIRECTORY, dir_fd=events_fd)
+        except FileNotFoundError:
             return None
-        if os.path.lexists(directory / EVENT_FILE):
-            # Written completely and linked, but its writer could not confirm it (the
-            # take-back failed too). If it verifies it is an event like any other.
-            events = read_events(self.attempt_dir)
-            if not events or events[-1].sequence != sequence:
-                raise JournalError(
-                    f"{directory} is neither an event nor a torn publication",
-                    code="journal_diverged",
-                    event=str(directory),
-                )
-            self.sequence, self.last_sha256 = sequence, events[-1].sha256
-            return {"adopted_unconfirmed_event": sequence}
-        found = {p.name: p.stat().st_size for p in sorted(directory.iterdir())}
-        torn = self.attempt_dir / TORN_DIR
-        torn.mkdir(mode=0o700, exist_ok=True)
-        target = torn / f"{sequence:06d}"
-        n = 1
-        while os.path.lexists(target):
-            n += 1
-            target = torn / f"{sequence:06d}.{n}"
-        os.rename(directory, target)
-        fsync_directory(torn)
-        fsync_directory(self.events_dir)
+        try:
+            found = {e.name: e.stat(follow_symlinks=False).st_size for e in os.scandir(directory)}
+        finally:
+            os.close(directory)
+        if EVENT_FILE in found:
+            # Never adopted: this journal did not confirm it (another writer's, or one
+            # read back by a stale resume).
+            raise JournalError(
+                f"{self.events_dir / name} holds an event this journal did not publish",
+                code="journal_diverged",
+                event=str(self.events_dir / name),
+            )
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(TORN_DIR, 0o700, dir_fd=attempt_fd)
+        torn = os.open(TORN_DIR, _DIRECTORY, dir_fd=attempt_fd)
+        try:
+            target, n = name, 1
+            while _exists(target, torn):
+                n += 1
+                target = f"{name}.{n}"
+            os.rename(name, target, src_dir_fd=events_fd, dst_dir_fd=torn)
+            os.fsync(torn)
+            os.fsync(events_fd)
+            os.fsync(attempt_fd)
+        finally:
+            os.close(torn)
         return {
             "torn_publication": {
-                "sequence": sequence,
-                "found": found,
-                "moved_to": f"{TORN_DIR}/{target.name}",
+                "sequence": self.sequence + 1,
+                "found": dict(sorted(found.items())),
+                "moved_to": f"{TORN_DIR}/{target}",
             }
         }
+
+    def _descriptors(self) -> tuple[int, int]:
+        """The attempt and events directories' descriptors, opened once."""
+        if not self._fds:
+            try:
+                attempt_fd = self._keep(os.open(self.attempt_dir, _DIRECTORY))
+                self._keep(os.open("events", _DIRECTORY, dir_fd=attempt_fd))
+            except FileNotFoundError as exc:
+                self.close()
+                raise JournalError(
+                    f"{self.attempt_dir} has no events directory",
+                    code="journal_missing",
+                    attempt_id=self.attempt_id,
+                ) from exc
+            except OSError as exc:
+                self.close()
+                raise self._failed("the attempt directory cannot be opened", exc) from exc
+        return self._fds[0], self._fds[1]
+
+    def _keep(self, fd: int) -> int:
+        self._fds.append(fd)
+        return fd
+
+    def _failed(self, what: str, exc: OSError) -> JournalError:
+        return JournalError(
+            f"journal of attempt {self.attempt_id} in {self.work_dir}: {what}: {exc}",
+            code="journal_write_failed",
+            attempt_id=self.attempt_id,
+        )
+
+
+def file_journals(
+    work_dir: str | os.PathLike[str],
+    journal: Callable[[Path, str], ClickHouseFileAttemptJournal] = ClickHouseFileAttemptJournal,
+) -> Callable[[StagingPolicy, str], ClickHouseFileAttemptJournal]:
+    """The service's ``journal_factory(policy, attempt_id)``: file journals in ``work_dir``.
+
+    The storage is bound here (the work directory); the policy is offered to every
+    factory, and the file journal needs nothing of it. ``journal`` builds one journal
+    from ``(work_dir, attempt_id)`` (a subclass, for a test that injects a fault).
+    """
+    bound = Path(work_dir)
+
+    def factory(policy: StagingPolicy, attempt_id: str) -> ClickHouseFileAttemptJournal:
+        return journal(bound, attempt_id)
+
+    return factory
+
+
+def _write_synced(directory: int, name: str, data: bytes) -> None:
+    """Create ``name`` in ``directory`` exclusively with ``data``, fsynced."""
+    fd = os.open(
+        name,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+        0o600,
+        dir_fd=directory,
+    )
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            if written <= 0:
+                raise OSError(f"write of {name} made no progress ({len(view)} bytes left)")
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _exists(name: str, directory: int) -> bool:
+    try:
+        os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def verify_journal(

@@ -26,9 +26,10 @@ from typing import Any
 
 from dpone.connectors.remote_termination import QueryOrigin
 from dpone.errors import DeadlineError, DponeError, StateError
+from dpone.ports.attempt_journal import ClickHouseFileJournalResource, JournalEvent
 from dpone.ports.clickhouse_errors import ClickHouseServerError, NotSubmitted
 from dpone.preparation.spool import PreparedSpool
-from dpone.staging.journal import ClickHouseFileAttemptJournal, JournalEvent
+from dpone.staging.journal import ClickHouseFileAttemptJournal
 from dpone.staging.states import StageState, check_reentry, check_transition
 
 SETTLED_ACKNOWLEDGED = "acknowledged"
@@ -42,6 +43,9 @@ BASE_FIELDS = (
     "planned_ownership",
     "principal",
 )
+# The counts every event records: null until known (prepared once the spool is
+# sealed, observed once the COUNT answered).
+COUNTS = ("prepared_rows", "observed_count")
 
 
 def settlement(exc: BaseException) -> str | None:
@@ -96,7 +100,7 @@ class AttemptRun:
 
     def __init__(
         self,
-        journal: ClickHouseFileAttemptJournal,
+        journal: ClickHouseFileJournalResource,
         base: dict[str, Any],
         *,
         state: StageState = StageState.CHECKING,
@@ -110,6 +114,7 @@ class AttemptRun:
         self.table_uuid: str | None = None
         self.table_created_maybe = False
         self.inventory: dict[str, Any] = {}
+        self.counts: dict[str, int | None] = dict.fromkeys(COUNTS)
         self.prepared: PreparedSpool | None = None
         self.in_flight: str | None = None  # a mutation sent and not yet settled
         self.intents: dict[str, dict[str, Any]] = {}  # query id -> its intent event
@@ -126,7 +131,7 @@ class AttemptRun:
             self.state = check_transition(self.state, target)
 
     def event(self, state: StageState, outcome: str, **fields: Any) -> JournalEvent:
-        """Move to ``state`` and publish one event there."""
+        """Move to ``state`` and publish one event there; it records the counts known."""
         self.move(state)
         carried = {"settled": self._settled} if self._settled else {}
         if self._returned:
@@ -136,6 +141,7 @@ class AttemptRun:
             "state": state.value,
             "outcome": outcome,
             "cleanup_inventory": dict(self.inventory),
+            "counts": dict(self.counts),
             **carried,
             **fields,
         }
@@ -183,6 +189,18 @@ class AttemptRun:
         """
         self._returned = {"query_id": query_id, "at_ms": math.ceil(self.wall_clock() * 1000)}
 
+    def prepared_spool(self, prepared: PreparedSpool) -> None:
+        """The spool is sealed (its entry durable): it is listed and its rows are known."""
+        self.journal.spool_prepared()
+        self.prepared = prepared
+        self.inventory["spool"] = str(prepared.path)
+        self.counts["prepared_rows"] = prepared.identity.prepared_rows
+
+    def release_spool(self) -> None:
+        """Remove the spool; the inventory stops listing it once it is gone."""
+        self.journal.release_spool()
+        self.inventory.pop("spool", None)
+
     def terminal(self, state: StageState, exc: BaseException) -> JournalEvent:
         """The attempt's last event; what may remain on the server is in the inventory."""
         if state is not StageState.FAILED_CLEANED and self.table_created_maybe:
@@ -219,6 +237,8 @@ class AttemptRun:
         run = cls(journal, base, state=StageState(last["state"]), wall_clock=wall_clock)
         run.last = events[-1]
         run.inventory = dict(last.get("cleanup_inventory") or {})
+        known = last.get("counts") or {}
+        run.counts.update({k: known[k] for k in COUNTS if type(known.get(k)) is int})
         return run
 
     def enter(self, target: StageState) -> None:

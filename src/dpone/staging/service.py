@@ -5,13 +5,17 @@ It owns the attempt sequence, query ownership and failure cleanup:
     checking -> preparing -> prepared -> creating_staging -> loading -> verifying -> staged
     a failure before CREATE ends failed_cleaned; after it, cleanup decides:
     failed_cleaned (terminal query and verified removal), retained_unknown (local or
-    remote state unknown: table, spool and journal are kept) or cleanup_failed (a
-    cleanup step ran and failed: the server refused the DROP).
+    remote state unknown: table, spool and journal are kept; also when the endpoint
+    now answers as another server, whose tables and query log say nothing about the
+    attempt's) or cleanup_failed (a cleanup step ran and failed: the server refused
+    the DROP).
 
 Before the expensive work it checks what it can: the server answers as the expected
 user, the database exists and is Atomic, the receipt was made with the codec and
 policy this build uses, and the transport can carry every target type. A durable
-journal intent precedes every mutation; each mutation has exactly one
+journal intent precedes every mutation (the journal comes from the required
+``journal_factory(policy, attempt_id)``, a :mod:`dpone.ports.attempt_journal` port); each
+mutation has exactly one
 ``dpone-b02-<attempt>-<identity|create|insert|drop>`` query id and is never retried.
 The reads that prove the staging table is the attempt's own are in
 :mod:`dpone.staging.table_checks`.
@@ -21,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +46,7 @@ from dpone.connectors.endpoint_identity import (
 from dpone.connectors.remote_termination import prove_termination
 from dpone.contracts.receipt import FileReceipt
 from dpone.errors import DeadlineError, DponeError
+from dpone.ports.attempt_journal import ClickHouseFileJournalResource
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_errors import ClickHouseServerError
 from dpone.ports.clickhouse_request import (
@@ -67,7 +71,6 @@ from dpone.staging.contract import (
     StagingError,
     StagingPolicy,
 )
-from dpone.staging.journal import ClickHouseFileAttemptJournal
 from dpone.staging.run import (
     SETTLED_ACKNOWLEDGED,
     AttemptRun,
@@ -75,13 +78,21 @@ from dpone.staging.run import (
     settlement,
 )
 from dpone.staging.states import StageState
-from dpone.staging.table_checks import StagingTableChecks, qualified_name
+from dpone.staging.table_checks import (
+    EndpointChanged,
+    StagingTableChecks,
+    check_endpoint,
+    qualified_name,
+)
 from dpone.typepolicy import POLICY_ID, POLICY_VERSION, plan_columns
 
 S = StageState
 UNKNOWN_DATABASE = 81  # ClickHouse's error code
 # check_types(columns): refuses (name, ClickHouse type) pairs the transport cannot send.
 TypeCheck = Callable[[Sequence[tuple[str, str]]], None]
+# journal_factory(policy, attempt_id): the journal of one attempt, its storage bound by
+# the factory (production: dpone.staging.journal.file_journals(work_dir)).
+JournalFactory = Callable[[StagingPolicy, str], ClickHouseFileJournalResource]
 
 
 @dataclass(frozen=True)
@@ -105,15 +116,12 @@ class ClickHouseValidatedFileService:
         self,
         transport: QueryPort,
         database: str,
-        work_dir: str | Path,
         *,
+        journal_factory: JournalFactory,
         policy: StagingPolicy | None = None,
         design: PhysicalDesign | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
-        journal_factory: Callable[
-            [Path, str], ClickHouseFileAttemptJournal
-        ] = ClickHouseFileAttemptJournal,
         progress: Callable[[str, int, int], None] | None = None,
         preparation_mode: str = DEFAULT_MODE,
         user: str | None = None,
@@ -122,7 +130,6 @@ class ClickHouseValidatedFileService:
     ) -> None:
         self.transport = transport
         self.database = database
-        self.work_dir = Path(work_dir)
         self.policy = policy or StagingPolicy()
         self.design = design or PhysicalDesign()
         self.clock = clock
@@ -149,8 +156,20 @@ class ClickHouseValidatedFileService:
     ) -> StagedTable:
         """Run one attempt; return the staged table or raise with the last confirmed record."""
         check_attempt_id(attempt_id)
-        journal = self.journal_factory(self.work_dir, attempt_id)
-        journal.open()
+        journal = self.journal_factory(self.policy, attempt_id)
+        try:
+            journal.open()
+            return self._attempt(journal, artifact, attempt_id, overrides)
+        finally:
+            journal.close()
+
+    def _attempt(
+        self,
+        journal: ClickHouseFileJournalResource,
+        artifact: ContractValidatedFileArtifact,
+        attempt_id: str,
+        overrides: dict[str, str] | None,
+    ) -> StagedTable:
         table = staging_table_name(attempt_id)
         run = AttemptRun(
             journal,
@@ -228,7 +247,7 @@ class ClickHouseValidatedFileService:
             prepared = prepare_rowbinary(
                 attempt.held.path,
                 receipt,
-                run.journal.attempt_dir / "spool",
+                run.journal.spool_dir,
                 overrides=overrides,
                 held=attempt.held,
                 progress=partial(self._phase, "preparing"),
@@ -242,14 +261,12 @@ class ClickHouseValidatedFileService:
                     clock=self.clock,
                 ),
             )
-            run.prepared = prepared
-            run.inventory["spool"] = str(prepared.path)
+            run.prepared_spool(prepared)
             run.event(
                 S.PREPARED,
                 "prepared",
                 derived_identity=prepared.identity.to_document(),
                 semantic_id=prepared.semantic_id,
-                counts={"prepared_rows": prepared.identity.prepared_rows, "observed_count": None},
             )
             self._checks(run).absent(table, prep_deadline)
             self._check_deadline(prep_deadline, "pre-CREATE checks")
@@ -298,15 +315,13 @@ class ClickHouseValidatedFileService:
             query={"kind": "insert", "query_id": insert_id},
         )
         count = self._verify(run, attempt, table, comment, prepared, verify_deadline)
-        shutil.rmtree(prepared.path.parent)
-        run.inventory.pop("spool", None)
+        run.release_spool()
         # The last check before the final event: once "staged" is durable it is the truth.
         self._check_deadline(verify_deadline, "return")
         final = run.event(
             S.STAGED,
             "staged",
             semantic_id=prepared.semantic_id,
-            counts={"prepared_rows": rows, "observed_count": count},
             observed_ownership={"table_uuid": run.table_uuid},
         )
         return StagedTable(
@@ -379,6 +394,9 @@ class ClickHouseValidatedFileService:
         deadline: float,
     ) -> int:
         """Everything after the INSERT, under the verification deadline."""
+        # The endpoint first: through another server, the table would look missing and
+        # "missing" would read as "nothing was created".
+        self._check_endpoint(run, deadline, "after the INSERT")
         checks = self._checks(run)
         again = checks.identity(table, comment, prepared.identity.target_schema, deadline)
         if again != run.table_uuid:
@@ -386,20 +404,9 @@ class ClickHouseValidatedFileService:
                 f"staging table UUID changed from {run.table_uuid} to {again}",
                 code="table_replaced",
             )
-        endpoint = observe_identity(
-            self.transport,
-            self.database,
-            probe_prefix=self._read_id(run, "identity"),
-            deadline=self._bounded(deadline),
-        )
-        if endpoint.to_document() != run.base["endpoint_identity"]:
-            raise StagingError(
-                f"the endpoint's identity changed during the attempt: {endpoint.to_document()} "
-                f"after the INSERT, {run.base['endpoint_identity']} before",
-                code="endpoint_changed",
-            )
         rows = prepared.identity.prepared_rows
         count = checks.count(table, deadline)
+        run.counts["observed_count"] = count
         if count != rows:
             raise StagingError(
                 f"COUNT observed {count} rows, prepared {rows}",
@@ -413,6 +420,16 @@ class ClickHouseValidatedFileService:
         self._check_deadline(deadline, "completion")
         return count
 
+    def _check_endpoint(self, run: AttemptRun, deadline: float, when: str) -> None:
+        check_endpoint(
+            self.transport,
+            self.database,
+            run.base["endpoint_identity"],
+            probe_prefix=self._read_id(run, "identity"),
+            deadline=self._bounded(deadline),
+            when=when,
+        )
+
     def _phase(self, phase: str, rows: int, size: int) -> None:
         if self.progress is not None:
             self.progress(phase, rows, size)
@@ -421,9 +438,15 @@ class ClickHouseValidatedFileService:
 
     def _fail_before_create(self, run: AttemptRun, exc: BaseException) -> None:
         if run.prepared is not None:
-            shutil.rmtree(run.prepared.path.parent, ignore_errors=True)
-            run.inventory.pop("spool", None)
+            self._release_spool(run, exc)
         run.record_failure(S.FAILED_CLEANED, exc)
+
+    def _release_spool(self, run: AttemptRun, exc: BaseException) -> None:
+        """On a failure path: remove the spool; if that fails, it stays listed."""
+        try:
+            run.release_spool()
+        except DponeError as release:
+            exc.add_note(f"the spool was kept: {release}")
 
     def _cleanup(self, run: AttemptRun, table: str, exc: BaseException) -> None:
         """After the CREATE intent: decide and record how the attempt ends; never raises."""
@@ -440,8 +463,7 @@ class ClickHouseValidatedFileService:
                 exc.add_note(f"remote state could not be observed: {unobservable}")
                 ending = S.RETAINED_UNKNOWN
             if ending is S.FAILED_CLEANED and run.prepared is not None:
-                shutil.rmtree(run.prepared.path.parent, ignore_errors=True)
-                run.inventory.pop("spool", None)
+                self._release_spool(run, exc)
             run.terminal(ending, exc)
         except BaseException as cleanup_exc:
             exc.add_note(f"cleanup did not finish: {type(cleanup_exc).__name__}: {cleanup_exc}")
@@ -449,6 +471,15 @@ class ClickHouseValidatedFileService:
                 run.record_failure(S.CLEANUP_FAILED, cleanup_exc, primary=exc)
 
     def _clean(self, run: AttemptRun, table: str, exc: BaseException) -> StageState:
+        try:
+            # Only the attempt's own server can prove a query ended or that nothing was
+            # created: another server's query log, start time or tables say nothing.
+            self._check_endpoint(run, self.clock() + self.policy.verification_seconds, "at cleanup")
+        except EndpointChanged as changed:
+            if not isinstance(exc, EndpointChanged):
+                exc.add_note(str(changed))
+            run.inventory["endpoint_changed"] = changed.details["after"]
+            return S.RETAINED_UNKNOWN
         if not self._remote_settled(run, exc):
             return S.RETAINED_UNKNOWN
         found = observe_ownership(

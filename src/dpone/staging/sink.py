@@ -10,10 +10,12 @@ from pathlib import Path
 
 from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
 from dpone.staging.composition import (
+    RunnerFactory,
     StagingConfig,
+    TransportFactory,
     build_clickhouse_staging_components,
 )
-from dpone.staging.service import StagedTable
+from dpone.staging.service import JournalFactory, StagedTable
 
 
 def new_attempt_id() -> str:
@@ -22,13 +24,30 @@ def new_attempt_id() -> str:
 
 
 class ClickHouseSink:
-    """Configured with an endpoint, credentials and a finite policy (in ``StagingConfig``)."""
+    """Configured with an endpoint, credentials and a finite policy (in ``StagingConfig``).
+
+    ``transport_factory``, ``runner_factory`` and ``journal_factory`` are the
+    construction boundary's injection points (see :mod:`dpone.staging.composition`);
+    left out, production composition chooses them.
+    """
 
     def __init__(
-        self, config: StagingConfig, *, progress: Callable[[str, int, int], None] | None = None
+        self,
+        config: StagingConfig,
+        *,
+        progress: Callable[[str, int, int], None] | None = None,
+        transport_factory: TransportFactory | None = None,
+        runner_factory: RunnerFactory | None = None,
+        journal_factory: JournalFactory | None = None,
     ) -> None:
         self.config = config
-        components = build_clickhouse_staging_components(config, progress=progress)
+        components = build_clickhouse_staging_components(
+            config,
+            progress=progress,
+            transport_factory=transport_factory,
+            runner_factory=runner_factory,
+            journal_factory=journal_factory,
+        )
         self.validated_file = components.validated_file
         self.decoder = components.decoder
         self.finalizer = components.finalizer

@@ -7,15 +7,48 @@ the INSERT, holds exactly the prepared rows. Every refusal is a :class:`StagingE
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from dpone.connectors.clickhouse_tables import table_exists
-from dpone.connectors.endpoint_identity import NIL_UUID
+from dpone.connectors.endpoint_identity import NIL_UUID, observe_identity
 from dpone.contracts.preparation import TargetColumn
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import read
 from dpone.sql import quote_identifier, quote_literal
 from dpone.staging.contract import PhysicalDesign, StagingError
+
+
+class EndpointChanged(StagingError):
+    """The endpoint answers as another server (or database) than when the attempt began.
+
+    Whatever the attempt created is on the server it began with: nothing seen through
+    this endpoint now says anything about it, so cleanup retains everything.
+    """
+
+    code = "endpoint_changed"
+
+
+def check_endpoint(
+    transport: QueryPort,
+    database: str,
+    before: Mapping[str, Any],
+    *,
+    probe_prefix: str,
+    deadline: float,
+    when: str,
+) -> None:
+    """Refuse an endpoint whose identity is no longer ``before`` (the attempt's)."""
+    now = observe_identity(
+        transport, database, probe_prefix=probe_prefix, deadline=deadline
+    ).to_document()
+    if now != before:
+        raise EndpointChanged(
+            f"the endpoint's identity changed during the attempt: {now} {when}, "
+            f"{dict(before)} when it began",
+            before=dict(before),
+            after=now,
+        )
 
 
 def qualified_name(database: str, table: str) -> str:
@@ -63,15 +96,14 @@ class StagingTableChecks:
         self, table: str, comment: str, schema: Sequence[TargetColumn], deadline: float
     ) -> str:
         """The UUID of ``table``, once it is proven the one this attempt created."""
-        rows = self.transport.execute(
-            read(
-                "SELECT toString(uuid) AS uuid, engine, is_temporary, sorting_key, partition_key "
-                f"FROM system.tables WHERE database = {quote_literal(self.database)} AND name = {quote_literal(table)} "
-                "FORMAT JSONEachRow",
-                self._read_id("table"),
-            ),
-            deadline=self._bounded(deadline),
-        ).json_rows()
+        rows = self._control_rows(
+            "SELECT toString(uuid) AS uuid, engine, is_temporary, sorting_key, partition_key "
+            f"FROM system.tables WHERE database = {quote_literal(self.database)} "
+            f"AND name = {quote_literal(table)}",
+            "table",
+            ("uuid", "engine", "is_temporary", "sorting_key", "partition_key"),
+            deadline,
+        )
         if len(rows) != 1:
             raise StagingError(
                 f"staging table {table} observed {len(rows)} times", code="table_missing"
@@ -89,15 +121,14 @@ class StagingTableChecks:
             or t["partition_key"] != self.design.expected_partition_key
         ):
             problems.append("physical design differs")
-        cols = self.transport.execute(
-            read(
-                "SELECT name, type, comment FROM system.columns "
-                f"WHERE database = {quote_literal(self.database)} AND table = {quote_literal(table)} "
-                "ORDER BY position FORMAT JSONEachRow",
-                self._read_id("columns"),
-            ),
-            deadline=self._bounded(deadline),
-        ).json_rows()
+        cols = self._control_rows(
+            "SELECT name, type, comment FROM system.columns "
+            f"WHERE database = {quote_literal(self.database)} AND table = {quote_literal(table)} "
+            "ORDER BY position",
+            "columns",
+            ("name", "type", "comment"),
+            deadline,
+        )
         expected = [{"name": c.name, "type": c.clickhouse_type} for c in schema]
         if [{"name": c["name"], "type": c["type"]} for c in cols] != expected:
             problems.append("columns differ from the prepared schema")
@@ -110,6 +141,27 @@ class StagingTableChecks:
                 problems=problems,
             )
         return str(t["uuid"])
+
+    def _control_rows(
+        self, statement: str, purpose: str, members: Sequence[str], deadline: float
+    ) -> list[dict[str, Any]]:
+        """The rows of one control read; each must carry every member asked for."""
+        query_id = self._read_id(purpose)
+        rows = self.transport.execute(
+            read(f"{statement} FORMAT JSONEachRow", query_id), deadline=self._bounded(deadline)
+        ).json_rows()
+        for ordinal, row in enumerate(rows, start=1):
+            missing = [m for m in members if not isinstance(row, dict) or m not in row]
+            if missing:
+                raise StagingError(
+                    f"control read {query_id} returned row {ordinal} without {missing[0]!r}: "
+                    f"{row!r:.200}",
+                    code="control_row_incomplete",
+                    query_id=query_id,
+                    member=missing[0],
+                    row=ordinal,
+                )
+        return rows
 
     def count(self, table: str, deadline: float) -> int:
         """The exact row count of ``table``, as an integer the server returned."""
