@@ -88,3 +88,18 @@ def test_verification_budget_deadline_and_cap(tmp_path: Path) -> None:
             FileVerificationBudget(deadline=float("inf"), max_scan_bytes=10**9, clock=lambda: 0.0)
         )
         assert os.lseek(held.fd, 0, os.SEEK_CUR) == 3
+
+
+def test_a_missing_receipt_is_a_coded_error_naming_it(tmp_path: Path) -> None:
+    path, receipt, _ = export_hostile(tmp_path)
+    gone = Path(receipt).with_name("no-such.receipt.json")
+    artifact = ContractValidatedFileArtifact(path, gone)
+    with pytest.raises(ArtifactMismatch) as caught, artifact.file_validation_attempt("a1"):
+        pass
+    assert caught.value.code == "receipt_unreadable"
+    assert caught.value.details["receipt"] == str(gone)
+    assert isinstance(caught.value.__cause__, FileNotFoundError)
+    # The same artifact is free again (a failed entry holds no lock) once its receipt is there.
+    artifact.receipt_path = Path(receipt)
+    with artifact.file_validation_attempt("a2") as attempt:
+        assert attempt.attempt_id == "a2"

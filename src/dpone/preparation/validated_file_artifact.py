@@ -118,7 +118,15 @@ class ContractValidatedFileArtifact:
             busy = self.active.attempt_id if self.active else "another attempt"
             raise StateError(f"{self.path} is busy with {busy}", code="artifact_busy")
         try:
-            receipt_bytes = self.receipt_path.read_bytes()
+            try:
+                receipt_bytes = self.receipt_path.read_bytes()
+            except OSError as exc:
+                raise ArtifactMismatch(
+                    f"receipt {self.receipt_path} cannot be read: {exc.strerror or exc}",
+                    code="receipt_unreadable",
+                    receipt=str(self.receipt_path),
+                    errno=exc.errno,
+                ) from exc
             receipt = FileReceipt.from_bytes(receipt_bytes)
             held = HeldArtifact(self.path, receipt)
             attempt = FileAttempt(self, attempt_id, held, receipt_bytes, verification_budget)
