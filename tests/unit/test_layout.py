@@ -110,6 +110,9 @@ def test_the_source_documents_names_stay_importable(module: str, name: str) -> N
 
 
 def test_modules_stay_small() -> None:
+    for source in (*PACKAGE.rglob("*.c"), *PACKAGE.rglob("*.h")):
+        lines = source.read_text(encoding="utf-8").count("\n")
+        assert lines <= 600, f"{source.relative_to(PACKAGE)} has {lines} lines"
     for path in _modules():
         lines = path.read_text(encoding="utf-8").count("\n")
         assert lines <= 600, f"{path.relative_to(PACKAGE)} has {lines} lines"
