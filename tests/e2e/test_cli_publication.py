@@ -244,6 +244,15 @@ def test_refreshes_replace_the_target_exactly(ws: Workspace) -> None:
     assert (replay["state"], replay["revision"], replay["historical"]) == ("published", 3, True)
     assert replay["record_sha256"] == published["record_sha256"]
     assert ws.exchange_events(intent) == ["QueryStart", "QueryFinish"]
+    # The replay needs no server: the store alone answers it.
+    no_server = ws.root / "no-server"
+    offline = dpone(
+        "snapshot", "publish", intent, "--store", ws.store, "--data-dir", str(no_server), "--json"
+    )
+    assert offline.returncode == 0, offline.stdout + offline.stderr
+    assert as_json(offline)["record_sha256"] == published["record_sha256"]
+    assert as_json(offline)["historical"] is True
+    assert not no_server.exists()  # nothing was started or created there
 
     # Second refresh: a row deleted, one updated, one added. Rows absent from the new
     # source disappear: the target is exactly the new source.

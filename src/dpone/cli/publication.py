@@ -20,7 +20,12 @@ import click
 
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option
-from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotRecord, SnapshotState
+from dpone.contracts.composition_snapshot import (
+    TERMINAL,
+    SnapshotIntent,
+    SnapshotRecord,
+    SnapshotState,
+)
 from dpone.errors import ConfigurationError, StateError
 from dpone.ports.composition_snapshot import AttemptRef, HistoryEntry, TargetSlot
 from dpone.project.leases import GONE, end_gone_lease, end_lease_command, judge_leases
@@ -31,6 +36,7 @@ from dpone.publication.composition import (
     stored_database,
 )
 from dpone.publication.publisher import PublicationReceipt
+from dpone.publication.publisher.receipts import historical_receipt
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.journal import read_events
 
@@ -155,6 +161,13 @@ def prepare(
 def _call(verb: str, intent: str, store_path: Path, data_dir: Path, as_json: bool) -> None:
     with reported_errors(as_json):
         intent = _intent_argument(intent)
+        if verb == "publish":
+            ended = _terminal_record(store_path, intent)
+            if ended is not None:
+                # Replay of a decided publication: the store alone answers it, so it
+                # needs no running server (reconcile and cancel still need authority).
+                _answer(historical_receipt(ended), as_json, verb)
+                return
         database = stored_database(store_path, intent)
         config = PublicationConfig(data_dir, store_path, create_store=False)
         publisher = build_publication(config, database).publisher
@@ -164,6 +177,13 @@ def _call(verb: str, intent: str, store_path: Path, data_dir: Path, as_json: boo
             "cancel": publisher.cancel,
         }
         _answer(calls[verb](intent), as_json, verb)
+
+
+def _terminal_record(store_path: Path, intent: str) -> SnapshotRecord | None:
+    """The stored record of ``intent`` if it is decided (published or not published)."""
+    store = SqliteSnapshotStore(store_path, create=False)
+    record = SnapshotRecord.from_bytes(store.load(intent).record_bytes)
+    return record if record.state in TERMINAL else None
 
 
 def _intent_verb(func: Callable[..., None]) -> click.Command:
