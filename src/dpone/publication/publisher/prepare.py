@@ -54,9 +54,15 @@ class PreparePath(PublisherPorts):
                 strength=closure.strength.value,
             )
         observation = self._observe_checked(evidence)
-        generation_of(observation, evidence)  # B must be there before anything is created
+        staged = generation_of(observation, evidence)  # B must be there before any CREATE
         publisher: PrincipalRef | None = None
         created = observation.target is None
+        if created:
+            # A first publication creates the target only once everything else holds: B's
+            # rows, digest and the limits are checked first (the new target takes B's
+            # design, which the check after the CREATE compares), so a refused prepare
+            # leaves no table behind.
+            check_generation(self.limits, evidence, observation, staged, staged)
         try:
             if created:
                 publisher = self.authority.issue_publisher(evidence)
