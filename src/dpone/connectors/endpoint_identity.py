@@ -94,6 +94,24 @@ def _one(
     return _one_row(_rows(transport, statement, query_id, deadline), statement, query_id, *members)
 
 
+# ClickHouse's error code for a database that does not exist. Every request names its
+# endpoint's database, so the first request on a wrong endpoint answers with it.
+UNKNOWN_DATABASE = 81
+
+
+def raise_if_database_missing(
+    exc: ClickHouseServerError, database: str, message: str, **details: Any
+) -> None:
+    """Raise ``database_missing`` (``message``) when ``exc`` says ``database`` does not exist.
+
+    Otherwise return, and the caller re-raises ``exc`` itself.
+    """
+    if exc.details.get("clickhouse_code") == UNKNOWN_DATABASE:
+        raise EndpointIdentityError(
+            message, code="database_missing", database=database, **details
+        ) from exc
+
+
 def observe_identity(
     transport: QueryPort,
     database: str,

@@ -17,7 +17,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dpone.connectors.clickhouse_tables import Ownership, TableObservationError, table_exists
-from dpone.connectors.endpoint_identity import EndpointIdentityError, observe_identity
+from dpone.connectors.endpoint_identity import (
+    EndpointIdentityError,
+    observe_identity,
+    raise_if_database_missing,
+)
 from dpone.connectors.remote_termination import prove_termination
 from dpone.errors import DeadlineError, DponeError, StateError, TransportError
 from dpone.ports.clickhouse import QueryPort
@@ -35,7 +39,6 @@ from dpone.staging.states import StageState
 
 # Failures of an observation: the remote state stays unknown (never assumed).
 UNOBSERVABLE = (TransportError, DeadlineError, TableObservationError, EndpointIdentityError)
-UNKNOWN_DATABASE = 81  # ClickHouse's error code (every request names the database)
 
 
 class CleanupRefused(StagingError):
@@ -74,16 +77,15 @@ def check_bound_endpoint(
         exc.add_details(journal_identity=bound, attempt_id=attempt_id)
         raise
     except ClickHouseServerError as exc:
-        if exc.details.get("clickhouse_code") != UNKNOWN_DATABASE:
-            raise
-        raise EndpointIdentityError(
+        raise_if_database_missing(
+            exc,
+            database,
             f"database {database!r} does not exist on this endpoint: it is not where attempt "
             f"{attempt_id} staged; nothing done",
-            code="database_missing",
-            database=database,
             journal_identity=bound,
             attempt_id=attempt_id,
-        ) from exc
+        )
+        raise
     if bound is not None and observed != dict(bound):
         raise EndpointMismatch(
             f"attempt {attempt_id} worked on server {bound.get('server_id')} (database "

@@ -39,9 +39,9 @@ from dpone.connectors.clickhouse_tables import (
     staging_table_name,
 )
 from dpone.connectors.endpoint_identity import (
-    EndpointIdentityError,
     observe_identity,
     observe_principal,
+    raise_if_database_missing,
 )
 from dpone.connectors.remote_termination import prove_termination
 from dpone.contracts.receipt import FileReceipt
@@ -87,7 +87,6 @@ from dpone.staging.table_checks import (
 from dpone.typepolicy import POLICY_ID, POLICY_VERSION, plan_columns
 
 S = StageState
-UNKNOWN_DATABASE = 81  # ClickHouse's error code
 # check_types(columns): refuses (name, ClickHouse type) pairs the transport cannot send.
 TypeCheck = Callable[[Sequence[tuple[str, str]]], None]
 # journal_factory(policy, attempt_id): the journal of one attempt, its storage bound by
@@ -210,15 +209,13 @@ class ClickHouseValidatedFileService:
                 deadline=self._bounded(deadline),
             )
         except ClickHouseServerError as exc:
-            # The transport names the database on every request: the first one says so.
-            if exc.details.get("clickhouse_code") != UNKNOWN_DATABASE:
-                raise
-            raise EndpointIdentityError(
+            raise_if_database_missing(
+                exc,
+                self.database,
                 f"database {self.database!r} does not exist; create it with "
                 f"CREATE DATABASE {quote_identifier(self.database)} ENGINE = Atomic",
-                code="database_missing",
-                database=self.database,
-            ) from exc
+            )
+            raise
         if principal["user_uuid"] is None:
             principal["user_uuid"] = self.user_uuid
         run.base["principal"] = principal
