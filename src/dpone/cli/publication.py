@@ -33,7 +33,6 @@ from dpone.publication.composition import (
     DEFAULT_STORE,
     PublicationConfig,
     build_publication,
-    stored_database,
 )
 from dpone.publication.publisher import PublicationReceipt
 from dpone.publication.publisher.receipts import historical_receipt
@@ -161,14 +160,16 @@ def prepare(
 def _call(verb: str, intent: str, store_path: Path, data_dir: Path, as_json: bool) -> None:
     with reported_errors(as_json):
         intent = _intent_argument(intent)
-        if verb == "publish":
-            ended = _terminal_record(store_path, intent)
-            if ended is not None:
-                # Replay of a decided publication: the store alone answers it, so it
-                # needs no running server (reconcile and cancel still need authority).
-                _answer(historical_receipt(ended), as_json, verb)
-                return
-        database = stored_database(store_path, intent)
+        # One read of the store (``store_missing`` when it is not there) serves both the
+        # replay and the choice of the database to publish into.
+        stored = SqliteSnapshotStore(store_path, create=False).load(intent)
+        record = SnapshotRecord.from_bytes(stored.record_bytes)
+        if verb == "publish" and record.state in TERMINAL:
+            # Replay of a decided publication: the store alone answers it, so it needs
+            # no running server (reconcile and cancel still need authority).
+            _answer(historical_receipt(record), as_json, verb)
+            return
+        database = SnapshotIntent.from_bytes(stored.intent_bytes).database
         config = PublicationConfig(data_dir, store_path, create_store=False)
         publisher = build_publication(config, database).publisher
         calls = {
@@ -177,13 +178,6 @@ def _call(verb: str, intent: str, store_path: Path, data_dir: Path, as_json: boo
             "cancel": publisher.cancel,
         }
         _answer(calls[verb](intent), as_json, verb)
-
-
-def _terminal_record(store_path: Path, intent: str) -> SnapshotRecord | None:
-    """The stored record of ``intent`` if it is decided (published or not published)."""
-    store = SqliteSnapshotStore(store_path, create=False)
-    record = SnapshotRecord.from_bytes(store.load(intent).record_bytes)
-    return record if record.state in TERMINAL else None
 
 
 def _intent_verb(func: Callable[..., None]) -> click.Command:

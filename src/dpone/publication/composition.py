@@ -22,7 +22,6 @@ from pathlib import Path
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.contracts.composition_snapshot import (
     DEFAULT_LIMITS,
-    SnapshotIntent,
     SnapshotLimits,
 )
 from dpone.errors import ConfigurationError
@@ -243,9 +242,3 @@ def provision_protected_databases(
             f"CREATE DATABASE IF NOT EXISTS {quote_identifier(name)} ENGINE = Atomic",
             credentials=credentials,
         )
-
-
-def stored_database(store_path: Path, intent_sha256: str) -> str:
-    """The protected database an intent in the store belongs to (``store_missing``)."""
-    store = SqliteSnapshotStore(store_path, create=False)
-    return SnapshotIntent.from_bytes(store.load(intent_sha256).intent_bytes).database
