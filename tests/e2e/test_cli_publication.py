@@ -222,6 +222,10 @@ def test_refreshes_replace_the_target_exactly(ws: Workspace) -> None:
     )
     final = shown["history"][-1]
     assert final["record_sha256"] == published["record_sha256"]
+    verified = dpone("snapshot", "verify", intent, "--store", ws.store, "--json")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    chain = json.loads(verified.stdout)
+    assert (chain["verified"], chain["revisions"], chain["problems"]) == (True, 3, [])
     facts = final["facts"]
     assert (facts["decided"], facts["dispatch_outcome"], facts["exchange_finishes"]) == (
         "published",

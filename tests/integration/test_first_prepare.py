@@ -36,3 +36,24 @@ def test_a_first_prepare_within_its_limits_still_creates_the_target(rig: Rig) ->
     prepared = rig.prepare(staged, "t_first_ok")
     assert prepared.state.value == "prepared"
     assert rig.uuid_of("t_first_ok") == prepared.target_uuid
+
+
+def test_a_refused_prepare_fences_no_older_prepared_attempt(rig: Rig) -> None:  # noqa: F811
+    older = rig.stage(ROWS, "fence-old")
+    target = "t_fence"
+    rig.existing_target(older, target, [(9, "nine", 9)])
+    prepared = rig.prepare(older, target)
+    assert prepared.state.value == "prepared"
+    newer = rig.stage([*ROWS, (4, "four", 4)], "fence-new")
+    # B of the newer attempt is changed behind staging's back: its prepare is refused.
+    rig.admin(f"INSERT INTO {DB}.{newer.table} VALUES (5, 'five', 5)")
+    with pytest.raises(DponeError) as caught:
+        rig.prepare(newer, target)
+    assert caught.value.code == "content_mismatch"
+    # The older PREPARED attempt is still the slot's current one and publishes.
+    published = rig.components().publisher.publish(prepared.intent_sha256)
+    assert published.state.value == "published"
+    assert rig.rows_of(target) == ROWS
+    store = rig.components().store
+    check = store.verify_chain(prepared.intent_sha256)
+    assert check.verified and check.revisions == 3, check.to_dict()

@@ -135,14 +135,15 @@ def test_create_refuses_a_record_that_is_not_prepared_at_one(store: SqliteSnapsh
 
 
 def test_create_needs_an_admitted_current_active_run(store: SqliteSnapshotStore) -> None:
-    old = store.admit(SLOT, "old")
-    new = store.admit(SLOT, "new")
+    stale = store.admit(SLOT, "stale")  # reserves epoch 1...
+    prepare(store, "old")  # ...which this run takes: the slot is at epoch 1
+    new = store.admit(SLOT, "new")  # reserves epoch 2
     store.set_ownership(new.parent_request, OwnershipState.RETIRING)
     cases = [
-        ("attempt_fenced", ParentAuthority(old.parent_request, SLOT, 1)),  # fenced epoch
-        ("attempt_fenced", ParentAuthority(old.parent_request, SLOT, 2)),  # not its epoch
+        ("attempt_fenced", ParentAuthority(stale.parent_request, SLOT, 1)),  # taken by another
         ("attempt_fenced", ParentAuthority("no-such-run", SLOT, 2)),
         ("attempt_fenced", ParentAuthority(new.parent_request, TargetSlot("x", "y"), 2)),
+        ("attempt_fenced", ParentAuthority(new.parent_request, SLOT, 1)),  # not its epoch
         ("ownership_not_active", ParentAuthority(new.parent_request, SLOT, 2)),
     ]
     for number, (expected, authority) in enumerate(cases):
@@ -153,6 +154,31 @@ def test_create_needs_an_admitted_current_active_run(store: SqliteSnapshotStore)
         with pytest.raises(SnapshotStoreError) as missing:
             store.load(hashlib.sha256(intent).hexdigest())
         assert code_of(missing) == "snapshot_not_found"
+    assert store.current_epoch(SLOT) == 1  # nothing refused took the slot
+
+
+def test_a_reserved_epoch_is_taken_only_by_the_first_prepared_run(
+    store: SqliteSnapshotStore,
+) -> None:
+    one = store.admit(SLOT, "one")
+    two = store.admit(SLOT, "two")
+    assert one.epochs.slot_epoch == two.epochs.slot_epoch == 1
+    assert not one.activated and not two.activated
+    assert store.current_epoch(SLOT) == 0  # reserving fences nobody
+    first = prepare(store, "two")
+    assert store.current_epoch(SLOT) == 1
+    taken = store.admission("two")
+    assert taken is not None and taken.activated
+    with pytest.raises(SnapshotStoreError) as caught:  # its reserved epoch is gone
+        store.create(
+            canonical_json.dumps({"late": 1}),
+            PREPARED,
+            ParentAuthority(one.parent_request, SLOT, 1),
+        )
+    assert code_of(caught) == "attempt_fenced"
+    late = store.admission("one")
+    assert late is not None and late.ownership is OwnershipState.RETIRING
+    assert store.history(first.intent_sha256)[0].record_bytes == PREPARED
 
 
 def test_create_refuses_noncanonical_intent_bytes(store: SqliteSnapshotStore) -> None:
@@ -209,7 +235,11 @@ def test_stale_bytes_lose_the_claim_and_write_nothing(prepared: Prepared) -> Non
 
 def test_a_fenced_authority_loses_the_claim(prepared: Prepared) -> None:
     store, sha = prepared.store, prepared.intent_sha256
-    store.admit(SLOT, "attempt-2")  # a newer attempt fences attempt-1 out
+    # A newer attempt admitted fences nothing until its own intent is stored...
+    store.admit(SLOT, "attempt-2")
+    assert store.current_epoch(SLOT) == 1
+    newer = prepare(store, "attempt-2")  # ...and then fences attempt-1 out
+    assert newer.authority.slot_epoch == 2
     with pytest.raises(SnapshotStoreError) as caught:
         store.compare_and_set(
             sha, expected=PREPARED, replacement=CLAIMED, authority=prepared.authority, facts={}
@@ -217,14 +247,25 @@ def test_a_fenced_authority_loses_the_claim(prepared: Prepared) -> None:
     assert code_of(caught) == "claim_lost"
     assert caught.value.details["reason"] == "attempt_fenced"
     # Claiming the new epoch with the old run does not help either.
-    newer = ParentAuthority(prepared.authority.parent_request, SLOT, 2)
+    borrowed = ParentAuthority(prepared.authority.parent_request, SLOT, 2)
     with pytest.raises(SnapshotStoreError) as again:
         store.compare_and_set(
-            sha, expected=PREPARED, replacement=CLAIMED, authority=newer, facts={}
+            sha, expected=PREPARED, replacement=CLAIMED, authority=borrowed, facts={}
         )
     assert code_of(again) == "claim_lost"
     assert store.read_back(sha) == PREPARED
     assert len(store.history(sha)) == 1
+
+
+def test_an_admitted_run_that_never_prepares_fences_nothing(prepared: Prepared) -> None:
+    store, sha = prepared.store, prepared.intent_sha256
+    store.admit(SLOT, "attempt-2")  # its prepare then fails a check: no intent stored
+    store.compare_and_set(
+        sha, expected=PREPARED, replacement=CLAIMED, authority=prepared.authority, facts={}
+    )
+    assert store.read_back(sha) == CLAIMED
+    older = store.admission("attempt-1")
+    assert older is not None and older.ownership is OwnershipState.ACTIVE
 
 
 def test_an_intent_is_claimed_only_by_its_own_run(store: SqliteSnapshotStore) -> None:
@@ -466,24 +507,36 @@ def test_racing_processes_lease_distinct_users(store: SqliteSnapshotStore) -> No
 # ---------------------------------------------------------------------- registry
 
 
-def test_admission_fences_older_runs(store: SqliteSnapshotStore) -> None:
+def test_admission_reserves_and_the_prepared_intent_fences_older_runs(
+    store: SqliteSnapshotStore,
+) -> None:
     assert store.current_epoch(SLOT) == 0
-    first = store.admit(SLOT, "attempt-1")
-    assert (first.epochs.slot_epoch, first.epochs.attempt_epoch) == (1, 1)
-    assert first.ownership is OwnershipState.ACTIVE
+    first = prepare(store, "attempt-1").authority
+    admitted = store.admission("attempt-1")
+    assert admitted is not None
+    assert (admitted.epochs.slot_epoch, admitted.epochs.attempt_epoch) == (1, 1)
+    assert admitted.ownership is OwnershipState.ACTIVE and admitted.activated
     elsewhere = store.admit(TargetSlot("sales", "other"), "attempt-x")
     assert (elsewhere.epochs.slot_epoch, elsewhere.epochs.attempt_epoch) == (1, 2)
     second = store.admit(SLOT, "attempt-2")
     assert (second.epochs.slot_epoch, second.epochs.attempt_epoch) == (2, 3)
-    assert store.current_epoch(SLOT) == 2
+    assert store.current_epoch(SLOT) == 1  # reserved, not taken
     assert second.parent_request != first.parent_request
+    authority = ParentAuthority(second.parent_request, SLOT, 2)
+    store.create(canonical_json.dumps({"second": 1}), PREPARED, authority)
+    assert store.current_epoch(SLOT) == 2
     older = store.admission("attempt-1")
     assert older is not None and older.ownership is OwnershipState.RETIRING
-    assert older.epochs == first.epochs
+    assert older.epochs == admitted.epochs
     other = store.admission("attempt-x")
     assert other is not None and other.ownership is OwnershipState.ACTIVE
     # Admitting again returns the existing admission and fences nobody.
-    assert store.admit(SLOT, "attempt-2") == second
+    again = store.admit(SLOT, "attempt-2")
+    assert (again.parent_request, again.epochs, again.activated) == (
+        second.parent_request,
+        second.epochs,
+        True,
+    )
     assert store.current_epoch(SLOT) == 2
     assert store.admission("unknown") is None
     with pytest.raises(SnapshotStoreError) as caught:

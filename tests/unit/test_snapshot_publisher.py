@@ -419,6 +419,14 @@ def test_a_failed_recheck_after_the_claim_sends_nothing(
     assert (receipt.state, receipt.revision) == (state, 3)
     record = record_of(world, sha)
     assert record.dispatch is not None and record.dispatch.outcome == "not_sent"
+    # A dispatch not sent keeps why in the record itself, not only in the history.
+    kept = {
+        "b_rows_changed": "not_sent_content_mismatch",
+        "b_blocker": "not_sent_side_effect_present",
+        "publisher_lease_ended": "not_sent_lease_not_active",
+    }
+    if change in kept:
+        assert record.reason == kept[change]
 
 
 def test_a_refused_exchange_is_not_published(world: World) -> None:

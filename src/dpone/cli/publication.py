@@ -245,6 +245,34 @@ def show(intent: str, store_path: Path, as_json: bool) -> None:
             click.echo(f"  #{h.sequence} {h.at} {h.state}@{h.revision} {dict(h.facts)}")
 
 
+@snapshot.command()
+@click.argument("intent")
+@store_option
+@json_option
+def verify(intent: str, store_path: Path, as_json: bool) -> None:
+    """Re-verify one publication's record chain from the exact bytes its history keeps.
+
+    Exit 0 when every revision's bytes hash to their digest, name the revision before
+    them and follow the state table, and the last is the current record; otherwise
+    ``history_unverified`` names each problem.
+    """
+    with reported_errors(as_json):
+        intent = _intent_argument(intent)
+        check = SqliteSnapshotStore(store_path, create=False).verify_chain(intent)
+        if not check.verified:
+            unverifiable = [f"revision {n} has no kept bytes" for n in check.unverifiable]
+            raise StateError(
+                f"the record chain of {intent} does not verify from its bytes: "
+                + "; ".join([*check.problems, *unverifiable]),
+                code="history_unverified",
+                **check.to_dict(),
+            )
+        if as_json:
+            emit_json({"ok": True, **check.to_dict()})
+            return
+        click.echo(f"intent {intent}: {check.revisions} revisions verified from their bytes")
+
+
 def _history_entry(entry: HistoryEntry) -> dict[str, Any]:
     return {
         "sequence": entry.sequence,

@@ -146,13 +146,19 @@ class ParentAuthority:
 
 @dataclass(frozen=True)
 class Admission:
-    """One admitted run: its parent request, slot, attempt, epochs and ownership."""
+    """One admitted run: its parent request, slot, attempt, epochs and ownership.
+
+    ``activated``: the run has taken its slot epoch. A run is admitted with the epoch it
+    will take (the slot's next one) and takes it only when its PREPARED intent is stored,
+    so a prepare that fails fences no older run.
+    """
 
     parent_request: str
     slot: TargetSlot
     attempt_id: str
     epochs: AttemptEpochs
     ownership: OwnershipState
+    activated: bool = True
 
 
 @dataclass(frozen=True)
@@ -172,9 +178,10 @@ class SnapshotRunRegistry(Protocol):
     def admit(self, slot: TargetSlot, attempt_id: str) -> Admission:
         """Admit ``attempt_id`` for ``slot`` (or return its existing admission).
 
-        A new admission increments the slot's epoch, which fences every older run of
-        the slot out; older ACTIVE runs become RETIRING. Refuses (``slot_blocked``)
-        while a record of the slot is EXCHANGE_INTENT or COMMIT_UNKNOWN.
+        A new admission reserves the slot's next epoch; storing the run's PREPARED
+        intent takes it (``activated``), which fences every older run of the slot out
+        and makes older ACTIVE runs RETIRING. Refuses (``slot_blocked``) while a record
+        of the slot is EXCHANGE_INTENT or COMMIT_UNKNOWN.
         """
         ...
 
@@ -230,6 +237,9 @@ class HistoryEntry:
     record_sha256: str | None  # None for an observation that changed no record
     at: str  # UTC, ISO 8601
     facts: Mapping[str, Any]
+    # The exact canonical bytes of the revision it made (None for an observation, and for
+    # a transition stored before the store kept bytes).
+    record_bytes: bytes | None = None
 
 
 @dataclass(frozen=True)

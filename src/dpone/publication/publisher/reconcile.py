@@ -22,6 +22,7 @@ from dpone.errors import DponeError
 from dpone.ports.composition_snapshot import (
     CatalogObservation,
     ClosureProof,
+    DispatchOutcome,
     DispatchResult,
     OwnershipState,
 )
@@ -98,7 +99,7 @@ class ReconcilePath(PublisherPorts):
             observation=facts.observation(),
             dispatch=known,
             closure=None if closure is None else record_closure(closure),
-            reason=reconcile_reason(intent, decided, facts),
+            reason=_reason(intent, decided, facts, dispatch),
         )
         try:
             self.store.compare_and_set(
@@ -155,6 +156,23 @@ class ReconcilePath(PublisherPorts):
             dispatch_outcome=None if dispatch is None else dispatch.outcome,
             target_design_sha256=None if target is None else target.design_sha256,
         )
+
+
+def _reason(
+    intent: SnapshotIntent,
+    decided: SnapshotState,
+    facts: ReconcileFacts,
+    dispatch: DispatchResult | None,
+) -> str | None:
+    """The record's reason: a dispatch this call did not send keeps why it was not sent."""
+    if (
+        decided is P.NOT_PUBLISHED
+        and dispatch is not None
+        and dispatch.outcome is DispatchOutcome.NOT_SENT
+        and dispatch.error_code
+    ):
+        return f"not_sent_{dispatch.error_code}"
+    return reconcile_reason(intent, decided, facts)
 
 
 def reconcile_reason(

@@ -1,8 +1,11 @@
 """The run registry: admissions to a slot, slot epochs, ownership, and the authority recheck.
 
 A run's ``parent_request`` is a random id chosen at admission; its ``attempt_epoch``
-is the store-wide admission number (1, 2, ...), its ``slot_epoch`` the slot's epoch
-after the admission incremented it.
+is the store-wide admission number (1, 2, ...), its ``slot_epoch`` the slot's epoch it
+takes. Admission only reserves that epoch (the slot's next); the run takes it, fencing
+every older run of the slot, in the transaction that stores its PREPARED intent
+(:func:`activate`). A prepare refused by any check therefore fences nothing: an older
+PREPARED attempt stays publishable until a newer one is PREPARED.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ _OWNERSHIP_NEXT = {
     OwnershipState.RETIRING: OwnershipState.RETIRED,
 }
 _RUN_COLUMNS = (
-    "parent_request, database, target_table, attempt_id, slot_epoch, attempt_epoch, ownership"
+    "parent_request, database, target_table, attempt_id, slot_epoch, attempt_epoch, ownership,"
+    " activated"
 )
 
 
@@ -40,9 +44,10 @@ class RunAdmission(StoreConnections):
     def admit(self, slot: TargetSlot, attempt_id: str) -> Admission:
         """Admit ``attempt_id`` for ``slot`` or return its existing admission.
 
-        A new admission increments the slot's epoch and moves older ACTIVE runs of the
-        slot to RETIRING; ``slot_blocked`` while a record of the slot is EXCHANGE_INTENT
-        or COMMIT_UNKNOWN; ``admission_conflict`` if the attempt holds another slot.
+        A new admission reserves the slot's next epoch (the run is not yet activated:
+        nothing older is fenced); ``slot_blocked`` while a record of the slot is
+        EXCHANGE_INTENT or COMMIT_UNKNOWN; ``admission_conflict`` if the attempt holds
+        another slot.
         """
         with self._write("admit", "store_commit_unknown") as conn:
             existing = admission_row(conn, "attempt_id", attempt_id)
@@ -113,22 +118,8 @@ def _refuse_a_blocked_slot(conn: sqlite3.Connection, slot: TargetSlot, attempt_i
 
 
 def _admit_new_run(conn: sqlite3.Connection, slot: TargetSlot, attempt_id: str) -> Admission:
-    """Increment the slot's epoch, retire its ACTIVE runs and insert the new run."""
+    """Insert the run with the slot's next epoch reserved (taken later by :func:`activate`)."""
     epoch = slot_epoch(conn, slot) + 1
-    conn.execute(
-        "INSERT INTO slots VALUES (?, ?, ?) ON CONFLICT (database, target_table)"
-        " DO UPDATE SET epoch = excluded.epoch",
-        (slot.database, slot.table, epoch),
-    )
-    conn.execute(
-        "UPDATE runs SET ownership = ? WHERE database = ? AND target_table = ? AND ownership = ?",
-        (
-            OwnershipState.RETIRING.value,
-            slot.database,
-            slot.table,
-            OwnershipState.ACTIVE.value,
-        ),
-    )
     number = conn.execute("SELECT coalesce(max(attempt_epoch), 0) + 1 FROM runs")
     admission = Admission(
         uuid.uuid4().hex,
@@ -136,9 +127,10 @@ def _admit_new_run(conn: sqlite3.Connection, slot: TargetSlot, attempt_id: str) 
         attempt_id,
         AttemptEpochs(epoch, number.fetchone()[0]),
         OwnershipState.ACTIVE,
+        activated=False,
     )
     conn.execute(
-        "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
         (
             admission.parent_request,
             slot.database,
@@ -151,6 +143,34 @@ def _admit_new_run(conn: sqlite3.Connection, slot: TargetSlot, attempt_id: str) 
         ),
     )
     return admission
+
+
+def activate(conn: sqlite3.Connection, run: Admission) -> None:
+    """The run takes its reserved slot epoch; every other ACTIVE run of the slot retires.
+
+    Called in the transaction that stores the run's PREPARED intent, after the authority
+    check found the slot still one epoch before the reserved one.
+    """
+    if run.activated:
+        return
+    _refuse_a_blocked_slot(conn, run.slot, run.attempt_id)
+    conn.execute(
+        "INSERT INTO slots VALUES (?, ?, ?) ON CONFLICT (database, target_table)"
+        " DO UPDATE SET epoch = excluded.epoch",
+        (run.slot.database, run.slot.table, run.epochs.slot_epoch),
+    )
+    conn.execute(
+        "UPDATE runs SET ownership = ? WHERE database = ? AND target_table = ? AND ownership = ?"
+        " AND parent_request != ?",
+        (
+            OwnershipState.RETIRING.value,
+            run.slot.database,
+            run.slot.table,
+            OwnershipState.ACTIVE.value,
+            run.parent_request,
+        ),
+    )
+    conn.execute("UPDATE runs SET activated = 1 WHERE parent_request = ?", (run.parent_request,))
 
 
 def slot_epoch(conn: sqlite3.Connection, slot: TargetSlot) -> int:
@@ -174,6 +194,7 @@ def admission_row(conn: sqlite3.Connection, column: str, value: str) -> Admissio
         row[3],
         AttemptEpochs(row[4], row[5]),
         OwnershipState(row[6]),
+        activated=bool(row[7]),
     )
 
 
@@ -183,8 +204,12 @@ def authority_problem(
     *,
     allow_retiring: bool,
     intent_sha256: str | None = None,
+    activating: bool = False,
 ) -> tuple[str, str] | None:
-    """Why ``authority`` may not write now (code, sentence), or None when it may."""
+    """Why ``authority`` may not write now (code, sentence), or None when it may.
+
+    ``activating``: the write stores the run's PREPARED intent, which activates it.
+    """
     run = admission_row(conn, "parent_request", authority.parent_request)
     if run is None:
         return "attempt_fenced", f"run {authority.parent_request} is not admitted"
@@ -201,9 +226,11 @@ def authority_problem(
     current = slot_epoch(conn, authority.slot)
     if run.slot != authority.slot or run.epochs.slot_epoch != authority.slot_epoch:
         return "attempt_fenced", f"run {authority.parent_request} holds another slot epoch"
-    if current != authority.slot_epoch:
+    # A run not yet activated may only take its reserved epoch, the one after the slot's.
+    expected = authority.slot_epoch - (0 if run.activated else 1)
+    if current != expected or (not run.activated and not activating):
         return "attempt_fenced", (
-            f"the slot is at epoch {current}, the run was admitted at {authority.slot_epoch}"
+            f"the slot is at epoch {current}, the run was admitted for {authority.slot_epoch}"
         )
     allowed = {OwnershipState.ACTIVE} | ({OwnershipState.RETIRING} if allow_retiring else set())
     if run.ownership not in allowed:

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import TracebackType
 
 from dpone.publication.store.errors import SnapshotStoreError, store_error, store_missing
-from dpone.publication.store.schema import check_identity, create_schema, open_file
+from dpone.publication.store.schema import check_identity, create_schema, migrate, open_file
 
 BUSY_TIMEOUT_SECONDS = 10.0
 
@@ -116,7 +116,10 @@ class StoreConnections:
         """Create the file ``0600`` if needed, refuse a foreign one, set WAL, create the schema."""
         open_file(self.path, create)
         with self._reading("open") as conn:
-            fresh = check_identity(conn, self.path)  # before anything could modify a foreign file
+            identity = check_identity(
+                conn, self.path
+            )  # before anything could modify a foreign file
+        fresh = identity == "fresh"
         if fresh and not create:
             raise store_missing(self.path, "the file holds no store yet")
         conn = self._connect("open")
@@ -132,11 +135,15 @@ class StoreConnections:
                 code="store_unavailable",
                 path=str(self.path),
             )
-        if not fresh:
+        if identity == "current":
             return
         with self._write("open", "store_commit_unknown") as work:
-            if check_identity(work, self.path):  # another process may have created it meanwhile
+            # Checked again inside the transaction: another process may have created or
+            # upgraded it meanwhile.
+            if check_identity(work, self.path) == "fresh":
                 create_schema(work)
+            else:
+                migrate(work, self.path)
 
     def _connect(self, operation: str) -> sqlite3.Connection:
         """A new connection in autocommit mode; transactions are explicit."""

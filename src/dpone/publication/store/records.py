@@ -18,7 +18,13 @@ from dpone.contracts import canonical_json
 from dpone.contracts.composition_snapshot import SnapshotState, check_transition, revision_ok
 from dpone.contracts.fields import DocumentError, check_type
 from dpone.ports.composition_snapshot import HistoryEntry, ParentAuthority, StoredSnapshot
-from dpone.publication.store.admission import UNRESOLVED_STATES, authority_problem
+from dpone.publication.store.admission import (
+    UNRESOLVED_STATES,
+    activate,
+    admission_row,
+    authority_problem,
+)
+from dpone.publication.store.chain import ChainCheck, verify_chain
 from dpone.publication.store.connections import StoreConnections
 from dpone.publication.store.errors import SnapshotStoreError
 from dpone.publication.store.schema import decode_facts, now
@@ -45,7 +51,9 @@ class SnapshotRecords(StoreConnections):
 
         ``attempt_used`` when the run (one admitted attempt) already has an intent.
 
-        The authority must be admitted, unfenced and ACTIVE in the same transaction.
+        The authority must be admitted, unfenced and ACTIVE in the same transaction, which
+        also activates the run: it takes its reserved slot epoch and every other ACTIVE
+        run of the slot retires (``slot_blocked`` if a record of the slot is unresolved).
         """
         canonical_json.loads(intent_bytes, what="snapshot intent")
         state, revision = _record_position(record_bytes)
@@ -54,7 +62,7 @@ class SnapshotRecords(StoreConnections):
         slot = authority.slot
         with self._write("create", "prepare_uncertain") as conn:
             _refuse_a_second_intent(conn, intent_sha256, authority)
-            problem = authority_problem(conn, authority, allow_retiring=False)
+            problem = authority_problem(conn, authority, allow_retiring=False, activating=True)
             if problem is not None:
                 raise SnapshotStoreError(
                     f"intent {intent_sha256} was not stored: {problem[1]}",
@@ -62,6 +70,9 @@ class SnapshotRecords(StoreConnections):
                     intent_sha256=intent_sha256,
                     parent_request=authority.parent_request,
                 )
+            run = admission_row(conn, "parent_request", authority.parent_request)
+            assert run is not None  # authority_problem found it in this transaction
+            activate(conn, run)
             at = now()
             conn.execute(
                 "INSERT INTO intents VALUES (?, ?, ?, ?, ?, ?)",
@@ -197,22 +208,46 @@ class SnapshotRecords(StoreConnections):
                 raise _not_found(intent_sha256)
             _append_history(conn, intent_sha256, row[0], row[1], None, now(), facts_bytes)
 
+    def verify_chain(self, intent_sha256: str) -> ChainCheck:
+        """Re-verify the intent's chain from the bytes its history keeps (see ``chain``).
+
+        The current record and the history are read in one snapshot.
+        """
+        with self._reading("verify_chain") as conn:
+            entries = _history_of(conn, intent_sha256)
+            current = conn.execute(
+                "SELECT record_bytes FROM records WHERE intent_sha256 = ?", (intent_sha256,)
+            ).fetchone()
+        return verify_chain(intent_sha256, entries, b"" if current is None else bytes(current[0]))
+
     def history(self, intent_sha256: str) -> list[HistoryEntry]:
         """The full history of one intent, oldest first (``snapshot_not_found``)."""
         with self._reading("history") as conn:
-            if not conn.execute(
-                "SELECT 1 FROM intents WHERE intent_sha256 = ?", (intent_sha256,)
-            ).fetchone():
-                raise _not_found(intent_sha256)
-            rows = conn.execute(
-                "SELECT id, revision, state, record_sha256, at, facts FROM history"
-                " WHERE intent_sha256 = ? ORDER BY id",
-                (intent_sha256,),
-            ).fetchall()
-        return [
-            HistoryEntry(row[0], row[1], row[2], row[3], row[4], decode_facts(row[5]))
-            for row in rows
-        ]
+            return _history_of(conn, intent_sha256)
+
+
+def _history_of(conn: sqlite3.Connection, intent_sha256: str) -> list[HistoryEntry]:
+    if not conn.execute(
+        "SELECT 1 FROM intents WHERE intent_sha256 = ?", (intent_sha256,)
+    ).fetchone():
+        raise _not_found(intent_sha256)
+    rows = conn.execute(
+        "SELECT id, revision, state, record_sha256, at, facts, record_bytes FROM history"
+        " WHERE intent_sha256 = ? ORDER BY id",
+        (intent_sha256,),
+    ).fetchall()
+    return [
+        HistoryEntry(
+            row[0],
+            row[1],
+            row[2],
+            row[3],
+            row[4],
+            decode_facts(row[5]),
+            None if row[6] is None else bytes(row[6]),
+        )
+        for row in rows
+    ]
 
 
 def _refuse_a_second_intent(
@@ -285,7 +320,7 @@ def _append_history(
 ) -> None:
     digest = None if record_bytes is None else hashlib.sha256(record_bytes).hexdigest()
     conn.execute(
-        "INSERT INTO history (intent_sha256, revision, state, record_sha256, at, facts)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
-        (intent_sha256, revision, state, digest, at, facts),
+        "INSERT INTO history (intent_sha256, revision, state, record_sha256, at, facts,"
+        " record_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (intent_sha256, revision, state, digest, at, facts, record_bytes),
     )

@@ -2,7 +2,14 @@
 
 The file is created ``0600`` (a missing parent directory ``0700``) and identifies itself
 with ``PRAGMA application_id`` and ``PRAGMA user_version`` (:data:`SCHEMA_VERSION`); a
-file with another identity is refused before anything could modify it.
+file with another identity is refused before anything could modify it. A store of an
+older schema version is upgraded in one transaction when it is opened
+(:func:`migrate`); a newer one is refused.
+
+Version 2 keeps the exact canonical bytes of every revision in ``history`` (version 1
+kept only their digests: its rows keep a NULL ``record_bytes``) and marks a run
+``activated`` only when its PREPARED intent is stored (version 1 runs were activated at
+admission, which the upgrade keeps).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from dpone.contracts import canonical_json
 from dpone.durable_files import fsync_directory
 from dpone.publication.store.errors import SnapshotStoreError, store_missing
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 APPLICATION_ID = 0x64703031  # "dp01": marks the file as a dpone snapshot store
 
 _SCHEMA = """
@@ -36,7 +43,7 @@ CREATE TABLE history (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     intent_sha256 TEXT NOT NULL REFERENCES intents (intent_sha256),
     revision INTEGER NOT NULL, state TEXT NOT NULL, record_sha256 TEXT,
-    at TEXT NOT NULL, facts BLOB NOT NULL
+    at TEXT NOT NULL, facts BLOB NOT NULL, record_bytes BLOB
 ) STRICT;
 CREATE INDEX history_of_intent ON history (intent_sha256, id);
 CREATE TABLE slots (
@@ -48,7 +55,8 @@ CREATE TABLE runs (
     attempt_id TEXT NOT NULL UNIQUE, slot_epoch INTEGER NOT NULL,
     attempt_epoch INTEGER NOT NULL UNIQUE,
     ownership TEXT NOT NULL CHECK (ownership IN ('active', 'retiring', 'retired')),
-    admitted_at TEXT NOT NULL
+    admitted_at TEXT NOT NULL,
+    activated INTEGER NOT NULL DEFAULT 1 CHECK (activated IN (0, 1))
 ) STRICT;
 CREATE TABLE leases (
     lease_id TEXT PRIMARY KEY, user TEXT NOT NULL, role TEXT NOT NULL,
@@ -83,6 +91,19 @@ CREATE TRIGGER ownership_forward BEFORE UPDATE OF ownership ON runs
         (OLD.ownership = 'active' AND NEW.ownership = 'retiring')
         OR (OLD.ownership = 'retiring' AND NEW.ownership = 'retired'))
     BEGIN SELECT RAISE(ABORT, 'ownership only moves forward'); END;
+CREATE TRIGGER activation_forward BEFORE UPDATE OF activated ON runs
+    WHEN OLD.activated = 1 AND NEW.activated != 1
+    BEGIN SELECT RAISE(ABORT, 'an activated run stays activated'); END;
+"""
+
+# From version 1: the two new columns (old history rows keep NULL bytes, old runs were
+# activated at admission) and the activation trigger.
+_MIGRATE_FROM_1 = """
+ALTER TABLE history ADD COLUMN record_bytes BLOB;
+ALTER TABLE runs ADD COLUMN activated INTEGER NOT NULL DEFAULT 1 CHECK (activated IN (0, 1));
+CREATE TRIGGER activation_forward BEFORE UPDATE OF activated ON runs
+    WHEN OLD.activated = 1 AND NEW.activated != 1
+    BEGIN SELECT RAISE(ABORT, 'an activated run stays activated'); END;
 """
 
 
@@ -104,13 +125,28 @@ def create_schema(conn: sqlite3.Connection) -> None:
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
-def check_identity(conn: sqlite3.Connection, path: Path) -> bool:
-    """True for an empty database; raises unless the file is this store's schema."""
+def migrate(conn: sqlite3.Connection, path: Path) -> None:
+    """Upgrade a store of an older schema version to :data:`SCHEMA_VERSION`, in ``conn``'s
+    transaction (a store already current is left as it is)."""
+    if check_identity(conn, path) != "old":
+        return
+    for statement in _statements(_MIGRATE_FROM_1):
+        conn.execute(statement)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def check_identity(conn: sqlite3.Connection, path: Path) -> str:
+    """``fresh`` (an empty database), ``current`` or ``old`` (an upgradable version).
+
+    Raises unless the file is this store's schema, of this version or one it upgrades.
+    """
     app = conn.execute("PRAGMA application_id").fetchone()[0]
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     tables = conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0]
     if app == 0 and version == 0 and tables == 0:
-        return True
+        return "fresh"
+    if app == APPLICATION_ID and version == 1:
+        return "old"
     if app != APPLICATION_ID or version != SCHEMA_VERSION:
         raise SnapshotStoreError(
             f"{path} is not a dpone snapshot store of schema version {SCHEMA_VERSION}"
@@ -120,7 +156,7 @@ def check_identity(conn: sqlite3.Connection, path: Path) -> bool:
             application_id=app,
             user_version=version,
         )
-    return False
+    return "current"
 
 
 def open_file(path: Path, create: bool) -> None:
