@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project virtual environment in .venv and install dpone into it.
-# Needs only Python 3.11+ on the machine; set PYTHON to choose the interpreter.
+# Needs Python 3.11+, a C compiler and OpenSSL's headers (Debian: gcc, libssl-dev) on the
+# machine; set PYTHON to choose the interpreter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -13,8 +14,9 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
+# The editable install builds dpone's compiled parts in the tree, where it loads them: the
+# build hook (hatch_build.py) runs scripts/build_native.sh, so this stops if that fails.
 .venv/bin/python -m pip install --quiet -e ".[dev]"
-scripts/build_native.sh
 # Compile dpone's bytecode now: where PYTHONDONTWRITEBYTECODE is set, every command
 # would otherwise compile each module it imports, every run (0.3 s a command, measured).
 .venv/bin/python -m compileall -q src/dpone

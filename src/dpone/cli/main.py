@@ -29,6 +29,7 @@ COMMANDS = {
     "refresh": "dpone.cli.refresh",
     "rollback": "dpone.cli.rollback",
     "status": "dpone.cli.status",
+    "doctor": "dpone.cli.doctor",
 }
 
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpone.connectors.bulk_text_codec import BulkTextError, BulkTextWriter, encode_fields
 from dpone.contracts.receipt import FileReceipt
+from dpone.contracts.schema import SourceSchema
 from dpone.durable_files import OutputError, atomic_outputs
 from dpone.errors import ConfigurationError
-from dpone.exporters.render import RenderError, field_for, render_row, renderer_for
-from dpone.exporters.sources import Source
+from dpone.exporters import native_render
+from dpone.exporters.records import RecordWriter
+from dpone.exporters.sources import Source, SqliteSource, row_batches
 from dpone.preparation.file_validation import validate_file
 from dpone.typepolicy import plan_columns
 from dpone.typepolicy.source_types import parse_source_type
@@ -62,6 +64,7 @@ def export_table(
     force: bool = False,
     progress: Progress | None = None,
     warn: Callable[[str], None] | None = None,
+    native: bool = True,
 ) -> ExportResult:
     """Export ``table`` to ``out``; the receipt comes from re-reading what was written.
 
@@ -70,6 +73,10 @@ def export_table(
     and the receipt are written under temporary names; the data is fsynced and
     validated by the same reader and policy a consumer uses, then the data and then
     the receipt are renamed into place. A failed or interrupted export leaves neither.
+
+    Rows are rendered by the compiled renderer where it is built and takes them, and
+    otherwise by the Python renderer, with the same bytes and errors; ``native``
+    False renders them all in Python (the specification).
     """
     _check_table_name(table)
     path = Path(out)
@@ -79,26 +86,11 @@ def export_table(
         schema = source.schema(table)
         plans = plan_columns(schema.columns)  # unsupported types are refused before reading
         types = [parse_source_type(c.source_type, column=c.name) for c in schema.columns]
-        renderers = [renderer_for(st) for st in types]
-        fields = [field_for(st, p.codec_column) for st, p in zip(types, plans, strict=True)]
-        names = [c.name for c in schema.columns]
-        writer = BulkTextWriter(stream, [p.codec_column for p in plans])
-        for ordinal, row in enumerate(source.rows(table, schema), start=1):
-            try:  # the common row in one pass
-                record: bytes | None = encode_fields(fields, row)
-            except Exception:  # rendered again below, which names what is wrong
-                record = None
-            try:
-                if record is None:
-                    writer.write(render_row(renderers, names, row, record=ordinal))
-                else:
-                    writer.write_record(record)
-            except BulkTextError as exc:
-                raise _unwritable(exc, ordinal) from exc
-            except OSError as exc:
-                raise OutputError(f"cannot write {path}: {exc.strerror}", path=str(path)) from exc
-            if progress is not None and ordinal % PROGRESS_EVERY == 0:
-                progress(writer.records, writer.bytes)
+        writer = RecordWriter(stream, types, plans, native=native)
+        try:
+            _write_rows(source, table, schema, writer, progress)
+        except OSError as exc:
+            raise OutputError(f"cannot write {path}: {exc.strerror}", path=str(path)) from exc
         if progress is not None:
             progress(writer.records, writer.bytes)
         try:
@@ -110,14 +102,47 @@ def export_table(
     return ExportResult(path, receipt_path, receipt)
 
 
-def _unwritable(exc: BulkTextError, ordinal: int) -> RenderError:
-    # The codec's message may quote the value; the export names only where it is.
-    column = exc.details.get("column")
-    where = f"record {ordinal}" + (f", column {column!r}" if column else "")
-    reason = {
-        "unencodable_value": "the value holds a character the bulk text format cannot carry",
-    }.get(exc.code, exc.code)
-    return RenderError(f"{where}: {reason}", code=exc.code, record=ordinal, column=column)
+def _write_rows(
+    source: Source,
+    table: str,
+    schema: SourceSchema,
+    writer: RecordWriter,
+    progress: Progress | None,
+) -> None:
+    """Every row of ``table`` through ``writer``, with progress every PROGRESS_EVERY records.
+
+    A SQLite table goes through the compiled reader when it is built; where the reader
+    declines (it met what sqlite3 itself would refuse) the file starts again, read
+    through sqlite3, which names what is wrong. Other sources hand their driver rows.
+    """
+
+    def room() -> int:  # rows up to the next progress report
+        return PROGRESS_EVERY - writer.records % PROGRESS_EVERY
+
+    def report() -> None:
+        if progress is not None and writer.records % PROGRESS_EVERY == 0:
+            progress(writer.records, writer.bytes)
+
+    compiled = (
+        source.compiled_rows(table, schema, writer.ops)
+        if isinstance(source, SqliteSource) and writer.ops is not None
+        else None
+    )
+    if compiled is not None:
+        try:
+            with closing(compiled):
+                while writer.write_read(compiled, room()):
+                    report()
+            return
+        except native_render.Declined:
+            writer.restart()
+    for batch in row_batches(source, table, schema):
+        start = 0
+        while start < len(batch):
+            stop = min(len(batch), start + room())
+            writer.write(batch, start, stop)
+            start = stop
+            report()
 
 
 def _fd_path(fd: int) -> str:

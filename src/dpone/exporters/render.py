@@ -119,6 +119,9 @@ def _datetime(digits: int) -> Renderer:
     return render
 
 
+_datetime2, _datetime3, _smalldatetime = _datetime(7), _datetime(3), _datetime(0)
+
+
 def _datetimeoffset(value: object) -> Cell:
     if isinstance(value, str):
         return value
@@ -199,11 +202,11 @@ def renderer_for(st: SourceType) -> Renderer:
     if name == "date":
         return _date
     if name == "datetime2":
-        return _datetime(7)
+        return _datetime2
     if name == "datetime":
-        return _datetime(3)
+        return _datetime3
     if name == "smalldatetime":
-        return _datetime(0)
+        return _smalldatetime
     if name == "datetimeoffset":
         return _datetimeoffset
     if name == "time":
@@ -215,6 +218,26 @@ def renderer_for(st: SourceType) -> Renderer:
     if name in BINARY_TYPES or name in ("rowversion", "timestamp"):
         return _binary
     raise RenderError(f"no renderer for SQL Server type {st}", code="unsupported_type")
+
+
+# What each renderer renders, by name: how the compiled renderer
+# (dpone.exporters.native_render) chooses the rules of a column.
+FAMILIES: dict[Renderer, str] = {
+    _integer: "integer",
+    _bit: "bit",
+    _decimal: "decimal",
+    _float64: "float64",
+    _float32: "float32",
+    _date: "date",
+    _datetime2: "datetime7",
+    _datetime3: "datetime3",
+    _smalldatetime: "datetime0",
+    _datetimeoffset: "datetimeoffset",
+    _time: "time",
+    _uuid: "uuid",
+    _text: "text",
+    _binary: "binary",
+}
 
 
 def _int_field(value: object) -> str:

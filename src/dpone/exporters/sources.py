@@ -6,17 +6,19 @@ rows. Credentials for SQL Server come from the environment, never from the DSN.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sqlite3
 import stat
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from dpone.contracts.schema import SourceColumn, SourceSchema
 from dpone.errors import ConfigurationError, DponeError, PolicyError
+from dpone.exporters import native_render
 from dpone.sql.quoting import quote_literal
 from dpone.typepolicy import plan_column
 from dpone.typepolicy.source_types import parse_source_type
@@ -45,6 +47,27 @@ class Source(Protocol):
     def rows(self, table: str, schema: SourceSchema) -> Iterator[tuple[Any, ...]]:
         """Driver rows in the schema's column order."""
         ...
+
+
+@runtime_checkable
+class BatchedSource(Source, Protocol):
+    """A source that also hands its rows as the driver fetches them, a list at a time."""
+
+    def batches(self, table: str, schema: SourceSchema) -> Iterator[list[tuple[Any, ...]]]:
+        """The rows of :meth:`rows`, in the same order, in lists of at most ``FETCH_ROWS``."""
+        ...
+
+
+def row_batches(
+    source: Source, table: str, schema: SourceSchema
+) -> Iterator[list[tuple[Any, ...]]]:
+    """The rows of ``source`` in lists: its own batches, or its rows gathered."""
+    if isinstance(source, BatchedSource):
+        yield from source.batches(table, schema)
+        return
+    rows = source.rows(table, schema)
+    while batch := list(itertools.islice(rows, FETCH_ROWS)):
+        yield batch
 
 
 def _quote_sqlite(name: str) -> str:
@@ -214,12 +237,27 @@ class SqliteSource:
         return SourceSchema.of(columns)
 
     def rows(self, table: str, schema: SourceSchema) -> Iterator[tuple[Any, ...]]:
+        for batch in self.batches(table, schema):
+            yield from batch
+
+    def select_sql(self, table: str, schema: SourceSchema) -> str:
+        """The SELECT the rows are read by."""
         names = ", ".join(_quote_sqlite(c.name) for c in schema.columns)
+        return f"SELECT {names} FROM {_quote_sqlite(table)}"
+
+    def compiled_rows(
+        self, table: str, schema: SourceSchema, ops: bytes
+    ) -> native_render.SqliteRows | None:
+        """The rows read and rendered by the compiled reader (the records of
+        :meth:`batches` as the renderer writes them), or None where it is not built."""
+        return native_render.sqlite_rows(self._uri, self.select_sql(table, schema), ops)
+
+    def batches(self, table: str, schema: SourceSchema) -> Iterator[list[tuple[Any, ...]]]:
         try:
             with closing(self._connect()) as conn:
-                cursor = conn.execute(f"SELECT {names} FROM {_quote_sqlite(table)}")
+                cursor = conn.execute(self.select_sql(table, schema))
                 while batch := cursor.fetchmany(FETCH_ROWS):
-                    yield from batch
+                    yield batch
         except sqlite3.Error as exc:
             raise self._failed(exc) from exc
 
@@ -312,6 +350,10 @@ class SqlServerSource:
         )
 
     def rows(self, table: str, schema: SourceSchema) -> Iterator[tuple[Any, ...]]:
+        for batch in self.batches(table, schema):
+            yield from batch
+
+    def batches(self, table: str, schema: SourceSchema) -> Iterator[list[tuple[Any, ...]]]:
         exprs = []
         for column in schema.columns:
             col = "[" + column.name.replace("]", "]]") + "]"
@@ -323,7 +365,7 @@ class SqlServerSource:
             cursor = conn.cursor()
             cursor.execute(f"SELECT {', '.join(exprs)} FROM {quoted}")
             while batch := cursor.fetchmany(FETCH_ROWS):
-                yield from batch
+                yield batch if isinstance(batch, list) else list(batch)
         finally:
             conn.close()
 

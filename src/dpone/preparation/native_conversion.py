@@ -13,19 +13,26 @@ import collections
 import contextlib
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 from dpone.preparation.native import rowbinary
 from dpone.preparation.native.rowbinary import MODE_NATIVE, NativePart, NativeUnavailable
 from dpone.preparation.ranges import ReadsInto, RecordRanges, default_workers, range_bytes
 from dpone.typepolicy import ColumnPlan
 
-__all__ = ["MODE_NATIVE", "NativeRanges", "NativeUnavailable", "not_taken", "takes"]
+__all__ = ["MODE_NATIVE", "NativeRanges", "NativeUnavailable", "library", "not_taken", "takes"]
 
 # Bounds of a range's length: short enough that the ranges in flight stay small in
 # memory (each holds its bytes and its RowBinary), long enough that a call's fixed
 # cost (a SHA-256 context, a locale) is nothing.
 MIN_RANGE_BYTES = 1 << 20
 MAX_RANGE_BYTES = 8 << 20
+
+
+def library() -> tuple[Path, str | None]:
+    """Where the compiled converter's library is looked for, and why it is not in use
+    ("is not built (...)", "cannot be loaded (...)"), or None when it loaded and runs here."""
+    return rowbinary.LIBRARY, rowbinary.unavailable_reason()
 
 
 def takes(plans: tuple[ColumnPlan, ...]) -> bool:

@@ -1,0 +1,149 @@
+"""The compiled renderer (``native/render.c``): driver rows to bulk text records, in C.
+
+Held to the Python renderer's bytes (``render.py`` with the codec), which stays the
+specification: it takes a row only when it gives exactly the record the Python path
+gives, and otherwise *declines* it, stopping before that row, which the caller renders
+in Python (writing it, or naming what is wrong). It never decides a refusal.
+
+The extension module is built by ``scripts/build_native.sh`` next to its source, one
+per Python version (``_render`` with the interpreter's extension suffix). Where it is
+missing or cannot be imported, or ``DPONE_NATIVE=0`` is set, the Python path renders
+alone: the same bytes, several times slower.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from dpone.connectors.bulk_text_codec import CodecColumn, ColumnKind
+from dpone.exporters.render import FAMILIES, renderer_for
+from dpone.preparation.native.rowbinary import ENV_SWITCH
+from dpone.typepolicy.source_types import SourceType
+
+if TYPE_CHECKING:
+    from dpone.exporters.native import _render as _typed
+
+__all__ = [
+    "Declined",
+    "SqliteRows",
+    "available",
+    "ops_for",
+    "render_rows",
+    "sqlite_rows",
+    "unavailable_reason",
+]
+
+# The operation of each renderer family, as native/render.c numbers them.
+_OPS = {
+    "integer": 1,
+    "bit": 2,
+    "decimal": 3,
+    "float64": 4,
+    "float32": 5,
+    "date": 6,
+    "datetime7": 7,
+    "datetime3": 8,
+    "datetime0": 9,
+    "datetimeoffset": 10,
+    "time": 11,
+    "uuid": 12,
+    "text": 13,
+    "binary": 14,
+}
+# The column kind each family's field has (the policy pairs them so).
+_KINDS = {"text": ColumnKind.TEXT, "binary": ColumnKind.BINARY}
+
+
+def _load() -> tuple[ModuleType | None, str | None]:
+    """The extension module, or None and why not."""
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None, f"is switched off ({ENV_SWITCH}={os.environ[ENV_SWITCH]})"
+    try:
+        from dpone.exporters.native import _render
+    except ImportError as exc:
+        # Not built (for this Python), or built but unloadable: the Python path renders.
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "dpone.exporters.native._render":
+            return None, "is not built (scripts/build_native.sh builds it)"
+        return None, f"cannot be loaded ({exc})"
+    return _render, None
+
+
+_MODULE, _UNAVAILABLE = _load()
+
+
+def available() -> bool:
+    """Whether the compiled renderer is built and loads in this Python."""
+    return _MODULE is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why the compiled renderer is not used ("is switched off (...)"), or None."""
+    return None if _MODULE is not None else _UNAVAILABLE or "is not available"
+
+
+def ops_for(types: Sequence[SourceType], columns: Sequence[CodecColumn]) -> bytes | None:
+    """The compiled renderer's description of these columns, or None when it takes none
+    of their rows (not available, no columns, a pairing the policy does not make)."""
+    if _MODULE is None or not types or len(types) != len(columns):
+        return None
+    ops = bytearray()
+    for st, column in zip(types, columns, strict=True):
+        family = FAMILIES.get(renderer_for(st))
+        if family is None or _KINDS.get(family, ColumnKind.RAW) is not column.kind:
+            return None
+        ops.append(_OPS[family])
+    return bytes(ops)
+
+
+class Declined(Exception):
+    """The compiled SQLite reader met what sqlite3 itself would refuse: read through sqlite3."""
+
+
+class SqliteRows:
+    """A SELECT's rows read and rendered by the compiled reader (``native/sqlite_rows.c``).
+
+    Each :meth:`read` gives the records of the next rows, up to a row the renderer
+    declines, which comes back as the tuple sqlite3 would return, for the Python
+    renderer. Where sqlite3 itself would raise (text that is not UTF-8, a fault while
+    reading), it raises :class:`Declined`: the table is then read through sqlite3,
+    which names the error.
+    """
+
+    def __init__(self, uri: str, sql: str, ops: bytes) -> None:
+        if _MODULE is None:
+            raise Declined("the compiled renderer is not available")
+        try:
+            self._rows: _typed.SqliteRows = _MODULE.SqliteRows(uri, sql, ops)
+        except _MODULE.Declined as exc:
+            raise Declined(str(exc)) from exc
+
+    def read(self, max_rows: int) -> tuple[bytes, int, tuple[Any, ...] | None]:
+        """(records, how many, the declined row or None); no records and no row: the end."""
+        assert _MODULE is not None
+        try:
+            data, taken, declined = self._rows.read(max_rows)
+        except _MODULE.Declined as exc:
+            raise Declined(str(exc)) from exc
+        return data, taken, declined
+
+    def close(self) -> None:
+        """Finish the statement and close the connection."""
+        self._rows.close()
+
+
+def sqlite_rows(uri: str, sql: str, ops: bytes) -> SqliteRows | None:
+    """The compiled reader of ``sql`` on the SQLite database ``uri``, or None where the
+    compiled renderer is not available; raises :class:`Declined` as :class:`SqliteRows`."""
+    return SqliteRows(uri, sql, ops) if _MODULE is not None else None
+
+
+def render_rows(ops: bytes, rows: list[Any], start: int, stop: int) -> tuple[bytes, int]:
+    """The records of ``rows[start:stop]`` up to the first row declined, and its index
+    (``stop`` when every row was taken)."""
+    if _MODULE is None:
+        return b"", start
+    data, taken = _MODULE.render_rows(ops, rows, start, stop)
+    return data, taken
