@@ -214,8 +214,49 @@ def test_refresh_killed_in_stage_then_status_names_end_lease(
     ended = dpone(*end_lease_command(live.lease_id, store, [attempts]).split()[1:], "--json")
     assert ended.returncode == 0 and as_json(ended)["ended_now"] is True, ended.stdout
     after = as_json(dpone("status", "--config", str(config), "--json"))
+    # Ended without a proven closure: a request of the lease may still arrive, so its
+    # user would block prepare as a writer. The attempt's listed cleanup proves it, so
+    # status lists it once; `snapshot leases` names the close-lease command.
     assert after["active_leases"] == [] and after["needs_person"] == [attempt]
+    listed = dpone(
+        "snapshot", "leases", "--store", str(store), "--work-dir", str(attempts), "--json"
+    )
+    assert listed.returncode == 1, listed.stdout
+    (unproven,) = as_json(listed)["unproven"]
+    assert unproven["lease_id"] == live.lease_id
+    assert unproven["command"].split()[:4] == ["dpone", "snapshot", "close-lease", live.lease_id]
     # The attempt's own finishing command (cleanup or discard) still works afterwards.
     done = dpone(*attempt["command"].split()[1:], "--json")
     assert done.returncode == 0, done.stdout
     assert dpone("status", "--config", str(config)).returncode == 0
+    opened = SqliteSnapshotStore(store, create=False)
+    assert opened.closure_proven(opened.get_lease(live.lease_id))
+    leases = dpone("snapshot", "leases", "--store", str(store), "--work-dir", str(attempts))
+    assert leases.returncode == 0, leases.stdout
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_refresh_interrupted_in_stage_ends_its_lease_and_the_next_refresh_publishes(
+    tmp_path: Path, server: dict[str, Any], signum: int
+) -> None:
+    make_source(tmp_path / "shop.db", rows_of(150_000))
+    config = project(tmp_path, server, f"t_lease_sig{int(signum)}")
+    attempts = tmp_path / "work" / "attempts"
+    store = tmp_path / "store.sqlite"
+
+    def staging() -> bool:
+        return attempts.is_dir() and any(converting(a) for a in attempts.iterdir())
+
+    process = _run_until(["refresh", "--config", str(config), "items"], staging)
+    process.send_signal(signum)
+    assert process.wait(timeout=120) == 128 + signum
+    opened = SqliteSnapshotStore(store, create=False)
+    # Before: the interrupted stage left its ingest lease active (7 of 7 in the issue).
+    assert judge_leases(opened, [attempts]) == []
+    (record,) = opened.lease_records(active_only=False)
+    assert record.lease.role == "ingest" and not record.lease.active
+    assert opened.closure_proven(record.lease)  # closed with a stored proof, not only ended
+    for _ in range(2):
+        again = dpone("refresh", "--config", str(config), "items", "--json")
+        assert again.returncode == 0, again.stdout + again.stderr
+    assert all(not r.lease.active for r in opened.lease_records(active_only=False))

@@ -28,7 +28,15 @@ from dpone.contracts.composition_snapshot import (
 )
 from dpone.errors import ConfigurationError, StateError
 from dpone.ports.composition_snapshot import AttemptRef, HistoryEntry, TargetSlot
-from dpone.project.leases import GONE, end_gone_lease, end_lease_command, judge_leases
+from dpone.project.leases import (
+    GONE,
+    close_lease,
+    close_lease_command,
+    end_gone_lease,
+    end_lease_command,
+    judge_leases,
+    unproven_closures,
+)
 from dpone.publication.composition import (
     DEFAULT_STORE,
     PublicationConfig,
@@ -315,11 +323,28 @@ def leases(store_path: Path, journal_dirs: tuple[Path, ...], as_json: bool) -> N
                 entry["command"] = end_lease_command(verdict.lease_id, store_path, journal_dirs)
             found.append(entry)
         abandoned = [e for e in found if e["holder"] == GONE]
+        unproven = [
+            {
+                "lease_id": r.lease.lease_id,
+                "user": r.lease.user,
+                "role": r.lease.role,
+                "attempt_id": r.lease.attempt_id,
+                "ended_at": r.ended_at,
+                "command": close_lease_command(r.lease.lease_id, store_path),
+            }
+            for r in unproven_closures(SqliteSnapshotStore(store_path, create=False))
+        ]
         if as_json:
-            emit_json({"ok": not abandoned, "leases": found})
+            emit_json({"ok": not abandoned and not unproven, "leases": found, "unproven": unproven})
         else:
             if not found:
                 click.echo("no active lease")
+            for u in unproven:
+                click.echo(
+                    f"{u['lease_id']} {u['user']} ({u['role']}, attempt {u['attempt_id']}) ended "
+                    f"{u['ended_at']} without a proven closure: it blocks prepare of what it "
+                    f"can write\n  run: {u['command']}"
+                )
             for e in found:
                 click.echo(
                     f"{e['lease_id']} {e['user']} ({e['role']}, attempt {e['attempt_id']}, "
@@ -327,8 +352,45 @@ def leases(store_path: Path, journal_dirs: tuple[Path, ...], as_json: bool) -> N
                 )
                 if e.get("command"):
                     click.echo(f"  run: {e['command']}")
-        if abandoned:
+        if abandoned or unproven:
             raise SystemExit(1)
+
+
+@snapshot.command("close-lease")
+@click.argument("lease_id")
+@store_option
+@data_dir_option
+@json_option
+def close_lease_verb(lease_id: str, store_path: Path, data_dir: Path, as_json: bool) -> None:
+    """Prove LEASE_ID's pool user closed and quiescent, and store the proof.
+
+    Ends the lease if it is active, stops the lease's own queries, waits out its
+    drain-gate sessions and accounts for its queries in the query log. A proven closure
+    lets the user hold write grants on publications again (exit 0); an unproven one is
+    stored too and named (exit 1, ``closure_unproven`` with what was not proven).
+    """
+    with reported_errors(as_json):
+        store = SqliteSnapshotStore(store_path, create=False)
+        lease = store.get_lease(lease_id)
+        parts = build_publication(
+            PublicationConfig(data_dir, store_path, create_store=False), "system"
+        )
+        proof = close_lease(parts, lease_id)
+        unproven = list(proof.facts.get("unproven", []))
+        if not proof.proven:
+            raise StateError(
+                f"the closure of lease {lease_id} ({lease.user}) is not proven: "
+                f"{', '.join(unproven) or 'unknown'}; run the command again once that is settled",
+                code="closure_unproven",
+                lease_id=lease_id,
+                user=lease.user,
+                unproven=unproven,
+            )
+        payload = {"ok": True, "lease_id": lease_id, "user": lease.user, "proven": True}
+        if as_json:
+            emit_json(payload)
+        else:
+            click.echo(f"lease {lease_id} of {lease.user}: closure proven and stored")
 
 
 @snapshot.command("end-lease")

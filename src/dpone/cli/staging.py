@@ -16,9 +16,18 @@ from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option
 from dpone.errors import ConfigurationError, DponeError, StateError
 from dpone.localserver import find_running
+from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.ports.clickhouse_request import Endpoint, check_attempt_id
 from dpone.preparation.modes import DEFAULT_MODE, MODES, refuse_removed_mode
-from dpone.publication.composition import DEFAULT_STORE, issue_ingest, pool_protects
+from dpone.project.leases import close_lease
+from dpone.publication.composition import (
+    DEFAULT_STORE,
+    PublicationConfig,
+    build_publication,
+    ingest_session_notes,
+    issue_ingest,
+    pool_protects,
+)
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.composition import StagingConfig, build_transport
 from dpone.staging.journal import read_events, verify_journal
@@ -153,8 +162,49 @@ def _with_principal(
     if principal == "auto" and not pool_protects(data_dir, config.endpoint.database):
         return config, None  # no pool over this database: stage as the administrator
     issued = issue_ingest(data_dir, store_path, config.endpoint.database, attempt_id)
-    leased = replace(config, credentials=issued.credentials, principal_uuid=issued.ref.user_uuid)
+    leased = replace(
+        config,
+        credentials=issued.credentials,
+        principal_uuid=issued.ref.user_uuid,
+        # The drain gate notes its session under the lease: prepare's closure waits
+        # from the last write's answer and proves the session gone.
+        session_notes=ingest_session_notes(store_path, issued.ref.lease_id),
+    )
     return leased, issued.ref.lease_id
+
+
+def release_ingest_leases(
+    store_path: Path,
+    attempt_id: str,
+    server: Mapping[str, object],
+    database: str,
+    only: str | None = None,
+) -> list[str]:
+    """Close the active ingest leases of ``attempt_id`` (or just ``only``); their ids.
+
+    On the managed server each is closed as ``prepare`` closes it, and the proof is
+    stored: a pool user whose last lease ended without a proven closure may not hold a
+    write grant on a publication's tables (``writer_grant``). Where no closure can run
+    (another server, no pool), the lease is only ended (:func:`end_ingest_leases`).
+    """
+    if not store_path.is_file():
+        return []
+    store = SqliteSnapshotStore(store_path, create=False)
+    mine = [lease for lease in store.leases_of(attempt_id) if only in (None, lease.lease_id)]
+    # An ended lease whose closure was never proven (an interrupted stage, an operator's
+    # end-lease) is closed too: until then its user blocks prepare as a writer.
+    active = [
+        lease.lease_id
+        for lease in mine
+        if lease.active or (lease.role == ROLE_INGEST and not store.closure_proven(lease))
+    ]
+    if not active or server.get("host") is not None:
+        return end_ingest_leases(store_path, attempt_id, only)
+    config = PublicationConfig(Path(str(server["data_dir"])), store_path, create_store=False)
+    parts = build_publication(config, database)
+    for lease_id in active:
+        close_lease(parts, lease_id)
+    return active
 
 
 def end_ingest_leases(store_path: Path, attempt_id: str, only: str | None = None) -> list[str]:
@@ -242,7 +292,9 @@ def stage(
             if progress is not None:
                 progress.finish()
             if lease_id is not None:
-                _end_lease_after_failure(exc, store_path, attempt_id, lease_id)
+                _end_lease_after_failure(
+                    exc, store_path, attempt_id, lease_id, server, config.endpoint.database
+                )
             if not existed:
                 _tell_what_remains(
                     exc, journal_dir, work_dir, config.endpoint.database, server, as_json
@@ -274,9 +326,24 @@ def stage(
 
 
 def _end_lease_after_failure(
-    exc: BaseException, store_path: Path, attempt_id: str, lease_id: str
+    exc: BaseException,
+    store_path: Path,
+    attempt_id: str,
+    lease_id: str,
+    server: Mapping[str, object],
+    database: str,
 ) -> None:
-    """A failed stage publishes nothing: its lease ends (a failure to end it is a note)."""
+    """A failed stage publishes nothing: its lease is closed, or at least ended.
+
+    Interrupted (Ctrl-C, SIGTERM), or when a closure cannot run or fails, the lease is
+    only ended; each failure is a note on the primary error, which the user sees.
+    """
+    if isinstance(exc, Exception):  # not on Ctrl-C or SIGTERM: a closure waits seconds
+        try:
+            release_ingest_leases(store_path, attempt_id, server, database, only=lease_id)
+            return
+        except (DponeError, OSError) as close_exc:
+            exc.add_note(f"the ingest lease {lease_id} could not be closed: {close_exc}")
     try:
         end_ingest_leases(store_path, attempt_id, only=lease_id)
     except (DponeError, OSError) as store_exc:
@@ -467,7 +534,7 @@ def attempts_cleanup(
             build_transport(config), work_dir, attempt_id, database=config.endpoint.database
         )
         # The journal is terminal now: nothing of this attempt can use its principal.
-        end_ingest_leases(store_path, summary.attempt_id)
+        release_ingest_leases(store_path, summary.attempt_id, server, config.endpoint.database)
         if as_json:
             emit_json({"ok": True, **summary.to_dict()})
         else:
@@ -502,7 +569,7 @@ def attempts_discard(
         summary = discard_attempt(
             build_transport(config), work_dir, attempt_id, database=config.endpoint.database
         )
-        end_ingest_leases(store_path, summary.attempt_id)
+        release_ingest_leases(store_path, summary.attempt_id, server, config.endpoint.database)
         if as_json:
             emit_json({"ok": True, **summary.to_dict()})
         else:

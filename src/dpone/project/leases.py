@@ -32,6 +32,11 @@ A process is gone only as :mod:`dpone.publication.holder_process` proves it (pid
 time, boot, pid namespace, host recorded when the lease was issued); anything else is
 ``unknown`` and is never ended. Every ``gone`` fact is permanent, so a judgement made
 before the ending write cannot turn false before it.
+
+An ended lease is not yet a closed one: until a closure of it is proven and stored
+(:func:`close_lease`, the authority's ``close_principal``), its pool user may not hold
+a write grant on a publication's tables (``writer_grant`` at ``prepare``), because a
+request of that lease may still arrive. :func:`unproven_closures` lists those leases.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ from typing import Any
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState
 from dpone.errors import DponeError, StateError
 from dpone.localserver.principal_pool import ROLE_INGEST, ROLE_PUBLISHER
+from dpone.ports.composition_snapshot import ClosureProof, PrincipalRef
+from dpone.publication.composition import PublicationComponents
 from dpone.publication.holder_process import Liveness, holder_liveness
 from dpone.publication.store import LeaseRecord, SqliteSnapshotStore
 from dpone.staging.journal import read_events
@@ -93,6 +100,14 @@ def end_lease_command(lease_id: str, store: Path, journal_dirs: Sequence[Path]) 
     argv = ["dpone", "snapshot", "end-lease", lease_id, "--store", str(store)]
     for directory in journal_dirs:
         argv += ["--work-dir", str(directory)]
+    return shlex.join(argv)
+
+
+def close_lease_command(lease_id: str, store: Path, data_dir: Path | None = None) -> str:
+    """The exact ``dpone snapshot close-lease`` command that proves ``lease_id`` closed."""
+    argv = ["dpone", "snapshot", "close-lease", lease_id, "--store", str(store)]
+    if data_dir is not None:
+        argv += ["--data-dir", str(data_dir)]
     return shlex.join(argv)
 
 
@@ -192,3 +207,27 @@ def _by_process(record: LeaseRecord, evidence: dict[str, Any]) -> LeaseVerdict:
     if liveness is Liveness.ALIVE:
         return LeaseVerdict(record, LIVE, "process_alive", facts)
     return LeaseVerdict(record, UNKNOWN, "process_unknown", facts)
+
+
+def unproven_closures(store: SqliteSnapshotStore) -> list[LeaseRecord]:
+    """Ended leases that are their user's last and have no proven closure, oldest first.
+
+    Each one's pool user blocks ``prepare`` of any table it can write
+    (``writer_grant``) until :func:`close_lease` proves the closure.
+    """
+    last: dict[str, LeaseRecord] = {}
+    for record in store.lease_records(active_only=False):
+        last[record.lease.user] = record
+    return [r for r in last.values() if not r.lease.active and not store.closure_proven(r.lease)]
+
+
+def close_lease(parts: PublicationComponents, lease_id: str) -> ClosureProof:
+    """Close ``lease_id`` (ending it if it is active) and store the proof of its closure.
+
+    The authority's closure, scoped to this lease (its marked queries once the user
+    was leased again, its drain-gate sessions); proven or not, the proof is stored
+    under the lease's step key, and a proven one lets the user write again.
+    """
+    lease = parts.store.get_lease(lease_id)
+    ref = PrincipalRef(lease.user, parts.issuer.user_uuid(lease.user), lease.lease_id)
+    return parts.publisher.authority.close_principal(ref)

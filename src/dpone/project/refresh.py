@@ -32,9 +32,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.connectors.clickhouse_tables import staging_table_name
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState
 from dpone.durable_files import temporary_siblings
 from dpone.errors import DponeError, StateError
@@ -43,7 +44,7 @@ from dpone.exporters.sources import Source, SqliteSource, SqlServerSource
 from dpone.localserver.credentials import admin_credentials
 from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.ports.clickhouse import QueryPort
-from dpone.ports.clickhouse_request import Endpoint, read, read_query_id
+from dpone.ports.clickhouse_request import read, read_query_id
 from dpone.ports.composition_snapshot import AttemptRef, IssuedPrincipal, TargetSlot
 from dpone.project.config import Project, SourceConfig, TableConfig, resolve_secret
 from dpone.project.retention import enforce_retention
@@ -56,10 +57,16 @@ from dpone.project.table_run import (
     run_phases,
     snapshot_command,
 )
-from dpone.publication.composition import PublicationComponents, staging_policy
+from dpone.publication.catalog import ClickHouseSnapshotCatalog
+from dpone.publication.composition import (
+    PublicationComponents,
+    ingest_session_notes,
+    staging_policy,
+)
+from dpone.publication.retained import headroom_policy, headroom_refusal
 from dpone.sql import quote_literal
 from dpone.staging.composition import StagingConfig
-from dpone.staging.contract import PhysicalDesign
+from dpone.staging.contract import PhysicalDesign, StagingPolicy
 from dpone.staging.journal import read_events
 from dpone.staging.recovery import discard_attempt, finishing_command
 from dpone.staging.sink import ClickHouseSink, new_attempt_id
@@ -67,6 +74,13 @@ from dpone.staging.sink import ClickHouseSink, new_attempt_id
 PHASES = ("export", "stage", "prepare", "shrink_guard", "publish", "retention")
 # progress(phase, rows, bytes): a terminal display only, never part of any evidence.
 Progress = Callable[[str, int, int], None]
+
+
+class Headroom(NamedTuple):
+    """What the slot's database retained before staging, and the policy it leaves."""
+
+    retained_bytes: int
+    policy: StagingPolicy
 
 
 class RefreshError(StateError):
@@ -147,8 +161,9 @@ class RefreshService:
             admin_login = admin_credentials(project.clickhouse.data_dir)
             admin = HttpTransport(parts.endpoint, admin_login)
             design = self._design(admin, table, report.attempt_id)
+            headroom = self._headroom(table, parts, report.attempt_id)  # before any lease
             ingest = parts.issuer.issue(ROLE_INGEST, report.attempt_id)
-            staged = self._stage(table, parts.endpoint, ingest, design, exported, report, parts)
+            staged = self._stage(table, ingest, design, exported, report, parts, headroom)
         report.journal = str(staged.journal_path)
         report.generation_table = staged.table
         with phase("prepare"):
@@ -202,19 +217,46 @@ class RefreshService:
         self.done()
         return result
 
+    def _headroom(
+        self, table: TableConfig, parts: PublicationComponents, attempt_id: str
+    ) -> Headroom:
+        """The staging bound under what the slot's database retains now.
+
+        Wire bytes are what the producer can bound while it streams: the staging
+        policy's ``max_spool_bytes`` (the spool as written, the INSERT body as sent)
+        becomes min(wire_bytes, total_transient_storage_bytes - retained now), and a
+        database already at a storage ceiling is refused here, before anything is
+        staged (``limit_exceeded``). What the server stores for those bytes is known
+        only once they are in: the final storage values are checked again at
+        ``prepare`` and at ``publish``.
+        """
+        catalog = parts.publisher.catalog
+        if not isinstance(catalog, ClickHouseSnapshotCatalog):
+            raise RefreshError(
+                "the publication's catalog cannot observe retained storage",
+                code="catalog_unobservable",
+            )
+        slot = TargetSlot(table.database, table.target)
+        retained = catalog.retained_bytes(slot, staging_table_name(attempt_id))
+        base = staging_policy(
+            table.limits,
+            session_timeout_seconds=self.project.publication.session_timeout_seconds,
+        )
+        return Headroom(retained, headroom_policy(table.limits, retained, base))
+
     def _stage(
         self,
         table: TableConfig,
-        endpoint: Endpoint,
         ingest: IssuedPrincipal,
         design: PhysicalDesign,
         exported: Any,
         report: TableReport,
         parts: PublicationComponents,
+        headroom: Headroom,
     ) -> Any:
         clickhouse = self.project.clickhouse
         config = StagingConfig(
-            endpoint,
+            parts.endpoint,
             ingest.credentials,
             self.attempts_dir,
             transport=clickhouse.transport,
@@ -222,7 +264,9 @@ class RefreshService:
             preparation_mode=clickhouse.preparation,
             principal_uuid=ingest.ref.user_uuid,
             design=design,
-            policy=staging_policy(table.limits),
+            policy=headroom.policy,
+            # The ingest drain gate notes its session under the lease, for its closure.
+            session_notes=ingest_session_notes(self.project.store, ingest.ref.lease_id),
         )
         try:
             staged = ClickHouseSink(config, progress=self.progress).stage_validated_file(
@@ -240,6 +284,18 @@ class RefreshService:
                 exc.add_details(ingest_release_failed=close_exc.code)
             if "journal" in exc.details:
                 report.journal = str(exc.details["journal"])
+            refusal = headroom_refusal(table.limits, headroom.retained_bytes, headroom.policy, exc)
+            if refusal is not None:
+                kept = ("journal", "ingest_release_failed")  # what the staging error told
+                refusal.add_details(**{k: exc.details[k] for k in kept if k in exc.details})
+                raise refusal from exc
+            raise
+        except BaseException as exc:
+            # Interrupted (Ctrl-C, SIGTERM, a bug): the lease must not outlive the run.
+            # Closing proves it quiescent in a few seconds; when even that is cut, the
+            # lease is at least ended (its closure is then unproven, and `dpone status`
+            # names the command that proves it).
+            _release_ingest(parts, ingest, exc)
             raise
         finally:
             self.done()
@@ -406,3 +462,17 @@ def _rows(transport: QueryPort, sql: str, query_id: str) -> list[dict[str, Any]]
     return transport.execute(
         read(f"{sql} FORMAT JSONEachRow", query_id), deadline=deadline
     ).json_rows()
+
+
+def _release_ingest(
+    parts: PublicationComponents, ingest: IssuedPrincipal, cause: BaseException
+) -> None:
+    """Close the ingest lease of an interrupted stage, or at least end it."""
+    try:
+        parts.publisher.authority.close_principal(ingest.ref)
+    except BaseException as exc:  # a second Ctrl-C too: the lease is ended below
+        cause.add_note(f"closing the ingest lease {ingest.ref.lease_id} failed: {exc!r}")
+        try:
+            parts.store.end_lease(ingest.ref.lease_id)
+        except DponeError as end_exc:
+            cause.add_note(f"ending it failed too: {end_exc.code}")

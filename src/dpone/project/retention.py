@@ -31,6 +31,7 @@ from dpone.contracts.composition_snapshot import TERMINAL, SnapshotIntent, Snaps
 from dpone.errors import DponeError, StateError
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import read_query_id
+from dpone.publication.retained import stored_intents
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.cleanup import drop_owned_table
 from dpone.staging.journal import ClickHouseFileAttemptJournal
@@ -76,21 +77,17 @@ class RollbackCopy:
 
 def rollback_copies(store: SqliteSnapshotStore, database: str, target: str) -> list[RollbackCopy]:
     """The slot's possible rollback copies, newest publication first (existence unchecked)."""
-    summaries = [
-        s for s in store.list_snapshots() if (s.database, s.target_table) == (database, target)
-    ]
+    stored = stored_intents(store, database, target)
     creators: dict[str, str] = {}
-    for summary in summaries:  # oldest first: the first generation with a UUID created it
-        intent = SnapshotIntent.from_bytes(summary.intent_bytes)
+    for _, intent in stored:  # oldest first: the first generation with a UUID created it
         creators.setdefault(
             intent.generation_uuid, ownership_comment(intent.attempt_id, intent.semantic_id)
         )
     copies = []
     seen: set[tuple[str, str]] = set()
-    for summary in reversed(summaries):
+    for summary, intent in reversed(stored):
         if summary.state != SnapshotState.PUBLISHED.value:
             continue
-        intent = SnapshotIntent.from_bytes(summary.intent_bytes)
         # A rollback publishes a copy under the name it already had, so two publications
         # can leave the same (name, UUID): it is one table, listed (and dropped) once.
         if (intent.generation_table, intent.target_uuid) in seen:

@@ -26,9 +26,11 @@ from dpone.ports.clickhouse_request import Endpoint
 from dpone.project.config import Project
 from dpone.project.leases import (
     GONE,
+    close_lease_command,
     end_lease_command,
     judge_leases,
     project_journal_dirs,
+    unproven_closures,
 )
 from dpone.project.retention import observe_copy, rollback_copies
 from dpone.publication.store import SqliteSnapshotStore
@@ -185,6 +187,26 @@ def _leases(
                 "attempt_id": lease.attempt_id,
                 "reason": verdict.reason,
                 "command": end_lease_command(lease.lease_id, project.store, dirs),
+            }
+        )
+    for record in unproven_closures(store):
+        # An ended lease whose closure is unproven: a request of it may still arrive, so
+        # its user blocks prepare of every table it can write until the proof is stored.
+        # The attempt's own cleanup or discard, when listed, proves it (no second item).
+        lease = record.lease
+        if lease.attempt_id in finishing:
+            continue
+        status.needs_person.append(
+            {
+                "kind": "closure_unproven",
+                "lease_id": lease.lease_id,
+                "user": lease.user,
+                "role": lease.role,
+                "attempt_id": lease.attempt_id,
+                "reason": "lease_ended_unproven",
+                "command": close_lease_command(
+                    lease.lease_id, project.store, project.clickhouse.data_dir
+                ),
             }
         )
 

@@ -32,7 +32,14 @@ revoked while the server runs) acts on one lease, never on a bare user name (its
    started after the closure began. Queries from before the lease (say, an INSERT cut
    by a server stop, whose QueryStart never gets a finish) are not the lease's.
 
-The proof is ``proven`` only when every step held; ``facts`` record all of it.
+The proof is ``proven`` only when every step held; ``facts`` record all of it. The
+sessions of step 4 are the publisher's EXCHANGE session and the ingest lease's
+staging session (:mod:`dpone.staging.ingest_session`, noted under the lease's key);
+for an ingest lease ``facts["ingest_gate"]`` says whether its writes ran gated
+(``http_session``) or not (``none``: the ``client`` transport, or no session noted,
+where a late write is stopped by nothing but the samples and the query log). Every
+proof is appended to the store under the lease's step key
+(:func:`~dpone.publication.store.leases.lease_step_key`), proven or not.
 """
 
 from __future__ import annotations
@@ -82,6 +89,7 @@ from dpone.publication.journal_evidence import (
 )
 from dpone.publication.lease_scope import LeaseScope
 from dpone.publication.principal_issuers import PrincipalIssuer
+from dpone.publication.store.leases import CLOSURE_STEP, lease_step_key
 from dpone.sql import quote_literal
 from dpone.staging.journal import JournalEvent, read_events
 
@@ -266,9 +274,12 @@ class SnapshotAuthority:
 
     def _current(self, admission: Admission, epochs: AttemptEpochs) -> None:
         current = self.registry.current_epoch(admission.slot)
-        if admission.epochs != epochs or current != epochs.slot_epoch:
+        # A run takes its reserved epoch only when its intent is stored: until then the
+        # slot must still be at the epoch before it (no newer attempt has prepared).
+        expected = epochs.slot_epoch - (0 if admission.activated else 1)
+        if admission.epochs != epochs or current != expected:
             raise AuthorityError(
-                f"attempt {admission.attempt_id} was admitted at slot epoch "
+                f"attempt {admission.attempt_id} was admitted for slot epoch "
                 f"{admission.epochs.slot_epoch}; the slot is at {current}",
                 code="attempt_fenced",
                 attempt_id=admission.attempt_id,
@@ -346,21 +357,46 @@ class SnapshotAuthority:
     # ------------------------------------------------------------------ closure
 
     def close_principal(self, principal: PrincipalRef) -> ClosureProof:
-        """End the lease, stop the lease's queries and prove it quiescent (custodial)."""
+        """End the lease, stop the lease's queries and prove it quiescent (custodial).
+
+        The proof is appended to the store under the lease's step key (``note_step``),
+        proven or not, so that who may write later is answered from what was proven
+        (:meth:`~dpone.publication.store.leases.PrincipalLeases.closure_proven`); a
+        proof that cannot be stored raises the store's error.
+        """
         with self.dispatch_gate.held():
             started_us = self._server_micros()
             lease = self.issuer.revoke(principal)
             # Read under the gate, after the end: no dispatch can add an opening now.
             scope = self.scope_of(principal)
             killed = self._kill(principal.user, scope)
-        return self._prove(principal, lease.active, scope, started_us, killed)
+        proof = self._prove(principal, lease.active, scope, started_us, killed)
+        if self._note_step is not None:
+            self._note_step(
+                lease_step_key(principal.lease_id),
+                {
+                    "step": CLOSURE_STEP,
+                    "proven": proof.proven,
+                    "strength": proof.strength.value,
+                    "facts": proof.facts,
+                },
+            )
+        return proof
 
     def gate_wait_seconds(self, scope: LeaseScope) -> float:
-        """How long from now until every opened session of ``scope`` has surely expired."""
-        window = self.policy.session_timeout + self.policy.session_margin_seconds
+        """How long from now until every opened session of ``scope`` has surely expired.
+
+        Each session's T is the longer of the policy's and the one its opening noted
+        (a staging run configured with a longer T than this closure's).
+        """
         now_us = int(self._wall_clock() * 1_000_000)
         waits = [
-            max(0.0, window - (now_us - (s.settled_at_us or now_us)) / 1_000_000)
+            max(
+                0.0,
+                max(self.policy.session_timeout, s.session_timeout or 0)
+                + self.policy.session_margin_seconds
+                - (now_us - (s.settled_at_us or now_us)) / 1_000_000,
+            )
             for s in scope.sessions
             if s.opened
         ]
@@ -409,6 +445,11 @@ class SnapshotAuthority:
             "query_log": account,
             "unproven": unproven,
         }
+        if scope.role == ROLE_INGEST:
+            # Staging's writes in a noted session are gated (a late one fails with 372);
+            # otherwise (the client transport, or a run that noted no session) none is.
+            gated = any(s.opened for s in scope.sessions)
+            facts["ingest_gate"] = "http_session" if gated else "none"
         return ClosureProof(principal, not unproven, self.issuer.strength, facts)
 
     def _kill(self, user: str, scope: LeaseScope) -> list[dict[str, Any]]:

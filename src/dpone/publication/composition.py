@@ -9,15 +9,22 @@ environment and nothing is printed.
 
 ``issue_ingest`` leases an ingest principal for one staging attempt: staging then
 runs as that pool user and records it in its journal, so that ``prepare`` can close
-it and prove it quiescent before anything is published.
+it and prove it quiescent before anything is published; ``ingest_session_notes`` is
+where staging's drain gate notes its session for that closure.
+
+The catalog trusts the administrator, the catalog and the closer; a pool user may
+hold a write grant on the observed tables only as :func:`lease_allowance` answers
+from the store's leases and stored closure proofs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.contracts.composition_snapshot import (
@@ -42,6 +49,7 @@ from dpone.ports.clickhouse_request import Credentials, Endpoint, read
 from dpone.ports.composition_snapshot import IssuedPrincipal
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
 from dpone.publication.catalog import ClickHouseSnapshotCatalog
+from dpone.publication.catalog.allowance import lease_allowance
 from dpone.publication.dispatch_gate import DispatchGate, gate_path
 from dpone.publication.dispatch_notes import DispatchGuard
 from dpone.publication.executor import (
@@ -52,9 +60,11 @@ from dpone.publication.executor import (
 from dpone.publication.lease_scope import lease_scope
 from dpone.publication.principal_issuers import LocalPoolIssuer, observe_user_ids
 from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
-from dpone.publication.store import SqliteSnapshotStore
+from dpone.publication.retained import recorded_table_uuids
+from dpone.publication.store import SqliteSnapshotStore, lease_step_key
 from dpone.sql import quote_identifier, quote_literal
 from dpone.staging.contract import StagingPolicy
+from dpone.staging.ingest_session import SessionNotes
 
 DEFAULT_STORE = Path(".dpone/snapshots.sqlite")
 REQUEST_SECONDS = 30.0
@@ -90,19 +100,42 @@ class PublicationComponents:
     endpoint: Endpoint
 
 
-def staging_policy(limits: SnapshotLimits, base: StagingPolicy | None = None) -> StagingPolicy:
+def staging_policy(
+    limits: SnapshotLimits,
+    base: StagingPolicy | None = None,
+    *,
+    session_timeout_seconds: int = SESSION_TIMEOUT_SECONDS,
+) -> StagingPolicy:
     """The staging bounds that enforce a publication's ceilings while data streams.
 
     Source rows bound the preparation's record count, source bytes every verification
     scan of the file, wire bytes the spool as it is written and the INSERT body as it
-    is sent; the final values are checked again at ``prepare``.
+    is sent; the final values are checked again at ``prepare``. The ingest drain
+    gate's T is the publication's (``[publication]`` ``session_timeout_seconds``).
     """
     return dataclasses.replace(
         base or StagingPolicy(),
         max_rows=max(limits.source_rows, 1),
         max_scan_bytes=max(limits.source_bytes, 1),
         max_spool_bytes=max(limits.wire_bytes, 1),
+        session_timeout_seconds=session_timeout_seconds,
     )
+
+
+def ingest_session_notes(store_path: Path, lease_id: str) -> SessionNotes:
+    """Where staging's drain gate notes its session: the ingest lease's step notes.
+
+    Pass it as :attr:`~dpone.staging.composition.StagingConfig.session_notes` of the
+    attempt staged as that lease; the closure of the lease reads them
+    (:func:`~dpone.publication.lease_scope.lease_scope`).
+    """
+    key = lease_step_key(lease_id)
+    store = SqliteSnapshotStore(store_path, create=False)
+
+    def note(facts: Mapping[str, Any]) -> None:
+        store.note_step(key, facts)
+
+    return note
 
 
 def managed_endpoint(data_dir: Path, database: str) -> Endpoint:
@@ -206,9 +239,19 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
         policy=policy,
         note_step=store.note_step,
     )
+    # The pool is not trusted as a whole: a pool user may hold a write grant only while
+    # it holds a lease, once its last lease's closure is proven, or when it was never
+    # leased (catalog/allowance.py). Retained storage counts every table whose UUID the
+    # store recorded (publication/retained.py).
     catalog = ClickHouseSnapshotCatalog(
         HttpTransport(endpoint, credentials[CATALOG_USER]),
-        trusted_users=frozenset({admin.user, CATALOG_USER, CLOSER_USER, *pool_names()}),
+        trusted_users=frozenset({admin.user, CATALOG_USER, CLOSER_USER}),
+        allowed_writers=lease_allowance(
+            lambda: [r.lease for r in store.lease_records(active_only=False)],
+            closure_proven=store.closure_proven,
+            pool=pool_names(),
+        ),
+        recorded_uuids=recorded_table_uuids(store),
     )
     executor = ClickHouseSnapshotExecutor(
         endpoint,

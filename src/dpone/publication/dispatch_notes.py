@@ -10,6 +10,11 @@ in the store's ``steps`` under ``dispatch/<intent_sha256>``:
 - ``dispatch_refused`` when a re-check under the gate refused (nothing was sent), with
   the reason.
 
+Staging's ingest drain gate notes its session the same way under its lease's key
+(``lease/<lease_id>``, :mod:`dpone.staging.ingest_session`), with ``write_sending``
+before each write and ``write_answered`` after it; a request noted as sending without
+a later answer may still be running.
+
 Closure reads these notes under the same gate (:func:`session_use`): no
 ``session_opening`` note means the session was provably never opened (the executor
 writes the note before opening, under the gate, after re-checking the lease that
@@ -40,12 +45,23 @@ from dpone.ports.composition_snapshot import (
     StepNote,
     StoredSnapshot,
 )
+from dpone.staging.ingest_session import (
+    SESSION_OPEN_ANSWERED,
+    SESSION_OPENING,
+    SETTLED_OUTCOMES,
+    WRITE_ANSWERED,
+    WRITE_SENDING,
+)
 
-OPENING = "session_opening"
+# The step names are shared with the ingest drain gate, which notes its session the
+# same way under its lease's key (:mod:`dpone.staging.ingest_session`).
+OPENING = SESSION_OPENING
 # Closure's probe found the session open: whoever used it, it may live T (or longer)
 # from now, so the next closure counts its full wait from its own start.
 PROBE_OPEN = "probe_found_open"
-ANSWER_STEPS = ("session_open_answered", "exchange_answered")
+ANSWER_STEPS = (SESSION_OPEN_ANSWERED, "exchange_answered", WRITE_ANSWERED)
+# Noted before a request leaves: until its answer is noted it may still be running.
+SENDING_STEPS = (WRITE_SENDING,)
 REFUSED = "dispatch_refused"
 # Answers after which the request provably no longer runs on the server: the session's
 # T counts from then. Anything else (unknown) may still be running.
@@ -54,6 +70,7 @@ _SETTLED = frozenset(
         DispatchOutcome.ACKNOWLEDGED.value,
         DispatchOutcome.REFUSED.value,
         DispatchOutcome.NOT_SENT.value,
+        *SETTLED_OUTCOMES,
     }
 )
 
@@ -133,35 +150,52 @@ class SessionUse:
     """What the notes say about one drain-gate session.
 
     ``opened``: a ``session_opening`` note exists. ``settled_at_us``: the wall-clock
-    answer time (Unix microseconds) of the last request, when every request noted after the last opening has a
-    settled answer; None when one may still be running (count T from now).
+    answer time (Unix microseconds) of the last request, when every request noted
+    after the last opening has a settled answer; None when one may still be running
+    (count T from now). ``session_timeout``: the T the last opening noted, if any.
     """
 
     session_id: str
     opened: bool
     settled_at_us: int | None
     note_key: str | None = None  # where closure notes what its probe found
+    session_timeout: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "session_id": self.session_id,
             "opened": self.opened,
             "settled_at_us": self.settled_at_us,
+            "session_timeout": self.session_timeout,
         }
 
 
 def session_use(session_id: str, notes: Sequence[StepNote], key: str | None = None) -> SessionUse:
-    """Read one session's use from its intent's dispatch notes (see the module doc)."""
+    """Read one session's use from its notes (an intent's dispatch, or an ingest lease's)."""
     mine = [n.facts for n in notes if n.facts.get("session_id") == session_id]
     openings = [i for i, facts in enumerate(mine) if facts.get("step") in (OPENING, PROBE_OPEN)]
     if not openings:
         return SessionUse(session_id, False, None, key)
-    after = mine[openings[-1] + 1 :]
-    answers = [f for f in after if f.get("step") in ANSWER_STEPS]
-    if not answers:
-        return SessionUse(session_id, True, None, key)
-    last = answers[-1]
-    answered = last.get("answered_at_us")
-    if last.get("outcome") in _SETTLED and isinstance(answered, int):
-        return SessionUse(session_id, True, answered, key)
-    return SessionUse(session_id, True, None, key)
+    timeouts = [f.get("session_timeout") for f in mine if f.get("step") == OPENING]
+    timeout = timeouts[-1] if timeouts and type(timeouts[-1]) is int else None
+    settled: int | None = None
+    for facts in mine[openings[-1] + 1 :]:
+        step = facts.get("step")
+        if step in SENDING_STEPS:
+            settled = None  # sent, not yet answered: it may still run
+        elif step in ANSWER_STEPS:
+            answered = facts.get("answered_at_us")
+            ok = facts.get("outcome") in _SETTLED and type(answered) is int
+            settled = answered if ok and isinstance(answered, int) else None
+    return SessionUse(session_id, True, settled, key, timeout)
+
+
+def session_ids(notes: Sequence[StepNote]) -> list[str]:
+    """The sessions whose opening ``notes`` record, in order of first opening."""
+    found: list[str] = []
+    for note in notes:
+        session_id = note.facts.get("session_id")
+        opening = note.facts.get("step") == OPENING and isinstance(session_id, str)
+        if opening and session_id not in found:
+            found.append(str(session_id))
+    return found

@@ -8,6 +8,10 @@ a lease, never on a bare user name (:class:`LeaseScope`):
   query log keeps without a finish) belongs to it;
 - its queries carry its marks: the query ids of the publisher's intent
   (``dpone-s00-<intent[:32]>-``) or of the ingest attempt (``dpone-b02-<attempt>-``);
+- its drain-gate sessions: the publisher's, one per intent it is bound to (from the
+  intent's dispatch notes); the ingest lease's, the session staging's writes ran in
+  (:mod:`dpone.staging.ingest_session`, from the notes under the lease's own key;
+  none when staging noted none: the ``client`` transport, or a caller without notes);
 - while it was the user's latest lease, everything the user ran from the lease's start
   is its own, marked or not. Once the user has been leased again (``relet``), only the
   lease's marked queries, and what started before the lease ended, are its own: its
@@ -32,8 +36,13 @@ from dpone.contracts.composition_snapshot import (
 from dpone.errors import StateError
 from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.ports.composition_snapshot import PrincipalRef
-from dpone.publication.dispatch_notes import SessionUse, dispatch_step_key, session_use
-from dpone.publication.store import SqliteSnapshotStore
+from dpone.publication.dispatch_notes import (
+    SessionUse,
+    dispatch_step_key,
+    session_ids,
+    session_use,
+)
+from dpone.publication.store import SqliteSnapshotStore, lease_step_key
 
 STAGING_QUERY_ID_PREFIX = "dpone-b02"
 
@@ -48,10 +57,12 @@ class LeaseScope:
     marks: tuple[str, ...]
     sessions: tuple[SessionUse, ...]
     relet: bool
+    role: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "lease_id": self.lease_id,
+            "role": self.role,
             "issued_at_us": self.issued_at_us,
             "ended_at_us": self.ended_at_us,
             "marks": list(self.marks),
@@ -83,6 +94,10 @@ def lease_scope(store: SqliteSnapshotStore, principal: PrincipalRef) -> LeaseSco
     sessions: list[SessionUse] = []
     if record.lease.role == ROLE_INGEST:
         marks.append(f"{STAGING_QUERY_ID_PREFIX}-{record.lease.attempt_id}-")
+        # Staging's drain gate notes its session under the lease's own key.
+        key = lease_step_key(principal.lease_id)
+        notes = store.step_notes(key)
+        sessions.extend(session_use(sid, notes, key) for sid in session_ids(notes))
     else:
         for summary in store.list_snapshots():
             intent = SnapshotIntent.from_bytes(summary.intent_bytes)
@@ -98,4 +113,5 @@ def lease_scope(store: SqliteSnapshotStore, principal: PrincipalRef) -> LeaseSco
         marks=tuple(marks),
         sessions=tuple(sessions),
         relet=relet,
+        role=record.lease.role,
     )

@@ -12,6 +12,9 @@ production default: ``transport_factory(config)`` builds the controlled transpor
 transport it runs the attempt through (by default the transport itself; the source
 document's ``validated_file_runner_factory``); ``journal_factory(policy, attempt_id)``
 gives it each attempt's journal (by default file journals in ``config.work_dir``).
+On HTTP, both the service's and the finalizer's transport send every write inside
+the attempt's drain-gate session (:func:`ingest_gate`,
+:mod:`dpone.staging.ingest_session`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dpone.staging.contract import (
     PhysicalDesign,
     StagingPolicy,
 )
+from dpone.staging.ingest_session import IngestSessionGate, SessionNotes
 from dpone.staging.journal import file_journals
 from dpone.staging.recovery import discard_attempt
 from dpone.staging.service import ClickHouseValidatedFileService, JournalFactory, StagedTable
@@ -64,6 +68,9 @@ class StagingConfig:
     # system.users id of the staging user, observed by an administrator, for a user
     # whose own grants do not let it read system.users (recorded in the journal).
     principal_uuid: str | None = None
+    # Where the ingest drain gate notes its session (the lease's step notes in the
+    # publication store, :mod:`dpone.staging.ingest_session`); None: gated, unnoted.
+    session_notes: SessionNotes | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Refused here, before any attempt starts, with the error naming the replacement.
@@ -128,6 +135,21 @@ def build_transport(config: StagingConfig) -> QueryPort:
     )
 
 
+def ingest_gate(config: StagingConfig, transport: QueryPort) -> QueryPort:
+    """``transport`` with every write in its attempt's drain-gate session (HTTP only).
+
+    The ``client`` transport (native protocol) has no sessions: it is returned as it
+    is, and a closure of its principal records that no drain gate exists.
+    """
+    if config.transport != "http" or isinstance(transport, IngestSessionGate):
+        return transport
+    return IngestSessionGate(
+        transport,
+        session_timeout=config.policy.session_timeout_seconds,
+        notes=config.session_notes,
+    )
+
+
 TransportFactory = Callable[[StagingConfig], QueryPort]
 RunnerFactory = Callable[[StagingConfig, StagingPolicy], QueryPort]
 
@@ -144,8 +166,12 @@ def build_clickhouse_staging_components(
 
     The factories are called once each, here; ``None`` takes the production default.
     """
-    transport = (transport_factory or build_transport)(config)
-    runner = transport if runner_factory is None else runner_factory(config, config.policy)
+    transport = ingest_gate(config, (transport_factory or build_transport)(config))
+    runner = (
+        transport
+        if runner_factory is None
+        else ingest_gate(config, runner_factory(config, config.policy))
+    )
     service = ClickHouseValidatedFileService(
         runner,
         config.endpoint.database,

@@ -33,6 +33,11 @@ class StagingPolicy:
     max_spool_bytes: int = 64 * 1024**3
     free_space_reserve_bytes: int = 256 * 1024 * 1024
     max_scan_bytes: int = 256 * 1024**3
+    # T of the ingest drain-gate session (HTTP only, :mod:`dpone.staging.ingest_session`):
+    # a write arriving T after the last request in it ended fails with 372. The
+    # publication's closure waits T plus its margin, so it is kept short (the
+    # shortest the server takes, whole seconds).
+    session_timeout_seconds: int = 1
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
@@ -46,6 +51,12 @@ class StagingPolicy:
                 raise ConfigurationError(
                     f"staging policy {name} must be finite", code="invalid_policy", field=name
                 )
+        if not isinstance(self.session_timeout_seconds, int):
+            raise ConfigurationError(
+                "staging policy session_timeout_seconds must be whole seconds",
+                code="invalid_policy",
+                field="session_timeout_seconds",
+            )
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ untrusted writers (:mod:`.grants`) and which principals are allowed per observat
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -76,6 +76,7 @@ __all__ = [
     "CatalogUnobservable",
     "ClickHouseSnapshotCatalog",
     "GrantRow",
+    "RecordedUuids",
     "allowed_pool_users",
     "catalog_query_id",
     "column_elements",
@@ -89,10 +90,13 @@ __all__ = [
 
 # Staging's private tables are named ``dpone_stage_<attempt>`` and carry the ownership
 # comment ``dpone-owned attempt=... semantic=...`` on their first column (see
-# dpone.staging.service); retained generations are recognised by both.
+# dpone.staging.service); a staged generation with no intent yet is recognised by both,
+# every other retained table by the UUID the store recorded (docs/publication-storage.md).
 STAGE_PREFIX = "dpone_stage_"
 OWNERSHIP_MARK = "dpone-owned "
 DEFAULT_TIMEOUT_SECONDS = 60.0
+# database -> the UUIDs of the tables the store recorded there (targets and generations).
+RecordedUuids = Callable[[str], Collection[str]]
 EVENT_TYPES = ("QueryStart", "QueryFinish", "ExceptionBeforeStart", "ExceptionWhileProcessing")
 NIL_UUID = "00000000-0000-0000-0000-000000000000"
 # Both names' system.tables rows: the design, the outgoing dependents and the byte counter.
@@ -113,6 +117,9 @@ class ClickHouseSnapshotCatalog:
     catalog, the closer); ``allowed_writers``, when given, is asked once per
     observation for the principals allowed now (for a leased pool,
     :func:`lease_allowance`). Any other user able to write either table blocks.
+    ``recorded_uuids``, when given, answers per database the table UUIDs the store
+    recorded (:func:`dpone.publication.retained.recorded_table_uuids`), read once
+    per observation: every table holding one counts toward the retained bytes.
     """
 
     def __init__(
@@ -121,12 +128,14 @@ class ClickHouseSnapshotCatalog:
         *,
         trusted_users: frozenset[str] = frozenset(),
         allowed_writers: AllowedWriters | None = None,
+        recorded_uuids: RecordedUuids | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._transport = transport
         self.trusted_users = frozenset(trusted_users)
         self._allowed_writers = allowed_writers
+        self._recorded_uuids = recorded_uuids
         self._timeout = timeout_seconds
         self._clock = clock
 
@@ -159,7 +168,7 @@ class ClickHouseSnapshotCatalog:
             for name in names
             if name in tables
         }
-        retained = self._retained_bytes(reads, slot.database, generation_table)
+        retained = self._retained_bytes(reads, slot, generation_table)
         target_bytes = observed[slot.table].total_bytes if slot.table in observed else 0
         # The observation spans several queries: both names must still be what they were.
         again = {
@@ -205,6 +214,23 @@ class ClickHouseSnapshotCatalog:
             )
         return events
 
+    def retained_bytes(self, slot: TargetSlot, generation_table: str) -> int:
+        """What the slot's database retains now: the target's bytes plus the retained.
+
+        The same count as :meth:`observe`'s ``retained_bytes``, without the designs,
+        contents and side effects (no content digest is computed): a refresh asks it
+        before staging, for the storage headroom left. A missing target (or database)
+        counts 0; a NULL byte counter raises :class:`ByteObservationMissing`.
+        """
+        reads = CatalogReads(self._transport, self._clock() + self._timeout, self._clock)
+        rows = reads.rows(
+            "retained_target",
+            "SELECT total_bytes FROM system.tables WHERE "
+            f"database = {quote_literal(slot.database)} AND name = {quote_literal(slot.table)}",
+        )
+        target = _total_bytes(rows[0], reads, slot.database, slot.table) if rows else 0
+        return target + self._retained_bytes(reads, slot, generation_table)
+
     # ------------------------------------------------------------------ internals
 
     def _allowed(self, slot: TargetSlot, generation_table: str) -> frozenset[str]:
@@ -239,14 +265,7 @@ class ClickHouseSnapshotCatalog:
             f"SELECT count() AS parts FROM system.parts WHERE {table_filter(database, name)}"
             " AND active",
         )
-        total_bytes = row.get("total_bytes")
-        if total_bytes is None:
-            raise ByteObservationMissing(
-                f"total_bytes of {database}.{name} is NULL: the byte observation is missing",
-                database=database,
-                table=name,
-                query_id=reads.last_query_id,
-            )
+        total_bytes = _total_bytes(row, reads, database, name)
         blockers = [
             *design_blockers(design, db_engine),
             *side.blockers(database, name, row, reads),
@@ -260,19 +279,40 @@ class ClickHouseSnapshotCatalog:
             design_sha256=design_sha256(design),
             rows=count_field(content, "rows", reads),
             content_digest=str(content["digest"]),
-            total_bytes=count_field(row, "total_bytes", reads),
+            total_bytes=total_bytes,
             parts=count_field(parts[0] if len(parts) == 1 else {}, "parts", reads),
             blockers=tuple(blockers),
         )
 
-    def _retained_bytes(self, reads: CatalogReads, database: str, generation_table: str) -> int:
-        """Bytes of the dpone-owned staging tables in the database, except the generation."""
-        db = quote_literal(database)
+    def _recorded(self, database: str) -> frozenset[str]:
+        """The table UUIDs the store recorded for ``database``, read now."""
+        if self._recorded_uuids is None:
+            return frozenset()
+        try:
+            return frozenset(self._recorded_uuids(database))
+        except DponeError as exc:
+            raise CatalogUnobservable(
+                f"the tables recorded for {database} could not be read: {exc.message}",
+                database=database,
+                cause=exc.code,
+            ) from exc
+
+    def _retained_bytes(self, reads: CatalogReads, slot: TargetSlot, generation_table: str) -> int:
+        """Bytes of every retained table of the slot's database, each counted once.
+
+        Retained: a table whose UUID the store recorded (a previous target or a
+        generation of any intent of the database, wherever it sits now), or a
+        ``dpone_stage_*`` table with staging's ownership mark (a staged generation with
+        no intent yet). The target (counted as A by the caller) and the generation
+        are not. A recorded UUID no longer present was dropped: nothing to count.
+        """
+        recorded = self._recorded(slot.database)
+        db = quote_literal(slot.database)
         prefix = quote_literal(STAGE_PREFIX)
         tables = reads.rows(
             "retained",
-            f"SELECT name, total_bytes FROM system.tables WHERE database = {db} AND "
-            f"startsWith(name, {prefix}) AND name != {quote_literal(generation_table)}",
+            f"SELECT name, toString(uuid) AS uuid, total_bytes FROM system.tables WHERE "
+            f"database = {db} AND name NOT IN {in_list((slot.table, generation_table))}",
         )
         marks = {
             text_field(r, "table", reads): text_field(r, "comment", reads)
@@ -285,22 +325,32 @@ class ClickHouseSnapshotCatalog:
         total = 0
         for row in tables:
             name = text_field(row, "name", reads)
-            if not marks.get(name, "").startswith(OWNERSHIP_MARK):
-                continue  # not dpone's: not a retained generation
-            if row.get("total_bytes") is None:
-                raise ByteObservationMissing(
-                    f"total_bytes of retained generation {database}.{name} is NULL",
-                    database=database,
-                    table=name,
-                    query_id=reads.last_query_id,
-                )
-            total += count_field(row, "total_bytes", reads)
+            marked = name.startswith(STAGE_PREFIX) and marks.get(name, "").startswith(
+                OWNERSHIP_MARK
+            )
+            if not marked and text_field(row, "uuid", reads) not in recorded:
+                continue  # neither recorded nor staged by dpone: not retained
+            total += _total_bytes(row, reads, slot.database, name, "retained table ")
         return total
 
 
 def design_sha256(design: Mapping[str, Any]) -> str:
     """SHA-256 of a design's canonical JSON: the digest an intent binds at prepare."""
     return canonical_json.sha256_hex(design)
+
+
+def _total_bytes(
+    row: Mapping[str, Any], reads: CatalogReads, database: str, name: str, what: str = ""
+) -> int:
+    """A table's ``total_bytes``; NULL is a missing observation, never 0."""
+    if row.get("total_bytes") is None:
+        raise ByteObservationMissing(
+            f"total_bytes of {what}{database}.{name} is NULL: the byte observation is missing",
+            database=database,
+            table=name,
+            query_id=reads.last_query_id,
+        )
+    return count_field(row, "total_bytes", reads)
 
 
 def _now() -> str:

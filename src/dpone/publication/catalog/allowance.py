@@ -3,23 +3,29 @@
 The catalog reports every user that can write the target or the generation unless the
 user is trusted. Beside a fixed set (the administrator, the catalog, the closer), the
 caller passes an :data:`AllowedWriters` callable that answers, for each observation,
-the principals allowed now. :func:`lease_allowance` is that callable for a leased pool:
+the principals allowed now. :func:`lease_allowance` is that callable for a leased pool,
+decided by each pool user's last lease:
 
-- a pool user holding an active lease is allowed only when that lease belongs to the
-  attempt whose generation is observed (the current holder); the holder of another
-  attempt's lease can write these tables too, so it is reported;
-- a pool user holding no lease is allowed only when the closure of its last lease is
-  proven (``closure_proven``): until then a request of that lease may still arrive;
-- a pool user that was never leased is allowed: no credential of it was handed out,
-  so nothing of dpone's runs as it (its password is in the same 0600 file as the
-  administrator's; that file is the custody either way).
+- an active lease: allowed. The user is one of dpone's own principals in custody: its
+  credentials exist only inside the process that holds the lease, every write it sends
+  carries the lease's query-id mark and (over HTTP) runs in a drain-gated session, and
+  its closure is proven before anything of its own attempt is published. Several
+  tables of one database can therefore stage and prepare at once; what a *stale*
+  active lease (its holder killed) may still send is what ``dpone snapshot leases``
+  and ``dpone status`` name, and ending it turns it into the next case;
+- an ended lease: allowed only when the closure of that lease is proven and stored
+  (``closure_proven``). Until then a request of it may still arrive, so the user is a
+  writer outside the leases and blocks (``writer_grant``) until
+  ``dpone snapshot close-lease`` proves the closure;
+- never leased: allowed. No credential of it was handed out, so nothing of dpone's
+  runs as it (its password is in the same 0600 file as the administrator's; that file
+  is the custody either way).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 
-from dpone.connectors.clickhouse_tables import staging_table_name
 from dpone.ports.composition_snapshot import Lease, TargetSlot
 
 # (slot, generation table) -> the principals whose write grants are allowed right now.
@@ -30,9 +36,8 @@ def allowed_pool_users(
     leases: Sequence[Lease],
     closure_proven: Callable[[Lease], bool],
     pool: Collection[str],
-    generation_table: str,
 ) -> frozenset[str]:
-    """The pool users allowed to hold write grants while ``generation_table`` is observed.
+    """The pool users allowed to hold write grants now (see the module doc).
 
     ``leases`` are every lease ever issued, oldest first (the store's order).
     """
@@ -42,12 +47,7 @@ def allowed_pool_users(
     allowed = set()
     for user in pool:
         latest = last.get(user)
-        if latest is None:
-            allowed.add(user)
-        elif latest.active:
-            if staging_table_name(latest.attempt_id) == generation_table:
-                allowed.add(user)
-        elif closure_proven(latest):
+        if latest is None or latest.active or closure_proven(latest):
             allowed.add(user)
     return frozenset(allowed)
 
@@ -65,7 +65,7 @@ def lease_allowance(
     members = frozenset(pool)
 
     def allowed(slot: TargetSlot, generation_table: str) -> frozenset[str]:
-        del slot  # the generation names the attempt, and with it the current holders
-        return allowed_pool_users(leases(), closure_proven, members, generation_table)
+        del slot, generation_table  # a pool user's last lease decides, whatever it writes
+        return allowed_pool_users(leases(), closure_proven, members)
 
     return allowed

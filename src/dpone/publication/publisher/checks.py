@@ -1,10 +1,14 @@
 """The publisher's evidence checks: what must hold before an intent is stored or sent.
 
 ``prepare`` refuses with a :class:`SnapshotPublicationError` naming the check;
-the dispatch path asks :func:`exchange_precheck` for a stable reason not to send.
+the dispatch path asks :func:`exchange_precheck` for a stable reason not to send
+(with the facts behind it).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotLimits
 from dpone.ports.composition_snapshot import (
@@ -106,34 +110,80 @@ def check_limits(
         "source_rows": evidence.source.rows,
         "source_bytes": evidence.source.bytes,
         "wire_bytes": evidence.generation.rowbinary_bytes,
+        **storage_observed(observation, generation),
+    }
+    excess = first_excess(limits, observed)
+    if excess is not None:
+        raise ceiling_exceeded(*excess)
+
+
+def storage_observed(
+    observation: CatalogObservation, generation: TableObservation
+) -> dict[str, int]:
+    """The three storage sizes an observation shows, by the name of their ceiling."""
+    return {
         "generation_storage_bytes": generation.total_bytes,
-        # The catalog's retained bytes already hold A and every retained generation.
+        # The catalog's retained bytes already hold A and every retained table.
         "retained_storage_bytes": observation.retained_bytes,
         "total_transient_storage_bytes": observation.retained_bytes + generation.total_bytes,
     }
+
+
+def first_excess(
+    limits: SnapshotLimits, observed: Mapping[str, int]
+) -> tuple[str, int, int] | None:
+    """The first ``(ceiling, observed, limit)`` whose observed value is over it, or None."""
     ceilings = limits.to_document()
     for name, value in observed.items():
         if value > ceilings[name]:
-            raise SnapshotPublicationError(
-                f"{name} {value} exceeds its ceiling {ceilings[name]}",
-                code="limit_exceeded",
-                ceiling=name,
-                observed=value,
-                limit=ceilings[name],
-            )
+            return name, value, ceilings[name]
+    return None
 
 
-def exchange_precheck(intent: SnapshotIntent, observation: CatalogObservation) -> str | None:
-    """Why the EXCHANGE must not be sent now (a stable reason), or None."""
+def ceiling_exceeded(ceiling: str, observed: int, limit: int) -> SnapshotPublicationError:
+    """The ``limit_exceeded`` refusal of one ceiling, naming it, the value and the limit."""
+    return SnapshotPublicationError(
+        f"{ceiling} {observed} {'exceeds' if observed > limit else 'leaves no room under'}"
+        f" its ceiling {limit}",
+        code="limit_exceeded",
+        ceiling=ceiling,
+        observed=observed,
+        limit=limit,
+    )
+
+
+class DispatchRefusal(NamedTuple):
+    """Why the EXCHANGE must not be sent: a stable reason and the facts behind it."""
+
+    reason: str
+    facts: Mapping[str, Any]
+
+
+def exchange_precheck(
+    intent: SnapshotIntent, observation: CatalogObservation
+) -> DispatchRefusal | None:
+    """Why the EXCHANGE must not be sent now, or None.
+
+    The storage ceilings are the intent's own (``intent.limits``, bound at prepare):
+    retained storage may have grown since, and the dispatch is refused with
+    ``limit_exceeded`` when the fresh observation's generation, retained or total
+    transient storage is over its ceiling.
+    """
     target, generation = observation.target, observation.generation
     if target is None or generation is None:
-        return "table_missing"
+        return DispatchRefusal("table_missing", {})
     if (target.uuid, generation.uuid) != (intent.target_uuid, intent.generation_uuid):
-        return "uuid_pair_changed"
+        return DispatchRefusal("uuid_pair_changed", {})
     if target.blockers or generation.blockers:
-        return "side_effect_present"
+        return DispatchRefusal("side_effect_present", {})
     if target.design_sha256 != generation.design_sha256:
-        return "design_mismatch"
+        return DispatchRefusal("design_mismatch", {})
     if (generation.rows, generation.content_digest) != (intent.source_rows, intent.content_digest):
-        return "content_mismatch"
+        return DispatchRefusal("content_mismatch", {})
+    excess = first_excess(intent.limits, storage_observed(observation, generation))
+    if excess is not None:
+        ceiling, value, limit = excess
+        return DispatchRefusal(
+            "limit_exceeded", {"ceiling": ceiling, "observed": value, "limit": limit}
+        )
     return None

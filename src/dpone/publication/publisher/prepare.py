@@ -37,6 +37,12 @@ from dpone.publication.publisher.receipts import (
 )
 from dpone.publication.publisher.records import dispatch_facts, intent_principal
 
+# A pool user blocks as a writer when its last lease ended without a proven closure.
+_WRITER_HINT = (
+    "; if it is a pool user whose last lease ended without a proven closure, "
+    "`dpone snapshot leases` (or `dpone status`) names the close-lease command that proves it"
+)
+
 
 class PreparePath(PublisherPorts):
     """``prepare``: check everything, issue a publisher, store the intent as PREPARED@1."""
@@ -98,9 +104,10 @@ class PreparePath(PublisherPorts):
         for table in (observation.target, observation.generation):
             if table is not None and table.blockers:
                 first = table.blockers[0]
+                hint = _WRITER_HINT if first.reason == "writer_grant" else ""
                 raise SnapshotPublicationError(
                     f"{table.database}.{table.name} has a side effect the publisher does not"
-                    f" handle: {first.reason} ({first.detail})",
+                    f" handle: {first.reason} ({first.detail}){hint}",
                     code="side_effect_present",
                     reason=first.reason,
                     table=table.name,

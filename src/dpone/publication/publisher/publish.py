@@ -7,6 +7,7 @@ found by any call is reconciled, never dispatched again.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 
@@ -20,7 +21,7 @@ from dpone.contracts.composition_snapshot import (
 )
 from dpone.errors import DponeError
 from dpone.ports.composition_snapshot import DispatchOutcome, DispatchResult, ParentAuthority
-from dpone.publication.publisher.checks import exchange_precheck
+from dpone.publication.publisher.checks import DispatchRefusal, exchange_precheck
 from dpone.publication.publisher.ports import CLAIM_POLL_SECONDS
 from dpone.publication.publisher.receipts import (
     PublicationReceipt,
@@ -95,11 +96,11 @@ class PublishPath(ReconcilePath):
         try:
             if self.authority.recheck(intent) != parent:
                 return _not_sent(query_id, "authority_changed")
-            problem = exchange_precheck(
+            refusal = exchange_precheck(
                 intent, self.catalog.observe(intent_slot(intent), intent.generation_table)
             )
-            if problem is not None:
-                return _not_sent(query_id, problem)
+            if refusal is not None:
+                return self._refused(intent, query_id, refusal)
             issued = self.authority.publisher_credentials(intent)
         except DponeError as exc:
             return _not_sent(query_id, exc.code)
@@ -109,6 +110,20 @@ class PublishPath(ReconcilePath):
             # The executor's contract is to answer, not raise; an exception after the
             # call began may follow a sent request, so it proves nothing.
             return DispatchResult(DispatchOutcome.UNKNOWN, query_id, None, error_code=exc.code)
+
+    def _refused(
+        self, intent: SnapshotIntent, query_id: str, refusal: DispatchRefusal
+    ) -> DispatchResult:
+        """Nothing is sent; the facts behind the refusal go to the history first."""
+        if refusal.facts:
+            # A failed note loses only the facts: the reason itself still reaches the
+            # history with the reconcile.
+            with contextlib.suppress(DponeError):
+                self.store.observe(
+                    intent.sha256,
+                    {"step": "dispatch_refused", "reason": refusal.reason, **refusal.facts},
+                )
+        return _not_sent(query_id, refusal.reason)
 
     def _after_lost_claim(
         self, intent_sha256: str, prepared: SnapshotRecord, exc: DponeError

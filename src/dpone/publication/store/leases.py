@@ -3,7 +3,11 @@
 A lease's holder process (:mod:`dpone.publication.holder_process`) is noted in ``steps``
 under the key ``lease/<lease_id>`` in the transaction that issues the lease; an
 operator's end of a lease whose holder is gone is noted there too, with the facts
-that proved it, in the transaction that ends it.
+that proved it, in the transaction that ends it. Under the same key the lease's
+closures append their proofs (``{"step": "closure", "proven", "strength", "facts"}``,
+:data:`CLOSURE_STEP`), and an ingest lease's staging notes its drain-gate session
+(:mod:`dpone.staging.ingest_session`); :meth:`PrincipalLeases.closure_proven` answers
+from the last closure note.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from dpone.publication.store.schema import decode_facts, now
 from dpone.publication.store.steps import append_step
 
 _LEASE_COLUMNS = "lease_id, user, role, attempt_id, active"  # the order _lease reads
+# The step of a closure's proof under the lease's key (see the module doc).
+CLOSURE_STEP = "closure"
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,22 @@ class PrincipalLeases(StoreConnections):
                 )
             )
         return records
+
+    def closure_proven(self, lease: Lease) -> bool:
+        """Whether the last closure noted for ``lease`` was proven (False: none noted).
+
+        Only the last one counts: a later closure that could not prove the lease
+        quiescent (a probe found its session open again) withdraws an earlier proof.
+        """
+        with self._reading("closure_proven") as conn:
+            rows = conn.execute(
+                "SELECT facts FROM steps WHERE key = ? ORDER BY id",
+                (lease_step_key(lease.lease_id),),
+            ).fetchall()
+        closures = [
+            f for f in (decode_facts(row[0]) for row in rows) if f.get("step") == CLOSURE_STEP
+        ]
+        return bool(closures) and closures[-1].get("proven") is True
 
     def get_lease(self, lease_id: str) -> Lease:
         """A lease as stored now (``lease_not_found``)."""

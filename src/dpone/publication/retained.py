@@ -1,0 +1,140 @@
+"""Retained storage: the tables dpone retained or created, and the headroom they leave.
+
+Two questions about a database's storage that the store and the ceilings answer:
+
+- **Which tables count as retained.** Every intent the store holds recorded, at
+  ``prepare`` and before anything was exchanged, the UUID of the target it found (A,
+  the user's original target or the empty target a first publication created) and
+  of the generation (B). An EXCHANGE or a RENAME keeps a table's UUID, so wherever
+  those tables sit now in the database, their UUIDs say they are dpone's.
+  :func:`recorded_table_uuids` answers them, per database, fresh at each call; the
+  catalog counts every table of the slot's database whose UUID is recorded, plus
+  the staged generations that have no intent yet (their ownership mark).
+- **How much a stream may still add.** :func:`headroom_policy` narrows staging's
+  streaming byte bound to what the total transient ceiling leaves once what is
+  retained now is counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, Protocol
+
+from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotLimits
+from dpone.errors import DponeError
+from dpone.publication.publisher.checks import ceiling_exceeded
+from dpone.publication.publisher.receipts import SnapshotPublicationError
+from dpone.publication.store import SnapshotSummary
+from dpone.staging.contract import StagingPolicy
+
+RETAINED_CEILING = "retained_storage_bytes"
+TRANSIENT_CEILING = "total_transient_storage_bytes"
+# The codes staging raises when its streaming byte bound stops the spool or the body.
+STREAM_BOUND_CODES = frozenset({"spool_budget_exceeded", "body_limit_exceeded"})
+
+
+class SnapshotListing(Protocol):
+    """The part of a snapshot store that lists every stored intent."""
+
+    def list_snapshots(self) -> Sequence[SnapshotSummary]:
+        """Every intent with its current state, oldest first."""
+        ...
+
+
+class StoredIntent(NamedTuple):
+    """One stored intent, parsed, beside its listing (state, creation time)."""
+
+    summary: SnapshotSummary
+    intent: SnapshotIntent
+
+
+def stored_intents(
+    store: SnapshotListing, database: str, target: str | None = None
+) -> list[StoredIntent]:
+    """Every intent the store holds for ``database`` (or its slot ``target``), oldest first.
+
+    Only the listed intents are parsed: another database's or slot's documents are
+    not read.
+    """
+    return [
+        StoredIntent(summary, SnapshotIntent.from_bytes(summary.intent_bytes))
+        for summary in store.list_snapshots()
+        if summary.database == database and target in (None, summary.target_table)
+    ]
+
+
+def recorded_table_uuids(store: SnapshotListing) -> Callable[[str], frozenset[str]]:
+    """database -> the UUIDs of every target and generation an intent of it recorded.
+
+    The callable reads the store again at each call (the catalog asks once per
+    observation), so an intent stored a moment ago is counted. Store and document
+    failures are raised as they are; the catalog turns them into
+    ``catalog_unobservable``.
+    """
+
+    def uuids(database: str) -> frozenset[str]:
+        return frozenset(
+            uuid
+            for stored in stored_intents(store, database)
+            for uuid in (stored.intent.target_uuid, stored.intent.generation_uuid)
+        )
+
+    return uuids
+
+
+def headroom_policy(
+    limits: SnapshotLimits, retained_now: int, base: StagingPolicy
+) -> StagingPolicy:
+    """``base`` with its streaming byte bound narrowed to the storage headroom left now.
+
+    ``retained_now`` is what the slot's database retains now (the target and every
+    retained table, the catalog's count). The headroom is the total transient ceiling
+    less that; the bound becomes ``min(base.max_spool_bytes, headroom)``, where the
+    base is normally already the wire-bytes ceiling.
+
+    Why wire bytes: while the INSERT streams, the producer knows only the bytes it
+    writes into the spool and sends as the body (``max_spool_bytes`` bounds both);
+    what the server will store for them (``total_bytes``, after compression, part
+    overhead and merges) exists only once the rows are in. So this bound is the
+    producer's best early stop, not a proof: the final storage values are checked
+    again at ``prepare`` and once more at ``publish`` against the intent's ceilings.
+
+    Refuses (``limit_exceeded``, naming the ceiling, the observed value and the
+    limit) when what is retained is already over its own ceiling or leaves no
+    headroom: such a generation could never be prepared.
+    """
+    if retained_now > limits.retained_storage_bytes:
+        raise ceiling_exceeded(RETAINED_CEILING, retained_now, limits.retained_storage_bytes)
+    headroom = limits.total_transient_storage_bytes - retained_now
+    if headroom <= 0:
+        raise ceiling_exceeded(
+            TRANSIENT_CEILING, retained_now, limits.total_transient_storage_bytes
+        )
+    return dataclasses.replace(base, max_spool_bytes=min(base.max_spool_bytes, headroom))
+
+
+def headroom_refusal(
+    limits: SnapshotLimits, retained_now: int, policy: StagingPolicy, exc: DponeError
+) -> SnapshotPublicationError | None:
+    """The ceiling a stream stopped by ``policy``'s byte bound ran into, or None.
+
+    ``policy`` is what :func:`headroom_policy` answered for ``retained_now``. None
+    unless ``exc`` is staging's streaming byte bound and that bound was the headroom:
+    a stop at the wire-bytes ceiling stays staging's own error.
+    """
+    headroom = limits.total_transient_storage_bytes - retained_now
+    if exc.code not in STREAM_BOUND_CODES or policy.max_spool_bytes != headroom:
+        return None
+    limit = limits.total_transient_storage_bytes
+    return SnapshotPublicationError(
+        f"{TRANSIENT_CEILING}: {retained_now} bytes are retained now, so the generation may"
+        f" add at most {headroom} under the ceiling {limit}; its stream went over"
+        f" ({exc.code}), nothing was published",
+        code="limit_exceeded",
+        ceiling=TRANSIENT_CEILING,
+        limit=limit,
+        retained_bytes=retained_now,
+        headroom_bytes=headroom,
+        cause=exc.code,
+    )

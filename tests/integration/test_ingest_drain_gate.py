@@ -1,0 +1,201 @@
+"""The ingest principal's drain gate on the real managed server (issue 22, finding 2).
+
+Staging sends every write inside the attempt's HTTP session (``session_check=1``);
+``prepare``'s closure waits T plus the margin from the last write's noted answer and
+proves the session gone (372). An INSERT as the ingest user, held with its headers
+sent but not the blank line until ``prepare`` answered ``prepared``, then fails with
+372 and B keeps its rows. Every closure's proof is stored under its lease's key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import sqlite3
+import urllib.parse
+from dataclasses import dataclass
+
+from dpone.contracts.composition_snapshot import DEFAULT_LIMITS
+from dpone.exporters.export import export_table
+from dpone.exporters.sources import SqliteSource
+from dpone.ports.clickhouse_request import Credentials, Endpoint
+from dpone.ports.composition_snapshot import AttemptRef, StepNote, TargetSlot
+from dpone.publication.composition import (
+    PublicationConfig,
+    build_publication,
+    ingest_session_notes,
+    issue_ingest,
+    staging_policy,
+)
+from dpone.publication.dispatch_notes import session_use
+from dpone.publication.store import SqliteSnapshotStore, lease_step_key
+from dpone.sinks import ClickHouseSink
+from dpone.staging.composition import StagingConfig
+from dpone.staging.ingest_session import ingest_session_id
+from dpone.staging.service import StagedTable
+from tests.integration.test_publication_faults import DB, managed, rig  # noqa: F401 (fixtures)
+from tests.publication_harness import Rig, Row
+
+ROWS: list[Row] = [(1, "one", 1), (2, "two", 2)]
+# A long T so that, without the ingest gate's wait, the session would still live when
+# the held INSERT is released (prepare takes about a second): the test cannot pass
+# by luck. 372 comes reliably from T + 2 s (checked), the closure's default margin.
+T = 5
+
+
+@dataclass(frozen=True)
+class Leased:
+    staged: StagedTable
+    credentials: Credentials
+    lease_id: str
+
+
+def stage(on: Rig, attempt_id: str, transport: str = "http") -> Leased:
+    """Stage ``ROWS`` as a leased ingest user, noting the drain gate under its lease."""
+    source = on.root / f"{attempt_id}.db"
+    with contextlib.closing(sqlite3.connect(source)) as conn, conn:
+        conn.execute("CREATE TABLE items (id bigint NOT NULL, name nvarchar(50), qty int)")
+        conn.executemany("INSERT INTO items VALUES (?, ?, ?)", ROWS)
+    exported = export_table(SqliteSource(source), "items", on.root / f"{attempt_id}.tsv")
+    ingest = issue_ingest(on.data_dir, on.store_path, on.database, attempt_id)
+    config = StagingConfig(
+        Endpoint("127.0.0.1", on.http_port, on.tcp_port, on.database),
+        ingest.credentials,
+        on.root / "attempts",
+        transport=transport,
+        principal_uuid=ingest.ref.user_uuid,
+        policy=staging_policy(DEFAULT_LIMITS, session_timeout_seconds=T),
+        session_notes=ingest_session_notes(on.store_path, ingest.ref.lease_id),
+    )
+    staged = ClickHouseSink(config).stage_validated_file(
+        exported.path, exported.receipt_path, attempt_id=attempt_id
+    )
+    return Leased(staged, ingest.credentials, ingest.ref.lease_id)
+
+
+def prepare(on: Rig, staged: StagedTable, target: str) -> str:
+    config = PublicationConfig(on.data_dir, on.store_path, session_timeout_seconds=T)
+    publisher = build_publication(config, on.database).publisher
+    receipt = publisher.prepare(
+        AttemptRef(staged.journal_path, TargetSlot(on.database, target)), staged.journal_head
+    )
+    return receipt.state.value
+
+
+class HeldInsert:
+    """A real INSERT as ``credentials`` whose request stops before the blank line."""
+
+    def __init__(self, port: int, credentials: Credentials, sql: str, session_id: str) -> None:
+        self.body = b"99\tlate\t9\n"
+        params = urllib.parse.urlencode(
+            {
+                "query": sql,
+                "session_id": session_id,
+                "session_timeout": str(T),
+                "session_check": "1",
+                "async_insert": "0",
+                "wait_end_of_query": "1",
+            }
+        )
+        head = (
+            f"POST /?{params} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"X-ClickHouse-User: {credentials.user}\r\nX-ClickHouse-Key: {credentials.password}\r\n"
+            f"Content-Length: {len(self.body)}\r\nConnection: close\r\n"
+        )
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self.sock.sendall(head.encode())  # no blank line yet: the server waits for it
+
+    def release(self) -> tuple[int, str]:
+        """Send the blank line and the body; the status and the exception code, if any."""
+        self.sock.sendall(b"\r\n" + self.body)
+        answer = b""
+        with contextlib.closing(self.sock):
+            while chunk := self.sock.recv(65536):
+                answer += chunk
+        text = answer.decode(errors="replace")
+        status = int(text.split(" ", 2)[1])
+        code = re.search(r"X-ClickHouse-Exception-Code: (\d+)", text)
+        return status, code.group(1) if code else ""
+
+
+def test_a_held_insert_of_the_ingest_user_fails_after_prepare(rig: Rig) -> None:  # noqa: F811
+    leased = stage(rig, "gate-held")
+    staged = leased.staged
+    rig.existing_target(staged, "t_gate_held", [(7, "a", 7)])
+    held = HeldInsert(
+        rig.http_port,
+        leased.credentials,
+        f"INSERT INTO {rig.database}.{staged.table} FORMAT TabSeparated",
+        ingest_session_id("gate-held"),
+    )
+    assert prepare(rig, staged, "t_gate_held") == "prepared"
+    status, code = held.release()
+    assert (status, code) != (200, ""), "the late INSERT landed in B after PREPARED"
+    assert code == "372"  # SESSION_NOT_FOUND: the session had expired, nothing ran
+    assert rig.rows_of(staged.table) == ROWS
+    # The closure's proof is stored under the lease, with the gate it probed.
+    store = SqliteSnapshotStore(rig.store_path, create=False)
+    closures = [
+        n.facts
+        for n in store.step_notes(lease_step_key(leased.lease_id))
+        if n.facts.get("step") == "closure"
+    ]
+    assert len(closures) == 1 and closures[0]["proven"] is True
+    facts = closures[0]["facts"]
+    assert facts["ingest_gate"] == "http_session"
+    assert [(s["session_id"], s["answer"]) for s in facts["sessions"]] == [
+        (ingest_session_id("gate-held"), 372)
+    ]
+    # It waited from the last write's answer: at least T + margin minus what passed.
+    assert facts["scope"]["sessions"][0]["settled_at_us"] is not None
+    assert store.closure_proven(store.get_lease(leased.lease_id))
+
+
+def test_staging_on_the_client_transport_has_no_gate(
+    rig: Rig,  # noqa: F811
+    clickhouse_client: str,
+) -> None:
+    leased = stage(rig, "gate-client", transport="client")
+    rig.existing_target(leased.staged, "t_gate_client", [])
+    assert prepare(rig, leased.staged, "t_gate_client") == "prepared"
+    store = SqliteSnapshotStore(rig.store_path, create=False)
+    notes = store.step_notes(lease_step_key(leased.lease_id))
+    closure = [n.facts for n in notes if n.facts.get("step") == "closure"][-1]
+    assert closure["proven"] is True
+    assert closure["facts"]["ingest_gate"] == "none"
+    assert closure["facts"]["sessions"] == []
+
+
+def test_an_unanswered_write_makes_the_closure_wait_from_its_start() -> None:
+    """Read from notes alone: a write noted as sent, with no answer, may still run."""
+    sid = ingest_session_id("gate-notes")
+    notes = [
+        StepNote(1, "k", "", {"step": "session_opening", "session_id": sid, "session_timeout": 3}),
+        StepNote(
+            2,
+            "k",
+            "",
+            {
+                "step": "session_open_answered",
+                "session_id": sid,
+                "answered_at_us": 10,
+                "outcome": "acknowledged",
+            },
+        ),
+        StepNote(3, "k", "", {"step": "write_sending", "session_id": sid}),
+    ]
+    use = session_use(sid, notes, "k")
+    assert (use.opened, use.settled_at_us, use.session_timeout) == (True, None, 3)
+    answered = StepNote(
+        4,
+        "k",
+        "",
+        {
+            "step": "write_answered",
+            "session_id": sid,
+            "answered_at_us": 20,
+            "outcome": "acknowledged",
+        },
+    )
+    assert session_use(sid, [*notes, answered], "k").settled_at_us == 20

@@ -1,0 +1,233 @@
+"""Retained storage counts every table dpone retained or created, by the UUIDs the store
+recorded (issue 22, finding 6), on a real managed server.
+
+The user's original target, once exchanged out, sits under the generation's name with
+no ownership mark; so does the empty target a first publication created. Both are
+counted through the UUIDs their intents recorded, wherever they sit in the database,
+each once; a dropped one is simply gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.contracts.composition_snapshot import DEFAULT_LIMITS, SnapshotLimits
+from dpone.errors import DponeError
+from dpone.localserver import LocalServer
+from dpone.localserver.principal_pool import (
+    CATALOG_USER,
+    CLOSER_USER,
+    managed_server_users,
+    pool_names,
+)
+from dpone.ports.clickhouse_request import Endpoint
+from dpone.ports.composition_snapshot import TargetSlot
+from dpone.publication.catalog import (
+    ByteObservationMissing,
+    CatalogUnobservable,
+    ClickHouseSnapshotCatalog,
+    RecordedUuids,
+)
+from dpone.publication.composition import pool_credentials, provision_protected_databases
+from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
+from dpone.publication.retained import recorded_table_uuids
+from dpone.publication.store import SqliteSnapshotStore
+from dpone.publication.store.errors import SnapshotStoreError
+from tests import chhttp
+from tests.publication_harness import Rig, Row
+
+# One protected database per test: the marked staging tables of one test never count
+# in another's retained bytes.
+DATABASES = (
+    *("ret_copy", "ret_first", "ret_gone", "ret_null", "ret_fail", "ret_ref"),
+    *("head_stream", "head_zero", "head_retained", "head_publish"),  # test_publish_headroom
+)
+A_ROWS: list[Row] = [(i, f"a-{i:04d}-" + "x" * 40, i) for i in range(1, 301)]
+B_ROWS: list[Row] = [(1, "b-one", 10), (4, "b-four", 40)]
+NEXT = "dpone_stage_next"  # a generation that does not exist yet
+
+
+@pytest.fixture(scope="module")
+def managed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int, int]]:
+    """A managed server whose pool protects every database of this module."""
+    data_dir = tmp_path_factory.mktemp("retained") / "ch"
+    server = LocalServer(data_dir, users=managed_server_users(DATABASES))
+    info = server.start()
+    try:
+        provision_protected_databases(data_dir, info.http_port, DATABASES)
+        chhttp.register_server(info.http_port, data_dir)
+        yield data_dir, info.http_port, info.tcp_port
+    finally:
+        server.stop()
+
+
+def rig_for(managed: tuple[Path, int, int], tmp_path: Path, database: str) -> Rig:
+    data_dir, http_port, tcp_port = managed
+    return Rig(data_dir, http_port, tcp_port, database, tmp_path)
+
+
+def catalog_of(rig: Rig, recorded: RecordedUuids | None) -> ClickHouseSnapshotCatalog:
+    """The catalog as ``dpone_catalog``, counting the tables ``recorded`` answers."""
+    endpoint = Endpoint("127.0.0.1", rig.http_port, rig.tcp_port, rig.database)
+    credentials = pool_credentials(rig.data_dir)[CATALOG_USER]
+    return ClickHouseSnapshotCatalog(
+        HttpTransport(endpoint, credentials),
+        trusted_users=frozenset({"dpone_admin", CATALOG_USER, CLOSER_USER, *pool_names()}),
+        recorded_uuids=recorded,
+    )
+
+
+def recording_catalog(rig: Rig) -> ClickHouseSnapshotCatalog:
+    """The catalog with the store's recorded UUIDs, as ``build_publication`` wires it."""
+    return catalog_of(rig, recorded_table_uuids(SqliteSnapshotStore(rig.store_path)))
+
+
+def publisher_of(
+    rig: Rig, limits: SnapshotLimits = DEFAULT_LIMITS
+) -> ClickHouseAtomicSnapshotPublisher:
+    """The real publisher of ``rig``, observing through :func:`recording_catalog`."""
+    parts = rig.components()
+    return ClickHouseAtomicSnapshotPublisher(
+        authority=parts.publisher.authority,
+        store=parts.store,
+        catalog=recording_catalog(rig),
+        executor=parts.publisher.executor,
+        limits=limits,
+    )
+
+
+def sizes(rig: Rig) -> dict[str, int]:
+    """``total_bytes`` of every table of the rig's database, as the administrator sees it."""
+    return {
+        r["name"]: int(r["total_bytes"])
+        for r in chhttp.rows(
+            rig.http_port,
+            "SELECT name, total_bytes FROM system.tables WHERE database = "
+            f"'{rig.database}' AND total_bytes IS NOT NULL",
+        )
+    }
+
+
+def publish_over_users_target(rig: Rig) -> tuple[str, str]:
+    """A user's unmarked target replaced by B; the names (target, A's new name)."""
+    b = rig.stage(B_ROWS, "user-b")
+    rig.existing_target(b, "t", A_ROWS)  # B's design, no mark: the user's own table
+    prepared = rig.prepare(b, "t")
+    published = publisher_of(rig).publish(prepared.intent_sha256)
+    assert published.state.value == "published"
+    marks = chhttp.rows(
+        rig.http_port,
+        f"SELECT comment FROM system.columns WHERE database = '{rig.database}' "
+        f"AND table = '{b.table}' AND position = 1",
+    )
+    assert marks == [{"comment": ""}]  # A, now under B's name, carries no mark
+    return "t", b.table
+
+
+def test_the_users_exchanged_out_target_is_counted(
+    managed: tuple[Path, int, int], tmp_path: Path
+) -> None:
+    rig = rig_for(managed, tmp_path, "ret_copy")
+    target, copy = publish_over_users_target(rig)
+    slot = TargetSlot(rig.database, target)
+    size = sizes(rig)
+    assert size[copy] > 1000 and set(size) == {target, copy}
+    expected = size[target] + size[copy]
+    assert recording_catalog(rig).retained_bytes(slot, NEXT) == expected
+    assert recording_catalog(rig).observe(slot, NEXT).retained_bytes == expected
+    # Wherever the copy sits in the database, its UUID says it is the retained A.
+    rig.admin(f"RENAME TABLE {rig.database}.{copy} TO {rig.database}.kept_by_hand")
+    assert recording_catalog(rig).retained_bytes(slot, NEXT) == expected
+    # Without the recorded UUIDs (the count by mark alone) A would be missing.
+    assert catalog_of(rig, None).retained_bytes(slot, NEXT) == size[target]
+
+
+def test_the_empty_target_a_first_publication_created_is_counted(
+    managed: tuple[Path, int, int], tmp_path: Path
+) -> None:
+    rig = rig_for(managed, tmp_path, "ret_first")
+    b = rig.stage(B_ROWS, "first-b")
+    prepared = rig.prepare(b, "t")  # creates the empty target E: no mark, recorded as A
+    assert publisher_of(rig).publish(prepared.intent_sha256).state.value == "published"
+    assert rig.uuid_of(b.table) == prepared.target_uuid  # E is now under B's name
+    # E is empty (0 bytes); rows written into it later are storage dpone retains.
+    rig.admin(
+        f"INSERT INTO {rig.database}.{b.table} SELECT number, hex(SHA256(toString(number))),"
+        " number FROM numbers(2000)"
+    )
+    slot = TargetSlot(rig.database, "t")
+    size = sizes(rig)
+    assert size[b.table] > 1000
+    seen = recording_catalog(rig).observe(slot, NEXT)
+    assert seen.retained_bytes == size["t"] + size[b.table]
+    assert catalog_of(rig, None).observe(slot, NEXT).retained_bytes == size["t"]
+
+
+def test_each_table_counts_once_and_a_dropped_one_is_gone(
+    managed: tuple[Path, int, int], tmp_path: Path
+) -> None:
+    rig = rig_for(managed, tmp_path, "ret_gone")
+    target, copy = publish_over_users_target(rig)
+    staged = rig.stage(B_ROWS, "gone-next")
+    rig.prepare(staged, target)  # its generation is now both marked and recorded
+    slot = TargetSlot(rig.database, target)
+    size = sizes(rig)
+    assert set(size) == {target, copy, staged.table}
+    catalog = recording_catalog(rig)
+    assert catalog.retained_bytes(slot, NEXT) == size[target] + size[copy] + size[staged.table]
+    assert catalog.retained_bytes(slot, staged.table) == size[target] + size[copy]
+    rig.admin(f"DROP TABLE {rig.database}.{copy} SYNC")
+    assert catalog.retained_bytes(slot, staged.table) == size[target]
+
+
+def test_a_recorded_table_without_a_byte_counter_is_missing_not_zero(
+    managed: tuple[Path, int, int], tmp_path: Path
+) -> None:
+    rig = rig_for(managed, tmp_path, "ret_null")
+    db = rig.database
+    rig.admin(f"CREATE TABLE {db}.t (id UInt64) ENGINE = MergeTree ORDER BY id")
+    rig.admin(f"CREATE VIEW {db}.recorded_view AS SELECT toUInt64(1) AS id")
+    view_uuid = rig.uuid_of("recorded_view")
+    assert view_uuid is not None and "recorded_view" not in sizes(rig)  # NULL total_bytes
+    catalog = catalog_of(rig, lambda database: {view_uuid} if database == db else set())
+    with pytest.raises(ByteObservationMissing) as caught:
+        catalog.retained_bytes(TargetSlot(db, "t"), NEXT)
+    assert caught.value.details["table"] == "recorded_view"
+    with pytest.raises(ByteObservationMissing):
+        catalog.observe(TargetSlot(db, "t"), NEXT)
+
+
+def test_an_unreadable_record_of_tables_is_unobservable(
+    managed: tuple[Path, int, int], tmp_path: Path
+) -> None:
+    rig = rig_for(managed, tmp_path, "ret_fail")
+    rig.admin(f"CREATE TABLE {rig.database}.t (id UInt64) ENGINE = MergeTree ORDER BY id")
+
+    def unreadable(database: str) -> set[str]:
+        # A store that cannot answer (the server cannot produce this fault).
+        raise SnapshotStoreError(
+            f"the store of {database} is unavailable", code="store_unavailable"
+        )
+
+    catalog = catalog_of(rig, unreadable)
+    for observe in (catalog.retained_bytes, catalog.observe):
+        with pytest.raises(CatalogUnobservable) as caught:
+            observe(TargetSlot(rig.database, "t"), NEXT)
+        assert caught.value.code == "catalog_unobservable"
+        assert caught.value.details["cause"] == "store_unavailable"
+        assert isinstance(caught.value.__cause__, DponeError)
+
+
+def test_the_recorded_uuids_are_every_intents_a_and_b_of_the_database(
+    managed: tuple[Path, int, int], tmp_path: Path
+) -> None:
+    rig = rig_for(managed, tmp_path, "ret_ref")
+    b = rig.stage(B_ROWS, "ref-b")
+    prepared = rig.prepare(b, "t")
+    uuids = recorded_table_uuids(SqliteSnapshotStore(rig.store_path))
+    assert uuids(rig.database) == {prepared.target_uuid, prepared.generation_uuid}
+    assert uuids("another_database") == frozenset()
