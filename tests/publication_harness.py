@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import http.client
 import os
@@ -53,6 +54,7 @@ from dpone.publication.composition import (
     PublicationComponents,
     PublicationConfig,
     build_publication,
+    ingest_session_notes,
     issue_ingest,
 )
 from dpone.publication.executor import ClickHouseSnapshotExecutor
@@ -233,6 +235,16 @@ class Rig:
 
     def stage(self, rows: list[Row], attempt_id: str) -> StagedTable:
         """Export ``rows`` from a SQLite source and stage them as a leased ingest user."""
+        return self.stage_leased(rows, attempt_id)[0]
+
+    def stage_leased(
+        self, rows: list[Row], attempt_id: str, **changes: Any
+    ) -> tuple[StagedTable, IssuedPrincipal]:
+        """:meth:`stage`, with ``changes`` to the StagingConfig; also the ingest principal.
+
+        As ``dpone refresh`` and ``dpone stage`` do, the drain gate notes its session
+        under the ingest lease, so that prepare's closure waits for it and probes it.
+        """
         source = self.root / f"{attempt_id}.db"
         with contextlib.closing(sqlite3.connect(source)) as conn, conn:
             conn.execute("CREATE TABLE items (id bigint NOT NULL, name nvarchar(50), qty int)")
@@ -245,10 +257,12 @@ class Rig:
             ingest.credentials,
             self.root / "attempts",
             principal_uuid=ingest.ref.user_uuid,
+            session_notes=ingest_session_notes(self.store_path, ingest.ref.lease_id),
         )
-        return ClickHouseSink(config).stage_validated_file(
+        staged = ClickHouseSink(dataclasses.replace(config, **changes)).stage_validated_file(
             exported.path, exported.receipt_path, attempt_id=attempt_id
         )
+        return staged, ingest
 
     def existing_target(self, staged: StagedTable, name: str, rows: list[Row]) -> str:
         """A user's target (A) with the generation's design and ``rows``; its UUID."""

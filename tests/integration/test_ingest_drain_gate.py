@@ -12,26 +12,19 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
-import sqlite3
 import urllib.parse
 from dataclasses import dataclass
 
 from dpone.contracts.composition_snapshot import DEFAULT_LIMITS
-from dpone.exporters.export import export_table
-from dpone.exporters.sources import SqliteSource
-from dpone.ports.clickhouse_request import Credentials, Endpoint
+from dpone.ports.clickhouse_request import Credentials
 from dpone.ports.composition_snapshot import AttemptRef, StepNote, TargetSlot
 from dpone.publication.composition import (
     PublicationConfig,
     build_publication,
-    ingest_session_notes,
-    issue_ingest,
     staging_policy,
 )
 from dpone.publication.dispatch_notes import session_use
 from dpone.publication.store import SqliteSnapshotStore, lease_step_key
-from dpone.sinks import ClickHouseSink
-from dpone.staging.composition import StagingConfig
 from dpone.staging.ingest_session import ingest_session_id
 from dpone.staging.service import StagedTable
 from tests.integration.test_publication_faults import DB, managed, rig  # noqa: F401 (fixtures)
@@ -53,23 +46,11 @@ class Leased:
 
 def stage(on: Rig, attempt_id: str, transport: str = "http") -> Leased:
     """Stage ``ROWS`` as a leased ingest user, noting the drain gate under its lease."""
-    source = on.root / f"{attempt_id}.db"
-    with contextlib.closing(sqlite3.connect(source)) as conn, conn:
-        conn.execute("CREATE TABLE items (id bigint NOT NULL, name nvarchar(50), qty int)")
-        conn.executemany("INSERT INTO items VALUES (?, ?, ?)", ROWS)
-    exported = export_table(SqliteSource(source), "items", on.root / f"{attempt_id}.tsv")
-    ingest = issue_ingest(on.data_dir, on.store_path, on.database, attempt_id)
-    config = StagingConfig(
-        Endpoint("127.0.0.1", on.http_port, on.tcp_port, on.database),
-        ingest.credentials,
-        on.root / "attempts",
+    staged, ingest = on.stage_leased(
+        ROWS,
+        attempt_id,
         transport=transport,
-        principal_uuid=ingest.ref.user_uuid,
         policy=staging_policy(DEFAULT_LIMITS, session_timeout_seconds=T),
-        session_notes=ingest_session_notes(on.store_path, ingest.ref.lease_id),
-    )
-    staged = ClickHouseSink(config).stage_validated_file(
-        exported.path, exported.receipt_path, attempt_id=attempt_id
     )
     return Leased(staged, ingest.credentials, ingest.ref.lease_id)
 

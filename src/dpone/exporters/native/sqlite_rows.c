@@ -19,6 +19,7 @@
 
 #include <sqlite3.h>
 #include <string.h>
+#include "../../preparation/native/utf8.h"
 
 static PyObject *declined; /* the Declined exception */
 
@@ -43,27 +44,6 @@ static void finish(RowsObject *self) {
     self->finished = 1;
 }
 
-/* Length of the valid UTF-8 sequence at s, strict as Python's decoder (no overlong
- * forms, no surrogates, nothing above U+10FFFF), or 0. */
-static size_t utf8_sequence(const unsigned char *s, size_t n) {
-    unsigned char c = s[0];
-    if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf) return n >= 2 && (s[1] & 0xc0) == 0x80 ? 2 : 0;
-    if (c >= 0xe0 && c <= 0xef) {
-        if (n < 3 || (s[1] & 0xc0) != 0x80 || (s[2] & 0xc0) != 0x80) return 0;
-        if (c == 0xe0 && s[1] < 0xa0) return 0;
-        if (c == 0xed && s[1] > 0x9f) return 0;
-        return 3;
-    }
-    if (c >= 0xf0 && c <= 0xf4) {
-        if (n < 4 || (s[1] & 0xc0) != 0x80 || (s[2] & 0xc0) != 0x80 || (s[3] & 0xc0) != 0x80)
-            return 0;
-        if (c == 0xf0 && s[1] < 0x90) return 0;
-        if (c == 0xf4 && s[1] > 0x8f) return 0;
-        return 4;
-    }
-    return 0;
-}
 
 static int is_utf8(const unsigned char *s, size_t n) {
     for (size_t i = 0; i < n;) {

@@ -4,6 +4,7 @@
  * files share (see rowbinary.h).
  */
 #include "rowbinary.h"
+#include "utf8.h"
 
 HIDDEN int8_t HEX[256];
 HIDDEN uint8_t TEXT_SPECIAL[256];
@@ -17,27 +18,6 @@ HIDDEN void build_tables(void) {
     }
 }
 
-/* Length of the valid UTF-8 sequence at s (strict, as Python's decoder: no overlong
- * forms, no surrogates, nothing above U+10FFFF), or 0. */
-static size_t utf8_sequence(const uint8_t *s, size_t n) {
-    uint8_t c = s[0];
-    if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf) return n >= 2 && (s[1] & 0xc0) == 0x80 ? 2 : 0;
-    if (c >= 0xe0 && c <= 0xef) {
-        if (n < 3 || (s[1] & 0xc0) != 0x80 || (s[2] & 0xc0) != 0x80) return 0;
-        if (c == 0xe0 && s[1] < 0xa0) return 0;
-        if (c == 0xed && s[1] > 0x9f) return 0;
-        return 3;
-    }
-    if (c >= 0xf0 && c <= 0xf4) {
-        if (n < 4 || (s[1] & 0xc0) != 0x80 || (s[2] & 0xc0) != 0x80 || (s[3] & 0xc0) != 0x80)
-            return 0;
-        if (c == 0xf0 && s[1] < 0x90) return 0;
-        if (c == 0xf4 && s[1] > 0x8f) return 0;
-        return 4;
-    }
-    return 0;
-}
 
 /* The empty marker (U+001D then 'E', the whole field) of a text or binary field: an
  * empty String, or a FixedString(0) (a wider FixedString cannot be empty). */
