@@ -261,7 +261,7 @@ def test_pool_users_are_writers_unless_allowed_per_observation(
     assert trusting.blockers == trusting_generation.blockers == ()
 
 
-def test_lease_allowance_allows_the_holder_and_proven_closures_only(
+def test_lease_allowance_allows_active_leases_and_proven_closures_only(
     server: ServerInfo, pool_pair: tuple[str, str], tmp_path: Path
 ) -> None:
     target_table, generation_table = pool_pair
@@ -270,7 +270,7 @@ def test_lease_allowance_allows_the_holder_and_proven_closures_only(
     store.end_lease(ingest_1.lease_id)  # closed, and its closure proven
     store.end_lease(store.lease("ingest", ("dpone_ingest_2",), "cw-lease-0").lease_id)
     store.lease("publisher", ("dpone_publisher_1",), "cw-lease-1")  # the current holder
-    store.lease("publisher", ("dpone_publisher_2",), "cw-lease-2")  # another attempt's
+    store.lease("publisher", ("dpone_publisher_2",), "cw-lease-2")  # another attempt's: custody
     store.end_lease(store.lease("publisher", ("dpone_publisher_3",), "cw-lease-0").lease_id)
     proven = {ingest_1.lease_id}
 
@@ -285,17 +285,18 @@ def test_lease_allowance_allows_the_holder_and_proven_closures_only(
     target, generation = observe(
         server, POOL_DATABASE, target_table, generation_table, allowed=allowance
     )
-    # ingest_3, ingest_4 and publisher_4 were never leased: nothing of dpone runs as them.
-    assert grant_holders(target) == {"dpone_publisher_2", "dpone_publisher_3"}
-    assert grant_holders(generation) == {
-        "dpone_publisher_2",
-        "dpone_publisher_3",
-        "dpone_ingest_2",
-    }
+    # ingest_3, ingest_4 and publisher_4 were never leased: nothing of dpone runs as them;
+    # publisher_1 and publisher_2 hold active leases (dpone's own principals in custody).
+    # Reported: the users whose last lease ended without a proven closure.
+    assert grant_holders(target) == {"dpone_publisher_3"}
+    assert grant_holders(generation) == {"dpone_publisher_3", "dpone_ingest_2"}
     # Once the closure of publisher_3's last lease is proven, it is no longer reported.
     proven.add(store.leases_of("cw-lease-0")[-1].lease_id)
-    target, _ = observe(server, POOL_DATABASE, target_table, generation_table, allowed=allowance)
-    assert grant_holders(target) == {"dpone_publisher_2"}
+    target, generation = observe(
+        server, POOL_DATABASE, target_table, generation_table, allowed=allowance
+    )
+    assert grant_holders(target) == set()
+    assert grant_holders(generation) == {"dpone_ingest_2"}
 
 
 def test_an_unreadable_allowance_is_unobservable(
