@@ -34,7 +34,7 @@ from dpone.publication.catalog import (
 )
 from dpone.publication.composition import pool_credentials, provision_protected_databases
 from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
-from dpone.publication.retained import recorded_table_uuids
+from dpone.publication.retained import recorded_table_uuids, recorded_target_names
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.publication.store.errors import SnapshotStoreError
 from tests import chhttp
@@ -43,7 +43,7 @@ from tests.publication_harness import Rig, Row
 # One protected database per test: the marked staging tables of one test never count
 # in another's retained bytes.
 DATABASES = (
-    *("ret_copy", "ret_first", "ret_gone", "ret_null", "ret_fail", "ret_ref"),
+    *("ret_copy", "ret_first", "ret_gone", "ret_null", "ret_fail", "ret_ref", "ret_two"),
     *("head_stream", "head_zero", "head_retained", "head_publish"),  # test_publish_headroom
 )
 A_ROWS: list[Row] = [(i, f"a-{i:04d}-" + "x" * 40, i) for i in range(1, 301)]
@@ -231,3 +231,32 @@ def test_the_recorded_uuids_are_every_intents_a_and_b_of_the_database(
     uuids = recorded_table_uuids(SqliteSnapshotStore(rig.store_path))
     assert uuids(rig.database) == {prepared.target_uuid, prepared.generation_uuid}
     assert uuids("another_database") == frozenset()
+
+
+def test_another_slots_live_target_is_not_this_slots_retained_storage(
+    managed: tuple[Path, int, int], tmp_path: Path
+) -> None:
+    rig = rig_for(managed, tmp_path, "ret_two")
+    target, copy = publish_over_users_target(rig)  # slot "t": its B is now its target
+    other = rig.stage(B_ROWS, "other-b")
+    rig.existing_target(other, "u", [])
+    published = publisher_of(rig).publish(rig.prepare(other, "u").intent_sha256)
+    assert published.state.value == "published"
+    size = sizes(rig)
+    store = SqliteSnapshotStore(rig.store_path)
+    endpoint = Endpoint("127.0.0.1", rig.http_port, rig.tcp_port, rig.database)
+    catalog = ClickHouseSnapshotCatalog(
+        HttpTransport(endpoint, pool_credentials(rig.data_dir)[CATALOG_USER]),
+        trusted_users=frozenset({"dpone_admin", CATALOG_USER, CLOSER_USER, *pool_names()}),
+        recorded_uuids=recorded_table_uuids(store),
+        live_targets=recorded_target_names(store),
+    )
+    # Slot t: its target plus its own old A and slot u's old A (a retained copy of
+    # this database), never slot u's live target, whose UUID an intent recorded too.
+    expected = size[target] + size[copy] + size[other.table]
+    assert catalog.retained_bytes(TargetSlot(rig.database, target), NEXT) == expected
+    # Without the live targets the count took slot u's target as retained.
+    assert (
+        recording_catalog(rig).retained_bytes(TargetSlot(rig.database, target), NEXT)
+        == expected + size["u"]
+    )

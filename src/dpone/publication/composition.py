@@ -45,6 +45,7 @@ from dpone.localserver.principal_pool import (
     ingest_users,
     pool_names,
 )
+from dpone.localserver.protected import restart_commands, start_command
 from dpone.ports.clickhouse_request import Credentials, Endpoint, read
 from dpone.ports.composition_snapshot import IssuedPrincipal
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
@@ -60,7 +61,7 @@ from dpone.publication.executor import (
 from dpone.publication.lease_scope import lease_scope
 from dpone.publication.principal_issuers import LocalPoolIssuer, observe_user_ids
 from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
-from dpone.publication.retained import recorded_table_uuids
+from dpone.publication.retained import recorded_table_uuids, recorded_target_names
 from dpone.publication.store import SqliteSnapshotStore, lease_step_key
 from dpone.sql import quote_identifier, quote_literal
 from dpone.staging.contract import StagingPolicy
@@ -142,10 +143,11 @@ def managed_endpoint(data_dir: Path, database: str) -> Endpoint:
     """The running managed server's endpoint in ``database`` (``server_not_running``)."""
     info = find_running(data_dir)
     if info is None:
+        command = start_command(data_dir, also=() if database == "system" else (database,))
         raise ServerNotRunning(
-            f"no managed server is running on {data_dir}; start it with "
-            f"`dpone server start --data-dir {data_dir}`",
+            f"no managed server is running on {data_dir}; start it with `{command}`",
             data_dir=str(data_dir),
+            next_command=command,
         )
     return Endpoint("127.0.0.1", info.http_port, info.tcp_port, database)
 
@@ -157,10 +159,10 @@ def pool_credentials(data_dir: Path) -> dict[str, Credentials]:
     if missing:
         raise ConfigurationError(
             "the managed server was started without the publication pool "
-            f"({', '.join(missing[:3])}...): restart it with `dpone server stop` and "
-            "`dpone server start --protect DATABASE`",
+            f"({', '.join(missing[:3])}...): restart it with `{restart_commands(data_dir)}`",
             code="pool_missing",
             missing=missing,
+            next_command=restart_commands(data_dir),
         )
     return known
 
@@ -186,16 +188,48 @@ def pool_protects(data_dir: Path, database: str) -> bool:
     """
     if CATALOG_USER not in load_credentials(data_dir):
         return False
-    # Asked from `system`: the database may not exist, which staging reports itself.
+    return _admin_count(
+        data_dir,
+        "system.grants WHERE user_name = "
+        f"{quote_literal(ingest_users()[0])} AND database = {quote_literal(database)}",
+        "pool-grants",
+    )
+
+
+def require_protected(data_dir: Path, database: str) -> None:
+    """Refuse ``database`` unless the managed server's pool holds its grants there.
+
+    A pool user sees no database it has no grant on, so staging into one would answer
+    that it "does not exist" even when it does. Refused as ``database_not_protected``
+    with the restart that protects it (and keeps every database protected now).
+    """
+    if pool_protects(data_dir, database):
+        return
+    exists = _admin_count(
+        data_dir, f"system.databases WHERE name = {quote_literal(database)}", "database"
+    )
+    command = restart_commands(data_dir, also=(database,))
+    raise ConfigurationError(
+        f"the managed server does not protect database {database!r}"
+        f"{'' if exists else ' (which does not exist yet)'}: its publication pool has no "
+        f"grants there; restart the server with it protected: `{command}`",
+        code="database_not_protected",
+        database=database,
+        database_exists=exists,
+        next_command=command,
+    )
+
+
+def _admin_count(data_dir: Path, where: str, what: str) -> bool:
+    """Whether ``SELECT count() FROM <where>`` is not zero, asked as the administrator."""
+    # Asked from `system`: the database concerned may not exist.
     endpoint = managed_endpoint(data_dir, "system")
     rows = (
         HttpTransport(endpoint, admin_credentials(data_dir))
         .execute(
             read(
-                "SELECT count() AS n FROM system.grants WHERE user_name = "
-                f"{quote_literal(ingest_users()[0])} AND database = {quote_literal(database)} "
-                "FORMAT JSONEachRow",
-                f"dpone-s00-pool-grants-{time.time_ns()}",
+                f"SELECT count() AS n FROM {where} FORMAT JSONEachRow",
+                f"dpone-s00-{what}-{time.time_ns()}",
             ),
             deadline=time.monotonic() + REQUEST_SECONDS,
         )
@@ -252,6 +286,7 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
             pool=pool_names(),
         ),
         recorded_uuids=recorded_table_uuids(store),
+        live_targets=recorded_target_names(store),
     )
     executor = ClickHouseSnapshotExecutor(
         endpoint,

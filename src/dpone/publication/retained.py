@@ -138,3 +138,17 @@ def headroom_refusal(
         headroom_bytes=headroom,
         cause=exc.code,
     )
+
+
+def recorded_target_names(store: SnapshotListing) -> Callable[[str], frozenset[str]]:
+    """database -> the names of the targets its intents publish into.
+
+    A table under one of those names is that slot's live target: counted as A when its
+    own slot is observed, never as another slot's retained storage (a generation UUID
+    recorded by one intent is, after its EXCHANGE, that slot's live target).
+    """
+
+    def names(database: str) -> frozenset[str]:
+        return frozenset(stored.intent.target_table for stored in stored_intents(store, database))
+
+    return names

@@ -119,7 +119,9 @@ class ClickHouseSnapshotCatalog:
     :func:`lease_allowance`). Any other user able to write either table blocks.
     ``recorded_uuids``, when given, answers per database the table UUIDs the store
     recorded (:func:`dpone.publication.retained.recorded_table_uuids`), read once
-    per observation: every table holding one counts toward the retained bytes.
+    per observation: every table holding one counts toward the retained bytes, except
+    a table under a name ``live_targets`` answers (another slot's live target,
+    :func:`dpone.publication.retained.recorded_target_names`), which is that slot's A.
     """
 
     def __init__(
@@ -129,6 +131,7 @@ class ClickHouseSnapshotCatalog:
         trusted_users: frozenset[str] = frozenset(),
         allowed_writers: AllowedWriters | None = None,
         recorded_uuids: RecordedUuids | None = None,
+        live_targets: RecordedUuids | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -136,6 +139,7 @@ class ClickHouseSnapshotCatalog:
         self.trusted_users = frozenset(trusted_users)
         self._allowed_writers = allowed_writers
         self._recorded_uuids = recorded_uuids
+        self._live_targets = live_targets
         self._timeout = timeout_seconds
         self._clock = clock
 
@@ -284,15 +288,16 @@ class ClickHouseSnapshotCatalog:
             blockers=tuple(blockers),
         )
 
-    def _recorded(self, database: str) -> frozenset[str]:
-        """The table UUIDs the store recorded for ``database``, read now."""
-        if self._recorded_uuids is None:
+    @staticmethod
+    def _recorded(source: RecordedUuids | None, database: str, what: str) -> frozenset[str]:
+        """What ``source`` answers for ``database`` now (nothing without a source)."""
+        if source is None:
             return frozenset()
         try:
-            return frozenset(self._recorded_uuids(database))
+            return frozenset(source(database))
         except DponeError as exc:
             raise CatalogUnobservable(
-                f"the tables recorded for {database} could not be read: {exc.message}",
+                f"the {what} recorded for {database} could not be read: {exc.message}",
                 database=database,
                 cause=exc.code,
             ) from exc
@@ -306,7 +311,10 @@ class ClickHouseSnapshotCatalog:
         no intent yet). The target (counted as A by the caller) and the generation
         are not. A recorded UUID no longer present was dropped: nothing to count.
         """
-        recorded = self._recorded(slot.database)
+        recorded = self._recorded(self._recorded_uuids, slot.database, "tables")
+        # Other slots' live targets hold recorded generation UUIDs: they are those
+        # slots' A, never this one's retained storage.
+        live = self._recorded(self._live_targets, slot.database, "targets")
         db = quote_literal(slot.database)
         prefix = quote_literal(STAGE_PREFIX)
         tables = reads.rows(
@@ -325,6 +333,8 @@ class ClickHouseSnapshotCatalog:
         total = 0
         for row in tables:
             name = text_field(row, "name", reads)
+            if name in live:
+                continue
             marked = name.startswith(STAGE_PREFIX) and marks.get(name, "").startswith(
                 OWNERSHIP_MARK
             )

@@ -63,7 +63,7 @@ class SideEffects:
             refreshable,
             mutations,
             policies,
-            ServerAccess.read(reads),
+            ServerAccess.read(reads, database),
             trusted,
         )
 
