@@ -9,6 +9,10 @@ Two mechanisms share one temporary-file discipline (a hidden sibling created wit
   every output is checked against every input and against the other outputs before
   anything is written, an existing output is refused unless ``force``, and the outputs
   are renamed together at the end, in order, so either all of them appear or none.
+
+Both create their files 0600: an export is a whole table in plain text, and a receipt
+describes it. :func:`private_directories` creates the directories dpone makes for them
+0700 (an existing directory keeps the mode its owner gave it).
 """
 
 from __future__ import annotations
@@ -70,8 +74,34 @@ def temporary_siblings(final: Path) -> list[Path]:
     return [final.parent / n for n in names if pattern.fullmatch(n)]
 
 
+# Every file dpone writes is its owner's alone.
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_DIRECTORY_MODE = 0o700
+
+
+def private_directories(path: str | os.PathLike[str]) -> None:
+    """Create ``path`` and each missing parent 0700; an existing directory is left as it is.
+
+    Raises :class:`OutputError` naming the directory that could not be made.
+    """
+    missing: list[Path] = []
+    current = Path(path)
+    while not os.path.lexists(current) and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, PRIVATE_DIRECTORY_MODE)
+        except FileExistsError:
+            continue  # made meanwhile by another process: its mode is its maker's
+        except OSError as exc:
+            raise _write_failed(directory, exc) from exc
+
+
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike[str], *, mode: int = 0o644) -> Iterator[BinaryIO]:
+def atomic_output(
+    path: str | os.PathLike[str], *, mode: int = PRIVATE_FILE_MODE
+) -> Iterator[BinaryIO]:
     """Write to a temporary sibling; on success fsync, rename over ``path``, fsync the dir.
 
     On any exception the temporary file is removed and ``path`` is untouched, so an
@@ -92,7 +122,9 @@ def atomic_output(path: str | os.PathLike[str], *, mode: int = 0o644) -> Iterato
     fsync_directory(final.parent)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> None:
+def atomic_write_bytes(
+    path: str | os.PathLike[str], data: bytes, *, mode: int = PRIVATE_FILE_MODE
+) -> None:
     """Write ``data`` to ``path`` atomically and durably."""
     with atomic_output(path, mode=mode) as stream:
         stream.write(data)
@@ -186,7 +218,8 @@ class _Pending:
         self.final = final
         self.tmp = _temporary_sibling(final)
         try:
-            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            fd = os.open(self.tmp, flags, PRIVATE_FILE_MODE)
         except OSError as exc:
             raise _write_failed(final, exc) from exc
         self.stream: BinaryIO = os.fdopen(fd, "wb")

@@ -149,6 +149,25 @@ def test_killed_stages_exhaust_the_pool_until_their_leases_are_ended(
     assert note["step"] == "ended_by_operator" and note["reason"] == "process_gone"
     assert note["evidence"]["fact"].startswith(f"process {kept[0].holder.pid}")  # type: ignore[union-attr]
 
+    # Ended, but not proven quiescent: the users are not leased again until their last
+    # lease's closure is proven (a request of a killed stage may still arrive).
+    held = dpone(*_stage_argv(export, server, work, store, "held-1"), "--json")
+    assert held.returncode == 1 and as_json(held)["error"]["code"] == "pool_exhausted"
+    assert sorted(as_json(held)["error"]["details"]["unproven_leases"]) == sorted(
+        e["lease_id"] for e in leases
+    )
+    for entry in leases:
+        closed = dpone(
+            "snapshot",
+            "close-lease",
+            entry["lease_id"],
+            "--store",
+            str(store),
+            "--data-dir",
+            str(server["data_dir"]),
+            "--json",
+        )
+        assert closed.returncode == 0, closed.stdout + closed.stderr
     # The pool has its users back. A stage that completes keeps its lease for
     # `prepare` (live even though its process has exited) until `attempts discard`.
     staged = dpone(*_stage_argv(export, server, work, store, "done-1"), "--json")

@@ -20,7 +20,7 @@ from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
 from dpone.publication.dispatch_gate import DispatchGate
 from dpone.publication.lease_scope import lease_scope
 from dpone.publication.principal_issuers import LocalPoolIssuer
-from dpone.publication.store import SqliteSnapshotStore
+from dpone.publication.store import SqliteSnapshotStore, lease_step_key
 from tests import chhttp
 from tests.conftest import POOL_DATABASE
 from tests.integration.test_principal_pool import RunningQuery
@@ -66,7 +66,11 @@ def test_closing_an_old_lease_never_touches_the_new_leases_query(
     )
     token = uuid.uuid4().hex[:10]
     old = issuer.issue(ROLE_INGEST, f"old{token}").ref
-    issuer.revoke(old)  # ended, never closed: the user goes to the next attempt
+    issuer.revoke(old)
+    # Its closure proven (as close_principal stores it): only then does the pool lease
+    # the user to the next attempt. Closing the old lease again must still touch only
+    # what is its own.
+    store.note_step(lease_step_key(old.lease_id), {"step": "closure", "proven": True})
     new = issuer.issue(ROLE_INGEST, f"new{token}").ref
     assert new.user == old.user and new.lease_id != old.lease_id
     # The new attempt's INSERT-like long query, carrying the new lease's mark.

@@ -92,6 +92,12 @@ def test_a_version_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
     authority = ParentAuthority(admission.parent_request, SLOT, 1)
     prepared = SnapshotRecord.prepared(SHA, at=AT)
     store.create(INTENT, prepared.raw, authority)
+    ended = store.lease("ingest", ("u1",), "a1")
+    store.end_lease(ended.lease_id)
+    # Version 1 kept no closure proofs: make the file exactly as it was then.
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TRIGGER steps_no_delete")
+        conn.execute("DELETE FROM steps")
     _downgrade_to_version_1(path)
     reopened = SqliteSnapshotStore(path, create=False)
     with sqlite3.connect(path) as conn:
@@ -103,6 +109,10 @@ def test_a_version_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
     run = reopened.admission("a1")
     assert run is not None and run.activated  # version 1 runs were activated at admission
     assert reopened.load(SHA).record_bytes == prepared.raw
+    # Its ended leases are marked legacy and trusted as the pool was then: the upgraded
+    # store keeps its pool.
+    assert reopened.closure_proven(reopened.get_lease(ended.lease_id))
+    assert reopened.lease("ingest", ("u1",), "a2").user == "u1"
 
 
 def test_a_newer_store_is_still_refused(tmp_path: Path) -> None:

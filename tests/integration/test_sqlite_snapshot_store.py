@@ -27,6 +27,7 @@ from dpone.publication.store import (
     SCHEMA_VERSION,
     SnapshotStoreError,
     SqliteSnapshotStore,
+    lease_step_key,
 )
 
 SLOT = TargetSlot("sales", "orders")
@@ -610,6 +611,16 @@ def test_leases_take_the_first_free_candidate_and_end_idempotently(
     ended = store.end_lease(first.lease_id)
     assert (ended.active, ended.user) == (False, "u1")
     assert store.end_lease(first.lease_id) == ended
+    # Ended, but its closure is not proven: u1 is not leased again until it is.
+    with pytest.raises(SnapshotStoreError) as held:
+        store.lease("publisher", pool, "a2")
+    assert code_of(held) == "pool_exhausted"
+    assert held.value.details["unproven_leases"] == [first.lease_id]
+    assert "close-lease" in held.value.message
+    store.note_step(lease_step_key(first.lease_id), {"step": "closure", "proven": False})
+    with pytest.raises(SnapshotStoreError):
+        store.lease("publisher", pool, "a2")  # an unproven closure does not release it
+    store.note_step(lease_step_key(first.lease_id), {"step": "closure", "proven": True})
     third = store.lease("publisher", pool, "a2")
     assert third.user == "u1" and third.active
     assert store.leases_of("a1") == [ended, second]

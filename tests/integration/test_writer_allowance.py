@@ -1,10 +1,10 @@
 """Writers outside the leases block prepare, on the real managed server (issue 22, 8).
 
 The catalog no longer trusts the whole pool: a pool user that can write B (every
-ingest user can write ``db.dpone_stage_*``) is allowed only as the holder of this
-attempt's lease, once its last lease's closure is proven and stored, or when it was
-never leased. A lease that ended without a proven closure blocks ``prepare`` with a
-``writer_grant`` naming its user until its closure is proven.
+ingest user can write ``db.dpone_stage_*``) is allowed while it holds a lease, once its
+last lease's closure is proven and stored, or when it was never leased. A lease that
+ended without a proven closure blocks ``prepare`` with a ``writer_grant`` naming its
+user until its closure is proven.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.errors import ConfigurationError, DponeError
 from dpone.localserver.credentials import admin_credentials
 from dpone.localserver.principal_pool import ingest_users
+from dpone.localserver.protected import restart_commands
 from dpone.ports.clickhouse_request import read
 from dpone.project.config import Project, load_project
 from dpone.project.refresh import open_source
@@ -160,7 +161,7 @@ def reachability(project: Project) -> list[dict[str, Any]]:
                             "key": f"tables.{table.name}.target",
                             "code": "database_not_protected",
                             "message": f"the server does not protect {database}: restart it with "
-                            f"`dpone server start --protect {database} ...`",
+                            f"`{restart_commands(data_dir, also=(database,))}`",
                         }
                     )
     except DponeError as exc:

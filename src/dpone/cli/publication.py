@@ -306,8 +306,9 @@ journal_dirs_option = click.option(
 @snapshot.command("leases")
 @store_option
 @journal_dirs_option
+@data_dir_option
 @json_option
-def leases(store_path: Path, journal_dirs: tuple[Path, ...], as_json: bool) -> None:
+def leases(store_path: Path, journal_dirs: tuple[Path, ...], data_dir: Path, as_json: bool) -> None:
     """Every active lease of the principal pool and whether its holder is gone.
 
     A lease whose holder is gone (proven from the store, the journals and the kernel)
@@ -330,7 +331,7 @@ def leases(store_path: Path, journal_dirs: tuple[Path, ...], as_json: bool) -> N
                 "role": r.lease.role,
                 "attempt_id": r.lease.attempt_id,
                 "ended_at": r.ended_at,
-                "command": close_lease_command(r.lease.lease_id, store_path),
+                "command": close_lease_command(r.lease.lease_id, store_path, data_dir),
             }
             for r in unproven_closures(SqliteSnapshotStore(store_path, create=False))
         ]

@@ -29,10 +29,15 @@ from dpone.localserver import (
 )
 from dpone.localserver.layout import DEFAULT_DATA_DIR, DataDirLayout
 from dpone.localserver.principal_pool import managed_server_users
+from dpone.localserver.protected import (
+    DEFAULT_PROTECTED_DATABASE,
+    databases_to_start,
+    record_protected,
+    recorded_protected,
+    restart_commands,
+    start_command,
+)
 from dpone.publication.composition import provision_protected_databases
-
-# The database the demo publishes into; `server start --protect` names others.
-DEFAULT_PROTECTED_DATABASE = "dpone_demo"
 
 data_dir_option = click.option(
     "--data-dir",
@@ -79,10 +84,10 @@ def server() -> None:
     "--protect",
     "protected",
     multiple=True,
-    default=(DEFAULT_PROTECTED_DATABASE,),
-    show_default=True,
     help="A database that publications replace tables in (repeatable); the publication "
-    "pool gets its grants there. Users are read at start only: a new one needs a restart.",
+    "pool gets its grants there. Recorded in the data directory: without --protect the "
+    f"recorded set is started again (the first time: {DEFAULT_PROTECTED_DATABASE}); a "
+    "given set replaces the record. Users are read at start only: a new one needs a restart.",
 )
 @json_option
 def start(
@@ -96,25 +101,42 @@ def start(
 ) -> None:
     """Start a server on DATA_DIR and wait until both ports accept connections."""
     with reported_errors(as_json):
+        databases, recorded = databases_to_start(data_dir, protected)
         local = LocalServer(
             data_dir,
-            users=managed_server_users(protected),
+            users=managed_server_users(databases),
             http_port=http_port,
             tcp_port=tcp_port,
             watch_parent=foreground,
             start_timeout=timeout,
         )
         info = local.start()
-        provision_protected_databases(data_dir, info.http_port, protected)
+        # Recorded once the server runs with them: the record is what a restart repeats.
+        record_protected(data_dir, databases)
+        provision_protected_databases(data_dir, info.http_port, databases)
+        replaced = recorded if recorded is not None and set(recorded) != set(databases) else None
         echo_warnings(local.warnings)
         if as_json:
-            emit_json({"ok": True, **_described(info), "warnings": list(local.warnings)})
+            emit_json(
+                {
+                    "ok": True,
+                    **_described(info),
+                    "protected_from": "option"
+                    if protected
+                    else "record"
+                    if recorded
+                    else "default",
+                    "protected_replaced": list(replaced) if replaced is not None else None,
+                    "warnings": list(local.warnings),
+                }
+            )
         else:
             click.echo(
                 f"server ready: pid {info.pid}, http {info.http_port}, tcp {info.tcp_port}, "
                 f"version {info.version}, data dir {info.data_dir}"
             )
             click.echo(f"credentials: {_credentials_file(info.data_dir)}")
+            _echo_protected(info.data_dir, replaced)
         if foreground:
             _serve_until_signalled(local)
 
@@ -130,7 +152,31 @@ def _described(info: ServerInfo) -> dict[str, object]:
         **info.to_dict(),
         "credentials_file": _credentials_file(info.data_dir),
         "credentials_rotation_pending": rotation_pending(info.data_dir),
+        **_protection(info.data_dir),
     }
+
+
+def _protection(data_dir: str | Path) -> dict[str, object]:
+    """The recorded protected databases and the command that starts the server as it was."""
+    recorded = recorded_protected(data_dir)
+    return {
+        "protected_databases": list(recorded) if recorded is not None else None,
+        "start_command": start_command(data_dir),
+    }
+
+
+def _echo_protected(data_dir: str | Path, replaced: tuple[str, ...] | None = None) -> None:
+    recorded = recorded_protected(data_dir)
+    if recorded is None:
+        click.echo("protected databases: none recorded (started by the library or an older dpone)")
+    else:
+        where = DataDirLayout.at(data_dir).protected_file
+        click.echo(f"protected databases: {', '.join(recorded)} (recorded in {where})")
+    if replaced is not None:
+        click.echo(
+            f"the protected databases changed: they were {', '.join(replaced)}; the given "
+            "--protect set replaced the record"
+        )
 
 
 def _serve_until_signalled(local: LocalServer) -> None:
@@ -186,6 +232,7 @@ def status(data_dir: Path, as_json: bool) -> None:
     """
     with reported_errors(as_json):
         info = find_running(data_dir)
+        protection = _protection(data_dir)
     if info is None:
         if as_json:
             # ok follows the exit code: "no server" is the answer scripts test for.
@@ -194,6 +241,7 @@ def status(data_dir: Path, as_json: bool) -> None:
                     "ok": False,
                     "running": False,
                     "data_dir": str(data_dir.absolute()),
+                    **protection,
                     "error": {
                         "code": "server_not_running",
                         "message": "no server is running",
@@ -203,6 +251,8 @@ def status(data_dir: Path, as_json: bool) -> None:
             )
         else:
             click.echo(f"no server is running on {data_dir.absolute()}")
+            _echo_protected(data_dir)
+            click.echo(f"start it as it was: {protection['start_command']}")
         sys.exit(1)
     if as_json:
         emit_json({"ok": True, **_described(info)})
@@ -212,9 +262,10 @@ def status(data_dir: Path, as_json: bool) -> None:
             f"version {info.version}, data dir {info.data_dir}, since {info.started_at}"
         )
         click.echo(f"credentials: {_credentials_file(info.data_dir)}")
+        _echo_protected(info.data_dir)
         if rotation_pending(info.data_dir):
             click.echo(
-                "rotated credentials wait for a restart (dpone server stop; dpone server start)"
+                f"rotated credentials wait for a restart ({restart_commands(info.data_dir)})"
             )
 
 
@@ -265,11 +316,9 @@ def rotate(data_dir: Path, as_json: bool) -> None:
             return
         click.echo(f"new passwords prepared for: {', '.join(users)}")
         if running:
-            click.echo(
-                "they take effect when the server restarts: dpone server stop; dpone server start"
-            )
+            click.echo(f"they take effect when the server restarts: {restart_commands(data_dir)}")
         else:
-            click.echo("they take effect at the next dpone server start")
+            click.echo(f"they take effect at the next start: {start_command(data_dir)}")
 
 
 @server.command(context_settings={"ignore_unknown_options": True})

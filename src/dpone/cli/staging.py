@@ -17,6 +17,7 @@ from dpone.cli.server import data_dir_option
 from dpone.errors import ConfigurationError, DponeError, StateError
 from dpone.localserver import find_running
 from dpone.localserver.principal_pool import ROLE_INGEST
+from dpone.localserver.protected import start_command
 from dpone.ports.clickhouse_request import Endpoint, check_attempt_id
 from dpone.preparation.modes import DEFAULT_MODE, MODES, refuse_removed_mode
 from dpone.project.leases import close_lease
@@ -120,9 +121,11 @@ def staging_config(
     if host is None:
         info = find_running(data_dir)
         if info is None:
+            command = start_command(data_dir, also=(database,))
             raise ConfigurationError(
-                f"no managed server runs on {data_dir}; start one with `dpone server start` or pass --host",
+                f"no managed server runs on {data_dir}; start it with `{command}` or pass --host",
                 code="no_server",
+                next_command=command,
             )
         endpoint = Endpoint("127.0.0.1", info.http_port, info.tcp_port, database)
     else:

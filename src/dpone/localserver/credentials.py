@@ -31,6 +31,7 @@ from pathlib import Path
 from dpone.localserver.config import ADMIN_USER, ENGINE_USER, ServerUser
 from dpone.localserver.errors import CredentialsCorrupt, CredentialsMissing
 from dpone.localserver.layout import DataDirLayout, write_private_file
+from dpone.localserver.protected import restart_commands, start_command
 from dpone.ports.clickhouse_request import Credentials
 
 __all__ = [
@@ -59,7 +60,8 @@ def load_credentials(data_dir: str | os.PathLike[str] | None = None) -> dict[str
     passwords = _read(path)
     if passwords is None:
         raise CredentialsMissing(
-            f"no credentials file at {path}; start the server once with `dpone server start`",
+            f"no credentials file at {path}; start the server once with "
+            f"`{start_command(data_dir)}`",
             path=str(path),
         )
     return {user: Credentials(user, password) for user, password in passwords.items()}
@@ -78,7 +80,7 @@ def admin_credentials(data_dir: str | os.PathLike[str] | None = None) -> Credent
         path = DataDirLayout.at(data_dir).credentials_file
         raise CredentialsMissing(
             f"credentials file {path} lists no {ADMIN_USER!r}; restart the server "
-            "(dpone server stop; dpone server start) to create the administrator",
+            f"(`{restart_commands(data_dir)}`) to create the administrator",
             path=str(path),
             user=ADMIN_USER,
         ) from None

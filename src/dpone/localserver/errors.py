@@ -69,3 +69,9 @@ class ServerStateUnknown(LocalServerError):
     """A server holds the data directory's lock but its ports cannot be learned."""
 
     code = "server_state_unknown"
+
+
+class ProtectedRecordCorrupt(LocalServerError):
+    """The record of the protected databases (``protected.json``) cannot be read or parsed."""
+
+    code = "protected_record_corrupt"

@@ -3,6 +3,7 @@
 <data_dir>/server.lock   held (flock) by the running server process, holds its pid
 <data_dir>/start.lock    held by a process while it starts a server
 <data_dir>/state.json    pid, ports and version of the running server
+<data_dir>/protected.json the databases the server protects (0600, canonical JSON)
 <data_dir>/store/        the ClickHouse data (databases, tables, UUIDs)
 <data_dir>/run/          config.xml, users.xml, credentials.json (all 0600), control
                          FIFO, listen file (the engine's ports), ports file (ready)
@@ -50,6 +51,11 @@ class DataDirLayout:
     @property
     def state_file(self) -> Path:
         return self.root / "state.json"
+
+    @property
+    def protected_file(self) -> Path:
+        """The databases the last start protected (see :mod:`dpone.localserver.protected`)."""
+        return self.root / "protected.json"
 
     @property
     def store_dir(self) -> Path:

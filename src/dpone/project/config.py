@@ -134,6 +134,7 @@ class Project:
     sources: Mapping[str, SourceConfig]
     tables: Mapping[str, TableConfig]
     publication: PublicationSettings = field(default_factory=PublicationSettings)
+    keep_exports: bool = False  # keep a refresh's export once its table is published
 
     @property
     def databases(self) -> tuple[str, ...]:
@@ -328,9 +329,8 @@ class _Reader:
         top = self.section(
             document, (), ("project", "clickhouse", "publication", "sources", "tables"), {}
         )
-        settings = self.section(
-            top.get("project", {}), ("project",), ("work_dir", "store", "keep_rollback"), {}
-        )
+        keys = ("work_dir", "store", "keep_rollback", "keep_exports")
+        settings = self.section(top.get("project", {}), ("project",), keys, {})
         work_dir = self.path_value(settings, ("project",), "work_dir", self.base / ".dpone/work")
         store = self.path_value(
             settings, ("project",), "store", self.base / ".dpone/snapshots.sqlite"
@@ -343,6 +343,7 @@ class _Reader:
             DEFAULT_KEEP_ROLLBACK,
             check=lambda v: None if 0 <= v <= 100 else "must be between 0 and 100",
         )
+        keep_exports = self.get(settings, ("project",), "keep_exports", bool, False)
         clickhouse = self.clickhouse(top.get("clickhouse", {}))
         publication = self.publication(top.get("publication", {}))
         sources = {
@@ -360,7 +361,9 @@ class _Reader:
         if self.problems:
             return None
         assert work_dir is not None and store is not None
-        return Project(path, work_dir, store, keep, clickhouse, sources, tables, publication)
+        return Project(
+            path, work_dir, store, keep, clickhouse, sources, tables, publication, keep_exports
+        )
 
     def named(self, top: Mapping[str, Any], key: str) -> dict[str, Any]:
         found = top.get(key, {})

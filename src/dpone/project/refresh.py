@@ -37,7 +37,8 @@ from typing import Any, NamedTuple
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_tables import staging_table_name
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState
-from dpone.durable_files import temporary_siblings
+from dpone.contracts.receipt import FileReceipt
+from dpone.durable_files import PRIVATE_FILE_MODE, private_directories, temporary_siblings
 from dpone.errors import DponeError, StateError
 from dpone.exporters.export import export_table, receipt_path_for
 from dpone.exporters.sources import Source, SqliteSource, SqlServerSource
@@ -46,6 +47,7 @@ from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import read, read_query_id
 from dpone.ports.composition_snapshot import AttemptRef, IssuedPrincipal, TargetSlot
+from dpone.preparation.artifact import HeldArtifact
 from dpone.project.config import Project, SourceConfig, TableConfig, resolve_secret
 from dpone.project.retention import enforce_retention
 from dpone.project.table_run import (
@@ -61,6 +63,7 @@ from dpone.publication.catalog import ClickHouseSnapshotCatalog
 from dpone.publication.composition import (
     PublicationComponents,
     ingest_session_notes,
+    require_protected,
     staging_policy,
 )
 from dpone.publication.retained import headroom_policy, headroom_refusal
@@ -157,6 +160,8 @@ class RefreshService:
         report.file_bytes = exported.receipt.artifact_size
         report.rows = exported.receipt.rows_validated
         with phase("stage"):
+            # Before any pool user is asked: it would call the database missing.
+            require_protected(project.clickhouse.data_dir, table.database)
             parts = publication_for(project, table)
             admin_login = admin_credentials(project.clickhouse.data_dir)
             admin = HttpTransport(parts.endpoint, admin_login)
@@ -185,6 +190,8 @@ class RefreshService:
                 return
         with phase("publish"):
             _PUBLISH.run(project, parts, report)
+        if not project.keep_exports:
+            _remove_export(exported.path, exported.receipt_path, report.warnings.append)
         with phase("retention"):
             report.dropped_rollback_copies = enforce_retention(
                 parts.store,
@@ -199,12 +206,11 @@ class RefreshService:
     def _export(self, table: TableConfig, warn: Callable[[str], None]) -> Any:
         source = open_source(self.project.sources[table.source])
         exports = self.project.work_dir / "exports"
-        exports.mkdir(parents=True, exist_ok=True)
+        private_directories(exports)
         progress = None
         if self.progress is not None:
             show = self.progress
             progress = lambda rows, size: show("export", rows, size)  # noqa: E731
-        # The work dir is the refresh's own: each run replaces the table's last export.
         out = exports / f"{table.name}.tsv"
         with _export_lock(out):
             # A refresh killed while exporting (SIGKILL runs no cleanup) left its
@@ -212,7 +218,12 @@ class RefreshService:
             for stale in _partial_exports(out):
                 stale.unlink(missing_ok=True)
             result = export_table(
-                source, table.source_table, out, force=True, progress=progress, warn=warn
+                source,
+                table.source_table,
+                out,
+                force=_replaces_own_export(out),
+                progress=progress,
+                warn=warn,
             )
         self.done()
         return result
@@ -426,7 +437,7 @@ class RefreshService:
 def _export_lock(out: Path) -> Iterator[None]:
     """Exclusive use of one table's export in the work dir (released by the kernel on death)."""
     lock = out.with_name(f".{out.name}.lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -439,6 +450,42 @@ def _export_lock(out: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def _replaces_own_export(out: Path) -> bool:
+    """Whether ``out`` (and its receipt) may be replaced: only an export dpone wrote there.
+
+    dpone's own is a file whose receipt beside it describes it exactly (size and
+    SHA-256), or a receipt left alone by a removal cut short. Anything else there is
+    someone's file: ``export_exists``, and nothing is written. Neither existing is
+    False: the export then refuses a file that appears meanwhile.
+    """
+    receipt_path = receipt_path_for(out)
+    if not os.path.lexists(out) and not os.path.lexists(receipt_path):
+        return False
+    try:
+        receipt = FileReceipt.from_bytes(receipt_path.read_bytes())
+        if os.path.lexists(out):
+            with HeldArtifact(out, receipt) as held:
+                held.verify()
+        return True
+    except (OSError, DponeError) as exc:
+        raise RefreshError(
+            f"{out if os.path.lexists(out) else receipt_path} exists and is not an export "
+            "this refresh wrote (no receipt beside it that matches it); dpone does not "
+            "replace a file it did not write: move it away or delete it",
+            code="export_exists",
+            path=str(out),
+        ) from exc
+
+
+def _remove_export(path: Path, receipt_path: Path, warn: Callable[[str], None]) -> None:
+    """Remove a published table's export: the data first, so a cut leaves the receipt alone."""
+    for done in (path, receipt_path):
+        try:
+            done.unlink(missing_ok=True)
+        except OSError as exc:
+            warn(f"the published export {done} was not removed: {exc.strerror}")
 
 
 def _partial_exports(out: Path) -> list[Path]:

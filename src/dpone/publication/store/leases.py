@@ -56,13 +56,30 @@ class PrincipalLeases(StoreConnections):
                 row[0]
                 for row in conn.execute("SELECT user FROM leases WHERE active = 1").fetchall()
             }
-            free = [user for user in candidates if user not in busy]
+            # A user whose last lease ended without a proven closure is not leased again:
+            # a request of that lease may still arrive, and a new lease would hide it.
+            held = {
+                user: lease_id
+                for user in candidates
+                if user not in busy
+                for lease_id in [_unproven_last_lease(conn, user)]
+                if lease_id is not None
+            }
+            free = [user for user in candidates if user not in busy and user not in held]
             if not free:
+                waiting = (
+                    f"; {len(held)} wait until their last lease's closure is proven "
+                    "(`dpone snapshot close-lease LEASE_ID`, listed by `dpone snapshot leases`)"
+                    if held
+                    else ""
+                )
                 raise SnapshotStoreError(
-                    f"every {role} principal is leased ({', '.join(candidates) or 'none'})",
+                    f"every {role} principal is leased ({', '.join(candidates) or 'none'})"
+                    + waiting,
                     code="pool_exhausted",
                     role=role,
                     attempt_id=attempt_id,
+                    unproven_leases=sorted(held.values()),
                 )
             lease = Lease(uuid.uuid4().hex, free[0], role, attempt_id, True)
             at = now()
@@ -142,14 +159,7 @@ class PrincipalLeases(StoreConnections):
         quiescent (a probe found its session open again) withdraws an earlier proof.
         """
         with self._reading("closure_proven") as conn:
-            rows = conn.execute(
-                "SELECT facts FROM steps WHERE key = ? ORDER BY id",
-                (lease_step_key(lease.lease_id),),
-            ).fetchall()
-        closures = [
-            f for f in (decode_facts(row[0]) for row in rows) if f.get("step") == CLOSURE_STEP
-        ]
-        return bool(closures) and closures[-1].get("proven") is True
+            return _closure_proven(conn, lease.lease_id)
 
     def get_lease(self, lease_id: str) -> Lease:
         """A lease as stored now (``lease_not_found``)."""
@@ -179,3 +189,23 @@ def _lease_row(conn: sqlite3.Connection, lease_id: str) -> Lease:
             f"no lease {lease_id} was issued", code="lease_not_found", lease_id=lease_id
         )
     return _lease(row)
+
+
+def _closure_proven(conn: sqlite3.Connection, lease_id: str) -> bool:
+    """Whether the last closure noted for ``lease_id`` was proven (False: none noted)."""
+    rows = conn.execute(
+        "SELECT facts FROM steps WHERE key = ? ORDER BY id", (lease_step_key(lease_id),)
+    ).fetchall()
+    closures = [f for f in (decode_facts(row[0]) for row in rows) if f.get("step") == CLOSURE_STEP]
+    return bool(closures) and closures[-1].get("proven") is True
+
+
+def _unproven_last_lease(conn: sqlite3.Connection, user: str) -> str | None:
+    """The user's last lease when it ended without a proven closure, else None."""
+    row = conn.execute(
+        "SELECT lease_id, active FROM leases WHERE user = ? ORDER BY rowid DESC LIMIT 1",
+        (user,),
+    ).fetchone()
+    if row is None or row[1] == 1 or _closure_proven(conn, row[0]):
+        return None
+    return str(row[0])

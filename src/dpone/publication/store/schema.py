@@ -132,6 +132,22 @@ def migrate(conn: sqlite3.Connection, path: Path) -> None:
         return
     for statement in _statements(_MIGRATE_FROM_1):
         conn.execute(statement)
+    # Version 1 stored no closure proofs, and a user whose last lease ended unproven is
+    # not leased again: its ended leases are marked as what they were, trusted as the
+    # whole pool was then (``legacy``), so that an upgraded store keeps its pool.
+    legacy = canonical_json.dumps(
+        {
+            "step": "closure",
+            "proven": True,
+            "legacy": True,
+            "reason": "ended before the store kept closure proofs (schema version 1)",
+        }
+    )
+    at = now()
+    for (lease_id,) in conn.execute("SELECT lease_id FROM leases WHERE active = 0").fetchall():
+        conn.execute(
+            "INSERT INTO steps (key, facts, at) VALUES (?, ?, ?)", (f"lease/{lease_id}", legacy, at)
+        )
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 

@@ -1,0 +1,107 @@
+"""The databases a managed server protects, recorded in its data directory.
+
+``dpone server start --protect DB ...`` declares the publication pool with grants on
+those databases, and the server reads its users at start only: a restart that forgets
+one leaves the project's database without a pool. So each start that declares the pool
+records the set in ``<data_dir>/protected.json`` (canonical JSON, 0600, replaced
+atomically), a later start without ``--protect`` starts the server as it was, and every
+hint that tells the user to (re)start the server prints :func:`start_command`, the exact
+command that does.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Sequence
+
+from dpone.contracts import canonical_json
+from dpone.errors import DponeError
+from dpone.localserver.errors import ProtectedRecordCorrupt
+from dpone.localserver.layout import DataDirLayout, write_private_file
+from dpone.localserver.principal_pool import check_databases
+
+# What a start protects when neither --protect nor a record names anything: the demo's.
+DEFAULT_PROTECTED_DATABASE = "dpone_demo"
+RECORD_VERSION = 1
+
+DataDir = str | os.PathLike[str] | None
+
+
+def record_protected(data_dir: DataDir, databases: Sequence[str]) -> None:
+    """Record ``databases`` as what the server on ``data_dir`` protects (replacing the record)."""
+    document = {"databases": list(check_databases(databases)), "version": RECORD_VERSION}
+    layout = DataDirLayout.at(data_dir)
+    write_private_file(layout.protected_file, canonical_json.dumps(document).decode("utf-8"))
+
+
+def recorded_protected(data_dir: DataDir) -> tuple[str, ...] | None:
+    """The recorded protected databases, None when nothing was recorded.
+
+    A damaged record is ``protected_record_corrupt`` (naming the file): it is never
+    guessed around, because a start from it would drop a database's pool.
+    """
+    path = DataDirLayout.at(data_dir).protected_file
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ProtectedRecordCorrupt(
+            f"cannot read the protected databases' record {path}: {exc.strerror}", path=str(path)
+        ) from exc
+    try:
+        document = canonical_json.loads(data, what=f"protected databases' record {path}")
+        if not isinstance(document, dict) or document.get("version") != RECORD_VERSION:
+            raise ValueError(f"not a version-{RECORD_VERSION} record")
+        databases = document.get("databases")
+        if not isinstance(databases, list) or not all(isinstance(d, str) for d in databases):
+            raise ValueError("its databases are not a list of names")
+        return check_databases(databases)
+    except (DponeError, ValueError) as exc:
+        raise ProtectedRecordCorrupt(
+            f"the protected databases' record {path} is damaged ({exc}); start the server "
+            "with every database it protects named by --protect, which rewrites it",
+            path=str(path),
+        ) from exc
+
+
+def databases_to_start(
+    data_dir: DataDir, given: Sequence[str]
+) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """What a start protects and the record it replaces (None when none was recorded).
+
+    ``given`` (the start's ``--protect``) wins and replaces the record; without it the
+    recorded set is started again, and without a record the default database.
+    """
+    recorded = recorded_protected(data_dir)
+    if given:
+        return check_databases(given), recorded
+    return recorded or (DEFAULT_PROTECTED_DATABASE,), recorded
+
+
+def start_command(data_dir: DataDir, *, also: Sequence[str] = ()) -> str:
+    """The exact ``dpone server start`` that starts the server on ``data_dir`` as it was.
+
+    Every recorded database (the default one without a record) gets its ``--protect``,
+    then each of ``also`` that is not among them (a database a hint needs protected).
+    Never raises: a hint must not fail on a damaged record, which the start reports.
+    """
+    layout = DataDirLayout.at(data_dir)
+    try:
+        recorded = recorded_protected(layout.root)
+    except ProtectedRecordCorrupt:
+        recorded = None
+    databases = dict.fromkeys((*(recorded or (DEFAULT_PROTECTED_DATABASE,)), *also))
+    argv = ["dpone", "server", "start", "--data-dir", str(layout.root)]
+    for database in databases:
+        argv += ["--protect", database]
+    return shlex.join(argv)
+
+
+def restart_commands(data_dir: DataDir, *, also: Sequence[str] = ()) -> str:
+    """``dpone server stop ...; dpone server start ...``: the restart as it was (plus ``also``)."""
+    stop = shlex.join(
+        ["dpone", "server", "stop", "--data-dir", str(DataDirLayout.at(data_dir).root)]
+    )
+    return f"{stop}; {start_command(data_dir, also=also)}"
