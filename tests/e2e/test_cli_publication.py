@@ -214,12 +214,20 @@ def test_refreshes_replace_the_target_exactly(ws: Workspace) -> None:
     assert steps(shown["history"]) == [
         ("prepared", 1, None),
         ("prepared", 1, "create_target"),
+        ("prepared", 1, "limits_checked"),
         ("exchange_intent", 2, "claim"),
         ("published", 3, "reconcile"),
     ]
     assert shown["history"][1]["facts"]["query_id"] == (
         f"dpone-s00-{first['journal_head'][:32]}-create-target"
     )
+    # The final observations the ceilings were checked against, kept with the intent.
+    checked = shown["history"][2]["facts"]["observed"]
+    assert checked["source_rows"] == len(BASE)
+    assert checked["total_transient_storage_bytes"] == (
+        checked["retained_storage_bytes"] + checked["generation_storage_bytes"]
+    )
+    assert checked["generation_storage_bytes"] > 0
     final = shown["history"][-1]
     assert final["record_sha256"] == published["record_sha256"]
     verified = dpone("snapshot", "verify", intent, "--store", ws.store, "--json")
@@ -325,10 +333,11 @@ def test_cancel_leaves_the_target_and_the_attempt_cannot_be_prepared_again(ws: W
     assert (shown["record"]["reason"], shown["record"]["claim"]) == ("cancelled", None)
     assert steps(shown["history"]) == [
         ("prepared", 1, None),
+        ("prepared", 1, "limits_checked"),
         ("not_published", 2, "cancel"),
         ("not_published", 2, "cancel_closure"),
     ]
-    assert shown["history"][2]["facts"]["closure"]["proven"] is True
+    assert shown["history"][3]["facts"]["closure"]["proven"] is True
 
     # Publishing a cancelled intent replays its record: nothing is sent (exit 1: not
     # published), and cancelling again replays too.
@@ -362,7 +371,7 @@ def test_an_older_attempt_is_fenced_out(ws: Workspace) -> None:
     assert (ws.uuid_of("fenced"), ws.rows_of("fenced")) == (base["uuid"], sorted(BASE))
     assert ws.exchange_events(a1) == []
     shown = ws.show(a1)
-    assert (shown["state"], shown["revision"], len(shown["history"])) == ("prepared", 1, 1)
+    assert (shown["state"], shown["revision"], len(shown["history"])) == ("prepared", 1, 2)
 
     published = ws.publish(a2)
     assert published["target_uuid"] == newer["uuid"] == ws.uuid_of("fenced")

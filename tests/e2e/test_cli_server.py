@@ -92,6 +92,9 @@ def test_server_lifecycle_through_the_cli(tmp_path: Path) -> None:
         "running": False,
         "data_dir": data,
         "error": {"code": "server_not_running", "message": "no server is running", "details": {}},
+        # The data directory remembers what it protects, and how to start it as it was.
+        "protected_databases": ["dpone_demo"],
+        "start_command": f"dpone server start --data-dir {data} --protect dpone_demo",
     }
     missing = dpone("server", "stop", "--data-dir", data)
     assert missing.returncode == 1 and "server_not_running" in missing.stderr
@@ -226,7 +229,9 @@ def test_rotate_credentials_says_when_it_applies(tmp_path: Path) -> None:
     first, second = done.stdout.splitlines()
     assert first.startswith("new passwords prepared for: dpone_admin, ")
     assert "dpone_ingest_1" in first and "dpone_publisher_1" in first
-    assert (
-        second == "they take effect when the server restarts: dpone server stop; dpone server start"
+    assert second == (
+        "they take effect when the server restarts: "
+        f"dpone server stop --data-dir {data}; "
+        f"dpone server start --data-dir {data} --protect dpone_demo"
     )
     assert status["ok"] is True and status["credentials_rotation_pending"] is True

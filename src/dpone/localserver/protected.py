@@ -44,8 +44,8 @@ def recorded_protected(data_dir: DataDir) -> tuple[str, ...] | None:
     path = DataDirLayout.at(data_dir).protected_file
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
-        return None
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # no record (the start reports a data directory it cannot make)
     except OSError as exc:
         raise ProtectedRecordCorrupt(
             f"cannot read the protected databases' record {path}: {exc.strerror}", path=str(path)

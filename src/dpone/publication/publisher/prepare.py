@@ -28,6 +28,7 @@ from dpone.publication.publisher.checks import (
     check_evidence,
     check_generation,
     generation_of,
+    storage_observed,
 )
 from dpone.publication.publisher.ports import PublisherPorts
 from dpone.publication.publisher.receipts import (
@@ -90,6 +91,20 @@ class PreparePath(PublisherPorts):
                 intent.sha256,
                 {"step": "create_target", "query_id": create_target_query_id(generation_ref)},
             )
+        # The final observations the ceilings were checked against, kept with the intent.
+        self.store.observe(
+            intent.sha256,
+            {
+                "step": "limits_checked",
+                "observed": {
+                    "source_rows": evidence.source.rows,
+                    "source_bytes": evidence.source.bytes,
+                    "wire_bytes": evidence.generation.rowbinary_bytes,
+                    **storage_observed(observation, generation),
+                },
+                "observed_at": observation.observed_at,
+            },
+        )
         return receipt(
             record,
             target.uuid,
