@@ -97,7 +97,12 @@ def test_a_lease_records_its_holder_and_an_operator_end_is_noted(tmp_path: Path)
     # Idempotent: a second end writes nothing and says it did not end it now.
     assert store.end_lease_of_gone_holder(lease.lease_id, {"reason": "again"}) == (ended, False)
     assert len(store.step_notes(lease_step_key(lease.lease_id))) == 2
-    # The user is free again.
+    # Ended by the operator, but not proven quiescent: the user is not leased again
+    # until its closure is proven (close-lease stores the proof).
+    with pytest.raises(SnapshotStoreError) as held:
+        store.lease("ingest", ("u1",), "a-2")
+    assert held.value.code == "pool_exhausted"
+    store.note_step(lease_step_key(lease.lease_id), {"step": "closure", "proven": True})
     assert store.lease("ingest", ("u1",), "a-2").user == "u1"
 
 
