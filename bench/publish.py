@@ -28,6 +28,7 @@ from tests.publication_harness import Rig, Row
 from dpone.localserver import LocalServer
 from dpone.localserver.principal_pool import managed_server_users
 from dpone.ports.composition_snapshot import AttemptRef, TargetSlot
+from dpone.project.leases import close_lease
 from dpone.publication.composition import (
     PublicationConfig,
     build_publication,
@@ -46,8 +47,9 @@ def one_round(rig: Rig, name: str, timeout: int, margin: float) -> tuple[float, 
     a = rig.stage(A_ROWS, f"{name}-a")
     rig.existing_target(a, name, A_ROWS)
     store = SqliteSnapshotStore(rig.store_path)
-    for lease in store.leases_of(f"{name}-a"):  # A only made the target: free its user
-        store.end_lease(lease.lease_id)
+    parts = rig.components()
+    for lease in store.leases_of(f"{name}-a"):  # A only made the target: free its user,
+        close_lease(parts, lease.lease_id)  # proven closed (an unproven end would block)
     b = rig.stage(B_ROWS, f"{name}-b")
     config = PublicationConfig(
         rig.data_dir,
