@@ -14,6 +14,7 @@ documented way, checks everything else, and fails with :class:`StatusGap`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -118,8 +119,11 @@ def _planned_table(attempt: Path) -> str:
     return str(json.loads((first / "attempt.json").read_bytes())["planned_ownership"]["table"])
 
 
-def _retention_state(retention: Path) -> str | None:
-    journals = list(retention.iterdir()) if retention.is_dir() else []
+def _retention_state(retention: Path, earlier: frozenset[str] = frozenset()) -> str | None:
+    """The state of the one retention journal not in ``earlier`` (None: not exactly one)."""
+    journals = (
+        [j for j in retention.iterdir() if j.name not in earlier] if retention.is_dir() else []
+    )
     return _journal_state(journals[0]) if len(journals) == 1 else None
 
 
@@ -334,16 +338,24 @@ def test_sigkill_during_retention_keeps_the_new_target_and_finishes_the_drop(
             return False
         # Published: retention follows within milliseconds. Its journal's first event
         # (the copy's facts) is durable; the DROP's intent comes next.
-        return _spin(lambda: _retention_state(retention) == "discarding/retention_planned", 5.0)
+        return _spin(
+            lambda: _retention_state(retention, earlier) == "discarding/retention_planned", 5.0
+        )
 
     # Frozen the moment its journal's first event is seen, the refresh is killed
     # before the DROP is sent (one sent and cut short stays unprovable for its whole
     # dispatch window, a minute). The drop takes milliseconds: a refresh that ends
     # before it is seen published and dropped a copy, and the next one drops again.
-    for run in range(2, 6):
+    # Each try watches only its own journal: a missed try's finished journal stays.
+    for run in range(2, 8):
         make_source(tmp_path / "shop.db", rows_of(5, name=f"r{run}-"))
-        done = len(list(retention.iterdir())) if retention.is_dir() else 0
-        at_kill = _frozen_then_killed(config, dropping, lambda: _retention_state(retention))
+        earlier = (
+            frozenset(j.name for j in retention.iterdir()) if retention.is_dir() else frozenset()
+        )
+        done = len(earlier)
+        at_kill = _frozen_then_killed(
+            config, dropping, functools.partial(_retention_state, retention, earlier)
+        )
         if at_kill is not None:
             break
         assert len(list(retention.iterdir())) == done + 1
