@@ -311,9 +311,13 @@ def test_closure_kills_a_running_query_then_proves_quiescence(
     samples = proof.facts["samples"]
     assert len(samples) >= 3 and all(s["queries"] == [] for s in samples)
     assert samples[-1]["at_us"] > samples[0]["at_us"]
-    assert proof.facts["query_log"] == {
+    account = dict(proof.facts["query_log"])
+    # The server ran throughout: its process began before the closure, and nothing was cut.
+    assert 0 < account.pop("server_started_before_us") < proof.facts["closure_started_us"]
+    assert account == {
         "since_us": 0,
         "unfinished": [],
+        "settled_by_restart": [],
         "started_after_closure": [],
     }
     assert not pool.registry.get_lease(ingest.lease_id).active
@@ -326,14 +330,22 @@ class ScriptedCloser:
 
     name = "scripted"
 
-    def __init__(self, samples: list[list[str]], unfinished: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        samples: list[list[str]],
+        unfinished: list[str] | None = None,
+        process_started_us: int = 0,
+    ) -> None:
         self.samples = samples
         self.unfinished = unfinished or []
+        self.process_started_us = process_started_us  # the unfinished ones started at 10
 
     def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
         sql = request.statement
         rows: list[dict[str, Any]] = []
-        if "now64" in sql:
+        if "uptime()" in sql:
+            rows = [{"us": self.process_started_us}]
+        elif "now64" in sql:
             rows = [{"us": 1_000}]
         elif "FROM system.processes" in sql:
             rows = [{"query_id": q} for q in (self.samples.pop(0) if self.samples else [])]
@@ -369,3 +381,30 @@ def test_one_empty_sample_is_never_proof(
     proof = authority.close_principal(ingest)
     assert not proof.proven and reason in proof.facts["unproven"]
     assert proof.facts["samples"][0]["queries"] == []
+
+
+def test_a_start_cut_by_an_earlier_server_process_is_settled_by_the_restart(pool: Pool) -> None:
+    """An unfinished start from before the server's process began cannot still run."""
+
+    def close(process_started_us: int) -> Any:
+        ingest = pool.issuer.issue(ROLE_INGEST, f"restart-{process_started_us}").ref
+        authority = SnapshotAuthority(
+            registry=pool.registry,
+            issuer=pool.issuer,
+            closer=ScriptedCloser([[], [], []], ["cut-q"], process_started_us),
+            endpoint=pool.endpoint(),
+            probe_credentials=pool.issuer.role_credentials,
+            scope_of=lambda ref: scope_with(ref.lease_id, []),
+            dispatch_gate=new_gate(),
+            policy=ClosurePolicy(samples=3, sample_spacing_seconds=0.0),
+            sleep=lambda s: None,
+        )
+        return authority.close_principal(ingest)
+
+    restarted = close(process_started_us=11)  # the start (at 10) was the old process's
+    assert restarted.proven, restarted.facts["unproven"]
+    assert restarted.facts["query_log"]["settled_by_restart"] == ["cut-q"]
+    assert restarted.facts["query_log"]["unfinished"] == []
+    same = close(process_started_us=10)  # the start was this process's: still unfinished
+    assert not same.proven and "query_log_unfinished" in same.facts["unproven"]
+    assert same.facts["query_log"]["unfinished"] == ["cut-q"]

@@ -29,8 +29,10 @@ revoked while the server runs) acts on one lease, never on a bare user name (its
    open re-arms it for the full T again (checked), so a later closure waits again;
 5. ``SYSTEM FLUSH LOGS`` and the query-log account of the lease: every QueryStart of
    the lease since the lease was issued has its finish or exception, and nothing
-   started after the closure began. Queries from before the lease (say, an INSERT cut
-   by a server stop, whose QueryStart never gets a finish) are not the lease's.
+   started after the closure began. Queries from before the lease are not the lease's;
+   a start without a finish from before the server's current process began (an INSERT
+   cut by a server stop or crash) is settled by the restart: the process that ran it
+   is gone (``facts["query_log"]["settled_by_restart"]``).
 
 The proof is ``proven`` only when every step held; ``facts`` record all of it. The
 sessions of step 4 are the publisher's EXCHANGE session and the ingest lease's
@@ -540,11 +542,36 @@ class SnapshotAuthority:
             "ORDER BY query_id FORMAT JSONEachRow",
             "account",
         )
+        # A start without a finish from before the server's current process began was
+        # cut by a stop or crash: the process that ran it is gone, so nothing of it can
+        # still run or write. The bound is a second early (uptime() counts whole
+        # seconds), so a query cut in the old process's last second stays unfinished.
+        restarted_us = self._process_started_before_us()
+        cut = [
+            str(r["query_id"])
+            for r in rows
+            if r["starts"] != r["ends"] and r["last"] < restarted_us
+        ]
         return {
             "since_us": scope.issued_at_us,
-            "unfinished": [str(r["query_id"]) for r in rows if r["starts"] != r["ends"]],
+            "unfinished": [
+                str(r["query_id"])
+                for r in rows
+                if r["starts"] != r["ends"] and str(r["query_id"]) not in cut
+            ],
+            "settled_by_restart": cut,
+            "server_started_before_us": restarted_us,
             "started_after_closure": [str(r["query_id"]) for r in rows if r["last"] >= started_us],
         }
+
+    def _process_started_before_us(self) -> int:
+        """A time (server clock, microseconds) before the server's current process began."""
+        rows = self._rows(
+            "SELECT toUnixTimestamp64Micro(now64(6)) - (toUInt64(uptime()) + 1) * 1000000 AS us "
+            "FORMAT JSONEachRow",
+            "uptime",
+        )
+        return int(rows[0]["us"])
 
     def _rows(self, sql: str, purpose: str) -> list[dict[str, Any]]:
         return self.closer.execute(
