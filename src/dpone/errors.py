@@ -8,6 +8,7 @@ matching. The original exception is always kept as ``__cause__`` by the raiser.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -83,3 +84,24 @@ class LocalServerError(DponeError):
     """The managed local ClickHouse server could not be started, found or stopped."""
 
     code = "local_server_error"
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived; raised by the CLI's handler so ``finally`` blocks clean up.
+
+    A ``BaseException`` like ``KeyboardInterrupt``: code that handles ``Exception``
+    must not swallow it. ``signum`` says which signal it was.
+    """
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signal.Signals(signum)
+
+
+def interruption_signal(exc: BaseException) -> signal.Signals | None:
+    """The signal an exception stands for (Ctrl-C, SIGTERM, SIGHUP), or None."""
+    if isinstance(exc, KeyboardInterrupt):
+        return signal.SIGINT
+    if isinstance(exc, Terminated):
+        return exc.signum
+    return None

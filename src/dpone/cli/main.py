@@ -65,7 +65,7 @@ def _wants_json(args: list[str]) -> bool:
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    raise Terminated
+    raise Terminated(signum)
 
 
 def main(args: list[str] | None = None) -> None:
@@ -74,11 +74,13 @@ def main(args: list[str] | None = None) -> None:
     Every outcome ends here: success, a usage error, a coded dpone error, a signal,
     a closed output pipe, or an unexpected exception (reported as ``internal_error``
     without its text and without a traceback). With ``--json`` exactly one JSON
-    object is printed either way. SIGTERM raises :class:`Terminated`, so temporary
+    object is printed either way. SIGTERM and SIGHUP raise :class:`Terminated`, so temporary
     files are removed on the way out, as on Ctrl-C.
     """
     argv = list(sys.argv[1:] if args is None else args)
+    # SIGHUP (the terminal or the cron session went away) is a SIGTERM: clean up, report.
     signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGHUP, _raise_terminated)
     try:
         result = cli.main(args=argv, prog_name="dpone", standalone_mode=False)
     except SystemExit:

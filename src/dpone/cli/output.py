@@ -16,12 +16,14 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 import dpone
 from dpone.errors import ConfigurationError, DponeError
+from dpone.errors import Terminated as Terminated  # raised by the CLI's signal handler
+from dpone.project.config import DEFAULT_CONFIG
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -30,13 +32,7 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 EXIT_TERMINATED = 128 + signal.SIGTERM
 
-
-class Terminated(BaseException):
-    """SIGTERM arrived; raised by the CLI's handler so ``finally`` blocks clean up.
-
-    A ``BaseException`` like ``KeyboardInterrupt``: code that handles ``Exception``
-    must not swallow it.
-    """
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def emit_json(payload: dict[str, Any]) -> None:
@@ -147,8 +143,9 @@ def describe_failure(exc: BaseException) -> tuple[int, dict[str, Any]]:
     if isinstance(exc, click.Abort | KeyboardInterrupt):
         return EXIT_INTERRUPTED, {"code": "interrupted", "message": "interrupted", "details": {}}
     if isinstance(exc, Terminated):
-        message = "stopped by SIGTERM"
-        return EXIT_TERMINATED, {"code": "terminated", "message": message, "details": {}}
+        message = f"stopped by {exc.signum.name}"
+        details = {"signal": exc.signum.name}
+        return 128 + exc.signum, {"code": "terminated", "message": message, "details": details}
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if exc.filename else ""
         error = {
@@ -217,4 +214,22 @@ def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
     """The ``--json`` flag shared by commands that report something."""
     return click.option(
         "--json", "as_json", is_flag=True, help="Print one JSON object instead of text."
+    )(func)
+
+
+def config_option(func: F) -> F:
+    """``--config``: the project file (default ``dpone.toml``, or ``$DPONE_CONFIG``).
+
+    Any path is taken as given: a directory, a missing or an unreadable file is the
+    command's to report (``load_project``), in dpone's error format and in ``--json``,
+    never as a usage error.
+    """
+    return click.option(
+        "--config",
+        "config_path",
+        type=click.Path(readable=False, path_type=Path),
+        default=DEFAULT_CONFIG,
+        show_default=True,
+        envvar="DPONE_CONFIG",
+        help="The project file.",
     )(func)

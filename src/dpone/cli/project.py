@@ -9,18 +9,18 @@ from typing import Any
 
 import click
 
-from dpone.cli.output import emit_json, json_option, reported_errors
-from dpone.cli.refresh import config_option
+from dpone.cli.output import config_option, emit_json, json_option, reported_errors
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.errors import ConfigurationError, DponeError
+from dpone.errors import ConfigurationError, DponeError, PolicyError
 from dpone.localserver.credentials import admin_credentials
 from dpone.localserver.principal_pool import ingest_users
 from dpone.localserver.protected import restart_commands
 from dpone.ports.clickhouse_request import read
-from dpone.project.config import Project, load_project
+from dpone.project.config import Project, TableConfig, load_project, not_a_file
 from dpone.project.refresh import open_source
 from dpone.publication.composition import managed_endpoint, pool_credentials
 from dpone.sql import quote_literal
+from dpone.typepolicy import column_problems, refusals
 
 EXAMPLE = """\
 # dpone.toml: what `dpone refresh` does. Every key is described in docs/configuration.md.
@@ -75,12 +75,20 @@ shrink_guard = 0.5                # refuse to publish when rows drop by more tha
 def init(config_path: Path) -> None:
     """Write a commented example project file (never over an existing one)."""
     with reported_errors(False):
+        if config_path.is_dir():
+            raise not_a_file(config_path)
         try:
             fd = os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError as exc:
             raise ConfigurationError(
                 f"{config_path} exists; dpone init never overwrites a file",
                 code="config_exists",
+                path=str(config_path),
+            ) from exc
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot write the project file {config_path}: {exc.strerror}",
+                code="config_unwritable",
                 path=str(config_path),
             ) from exc
         with os.fdopen(fd, "w", encoding="utf-8") as stream:
@@ -126,18 +134,9 @@ def check(config_path: Path, as_json: bool) -> None:
 
 
 def reachability(project: Project) -> list[dict[str, Any]]:
-    """Each source and source table readable; the server running, with the pool, protecting
-    each target database. Every problem, with the key it concerns."""
-    problems: list[dict[str, Any]] = []
-
-    def note(key: str, exc: DponeError) -> None:
-        problems.append({"key": key, "code": exc.code, "message": exc.message})
-
-    for table in project.tables.values():
-        try:
-            open_source(project.sources[table.source]).schema(table.source_table)
-        except DponeError as exc:
-            note(f"tables.{table.name}.table", exc)
+    """Every problem :func:`table_problems` finds, then the server's: running, with the
+    pool, protecting each target database. Each with the key it concerns."""
+    problems = table_problems(project)
     data_dir = project.clickhouse.data_dir
     try:
         pool_credentials(data_dir)
@@ -165,5 +164,41 @@ def reachability(project: Project) -> list[dict[str, Any]]:
                         }
                     )
     except DponeError as exc:
-        note("clickhouse.data_dir", exc)
+        problems.append({"key": "clickhouse.data_dir", "code": exc.code, "message": exc.message})
     return problems
+
+
+def table_problems(project: Project) -> list[dict[str, Any]]:
+    """The checks that need no server, for every table: its source table readable, and
+    each column and each type override accepted by the type policy, as the export and
+    the stage will judge them. One entry per unsupported column and per refused
+    override (key ``tables.NAME.table`` or ``tables.NAME.types.COLUMN``)."""
+    problems: list[dict[str, Any]] = []
+    for table in project.tables.values():
+        try:
+            schema = open_source(project.sources[table.source]).schema(table.source_table)
+            refused = [p.to_dict() for p in column_problems(schema.columns, table.types)]
+        except PolicyError as exc:  # a source that judges its declared types itself
+            refused = refusals(exc)
+        except DponeError as exc:
+            problems.append(
+                {"key": f"tables.{table.name}.table", "code": exc.code, "message": exc.message}
+            )
+            continue
+        problems.extend(_refused(table, found) for found in refused)
+    return problems
+
+
+def _refused(table: TableConfig, found: dict[str, Any]) -> dict[str, Any]:
+    """One refusal of the type policy as a problem of ``table``."""
+    details = found["details"]
+    column = details.get("column")
+    key = f"tables.{table.name}.table"
+    if "override" in details:  # an override refused, or one naming no column
+        key = f"tables.{table.name}.types.{column}"
+    entry = {
+        "key": key,
+        "code": found["code"],
+        "message": f"table {table.name} (source table {table.source_table!r}): " + found["message"],
+    }
+    return entry | {k: details[k] for k in ("column", "source_type", "override") if k in details}

@@ -7,7 +7,8 @@ that every ``--json`` prints exactly one object holds here too).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,31 +16,19 @@ import click
 
 from dpone.cli.output import (
     TerminalProgress,
+    config_option,
     echo_warnings,
     emit_json,
     json_option,
     reported_errors,
 )
 from dpone.errors import ConfigurationError
-from dpone.project.config import DEFAULT_CONFIG, Project, TableConfig, load_project
+from dpone.project.config import Project, TableConfig, load_project
 from dpone.project.refresh import RefreshService, TableReport
 from dpone.project.table_run import RunReport
 from dpone.publication.composition import managed_endpoint, pool_credentials
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def config_option(func: F) -> F:
-    """``--config``: the project file (default ``dpone.toml``, or ``$DPONE_CONFIG``)."""
-    return click.option(
-        "--config",
-        "config_path",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=DEFAULT_CONFIG,
-        show_default=True,
-        envvar="DPONE_CONFIG",
-        help="The project file.",
-    )(func)
 
 
 class PhaseProgress:
@@ -127,7 +116,8 @@ def refresh(
         )
         reports: list[TableReport] = []
         for table in tables:
-            if fail_fast and reports and not reports[-1].ok:
+            stopped = reports and (reports[-1].interrupted or (fail_fast and not reports[-1].ok))
+            if stopped:
                 skipped = TableReport(table.name, table.qualified_target, "")
                 skipped.outcome = "skipped"
                 reports.append(skipped)
@@ -136,11 +126,28 @@ def refresh(
             reports.append(report)
             if not as_json:
                 _echo(report)
-        ok = all(r.ok for r in reports)
-        if as_json:
-            emit_json({"ok": ok, "tables": [r.to_dict() for r in reports]})
-        if not ok:
-            raise SystemExit(1)
+        finish_runs(reports, as_json, lambda: {"tables": [r.to_dict() for r in reports]})
+
+
+def finish_runs(
+    reports: Sequence[RunReport], as_json: bool, document: Callable[[], dict[str, Any]]
+) -> None:
+    """Print the JSON object (``document``) and exit: 0 only when every run succeeded.
+
+    A run stopped by a signal exits 128 + its number after its report is printed, and
+    the JSON object says so at the top too (``interrupted`` and an ``error``).
+    """
+    ok = all(r.ok for r in reports)
+    stopped = next((r for r in reports if r.interrupted), None)
+    if as_json:
+        payload = {"ok": ok and stopped is None, **document()}
+        if stopped is not None and stopped.error is not None:
+            payload |= {"interrupted": stopped.interrupted, "error": stopped.error}
+        emit_json(payload)
+    if stopped is not None and stopped.interrupted is not None:
+        raise SystemExit(128 + signal.Signals[stopped.interrupted])
+    if not ok:
+        raise SystemExit(1)
 
 
 def _echo(report: TableReport) -> None:
@@ -161,10 +168,13 @@ def _echo(report: TableReport) -> None:
             f"{head}: NOT published ({report.outcome}, phase {report.phase}): "
             f"[{error.get('code')}] {error.get('message')}"
         )
-        if report.outcome in ("failed", "not_published"):
+        # An interrupted run decided its intent on the way out: with nothing left, it
+        # was not published.
+        settled = report.outcome == "interrupted" and not report.left_behind
+        if report.outcome in ("failed", "not_published") or settled:
             click.echo("  the target is unchanged")
     if report.ok and report.error:
-        click.echo(f"  retention: [{report.error.get('code')}] {report.error.get('message')}")
+        click.echo(f"  {report.phase}: [{report.error.get('code')}] {report.error.get('message')}")
     for dropped in report.dropped_rollback_copies:
         click.echo(f"  dropped old rollback copy {dropped}")
     timings = ", ".join(f"{k} {v:.2f}s" for k, v in report.timings.items())
@@ -174,10 +184,16 @@ def _echo(report: TableReport) -> None:
 
 
 def echo_evidence(report: RunReport) -> None:
-    """The lines a table's run ends with: its intent, its journal, what to run next."""
+    """The lines a table's run ends with: its intent, its journal, what it left, what
+    to run next."""
     if report.intent_sha256:
         click.echo(f"  intent {report.intent_sha256} ({report.state}@{report.revision})")
     if report.journal:
         click.echo(f"  journal {report.journal}")
+    if report.interrupted and not report.left_behind:
+        click.echo("  left nothing to finish" + (" (published)" if report.ok else ""))
+    for item in report.left_behind:
+        what = item.get("attempt_id") or item.get("intent_sha256") or item.get("lease_id")
+        click.echo(f"  left: {item.get('kind')} {what}")
     for command in report.next_commands:
         click.echo(f"  next: {command}")

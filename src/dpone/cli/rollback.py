@@ -10,8 +10,13 @@ from pathlib import Path
 
 import click
 
-from dpone.cli.output import emit_json, json_option, reported_errors
-from dpone.cli.refresh import config_option, echo_evidence, preflight, select_tables
+from dpone.cli.output import config_option, json_option, reported_errors
+from dpone.cli.refresh import (
+    echo_evidence,
+    finish_runs,
+    preflight,
+    select_tables,
+)
 from dpone.project.config import load_project
 from dpone.project.rollback import RollbackReport, RollbackService
 
@@ -32,12 +37,9 @@ def rollback(name: str, config_path: Path, as_json: bool) -> None:
         tables = select_tables(project, (name,), False)
         preflight(project, tables)
         report = RollbackService(project).rollback(tables[0])
-        if as_json:
-            emit_json(report.to_dict())
-        else:
+        if not as_json:
             _echo(report)
-        if not report.ok:
-            raise SystemExit(1)
+        finish_runs([report], as_json, report.to_dict)
 
 
 def _echo(report: RollbackReport) -> None:

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import click
 
-from dpone.cli.output import emit_json, json_option, reported_errors
-from dpone.cli.refresh import config_option
+from dpone.cli.output import config_option, emit_json, json_option, reported_errors
 from dpone.project.config import load_project
 from dpone.project.status import project_status
 

@@ -20,7 +20,7 @@ from dpone.contracts.schema import SourceColumn, SourceSchema
 from dpone.errors import ConfigurationError, DponeError, PolicyError
 from dpone.exporters import native_render
 from dpone.sql.quoting import quote_literal
-from dpone.typepolicy import plan_column
+from dpone.typepolicy import plan_column, refusal
 from dpone.typepolicy.source_types import parse_source_type
 
 FETCH_ROWS = 10_000
@@ -223,7 +223,8 @@ class SqliteSource:
             raise self._failed(exc) from exc
         if not info:
             raise SourceError(f"table {table!r} not found in {self.path}", table=table)
-        columns = []
+        columns: list[SourceColumn] = []
+        refused: list[PolicyError] = []
         for _cid, name, declared, notnull, _default, _pk in info:
             if not declared:
                 raise SourceError(
@@ -231,9 +232,14 @@ class SqliteSource:
                     "type or one of SQLite's INTEGER, REAL, TEXT, BLOB",
                     column=name,
                 )
-            columns.append(
-                SourceColumn(name, sqlite_column_type(declared, column=name), nullable=not notnull)
-            )
+            try:
+                mapped = sqlite_column_type(declared, column=name)
+            except PolicyError as exc:  # every refused column is named, not the first
+                refused.append(exc)
+                continue
+            columns.append(SourceColumn(name, mapped, nullable=not notnull))
+        if refused:
+            raise refusal(refused)
         return SourceSchema.of(columns)
 
     def rows(self, table: str, schema: SourceSchema) -> Iterator[tuple[Any, ...]]:

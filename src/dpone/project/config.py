@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -143,18 +144,42 @@ class Project:
 
 
 def load_project(path: Path) -> Project:
-    """Read and parse ``path``; raises :class:`ProjectConfigError` listing every problem."""
+    """Read and parse ``path``; raises :class:`ProjectConfigError` listing every problem.
+
+    A path that is missing (``config_missing``), not a regular file such as a directory
+    (``config_not_a_file``) or unreadable (``config_unreadable``) has a code of its own.
+    """
     try:
+        # stat before reading: reading a FIFO would block, and a device could have effects.
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise not_a_file(path)
         text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, NotADirectoryError) as exc:
         raise ProjectConfigError(
             f"no project file {path}; write an example with `dpone init`",
             code="config_missing",
             path=str(path),
         ) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProjectConfigError(f"cannot read {path}: {exc}", path=str(path)) from exc
+    except OSError as exc:
+        raise ProjectConfigError(
+            f"cannot read the project file {path}: {exc.strerror}",
+            code="config_unreadable",
+            path=str(path),
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise ProjectConfigError(f"{path} is not UTF-8 text: {exc}", path=str(path)) from exc
     return parse_project(text, path)
+
+
+def not_a_file(path: Path) -> ProjectConfigError:
+    """The error for a project file path that names a directory or another non-file."""
+    if path.is_dir():
+        what = f"is a directory; name the file in it, e.g. --config {path / DEFAULT_CONFIG}"
+    else:
+        what = "is not a regular file"
+    return ProjectConfigError(
+        f"the project file {path} {what}", code="config_not_a_file", path=str(path)
+    )
 
 
 def parse_project(text: str, path: Path) -> Project:

@@ -231,3 +231,21 @@ def close_lease(parts: PublicationComponents, lease_id: str) -> ClosureProof:
     lease = parts.store.get_lease(lease_id)
     ref = PrincipalRef(lease.user, parts.issuer.user_uuid(lease.user), lease.lease_id)
     return parts.publisher.authority.close_principal(ref)
+
+
+def close_attempt_leases(parts: PublicationComponents, attempt_id: str) -> list[str]:
+    """Close the ingest leases of ``attempt_id`` still active or ended unproven; their ids.
+
+    For an attempt whose generation will never be published: the pool gets the user
+    back, and a user whose closure is proven may write again.
+    """
+    store = parts.store
+    assert isinstance(store, SqliteSnapshotStore)
+    mine = [
+        lease.lease_id
+        for lease in store.leases_of(attempt_id)
+        if lease.role == ROLE_INGEST and (lease.active or not store.closure_proven(lease))
+    ]
+    for lease_id in mine:
+        close_lease(parts, lease_id)
+    return mine

@@ -49,6 +49,8 @@ from dpone.ports.clickhouse_request import read, read_query_id
 from dpone.ports.composition_snapshot import AttemptRef, IssuedPrincipal, TargetSlot
 from dpone.preparation.artifact import HeldArtifact
 from dpone.project.config import Project, SourceConfig, TableConfig, resolve_secret
+from dpone.project.interruption import account_for_interruption, settle_intent
+from dpone.project.leases import close_attempt_leases
 from dpone.project.retention import enforce_retention
 from dpone.project.table_run import (
     REQUEST_SECONDS,
@@ -144,12 +146,45 @@ class RefreshService:
     def refresh(self, table: TableConfig) -> TableReport:
         """One attempt for ``table``; never raises a :class:`DponeError` (the report has it)."""
         report = TableReport(table.name, table.qualified_target, new_attempt_id())
-        return run_phases(report, partial(self._run, table), partial(self._failed, table))
+        return run_phases(
+            report,
+            partial(self._run, table),
+            partial(self._failed, table),
+            partial(self._interrupted, table),
+        )
 
     def _failed(self, table: TableConfig, report: TableReport, exc: DponeError) -> None:
         self.done()
         if not report.next_commands:
             report.next_commands = self._after_failure(table, report, exc)
+
+    def _interrupted(self, table: TableConfig, report: TableReport) -> None:
+        self.done()
+        account_for_interruption(
+            self.project, table, report, "refresh", partial(self._settle, table)
+        )
+
+    def _settle(self, table: TableConfig, report: RunReport) -> None:
+        """End what an interrupted refresh holds: its intent decided, then, unless it
+        was published, its staged generation discarded and its ingest lease closed."""
+        parts = publication_for(self.project, table)
+        state = settle_intent(parts, report)
+        if state is SnapshotState.PUBLISHED:
+            return  # retention's copies are the next refresh's (and status lists them)
+        events = _events(self.attempts_dir / report.attempt_id)
+        if events and events[-1].document.get("state") == "staged":
+            intent = None
+            if report.intent_sha256 is not None:
+                stored = parts.store.load(report.intent_sha256)
+                intent = SnapshotIntent.from_bytes(stored.intent_bytes)
+            discard_attempt(
+                HttpTransport(parts.endpoint, admin_credentials(self.project.clickhouse.data_dir)),
+                self.attempts_dir,
+                report.attempt_id,
+                database=table.database,
+                expected_uuid=intent.generation_uuid if intent is not None else None,
+            )
+        close_attempt_leases(parts, report.attempt_id)
 
     # ------------------------------------------------------------------ the phases
 

@@ -54,6 +54,7 @@ from dpone.ports.composition_snapshot import (
     TargetSlot,
 )
 from dpone.project.config import Project, TableConfig
+from dpone.project.interruption import account_for_interruption, settle_intent
 from dpone.project.table_run import (
     REQUEST_SECONDS,
     Phases,
@@ -222,7 +223,17 @@ class RollbackService:
     def rollback(self, table: TableConfig) -> RollbackReport:
         """One rollback attempt; never raises a :class:`DponeError` (the report has it)."""
         report = RollbackReport(table.name, table.qualified_target, new_attempt_id())
-        return run_phases(report, partial(self._run, table))
+        return run_phases(
+            report,
+            partial(self._run, table),
+            interrupted=lambda done: account_for_interruption(
+                self.project,
+                table,
+                done,
+                "rollback",
+                lambda run: settle_intent(publication_for(self.project, table), run),
+            ),
+        )
 
     def _run(self, table: TableConfig, report: RollbackReport, phase: Phases) -> None:
         project = self.project

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from dpone.contracts.composition_snapshot import SnapshotState
-from dpone.errors import DponeError, StateError
+from dpone.errors import DponeError, StateError, interruption_signal
 from dpone.project.config import Project, TableConfig
 from dpone.publication.composition import (
     PublicationComponents,
@@ -48,6 +48,10 @@ class RunReport:
     timings: dict[str, float] = field(default_factory=dict)
     error: dict[str, Any] | None = None
     next_commands: list[str] = field(default_factory=list)
+    # The signal that stopped the run (SIGINT, SIGTERM, SIGHUP), and what it left then:
+    # each item as `dpone status` names it, with the command that resolves it.
+    interrupted: str | None = None
+    left_behind: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field; timings rounded to the millisecond, lists copied."""
@@ -84,10 +88,15 @@ def run_phases(
     report: R,
     run: Callable[[R, Phases], None],
     failed: Callable[[R, DponeError], None] | None = None,
+    interrupted: Callable[[R], None] | None = None,
 ) -> R:
     """``run`` the phases into ``report``; a :class:`DponeError` ends up in the report.
 
-    ``failed`` sees the report once the failed phase and the error are in it.
+    ``failed`` sees the report once the failed phase and the error are in it. A signal
+    (Ctrl-C, SIGTERM, SIGHUP) ends the run too, after the phase's own cleanup ran on
+    the way out: the report names the signal and the phase (``interrupted``), and
+    ``interrupted`` then accounts for what the run left. A second signal during that
+    account cuts it short, never the report. The caller stops after such a report.
     """
     phase = Phases(report.timings)
     try:
@@ -97,6 +106,27 @@ def run_phases(
         report.error = exc.to_dict()
         if failed is not None:
             failed(report, exc)
+    except BaseException as exc:
+        signum = interruption_signal(exc)
+        if signum is None:
+            raise
+        report.phase, report.interrupted = phase.current, signum.name
+        if not report.ok:
+            report.outcome = "interrupted"
+        details: dict[str, Any] = {"signal": signum.name, "phase": phase.current}
+        report.error = {
+            "code": "interrupted",
+            "message": f"stopped by {signum.name} during {phase.current or 'the run'}",
+            "details": details,
+        }
+        if interrupted is not None:
+            try:
+                interrupted(report)
+            except BaseException as cut:  # a second signal, or a read that failed
+                cut_by = interruption_signal(cut)
+                if cut_by is None and not isinstance(cut, Exception):
+                    raise
+                details["account_cut"] = cut_by.name if cut_by else type(cut).__name__
     return report
 
 

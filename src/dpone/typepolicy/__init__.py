@@ -5,8 +5,21 @@ from dpone.typepolicy.policy import (
     POLICY_ID,
     POLICY_VERSION,
     ColumnPlan,
+    column_problems,
     plan_column,
     plan_columns,
+    refusal,
+    refusals,
 )
 
-__all__ = ["POLICY_ID", "POLICY_VERSION", "ColumnPlan", "Refused", "plan_column", "plan_columns"]
+__all__ = [
+    "POLICY_ID",
+    "POLICY_VERSION",
+    "ColumnPlan",
+    "Refused",
+    "column_problems",
+    "plan_column",
+    "plan_columns",
+    "refusal",
+    "refusals",
+]

@@ -8,13 +8,14 @@ value becomes RowBinary. ``docs/type-policy.md`` describes the same table for pe
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dpone.connectors.bulk_text_codec import Cell, CodecColumn, ColumnKind
 from dpone.connectors.rowbinary import NULL_FLAG, VALUE_FLAG
 from dpone.contracts.schema import SourceColumn
-from dpone.errors import PolicyError
+from dpone.errors import DponeError, PolicyError
 from dpone.typepolicy import converters as cv
 from dpone.typepolicy.source_types import SourceType, parse_source_type
 
@@ -181,6 +182,7 @@ def _override(column: str, st: SourceType, default: TargetType, text: str) -> Ta
             f"column {column!r}: cannot store {st} as {text!r}: {why}",
             code="override_not_allowed",
             column=column,
+            source_type=str(st),
             override=text,
         )
 
@@ -273,17 +275,71 @@ def plan_column(column: SourceColumn, override: str | None = None) -> ColumnPlan
     )
 
 
+def column_problems(
+    columns: Sequence[SourceColumn], overrides: Mapping[str, str] | None = None
+) -> list[PolicyError]:
+    """Every refusal of the policy for ``columns``, not only the first: each override
+    naming no column, then each column whose type is outside the table or whose
+    override is refused, in column order. Empty exactly when :func:`plan_columns`
+    accepts them."""
+    return _plan_all(columns, overrides)[1]
+
+
 def plan_columns(
-    columns: Sequence[SourceColumn], overrides: dict[str, str] | None = None
+    columns: Sequence[SourceColumn], overrides: Mapping[str, str] | None = None
 ) -> tuple[ColumnPlan, ...]:
-    """Plans for every column, in order; overrides must name existing columns."""
+    """Plans for every column, in order; overrides must name existing columns.
+
+    Refuses with every problem of :func:`column_problems` (see :func:`refusal`).
+    """
+    plans, problems = _plan_all(columns, overrides)
+    if problems:
+        raise refusal(problems)
+    return tuple(plans)
+
+
+def _plan_all(
+    columns: Sequence[SourceColumn], overrides: Mapping[str, str] | None
+) -> tuple[list[ColumnPlan], list[PolicyError]]:
     overrides = dict(overrides or {})
     names = {c.name for c in columns}
-    unknown = sorted(set(overrides) - names)
-    if unknown:
-        raise PolicyError(
-            f"type overrides name unknown column(s): {', '.join(unknown)}",
+    problems = [
+        PolicyError(
+            f"column {name!r}: a type override names a column the source table does not have",
             code="unknown_override_column",
-            columns=unknown,
+            column=name,
+            override=overrides[name],
         )
-    return tuple(plan_column(c, overrides.get(c.name)) for c in columns)
+        for name in sorted(set(overrides) - names)
+    ]
+    plans = []
+    for column in columns:
+        try:
+            plans.append(plan_column(column, overrides.get(column.name)))
+        except PolicyError as exc:
+            problems.append(exc)
+    return plans, problems
+
+
+def refusal(problems: Sequence[PolicyError]) -> PolicyError:
+    """One error for the refusals of one table: the only one itself, or one naming them
+    all, with each one's ``to_dict()`` under ``details['problems']`` and the shared code
+    (``types_refused`` when they differ). See :func:`refusals` for the way back."""
+    if len(problems) == 1:
+        return problems[0]
+    codes = {p.code for p in problems}
+    return PolicyError(
+        f"{len(problems)} columns refused by the type policy: "
+        + "; ".join(p.message for p in problems),
+        code=codes.pop() if len(codes) == 1 else "types_refused",
+        problems=[p.to_dict() for p in problems],
+    )
+
+
+def refusals(error: DponeError) -> list[dict[str, Any]]:
+    """The single refusals an error of :func:`refusal` stands for (``code``, ``message``,
+    ``details``): its listed problems, or the error itself."""
+    listed = error.details.get("problems")
+    if isinstance(listed, list) and listed:
+        return [dict(p) for p in listed]
+    return [error.to_dict()]
