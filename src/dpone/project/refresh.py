@@ -2,6 +2,9 @@
 
 One attempt per table and call, in phases:
 
+- ``check``: what would refuse the run later is refused before any work: the target
+  database exists and is protected, no publication of the slot awaits its outcome,
+  and no other refresh of the table runs (its lock is held to the end).
 - ``export``: the source table to a bulk text file and its receipt in the work dir
   (validated as it is written; a failed export leaves neither).
 - ``stage``: a leased ingest principal of the pool stages the file into a private
@@ -28,7 +31,7 @@ import os
 import shlex
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -65,10 +68,12 @@ from dpone.publication.catalog import ClickHouseSnapshotCatalog
 from dpone.publication.composition import (
     PublicationComponents,
     ingest_session_notes,
+    require_database,
     require_protected,
     staging_policy,
 )
 from dpone.publication.retained import headroom_policy, headroom_refusal
+from dpone.publication.store import SqliteSnapshotStore
 from dpone.sql import quote_literal
 from dpone.staging.composition import StagingConfig
 from dpone.staging.contract import PhysicalDesign, StagingPolicy
@@ -76,7 +81,7 @@ from dpone.staging.journal import read_events
 from dpone.staging.recovery import discard_attempt, finishing_command
 from dpone.staging.sink import ClickHouseSink, new_attempt_id
 
-PHASES = ("export", "stage", "prepare", "shrink_guard", "publish", "retention")
+PHASES = ("check", "export", "stage", "prepare", "shrink_guard", "publish", "retention")
 # progress(phase, rows, bytes): a terminal display only, never part of any evidence.
 Progress = Callable[[str, int, int], None]
 
@@ -189,14 +194,53 @@ class RefreshService:
     # ------------------------------------------------------------------ the phases
 
     def _run(self, table: TableConfig, report: TableReport, phase: Phases) -> None:
+        with ExitStack() as held:
+            with phase("check"):
+                held.enter_context(_table_lock(self.project.work_dir, table.name))
+                self._check_before_work(table)
+            self._run_locked(table, report, phase)
+
+    def _check_before_work(self, table: TableConfig) -> None:
+        """What would refuse the run later, refused now, before the export.
+
+        The target database exists and the server protects it (``database_missing``,
+        ``database_not_protected``: a pool user asked later would call a protected
+        database missing); no publication of the slot waits for its outcome
+        (``slot_blocked``, with the command that resolves it).
+        """
+        data_dir = self.project.clickhouse.data_dir
+        require_database(data_dir, table.database)
+        require_protected(data_dir, table.database)
+        if not self.project.store.exists():
+            return
+        store = SqliteSnapshotStore(self.project.store, create=False)
+        for summary in store.list_snapshots():
+            unresolved = summary.state in (
+                SnapshotState.EXCHANGE_INTENT.value,
+                SnapshotState.COMMIT_UNKNOWN.value,
+            )
+            if unresolved and (summary.database, summary.target_table) == (
+                table.database,
+                table.target,
+            ):
+                command = snapshot_command(self.project, "reconcile", summary.intent_sha256)
+                raise RefreshError(
+                    f"{table.qualified_target} has a publication whose outcome is not yet "
+                    f"known ({summary.state}, intent {summary.intent_sha256}); nothing is "
+                    f"exported until it is reconciled: `{command}`",
+                    code="slot_blocked",
+                    intent_sha256=summary.intent_sha256,
+                    state=summary.state,
+                    next_command=command,
+                )
+
+    def _run_locked(self, table: TableConfig, report: TableReport, phase: Phases) -> None:
         project = self.project
         with phase("export"):
             exported = self._export(table, report.warnings.append)
         report.file_bytes = exported.receipt.artifact_size
         report.rows = exported.receipt.rows_validated
         with phase("stage"):
-            # Before any pool user is asked: it would call the database missing.
-            require_protected(project.clickhouse.data_dir, table.database)
             parts = publication_for(project, table)
             admin_login = admin_credentials(project.clickhouse.data_dir)
             admin = HttpTransport(parts.endpoint, admin_login)
@@ -247,19 +291,18 @@ class RefreshService:
             show = self.progress
             progress = lambda rows, size: show("export", rows, size)  # noqa: E731
         out = exports / f"{table.name}.tsv"
-        with _export_lock(out):
-            # A refresh killed while exporting (SIGKILL runs no cleanup) left its
-            # temporary siblings; under the lock no live export of this table owns one.
-            for stale in _partial_exports(out):
-                stale.unlink(missing_ok=True)
-            result = export_table(
-                source,
-                table.source_table,
-                out,
-                force=_replaces_own_export(out),
-                progress=progress,
-                warn=warn,
-            )
+        # A refresh killed while exporting (SIGKILL runs no cleanup) left its temporary
+        # siblings; under the table's lock no live export of this table owns one.
+        for stale in _partial_exports(out):
+            stale.unlink(missing_ok=True)
+        result = export_table(
+            source,
+            table.source_table,
+            out,
+            force=_replaces_own_export(out),
+            progress=progress,
+            warn=warn,
+        )
         self.done()
         return result
 
@@ -469,18 +512,25 @@ class RefreshService:
 
 
 @contextmanager
-def _export_lock(out: Path) -> Iterator[None]:
-    """Exclusive use of one table's export in the work dir (released by the kernel on death)."""
-    lock = out.with_name(f".{out.name}.lock")
+def _table_lock(work_dir: Path, name: str) -> Iterator[None]:
+    """One refresh of a table at a time in a work dir, from its checks to its end.
+
+    Released by the kernel when the process dies. A second refresh of the table is
+    refused at once (``refresh_busy``), before it exports or stages anything.
+    """
+    locks = work_dir / "locks"
+    private_directories(locks)
+    lock = locks / f"{name}.lock"
     fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
             raise RefreshError(
-                f"another refresh is exporting {out} now; run this one after it ends",
-                code="export_busy",
-                path=str(out),
+                f"another refresh of {name} runs now in {work_dir}; run this one after it ends",
+                code="refresh_busy",
+                table=name,
+                lock=str(lock),
             ) from exc
         yield
     finally:

@@ -220,6 +220,26 @@ def require_protected(data_dir: Path, database: str) -> None:
     )
 
 
+def require_database(data_dir: Path, database: str) -> None:
+    """Refuse ``database`` unless it exists on the managed server (``database_missing``).
+
+    Asked as the administrator before any work: a pool user would be told the same
+    only after the export, and as the server's raw ``UNKNOWN_DATABASE``.
+    """
+    if _admin_count(
+        data_dir, f"system.databases WHERE name = {quote_literal(database)}", "database"
+    ):
+        return
+    statement = f"CREATE DATABASE {quote_identifier(database)} ENGINE = Atomic"
+    raise ConfigurationError(
+        f"database {database!r} does not exist on the managed server; create it as its "
+        f"administrator (`{statement}`), or point the table's target at an existing one",
+        code="database_missing",
+        database=database,
+        statement=statement,
+    )
+
+
 def _admin_count(data_dir: Path, where: str, what: str) -> bool:
     """Whether ``SELECT count() FROM <where>`` is not zero, asked as the administrator."""
     # Asked from `system`: the database concerned may not exist.

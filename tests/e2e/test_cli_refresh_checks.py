@@ -1,0 +1,143 @@
+"""What would refuse a refresh later is refused before its export (issue 24, item 7).
+
+Before: a missing target database (``nodb.orders``) came back as the server's raw
+``Code: 81 ... UNKNOWN_DATABASE`` after the whole export; a table blocked by an
+unresolved publication was found only after the export and the stage; a second
+refresh started while the first staged re-exported and staged before failing, and
+left a generation to discard. Now each is refused in the ``check`` phase, with a
+code and the command that resolves it, and nothing is exported or staged.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpone.publication.store import SqliteSnapshotStore
+from tests import chhttp
+from tests.e2e.test_cli_refresh import make_source, project, protected_server, refresh, rows_of
+from tests.e2e.test_cli_server import as_json, dpone
+
+DATABASE = "refresh_db"  # test_cli_refresh.project() targets this database
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield from protected_server(tmp_path_factory, DATABASE, "checks-ch")
+
+
+def _exports(tmp_path: Path) -> dict[str, int]:
+    exports = tmp_path / "work" / "exports"
+    return {p.name: p.stat().st_mtime_ns for p in exports.iterdir()} if exports.is_dir() else {}
+
+
+def _refused_before_work(
+    config: Path, code: str, exports_before: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """Refresh; it must fail in ``check`` with ``code``, exporting nothing."""
+    exit_code, document = refresh(config, "items")
+    assert exit_code == 1 and document["ok"] is False, document
+    (report,) = document["tables"]
+    assert (report["phase"], report["error"]["code"]) == ("check", code), report
+    assert list(report["timings"]) == ["check"], report  # no export, no stage
+    assert _exports(config.parent) == (exports_before or {})
+    return dict(report)
+
+
+def _attempts(tmp_path: Path) -> set[str]:
+    attempts = tmp_path / "work" / "attempts"
+    return {p.name for p in attempts.iterdir()} if attempts.is_dir() else set()
+
+
+def test_a_missing_or_unprotected_database_is_refused_before_the_export(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    make_source(tmp_path / "shop.db", rows_of(10))
+    config = project(tmp_path, server, "t_check_db")
+    text = config.read_text()
+    config.write_text(text.replace(f'"{DATABASE}.t_check_db"', '"nodb.orders"'))
+    report = _refused_before_work(config, "database_missing")
+    assert "CREATE DATABASE `nodb`" in report["error"]["message"], report
+    assert "Code: 81" not in report["error"]["message"]
+    # It exists now, but the server does not protect it: the restart that does.
+    chhttp.query(server["http_port"], "CREATE DATABASE nodb ENGINE = Atomic")
+    try:
+        report = _refused_before_work(config, "database_not_protected")
+        assert "--protect nodb" in report["error"]["details"]["next_command"], report
+        assert _attempts(tmp_path) == set()
+    finally:
+        chhttp.query(server["http_port"], "DROP DATABASE nodb")
+
+
+def _wait_for_state(store: Path, state: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            states = [s.state for s in SqliteSnapshotStore(store, create=False).list_snapshots()]
+        except Exception:  # polled while the refresh writes it
+            states = []
+        if state in states:
+            return
+        assert process.poll() is None, "the refresh ended before the point to kill it"
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
+def _start_refresh(config: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "dpone", "refresh", "--config", str(config), "items"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+
+
+def test_a_slot_blocked_by_an_unresolved_publication_is_refused_before_the_export(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    rows = rows_of(1_000)
+    make_source(tmp_path / "shop.db", rows)
+    config = project(tmp_path, server, "t_check_blocked")
+    store = tmp_path / "store.sqlite"
+    process = _start_refresh(config)
+    _wait_for_state(store, "exchange_intent", process)  # claimed: the EXCHANGE may be sent
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    known = _attempts(tmp_path)
+    report = _refused_before_work(config, "slot_blocked", _exports(tmp_path))
+    command = report["error"]["details"]["next_command"]
+    assert command.split()[1:3] == ["snapshot", "reconcile"], report
+    assert _attempts(tmp_path) == known  # nothing staged
+    done = dpone(*command.split()[1:], "--json")
+    assert as_json(done)["state"] in ("published", "not_published"), done.stdout
+    code, document = refresh(config, "items")
+    assert code == 0, document
+
+
+def test_a_second_refresh_of_a_running_table_is_refused_at_once(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    make_source(tmp_path / "shop.db", rows_of(20_000))
+    config = project(tmp_path, server, "t_check_busy")
+    store = tmp_path / "store.sqlite"
+    first = _start_refresh(config)
+    _wait_for_state(store, "prepared", first)  # the first one is well past its export
+    known = _attempts(tmp_path)
+    code, document = refresh(config, "items")
+    assert code == 1
+    (report,) = document["tables"]
+    assert (report["phase"], report["error"]["code"]) == ("check", "refresh_busy"), report
+    assert list(report["timings"]) == ["check"], report
+    assert _attempts(tmp_path) == known, "the second refresh staged nothing"
+    assert first.wait(timeout=120) == 0
+    code, document = refresh(config, "items")
+    assert code == 0, document
