@@ -96,6 +96,7 @@ def test_first_and_second_refresh_make_the_target_equal_the_source(
     assert first["ok"] is True and report["outcome"] == "published" and report["created_target"]
     assert report["rows"] == 20 and report["previous_rows"] == 0
     assert set(report["timings"]) == {
+        "check",
         "export",
         "stage",
         "prepare",
