@@ -82,6 +82,15 @@ class _StderrLine:
             cls.open = False
 
 
+MIN_RATE_SECONDS = 0.5
+
+
+def status_line(text: str) -> None:
+    """Draw ``text`` on the one rewritten stderr line (a later message starts afresh)."""
+    click.echo(f"\r{text}   ", nl=False, err=True)
+    _StderrLine.open = True
+
+
 class TerminalProgress:
     """Rows, bytes and rate of a long phase on one rewritten stderr line (terminals only).
 
@@ -95,11 +104,16 @@ class TerminalProgress:
 
     def __call__(self, rows: int, size: int) -> None:
         elapsed = self._clock() - self._started
-        rate = f", {rows / elapsed:,.0f} rows/s" if elapsed > 0 else ""
-        click.echo(
-            f"\r{self._phase}: {rows:,} rows, {size / 2**20:,.1f} MiB{rate}   ", nl=False, err=True
-        )
-        _StderrLine.open = True
+        parts = []
+        if rows > 0:
+            parts.append(f"{rows:,} rows")
+        if size > 0:
+            parts.append(f"{size / 2**20:,.1f} MiB")
+        # A rate over a few milliseconds says nothing (it read 169,109,357,616 rows/s).
+        if rows > 0 and elapsed >= MIN_RATE_SECONDS:
+            parts.append(f"{rows / elapsed:,.0f} rows/s")
+        shown = ", ".join(parts) or "running"
+        status_line(f"{self._phase}: {shown}")
 
     @staticmethod
     def finish() -> None:

@@ -21,9 +21,11 @@ from dpone.cli.output import (
     emit_json,
     json_option,
     reported_errors,
+    status_line,
 )
+from dpone.cli.refresh_jobs import run_jobs
 from dpone.errors import ConfigurationError
-from dpone.project.config import Project, TableConfig, load_project
+from dpone.project.config import MAX_JOBS, Project, TableConfig, load_project
 from dpone.project.refresh import RefreshService, TableReport
 from dpone.project.table_run import RunReport
 from dpone.publication.composition import managed_endpoint, pool_credentials
@@ -90,6 +92,13 @@ def preflight(project: Project, tables: list[TableConfig]) -> None:
     help="Publish even when the new generation is smaller than the shrink guard allows.",
 )
 @click.option("--fail-fast", is_flag=True, help="Stop at the first table that fails.")
+@click.option(
+    "--jobs",
+    type=click.IntRange(1, MAX_JOBS),
+    default=None,
+    help=f"Tables refreshed at once, each in its own process (default: the project's "
+    f"`jobs`, else 1; at most the pool's {MAX_JOBS}).",
+)
 @json_option
 def refresh(
     names: tuple[str, ...],
@@ -97,6 +106,7 @@ def refresh(
     config_path: Path,
     allow_shrink: bool,
     fail_fast: bool,
+    jobs: int | None,
     as_json: bool,
 ) -> None:
     """Export, stage, prepare, guard and publish each table; report what happened.
@@ -107,6 +117,10 @@ def refresh(
         project = load_project(config_path)
         tables = select_tables(project, names, every)
         preflight(project, tables)
+        jobs = min(jobs or project.jobs, len(tables))
+        if jobs > 1:
+            _refresh_jobs(config_path, tables, jobs, allow_shrink, fail_fast, as_json)
+            return
         progress = PhaseProgress() if TerminalProgress.on_terminal(as_json) else None
         service = RefreshService(
             project,
@@ -127,6 +141,42 @@ def refresh(
             if not as_json:
                 _echo(report)
         finish_runs(reports, as_json, lambda: {"tables": [r.to_dict() for r in reports]})
+
+
+def _refresh_jobs(
+    config_path: Path,
+    tables: list[TableConfig],
+    jobs: int,
+    allow_shrink: bool,
+    fail_fast: bool,
+    as_json: bool,
+) -> None:
+    on_terminal = TerminalProgress.on_terminal(as_json)
+
+    def show(report: dict[str, Any]) -> None:
+        if not as_json:
+            TerminalProgress.finish()
+            _echo(TableReport(**report))
+
+    def changed(running: list[str], done: int, waiting: int) -> None:
+        if on_terminal:
+            status_line(f"running {', '.join(running) or '-'}; {done} done, {waiting} waiting")
+
+    documents = run_jobs(
+        config_path,
+        tables,
+        jobs,
+        allow_shrink=allow_shrink,
+        fail_fast=fail_fast,
+        on_report=show,
+        on_change=changed,
+    )
+    TerminalProgress.finish()
+    reports = [TableReport(**d) for d in documents]
+    if not as_json:
+        for skipped in (r for r in reports if r.outcome == "skipped"):
+            _echo(skipped)
+    finish_runs(reports, as_json, lambda: {"tables": documents, "jobs": jobs})
 
 
 def finish_runs(
@@ -152,6 +202,10 @@ def finish_runs(
 
 def _echo(report: TableReport) -> None:
     head = f"{report.table} -> {report.target}"
+    if report.outcome == "skipped":
+        click.echo(f"{head}: skipped (not started)")
+        echo_evidence(report)
+        return
     if report.ok:
         was = "new target" if report.created_target else f"was {report.previous_rows}"
         click.echo(

@@ -25,7 +25,7 @@ from typing import Any
 from dpone.contracts.composition_snapshot import DEFAULT_LIMITS, SnapshotLimits
 from dpone.errors import ConfigurationError
 from dpone.localserver.layout import DEFAULT_DATA_DIR
-from dpone.localserver.principal_pool import check_databases
+from dpone.localserver.principal_pool import DEFAULT_POOL_SIZE, check_databases
 from dpone.preparation.modes import (
     DEFAULT_MODE,
     MODES,
@@ -40,6 +40,8 @@ from dpone.staging.contract import PhysicalDesign
 DEFAULT_CONFIG = Path("dpone.toml")
 DEFAULT_SHRINK_GUARD = 0.5
 DEFAULT_KEEP_ROLLBACK = 1
+# Each running refresh holds one ingest and then one publisher lease of the pool.
+MAX_JOBS = DEFAULT_POOL_SIZE
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LIMIT_KEYS = tuple(DEFAULT_LIMITS.to_document())
@@ -136,6 +138,7 @@ class Project:
     tables: Mapping[str, TableConfig]
     publication: PublicationSettings = field(default_factory=PublicationSettings)
     keep_exports: bool = False  # keep a refresh's export once its table is published
+    jobs: int = 1  # tables refreshed at once by `refresh --all` (each its own process)
 
     @property
     def databases(self) -> tuple[str, ...]:
@@ -354,7 +357,7 @@ class _Reader:
         top = self.section(
             document, (), ("project", "clickhouse", "publication", "sources", "tables"), {}
         )
-        keys = ("work_dir", "store", "keep_rollback", "keep_exports")
+        keys = ("work_dir", "store", "keep_rollback", "keep_exports", "jobs")
         settings = self.section(top.get("project", {}), ("project",), keys, {})
         work_dir = self.path_value(settings, ("project",), "work_dir", self.base / ".dpone/work")
         store = self.path_value(
@@ -369,6 +372,14 @@ class _Reader:
             check=lambda v: None if 0 <= v <= 100 else "must be between 0 and 100",
         )
         keep_exports = self.get(settings, ("project",), "keep_exports", bool, False)
+        jobs = self.get(
+            settings,
+            ("project",),
+            "jobs",
+            int,
+            1,
+            check=lambda v: None if 1 <= v <= MAX_JOBS else f"must be between 1 and {MAX_JOBS}",
+        )
         clickhouse = self.clickhouse(top.get("clickhouse", {}))
         publication = self.publication(top.get("publication", {}))
         sources = {
@@ -387,7 +398,16 @@ class _Reader:
             return None
         assert work_dir is not None and store is not None
         return Project(
-            path, work_dir, store, keep, clickhouse, sources, tables, publication, keep_exports
+            path,
+            work_dir,
+            store,
+            keep,
+            clickhouse,
+            sources,
+            tables,
+            publication,
+            keep_exports,
+            jobs,
         )
 
     def named(self, top: Mapping[str, Any], key: str) -> dict[str, Any]:

@@ -211,9 +211,9 @@ class RefreshService:
         data_dir = self.project.clickhouse.data_dir
         require_database(data_dir, table.database)
         require_protected(data_dir, table.database)
-        if not self.project.store.exists():
-            return
-        store = SqliteSnapshotStore(self.project.store, create=False)
+        # Created here if new, as the publication would (another table's refresh may be
+        # creating it this very moment: the store's own transaction settles who does).
+        store = SqliteSnapshotStore(self.project.store)
         for summary in store.list_snapshots():
             unresolved = summary.state in (
                 SnapshotState.EXCHANGE_INTENT.value,
@@ -251,6 +251,7 @@ class RefreshService:
         report.journal = str(staged.journal_path)
         report.generation_table = staged.table
         with phase("prepare"):
+            self._show("prepare")
             prepared = parts.publisher.prepare(
                 AttemptRef(staged.journal_path, TargetSlot(table.database, table.target)),
                 staged.journal_head,
@@ -268,7 +269,9 @@ class RefreshService:
                 self._refuse_shrink(parts, admin, intent, report, refused)
                 return
         with phase("publish"):
+            self._show("publish")
             _PUBLISH.run(project, parts, report)
+            self.done()
         if not project.keep_exports:
             _remove_export(exported.path, exported.receipt_path, report.warnings.append)
         with phase("retention"):
@@ -281,6 +284,11 @@ class RefreshService:
                 keep=project.keep_rollback,
                 user=admin_login.user,
             )
+
+    def _show(self, phase: str) -> None:
+        """A phase without counts (it waits on the server) is shown as running."""
+        if self.progress is not None:
+            self.progress(phase, 0, 0)
 
     def _export(self, table: TableConfig, warn: Callable[[str], None]) -> Any:
         source = open_source(self.project.sources[table.source])

@@ -14,19 +14,51 @@ from dpone.contracts.composition_snapshot import (
 )
 from dpone.errors import DponeError
 from dpone.ports.composition_snapshot import (
+    CatalogObservation,
     ClickHouseSnapshotCatalog,
     ClickHouseSnapshotExecutor,
     ClosureProof,
     SnapshotPublicationAuthority,
     SnapshotPublicationStore,
+    TargetSlot,
 )
+from dpone.publication.holder_process import Liveness, current_process, holder_liveness
 from dpone.publication.publisher.receipts import SnapshotPublicationError, utc_now
 from dpone.publication.publisher.records import principal_ref
+from dpone.publication.store import LeaseRecord, SqliteSnapshotStore
 
 # How long a caller that lost the claim waits for the winner's outcome, and how often
 # it looks. The wait only delays the loser's answer; it never changes what happens.
 CLAIM_WAIT_SECONDS = 30.0
 CLAIM_POLL_SECONDS = 0.05
+
+
+# How long an observation waits for another process's closure of a pool user to be
+# proven (it ended the lease and is proving it quiescent: a few seconds), and how often.
+CLOSING_WAIT_SECONDS = 60.0
+CLOSING_POLL_SECONDS = 0.25
+
+
+def closing_elsewhere(store: object) -> bool:
+    """Whether a pool user's last lease ended unproven while its holder still runs.
+
+    That holder is closing it now (a refresh ends its lease, then proves it quiescent
+    and stores the proof); a holder that is gone or unknown will prove nothing.
+    """
+    if not isinstance(store, SqliteSnapshotStore):
+        return False
+    last: dict[str, LeaseRecord] = {}
+    for record in store.lease_records(active_only=False):
+        last[record.lease.user] = record  # oldest first: the last one is the latest
+    here = current_process().pid
+    for record in last.values():
+        if record.lease.active or store.closure_proven(record.lease):
+            continue
+        holder = record.holder
+        elsewhere = holder is not None and holder.pid != here
+        if elsewhere and holder_liveness(holder)[0] is Liveness.ALIVE:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -60,6 +92,32 @@ class PublisherPorts:
         self.clock = clock
         self.claim_wait_seconds = claim_wait_seconds
         self.sleep = sleep
+
+    def observe_settled(self, slot: TargetSlot, generation_table: str) -> CatalogObservation:
+        """The catalog's observation, once no pool user is in the middle of its closure.
+
+        A user another process is closing right now (its lease ended, its proof not
+        stored yet) blocks as a writer (``writer_grant``) for those seconds only:
+        observe again once its proof is stored (bounded). Any other blocker, or a
+        closure nobody runs, is in the observation returned at once.
+        """
+        waited = 0.0
+        while True:
+            closing = closing_elsewhere(self.store)  # before: its proof may land meanwhile
+            observation = self.catalog.observe(slot, generation_table)
+            blockers = [
+                b
+                for table in (observation.target, observation.generation)
+                if table is not None
+                for b in table.blockers
+            ]
+            only_writers = all(b.reason == "writer_grant" for b in blockers)
+            if not blockers or not only_writers or waited >= CLOSING_WAIT_SECONDS:
+                return observation
+            if not (closing or closing_elsewhere(self.store)):
+                return observation
+            self.sleep(CLOSING_POLL_SECONDS)
+            waited += CLOSING_POLL_SECONDS
 
     def _load(self, intent_sha256: str) -> LoadedIntent:
         stored = self.store.load(intent_sha256)

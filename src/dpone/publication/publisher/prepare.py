@@ -115,7 +115,7 @@ class PreparePath(PublisherPorts):
         )
 
     def _observe_checked(self, evidence: PublicationEvidence) -> CatalogObservation:
-        observation = self.catalog.observe(evidence.slot, evidence.generation.table)
+        observation = self.observe_settled(evidence.slot, evidence.generation.table)
         for table in (observation.target, observation.generation):
             if table is not None and table.blockers:
                 first = table.blockers[0]

@@ -97,7 +97,7 @@ class PublishPath(ReconcilePath):
             if self.authority.recheck(intent) != parent:
                 return _not_sent(query_id, "authority_changed")
             refusal = exchange_precheck(
-                intent, self.catalog.observe(intent_slot(intent), intent.generation_table)
+                intent, self.observe_settled(intent_slot(intent), intent.generation_table)
             )
             if refusal is not None:
                 return self._refused(intent, query_id, refusal)

@@ -1,0 +1,146 @@
+"""``dpone refresh --all --jobs N``: many tables at once (issue 24, item 4).
+
+Before: ``refresh --all`` ran tables one after another. Now N run at once, each in
+its own process with its own lease and report; a failing table does not stop the
+others; a signal reaches every running table once and each says what it left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpone.publication.store import SqliteSnapshotStore
+from tests import chhttp
+from tests.e2e.test_cli_refresh import protected_server
+from tests.e2e.test_cli_server import as_json, dpone
+
+DATABASE = "jobs_db"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield from protected_server(tmp_path_factory, DATABASE, "jobs-ch")
+
+
+def _project(tmp_path: Path, server: dict[str, Any], tables: int, rows: int, tag: str) -> Path:
+    """``tables`` SQLite tables of ``rows`` rows each, one project table per source table."""
+    with sqlite3.connect(tmp_path / "shop.db") as conn:
+        for n in range(tables):
+            conn.execute(f"CREATE TABLE t{n:02d} (id bigint NOT NULL, name nvarchar(40))")
+            conn.executemany(
+                f"INSERT INTO t{n:02d} VALUES (?, ?)",
+                [(i, f"table {n} row {i}") for i in range(rows)],
+            )
+    conn.close()
+    text = (
+        '[project]\nwork_dir = "work"\nstore = "store.sqlite"\n'
+        f'[clickhouse]\ndata_dir = "{server["data_dir"]}"\n'
+        '[sources.shop]\nkind = "sqlite"\npath = "shop.db"\n'
+    )
+    for n in range(tables):
+        text += (
+            f'[tables.t{n:02d}]\nsource = "shop"\ntable = "t{n:02d}"\n'
+            f'target = "{DATABASE}.{tag}_{n:02d}"\norder_by = "id"\n'
+        )
+    config = tmp_path / "dpone.toml"
+    config.write_text(text)
+    return config
+
+
+def _count(port: int, table: str) -> int:
+    return int(chhttp.rows(port, f"SELECT count() AS n FROM {DATABASE}.{table}")[0]["n"])
+
+
+def test_twenty_tables_with_four_jobs_each_publish_with_their_own_report(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    config = _project(tmp_path, server, 20, 1_000, "many")
+    # One table's source table is gone: it fails alone, the others go on.
+    with sqlite3.connect(tmp_path / "shop.db") as conn:
+        conn.execute("DROP TABLE t07")
+    conn.close()
+    done = dpone("refresh", "--all", "--jobs", "4", "--config", str(config), "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    document = as_json(done)
+    assert document["jobs"] == 4 and document["ok"] is False
+    reports = {r["table"]: r for r in document["tables"]}
+    assert list(reports) == [f"t{n:02d}" for n in range(20)]  # the project's order
+    assert (reports["t07"]["outcome"], reports["t07"]["phase"]) == ("failed", "export")
+    published = [r for name, r in reports.items() if name != "t07"]
+    failed = [
+        (r["table"], r["phase"], r["error"]) for r in published if r["outcome"] != "published"
+    ]
+    assert failed == [], failed
+    assert all(r["rows"] == 1_000 for r in published)
+    assert len({r["attempt_id"] for r in published}) == 19  # one attempt each
+    for n in range(20):
+        if n != 7:
+            assert _count(server["http_port"], f"many_{n:02d}") == 1_000
+    store = SqliteSnapshotStore(tmp_path / "store.sqlite", create=False)
+    leases = store.lease_records(active_only=False)
+    assert leases and all(not r.lease.active for r in leases)
+    assert {r.lease.attempt_id for r in leases} >= {r["attempt_id"] for r in published}
+    text = dpone("refresh", "t00", "t01", "--jobs", "2", "--config", str(config))
+    assert text.returncode == 0, text.stdout + text.stderr
+    assert text.stdout.count(": published 1000 rows") == 2, text.stdout
+
+
+def test_a_signal_reaches_every_running_table_once_and_each_says_what_it_left(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    config = _project(tmp_path, server, 6, 20_000, "stop")
+    store = tmp_path / "store.sqlite"
+    env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dpone", "refresh", "--all", "--jobs", "3", "--config"]
+        + [str(config), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    deadline = time.monotonic() + 120
+    while True:  # stop once three intents exist: three tables are past their stage
+        try:
+            found = len(SqliteSnapshotStore(store, create=False).list_snapshots())
+        except Exception:  # polled while the refreshes write it
+            found = 0
+        if found >= 3:
+            break
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=180)
+    assert process.returncode == 128 + signal.SIGINT, (out, err)
+    (line,) = out.splitlines()
+    document = json.loads(line)
+    assert document["interrupted"] == "SIGINT" and document["ok"] is False, document
+    reports = document["tables"]
+    assert [r["table"] for r in reports] == [f"t{n:02d}" for n in range(6)]
+    outcomes = [r["outcome"] for r in reports]
+    assert "interrupted" in outcomes and "skipped" in outcomes, outcomes
+    for report in reports:
+        if report["outcome"] == "interrupted":
+            # Each child got the signal once: its ending ran to the end, not cut short.
+            assert report["interrupted"] == "SIGINT", report
+            assert "settle_cut" not in report["error"]["details"], report
+        if report["outcome"] in ("interrupted", "skipped"):
+            assert report["next_commands"], report
+    status = as_json(dpone("status", "--config", str(config), "--json"))
+    assert status["needs_person"] == [] and status["active_leases"] == [], status
+    again = dpone("refresh", "--all", "--jobs", "3", "--config", str(config), "--json")
+    assert again.returncode == 0, again.stdout + again.stderr
+    for n in range(6):
+        assert _count(server["http_port"], f"stop_{n:02d}") == 20_000
