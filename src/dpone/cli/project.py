@@ -17,7 +17,7 @@ from dpone.localserver.principal_pool import ingest_users
 from dpone.localserver.protected import restart_commands
 from dpone.ports.clickhouse_request import read
 from dpone.project.config import Project, TableConfig, load_project, not_a_file
-from dpone.project.refresh import open_source
+from dpone.project.refresh_checks import open_source
 from dpone.publication.composition import managed_endpoint, pool_credentials
 from dpone.sql import quote_literal
 from dpone.typepolicy import column_problems, refusals

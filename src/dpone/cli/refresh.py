@@ -25,7 +25,8 @@ from dpone.cli.output import (
 )
 from dpone.cli.refresh_jobs import run_jobs
 from dpone.errors import ConfigurationError
-from dpone.project.config import MAX_JOBS, Project, TableConfig, load_project
+from dpone.project.config import DESIGN_CHANGES, MAX_JOBS, Project, TableConfig, load_project
+from dpone.project.design_change import describe_change
 from dpone.project.refresh import RefreshService, TableReport
 from dpone.project.table_run import RunReport
 from dpone.publication.composition import managed_endpoint, pool_credentials
@@ -99,6 +100,13 @@ def preflight(project: Project, tables: list[TableConfig]) -> None:
     help=f"Tables refreshed at once, each in its own process (default: the project's "
     f"`jobs`, else 1; at most the pool's {MAX_JOBS}).",
 )
+@click.option(
+    "--design-change",
+    type=click.Choice(DESIGN_CHANGES),
+    default=None,
+    help="When the source's columns differ from the target's: refuse before the export, "
+    "or publish the new design (default: each table's `on_design_change`, else refuse).",
+)
 @json_option
 def refresh(
     names: tuple[str, ...],
@@ -107,6 +115,7 @@ def refresh(
     allow_shrink: bool,
     fail_fast: bool,
     jobs: int | None,
+    design_change: str | None,
     as_json: bool,
 ) -> None:
     """Export, stage, prepare, guard and publish each table; report what happened.
@@ -119,12 +128,15 @@ def refresh(
         preflight(project, tables)
         jobs = min(jobs or project.jobs, len(tables))
         if jobs > 1:
-            _refresh_jobs(config_path, tables, jobs, allow_shrink, fail_fast, as_json)
+            extra = [*(["--allow-shrink"] if allow_shrink else [])]
+            extra += ["--design-change", design_change] if design_change else []
+            _refresh_jobs(config_path, tables, jobs, extra, fail_fast, as_json)
             return
         progress = PhaseProgress() if TerminalProgress.on_terminal(as_json) else None
         service = RefreshService(
             project,
             allow_shrink=allow_shrink,
+            design_change=design_change,
             progress=progress,
             done=progress.finish if progress is not None else None,
         )
@@ -147,7 +159,7 @@ def _refresh_jobs(
     config_path: Path,
     tables: list[TableConfig],
     jobs: int,
-    allow_shrink: bool,
+    options: list[str],
     fail_fast: bool,
     as_json: bool,
 ) -> None:
@@ -166,7 +178,7 @@ def _refresh_jobs(
         config_path,
         tables,
         jobs,
-        allow_shrink=allow_shrink,
+        options=options,
         fail_fast=fail_fast,
         on_report=show,
         on_change=changed,
@@ -216,6 +228,9 @@ def _echo(report: TableReport) -> None:
             f"  target uuid {report.target_uuid_before} -> {report.target_uuid_after}; "
             f"rollback copy {report.generation_table}"
         )
+        if report.design_change:
+            changed = "; ".join(describe_change(c) for c in report.design_change)
+            click.echo(f"  new design: {changed}")
     else:
         error = report.error or {}
         click.echo(

@@ -44,7 +44,7 @@ def run_jobs(
     tables: list[TableConfig],
     jobs: int,
     *,
-    allow_shrink: bool,
+    options: list[str],
     fail_fast: bool,
     on_report: Callable[[dict[str, Any]], None],
     on_change: Callable[[list[str], int, int], None] | None = None,
@@ -61,7 +61,7 @@ def run_jobs(
     while waiting or running:
         try:
             while waiting and len(running) < jobs and stopped is None:
-                running.append(_start(config_path, waiting.popleft(), allow_shrink))
+                running.append(_start(config_path, waiting.popleft(), options))
                 _changed(on_change, running, reports, waiting)
             for child in [c for c in running if c.process.poll() is not None]:
                 running.remove(child)
@@ -98,9 +98,10 @@ def _changed(
         on_change([c.table.name for c in running], len(reports), len(waiting))
 
 
-def _start(config_path: Path, table: TableConfig, allow_shrink: bool) -> _Child:
+def _start(config_path: Path, table: TableConfig, options: list[str]) -> _Child:
+    """``options``: the run's own options, passed on to each table's process."""
     argv = [sys.executable, "-m", "dpone", "refresh", table.name, "--config", str(config_path)]
-    argv += ["--json", *(["--allow-shrink"] if allow_shrink else [])]
+    argv += ["--json", *options]
     # Private files for what the child prints (a pipe could fill while others run);
     # closed by _report_of once the child ended.
     stdout = tempfile.TemporaryFile()  # noqa: SIM115

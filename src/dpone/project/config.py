@@ -17,7 +17,7 @@ import os
 import re
 import stat
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,16 @@ from dpone.preparation.modes import (
     PreparationModeRemoved,
     removed_mode_message,
 )
+from dpone.project.config_reader import (
+    ConfigProblem,
+    Locator,
+    TomlReader,
+    decode_line,
+    env_name,
+    kind_of,
+    non_empty,
+    one_of,
+)
 from dpone.publication.settings import SETTINGS, PublicationSettings
 from dpone.staging.composition import TRANSPORTS
 from dpone.staging.contract import PhysicalDesign
@@ -40,33 +50,11 @@ from dpone.staging.contract import PhysicalDesign
 DEFAULT_CONFIG = Path("dpone.toml")
 DEFAULT_SHRINK_GUARD = 0.5
 DEFAULT_KEEP_ROLLBACK = 1
+DESIGN_CHANGES = ("refuse", "replace")  # a table's `on_design_change`
 # Each running refresh holds one ingest and then one publisher lease of the pool.
 MAX_JOBS = DEFAULT_POOL_SIZE
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
-_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LIMIT_KEYS = tuple(DEFAULT_LIMITS.to_document())
-
-
-@dataclass(frozen=True)
-class ConfigProblem:
-    """One problem of the project file: where (key path, line) and what.
-
-    ``code`` is set for a problem a program may act on (a removed preparation mode:
-    ``preparation_mode_removed``); the others are all ``invalid_config``.
-    """
-
-    key: str
-    message: str
-    line: int | None = None
-    code: str | None = None
-
-    def __str__(self) -> str:
-        where = f"{self.key} (line {self.line})" if self.line else self.key
-        return f"{where}: {self.message}"
-
-    def to_dict(self) -> dict[str, Any]:
-        document = {"key": self.key, "line": self.line, "message": self.message}
-        return document if self.code is None else {**document, "code": self.code}
 
 
 class ProjectConfigError(ConfigurationError):
@@ -119,6 +107,10 @@ class TableConfig:
     types: Mapping[str, str] = field(default_factory=dict)
     shrink_guard: float = DEFAULT_SHRINK_GUARD
     limits: SnapshotLimits = DEFAULT_LIMITS
+    # What a refresh does when the source's columns differ from the target's:
+    # "refuse" (before the export, saying what differs) or "replace" (publish the
+    # new design through the same one EXCHANGE).
+    on_design_change: str = "refuse"
 
     @property
     def qualified_target(self) -> str:
@@ -190,12 +182,12 @@ def parse_project(text: str, path: Path) -> Project:
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        line = _decode_line(str(exc))
+        line = decode_line(str(exc))
         problem = ConfigProblem("(file)", f"not valid TOML: {exc}", line)
         raise ProjectConfigError(
             f"{path}: {problem}", path=str(path), problems=[problem.to_dict()]
         ) from exc
-    reader = _Reader(_Locator(text), path.parent)
+    reader = _Reader(Locator(text), path.parent)
     project = reader.project(document, path)
     if reader.problems:
         listed = "\n".join(f"  {p}" for p in reader.problems)
@@ -242,114 +234,8 @@ def resolve_secret(source: SourceConfig) -> tuple[str, str]:
     return user, from_env
 
 
-# ---------------------------------------------------------------------- locating keys
-
-
-def _decode_line(message: str) -> int | None:
-    found = re.search(r"at line (\d+)", message)
-    return int(found[1]) if found else None
-
-
-class _Locator:
-    """Line numbers of keys: table headers and ``key =`` lines, by key path.
-
-    A best effort over the text (tomllib gives no positions): good for the layouts
-    people write; a key it cannot place is reported without a line.
-    """
-
-    def __init__(self, text: str) -> None:
-        self.lines: dict[tuple[str, ...], int] = {}
-        table: tuple[str, ...] = ()
-        for number, raw in enumerate(text.splitlines(), start=1):
-            line = raw.strip()
-            header = re.match(r"^\[\[?\s*([^\]]+?)\s*\]\]?", line)
-            if header:
-                table = _split_key(header[1])
-                self.lines.setdefault(table, number)
-                continue
-            key = re.match(r"^([A-Za-z0-9_\-\"'. ]+?)\s*=", line)
-            if key:
-                path = table + _split_key(key[1])
-                self.lines.setdefault(path, number)
-                inline = re.search(r"=\s*\{(.*)\}", line)
-                for name in re.findall(r"([A-Za-z0-9_\-\"']+)\s*=", inline[1] if inline else ""):
-                    self.lines.setdefault(path + _split_key(name), number)
-
-    def line(self, path: tuple[str, ...]) -> int | None:
-        while path:
-            if path in self.lines:
-                return self.lines[path]
-            path = path[:-1]
-        return None
-
-
-def _split_key(text: str) -> tuple[str, ...]:
-    return tuple(part.strip().strip("\"'") for part in text.split("."))
-
-
-# ---------------------------------------------------------------------- reading
-
-
-class _Reader:
-    """Walks the document, collecting problems instead of stopping at the first."""
-
-    def __init__(self, locator: _Locator, base: Path) -> None:
-        self.locator = locator
-        self.base = base
-        self.problems: list[ConfigProblem] = []
-
-    def problem(self, path: tuple[str, ...], message: str, code: str | None = None) -> None:
-        self.problems.append(ConfigProblem(".".join(path), message, self.locator.line(path), code))
-
-    def section(
-        self, value: Any, path: tuple[str, ...], known: tuple[str, ...], hints: Mapping[str, str]
-    ) -> dict[str, Any]:
-        """A table's members, after reporting every unknown key."""
-        if not isinstance(value, dict):
-            self.problem(path, f"must be a table, not {_kind(value)}")
-            return {}
-        for key in value:
-            if key not in known:
-                hint = hints.get(key) or f"known keys: {', '.join(known)}"
-                self.problem((*path, key), f"unknown key ({hint})")
-        return value
-
-    def get(
-        self,
-        table: Mapping[str, Any],
-        path: tuple[str, ...],
-        key: str,
-        kind: type,
-        default: Any = None,
-        *,
-        required: bool = False,
-        check: Callable[[Any], str | None] | None = None,
-    ) -> Any:
-        where = (*path, key)
-        if key not in table:
-            if required:
-                self.problem(where, "is required")
-            return default
-        value = table[key]
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            self.problem(where, f"must be {_article(kind)}, not {_kind(value)}")
-            return default
-        if check is not None:
-            message = check(value)
-            if message:
-                self.problem(where, message)
-                return default
-        return value
-
-    def path_value(
-        self, table: Mapping[str, Any], path: tuple[str, ...], key: str, default: Path | None
-    ) -> Path | None:
-        text = self.get(table, path, key, str, check=_non_empty)
-        if text is None:
-            return default
-        return self.base / Path(text).expanduser()
+class _Reader(TomlReader):
+    """The project file's sections, read with the generic reader."""
 
     # ------------------------------------------------------------------ sections
 
@@ -413,7 +299,7 @@ class _Reader:
     def named(self, top: Mapping[str, Any], key: str) -> dict[str, Any]:
         found = top.get(key, {})
         if not isinstance(found, dict):
-            self.problem((key,), f"must be a table of named {key}, not {_kind(found)}")
+            self.problem((key,), f"must be a table of named {key}, not {kind_of(found)}")
             return {}
         for name in found:
             if not _NAME.match(name):
@@ -431,12 +317,12 @@ class _Reader:
             raw, path, ("data_dir", "transport", "client_path", "preparation"), hints
         )
         data_dir = self.path_value(table, path, "data_dir", self.base / DEFAULT_DATA_DIR)
-        transport = self.get(table, path, "transport", str, "http", check=_one_of(TRANSPORTS))
+        transport = self.get(table, path, "transport", str, "http", check=one_of(TRANSPORTS))
         return ClickHouseConfig(
             data_dir=data_dir or self.base / DEFAULT_DATA_DIR,
             transport=transport,
             client_path=self.get(
-                table, path, "client_path", str, "clickhouse-client", check=_non_empty
+                table, path, "client_path", str, "clickhouse-client", check=non_empty
             ),
             preparation=self.preparation(table, path),
         )
@@ -458,7 +344,7 @@ class _Reader:
                 code=PreparationModeRemoved.code,
             )
             return DEFAULT_MODE
-        mode: str = self.get(table, path, "preparation", str, DEFAULT_MODE, check=_one_of(MODES))
+        mode: str = self.get(table, path, "preparation", str, DEFAULT_MODE, check=one_of(MODES))
         return mode
 
     def source(self, name: str, raw: Any) -> SourceConfig | None:
@@ -482,7 +368,7 @@ class _Reader:
         if not table and not isinstance(raw, dict):
             return None
         kind = self.get(
-            table, path, "kind", str, required=True, check=_one_of(("sqlite", "sqlserver"))
+            table, path, "kind", str, required=True, check=one_of(("sqlite", "sqlserver"))
         )
         if kind == "sqlite":
             for key in known[2:]:
@@ -494,11 +380,11 @@ class _Reader:
         if kind == "sqlserver":
             if "path" in table:
                 self.problem((*path, "path"), 'is for kind = "sqlite" sources only')
-            env = _env_name
+            env = env_name
             source = SourceConfig(
                 name,
                 kind,
-                host=self.get(table, path, "host", str, required=True, check=_non_empty),
+                host=self.get(table, path, "host", str, required=True, check=non_empty),
                 port=self.get(
                     table,
                     path,
@@ -507,7 +393,7 @@ class _Reader:
                     1433,
                     check=lambda v: None if 0 < v < 65536 else "must be a TCP port",
                 ),
-                database=self.get(table, path, "database", str, required=True, check=_non_empty),
+                database=self.get(table, path, "database", str, required=True, check=non_empty),
                 user_env=self.get(table, path, "user_env", str, required=True, check=env),
                 password_env=self.get(table, path, "password_env", str, check=env),
                 password_file=self.path_value(table, path, "password_file", None),
@@ -530,6 +416,7 @@ class _Reader:
             "types",
             "shrink_guard",
             "limits",
+            "on_design_change",
         )
         table = self.section(
             raw,
@@ -539,13 +426,13 @@ class _Reader:
         )
         if not table and not isinstance(raw, dict):
             return None
-        source = self.get(table, path, "source", str, required=True, check=_non_empty)
+        source = self.get(table, path, "source", str, required=True, check=non_empty)
         if source is not None and (not isinstance(sources, dict) or source not in sources):
             self.problem((*path, "source"), f"names no source: declare [sources.{source}]")
-        source_table = self.get(table, path, "table", str, required=True, check=_non_empty)
+        source_table = self.get(table, path, "table", str, required=True, check=non_empty)
         target = self.get(table, path, "target", str, required=True, check=_target)
-        order_by = self.get(table, path, "order_by", str, "tuple()", check=_non_empty)
-        partition_by = self.get(table, path, "partition_by", str, None, check=_non_empty)
+        order_by = self.get(table, path, "order_by", str, "tuple()", check=non_empty)
+        partition_by = self.get(table, path, "partition_by", str, None, check=non_empty)
         design = PhysicalDesign()
         try:
             design = PhysicalDesign(order_by=order_by, partition_by=partition_by)
@@ -568,11 +455,28 @@ class _Reader:
             ),
         )
         limits = self.limits(table.get("limits", {}), (*path, "limits"))
+        on_change = self.get(
+            table,
+            path,
+            "on_design_change",
+            str,
+            "refuse",
+            check=lambda v: None if v in DESIGN_CHANGES else "must be 'refuse' or 'replace'",
+        )
         if source is None or source_table is None or target is None:
             return None
         database, _, target_table = target.partition(".")
         return TableConfig(
-            name, source, source_table, database, target_table, design, dict(types), guard, limits
+            name,
+            source,
+            source_table,
+            database,
+            target_table,
+            design,
+            dict(types),
+            guard,
+            limits,
+            on_change or "refuse",
         )
 
     def limits(self, raw: Any, path: tuple[str, ...]) -> SnapshotLimits:
@@ -590,43 +494,6 @@ class _Reader:
             for key in _LIMIT_KEYS
         }
         return SnapshotLimits(**values)
-
-
-def _kind(value: Any) -> str:
-    names = {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        dict: "a table",
-        list: "an array",
-    }
-    return names.get(type(value), type(value).__name__)
-
-
-def _article(kind: type) -> str:
-    return {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        dict: "a table",
-    }.get(kind, kind.__name__)
-
-
-def _non_empty(value: str) -> str | None:
-    return None if value.strip() else "must not be empty"
-
-
-def _env_name(value: str) -> str | None:
-    return None if _ENV.match(value) else "must be an environment variable's name"
-
-
-def _one_of(choices: tuple[str, ...]) -> Callable[[str], str | None]:
-    def check(value: str) -> str | None:
-        return None if value in choices else f"must be one of {', '.join(choices)}"
-
-    return check
 
 
 def _target(value: str) -> str | None:

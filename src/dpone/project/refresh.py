@@ -26,12 +26,9 @@ error and the command that finishes or undoes what remains.
 
 from __future__ import annotations
 
-import fcntl
 import os
-import shlex
-import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -41,22 +38,28 @@ from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_tables import staging_table_name
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState
 from dpone.contracts.receipt import FileReceipt
-from dpone.durable_files import PRIVATE_FILE_MODE, private_directories, temporary_siblings
-from dpone.errors import DponeError, StateError
+from dpone.durable_files import private_directories, temporary_siblings
+from dpone.errors import DponeError
 from dpone.exporters.export import export_table, receipt_path_for
-from dpone.exporters.sources import Source, SqliteSource, SqlServerSource
 from dpone.localserver.credentials import admin_credentials
 from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.ports.clickhouse import QueryPort
-from dpone.ports.clickhouse_request import read, read_query_id
+from dpone.ports.clickhouse_request import read_query_id
 from dpone.ports.composition_snapshot import AttemptRef, IssuedPrincipal, TargetSlot
 from dpone.preparation.artifact import HeldArtifact
-from dpone.project.config import Project, SourceConfig, TableConfig, resolve_secret
+from dpone.project.config import Project, TableConfig
 from dpone.project.interruption import account_for_interruption, settle_intent
 from dpone.project.leases import close_attempt_leases
+from dpone.project.refresh_checks import (
+    RefreshChecks,
+    RefreshError,
+    literal,
+    open_source,
+    select_rows,
+    table_lock,
+)
 from dpone.project.retention import enforce_retention
 from dpone.project.table_run import (
-    REQUEST_SECONDS,
     Phases,
     PublishStep,
     RunReport,
@@ -68,13 +71,9 @@ from dpone.publication.catalog import ClickHouseSnapshotCatalog
 from dpone.publication.composition import (
     PublicationComponents,
     ingest_session_notes,
-    require_database,
-    require_protected,
     staging_policy,
 )
 from dpone.publication.retained import headroom_policy, headroom_refusal
-from dpone.publication.store import SqliteSnapshotStore
-from dpone.sql import quote_literal
 from dpone.staging.composition import StagingConfig
 from dpone.staging.contract import PhysicalDesign, StagingPolicy
 from dpone.staging.journal import read_events
@@ -91,12 +90,6 @@ class Headroom(NamedTuple):
 
     retained_bytes: int
     policy: StagingPolicy
-
-
-class RefreshError(StateError):
-    """A refresh step refused to go on (see ``code``: shrink_refused, design_unreadable)."""
-
-    code = "refresh_failed"
 
 
 _PUBLISH = PublishStep(
@@ -116,16 +109,8 @@ class TableReport(RunReport):
     created_target: bool = False
     dropped_rollback_copies: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-
-
-def open_source(source: SourceConfig) -> Source:
-    """The configured source, with SQL Server credentials read now (never stored)."""
-    if source.kind == "sqlite":
-        assert source.path is not None
-        return SqliteSource(source.path)
-    user, password = resolve_secret(source)
-    assert source.host is not None and source.database is not None
-    return SqlServerSource(source.host, source.port, source.database, user=user, password=password)
+    # The columns the published design changed (on_design_change = "replace").
+    design_change: list[dict[str, Any]] = field(default_factory=list)
 
 
 class RefreshService:
@@ -138,9 +123,11 @@ class RefreshService:
         allow_shrink: bool = False,
         progress: Progress | None = None,
         done: Callable[[], None] | None = None,
+        design_change: str | None = None,
     ) -> None:
         self.project = project
         self.allow_shrink = allow_shrink
+        self.design_change = design_change  # this run's choice over each table's own
         self.progress = progress
         self.done = done or (lambda: None)
 
@@ -196,43 +183,10 @@ class RefreshService:
     def _run(self, table: TableConfig, report: TableReport, phase: Phases) -> None:
         with ExitStack() as held:
             with phase("check"):
-                held.enter_context(_table_lock(self.project.work_dir, table.name))
-                self._check_before_work(table)
+                held.enter_context(table_lock(self.project.work_dir, table.name))
+                checks = RefreshChecks(self.project, self.design_change)
+                report.design_change = checks.check(table, report.attempt_id)
             self._run_locked(table, report, phase)
-
-    def _check_before_work(self, table: TableConfig) -> None:
-        """What would refuse the run later, refused now, before the export.
-
-        The target database exists and the server protects it (``database_missing``,
-        ``database_not_protected``: a pool user asked later would call a protected
-        database missing); no publication of the slot waits for its outcome
-        (``slot_blocked``, with the command that resolves it).
-        """
-        data_dir = self.project.clickhouse.data_dir
-        require_database(data_dir, table.database)
-        require_protected(data_dir, table.database)
-        # Created here if new, as the publication would (another table's refresh may be
-        # creating it this very moment: the store's own transaction settles who does).
-        store = SqliteSnapshotStore(self.project.store)
-        for summary in store.list_snapshots():
-            unresolved = summary.state in (
-                SnapshotState.EXCHANGE_INTENT.value,
-                SnapshotState.COMMIT_UNKNOWN.value,
-            )
-            if unresolved and (summary.database, summary.target_table) == (
-                table.database,
-                table.target,
-            ):
-                command = snapshot_command(self.project, "reconcile", summary.intent_sha256)
-                raise RefreshError(
-                    f"{table.qualified_target} has a publication whose outcome is not yet "
-                    f"known ({summary.state}, intent {summary.intent_sha256}); nothing is "
-                    f"exported until it is reconciled: `{command}`",
-                    code="slot_blocked",
-                    intent_sha256=summary.intent_sha256,
-                    state=summary.state,
-                    next_command=command,
-                )
 
     def _run_locked(self, table: TableConfig, report: TableReport, phase: Phases) -> None:
         project = self.project
@@ -255,6 +209,7 @@ class RefreshService:
             prepared = parts.publisher.prepare(
                 AttemptRef(staged.journal_path, TargetSlot(table.database, table.target)),
                 staged.journal_head,
+                design_change=bool(report.design_change),
             )
         report.intent_sha256 = prepared.intent_sha256
         intent = SnapshotIntent.from_bytes(parts.store.load(prepared.intent_sha256).intent_bytes)
@@ -263,7 +218,7 @@ class RefreshService:
             h.facts.get("step") == "create_target" for h in parts.store.history(intent.sha256)
         )
         with phase("shrink_guard"):
-            report.previous_rows = self._target_rows(admin, intent, report.attempt_id)
+            report.previous_rows = self._targetselect_rows(admin, intent, report.attempt_id)
             refused = self._shrinks(table, report.previous_rows, intent.source_rows)
             if refused is not None:
                 self._refuse_shrink(parts, admin, intent, report, refused)
@@ -400,10 +355,10 @@ class RefreshService:
 
     def _design(self, admin: QueryPort, table: TableConfig, attempt_id: str) -> PhysicalDesign:
         """The target's ORDER BY / PARTITION BY when it exists, else the declared design."""
-        rows = _rows(
+        rows = select_rows(
             admin,
             "SELECT engine, sorting_key, partition_key FROM system.tables WHERE "
-            f"database = {_literal(table.database)} AND name = {_literal(table.target)}",
+            f"database = {literal(table.database)} AND name = {literal(table.target)}",
             read_query_id(attempt_id, "refresh_design", 1),
         )
         if not rows:
@@ -427,12 +382,12 @@ class RefreshService:
                 code="design_unsupported",
             ) from exc
 
-    def _target_rows(self, admin: QueryPort, intent: SnapshotIntent, attempt_id: str) -> int:
+    def _targetselect_rows(self, admin: QueryPort, intent: SnapshotIntent, attempt_id: str) -> int:
         """The target's exact row count now, on the intent's own target UUID."""
-        rows = _rows(
+        rows = select_rows(
             admin,
             "SELECT toString(uuid) AS uuid, total_rows FROM system.tables WHERE "
-            f"database = {_literal(intent.database)} AND name = {_literal(intent.target_table)}",
+            f"database = {literal(intent.database)} AND name = {literal(intent.target_table)}",
             read_query_id(attempt_id, "refresh_target_rows", 1),
         )
         if len(rows) != 1 or rows[0].get("uuid") != intent.target_uuid:
@@ -513,36 +468,13 @@ class RefreshService:
         return []
 
     def _attempt_command(self, state: str, attempt_id: str, database: str) -> str:
-        command = finishing_command(state, attempt_id, self.attempts_dir, database) or ""
-        if command:
-            command += " " + shlex.join(["--data-dir", str(self.project.clickhouse.data_dir)])
-        return command
-
-
-@contextmanager
-def _table_lock(work_dir: Path, name: str) -> Iterator[None]:
-    """One refresh of a table at a time in a work dir, from its checks to its end.
-
-    Released by the kernel when the process dies. A second refresh of the table is
-    refused at once (``refresh_busy``), before it exports or stages anything.
-    """
-    locks = work_dir / "locks"
-    private_directories(locks)
-    lock = locks / f"{name}.lock"
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise RefreshError(
-                f"another refresh of {name} runs now in {work_dir}; run this one after it ends",
-                code="refresh_busy",
-                table=name,
-                lock=str(lock),
-            ) from exc
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
+        # The project's server and store: cleanup, discard and archive close the
+        # attempt's ingest lease there.
+        server = {"data_dir": str(self.project.clickhouse.data_dir)}
+        command = finishing_command(
+            state, attempt_id, self.attempts_dir, database, server, store=self.project.store
+        )
+        return command or ""
 
 
 def _replaces_own_export(out: Path) -> bool:
@@ -591,17 +523,6 @@ def _events(journal: Path) -> list[Any]:
         return read_events(journal)
     except DponeError:
         return []
-
-
-def _literal(value: str) -> str:
-    return quote_literal(value)
-
-
-def _rows(transport: QueryPort, sql: str, query_id: str) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + REQUEST_SECONDS
-    return transport.execute(
-        read(f"{sql} FORMAT JSONEachRow", query_id), deadline=deadline
-    ).json_rows()
 
 
 def _release_ingest(

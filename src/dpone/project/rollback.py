@@ -259,8 +259,11 @@ class RollbackService:
         report.journal = str(self.rollbacks_dir / report.attempt_id)
         with phase("prepare"):
             try:
+                # The copy's design is published as it is: the content it held before
+                # a design change goes back with the design it had (its digest and rows
+                # were verified against the evidence that staged it).
                 prepared = parts.publisher.prepare(
-                    AttemptRef(Path(report.journal), slot), staged.sha256
+                    AttemptRef(Path(report.journal), slot), staged.sha256, design_change=True
                 )
             except DponeError as exc:
                 _release(parts, ingest, exc)  # a refused reopen leaves the lease active

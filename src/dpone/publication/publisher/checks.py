@@ -72,11 +72,15 @@ def check_generation(
     observation: CatalogObservation,
     target: TableObservation,
     generation: TableObservation,
+    design_change: bool = False,
 ) -> None:
-    """Same physical design as the target, the staged content, and within the limits."""
-    if target.design_sha256 != generation.design_sha256:
+    """Same physical design as the target (unless the caller decided a ``design_change``:
+    the generation's design is then published as it is), the staged content, and
+    within the limits."""
+    if target.design_sha256 != generation.design_sha256 and not design_change:
         raise SnapshotPublicationError(
-            f"{target.name} and {generation.name} differ in physical design",
+            f"{target.name} and {generation.name} differ in physical design (a design "
+            "change is published only when the table's `on_design_change` is `replace`)",
             code="design_mismatch",
             target_design=target.design_sha256,
             generation_design=generation.design_sha256,
@@ -160,9 +164,12 @@ class DispatchRefusal(NamedTuple):
 
 
 def exchange_precheck(
-    intent: SnapshotIntent, observation: CatalogObservation
+    intent: SnapshotIntent, observation: CatalogObservation, replaced_design: str | None = None
 ) -> DispatchRefusal | None:
     """Why the EXCHANGE must not be sent now, or None.
+
+    ``replaced_design``: the target's design a design change decided at prepare
+    replaces (from the intent's history), else the target must have the intent's.
 
     The storage ceilings are the intent's own (``intent.limits``, bound at prepare):
     retained storage may have grown since, and the dispatch is refused with
@@ -176,8 +183,12 @@ def exchange_precheck(
         return DispatchRefusal("uuid_pair_changed", {})
     if target.blockers or generation.blockers:
         return DispatchRefusal("side_effect_present", {})
-    if target.design_sha256 != generation.design_sha256:
-        return DispatchRefusal("design_mismatch", {})
+    # The target keeps the design it had at prepare: its own, or the one a decided
+    # design change replaces; the generation keeps the design the intent publishes.
+    if target.design_sha256 != (replaced_design or intent.design_sha256):
+        return DispatchRefusal("design_mismatch", {"table": "target"})
+    if generation.design_sha256 != intent.design_sha256:
+        return DispatchRefusal("design_mismatch", {"table": "generation"})
     if (generation.rows, generation.content_digest) != (intent.source_rows, intent.content_digest):
         return DispatchRefusal("content_mismatch", {})
     excess = first_excess(intent.limits, storage_observed(observation, generation))

@@ -36,7 +36,11 @@ from dpone.publication.publisher.receipts import (
     SnapshotPublicationError,
     receipt,
 )
-from dpone.publication.publisher.records import dispatch_facts, intent_principal
+from dpone.publication.publisher.records import (
+    DESIGN_CHANGE_STEP,
+    dispatch_facts,
+    intent_principal,
+)
 
 # A pool user blocks as a writer when its last lease ended without a proven closure.
 _WRITER_HINT = (
@@ -45,11 +49,36 @@ _WRITER_HINT = (
 )
 
 
+def refuse_side_effects(observation: CatalogObservation) -> None:
+    """Raise ``side_effect_present`` naming the first blocker of either table, if any."""
+    for table in (observation.target, observation.generation):
+        if table is not None and table.blockers:
+            first = table.blockers[0]
+            hint = _WRITER_HINT if first.reason == "writer_grant" else ""
+            raise SnapshotPublicationError(
+                f"{table.database}.{table.name} has a side effect the publisher does not"
+                f" handle: {first.reason} ({first.detail}){hint}",
+                code="side_effect_present",
+                reason=first.reason,
+                table=table.name,
+                blockers=[b.reason for b in table.blockers],
+                details=[b.detail for b in table.blockers],
+            )
+
+
 class PreparePath(PublisherPorts):
     """``prepare``: check everything, issue a publisher, store the intent as PREPARED@1."""
 
-    def prepare(self, attempt: AttemptRef, generation_ref: str) -> PublicationReceipt:
-        """Reopen the evidence, prove ingest closed, check the catalog, store PREPARED@1."""
+    def prepare(
+        self, attempt: AttemptRef, generation_ref: str, *, design_change: bool = False
+    ) -> PublicationReceipt:
+        """Reopen the evidence, prove ingest closed, check the catalog, store PREPARED@1.
+
+        ``design_change``: the caller decided to publish the generation's design even
+        where it differs from the target's (a changed source schema, a rollback across
+        one). The replaced design is noted in the intent's history, and publish sends
+        the EXCHANGE only while the target still has exactly that design.
+        """
         evidence = self.authority.reopen(attempt, generation_ref)
         check_evidence(evidence, generation_ref)
         closure = self.authority.close_principal(evidence.ingest)
@@ -75,7 +104,7 @@ class PreparePath(PublisherPorts):
                 publisher = self.authority.issue_publisher(evidence)
                 observation = self._create_target(evidence, generation_ref, publisher)
             target, generation = both_tables(observation, evidence)
-            check_generation(self.limits, evidence, observation, target, generation)
+            check_generation(self.limits, evidence, observation, target, generation, design_change)
             if publisher is None:
                 publisher = self.authority.issue_publisher(evidence)
             intent = seal_intent(evidence, target, generation, publisher, self.limits, self.clock())
@@ -91,6 +120,7 @@ class PreparePath(PublisherPorts):
                 intent.sha256,
                 {"step": "create_target", "query_id": create_target_query_id(generation_ref)},
             )
+        self._note_design_change(intent.sha256, target, generation)
         # The final observations the ceilings were checked against, kept with the intent.
         self.store.observe(
             intent.sha256,
@@ -114,20 +144,23 @@ class PreparePath(PublisherPorts):
             historical=False,
         )
 
+    def _note_design_change(
+        self, intent_sha256: str, target: TableObservation, generation: TableObservation
+    ) -> None:
+        """Bind a decided design change to its intent: publish reads it before it sends."""
+        if target.design_sha256 != generation.design_sha256:
+            self.store.observe(
+                intent_sha256,
+                {
+                    "step": DESIGN_CHANGE_STEP,
+                    "replaced_design_sha256": target.design_sha256,
+                    "design_sha256": generation.design_sha256,
+                },
+            )
+
     def _observe_checked(self, evidence: PublicationEvidence) -> CatalogObservation:
         observation = self.observe_settled(evidence.slot, evidence.generation.table)
-        for table in (observation.target, observation.generation):
-            if table is not None and table.blockers:
-                first = table.blockers[0]
-                hint = _WRITER_HINT if first.reason == "writer_grant" else ""
-                raise SnapshotPublicationError(
-                    f"{table.database}.{table.name} has a side effect the publisher does not"
-                    f" handle: {first.reason} ({first.detail}){hint}",
-                    code="side_effect_present",
-                    reason=first.reason,
-                    table=table.name,
-                    blockers=[b.reason for b in table.blockers],
-                )
+        refuse_side_effects(observation)
         return observation
 
     def _create_target(

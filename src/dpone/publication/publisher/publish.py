@@ -30,7 +30,7 @@ from dpone.publication.publisher.receipts import (
     receipt_from_record,
 )
 from dpone.publication.publisher.reconcile import ReconcilePath
-from dpone.publication.publisher.records import intent_slot
+from dpone.publication.publisher.records import DESIGN_CHANGE_STEP, intent_slot
 
 P = SnapshotState
 
@@ -97,7 +97,9 @@ class PublishPath(ReconcilePath):
             if self.authority.recheck(intent) != parent:
                 return _not_sent(query_id, "authority_changed")
             refusal = exchange_precheck(
-                intent, self.observe_settled(intent_slot(intent), intent.generation_table)
+                intent,
+                self.observe_settled(intent_slot(intent), intent.generation_table),
+                self._replaced_design(intent),
             )
             if refusal is not None:
                 return self._refused(intent, query_id, refusal)
@@ -110,6 +112,13 @@ class PublishPath(ReconcilePath):
             # The executor's contract is to answer, not raise; an exception after the
             # call began may follow a sent request, so it proves nothing.
             return DispatchResult(DispatchOutcome.UNKNOWN, query_id, None, error_code=exc.code)
+
+    def _replaced_design(self, intent: SnapshotIntent) -> str | None:
+        """The target design a design change decided at prepare replaces, or None."""
+        for entry in self.store.history(intent.sha256):
+            if entry.facts.get("step") == DESIGN_CHANGE_STEP:
+                return str(entry.facts["replaced_design_sha256"])
+        return None
 
     def _refused(
         self, intent: SnapshotIntent, query_id: str, refusal: DispatchRefusal

@@ -24,6 +24,10 @@ from dpone.ports.composition_snapshot import (
     TargetSlot,
 )
 
+# The history step that binds a decided design change to its intent: written by
+# prepare, read by publish before it sends the EXCHANGE.
+DESIGN_CHANGE_STEP = "design_change"
+
 
 def dispatch_facts(result: DispatchResult) -> dict[str, Any]:
     """A dispatch answer as a history note."""

@@ -1,0 +1,198 @@
+"""What a refresh checks before any work, and what it refuses with.
+
+The ``check`` phase of :mod:`dpone.project.refresh`: one refresh of a table at a time
+(:func:`table_lock`), the target database exists and is protected, no publication of
+the slot awaits its outcome, the target has no side effect the publisher refuses, and
+the source's columns are the target's or the table decided to replace its design
+(:class:`RefreshChecks`). Each is refused with a coded :class:`RefreshError` (or the
+publication's own error) before anything is exported.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.connectors.clickhouse_tables import staging_table_name
+from dpone.contracts.composition_snapshot import SnapshotState
+from dpone.durable_files import PRIVATE_FILE_MODE, private_directories
+from dpone.errors import DponeError, StateError
+from dpone.exporters.sources import Source, SqliteSource, SqlServerSource
+from dpone.localserver.credentials import admin_credentials
+from dpone.ports.clickhouse import QueryPort
+from dpone.ports.clickhouse_request import read, read_query_id
+from dpone.ports.composition_snapshot import TargetSlot
+from dpone.project.config import Project, SourceConfig, TableConfig, resolve_secret
+from dpone.project.design_change import column_changes, describe_change
+from dpone.project.table_run import REQUEST_SECONDS, publication_for, snapshot_command
+from dpone.publication.composition import managed_endpoint, require_database, require_protected
+from dpone.publication.publisher.prepare import refuse_side_effects
+from dpone.publication.store import SqliteSnapshotStore
+from dpone.sql import quote_literal
+from dpone.typepolicy import plan_columns
+
+
+class RefreshError(StateError):
+    """A refresh step refused to go on (see ``code``: shrink_refused, design_unreadable)."""
+
+    code = "refresh_failed"
+
+
+def open_source(source: SourceConfig) -> Source:
+    """The configured source, with SQL Server credentials read now (never stored)."""
+    if source.kind == "sqlite":
+        assert source.path is not None
+        return SqliteSource(source.path)
+    user, password = resolve_secret(source)
+    assert source.host is not None and source.database is not None
+    return SqlServerSource(source.host, source.port, source.database, user=user, password=password)
+
+
+class RefreshChecks:
+    """The ``check`` phase's reads of one refresh (``design_change``: the run's choice
+    over each table's own ``on_design_change``)."""
+
+    def __init__(self, project: Project, design_change: str | None = None) -> None:
+        self.project = project
+        self.design_change = design_change
+
+    def check(self, table: TableConfig, attempt_id: str) -> list[dict[str, Any]]:
+        """Refuse what would refuse the run later; the decided design change (or [])."""
+        self._where_and_when(table)
+        self._target(table, attempt_id)
+        return self._design_change(table, attempt_id)
+
+    def _where_and_when(self, table: TableConfig) -> None:
+        """What would refuse the run later, refused now, before the export.
+
+        The target database exists and the server protects it (``database_missing``,
+        ``database_not_protected``: a pool user asked later would call a protected
+        database missing); no publication of the slot waits for its outcome
+        (``slot_blocked``, with the command that resolves it).
+        """
+        data_dir = self.project.clickhouse.data_dir
+        require_database(data_dir, table.database)
+        require_protected(data_dir, table.database)
+        # Created here if new, as the publication would (another table's refresh may be
+        # creating it this very moment: the store's own transaction settles who does).
+        store = SqliteSnapshotStore(self.project.store)
+        for summary in store.list_snapshots():
+            unresolved = summary.state in (
+                SnapshotState.EXCHANGE_INTENT.value,
+                SnapshotState.COMMIT_UNKNOWN.value,
+            )
+            if unresolved and (summary.database, summary.target_table) == (
+                table.database,
+                table.target,
+            ):
+                command = snapshot_command(self.project, "reconcile", summary.intent_sha256)
+                raise RefreshError(
+                    f"{table.qualified_target} has a publication whose outcome is not yet "
+                    f"known ({summary.state}, intent {summary.intent_sha256}); nothing is "
+                    f"exported until it is reconciled: `{command}`",
+                    code="slot_blocked",
+                    intent_sha256=summary.intent_sha256,
+                    state=summary.state,
+                    next_command=command,
+                )
+
+    def _target(self, table: TableConfig, attempt_id: str) -> None:
+        """The target has no side effect the publisher refuses (a view or dictionary
+        reading it, a Buffer or Distributed table writing it, a writer outside the
+        leases...): refused now, as prepare would refuse it after the export."""
+        parts = publication_for(self.project, table)
+        slot = TargetSlot(table.database, table.target)
+        observation = parts.publisher.observe_settled(slot, staging_table_name(attempt_id))
+        refuse_side_effects(observation)
+
+    def _design_change(self, table: TableConfig, attempt_id: str) -> list[dict[str, Any]]:
+        """The columns in which the source differs from the target, decided now.
+
+        Empty when they agree, the target does not exist yet, or the source cannot be
+        read here (the export then says why). Differing columns are refused
+        (``design_changed``, column by column, before the export) unless the table's
+        ``on_design_change`` (or this run's ``--design-change``) is ``replace``: the
+        new design is then published through the same one EXCHANGE, and the old
+        content stays as the rollback copy.
+        """
+        admin = HttpTransport(
+            managed_endpoint(self.project.clickhouse.data_dir, table.database),
+            admin_credentials(self.project.clickhouse.data_dir),
+        )
+        target = [
+            (str(r["name"]), str(r["type"]))
+            for r in select_rows(
+                admin,
+                "SELECT name, type FROM system.columns WHERE "
+                f"database = {literal(table.database)} AND table = {literal(table.target)} "
+                "ORDER BY position",
+                read_query_id(attempt_id, "refresh_columns", 1),
+            )
+        ]
+        if not target:
+            return []
+        try:
+            schema = open_source(self.project.sources[table.source]).schema(table.source_table)
+            plans = plan_columns(schema.columns, dict(table.types) or None)
+        except DponeError:
+            return []  # the export reports the source's problem in its own phase
+        changes = column_changes(target, [(p.name, p.clickhouse_type) for p in plans])
+        if not changes:
+            return []
+        choice = self.design_change or table.on_design_change
+        if choice != "replace":
+            listed = "; ".join(describe_change(c) for c in changes)
+            raise RefreshError(
+                f"the source of {table.name} no longer matches {table.qualified_target}: "
+                f"{listed}. Nothing was exported. To publish the new design (the current "
+                f'content stays as the rollback copy), set on_design_change = "replace" in '
+                f"[tables.{table.name}] or run with --design-change replace",
+                code="design_changed",
+                changes=changes,
+            )
+        return changes
+
+
+@contextmanager
+def table_lock(work_dir: Path, name: str) -> Iterator[None]:
+    """One refresh of a table at a time in a work dir, from its checks to its end.
+
+    Released by the kernel when the process dies. A second refresh of the table is
+    refused at once (``refresh_busy``), before it exports or stages anything.
+    """
+    locks = work_dir / "locks"
+    private_directories(locks)
+    lock = locks / f"{name}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise RefreshError(
+                f"another refresh of {name} runs now in {work_dir}; run this one after it ends",
+                code="refresh_busy",
+                table=name,
+                lock=str(lock),
+            ) from exc
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def literal(value: str) -> str:
+    """A SQL string literal."""
+    return quote_literal(value)
+
+
+def select_rows(transport: QueryPort, sql: str, query_id: str) -> list[dict[str, Any]]:
+    """The rows of one read (JSONEachRow) within the run's request deadline."""
+    deadline = time.monotonic() + REQUEST_SECONDS
+    return transport.execute(
+        read(f"{sql} FORMAT JSONEachRow", query_id), deadline=deadline
+    ).json_rows()
