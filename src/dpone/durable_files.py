@@ -13,17 +13,25 @@ Two mechanisms share one temporary-file discipline (a hidden sibling created wit
 Both create their files 0600: an export is a whole table in plain text, and a receipt
 describes it. :func:`private_directories` creates the directories dpone makes for them
 0700 (an existing directory keeps the mode its owner gave it).
+
+A writer removes its temporary file on any exception (Ctrl-C and SIGTERM included),
+but a process killed with SIGKILL runs no cleanup. So every writer holds an ``flock``
+on its temporary file from its creation until its rename, and the kernel drops it
+with the process: :func:`remove_stale_partials` (which :func:`atomic_outputs` runs for
+each output before writing it) removes the siblings nobody holds, and only those.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import secrets
 import stat
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,8 +71,8 @@ def _temporary_sibling(final: Path) -> Path:
 def temporary_siblings(final: Path) -> list[Path]:
     """The temporary siblings of ``final`` that exist now (a writer killed mid-write left them).
 
-    Only the caller knows whether the writer is gone; removing one a live writer still
-    uses would make its rename fail.
+    Some may belong to a live writer: :func:`remove_stale_partials` removes only the
+    others; removing one a live writer still uses would make its rename fail.
     """
     pattern = re.compile(rf"\.{re.escape(final.name)}\.[0-9a-f]{{{2 * _TOKEN_BYTES}}}\.partial")
     try:
@@ -77,6 +85,111 @@ def temporary_siblings(final: Path) -> list[Path]:
 # Every file dpone writes is its owner's alone.
 PRIVATE_FILE_MODE = 0o600
 PRIVATE_DIRECTORY_MODE = 0o700
+# How long a writer or a reaper waits for the directory's lock (held for microseconds
+# by a writer, milliseconds by a reaper) before going on without it (a writer) or
+# removing nothing (a reaper): a stopped process never blocks another.
+DIRECTORY_LOCK_SECONDS = 5.0
+_LOCK_POLL_SECONDS = 0.005
+
+
+def _lock_directory(directory: Path, *, exclusive: bool) -> int | None:
+    """A descriptor of ``directory`` holding its ``flock``; None when it cannot be had.
+
+    Writers take it shared while they create and lock a temporary file, a reaper
+    exclusive while it looks: so a reaper never meets a temporary file that exists
+    but is not locked yet.
+    """
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    deadline = time.monotonic() + DIRECTORY_LOCK_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(_LOCK_POLL_SECONDS)
+                continue
+        except OSError:
+            pass  # a file system without flock on directories
+        os.close(fd)
+        return None
+
+
+def _create_partial(tmp: Path, mode: int) -> tuple[int, int | None]:
+    """Create the temporary file ``tmp`` exclusively; its descriptor and a lock holder.
+
+    The holder is a duplicate of the descriptor, kept open until the file is renamed
+    (or removed): the ``flock`` it holds says a live writer owns the file, also after
+    the writing stream was closed. None where the file system cannot lock it. The
+    caller names ``tmp`` before calling, so a signal arriving at any point here leaves
+    a name it can remove (unless the name was another's: ``FileExistsError``).
+    """
+    guard = _lock_directory(tmp.parent, exclusive=False)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: never waits
+            holder: int | None = os.dup(fd)
+        except OSError:
+            holder = None
+    finally:
+        if guard is not None:
+            os.close(guard)
+    return fd, holder
+
+
+def _release(holder: int | None) -> None:
+    if holder is not None:
+        with contextlib.suppress(OSError):
+            os.close(holder)
+
+
+def remove_stale_partials(final: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporary siblings of ``final`` whose writer is gone; the removed ones.
+
+    A sibling is removed only when all of these hold: its name is exactly the pattern
+    of :func:`temporary_siblings`, it is a regular file (not a link) owned by this
+    user, and its ``flock`` can be taken while the directory's lock is held
+    exclusively, so no live writer holds it (a killed one holds nothing). Where the
+    directory or a file cannot be locked, nothing is removed.
+    """
+    target = Path(final)
+    guard = _lock_directory(target.parent, exclusive=True)
+    if guard is None:
+        return []
+    try:
+        return [path for path in temporary_siblings(target) if _remove_if_unheld(path)]
+    finally:
+        os.close(guard)
+
+
+def _remove_if_unheld(path: Path) -> bool:
+    try:
+        # O_NONBLOCK: a FIFO under that name never blocks the open.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False  # a link, or gone meanwhile
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # a live writer holds it (or it cannot be locked here)
+        now = os.stat(path, follow_symlinks=False)
+        if (now.st_dev, now.st_ino) != (info.st_dev, info.st_ino):
+            return False  # replaced since it was opened: not the file checked
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def private_directories(path: str | os.PathLike[str]) -> None:
@@ -109,16 +222,21 @@ def atomic_output(
     """
     final = Path(path)
     tmp = _temporary_sibling(final)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    holder: int | None = None
     try:
+        fd, holder = _create_partial(tmp, mode)
         with os.fdopen(fd, "wb") as stream:
             yield stream
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(tmp, final)
+    except FileExistsError:
+        raise  # the temporary name was taken: that file is not ours to remove
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        _release(holder)
     fsync_directory(final.parent)
 
 
@@ -212,19 +330,37 @@ def check_outputs(
 
 
 class _Pending:
-    """One output being written: its final name, temporary sibling and stream."""
+    """One output being written: its final name, temporary sibling and stream.
+
+    Made in two steps, so that the caller lists it before its file exists: a signal
+    arriving while the file is created still finds it in the list to discard.
+    """
 
     def __init__(self, final: Path) -> None:
         self.final = final
         self.tmp = _temporary_sibling(final)
-        try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-            fd = os.open(self.tmp, flags, PRIVATE_FILE_MODE)
-        except OSError as exc:
-            raise _write_failed(final, exc) from exc
-        self.stream: BinaryIO = os.fdopen(fd, "wb")
-        self.inode = os.fstat(fd).st_ino
+        self._stream: BinaryIO | None = None
+        self._holder: int | None = None
+        self._created = False
+        self.inode: int | None = None
         self.placed = False
+
+    def open(self) -> BinaryIO:
+        """Create the temporary file (exclusively, locked); its stream."""
+        self._created = True  # from here on, a file under the name is ours
+        try:
+            fd, self._holder = _create_partial(self.tmp, PRIVATE_FILE_MODE)
+        except OSError as exc:
+            self._created = not isinstance(exc, FileExistsError)
+            raise _write_failed(self.final, exc) from exc
+        self._stream = os.fdopen(fd, "wb")
+        self.inode = os.fstat(fd).st_ino
+        return self._stream
+
+    @property
+    def stream(self) -> BinaryIO:
+        assert self._stream is not None, "open() first"
+        return self._stream
 
     def sync(self) -> None:
         try:
@@ -252,11 +388,17 @@ class _Pending:
         except OSError as exc:
             raise _write_failed(self.final, exc) from exc
         self.placed = True
+        _release(self._holder)
+        self._holder = None
 
     def discard(self) -> None:
-        with contextlib.suppress(OSError):
-            self.stream.close()
-        self.tmp.unlink(missing_ok=True)
+        if self._stream is not None:
+            with contextlib.suppress(OSError):
+                self._stream.close()
+        if self._created:
+            self.tmp.unlink(missing_ok=True)
+        _release(self._holder)
+        self._holder = None
         if self.placed:
             # Roll back an output already renamed when a later one failed, but only if
             # the name still holds our file.
@@ -285,22 +427,34 @@ def atomic_outputs(
     inputs: Sequence[str | os.PathLike[str]] = (),
     *,
     force: bool = False,
+    warn: Callable[[str], None] | None = None,
 ) -> Iterator[list[BinaryIO]]:
     """Streams for ``outputs``, which appear together when the block ends normally.
 
-    :func:`check_outputs` runs first. Each output is written to a temporary sibling;
+    :func:`check_outputs` runs first; then the temporary siblings an earlier writer
+    killed with SIGKILL left for these outputs are removed (:func:`remove_stale_partials`),
+    each named to ``warn``. Each output is written to a temporary sibling;
     at the end every one is fsynced, then they are renamed in the given order (data
     before its receipt) and their directories fsynced. On any exception (a signal
     handler that raises included) the temporary files are removed and an output
     already renamed is removed again: all outputs or none.
     """
     check_outputs(outputs, inputs, force=force)
+    for output in outputs:
+        for stale in remove_stale_partials(output):
+            if warn is not None:
+                warn(
+                    f"removed {stale}: the temporary file of an earlier write of {output} "
+                    "whose process was killed before it finished (no process held it)"
+                )
     pending: list[_Pending] = []
     with ExitStack() as cleanup:
         cleanup.callback(_discard_all, pending)
+        streams = []
         for path in outputs:
-            pending.append(_Pending(Path(path)))
-        yield [p.stream for p in pending]
+            pending.append(entry := _Pending(Path(path)))
+            streams.append(entry.open())
+        yield streams
         for p in pending:
             p.sync()
         for p in pending:

@@ -102,9 +102,9 @@ def test_a_signal_reaches_every_running_table_once_and_each_says_what_it_left(
     config = _project(tmp_path, server, 6, 20_000, "stop")
     store = tmp_path / "store.sqlite"
     env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
+    argv = ["refresh", "--all", "--jobs", "3", "--config", str(config), "--json"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "dpone", "refresh", "--all", "--jobs", "3", "--config"]
-        + [str(config), "--json"],
+        [sys.executable, "-m", "dpone", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -108,7 +108,9 @@ def validate(
     warn = Warnings(as_json)
     with reported_errors(as_json, warn):
         target = receipt_out or receipt_path_for(file)
-        with atomic_outputs([target], [file, schema_path], force=force) as (stream,):
+        # A receipt left half-written by a killed validate of the same output is
+        # removed first (said in a warning); one a running validate writes is kept.
+        with atomic_outputs([target], [file, schema_path], force=force, warn=warn) as (stream,):
             schema = load_schema(schema_path)
             receipt = validate_file(
                 file,

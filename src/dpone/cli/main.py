@@ -28,6 +28,7 @@ COMMANDS = {
     "check": "dpone.cli.project",
     "refresh": "dpone.cli.refresh",
     "rollback": "dpone.cli.rollback",
+    "retire": "dpone.cli.retire",
     "status": "dpone.cli.status",
     "doctor": "dpone.cli.doctor",
 }

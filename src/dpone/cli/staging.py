@@ -1,148 +1,39 @@
-"""``dpone stage``, ``dpone journal`` and ``dpone attempts``."""
+"""``dpone stage`` and ``dpone journal`` (``dpone attempts`` is :mod:`dpone.cli.attempts`).
+
+A stage that fails or is stopped by a signal says what it left behind (its journal,
+its table, its spool, its ingest lease) and the one command that finishes the job,
+in text and in the ``--json`` error's details (``left_behind``, ``next_command``).
+"""
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from dpone.cli.connection import managed_credentials
+from dpone.cli.attempts import attempts as attempts  # the command group main.py looks up here
+from dpone.cli.ingest_leases import lease_ids, release_after_failure, store_given
+from dpone.cli.interruptions import is_interruption, report_interruption
 from dpone.cli.output import emit_json, json_option, reported_errors
-from dpone.cli.server import data_dir_option
-from dpone.errors import ConfigurationError, DponeError, StateError
-from dpone.localserver import find_running
-from dpone.localserver.principal_pool import ROLE_INGEST
-from dpone.localserver.protected import start_command
-from dpone.ports.clickhouse_request import Endpoint, check_attempt_id
-from dpone.preparation.modes import DEFAULT_MODE, MODES, refuse_removed_mode
-from dpone.project.leases import close_lease
-from dpone.publication.composition import (
-    DEFAULT_STORE,
-    PublicationConfig,
-    build_publication,
-    ingest_session_notes,
-    issue_ingest,
-    pool_protects,
+from dpone.cli.staging_options import (
+    existing_file,
+    server_options,
+    staging_config,
+    store_option,
+    work_dir_option,
 )
-from dpone.publication.store import SqliteSnapshotStore
-from dpone.staging.composition import StagingConfig, build_transport
+from dpone.errors import ConfigurationError, DponeError
+from dpone.ports.clickhouse_request import check_attempt_id
+from dpone.publication.composition import ingest_session_notes, issue_ingest, pool_protects
+from dpone.staging.composition import StagingConfig
 from dpone.staging.journal import read_events, verify_journal
-from dpone.staging.recovery import (
-    RECOVERY_STEPS,
-    attempt_directory,
-    cleanup_attempt,
-    discard_attempt,
-    finishing_command,
-    left_behind,
-    survey_attempts,
-)
+from dpone.staging.leftovers import NO_EVENTS, finishing_command, left_behind
 from dpone.staging.sink import ClickHouseSink, new_attempt_id
-
-existing_file = click.Path(exists=True, dir_okay=False, path_type=Path)
-work_dir_option = click.option(
-    "--work-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    help="Directory holding attempt journals and spools.",
-)
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class PreparationChoice(click.Choice[str]):
-    """The preparation modes. A removed one (``engine-chdb``) is refused with its typed
-    error, ``preparation_mode_removed``, which names the replacement, not as an
-    unknown choice."""
-
-    def __init__(self) -> None:
-        super().__init__(MODES)
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        if isinstance(value, str):
-            refuse_removed_mode(value)
-        return super().convert(value, param, ctx)
-
-
-def server_options(func: F) -> F:
-    """Where the ClickHouse server is: the managed local one by default."""
-    for option in reversed(
-        [
-            data_dir_option,
-            click.option("--host", help="A ClickHouse host instead of the managed local server."),
-            click.option("--http-port", type=int, help="HTTP port (with --host)."),
-            click.option("--tcp-port", type=int, help="Native port (with --host)."),
-            click.option("--database", required=True, help="The Atomic database to stage into."),
-            click.option(
-                "--transport",
-                type=click.Choice(["http", "client"]),
-                default="http",
-                show_default=True,
-                help="Controlled transport; chosen explicitly, never auto.",
-            ),
-            click.option(
-                "--client-path",
-                default="clickhouse-client",
-                show_default=True,
-                help="clickhouse-client binary for --transport client.",
-            ),
-            click.option(
-                "--preparation",
-                "preparation_mode",
-                type=PreparationChoice(),
-                default=DEFAULT_MODE,
-                show_default=True,
-                help="RowBinary converter: compiled (a file it declines goes to the Python "
-                "reference), or the Python reference alone; both give the same bytes.",
-            ),
-        ]
-    ):
-        func = option(func)
-    return func
-
-
-def staging_config(
-    data_dir: Path,
-    host: str | None,
-    http_port: int | None,
-    tcp_port: int | None,
-    database: str,
-    transport: str,
-    client_path: str,
-    work_dir: Path,
-    preparation_mode: str = DEFAULT_MODE,
-) -> StagingConfig:
-    """Endpoint from options; credentials from the environment or the managed server's file."""
-    if host is None:
-        info = find_running(data_dir)
-        if info is None:
-            command = start_command(data_dir, also=(database,))
-            raise ConfigurationError(
-                f"no managed server runs on {data_dir}; start it with `{command}` or pass --host",
-                code="no_server",
-                next_command=command,
-            )
-        endpoint = Endpoint("127.0.0.1", info.http_port, info.tcp_port, database)
-    else:
-        if http_port is None or tcp_port is None:
-            raise ConfigurationError(
-                "--host needs --http-port and --tcp-port", code="incomplete_endpoint"
-            )
-        endpoint = Endpoint(host, http_port, tcp_port, database)
-    credentials = managed_credentials(data_dir, managed=host is None)
-    return StagingConfig(
-        endpoint,
-        credentials,
-        work_dir,
-        transport=transport,
-        client_path=client_path,
-        preparation_mode=preparation_mode,
-    )
 
 
 def _with_principal(
@@ -176,58 +67,6 @@ def _with_principal(
     return leased, issued.ref.lease_id
 
 
-def release_ingest_leases(
-    store_path: Path,
-    attempt_id: str,
-    server: Mapping[str, object],
-    database: str,
-    only: str | None = None,
-) -> list[str]:
-    """Close the active ingest leases of ``attempt_id`` (or just ``only``); their ids.
-
-    On the managed server each is closed as ``prepare`` closes it, and the proof is
-    stored: a pool user whose last lease ended without a proven closure may not hold a
-    write grant on a publication's tables (``writer_grant``). Where no closure can run
-    (another server, no pool), the lease is only ended (:func:`end_ingest_leases`).
-    """
-    if not store_path.is_file():
-        return []
-    store = SqliteSnapshotStore(store_path, create=False)
-    mine = [lease for lease in store.leases_of(attempt_id) if only in (None, lease.lease_id)]
-    # An ended lease whose closure was never proven (an interrupted stage, an operator's
-    # end-lease) is closed too: until then its user blocks prepare as a writer.
-    active = [
-        lease.lease_id
-        for lease in mine
-        if lease.active or (lease.role == ROLE_INGEST and not store.closure_proven(lease))
-    ]
-    if not active or server.get("host") is not None:
-        return end_ingest_leases(store_path, attempt_id, only)
-    config = PublicationConfig(Path(str(server["data_dir"])), store_path, create_store=False)
-    parts = build_publication(config, database)
-    for lease_id in active:
-        close_lease(parts, lease_id)
-    return active
-
-
-def end_ingest_leases(store_path: Path, attempt_id: str, only: str | None = None) -> list[str]:
-    """End the active ingest leases of ``attempt_id`` (or just ``only``); their ids.
-
-    A staged table that will never be published needs no principal: without this its
-    lease stays active and the pool runs out (``pool_exhausted``). A store that does
-    not exist holds no lease (and is not created).
-    """
-    if not store_path.is_file():
-        return []
-    store = SqliteSnapshotStore(store_path, create=False)
-    ended = []
-    for lease in store.leases_of(attempt_id):
-        if lease.active and only in (None, lease.lease_id):
-            store.end_lease(lease.lease_id)
-            ended.append(lease.lease_id)
-    return ended
-
-
 class TerminalProgress:
     """Rows and bytes of long phases on one rewritten stderr line (terminals only)."""
 
@@ -258,14 +97,7 @@ class TerminalProgress:
     help="Who stages: a leased ingest user of the publication pool (needed to publish), "
     "or the administrator; auto = the pool when the managed server declares it.",
 )
-@click.option(
-    "--store",
-    "store_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=DEFAULT_STORE,
-    show_default=True,
-    help="The publication store holding the lease.",
-)
+@store_option
 @server_options
 @json_option
 def stage(
@@ -284,24 +116,28 @@ def stage(
         progress = None if as_json or not sys.stderr.isatty() else TerminalProgress()
         # An empty --attempt-id is refused like any other invalid one, never replaced.
         attempt_id = new_attempt_id() if attempt_id is None else check_attempt_id(attempt_id)
-        config, lease_id = _with_principal(config, principal, server, store_path, attempt_id)
+        database = config.endpoint.database
         journal_dir = work_dir / attempt_id
         existed = journal_dir.exists()  # then it is not this run's journal to describe
+        # Leases an earlier run of this attempt id holds are never this run's to end.
+        earlier = lease_ids(store_path, attempt_id) if principal != "admin" else set()
+        lease_id: str | None = None
         try:
+            config, lease_id = _with_principal(config, principal, server, store_path, attempt_id)
             staged = ClickHouseSink(config, progress=progress).stage_validated_file(
                 file, receipt_path, attempt_id=attempt_id
             )
         except BaseException as exc:  # SIGTERM and Ctrl-C too: say what remains
             if progress is not None:
                 progress.finish()
-            if lease_id is not None:
-                _end_lease_after_failure(
-                    exc, store_path, attempt_id, lease_id, server, config.endpoint.database
-                )
-            if not existed:
-                _tell_what_remains(
-                    exc, journal_dir, work_dir, config.endpoint.database, server, as_json
-                )
+            # Cut short while leasing, the lease may be stored without its id returned.
+            taken = [lease_id] if lease_id else sorted(lease_ids(store_path, attempt_id) - earlier)
+            leases = [
+                release_after_failure(exc, store_path, attempt_id, taken_id, server, database)
+                for taken_id in taken
+            ]
+            journal = None if existed else journal_dir
+            _report_stopped(exc, as_json, journal, attempt_id, work_dir, server, store_path, leases)
             raise
         if progress is not None:
             progress.finish()
@@ -328,65 +164,107 @@ def stage(
             )
 
 
-def _end_lease_after_failure(
+def _report_stopped(
     exc: BaseException,
-    store_path: Path,
+    as_json: bool,
+    journal_dir: Path | None,
     attempt_id: str,
-    lease_id: str,
+    work_dir: Path,
     server: Mapping[str, object],
-    database: str,
+    store_path: Path,
+    leases: list[dict[str, Any]],
 ) -> None:
-    """A failed stage publishes nothing: its lease is closed, or at least ended.
+    """Say what the failed or stopped stage left (:func:`_what_remains`).
 
-    Interrupted (Ctrl-C, SIGTERM), or when a closure cannot run or fails, the lease is
-    only ended; each failure is a note on the primary error, which the user sees.
+    An interruption is reported here, with its facts, and the command exits with the
+    signal's code; a failure gets them in its details (what the error says already
+    stays, but the leftover's command comes first) and is raised on by the caller.
     """
-    if isinstance(exc, Exception):  # not on Ctrl-C or SIGTERM: a closure waits seconds
-        try:
-            release_ingest_leases(store_path, attempt_id, server, database, only=lease_id)
-            return
-        except (DponeError, OSError) as close_exc:
-            exc.add_note(f"the ingest lease {lease_id} could not be closed: {close_exc}")
-    try:
-        end_ingest_leases(store_path, attempt_id, only=lease_id)
-    except (DponeError, OSError) as store_exc:
-        exc.add_note(f"the ingest lease {lease_id} could not be ended: {store_exc}")
+    database = str(server["database"])
+    details, lines = _what_remains(
+        exc, journal_dir, attempt_id, work_dir, database, server, store_given(store_path), leases
+    )
+    if is_interruption(exc):
+        sys.exit(report_interruption(exc, as_json, details, lines))
+    if isinstance(exc, DponeError):
+        exc.add_details(
+            **{
+                key: value
+                for key, value in details.items()
+                if key not in exc.details or (key == "next_command" and value)
+            }
+        )
+    if lines and not as_json:
+        click.echo("\n".join(lines), err=True)
 
 
-def _tell_what_remains(
+def _what_remains(
     exc: BaseException,
-    journal_dir: Path,
+    journal_dir: Path | None,
+    attempt_id: str,
     work_dir: Path,
     database: str,
     server: Mapping[str, object],
-    as_json: bool,
-) -> None:
-    """Say what a failed or stopped stage left behind and the command that finishes it.
+    store: Path | None,
+    leases: list[dict[str, Any]],
+) -> tuple[dict[str, Any], list[str]]:
+    """What a failed or stopped stage left behind and the one command that finishes it.
 
-    Read from the attempt's own journal (its last event), so it holds for any way
-    the stage ended: a coded error, SIGTERM, Ctrl-C. Never raises: the primary
-    failure is what the user must see.
+    Read from the attempt's own journal (its last event; ``journal_dir`` None when the
+    directory is not this run's) and the store (each lease this run took), so it holds
+    for any way the stage ended: a coded error, SIGTERM, Ctrl-C. The attempt's
+    finishing command (cleanup, discard, archive) also closes its lease; without one,
+    the command is the lease's ``close-lease``. Returns the error's details
+    (``attempt_id``, ``state``, ``left_behind``, ``leases``, ``next_command``, and
+    ``journal`` when this run made one) and the lines a text run prints. Never
+    raises: the primary failure is what the user must see.
     """
-    try:
-        events = read_events(journal_dir) if (journal_dir / "events").is_dir() else []
-    except DponeError as unreadable:
-        exc.add_note(f"the journal {journal_dir} could not be read: {unreadable}")
-        return
-    if not events:
-        return  # nothing was journaled (the attempt never started)
-    last = events[-1].document
-    state = str(last.get("state"))
-    remains = left_behind(last, journal_dir)
-    finish = finishing_command(state, journal_dir.name, work_dir, database, server)
-    if isinstance(exc, DponeError):
-        exc.add_details(left_behind=remains, next_command=finish)
-    if as_json:
-        return
-    lines = [f"the attempt {journal_dir.name} ended {state}; it left behind:"]
+    state: str | None = None
+    remains: dict[str, str] = {}
+    if journal_dir is not None and (journal_dir / "events").is_dir():
+        try:
+            events = read_events(journal_dir)
+        except DponeError as unreadable:
+            exc.add_note(f"the journal {journal_dir} could not be read: {unreadable}")
+            events = None
+        if events is not None:
+            last = events[-1].document if events else {}
+            state = str(last.get("state")) if events else NO_EVENTS
+            remains = left_behind(last, journal_dir)
+    for n, lease in enumerate(leases, start=1):
+        described = {
+            "closed": "closed (its closure proven)",
+            "closure_unproven": "ended, its closure not proven",
+            "active": "still active",
+        }.get(lease["state"], "in an unknown state")
+        key = "lease" if n == 1 else f"lease {n}"  # one run takes one lease
+        remains[key] = f"{lease['lease_id']} ({lease.get('user', '?')}), {described}"
+    finish = None
+    if state is not None:
+        finish = finishing_command(state, attempt_id, work_dir, database, server, store=store)
+    if finish is None:
+        finish = next((lease["command"] for lease in leases if lease["command"]), None)
+    details: dict[str, Any] = {
+        "attempt_id": attempt_id,
+        "state": state,
+        "left_behind": remains,
+        "leases": leases,
+        "next_command": finish,
+    }
+    if state is not None:
+        details["journal"] = str(journal_dir)
+    if not remains:
+        return details, []
+    if state == NO_EVENTS:
+        head = f"the attempt {attempt_id} stopped before its first journal event (nothing was sent)"
+    elif state is not None:
+        head = f"the attempt {attempt_id} ended {state}"
+    else:
+        head = f"the attempt {attempt_id} made no journal"
+    lines = [f"{head}; it left behind:"]
     lines += [f"  {what}: {where}" for what, where in remains.items()]
-    if finish:
-        lines.append(f"to finish: {finish}")
-    click.echo("\n".join(lines), err=True)
+    lines.append(f"to finish: {finish}" if finish else "nothing to finish")
+    return details, lines
 
 
 @click.group()
@@ -439,145 +317,4 @@ def journal_verify(attempt_dir: Path, head: str | None, as_json: bool) -> None:
                 f"{attempt_dir}: {len(events)} events verify; last state "
                 f"{last.document.get('state')}; head {last.sha256}"
                 + (" (as expected)" if head else "")
-            )
-
-
-@click.group()
-def attempts() -> None:
-    """Attempts that need an operator, and their verified cleanup."""
-
-
-@attempts.command("list")
-@work_dir_option
-@click.option("--all", "show_all", is_flag=True, help="Also list attempts that need nothing.")
-@json_option
-def attempts_list(work_dir: Path, show_all: bool, as_json: bool) -> None:
-    """List attempts that ended retained_unknown or cleanup_failed, or never ended."""
-    with reported_errors(as_json):
-        if not work_dir.is_dir():
-            raise ConfigurationError(
-                f"work directory {work_dir} does not exist",
-                code="work_dir_missing",
-                path=str(work_dir),
-            )
-        summaries, unreadable = survey_attempts(work_dir)
-        found = [a for a in summaries if show_all or a.needs_operator]
-        if unreadable:
-            # Listed with the others, and the command fails: each needs an operator.
-            first = unreadable[0].error
-            broken = StateError(
-                f"{len(unreadable)} attempt journal(s) in {work_dir} cannot be read "
-                f"(first: {unreadable[0].path.name}: [{first.code}] {first.message})",
-                code="journal_unreadable",
-            )
-        if as_json:
-            payload: dict[str, Any] = {
-                "ok": not unreadable,
-                "attempts": [a.to_dict() for a in found],
-                "unreadable": [u.to_dict() for u in unreadable],
-            }
-            if unreadable:
-                payload["error"] = broken.to_dict()
-            emit_json(payload)
-            if unreadable:
-                sys.exit(1)
-            return
-        if not found and not unreadable:
-            click.echo("no attempt" if show_all else "no attempt needs an operator")
-            return
-        for a in found:
-            click.echo(f"{a.attempt_id}: {a.state} (event {a.last_sequence}, error {a.error_code})")
-            table = a.planned_table or {}
-            click.echo(
-                f"  table {table.get('database')}.{table.get('table')} uuid {a.table_uuid}; "
-                f"sent {', '.join(a.sent_mutations) or 'nothing'}"
-            )
-            if a.state == "staged":
-                click.echo(
-                    f"  staged, not published by dpone; drop it with: "
-                    f"{finishing_command(a.state, a.attempt_id, work_dir, str(table.get('database')))}"
-                )
-            else:
-                click.echo(f"  inventory {json.dumps(a.inventory, sort_keys=True)}")
-        for u in unreadable:
-            click.echo(f"{u.path.name}: journal unreadable: [{u.error.code}] {u.error.message}")
-        if any(a.needs_operator for a in found):
-            click.echo("recovery: " + "; then ".join(RECOVERY_STEPS))
-        if unreadable:
-            raise broken
-
-
-@attempts.command("cleanup")
-@click.argument("attempt_id")
-@work_dir_option
-@click.option(
-    "--store",
-    "store_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=DEFAULT_STORE,
-    show_default=True,
-    help="The publication store holding the attempt's ingest lease (ended).",
-)
-@server_options
-@json_option
-def attempts_cleanup(
-    attempt_id: str, work_dir: Path, store_path: Path, as_json: bool, **server: object
-) -> None:
-    """Clean ATTEMPT_ID up when its queries' terminal state is proven; refuse otherwise.
-
-    ATTEMPT_ID names a directory directly inside --work-dir, and the server must be
-    the one the attempt's journal bound (endpoint_mismatch). Once cleaned up, the
-    attempt's ingest lease in the publication store ends too.
-    """
-    with reported_errors(as_json):
-        # Before the server is even looked for: a bad id is the user's first error.
-        attempt_directory(work_dir, attempt_id)
-        config = staging_config(work_dir=work_dir, **server)  # type: ignore[arg-type]
-        summary = cleanup_attempt(
-            build_transport(config), work_dir, attempt_id, database=config.endpoint.database
-        )
-        # The journal is terminal now: nothing of this attempt can use its principal.
-        release_ingest_leases(store_path, summary.attempt_id, server, config.endpoint.database)
-        if as_json:
-            emit_json({"ok": True, **summary.to_dict()})
-        else:
-            click.echo(f"{attempt_id}: cleaned up, now {summary.state}")
-
-
-@attempts.command("discard")
-@click.argument("attempt_id")
-@work_dir_option
-@click.option(
-    "--store",
-    "store_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=DEFAULT_STORE,
-    show_default=True,
-    help="The publication store holding the attempt's ingest lease (ended).",
-)
-@server_options
-@json_option
-def attempts_discard(
-    attempt_id: str, work_dir: Path, store_path: Path, as_json: bool, **server: object
-) -> None:
-    """Drop the staged table of ATTEMPT_ID (never published) after verifying it is its own.
-
-    As for cleanup, ATTEMPT_ID names a directory directly inside --work-dir and the
-    server must be the one the journal bound. The attempt's ingest lease in the
-    publication store ends too.
-    """
-    with reported_errors(as_json):
-        attempt_directory(work_dir, attempt_id)  # as for cleanup: before any server
-        config = staging_config(work_dir=work_dir, **server)  # type: ignore[arg-type]
-        summary = discard_attempt(
-            build_transport(config), work_dir, attempt_id, database=config.endpoint.database
-        )
-        release_ingest_leases(store_path, summary.attempt_id, server, config.endpoint.database)
-        if as_json:
-            emit_json({"ok": True, **summary.to_dict()})
-        else:
-            table = summary.planned_table or {}
-            click.echo(
-                f"{attempt_id}: dropped {table.get('database')}.{table.get('table')}, "
-                f"now {summary.state}"
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -32,7 +33,13 @@ def status(config_path: Path, as_json: bool) -> None:
                 )
             for target in found.targets:
                 last = target["last_publication"]
-                if last is None:
+                retired = target.get("retired")
+                if retired is not None:
+                    click.echo(
+                        f"{target['table']} -> {target['target']}: {retired['state']} "
+                        f"{retired['at']}, never published since"
+                    )
+                elif last is None:
                     click.echo(f"{target['table']} -> {target['target']}: never published")
                 else:
                     how = "rolled back" if last.get("rollback") else "published"
@@ -45,6 +52,8 @@ def status(config_path: Path, as_json: bool) -> None:
                         f"  rollback copy {copy['table']} (uuid {copy['uuid']}, "
                         f"replaced {copy['published_at']})"
                     )
+            for slot in found.removed:
+                _echo_removed(slot)
             if not found.needs_person:
                 click.echo("nothing needs a person")
             for item in found.needs_person:
@@ -61,3 +70,23 @@ def status(config_path: Path, as_json: bool) -> None:
                     click.echo(f"  run: {item['command']}")
         if found.needs_person:
             raise SystemExit(1)
+
+
+def _echo_removed(slot: dict[str, Any]) -> None:
+    """A slot no longer in the project file: retired, or what it still holds."""
+    retired = slot.get("retired")
+    if retired is not None and retired["state"] == "retired":
+        click.echo(
+            f"{slot['target']}: removed from the project file, retired {retired['at']} "
+            f"({len(retired['dropped'])} tables dropped)"
+        )
+    else:
+        how = "its retire is unfinished" if retired is not None else "not retired"
+        click.echo(f"{slot['target']}: removed from the project file, {how}")
+    held = slot.get("target_table")
+    if held is not None and held.get("uuid"):
+        click.echo(f"  target {held['table']} (uuid {held['uuid']}) still exists")
+    for copy in slot.get("rollback_copies") or []:
+        click.echo(f"  rollback copy {copy['table']} (uuid {copy['uuid']}) still exists")
+    if slot.get("command"):
+        click.echo(f"  to remove what it holds: {slot['command']}")

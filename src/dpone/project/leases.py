@@ -50,7 +50,7 @@ from typing import Any
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState
 from dpone.errors import DponeError, StateError
 from dpone.localserver.principal_pool import ROLE_INGEST, ROLE_PUBLISHER
-from dpone.ports.composition_snapshot import ClosureProof, PrincipalRef
+from dpone.ports.composition_snapshot import ClosureProof, PrincipalRef, TargetSlot
 from dpone.publication.composition import PublicationComponents
 from dpone.publication.holder_process import Liveness, holder_liveness
 from dpone.publication.store import LeaseRecord, SqliteSnapshotStore
@@ -114,7 +114,15 @@ def close_lease_command(lease_id: str, store: Path, data_dir: Path | None = None
 def judge_leases(store: SqliteSnapshotStore, journal_dirs: Sequence[Path]) -> list[LeaseVerdict]:
     """A verdict for every active lease of ``store``, oldest first."""
     intents = [(SnapshotIntent.from_bytes(s.intent_bytes), s.state) for s in store.list_snapshots()]
-    return [_judge(r, intents, journal_dirs) for r in store.lease_records()]
+    # A PREPARED intent a newer epoch of its slot superseded can never be claimed: its
+    # publisher lease holds nothing that may still be sent.
+    superseded = {
+        i.sha256
+        for i, state in intents
+        if state == SnapshotState.PREPARED.value
+        and i.slot_epoch < store.current_epoch(TargetSlot(i.database, i.target_table))
+    }
+    return [_judge(r, intents, journal_dirs, superseded) for r in store.lease_records()]
 
 
 def end_gone_lease(
@@ -151,6 +159,7 @@ def _judge(
     record: LeaseRecord,
     intents: list[tuple[SnapshotIntent, str]],
     journal_dirs: Sequence[Path],
+    superseded: set[str],
 ) -> LeaseVerdict:
     lease = record.lease
     if lease.role == ROLE_PUBLISHER:
@@ -158,6 +167,8 @@ def _judge(
         if bound:
             intent, state = bound[0]
             evidence = {"intent_sha256": intent.sha256, "state": state}
+            if intent.sha256 in superseded:
+                return LeaseVerdict(record, GONE, "intent_superseded", evidence)
             if state == SnapshotState.PREPARED.value:
                 return LeaseVerdict(record, LIVE, "intent_prepared", evidence)
             if state in _UNRESOLVED:

@@ -9,14 +9,27 @@ generation's name still holds that UUID.
 Each table carries the ownership mark of the staging attempt that created it (the
 first column's comment), so the expected mark of a copy is the one of the oldest
 publication whose generation had the copy's UUID; the empty target a first
-publication created has no mark. A copy is dropped only when its name, UUID and mark
-are all as expected, and never while a publication of the slot is unfinished (it may
-be that publication's generation).
+publication created has no mark (:func:`recorded_owners`: the store noted its CREATE
+in the history of the intent prepared over it, whatever that intent's fate). A copy
+is dropped only when its name, UUID and mark are all as expected, and never while a
+publication of the slot is unfinished (:func:`unfinished_publication`: it may be that
+publication's generation).
+
+A publication cut short between ``prepare`` and its claim leaves a PREPARED intent
+that a later refresh supersedes: the later one takes a newer slot epoch, and an
+intent of an older epoch can never be claimed (the store rechecks the epoch with
+every write). Such an intent is not unfinished (it would stop every retention of the
+slot for good, and the copies would pile up), and its generation, like the one of a
+``not_published`` intent, is a staged table no publication can use: retention
+discards it through its staging journal (:func:`discard_superseded`, ownership
+proven by the journal's UUID and mark).
 
 Each drop is an attempt of its own under ``<work_dir>/retention/<id>``: a journal
 with the copy's facts, a durable intent, its own query id
 (``dpone-b02-<id>-discard``), the settled answer and the verified removal. A drop cut
 short leaves a journal ending ``discarding``: ``dpone status`` lists it.
+:func:`drop_recorded` is that drop for any table dpone recorded (``dpone retire``
+uses it for a target too).
 """
 
 from __future__ import annotations
@@ -27,14 +40,21 @@ from pathlib import Path
 from typing import Any
 
 from dpone.connectors.clickhouse_tables import Ownership, observe_ownership, ownership_comment
-from dpone.contracts.composition_snapshot import TERMINAL, SnapshotIntent, SnapshotState
+from dpone.contracts.composition_snapshot import (
+    TERMINAL,
+    SnapshotIntent,
+    SnapshotState,
+    create_target_query_id,
+)
 from dpone.errors import DponeError, StateError
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import read_query_id
-from dpone.publication.retained import stored_intents
-from dpone.publication.store import SqliteSnapshotStore
+from dpone.ports.composition_snapshot import DispatchOutcome, TargetSlot
+from dpone.publication.retained import StoredIntent, stored_intents
+from dpone.publication.store import SnapshotSummary, SqliteSnapshotStore
 from dpone.staging.cleanup import drop_owned_table
-from dpone.staging.journal import ClickHouseFileAttemptJournal
+from dpone.staging.journal import ClickHouseFileAttemptJournal, read_events
+from dpone.staging.recovery import discard_attempt, summarize
 from dpone.staging.run import AttemptRun
 from dpone.staging.sink import new_attempt_id
 from dpone.staging.states import StageState
@@ -75,14 +95,79 @@ class RollbackCopy:
         }
 
 
+def created_target(store: SqliteSnapshotStore, intent: SnapshotIntent) -> bool:
+    """Whether ``intent``'s target is the empty table its own ``prepare`` created.
+
+    ``prepare`` notes the CREATE (and its acknowledged answer) under the CREATE's query
+    id before the intent exists, seals the intent over the table it then observes, and
+    links the note into the intent's history last: a prepare killed in between leaves
+    the notes without the link, and they still say so.
+    """
+    if any(h.facts.get("step") == "create_target" for h in store.history(intent.sha256)):
+        return True
+    notes = [n.facts for n in store.step_notes(create_target_query_id(intent.staged_event_sha256))]
+    planned = any(
+        f.get("step") == "create_target"
+        and (f.get("database"), f.get("target_table")) == (intent.database, intent.target_table)
+        and f.get("generation_uuid") == intent.generation_uuid
+        for f in notes
+    )
+    answered = any(
+        f.get("step") == "create_target_answer"
+        and f.get("outcome") == DispatchOutcome.ACKNOWLEDGED.value
+        for f in notes
+    )
+    return planned and answered
+
+
+def recorded_owners(store: SqliteSnapshotStore, stored: list[StoredIntent]) -> dict[str, str]:
+    """UUID -> the mark of every table the slot's intents record dpone as creating.
+
+    A generation carries the mark of the oldest intent that staged it (later ones are
+    rollbacks of the same content); the empty target a first publication created
+    carries none (``""``), whether that publication was then published or not. A UUID
+    missing here (the user's own table a first publication replaced) is not dpone's.
+    """
+    owners: dict[str, str] = {}
+    for _, intent in stored:  # oldest first: the first generation with a UUID created it
+        owners.setdefault(
+            intent.generation_uuid, ownership_comment(intent.attempt_id, intent.semantic_id)
+        )
+        if created_target(store, intent):
+            owners.setdefault(intent.target_uuid, "")
+    return owners
+
+
+def superseded_prepared(store: SqliteSnapshotStore, stored: list[StoredIntent]) -> set[str]:
+    """The PREPARED intents of one slot that can never be claimed: a newer epoch holds it."""
+    prepared = [i for s, i in stored if s.state == SnapshotState.PREPARED.value]
+    if not prepared:
+        return set()
+    current = store.current_epoch(TargetSlot(prepared[0].database, prepared[0].target_table))
+    return {i.sha256 for i in prepared if i.slot_epoch < current}
+
+
+def unfinished_publication(
+    store: SqliteSnapshotStore, database: str, target: str
+) -> SnapshotSummary | None:
+    """The slot's oldest publication that may still move (None when every one is settled).
+
+    EXCHANGE_INTENT and COMMIT_UNKNOWN need ``dpone snapshot reconcile``; a PREPARED
+    intent of the slot's current epoch may still be claimed (``dpone snapshot
+    cancel``). A PREPARED intent that a newer epoch superseded is settled for good.
+    """
+    stored = stored_intents(store, database, target)
+    superseded = superseded_prepared(store, stored)
+    for summary, intent in stored:
+        if SnapshotState(summary.state) not in TERMINAL and intent.sha256 not in superseded:
+            return summary
+    return None
+
+
 def rollback_copies(store: SqliteSnapshotStore, database: str, target: str) -> list[RollbackCopy]:
     """The slot's possible rollback copies, newest publication first (existence unchecked)."""
     stored = stored_intents(store, database, target)
-    creators: dict[str, str] = {}
-    for _, intent in stored:  # oldest first: the first generation with a UUID created it
-        creators.setdefault(
-            intent.generation_uuid, ownership_comment(intent.attempt_id, intent.semantic_id)
-        )
+    owners = recorded_owners(store, stored)
     copies = []
     seen: set[tuple[str, str]] = set()
     for summary, intent in reversed(stored):
@@ -93,9 +178,8 @@ def rollback_copies(store: SqliteSnapshotStore, database: str, target: str) -> l
         if (intent.generation_table, intent.target_uuid) in seen:
             continue
         seen.add((intent.generation_table, intent.target_uuid))
-        first = any(h.facts.get("step") == "create_target" for h in store.history(intent.sha256))
-        expected = "" if first else creators.get(intent.target_uuid)
-        copies.append(RollbackCopy(intent, summary.created_at, expected, first))
+        expected = owners.get(intent.target_uuid)
+        copies.append(RollbackCopy(intent, summary.created_at, expected, expected == ""))
     return copies
 
 
@@ -133,63 +217,137 @@ def enforce_retention(
     *,
     keep: int,
     user: str,
+    attempts_dir: Path | None = None,
 ) -> list[str]:
-    """Drop the copies beyond the ``keep`` newest; returns the dropped tables' names.
+    """Drop the copies beyond the ``keep`` newest, then discard the generations no
+    publication can use (:func:`discard_superseded`); returns the dropped tables' names.
 
     ``user`` is the server user ``transport`` authenticates as: each drop's journal
     names it, so a later proof of the DROP's fate finds it in the query log.
+    ``attempts_dir`` holds the staging journals (default: ``attempts`` beside
+    ``retention_dir``, the project's work dir layout).
     """
-    unfinished = [
-        s.intent_sha256
-        for s in store.list_snapshots()
-        if (s.database, s.target_table) == (database, target)
-        and SnapshotState(s.state) not in TERMINAL
-    ]
-    if unfinished:
+    unfinished = unfinished_publication(store, database, target)
+    if unfinished is not None:
         raise RetentionError(
-            f"{database}.{target} has an unfinished publication ({unfinished[0]}); no rollback "
-            "copy is dropped until it is reconciled",
+            f"{database}.{target} has an unfinished publication ({unfinished.intent_sha256});"
+            " no rollback copy is dropped until it is reconciled",
             code="publication_unfinished",
-            intent_sha256=unfinished[0],
+            intent_sha256=unfinished.intent_sha256,
         )
     dropped = []
     for copy, owned in existing_copies(store, transport, database, target)[keep:]:
         drop_copy(transport, retention_dir, copy, owned, user=user)
         dropped.append(f"{database}.{copy.table}")
+    staged = attempts_dir if attempts_dir is not None else retention_dir.parent / "attempts"
+    dropped += discard_superseded(store, transport, staged, database, target)
     return dropped
+
+
+def discard_superseded(
+    store: SqliteSnapshotStore, transport: QueryPort, attempts_dir: Path, database: str, target: str
+) -> list[str]:
+    """Discard the staged generations of the slot's intents that will never be published.
+
+    Those of ``not_published`` intents and of superseded PREPARED ones, each through its
+    own staging journal under ``attempts_dir`` (``dpone attempts discard``: the UUID the
+    intent recorded and the journal's mark are proven first, the DROP is journaled).
+    A generation that is a table some publication placed (a rollback's generation is
+    a rollback copy, and its journal is not a staging one) is never touched. Returns
+    the discarded tables' names (already gone ones are only recorded).
+    """
+    stored = stored_intents(store, database, target)
+    superseded = superseded_prepared(store, stored)
+    placed = {i.target_uuid for _, i in stored} | {
+        i.generation_uuid for s, i in stored if s.state == SnapshotState.PUBLISHED.value
+    }
+    discarded = []
+    for summary, intent in stored:
+        never = summary.state == SnapshotState.NOT_PUBLISHED.value or intent.sha256 in superseded
+        journal = attempts_dir / intent.attempt_id
+        if not never or intent.generation_uuid in placed or not (journal / "events").is_dir():
+            continue
+        try:
+            staged = summarize(journal, read_events(journal))
+        except DponeError:
+            continue  # a journal that does not verify proves nothing: status lists it
+        if (
+            staged.state not in (StageState.STAGED.value, StageState.DISCARDING.value)
+            or (staged.planned_table or {}).get("table") != intent.generation_table
+        ):
+            continue  # discarded already, or not this generation's journal
+        discard_attempt(
+            transport,
+            attempts_dir,
+            intent.attempt_id,
+            database=database,
+            expected_uuid=intent.generation_uuid,
+        )
+        discarded.append(f"{database}.{intent.generation_table}")
+    return discarded
 
 
 def drop_copy(
     transport: QueryPort, retention_dir: Path, copy: RollbackCopy, owned: Ownership, *, user: str
 ) -> None:
     """Drop one copy after its ownership is proven, as its own journaled attempt."""
-    if copy.expected_comment is None or (owned.comment or "") != copy.expected_comment:
+    drop_recorded(
+        transport,
+        retention_dir,
+        "retain-",
+        database=copy.intent.database,
+        table=copy.table,
+        owned=owned,
+        expected_comment=copy.expected_comment,
+        facts={"intent_sha256": copy.intent.sha256, "published_at": copy.published_at},
+        user=user,
+    )
+
+
+def drop_recorded(
+    transport: QueryPort,
+    journal_dir: Path,
+    prefix: str,
+    *,
+    database: str,
+    table: str,
+    owned: Ownership,
+    expected_comment: str | None,
+    facts: dict[str, Any],
+    user: str,
+    planned: dict[str, Any] | None = None,
+) -> Path:
+    """Drop ``database.table`` (observed as ``owned``) as its own journaled attempt.
+
+    Refused (``ownership_unverified``, nothing written) unless its mark is
+    ``expected_comment`` (None: the mark cannot be derived, never dropped). The journal
+    ``<journal_dir>/<prefix><id>`` first records the table's UUID and mark (the
+    ``rollback_copy`` member, with ``facts``, and ``planned``'s members), then the
+    DROP's intent, its settled answer and the verified removal. Returns the journal.
+    """
+    if expected_comment is None or (owned.comment or "") != expected_comment:
         raise RetentionError(
-            f"{copy.intent.database}.{copy.table} carries the mark {owned.comment!r}, not "
-            f"{copy.expected_comment!r}; it is not proven to be the rollback copy, not dropped",
+            f"{database}.{table} carries the mark {owned.comment!r}, not "
+            f"{expected_comment!r}; it is not proven to be the table dpone recorded, not dropped",
             code="ownership_unverified",
-            table=copy.table,
+            table=table,
             table_uuid=owned.uuid,
         )
-    journal = ClickHouseFileAttemptJournal(retention_dir, "retain-" + new_attempt_id())
+    journal = ClickHouseFileAttemptJournal(journal_dir, prefix + new_attempt_id())
     journal.open()
-    planned = {"database": copy.intent.database, "table": copy.table}
     run = AttemptRun(
         journal,
-        {"planned_ownership": planned, "principal": {"user": user}},
+        {"planned_ownership": {"database": database, "table": table}, "principal": {"user": user}},
         state=StageState.DISCARDING,
     )
     run.table_uuid = owned.uuid
+    # ``rollback_copy``: the member a later `attempts discard` proves ownership from.
     run.event(
         StageState.DISCARDING,
         "retention_planned",
         observed_ownership={"table_uuid": owned.uuid},
-        rollback_copy={
-            "intent_sha256": copy.intent.sha256,
-            "uuid": copy.uuid,
-            "comment": owned.comment,
-            "published_at": copy.published_at,
-        },
+        rollback_copy={**facts, "uuid": owned.uuid, "comment": owned.comment},
+        **(planned or {}),
     )
     reads = iter(range(1, 100))
     try:
@@ -198,8 +356,8 @@ def drop_copy(
             run,
             StageState.DISCARDING,
             kind="discard",
-            database=copy.intent.database,
-            table=copy.table,
+            database=database,
+            table=table,
             found=owned,
             request_seconds=REQUEST_SECONDS,
             clock=time.monotonic,
@@ -210,9 +368,10 @@ def drop_copy(
         raise
     if not gone:
         raise RetentionError(
-            f"the DROP of {copy.intent.database}.{copy.table} has an unknown outcome; its journal "
+            f"the DROP of {database}.{table} has an unknown outcome; its journal "
             f"{journal.attempt_dir} stays at discarding",
             code="retention_unknown",
             journal=str(journal.attempt_dir),
         )
     run.event(StageState.DISCARDED, "discarded")
+    return journal.attempt_dir

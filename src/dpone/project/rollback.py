@@ -55,6 +55,7 @@ from dpone.ports.composition_snapshot import (
 )
 from dpone.project.config import Project, TableConfig
 from dpone.project.interruption import account_for_interruption, settle_intent
+from dpone.project.retention import unfinished_publication
 from dpone.project.table_run import (
     REQUEST_SECONDS,
     Phases,
@@ -121,13 +122,14 @@ def find_rollback_source(
 ) -> RollbackSource:
     """The copy the slot's last publication left and the journal that staged its content."""
     mine = [s for s in store.list_snapshots() if (s.database, s.target_table) == (database, target)]
-    unfinished = [s.intent_sha256 for s in mine if SnapshotState(s.state) not in TERMINAL]
-    if unfinished:
+    # A PREPARED intent a newer epoch superseded can never move: it is not unfinished.
+    pending = unfinished_publication(store, database, target)
+    if pending is not None:
         raise RollbackError(
-            f"{database}.{target} has an unfinished publication ({unfinished[0]}); reconcile or "
-            "cancel it first (`dpone status` names the command)",
+            f"{database}.{target} has an unfinished publication ({pending.intent_sha256}); "
+            "reconcile or cancel it first (`dpone status` names the command)",
             code="publication_unfinished",
-            intent_sha256=unfinished[0],
+            intent_sha256=pending.intent_sha256,
         )
     published = [s for s in mine if s.state == SnapshotState.PUBLISHED.value]
     if not published:

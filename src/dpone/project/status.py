@@ -1,11 +1,17 @@
 """What a project's targets look like now, and everything that needs a person.
 
-Read only: the store (publications, oldest first, and the pool's leases), the
-attempt and retention journals under the work dir, and, when the managed server runs,
-which rollback copies still exist. Each item that needs a person carries the exact
-command to run (docs/operations.md explains each). A lease whose holder is proven
-gone (:mod:`dpone.project.leases`) is one of them: it would otherwise keep its
-pool principal forever.
+Read only: the store (publications, oldest first, the pool's leases and the slots'
+retirements), the attempt, retention and retire journals under the work dir, and,
+when the managed server runs, which rollback copies still exist. Each item that needs
+a person carries the exact command to run (docs/operations.md explains each). A lease
+whose holder is proven gone (:mod:`dpone.project.leases`) is one of them: it would
+otherwise keep its pool principal forever.
+
+A slot the store knows whose table is no longer in the project file is not
+forgotten: ``removed`` lists it with what it still holds (its target, its rollback
+copies) and the ``dpone retire`` command that removes them, or as retired once
+``dpone retire`` did. A PREPARED intent a newer publication superseded can never be
+claimed: it needs no cancel, and its generation is listed as ``staged_unpublished``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from dpone.errors import DponeError
 from dpone.localserver import find_running
 from dpone.localserver.credentials import admin_credentials
 from dpone.ports.clickhouse_request import Endpoint
+from dpone.ports.composition_snapshot import StepNote, TargetSlot
 from dpone.project.config import Project
 from dpone.project.leases import (
     GONE,
@@ -32,8 +39,11 @@ from dpone.project.leases import (
     project_journal_dirs,
     unproven_closures,
 )
-from dpone.project.retention import observe_copy, rollback_copies
-from dpone.publication.store import SqliteSnapshotStore
+from dpone.project.retention import observe_copy, rollback_copies, superseded_prepared
+from dpone.project.retire import known_slots, retire_command, retired_slot
+from dpone.publication.retained import stored_intents
+from dpone.publication.store import SnapshotSummary, SqliteSnapshotStore
+from dpone.publication.store.retirement import RETIRED
 from dpone.staging.recovery import finishing_command, list_attempts
 
 
@@ -45,6 +55,8 @@ class ProjectStatus:
     needs_person: list[dict[str, Any]] = field(default_factory=list)
     server_running: bool = False
     active_leases: list[dict[str, Any]] = field(default_factory=list)
+    # Slots the store knows whose table the project file no longer declares.
+    removed: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -52,6 +64,7 @@ class ProjectStatus:
             "needs_person": self.needs_person,
             "server_running": self.server_running,
             "active_leases": self.active_leases,
+            "removed": self.removed,
         }
 
 
@@ -65,70 +78,175 @@ def project_status(project: Project) -> ProjectStatus:
     status.server_running = info is not None
     data_dir = str(project.clickhouse.data_dir)
     tail = ["--store", str(project.store), "--data-dir", data_dir]
-    for table in project.tables.values():
-        mine = [
-            s for s in summaries if (s.database, s.target_table) == (table.database, table.target)
-        ]
-        published = [s for s in mine if s.state == SnapshotState.PUBLISHED.value]
+    notes = store.retirement_notes() if store is not None else {}
+    declared = {TargetSlot(t.database, t.target): t.name for t in project.tables.values()}
+    removed = [s for s in (known_slots(store) if store is not None else []) if s not in declared]
+    superseded: set[str] = set()
+    for slot in [*declared, *removed]:
+        mine = [s for s in summaries if (s.database, s.target_table) == (slot.database, slot.table)]
+        if store is not None and mine:
+            superseded |= superseded_prepared(
+                store, stored_intents(store, slot.database, slot.table)
+            )
+        retirement = _retirement(notes.get(slot, []), mine)
+        name = declared.get(slot)
         entry: dict[str, Any] = {
-            "table": table.name,
-            "target": table.qualified_target,
+            "table": name,
+            "target": f"{slot.database}.{slot.table}",
             "last_publication": None,
             "rollback_copies": None,
+            "retired": retirement,
         }
-        if published:
-            last = published[-1]
-            intent = SnapshotIntent.from_bytes(last.intent_bytes)
-            record = (
-                SnapshotRecord.from_bytes(store.load(last.intent_sha256).record_bytes)
-                if store
-                else None
-            )
-            entry["last_publication"] = {
-                "intent_sha256": last.intent_sha256,
-                "prepared_at": intent.prepared_at,
-                "published_at": record.at if record is not None else None,
-                "rows": intent.source_rows,
-                "uuid": intent.generation_uuid,
-                "attempt_id": intent.attempt_id,
-                # A rollback's evidence is its journal under work_dir/rollbacks.
-                "rollback": (project.work_dir / "rollbacks" / intent.attempt_id).is_dir(),
-            }
+        published = [s for s in mine if s.state == SnapshotState.PUBLISHED.value]
+        if published and store is not None and retirement is None:
+            entry["last_publication"] = _last_publication(project, store, published[-1])
         if info is not None and store is not None:
             entry["rollback_copies"] = _copies(
-                store, info.http_port, project, table.database, table.target
+                store, info.http_port, project, slot.database, slot.table
             )
-        status.targets.append(entry)
+        if name is not None:
+            status.targets.append(entry)
+        else:
+            _removed(project, status, entry, info.http_port if info else None)
+        if retirement is not None and retirement["state"] == "retiring":
+            status.needs_person.append(
+                {
+                    "kind": "retire_unfinished",
+                    "target": entry["target"],
+                    "message": f"a `dpone retire` of {entry['target']} was cut short; running it "
+                    "again finishes it from what the server shows",
+                    "command": retire_command(project, name or entry["target"]),
+                }
+            )
         for summary in mine:
-            state = SnapshotState(summary.state)
-            if state in (SnapshotState.EXCHANGE_INTENT, SnapshotState.COMMIT_UNKNOWN):
-                status.needs_person.append(
-                    {
-                        "kind": state.value,
-                        "target": table.qualified_target,
-                        "intent_sha256": summary.intent_sha256,
-                        "command": shlex.join(
-                            ["dpone", "snapshot", "reconcile", summary.intent_sha256, *tail]
-                        ),
-                    }
-                )
-            elif state is SnapshotState.PREPARED:
-                status.needs_person.append(
-                    {
-                        "kind": "prepared",
-                        "target": table.qualified_target,
-                        "intent_sha256": summary.intent_sha256,
-                        "command": shlex.join(
-                            ["dpone", "snapshot", "cancel", summary.intent_sha256, *tail]
-                        ),
-                    }
-                )
-    finishing = _attempts(project, status, data_dir, store)
+            _publication_item(status, summary, entry["target"], superseded, tail)
+    finishing = _attempts(project, status, data_dir, store, superseded)
+    _retire_journals(project, status, data_dir)
     if store is not None:
         _leases(project, status, store, finishing)
     elif info is not None:
         _targets_without_store(project, status, info.http_port)
     return status
+
+
+def _publication_item(
+    status: ProjectStatus,
+    summary: SnapshotSummary,
+    target: str,
+    superseded: set[str],
+    tail: list[str],
+) -> None:
+    """The item of a publication that needs a person (reconcile or cancel), if any."""
+    state = SnapshotState(summary.state)
+    if state in (SnapshotState.EXCHANGE_INTENT, SnapshotState.COMMIT_UNKNOWN):
+        verb, kind = "reconcile", state.value
+    elif state is SnapshotState.PREPARED and summary.intent_sha256 not in superseded:
+        verb, kind = "cancel", "prepared"
+    else:
+        return
+    status.needs_person.append(
+        {
+            "kind": kind,
+            "target": target,
+            "intent_sha256": summary.intent_sha256,
+            "command": shlex.join(["dpone", "snapshot", verb, summary.intent_sha256, *tail]),
+        }
+    )
+
+
+def _last_publication(
+    project: Project, store: SqliteSnapshotStore, last: SnapshotSummary
+) -> dict[str, Any]:
+    intent = SnapshotIntent.from_bytes(last.intent_bytes)
+    record = SnapshotRecord.from_bytes(store.load(last.intent_sha256).record_bytes)
+    return {
+        "intent_sha256": last.intent_sha256,
+        "prepared_at": intent.prepared_at,
+        "published_at": record.at,
+        "rows": intent.source_rows,
+        "uuid": intent.generation_uuid,
+        "attempt_id": intent.attempt_id,
+        # A rollback's evidence is its journal under work_dir/rollbacks.
+        "rollback": (project.work_dir / "rollbacks" / intent.attempt_id).is_dir(),
+    }
+
+
+def _retirement(notes: list[StepNote], mine: list[SnapshotSummary]) -> dict[str, Any] | None:
+    """The slot's retirement, unless no retire began or the slot was published into since."""
+    if not notes or any(s.created_at > notes[-1].at for s in mine):
+        return None
+    last = notes[-1]
+    done = last.facts.get("step") == RETIRED
+    return {
+        "state": "retired" if done else "retiring",
+        "at": last.at,
+        "dropped": list(last.facts.get("dropped") or []) if done else [],
+        "kept": list(last.facts.get("kept") or []) if done else [],
+    }
+
+
+def _removed(
+    project: Project,
+    status: ProjectStatus,
+    entry: dict[str, Any],
+    port: int | None,
+) -> None:
+    """A slot no longer declared: what it still holds, and the retire that removes it."""
+    database, _, table = str(entry["target"]).partition(".")
+    entry.pop("table")
+    entry["target_table"] = None if port is None else _observed(project, port, database, table)
+    holds = entry["target_table"] is not None or bool(entry["rollback_copies"])
+    unknown = port is None or entry["target_table"] == {"unobservable": True}
+    retired = entry["retired"] is not None and entry["retired"]["state"] == "retired"
+    entry["command"] = (
+        retire_command(project, str(entry["target"])) if holds or unknown or not retired else None
+    )
+    status.removed.append(entry)
+
+
+def _observed(project: Project, port: int, database: str, table: str) -> dict[str, Any] | None:
+    """The table under the name now (its UUID), None when there is none."""
+    admin = HttpTransport(
+        Endpoint("127.0.0.1", port, 0, database), admin_credentials(project.clickhouse.data_dir)
+    )
+    reads = iter(range(1, 100))
+    try:
+        found = observe_ownership(
+            admin,
+            database,
+            table,
+            lambda: f"dpone-status-{time.time_ns()}-{next(reads)}",
+            time.monotonic() + 30,
+        )
+    except DponeError:
+        return {"unobservable": True}
+    return None if found is None else {"table": f"{database}.{table}", "uuid": found.uuid}
+
+
+def _retire_journals(project: Project, status: ProjectStatus, data_dir: str) -> None:
+    """Retire drops cut short whose slot is not retiring any more (it was published into
+    since): each is finished on its own, never by a second retire of a live slot. A
+    journal cut before its first event sent nothing and is not listed."""
+    retire_dir = project.work_dir / "retire"
+    retiring = {i.get("target") for i in status.needs_person if i["kind"] == "retire_unfinished"}
+    for summary in list_attempts(retire_dir):
+        slot = retired_slot(summary.path)
+        if summary.state == "discarded" or slot is None:
+            continue
+        if f"{slot.database}.{slot.table}" in retiring:
+            continue  # the slot's own item: its retire again finishes this drop
+        command = finishing_command(summary.state, summary.attempt_id, retire_dir, slot.database)
+        status.needs_person.append(
+            {
+                "kind": "retire_unfinished",
+                "attempt_id": summary.attempt_id,
+                "journal": str(summary.path),
+                "table": summary.planned_table,
+                "target": f"{slot.database}.{slot.table}",
+                "unsettled_mutations": [m.query_id for m in summary.unsettled],
+                "command": f"{command} {shlex.join(['--data-dir', data_dir])}" if command else None,
+            }
+        )
 
 
 def _targets_without_store(project: Project, status: ProjectStatus, port: int) -> None:
@@ -228,9 +346,16 @@ def _copies(
 
 
 def _attempts(
-    project: Project, status: ProjectStatus, data_dir: str, store: SqliteSnapshotStore | None
+    project: Project,
+    status: ProjectStatus,
+    data_dir: str,
+    store: SqliteSnapshotStore | None,
+    superseded: set[str],
 ) -> set[str]:
-    """List the attempts that need a person; the ids listed with a finishing command."""
+    """List the attempts that need a person; the ids listed with a finishing command.
+
+    ``superseded``: the PREPARED intents that can never be claimed (their generation
+    waits for a discard like a ``not_published`` one's)."""
     finishing: set[str] = set()
     attempts_dir = project.work_dir / "attempts"
     # A staged generation is done with once an intent that may still publish it (or did)
@@ -238,7 +363,7 @@ def _attempts(
     named = {
         SnapshotIntent.from_bytes(s.intent_bytes).attempt_id
         for s in (store.list_snapshots() if store is not None else [])
-        if s.state != SnapshotState.NOT_PUBLISHED.value
+        if s.state != SnapshotState.NOT_PUBLISHED.value and s.intent_sha256 not in superseded
     }
     for summary in list_attempts(attempts_dir):
         # Without the store no intent can be seen: a staged attempt may well be published.

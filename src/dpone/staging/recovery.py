@@ -19,6 +19,10 @@ nothing: ``attempts list`` shows the same afterwards. Nothing is inferred from s
 A staged table that will never be published is discarded the same way: ownership
 verified, a durable intent, its own query id (``-discard``), removal verified.
 
+A journal without events is neither cleaned nor discarded (``journal_empty``): it
+records nothing to act on, because nothing was sent; it is archived
+(:mod:`dpone.staging.leftovers`).
+
 Every operation first checks that the endpoint is the server and database the journal
 bound (``endpoint_mismatch`` otherwise, writing nothing): another server's start
 time or missing table proves nothing here. Attempt ids name one directory directly
@@ -29,10 +33,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shlex
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,10 +43,9 @@ from typing import Any
 from dpone.connectors.clickhouse_tables import Ownership, observe_ownership
 from dpone.connectors.endpoint_identity import observe_server_start
 from dpone.connectors.remote_termination import prove_termination
-from dpone.errors import ConfigurationError, DponeError, StateError
-from dpone.localserver.layout import DEFAULT_DATA_DIR
+from dpone.errors import DponeError, StateError
 from dpone.ports.clickhouse import QueryPort
-from dpone.ports.clickhouse_request import check_attempt_id, mutation_query_id, read_query_id
+from dpone.ports.clickhouse_request import mutation_query_id, read_query_id
 from dpone.staging.cleanup import (
     UNOBSERVABLE,
     CleanupRefused,
@@ -55,6 +57,11 @@ from dpone.staging.journal import (
     JournalEvent,
     read_events,
 )
+from dpone.staging.leftovers import NO_EVENTS as NO_EVENTS
+from dpone.staging.leftovers import attempt_directory as attempt_directory
+from dpone.staging.leftovers import finishing_command as finishing_command
+from dpone.staging.leftovers import left_behind as left_behind
+from dpone.staging.leftovers import refuse_empty_journal
 from dpone.staging.run import AttemptRun, dispatch_origin
 from dpone.staging.states import NEEDS_OPERATOR, TERMINAL, StageState
 
@@ -66,33 +73,6 @@ RECOVERY_STEPS = (
     "start a fresh attempt with a new attempt id",
 )
 _PROVEN = frozenset({"finished_ok", "failed", "killed", "server_restart"})
-
-
-def attempt_directory(work_dir: Path, attempt_id: str) -> Path:
-    """The directory of ``attempt_id`` in ``work_dir``; refuses an id that leaves it.
-
-    The id follows the attempt id grammar (one path component: ``invalid_attempt_id``)
-    and names a directory directly inside ``work_dir``, not a symbolic link
-    (``attempt_outside_work_dir``): nothing acts on a journal ``work_dir`` does not hold.
-    """
-    try:
-        check_attempt_id(attempt_id)
-    except ConfigurationError as exc:
-        exc.add_details(attempt_id=attempt_id, work_dir=str(work_dir))
-        raise
-    path = Path(work_dir) / attempt_id
-    resolved = path.resolve()
-    if path.is_symlink() or resolved.parent != Path(work_dir).resolve():
-        raise ConfigurationError(
-            f"attempt {attempt_id}: {path} is a link to {resolved}, not a directory of its own "
-            f"in the work directory {work_dir}; nothing done",
-            code="attempt_outside_work_dir",
-            attempt_id=attempt_id,
-            path=str(path),
-            resolved=str(resolved),
-            work_dir=str(work_dir),
-        )
-    return path
 
 
 @dataclass(frozen=True)
@@ -214,7 +194,7 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
     return AttemptSummary(
         attempt_id=str(doc.get("attempt_id", attempt_dir.name)),
         path=attempt_dir,
-        state=str(doc.get("state", "no_events")),
+        state=str(doc.get("state", NO_EVENTS)),
         last_sequence=last.sequence if last else 0,
         last_sha256=last.sha256 if last else None,
         sent=tuple(sent),
@@ -275,70 +255,6 @@ def survey_attempts(work_dir: Path) -> tuple[list[AttemptSummary], list[Unreadab
     return found, unreadable
 
 
-def left_behind(last: dict[str, Any], journal: Path) -> dict[str, str]:
-    """What a failed attempt left, from its last event: table, spool, journal."""
-    remains: dict[str, str] = {}
-    inventory = last.get("cleanup_inventory") or {}
-    table = inventory.get("table")
-    if isinstance(table, dict):
-        uuid = f" (uuid {table['uuid']})" if table.get("uuid") else ""
-        remains["table"] = f"{table.get('database')}.{table.get('table')}{uuid}, may exist"
-    if inventory.get("table_not_owned"):
-        remains["table not proven ours"] = str(inventory["table_not_owned"])
-    if inventory.get("spool"):
-        remains["spool"] = str(inventory["spool"])
-    remains["journal"] = str(journal)
-    return remains
-
-
-def finishing_command(
-    state: str,
-    attempt_id: str,
-    work_dir: Path,
-    database: str,
-    server: Mapping[str, object] | None = None,
-) -> str | None:
-    """The command that finishes what an attempt in ``state`` left (None: nothing to do).
-
-    ``server`` holds the server options the stage used (``host``, ``http_port``,
-    ``tcp_port``, ``data_dir``, ``transport``, ``client_path``, as the CLI names them):
-    those that differ from their defaults are repeated, so the command reaches the
-    same server the same way.
-    """
-    # A discard cut short (``discarding``) is finished by the discard, never by a cleanup.
-    verb = {
-        "staged": "discard",
-        "discarding": "discard",
-        "failed_cleaned": None,
-        "discarded": None,
-    }.get(state, "cleanup")
-    if verb is None:
-        return None
-    argv = [
-        "dpone",
-        "attempts",
-        verb,
-        attempt_id,
-        "--work-dir",
-        str(work_dir),
-        "--database",
-        database,
-    ]
-    given = server or {}
-    if given.get("host") is not None:
-        argv += ["--host", str(given["host"])]
-        for key in ("http_port", "tcp_port"):
-            if given.get(key) is not None:
-                argv += [f"--{key.replace('_', '-')}", str(given[key])]
-    elif given.get("data_dir") is not None and Path(str(given["data_dir"])) != DEFAULT_DATA_DIR:
-        argv += ["--data-dir", str(given["data_dir"])]
-    if given.get("transport") not in (None, "http"):
-        argv += ["--transport", str(given["transport"])]
-        if given.get("client_path") not in (None, "clickhouse-client"):
-            argv += ["--client-path", str(given["client_path"])]
-    return shlex.join(argv)
-
-
 class _Operator:
     """One later actor on one attempt: its transport, deadline and read ids."""
 
@@ -352,6 +268,12 @@ class _Operator:
     ) -> None:
         self.transport = transport
         self.attempt_dir = attempt_directory(work_dir, attempt_id)
+        if (self.attempt_dir / "events").is_dir():
+            refuse_empty_journal(
+                self.attempt_dir,
+                attempt_id,
+                str(finishing_command(NO_EVENTS, attempt_id, work_dir, "")),
+            )
         self.journal = ClickHouseFileAttemptJournal(work_dir, attempt_id)
         self.run = AttemptRun.resume(self.journal, wall_clock=wall_clock)
         self.summary = summarize(self.attempt_dir, read_events(self.attempt_dir))

@@ -32,7 +32,8 @@ Layout (every ``at`` is UTC ISO 8601, every ``facts`` canonical JSON bytes)::
 A lease's holder process (:mod:`dpone.publication.holder_process`) is noted in ``steps``
 under the key ``lease/<lease_id>`` in the transaction that issues the lease; an
 operator's end of a lease whose holder is gone is noted there too, with the facts
-that proved it, in the transaction that ends it.
+that proved it, in the transaction that ends it. A slot's retirement (``dpone retire``)
+is noted under ``retire/<database>/<table>``, with the fence that makes it safe.
 
 Triggers enforce what SQL can: immutable intents, append-only history and steps,
 records only to the next revision, ownership only forward.
@@ -56,7 +57,8 @@ The parts, one concern each, joined in :mod:`~dpone.publication.store.snapshot_s
 :mod:`~dpone.publication.store.records` (intents, records, compare-and-set, history),
 :mod:`~dpone.publication.store.steps` (step notes),
 :mod:`~dpone.publication.store.admission` (the run registry and the authority recheck),
-:mod:`~dpone.publication.store.leases` (principal leases and their holders) and
+:mod:`~dpone.publication.store.leases` (principal leases and their holders),
+:mod:`~dpone.publication.store.retirement` (a slot's retirement notes and its fence) and
 :mod:`~dpone.publication.store.errors` (the one error type).
 """
 

@@ -17,7 +17,8 @@ class SnapshotStoreError(StateError):
     ``attempt_fenced``, ``ownership_not_active``, ``slot_blocked``, ``pool_exhausted``,
     ``lease_not_found``, ``admission_not_found``, ``admission_conflict``,
     ``invalid_ownership_transition``, ``store_unavailable``, ``store_not_sqlite``,
-    ``store_schema_mismatch``, ``store_missing``.
+    ``store_schema_mismatch``, ``store_missing``, ``publication_unfinished`` and
+    ``retirement_superseded`` (a slot's retirement, :mod:`.retirement`).
     """
 
     code = "store_unavailable"

@@ -1,0 +1,131 @@
+"""The options ``dpone stage`` and ``dpone attempts`` share, and the staging configuration
+they make (the endpoint, its credentials, the transport, the converter)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from dpone.cli.connection import managed_credentials
+from dpone.cli.server import data_dir_option
+from dpone.errors import ConfigurationError
+from dpone.localserver import find_running
+from dpone.localserver.protected import start_command
+from dpone.ports.clickhouse_request import Endpoint
+from dpone.preparation.modes import DEFAULT_MODE, MODES, refuse_removed_mode
+from dpone.publication.composition import DEFAULT_STORE
+from dpone.staging.composition import StagingConfig
+
+existing_file = click.Path(exists=True, dir_okay=False, path_type=Path)
+work_dir_option = click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Directory holding attempt journals and spools.",
+)
+
+
+store_option = click.option(
+    "--store",
+    "store_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_STORE,
+    show_default=True,
+    help="The publication store holding the attempt's ingest lease.",
+)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class PreparationChoice(click.Choice[str]):
+    """The preparation modes. A removed one (``engine-chdb``) is refused with its typed
+    error, ``preparation_mode_removed``, which names the replacement, not as an
+    unknown choice."""
+
+    def __init__(self) -> None:
+        super().__init__(MODES)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        if isinstance(value, str):
+            refuse_removed_mode(value)
+        return super().convert(value, param, ctx)
+
+
+def server_options(func: F) -> F:
+    """Where the ClickHouse server is: the managed local one by default."""
+    for option in reversed(
+        [
+            data_dir_option,
+            click.option("--host", help="A ClickHouse host instead of the managed local server."),
+            click.option("--http-port", type=int, help="HTTP port (with --host)."),
+            click.option("--tcp-port", type=int, help="Native port (with --host)."),
+            click.option("--database", required=True, help="The Atomic database to stage into."),
+            click.option(
+                "--transport",
+                type=click.Choice(["http", "client"]),
+                default="http",
+                show_default=True,
+                help="Controlled transport; chosen explicitly, never auto.",
+            ),
+            click.option(
+                "--client-path",
+                default="clickhouse-client",
+                show_default=True,
+                help="clickhouse-client binary for --transport client.",
+            ),
+            click.option(
+                "--preparation",
+                "preparation_mode",
+                type=PreparationChoice(),
+                default=DEFAULT_MODE,
+                show_default=True,
+                help="RowBinary converter: compiled (a file it declines goes to the Python "
+                "reference), or the Python reference alone; both give the same bytes.",
+            ),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
+def staging_config(
+    data_dir: Path,
+    host: str | None,
+    http_port: int | None,
+    tcp_port: int | None,
+    database: str,
+    transport: str,
+    client_path: str,
+    work_dir: Path,
+    preparation_mode: str = DEFAULT_MODE,
+) -> StagingConfig:
+    """Endpoint from options; credentials from the environment or the managed server's file."""
+    if host is None:
+        info = find_running(data_dir)
+        if info is None:
+            command = start_command(data_dir, also=(database,))
+            raise ConfigurationError(
+                f"no managed server runs on {data_dir}; start it with `{command}` or pass --host",
+                code="no_server",
+                next_command=command,
+            )
+        endpoint = Endpoint("127.0.0.1", info.http_port, info.tcp_port, database)
+    else:
+        if http_port is None or tcp_port is None:
+            raise ConfigurationError(
+                "--host needs --http-port and --tcp-port", code="incomplete_endpoint"
+            )
+        endpoint = Endpoint(host, http_port, tcp_port, database)
+    credentials = managed_credentials(data_dir, managed=host is None)
+    return StagingConfig(
+        endpoint,
+        credentials,
+        work_dir,
+        transport=transport,
+        client_path=client_path,
+        preparation_mode=preparation_mode,
+    )
