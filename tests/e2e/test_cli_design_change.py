@@ -157,3 +157,26 @@ def test_a_view_over_the_target_refuses_the_replace_and_is_named(
         chhttp.query(port, f"DROP TABLE {DATABASE}.mv_sink")
     status = as_json(dpone("status", "--config", str(config), "--json"))
     assert status["needs_person"] == [], status
+
+
+def test_a_rollback_copy_whose_design_was_altered_is_refused(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    port, target = server["http_port"], "t_design_altered"
+    make_source(tmp_path / "shop.db", [(i, f"n{i}", f"{i}.25") for i in range(1, 6)])
+    config = project(tmp_path, server, target)
+    assert refresh(config, "items")[0] == 0
+    make_source(tmp_path / "shop.db", [(i, f"m{i}", f"{i}.50") for i in range(1, 8)])
+    code, second = refresh(config, "items")
+    assert code == 0, second
+    copy = second["tables"][0]["generation_table"]
+    # Same rows, same content: only its design changed. A rollback publishes the copy's
+    # design as it is, so this is refused like altered content.
+    chhttp.query(
+        port, f"ALTER TABLE {DATABASE}.{copy} MODIFY COLUMN name Nullable(String) CODEC(ZSTD(3))"
+    )
+    done = dpone("rollback", "items", "--config", str(config), "--json")
+    assert done.returncode == 1, done.stdout
+    refused = as_json(done)
+    assert (refused["phase"], refused["error"]["code"]) == ("verify_copy", "design_mismatch")
+    assert _values(port, target, "id") == [[str(i)] for i in range(1, 8)]

@@ -93,7 +93,7 @@ def test_a_restart_without_protect_protects_what_the_last_start_did(tmp_path: Pa
         # A database that exists but that the pool has no grant on: not "does not exist".
         chhttp.query(again["http_port"], f"CREATE DATABASE {PLAIN} ENGINE = Atomic")
         code, report = refresh_items(_project(tmp_path, data_dir, PLAIN))
-        assert code == 1 and report["phase"] == "stage"
+        assert code == 1 and report["phase"] == "check"  # refused before the export
         error = report["error"]
         assert error["code"] == "database_not_protected", error
         restart = f"dpone server stop --data-dir {data_dir}; {expected_start} --protect {PLAIN}"

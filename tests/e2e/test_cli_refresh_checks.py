@@ -10,6 +10,7 @@ code and the command that resolves it, and nothing is exported or staged.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -141,3 +142,47 @@ def test_a_second_refresh_of_a_running_table_is_refused_at_once(
     assert first.wait(timeout=120) == 0
     code, document = refresh(config, "items")
     assert code == 0, document
+
+
+def test_a_published_target_without_its_store_is_refused_before_the_export(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    make_source(tmp_path / "shop.db", rows_of(10))
+    config = project(tmp_path, server, "t_check_store")
+    code, _ = refresh(config, "items")
+    assert code == 0
+    store = tmp_path / "store.sqlite"
+    moved = tmp_path / "elsewhere.sqlite"
+    for suffix in ("", "-wal", "-shm"):
+        if Path(f"{store}{suffix}").exists():
+            Path(f"{store}{suffix}").rename(f"{moved}{suffix}")
+    # Before: the refresh created an empty store and published, orphaning the copies.
+    report = _refused_before_work(config, "store_missing", _exports(tmp_path))
+    assert str(store) in report["error"]["message"], report
+    assert not store.exists()  # no empty store was created
+    for suffix in ("", "-wal", "-shm"):
+        if Path(f"{moved}{suffix}").exists():
+            Path(f"{moved}{suffix}").rename(f"{store}{suffix}")
+    code, _ = refresh(config, "items")
+    assert code == 0
+
+
+def test_a_rollback_while_the_table_is_held_is_refused_at_once(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    make_source(tmp_path / "shop.db", rows_of(10))
+    config = project(tmp_path, server, "t_check_rb_lock")
+    assert refresh(config, "items")[0] == 0
+    make_source(tmp_path / "shop.db", rows_of(12))
+    assert refresh(config, "items")[0] == 0
+    lock = tmp_path / "work" / "locks" / "items.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as a running refresh of the table holds it
+        done = dpone("rollback", "items", "--config", str(config), "--json")
+    finally:
+        os.close(fd)
+    assert done.returncode == 1, done.stdout
+    refused = as_json(done)
+    assert (refused["phase"], refused["error"]["code"]) == ("check", "refresh_busy"), refused
+    assert dpone("rollback", "items", "--config", str(config)).returncode == 0

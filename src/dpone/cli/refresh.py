@@ -174,7 +174,7 @@ def _refresh_jobs(
         if on_terminal:
             status_line(f"running {', '.join(running) or '-'}; {done} done, {waiting} waiting")
 
-    documents = run_jobs(
+    documents, stopped_by = run_jobs(
         config_path,
         tables,
         jobs,
@@ -188,26 +188,36 @@ def _refresh_jobs(
     if not as_json:
         for skipped in (r for r in reports if r.outcome == "skipped"):
             _echo(skipped)
-    finish_runs(reports, as_json, lambda: {"tables": documents, "jobs": jobs})
+    finish_runs(reports, as_json, lambda: {"tables": documents, "jobs": jobs}, stopped_by)
 
 
 def finish_runs(
-    reports: Sequence[RunReport], as_json: bool, document: Callable[[], dict[str, Any]]
+    reports: Sequence[RunReport],
+    as_json: bool,
+    document: Callable[[], dict[str, Any]],
+    stopped_by: str | None = None,
 ) -> None:
     """Print the JSON object (``document``) and exit: 0 only when every run succeeded.
 
-    A run stopped by a signal exits 128 + its number after its report is printed, and
+    A run stopped by a signal (one of ``reports``, or ``stopped_by``: the signal the
+    caller itself received) exits 128 + its number after the reports are printed, and
     the JSON object says so at the top too (``interrupted`` and an ``error``).
     """
     ok = all(r.ok for r in reports)
     stopped = next((r for r in reports if r.interrupted), None)
+    signame = stopped.interrupted if stopped is not None else stopped_by
     if as_json:
-        payload = {"ok": ok and stopped is None, **document()}
-        if stopped is not None and stopped.error is not None:
-            payload |= {"interrupted": stopped.interrupted, "error": stopped.error}
+        payload = {"ok": ok and signame is None, **document()}
+        if signame is not None:
+            error = stopped.error if stopped is not None else None
+            payload |= {
+                "interrupted": signame,
+                "error": error
+                or {"code": "interrupted", "message": f"stopped by {signame}", "details": {}},
+            }
         emit_json(payload)
-    if stopped is not None and stopped.interrupted is not None:
-        raise SystemExit(128 + signal.Signals[stopped.interrupted])
+    if signame is not None:
+        raise SystemExit(128 + signal.Signals[signame])
     if not ok:
         raise SystemExit(1)
 

@@ -19,7 +19,8 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -48,8 +49,9 @@ def run_jobs(
     fail_fast: bool,
     on_report: Callable[[dict[str, Any]], None],
     on_change: Callable[[list[str], int, int], None] | None = None,
-) -> list[dict[str, Any]]:
-    """Refresh ``tables``, ``jobs`` at a time; one report per table, in the given order.
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Refresh ``tables``, ``jobs`` at a time; one report per table, in the given order,
+    and the signal that stopped the run (None when none did).
 
     ``on_report`` sees each report as its table ends; ``on_change(running, done,
     waiting)`` when the running set changes (a terminal's status line).
@@ -61,12 +63,14 @@ def run_jobs(
     while waiting or running:
         try:
             while waiting and len(running) < jobs and stopped is None:
-                running.append(_start(config_path, waiting.popleft(), options))
+                with _signals_held():  # a started child is always in `running`
+                    running.append(_start(config_path, waiting.popleft(), options))
                 _changed(on_change, running, reports, waiting)
             for child in [c for c in running if c.process.poll() is not None]:
-                running.remove(child)
-                report = _report_of(child)
-                reports[child.table.name] = report
+                with _signals_held():  # an ended child's report is never lost
+                    running.remove(child)
+                    report = _report_of(child)
+                    reports[child.table.name] = report
                 on_report(report)
                 if report.get("interrupted") and stopped is None:
                     stopped = signal.Signals[str(report["interrupted"])]
@@ -85,7 +89,22 @@ def run_jobs(
             for child in running:
                 if child.process.poll() is None:
                     child.process.send_signal(signum)
-    return [reports.get(t.name) or _skipped(config_path, t, stopped) for t in tables]
+    done = [reports.get(t.name) or _skipped(config_path, t, stopped) for t in tables]
+    return done, stopped.name if stopped is not None else None
+
+
+_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold the stopping signals for a few statements; one that came meanwhile is then
+    raised (by the CLI's handlers) at the end of the block."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _changed(
@@ -141,9 +160,16 @@ def _report_of(child: _Child) -> dict[str, Any]:
             "code": "job_failed",
             "message": f"the refresh process of {child.table.name} ended with exit code "
             f"{code} and no report",
-            "details": {"exit_code": code, "stderr_tail": err[-2000:]},
+            # The last line only: what a crash printed before dpone's own error boundary
+            # ran is never passed on whole.
+            "details": {"exit_code": code, "stderr_last_line": _last_line(err)},
         },
     )
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][-300:] if lines else ""
 
 
 def _blank(table: TableConfig, outcome: str) -> dict[str, Any]:

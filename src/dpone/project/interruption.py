@@ -83,6 +83,17 @@ def settle_intent(parts: PublicationComponents, report: RunReport) -> SnapshotSt
     return state
 
 
+def nothing_will_publish(state: SnapshotState | None) -> bool:
+    """Whether a run's generation may be let go once its intent reached ``state``.
+
+    Only without an intent or with NOT_PUBLISHED (nothing was sent, or the EXCHANGE is
+    proven not to have run). PUBLISHED made it the target; EXCHANGE_INTENT or
+    COMMIT_UNKNOWN (a closure that could not be proven) may still be published by an
+    EXCHANGE in flight, so it stays for the reconcile that decides it.
+    """
+    return state is None or state is SnapshotState.NOT_PUBLISHED
+
+
 def _read_intent(project: Project, report: RunReport) -> None:
     """The run's intent as the store has it now (a prepare cut short may have stored it)."""
     if not project.store.exists():

@@ -48,7 +48,11 @@ from dpone.ports.clickhouse_request import read_query_id
 from dpone.ports.composition_snapshot import AttemptRef, IssuedPrincipal, TargetSlot
 from dpone.preparation.artifact import HeldArtifact
 from dpone.project.config import Project, TableConfig
-from dpone.project.interruption import account_for_interruption, settle_intent
+from dpone.project.interruption import (
+    account_for_interruption,
+    nothing_will_publish,
+    settle_intent,
+)
 from dpone.project.leases import close_attempt_leases
 from dpone.project.refresh_checks import (
     RefreshChecks,
@@ -160,9 +164,8 @@ class RefreshService:
         """End what an interrupted refresh holds: its intent decided, then, unless it
         was published, its staged generation discarded and its ingest lease closed."""
         parts = publication_for(self.project, table)
-        state = settle_intent(parts, report)
-        if state is SnapshotState.PUBLISHED:
-            return  # retention's copies are the next refresh's (and status lists them)
+        if not nothing_will_publish(settle_intent(parts, report)):
+            return  # published, or for the reconcile that status names to decide
         events = _events(self.attempts_dir / report.attempt_id)
         if events and events[-1].document.get("state") == "staged":
             intent = None
@@ -186,9 +189,12 @@ class RefreshService:
                 held.enter_context(table_lock(self.project.work_dir, table.name))
                 checks = RefreshChecks(self.project, self.design_change)
                 report.design_change = checks.check(table, report.attempt_id)
-            self._run_locked(table, report, phase)
+                replace = checks.replaces(table)
+            self._run_locked(table, report, phase, replace)
 
-    def _run_locked(self, table: TableConfig, report: TableReport, phase: Phases) -> None:
+    def _run_locked(
+        self, table: TableConfig, report: TableReport, phase: Phases, replace: bool
+    ) -> None:
         project = self.project
         with phase("export"):
             exported = self._export(table, report.warnings.append)
@@ -209,7 +215,10 @@ class RefreshService:
             prepared = parts.publisher.prepare(
                 AttemptRef(staged.journal_path, TargetSlot(table.database, table.target)),
                 staged.journal_head,
-                design_change=bool(report.design_change),
+                # "replace" publishes the generation's design whatever differs: its
+                # columns (listed in the report) or what was added to the target since
+                # (an index, a codec, a TTL, a setting), which prepare alone can see.
+                design_change=replace,
             )
         report.intent_sha256 = prepared.intent_sha256
         intent = SnapshotIntent.from_bytes(parts.store.load(prepared.intent_sha256).intent_bytes)

@@ -19,10 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_tables import staging_table_name
+from dpone.connectors.clickhouse_tables import (
+    observe_ownership,
+    ownership_comment,
+    staging_table_name,
+)
 from dpone.contracts.composition_snapshot import SnapshotState
 from dpone.durable_files import PRIVATE_FILE_MODE, private_directories
-from dpone.errors import DponeError, StateError
+from dpone.errors import ConfigurationError, DponeError, StateError
 from dpone.exporters.sources import Source, SqliteSource, SqlServerSource
 from dpone.localserver.credentials import admin_credentials
 from dpone.ports.clickhouse import QueryPort
@@ -36,6 +40,8 @@ from dpone.publication.publisher.prepare import refuse_side_effects
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.sql import quote_literal
 from dpone.typepolicy import plan_columns
+
+OWNED_MARK = ownership_comment("", "").split(" ", 1)[0] + " "  # "dpone-owned "
 
 
 class RefreshError(StateError):
@@ -62,6 +68,10 @@ class RefreshChecks:
         self.project = project
         self.design_change = design_change
 
+    def replaces(self, table: TableConfig) -> bool:
+        """Whether this run publishes a new design rather than refuse it."""
+        return (self.design_change or table.on_design_change) == "replace"
+
     def check(self, table: TableConfig, attempt_id: str) -> list[dict[str, Any]]:
         """Refuse what would refuse the run later; the decided design change (or [])."""
         self._where_and_when(table)
@@ -79,8 +89,11 @@ class RefreshChecks:
         data_dir = self.project.clickhouse.data_dir
         require_database(data_dir, table.database)
         require_protected(data_dir, table.database)
-        # Created here if new, as the publication would (another table's refresh may be
-        # creating it this very moment: the store's own transaction settles who does).
+        if not self.project.store.exists():
+            self._no_store_yet(table)
+            return  # no publication of the slot can be waiting
+        # Opened as the publication opens it: another table's refresh may be creating it
+        # this very moment, and the store's own transaction settles who does.
         store = SqliteSnapshotStore(self.project.store)
         for summary in store.list_snapshots():
             unresolved = summary.state in (
@@ -101,6 +114,38 @@ class RefreshChecks:
                     state=summary.state,
                     next_command=command,
                 )
+
+    def _no_store_yet(self, table: TableConfig) -> None:
+        """No store: refused (``store_missing``) when the target carries dpone's mark.
+
+        Such a target was published with a store this project no longer points at; a
+        new, empty store would not know its copies, leases or history. A target without
+        the mark (the user's own table, replaced by a first publication) or none at all
+        is a first refresh, which creates the store.
+        """
+        data_dir = self.project.clickhouse.data_dir
+        admin = HttpTransport(
+            managed_endpoint(data_dir, table.database), admin_credentials(data_dir)
+        )
+        reads = iter(range(1, 1_000))
+        found = observe_ownership(
+            admin,
+            table.database,
+            table.target,
+            lambda: f"dpone-refresh-store-{time.time_ns()}-{next(reads)}",
+            time.monotonic() + REQUEST_SECONDS,
+        )
+        # A published target is a former generation: it carries its attempt's mark.
+        if found is not None and (found.comment or "").startswith(OWNED_MARK):
+            raise ConfigurationError(
+                f"{table.qualified_target} was published by dpone, but the store "
+                f"{self.project.store} does not exist: point `store` in [project] at the "
+                "store its refreshes used; a new, empty store would not know its copies, "
+                "leases or history",
+                code="store_missing",
+                store=str(self.project.store),
+                uuid=found.uuid,
+            )
 
     def _target(self, table: TableConfig, attempt_id: str) -> None:
         """The target has no side effect the publisher refuses (a view or dictionary
@@ -145,8 +190,7 @@ class RefreshChecks:
         changes = column_changes(target, [(p.name, p.clickhouse_type) for p in plans])
         if not changes:
             return []
-        choice = self.design_change or table.on_design_change
-        if choice != "replace":
+        if not self.replaces(table):
             listed = "; ".join(describe_change(c) for c in changes)
             raise RefreshError(
                 f"the source of {table.name} no longer matches {table.qualified_target}: "
@@ -175,7 +219,8 @@ def table_lock(work_dir: Path, name: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
             raise RefreshError(
-                f"another refresh of {name} runs now in {work_dir}; run this one after it ends",
+                f"another refresh or rollback of {name} runs now in {work_dir}; run this one "
+                "after it ends",
                 code="refresh_busy",
                 table=name,
                 lock=str(lock),

@@ -37,6 +37,7 @@ rollback copy, under the same name; a second rollback swaps back the same way.
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -54,7 +55,13 @@ from dpone.ports.composition_snapshot import (
     TargetSlot,
 )
 from dpone.project.config import Project, TableConfig
-from dpone.project.interruption import account_for_interruption, settle_intent
+from dpone.project.interruption import (
+    account_for_interruption,
+    nothing_will_publish,
+    settle_intent,
+)
+from dpone.project.leases import close_attempt_leases
+from dpone.project.refresh_checks import table_lock
 from dpone.project.retention import unfinished_publication
 from dpone.project.table_run import (
     REQUEST_SECONDS,
@@ -198,6 +205,16 @@ def check_copy(observation: CatalogObservation, source: RollbackSource) -> None:
             table=name,
             observed_uuid=copy.uuid if copy else None,
         )
+    if copy.design_sha256 != origin.design_sha256:
+        # Published as it is (a rollback may cross a design change), so its design must
+        # be the one it was staged and published with: an index, codec, TTL or setting
+        # added to the copy since is refused like altered content.
+        raise RollbackError(
+            f"{name}'s physical design {copy.design_sha256} is not the one it was published "
+            f"with ({origin.design_sha256}): the copy was altered, nothing is published",
+            code="design_mismatch",
+            table=name,
+        )
     if (copy.rows, copy.content_digest) != (origin.source_rows, origin.content_digest):
         raise RollbackError(
             f"{name} holds {copy.rows} rows with content digest {copy.content_digest}; it was "
@@ -229,15 +246,26 @@ class RollbackService:
             report,
             partial(self._run, table),
             interrupted=lambda done: account_for_interruption(
-                self.project,
-                table,
-                done,
-                "rollback",
-                lambda run: settle_intent(publication_for(self.project, table), run),
+                self.project, table, done, "rollback", partial(self._settle, table)
             ),
         )
 
+    def _settle(self, table: TableConfig, report: RunReport) -> None:
+        """End what an interrupted rollback holds: its intent decided, then, unless it may
+        still publish, its ingest lease closed (the copy itself stays, it is the target's
+        rollback copy)."""
+        parts = publication_for(self.project, table)
+        if nothing_will_publish(settle_intent(parts, report)):
+            close_attempt_leases(parts, report.attempt_id)
+
     def _run(self, table: TableConfig, report: RollbackReport, phase: Phases) -> None:
+        with ExitStack() as held:
+            with phase("check"):
+                # One refresh or rollback of a table at a time (``refresh_busy``).
+                held.enter_context(table_lock(self.project.work_dir, table.name))
+            self._run_locked(table, report, phase)
+
+    def _run_locked(self, table: TableConfig, report: RollbackReport, phase: Phases) -> None:
         project = self.project
         slot = TargetSlot(table.database, table.target)
         with phase("locate"):

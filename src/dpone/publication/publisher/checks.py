@@ -79,8 +79,10 @@ def check_generation(
     within the limits."""
     if target.design_sha256 != generation.design_sha256 and not design_change:
         raise SnapshotPublicationError(
-            f"{target.name} and {generation.name} differ in physical design (a design "
-            "change is published only when the table's `on_design_change` is `replace`)",
+            f"{target.name} and {generation.name} differ in physical design (columns, or "
+            "an index, codec, TTL, setting or constraint added to one of them); a refresh "
+            'publishes the generation\'s design only with on_design_change = "replace" '
+            "(or --design-change replace)",
             code="design_mismatch",
             target_design=target.design_sha256,
             generation_design=generation.design_sha256,

@@ -101,7 +101,7 @@ class PublisherPorts:
         observe again once its proof is stored (bounded). Any other blocker, or a
         closure nobody runs, is in the observation returned at once.
         """
-        waited = 0.0
+        deadline = time.monotonic() + CLOSING_WAIT_SECONDS
         while True:
             closing = closing_elsewhere(self.store)  # before: its proof may land meanwhile
             observation = self.catalog.observe(slot, generation_table)
@@ -112,12 +112,11 @@ class PublisherPorts:
                 for b in table.blockers
             ]
             only_writers = all(b.reason == "writer_grant" for b in blockers)
-            if not blockers or not only_writers or waited >= CLOSING_WAIT_SECONDS:
+            if not blockers or not only_writers or time.monotonic() >= deadline:
                 return observation
             if not (closing or closing_elsewhere(self.store)):
                 return observation
             self.sleep(CLOSING_POLL_SECONDS)
-            waited += CLOSING_POLL_SECONDS
 
     def _load(self, intent_sha256: str) -> LoadedIntent:
         stored = self.store.load(intent_sha256)

@@ -94,13 +94,13 @@ class PublishPath(ReconcilePath):
         """Recheck authority and both names, then send the one EXCHANGE (or nothing)."""
         query_id = exchange_query_id(intent.sha256)
         try:
+            # Observed first: the observation may wait seconds for another process's
+            # closure proof, and the authority is rechecked after that wait, just before
+            # the EXCHANGE, so a run that took the slot meanwhile is seen.
+            observation = self.observe_settled(intent_slot(intent), intent.generation_table)
             if self.authority.recheck(intent) != parent:
                 return _not_sent(query_id, "authority_changed")
-            refusal = exchange_precheck(
-                intent,
-                self.observe_settled(intent_slot(intent), intent.generation_table),
-                self._replaced_design(intent),
-            )
+            refusal = exchange_precheck(intent, observation, self._replaced_design(intent))
             if refusal is not None:
                 return self._refused(intent, query_id, refusal)
             issued = self.authority.publisher_credentials(intent)
