@@ -1,6 +1,7 @@
 """`dpone refresh` end to end against a raw TabSeparated insert plus EXCHANGE TABLES.
 
 Usage: python -m bench.refresh [--rows 1000000] [--ten-million] [--keep DIR]
+       python -m bench.refresh --many-tables
 
 Generates a SQLite source (mixed types: bigint, int, nvarchar with tabs, newlines and
 backslashes, decimal, datetime2(7), uniqueidentifier, nullable varbinary), starts a
@@ -235,9 +236,21 @@ def main() -> None:
     parser.add_argument("--ten-million", action="store_true", help="10,000,000 rows.")
     parser.add_argument("--keep", type=Path, help="Work here and keep it (default: a temp dir).")
     parser.add_argument("--child-export", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--many-tables",
+        action="store_true",
+        help="The many-small-tables case instead: 20 tables of 1,000 rows with --jobs 4 "
+        "against one such table (bench.many_tables, with its defaults and --sequential).",
+    )
     args = parser.parse_args()
     if args.child_export:
         child_export(*args.child_export)
+        return
+    if args.many_tables:
+        from bench import many_tables  # imports this module: loaded only when asked
+
+        with tempfile.TemporaryDirectory(prefix="dpone-bench-many-") as tmp:
+            many_tables.measure(Path(tmp), 20, 1_000, 4, 3, sequential=True)
         return
     rows = 10_000_000 if args.ten_million else args.rows
     if args.keep is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 
 from dpone.publication.store import SqliteSnapshotStore
 from tests import chhttp
+from tests.e2e.test_cli_boundary import _run_on_terminal
 from tests.e2e.test_cli_refresh import protected_server
 from tests.e2e.test_cli_server import as_json, dpone
 
@@ -144,3 +146,23 @@ def test_a_signal_reaches_every_running_table_once_and_each_says_what_it_left(
     assert again.returncode == 0, again.stdout + again.stderr
     for n in range(6):
         assert _count(server["http_port"], f"stop_{n:02d}") == 20_000
+
+
+def test_on_a_terminal_one_line_shows_every_running_tables_phase(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    config = _project(tmp_path, server, 3, 20_000, "line")
+    code, out, err = _run_on_terminal(
+        ["refresh", "--all", "--jobs", "3", "--config", str(config)], tmp_path
+    )
+    assert code == 0, out + err
+    assert out.count(": published 20000 rows") == 3, out
+    lines = err.split("\r")
+    # Each table is seen in its phases, side by side with the others on one line.
+    for name in ("t00", "t01", "t02"):
+        assert any(f"{name}: prepare" in line for line in lines), err
+        assert any(f"{name}: publish" in line for line in lines), err
+    assert any(line.count("prepare") + line.count("publish") >= 2 for line in lines), err
+    assert "rows/s" not in err or all(
+        int(rate.replace(",", "")) < 100_000_000 for rate in re.findall(r"([0-9,]+) rows/s", err)
+    ), err  # sane rates only

@@ -23,7 +23,7 @@ from dpone.cli.output import (
     reported_errors,
     status_line,
 )
-from dpone.cli.refresh_jobs import run_jobs
+from dpone.cli.refresh_jobs import JobProgress, run_jobs
 from dpone.errors import ConfigurationError
 from dpone.project.config import DESIGN_CHANGES, MAX_JOBS, Project, TableConfig, load_project
 from dpone.project.design_change import describe_change
@@ -132,7 +132,10 @@ def refresh(
             extra += ["--design-change", design_change] if design_change else []
             _refresh_jobs(config_path, tables, jobs, extra, fail_fast, as_json)
             return
-        progress = PhaseProgress() if TerminalProgress.on_terminal(as_json) else None
+        # A table run by `refresh --jobs` shows its progress through its parent's line.
+        progress: PhaseProgress | JobProgress | None = (
+            PhaseProgress() if TerminalProgress.on_terminal(as_json) else JobProgress.from_env()
+        )
         service = RefreshService(
             project,
             allow_shrink=allow_shrink,
@@ -170,9 +173,13 @@ def _refresh_jobs(
             TerminalProgress.finish()
             _echo(TableReport(**report))
 
+    shown = [""]
+
     def changed(running: list[str], done: int, waiting: int) -> None:
-        if on_terminal:
-            status_line(f"running {', '.join(running) or '-'}; {done} done, {waiting} waiting")
+        line = f"{'; '.join(running) or '-'} ({done} done, {waiting} waiting)"
+        if on_terminal and line != shown[0]:
+            shown[0] = line
+            status_line(line)
 
     documents, stopped_by = run_jobs(
         config_path,

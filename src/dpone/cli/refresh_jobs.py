@@ -11,7 +11,9 @@ every running one, and their reports (each saying what it left) are awaited.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -25,11 +27,71 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from dpone.cli.output import MIN_RATE_SECONDS
 from dpone.errors import interruption_signal
 from dpone.project.config import TableConfig
 from dpone.project.refresh import TableReport
 
 POLL_SECONDS = 0.05
+# The file a table's process writes its phase and counts to, for the parent's line.
+JOB_PROGRESS_ENV = "DPONE_JOB_PROGRESS"
+_WRITE_SECONDS = 0.2
+
+
+class JobProgress:
+    """A table's progress as one small JSON file its parent reads (a child's ``progress``).
+
+    Phase, rows, bytes and the seconds since the phase began, replaced atomically at
+    most every 0.2 s (at once when the phase changes). A display only: never evidence.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._phase: str | None = None
+        self._started = self._written = 0.0
+
+    @classmethod
+    def from_env(cls) -> JobProgress | None:
+        """The progress file the parent named for this process, if it named one."""
+        named = os.environ.get(JOB_PROGRESS_ENV)
+        return cls(Path(named)) if named else None
+
+    def __call__(self, phase: str, rows: int, size: int) -> None:
+        now = time.monotonic()
+        if phase != self._phase:
+            self._phase, self._started, self._written = phase, now, 0.0
+        elif now - self._written < _WRITE_SECONDS:
+            return
+        self._written = now
+        document = {"phase": phase, "rows": rows, "bytes": size, "seconds": now - self._started}
+        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        with contextlib.suppress(OSError):  # a display: a failed write costs nothing else
+            partial.write_text(json.dumps(document), encoding="utf-8")
+            os.replace(partial, self.path)
+
+    def finish(self) -> None:
+        """Nothing to close: the file is the parent's to remove."""
+
+
+def describe_progress(name: str, progress: dict[str, Any] | None) -> str:
+    """``name: phase, rows, rate`` for one running table (the rate after half a second)."""
+    if not progress:
+        return f"{name}: starting"
+    parts = [str(progress.get("phase"))]
+    rows, seconds = int(progress.get("rows") or 0), float(progress.get("seconds") or 0)
+    if rows > 0:
+        parts.append(f"{rows:,} rows")
+        if seconds >= MIN_RATE_SECONDS:
+            parts.append(f"{rows / seconds:,.0f} rows/s")
+    return f"{name}: {', '.join(parts)}"
+
+
+def _read_progress(path: Path) -> dict[str, Any] | None:
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 @dataclass
@@ -38,6 +100,7 @@ class _Child:
     process: subprocess.Popen[bytes]
     stdout: IO[bytes]
     stderr: IO[bytes]
+    progress: Path
 
 
 def run_jobs(
@@ -54,8 +117,32 @@ def run_jobs(
     and the signal that stopped the run (None when none did).
 
     ``on_report`` sees each report as its table ends; ``on_change(running, done,
-    waiting)`` when the running set changes (a terminal's status line).
+    waiting)`` is called as they run, ``running`` describing each running table's
+    phase, rows and rate (a terminal's status line).
     """
+    with tempfile.TemporaryDirectory(prefix="dpone-jobs-") as progress_dir:  # 0700
+        return _run(
+            config_path,
+            tables,
+            jobs,
+            options,
+            fail_fast,
+            on_report,
+            on_change,
+            Path(progress_dir),
+        )
+
+
+def _run(
+    config_path: Path,
+    tables: list[TableConfig],
+    jobs: int,
+    options: list[str],
+    fail_fast: bool,
+    on_report: Callable[[dict[str, Any]], None],
+    on_change: Callable[[list[str], int, int], None] | None,
+    progress_dir: Path,
+) -> tuple[list[dict[str, Any]], str | None]:
     waiting = deque(tables)
     running: list[_Child] = []
     reports: dict[str, dict[str, Any]] = {}
@@ -64,8 +151,9 @@ def run_jobs(
         try:
             while waiting and len(running) < jobs and stopped is None:
                 with _signals_held():  # a started child is always in `running`
-                    running.append(_start(config_path, waiting.popleft(), options))
-                _changed(on_change, running, reports, waiting)
+                    table = waiting.popleft()
+                    progress = progress_dir / f"{len(reports) + len(running)}.json"
+                    running.append(_start(config_path, table, options, progress))
             for child in [c for c in running if c.process.poll() is not None]:
                 with _signals_held():  # an ended child's report is never lost
                     running.remove(child)
@@ -76,7 +164,7 @@ def run_jobs(
                     stopped = signal.Signals[str(report["interrupted"])]
                 if fail_fast and not report.get("ok") and stopped is None:
                     waiting.clear()
-                _changed(on_change, running, reports, waiting)
+            _changed(on_change, running, reports, waiting)
             time.sleep(POLL_SECONDS)
         except BaseException as exc:
             signum = interruption_signal(exc)
@@ -114,11 +202,13 @@ def _changed(
     waiting: deque[TableConfig],
 ) -> None:
     if on_change is not None:
-        on_change([c.table.name for c in running], len(reports), len(waiting))
+        described = [describe_progress(c.table.name, _read_progress(c.progress)) for c in running]
+        on_change(described, len(reports), len(waiting))
 
 
-def _start(config_path: Path, table: TableConfig, options: list[str]) -> _Child:
-    """``options``: the run's own options, passed on to each table's process."""
+def _start(config_path: Path, table: TableConfig, options: list[str], progress: Path) -> _Child:
+    """``options``: the run's own options, passed on to each table's process;
+    ``progress``: the file it writes its progress to."""
     argv = [sys.executable, "-m", "dpone", "refresh", table.name, "--config", str(config_path)]
     argv += ["--json", *options]
     # Private files for what the child prints (a pipe could fill while others run);
@@ -131,8 +221,9 @@ def _start(config_path: Path, table: TableConfig, options: list[str]) -> _Child:
         stdout=stdout,
         stderr=stderr,
         start_new_session=True,  # a terminal's Ctrl-C is forwarded once, by the parent
+        env={**os.environ, JOB_PROGRESS_ENV: str(progress)},
     )
-    return _Child(table, process, stdout, stderr)
+    return _Child(table, process, stdout, stderr, progress)
 
 
 def _report_of(child: _Child) -> dict[str, Any]:
