@@ -132,12 +132,17 @@ def test_a_signal_reaches_every_running_table_once_and_each_says_what_it_left(
     reports = document["tables"]
     assert [r["table"] for r in reports] == [f"t{n:02d}" for n in range(6)]
     outcomes = [r["outcome"] for r in reports]
-    assert "interrupted" in outcomes and "skipped" in outcomes, outcomes
+    assert "skipped" in outcomes, outcomes  # nothing new started after the signal
+    stopped = [r for r in reports if r["interrupted"]]
+    # The running tables got it (in publish, where it lands, a table's ending may
+    # reconcile its EXCHANGE to published: interrupted, yet published).
+    assert stopped, reports
+    for report in stopped:
+        assert report["interrupted"] == "SIGINT", report
+        assert report["outcome"] in ("interrupted", "published"), report
+        # Each child got the signal once: its ending ran to the end, not cut short.
+        assert "settle_cut" not in report["error"]["details"], report
     for report in reports:
-        if report["outcome"] == "interrupted":
-            # Each child got the signal once: its ending ran to the end, not cut short.
-            assert report["interrupted"] == "SIGINT", report
-            assert "settle_cut" not in report["error"]["details"], report
         if report["outcome"] in ("interrupted", "skipped"):
             assert report["next_commands"], report
     status = as_json(dpone("status", "--config", str(config), "--json"))

@@ -195,6 +195,10 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def _unblock_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+
+
 def _changed(
     on_change: Callable[[list[str], int, int], None] | None,
     running: list[_Child],
@@ -222,6 +226,9 @@ def _start(config_path: Path, table: TableConfig, options: list[str], progress: 
         stderr=stderr,
         start_new_session=True,  # a terminal's Ctrl-C is forwarded once, by the parent
         env={**os.environ, JOB_PROGRESS_ENV: str(progress)},
+        # The child inherits the signal mask, and it is started with the stopping
+        # signals held (see _signals_held): it must receive them.
+        preexec_fn=_unblock_signals,
     )
     return _Child(table, process, stdout, stderr, progress)
 
