@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,11 +27,12 @@ from dpone.ports.clickhouse_request import Credentials, Endpoint, mutation, read
 class Peer:
     """Accepts one connection, reads one request, answers with scripted bytes."""
 
-    def __init__(self, answer: bytes, *, stall: float = 0.0) -> None:
+    def __init__(self, answer: bytes, *, stall: float = 0.0, reset: bool = False) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.answer = answer
         self.stall = stall
+        self.reset = reset
         self.request = b""
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -58,6 +60,9 @@ class Peer:
                 time.sleep(self.stall)
             with contextlib.suppress(OSError):
                 conn.sendall(self.answer)
+            if self.reset:
+                # A zero linger makes the close a reset (RST), as a loaded native port's can be.
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
     def close(self) -> None:
         # Every test connects; the peer may accept only after the client gave up.
@@ -80,8 +85,9 @@ def run(
     stall: float = 0.0,
     deadline: float = 5.0,
     body: Path | None = None,
+    reset: bool = False,
 ) -> Peer:
-    peer = Peer(answer, stall=stall)
+    peer = Peer(answer, stall=stall, reset=reset)
     peers.append(peer)
     t = HttpTransport(Endpoint("127.0.0.1", peer.port, 0, "db"), Credentials("u", "s3cret-pw"))
     request = (
@@ -277,6 +283,17 @@ def test_the_native_port_answer_is_named(peer_factory: list[Peer]) -> None:
         run(peer_factory, NATIVE_PORT_ANSWER)
     assert caught.value.code == "native_port"
     assert "native (TCP) port" in str(caught.value) and "swapped" in str(caught.value)
+
+
+def test_a_reset_before_the_native_port_answer_is_read_is_unknown(
+    peer_factory: list[Peer],
+) -> None:
+    # The answer's status line arrived, its text did not: who answered cannot be told,
+    # so the outcome is unknown (typed, never the socket's own ConnectionResetError).
+    with pytest.raises(OutcomeUnknown) as caught:
+        run(peer_factory, b"HTTP/1.0 400 Bad Request\r\n\r\n", reset=True)
+    assert caught.value.code == "response_bad_framing"
+    assert "native port" in str(caught.value)
 
 
 def test_a_peer_that_does_not_speak_http_gets_a_hint(peer_factory: list[Peer]) -> None:

@@ -158,8 +158,10 @@ class BoundedResponse:
         while len(self._buffer) <= self._body_budget:
             try:
                 self._fill()
-            except FramingError:
-                break  # the close (or anything else) ends the diagnosis
+            except (FramingError, OSError):
+                # The close, a reset or anything else ends the diagnosis: what arrived
+                # before it is all there is to recognise.
+                break
         return bytes(self._buffer[: self._body_budget])
 
     def _read_chunked(self) -> None:
