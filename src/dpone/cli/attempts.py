@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from dpone.cli.connection import project_server_option, server_access
 from dpone.cli.ingest_leases import close_abandoned_leases, release_ingest_leases, store_given
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option
@@ -239,9 +240,15 @@ def _refuse_eventless(
 @work_dir_option
 @store_option
 @data_dir_option
+@project_server_option
 @json_option
 def attempts_archive(
-    attempt_id: str, work_dir: Path, store_path: Path, data_dir: Path, as_json: bool
+    attempt_id: str,
+    work_dir: Path,
+    store_path: Path,
+    data_dir: Path,
+    project_config: Path | None,
+    as_json: bool,
 ) -> None:
     """Move ATTEMPT_ID aside: an attempt whose journal holds no event.
 
@@ -259,7 +266,9 @@ def attempts_archive(
     """
     with reported_errors(as_json):
         empty_attempt(work_dir, attempt_id)  # every refusal before the store or a server
-        closed = close_abandoned_leases(store_path, attempt_id, work_dir, data_dir)
+        closed = close_abandoned_leases(
+            store_path, attempt_id, work_dir, server_access(data_dir, project_config)
+        )
         target = archive_attempt(
             work_dir, attempt_id, {"leases_closed": closed, "store": str(store_path)}
         )

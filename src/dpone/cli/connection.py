@@ -9,11 +9,18 @@ the data directory's credentials file. Nobody types or copies a password.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, TypeVar
+
+import click
 
 from dpone.localserver import admin_credentials
 from dpone.ports.clickhouse_request import Credentials
+from dpone.project.config import load_project
+from dpone.publication.server_access import ServerAccess
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 USER_VARIABLE = "DPONE_CLICKHOUSE_USER"
 PASSWORD_VARIABLE = "DPONE_CLICKHOUSE_PASSWORD"  # noqa: S105 (a variable name)
@@ -33,3 +40,22 @@ def managed_credentials(
     if not managed:
         return Credentials("default")
     return admin_credentials(data_dir)
+
+
+def project_server_option(func: F) -> F:
+    """``--config``: take the server (a remote one's host, ports and credentials file)
+    from a project file instead of ``--data-dir``; the commands status names use it."""
+    return click.option(
+        "--config",
+        "project_config",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="A project file whose [clickhouse] server to use instead of --data-dir.",
+    )(func)
+
+
+def server_access(data_dir: Path, project_config: Path | None) -> ServerAccess:
+    """The managed server on ``data_dir``, or the server ``project_config`` names."""
+    if project_config is None:
+        return ServerAccess(data_dir)
+    return load_project(project_config).clickhouse.access

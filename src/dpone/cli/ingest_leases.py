@@ -13,10 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dpone.cli.connection import server_access
 from dpone.errors import DponeError, StateError
 from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.project.leases import GONE, close_lease, close_lease_command, judge_leases
 from dpone.publication.composition import DEFAULT_STORE, PublicationConfig, build_publication
+from dpone.publication.server_access import ServerAccess
 from dpone.publication.store import SqliteSnapshotStore
 
 
@@ -60,7 +62,13 @@ def release_ingest_leases(
     ]
     if not active or server.get("host") is not None:
         return end_ingest_leases(store_path, attempt_id, only)
-    config = PublicationConfig(Path(str(server["data_dir"])), store_path, create_store=False)
+    given = server.get("project_config")
+    access = server_access(
+        Path(str(server["data_dir"])), None if given is None else Path(str(given))
+    )
+    config = PublicationConfig(
+        access.data_dir, store_path, create_store=False, remote=access.remote
+    )
     parts = build_publication(config, database)
     for lease_id in active:
         close_lease(parts, lease_id)
@@ -132,7 +140,7 @@ def lease_outcome(store_path: Path, lease_id: str, server: Mapping[str, object])
 
 
 def close_abandoned_leases(
-    store_path: Path, attempt_id: str, work_dir: Path, data_dir: Path
+    store_path: Path, attempt_id: str, work_dir: Path, access: ServerAccess
 ) -> list[str]:
     """Close, with a stored proof, the leases of an eventless attempt; their ids.
 
@@ -164,7 +172,10 @@ def close_abandoned_leases(
                 lease_id=lease.lease_id,
                 evidence=verdict.evidence if verdict else {},
             )
-    parts = build_publication(PublicationConfig(data_dir, store_path, create_store=False), "system")
+    parts = build_publication(
+        PublicationConfig(access.data_dir, store_path, create_store=False, remote=access.remote),
+        "system",
+    )
     for lease in mine:
         proof = close_lease(parts, lease.lease_id)
         if not proof.proven:

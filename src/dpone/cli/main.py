@@ -16,6 +16,7 @@ from dpone.cli.output import Terminated, report_failure
 # them all): a command pays for its own imports, not for every other command's.
 COMMANDS = {
     "server": "dpone.cli.server",
+    "pool": "dpone.cli.pool",
     "demo": "dpone.cli.demo",
     "export": "dpone.cli.files",
     "validate": "dpone.cli.files",

@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 import click
 
 from dpone.cli.output import config_option, emit_json, json_option, reported_errors
-from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.errors import ConfigurationError, DponeError, PolicyError
-from dpone.localserver.credentials import admin_credentials
-from dpone.localserver.principal_pool import ingest_users
-from dpone.localserver.protected import restart_commands
-from dpone.ports.clickhouse_request import read
 from dpone.project.config import Project, TableConfig, load_project, not_a_file
 from dpone.project.refresh_checks import open_source
-from dpone.publication.composition import managed_endpoint, pool_credentials
-from dpone.sql import quote_literal
+from dpone.publication.composition import pool_credentials, pool_protects, pool_remedy
+from dpone.publication.pool_verify import verify_pool
 from dpone.typepolicy import column_problems, refusals
 
 EXAMPLE = """\
@@ -134,24 +128,21 @@ def check(config_path: Path, as_json: bool) -> None:
 
 
 def reachability(project: Project) -> list[dict[str, Any]]:
-    """Every problem :func:`table_problems` finds, then the server's: running, with the
-    pool, protecting each target database. Each with the key it concerns."""
+    """Every problem :func:`table_problems` finds, then the server's: reachable, with the
+    pool (on a remote server: its installation verified, ``dpone pool verify``),
+    protecting each target database. Each with the key it concerns."""
     problems = table_problems(project)
-    data_dir = project.clickhouse.data_dir
+    access = project.clickhouse.access
+    key = "clickhouse.data_dir" if access.managed else "clickhouse.host"
     try:
-        pool_credentials(data_dir)
-        # "system" as the session's database: a target database may not exist yet.
-        admin = HttpTransport(managed_endpoint(data_dir, "system"), admin_credentials(data_dir))
+        pool_credentials(access)
+        if not access.managed:
+            found = verify_pool(access, project.databases)
+            problems += [{"key": key, **p} for p in found.problems]
+            if found.problems:
+                return problems
         for database in project.databases:
-            statement = (
-                "SELECT count() AS n FROM system.grants WHERE user_name = "
-                f"{quote_literal(ingest_users()[0])} AND database = {quote_literal(database)}"
-            )
-            rows = admin.execute(
-                read(statement + " FORMAT JSONEachRow", f"dpone-check-grants-{time.time_ns()}"),
-                deadline=time.monotonic() + 30,
-            ).json_rows()
-            if rows != [{"n": 0}]:
+            if pool_protects(access, database):
                 continue
             for table in project.tables.values():
                 if table.database == database:
@@ -159,12 +150,12 @@ def reachability(project: Project) -> list[dict[str, Any]]:
                         {
                             "key": f"tables.{table.name}.target",
                             "code": "database_not_protected",
-                            "message": f"the server does not protect {database}: restart it with "
-                            f"`{restart_commands(data_dir, also=(database,))}`",
+                            "message": f"{access.describe()} does not protect {database}: "
+                            f"{pool_remedy(access, (database,))}",
                         }
                     )
     except DponeError as exc:
-        problems.append({"key": "clickhouse.data_dir", "code": exc.code, "message": exc.message})
+        problems.append({"key": key, "code": exc.code, "message": exc.message})
     return problems
 
 

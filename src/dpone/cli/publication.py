@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from dpone.cli.connection import project_server_option, server_access
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option
 from dpone.contracts.composition_snapshot import (
@@ -143,6 +144,7 @@ def snapshot() -> None:
 )
 @store_option
 @data_dir_option
+@project_server_option
 @json_option
 def prepare(
     journal_dir: Path,
@@ -150,6 +152,7 @@ def prepare(
     generation_ref: str | None,
     store_path: Path,
     data_dir: Path,
+    project_config: Path | None,
     as_json: bool,
 ) -> None:
     """Reopen a staged attempt's evidence and record a PREPARED publication intent."""
@@ -160,12 +163,22 @@ def prepare(
             if not events:
                 raise StateError(f"journal {journal_dir} has no events", code="evidence_unverified")
             generation_ref = events[-1].sha256
-        parts = build_publication(PublicationConfig(data_dir, store_path), slot.database)
+        access = server_access(data_dir, project_config)
+        parts = build_publication(
+            PublicationConfig(access.data_dir, store_path, remote=access.remote), slot.database
+        )
         receipt = parts.publisher.prepare(AttemptRef(journal_dir, slot), generation_ref)
         _answer(receipt, as_json, "prepare")
 
 
-def _call(verb: str, intent: str, store_path: Path, data_dir: Path, as_json: bool) -> None:
+def _call(
+    verb: str,
+    intent: str,
+    store_path: Path,
+    data_dir: Path,
+    as_json: bool,
+    project_config: Path | None = None,
+) -> None:
     with reported_errors(as_json):
         intent = _intent_argument(intent)
         # One read of the store (``store_missing`` when it is not there) serves both the
@@ -178,7 +191,10 @@ def _call(verb: str, intent: str, store_path: Path, data_dir: Path, as_json: boo
             _answer(historical_receipt(record), as_json, verb)
             return
         database = SnapshotIntent.from_bytes(stored.intent_bytes).database
-        config = PublicationConfig(data_dir, store_path, create_store=False)
+        access = server_access(data_dir, project_config)
+        config = PublicationConfig(
+            access.data_dir, store_path, create_store=False, remote=access.remote
+        )
         publisher = build_publication(config, database).publisher
         calls = {
             "publish": publisher.publish,
@@ -194,26 +210,34 @@ def _intent_verb(func: Callable[..., None]) -> click.Command:
     The one argument and option set of ``publish``, ``reconcile`` and ``cancel``.
     """
     return snapshot.command()(
-        click.argument("intent")(store_option(data_dir_option(json_option(func))))
+        click.argument("intent")(
+            store_option(data_dir_option(project_server_option(json_option(func))))
+        )
     )
 
 
 @_intent_verb
-def publish(intent: str, store_path: Path, data_dir: Path, as_json: bool) -> None:
+def publish(
+    intent: str, store_path: Path, data_dir: Path, as_json: bool, project_config: Path | None
+) -> None:
     """Claim once, dispatch at most one EXCHANGE, then reconcile."""
-    _call("publish", intent, store_path, data_dir, as_json)
+    _call("publish", intent, store_path, data_dir, as_json, project_config)
 
 
 @_intent_verb
-def reconcile(intent: str, store_path: Path, data_dir: Path, as_json: bool) -> None:
+def reconcile(
+    intent: str, store_path: Path, data_dir: Path, as_json: bool, project_config: Path | None
+) -> None:
     """Close the publisher and decide the outcome from what the server shows."""
-    _call("reconcile", intent, store_path, data_dir, as_json)
+    _call("reconcile", intent, store_path, data_dir, as_json, project_config)
 
 
 @_intent_verb
-def cancel(intent: str, store_path: Path, data_dir: Path, as_json: bool) -> None:
+def cancel(
+    intent: str, store_path: Path, data_dir: Path, as_json: bool, project_config: Path | None
+) -> None:
     """Cancel a PREPARED publication (NOT_PUBLISHED at revision 2); nothing is sent."""
-    _call("cancel", intent, store_path, data_dir, as_json)
+    _call("cancel", intent, store_path, data_dir, as_json, project_config)
 
 
 @snapshot.command()
@@ -361,8 +385,11 @@ def leases(store_path: Path, journal_dirs: tuple[Path, ...], data_dir: Path, as_
 @click.argument("lease_id")
 @store_option
 @data_dir_option
+@project_server_option
 @json_option
-def close_lease_verb(lease_id: str, store_path: Path, data_dir: Path, as_json: bool) -> None:
+def close_lease_verb(
+    lease_id: str, store_path: Path, data_dir: Path, project_config: Path | None, as_json: bool
+) -> None:
     """Prove LEASE_ID's pool user closed and quiescent, and store the proof.
 
     Ends the lease if it is active, stops the lease's own queries, waits out its
@@ -373,8 +400,12 @@ def close_lease_verb(lease_id: str, store_path: Path, data_dir: Path, as_json: b
     with reported_errors(as_json):
         store = SqliteSnapshotStore(store_path, create=False)
         lease = store.get_lease(lease_id)
+        access = server_access(data_dir, project_config)
         parts = build_publication(
-            PublicationConfig(data_dir, store_path, create_store=False), "system"
+            PublicationConfig(
+                access.data_dir, store_path, create_store=False, remote=access.remote
+            ),
+            "system",
         )
         proof = close_lease(parts, lease_id)
         unproven = list(proof.facts.get("unproven", []))

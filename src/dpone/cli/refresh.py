@@ -29,7 +29,7 @@ from dpone.project.config import DESIGN_CHANGES, MAX_JOBS, Project, TableConfig,
 from dpone.project.design_change import describe_change
 from dpone.project.refresh import RefreshService, TableReport
 from dpone.project.table_run import RunReport
-from dpone.publication.composition import managed_endpoint, pool_credentials
+from dpone.publication.composition import pool_credentials
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -79,8 +79,8 @@ def select_tables(project: Project, names: tuple[str, ...], every: bool) -> list
 def preflight(project: Project, tables: list[TableConfig]) -> None:
     """The managed server runs and declares the pool, before any table is touched."""
     for table in tables:
-        managed_endpoint(project.clickhouse.data_dir, table.database)
-    pool_credentials(project.clickhouse.data_dir)
+        project.clickhouse.access.endpoint(table.database)
+    pool_credentials(project.clickhouse.access)
 
 
 @click.command()

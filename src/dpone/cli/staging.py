@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from dpone.cli.attempts import attempts as attempts  # the command group main.py looks up here
+from dpone.cli.connection import server_access
 from dpone.cli.ingest_leases import lease_ids, release_after_failure, store_given
 from dpone.cli.interruptions import is_interruption, report_interruption
 from dpone.cli.output import emit_json, json_option, reported_errors
@@ -52,10 +53,13 @@ def _with_principal(
                 "--principal pool needs the managed local server", code="pool_needs_managed_server"
             )
         return config, None
-    data_dir = Path(str(server["data_dir"]))
-    if principal == "auto" and not pool_protects(data_dir, config.endpoint.database):
-        return config, None  # no pool over this database: stage as the administrator
-    issued = issue_ingest(data_dir, store_path, config.endpoint.database, attempt_id)
+    given = server.get("project_config")
+    access = server_access(
+        Path(str(server["data_dir"])), None if given is None else Path(str(given))
+    )
+    if principal == "auto" and not pool_protects(access, config.endpoint.database):
+        return config, None  # no pool over this database: stage as the operator
+    issued = issue_ingest(access, store_path, config.endpoint.database, attempt_id)
     leased = replace(
         config,
         credentials=issued.credentials,

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from dpone.cli.connection import managed_credentials
+from dpone.cli.connection import managed_credentials, project_server_option, server_access
 from dpone.cli.server import data_dir_option
 from dpone.errors import ConfigurationError
 from dpone.localserver import find_running
@@ -60,6 +60,7 @@ def server_options(func: F) -> F:
     for option in reversed(
         [
             data_dir_option,
+            project_server_option,
             click.option("--host", help="A ClickHouse host instead of the managed local server."),
             click.option("--http-port", type=int, help="HTTP port (with --host)."),
             click.option("--tcp-port", type=int, help="Native port (with --host)."),
@@ -102,8 +103,24 @@ def staging_config(
     client_path: str,
     work_dir: Path,
     preparation_mode: str = DEFAULT_MODE,
+    project_config: Path | None = None,
 ) -> StagingConfig:
-    """Endpoint from options; credentials from the environment or the managed server's file."""
+    """Endpoint from options; credentials from the environment or the managed server's
+    file, or, with ``project_config``, the endpoint and operator of the project's server."""
+    if project_config is not None:
+        if host is not None:
+            raise ConfigurationError(
+                "--config names the server; do not give --host too", code="conflicting_server"
+            )
+        access = server_access(data_dir, project_config)
+        return StagingConfig(
+            access.endpoint(database),
+            access.operator(),
+            work_dir,
+            transport=transport,
+            client_path=client_path,
+            preparation_mode=preparation_mode,
+        )
     if host is None:
         info = find_running(data_dir)
         if info is None:

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import socket
+import ssl
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -84,12 +85,22 @@ class _BodyStream:
 
 
 class _PinnedConnection(http.client.HTTPConnection):
-    """Connects to one pinned address and proves where it landed."""
+    """Connects to one pinned address and proves where it landed; with ``tls``, then
+    completes a verified TLS handshake for the endpoint's host name before any byte of
+    the request is written."""
 
-    def __init__(self, address: str, port: int, host_header: str, timeout: float) -> None:
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        host_header: str,
+        timeout: float,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         super().__init__(address, port, timeout=timeout, blocksize=SEND_CHUNK_BYTES)
         self._pinned = address
         self._host_header = host_header
+        self._tls = tls
 
     def connect(self) -> None:
         super().connect()
@@ -99,6 +110,29 @@ class _PinnedConnection(http.client.HTTPConnection):
             raise NotSubmitted(
                 f"connected to {peer}, not the pinned address {self._pinned}", code="address_drift"
             )
+        if self._tls is not None:
+            self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._host_header)
+
+
+def tls_context(endpoint: Endpoint) -> ssl.SSLContext | None:
+    """The verifying TLS context of a ``secure`` endpoint (None for plain HTTP).
+
+    The server's certificate must chain to ``ca_file`` (or, without one, to the
+    system's trust store) and name the endpoint's host; nothing turns that off.
+    """
+    if not endpoint.secure:
+        return None
+    try:
+        context = ssl.create_default_context(cafile=endpoint.ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError(
+            f"cannot read the CA file {endpoint.ca_file!r} for {endpoint.describe()}: "
+            f"{getattr(exc, 'strerror', None) or exc}",
+            code="ca_file_unreadable",
+            path=endpoint.ca_file,
+        ) from exc
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
 
 
 class HttpTransport:
@@ -132,6 +166,7 @@ class HttpTransport:
                 addresses=addresses,
             )
         self.address = addresses[0]
+        self._tls = tls_context(endpoint)
 
     def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
         """Send ``request`` once; return its complete acknowledgment or raise a typed outcome."""
@@ -147,7 +182,11 @@ class HttpTransport:
         spool, size = _open_body(request)
         remaining = partial(self._remaining, deadline)
         conn = _PinnedConnection(
-            self.address, self.endpoint.http_port, self.endpoint.host, max(remaining(), 0.001)
+            self.address,
+            self.endpoint.http_port,
+            self.endpoint.host,
+            max(remaining(), 0.001),
+            self._tls,
         )
         conn.response_class = partial(  # type: ignore[assignment]
             BoundedResponse,
@@ -388,6 +427,23 @@ class _Exchange:
             raise DeadlineBeforeSend(
                 f"deadline expired while connecting to {endpoint.describe()}",
                 query_id=request.query_id,
+            ) from exc
+        except ssl.SSLCertVerificationError as exc:
+            raise NotSubmitted(
+                f"the TLS certificate of {endpoint.describe()} was refused: "
+                f"{exc.verify_message or exc.reason}; nothing was sent (check the CA file "
+                "and that the certificate names this host and has not expired)",
+                code="tls_certificate_refused",
+                query_id=request.query_id,
+                reason=exc.verify_message or exc.reason,
+            ) from exc
+        except ssl.SSLError as exc:
+            raise NotSubmitted(
+                f"no TLS handshake with {endpoint.describe()}: {exc.reason or exc}; nothing "
+                "was sent (is the port a plain HTTP one?)",
+                code="tls_handshake_failed",
+                query_id=request.query_id,
+                reason=exc.reason,
             ) from exc
         except OSError as exc:
             raise NotSubmitted(

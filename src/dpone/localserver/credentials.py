@@ -40,6 +40,7 @@ __all__ = [
     "admin_credentials",
     "generate_password",
     "load_credentials",
+    "read_credentials_file",
     "resolve_users",
     "rotate_credentials",
     "rotation_pending",
@@ -57,7 +58,7 @@ def generate_password() -> str:
 def load_credentials(data_dir: str | os.PathLike[str] | None = None) -> dict[str, Credentials]:
     """The generated credentials the server on ``data_dir`` accepts, by user name."""
     path = DataDirLayout.at(data_dir).credentials_file
-    passwords = _read(path)
+    passwords = read_credentials_file(path)
     if passwords is None:
         raise CredentialsMissing(
             f"no credentials file at {path}; start the server once with "
@@ -109,8 +110,8 @@ def resolve_users(layout: DataDirLayout, users: Sequence[ServerUser]) -> tuple[S
     Called by a start (and only while no server runs on ``layout``): it records the
     generated passwords first, then retires the applied rotation.
     """
-    stored = _read(layout.credentials_file) or {}
-    pending = _read(layout.pending_credentials_file) or {}
+    stored = read_credentials_file(layout.credentials_file) or {}
+    pending = read_credentials_file(layout.pending_credentials_file) or {}
     generated: dict[str, str] = {}
     resolved = []
     for user in users:
@@ -131,8 +132,8 @@ def _write(path: Path, passwords: dict[str, str]) -> None:
     write_private_file(path, json.dumps({"users": users}, indent=2) + "\n")
 
 
-def _read(path: Path) -> dict[str, str] | None:
-    """The file's passwords by user, None when it does not exist.
+def read_credentials_file(path: Path) -> dict[str, str] | None:
+    """A credentials file's passwords by user, None when it does not exist.
 
     Errors name the file, never its content: a broken file may still hold secrets.
     """

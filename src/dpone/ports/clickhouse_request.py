@@ -79,16 +79,24 @@ def _check_credential(what: str, text: str, *, show: bool) -> None:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One ClickHouse server: host, ports and the database dpone works in."""
+    """One ClickHouse server: host, ports and the database dpone works in.
+
+    ``secure``: both transports speak TLS and verify the server's certificate and host
+    name, against ``ca_file`` when given, else the system's trust store. There is no
+    setting that turns verification off.
+    """
 
     host: str
     http_port: int
     tcp_port: int
     database: str
+    secure: bool = False
+    ca_file: str | None = None
 
     def describe(self) -> str:
         """A printable, credential-free name for logs and journals."""
-        return f"{self.host}:{self.http_port}/{self.database}"
+        scheme = "https://" if self.secure else ""
+        return f"{scheme}{self.host}:{self.http_port}/{self.database}"
 
 
 # Settings every request carries. async_insert is on by default in recent servers;

@@ -43,6 +43,7 @@ from dpone.project.config_reader import (
     non_empty,
     one_of,
 )
+from dpone.publication.server_access import RemoteServer, ServerAccess
 from dpone.publication.settings import SETTINGS, PublicationSettings
 from dpone.staging.composition import TRANSPORTS
 from dpone.staging.contract import PhysicalDesign
@@ -55,6 +56,23 @@ DESIGN_CHANGES = ("refuse", "replace")  # a table's `on_design_change`
 MAX_JOBS = DEFAULT_POOL_SIZE
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _LIMIT_KEYS = tuple(DEFAULT_LIMITS.to_document())
+# [clickhouse] keys of a remote server; host first (the others need it).
+_REMOTE_KEYS = (
+    "host",
+    "http_port",
+    "tcp_port",
+    "secure",
+    "ca_file",
+    "credentials_file",
+    "trusted_writers",
+)
+
+
+def _user_names(value: list[Any]) -> str | None:
+    """A list of ClickHouse user names (plain strings)."""
+    if all(isinstance(v, str) and v for v in value):
+        return None
+    return "must be a list of user names"
 
 
 class ProjectConfigError(ConfigurationError):
@@ -65,12 +83,19 @@ class ProjectConfigError(ConfigurationError):
 
 @dataclass(frozen=True)
 class ClickHouseConfig:
-    """The ClickHouse a refresh publishes into: the managed local server."""
+    """The ClickHouse a refresh publishes into: the managed local server on ``data_dir``
+    (the embedded default), or the ``remote`` server ``host = ...`` names."""
 
     data_dir: Path
     transport: str = "http"
     client_path: str = "clickhouse-client"
     preparation: str = DEFAULT_MODE
+    remote: RemoteServer | None = None
+
+    @property
+    def access(self) -> ServerAccess:
+        """The server and the logins dpone uses there."""
+        return ServerAccess(self.data_dir, self.remote)
 
 
 @dataclass(frozen=True)
@@ -136,6 +161,14 @@ class Project:
     def databases(self) -> tuple[str, ...]:
         """The protected databases the tables publish into, in order of appearance."""
         return tuple(dict.fromkeys(t.database for t in self.tables.values()))
+
+    def server_arguments(self) -> list[str]:
+        """How a printed command names this project's server: the managed server's
+        ``--data-dir``, or ``--config`` of this file for a remote one (whose host and
+        credentials file the command then reads from it)."""
+        if self.clickhouse.remote is not None:
+            return ["--config", str(self.path)]
+        return ["--data-dir", str(self.clickhouse.data_dir)]
 
 
 def load_project(path: Path) -> Project:
@@ -309,15 +342,22 @@ class _Reader(TomlReader):
     def clickhouse(self, raw: Any) -> ClickHouseConfig:
         path = ("clickhouse",)
         hints = {
-            "host": "only the managed local server is supported for publication; see "
-            "docs/configuration.md",
-            "password": "secrets never go in the file",
+            "password": "secrets never go in the file: name the pool's credentials file "
+            "with credentials_file (written by `dpone pool render`)",
+            "user": "dpone signs in as its pool's principals, from credentials_file",
+            "port": "name http_port (and tcp_port for the client transport)",
         }
-        table = self.section(
-            raw, path, ("data_dir", "transport", "client_path", "preparation"), hints
-        )
+        keys = ("data_dir", "transport", "client_path", "preparation", *_REMOTE_KEYS)
+        table = self.section(raw, path, keys, hints)
         data_dir = self.path_value(table, path, "data_dir", self.base / DEFAULT_DATA_DIR)
         transport = self.get(table, path, "transport", str, "http", check=one_of(TRANSPORTS))
+        remote = self.remote(table, path)
+        if remote is not None and "data_dir" in table:
+            self.problem(
+                (*path, "data_dir"),
+                "name exactly one server: data_dir (the managed local server) or host "
+                "(a server you run), not both",
+            )
         return ClickHouseConfig(
             data_dir=data_dir or self.base / DEFAULT_DATA_DIR,
             transport=transport,
@@ -325,6 +365,39 @@ class _Reader(TomlReader):
                 table, path, "client_path", str, "clickhouse-client", check=non_empty
             ),
             preparation=self.preparation(table, path),
+            remote=remote,
+        )
+
+    def remote(self, table: Mapping[str, Any], path: tuple[str, ...]) -> RemoteServer | None:
+        """The remote server of ``host = ...``, or None (the managed one); a remote key
+        without ``host`` is a problem."""
+        if "host" not in table:
+            for key in _REMOTE_KEYS[1:]:
+                if key in table:
+                    self.problem((*path, key), "is for a remote server: name its host too")
+            return None
+
+        def port(v: int) -> str | None:
+            return None if 0 < v < 65536 else "must be a TCP port"
+
+        host = self.get(table, path, "host", str, required=True, check=non_empty)
+        secure = self.get(table, path, "secure", bool, False)
+        http_port = self.get(table, path, "http_port", int, 8443 if secure else 8123, check=port)
+        tcp_port = self.get(table, path, "tcp_port", int, 9440 if secure else 9000, check=port)
+        credentials = self.path_value(table, path, "credentials_file", None)
+        if "credentials_file" not in table:
+            self.problem(
+                (*path, "credentials_file"),
+                "is required with host: the credentials file `dpone pool render` wrote",
+            )
+        ca_file = self.path_value(table, path, "ca_file", None)
+        if ca_file is not None and not secure:
+            self.problem((*path, "ca_file"), "is for secure = true (TLS) only")
+        trusted = self.get(table, path, "trusted_writers", list, [], check=_user_names)
+        if host is None or credentials is None:
+            return None
+        return RemoteServer(
+            host, http_port, tcp_port, credentials, secure, ca_file, tuple(trusted or ())
         )
 
     def publication(self, raw: Any) -> PublicationSettings:

@@ -103,11 +103,18 @@ def end_lease_command(lease_id: str, store: Path, journal_dirs: Sequence[Path]) 
     return shlex.join(argv)
 
 
-def close_lease_command(lease_id: str, store: Path, data_dir: Path | None = None) -> str:
-    """The exact ``dpone snapshot close-lease`` command that proves ``lease_id`` closed."""
+def close_lease_command(
+    lease_id: str, store: Path, server: Path | Sequence[str] | None = None
+) -> str:
+    """The exact ``dpone snapshot close-lease`` command that proves ``lease_id`` closed.
+
+    ``server``: the managed server's data directory, or the arguments that name the
+    server (:meth:`~dpone.project.config.Project.server_arguments`)."""
     argv = ["dpone", "snapshot", "close-lease", lease_id, "--store", str(store)]
-    if data_dir is not None:
-        argv += ["--data-dir", str(data_dir)]
+    if isinstance(server, Path):
+        argv += ["--data-dir", str(server)]
+    elif server is not None:
+        argv += list(server)
     return shlex.join(argv)
 
 

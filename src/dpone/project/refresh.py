@@ -41,7 +41,6 @@ from dpone.contracts.receipt import FileReceipt
 from dpone.durable_files import private_directories, temporary_siblings
 from dpone.errors import DponeError
 from dpone.exporters.export import export_table, receipt_path_for
-from dpone.localserver.credentials import admin_credentials
 from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import read_query_id
@@ -173,7 +172,7 @@ class RefreshService:
                 stored = parts.store.load(report.intent_sha256)
                 intent = SnapshotIntent.from_bytes(stored.intent_bytes)
             discard_attempt(
-                HttpTransport(parts.endpoint, admin_credentials(self.project.clickhouse.data_dir)),
+                HttpTransport(parts.endpoint, self.project.clickhouse.access.operator()),
                 self.attempts_dir,
                 report.attempt_id,
                 database=table.database,
@@ -202,7 +201,7 @@ class RefreshService:
         report.rows = exported.receipt.rows_validated
         with phase("stage"):
             parts = publication_for(project, table)
-            admin_login = admin_credentials(project.clickhouse.data_dir)
+            admin_login = project.clickhouse.access.operator()
             admin = HttpTransport(parts.endpoint, admin_login)
             design = self._design(admin, table, report.attempt_id)
             headroom = self._headroom(table, parts, report.attempt_id)  # before any lease
@@ -479,7 +478,9 @@ class RefreshService:
     def _attempt_command(self, state: str, attempt_id: str, database: str) -> str:
         # The project's server and store: cleanup, discard and archive close the
         # attempt's ingest lease there.
-        server = {"data_dir": str(self.project.clickhouse.data_dir)}
+        server: dict[str, object] = {"data_dir": str(self.project.clickhouse.data_dir)}
+        if self.project.clickhouse.remote is not None:
+            server = {"project_config": str(self.project.path)}
         command = finishing_command(
             state, attempt_id, self.attempts_dir, database, server, store=self.project.store
         )

@@ -28,14 +28,13 @@ from dpone.contracts.composition_snapshot import SnapshotState
 from dpone.durable_files import PRIVATE_FILE_MODE, private_directories
 from dpone.errors import ConfigurationError, DponeError, StateError
 from dpone.exporters.sources import Source, SqliteSource, SqlServerSource
-from dpone.localserver.credentials import admin_credentials
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import read, read_query_id
 from dpone.ports.composition_snapshot import TargetSlot
 from dpone.project.config import Project, SourceConfig, TableConfig, resolve_secret
 from dpone.project.design_change import column_changes, describe_change
 from dpone.project.table_run import REQUEST_SECONDS, publication_for, snapshot_command
-from dpone.publication.composition import managed_endpoint, require_database, require_protected
+from dpone.publication.composition import require_database, require_protected
 from dpone.publication.publisher.prepare import refuse_side_effects
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.sql import quote_literal
@@ -86,9 +85,9 @@ class RefreshChecks:
         database missing); no publication of the slot waits for its outcome
         (``slot_blocked``, with the command that resolves it).
         """
-        data_dir = self.project.clickhouse.data_dir
-        require_database(data_dir, table.database)
-        require_protected(data_dir, table.database)
+        access = self.project.clickhouse.access
+        require_database(access, table.database)
+        require_protected(access, table.database)
         if not self.project.store.exists():
             self._no_store_yet(table)
             return  # no publication of the slot can be waiting
@@ -123,10 +122,8 @@ class RefreshChecks:
         the mark (the user's own table, replaced by a first publication) or none at all
         is a first refresh, which creates the store.
         """
-        data_dir = self.project.clickhouse.data_dir
-        admin = HttpTransport(
-            managed_endpoint(data_dir, table.database), admin_credentials(data_dir)
-        )
+        access = self.project.clickhouse.access
+        admin = HttpTransport(access.endpoint(table.database), access.operator())
         reads = iter(range(1, 1_000))
         found = observe_ownership(
             admin,
@@ -167,8 +164,8 @@ class RefreshChecks:
         content stays as the rollback copy.
         """
         admin = HttpTransport(
-            managed_endpoint(self.project.clickhouse.data_dir, table.database),
-            admin_credentials(self.project.clickhouse.data_dir),
+            self.project.clickhouse.access.endpoint(table.database),
+            self.project.clickhouse.access.operator(),
         )
         target = [
             (str(r["name"]), str(r["type"]))

@@ -47,7 +47,6 @@ from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_tables import Ownership, observe_ownership
 from dpone.contracts.composition_snapshot import SnapshotState
 from dpone.errors import ConfigurationError, DponeError, StateError
-from dpone.localserver.credentials import admin_credentials
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import read_query_id
 from dpone.ports.composition_snapshot import TargetSlot
@@ -61,7 +60,6 @@ from dpone.project.retention import (
     rollback_copies,
     unfinished_publication,
 )
-from dpone.publication.composition import managed_endpoint
 from dpone.publication.retained import stored_intents
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.journal import read_events
@@ -202,8 +200,7 @@ def refuse_unfinished(project: Project, store: SqliteSnapshotStore, slot: Target
             summary.intent_sha256,
             "--store",
             str(project.store),
-            "--data-dir",
-            str(project.clickhouse.data_dir),
+            *project.server_arguments(),
         ]
     )
     raise RetireError(
@@ -267,8 +264,8 @@ def _retire(
             f"{named.table}` publishes {named.target} again; remove it from the file to stop that"
         )
     refuse_unfinished(project, store, slot)
-    endpoint = managed_endpoint(project.clickhouse.data_dir, slot.database)
-    login = admin_credentials(project.clickhouse.data_dir)
+    endpoint = project.clickhouse.access.endpoint(slot.database)
+    login = project.clickhouse.access.operator()
     admin = HttpTransport(endpoint, login)
     found = plan(store, admin, slot)
     report.kept = [t.to_dict(slot.database) for t in found if not t.owned]

@@ -46,7 +46,6 @@ from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.endpoint_identity import observe_identity
 from dpone.contracts.composition_snapshot import TERMINAL, SnapshotIntent, SnapshotState
 from dpone.errors import DponeError, StateError
-from dpone.localserver.credentials import admin_credentials
 from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.ports.composition_snapshot import (
     AttemptRef,
@@ -313,7 +312,7 @@ class RollbackService:
         undone = source.undone
         original = {e.document.get("outcome"): e.document for e in source.events}
         staged_doc = source.events[-1].document
-        admin = HttpTransport(parts.endpoint, admin_credentials(self.project.clickhouse.data_dir))
+        admin = HttpTransport(parts.endpoint, self.project.clickhouse.access.operator())
         identity = observe_identity(
             admin,
             undone.database,

@@ -26,9 +26,6 @@ from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_tables import observe_ownership
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotRecord, SnapshotState
 from dpone.errors import DponeError
-from dpone.localserver import find_running
-from dpone.localserver.credentials import admin_credentials
-from dpone.ports.clickhouse_request import Endpoint
 from dpone.ports.composition_snapshot import StepNote, TargetSlot
 from dpone.project.config import Project
 from dpone.project.leases import (
@@ -42,6 +39,7 @@ from dpone.project.leases import (
 from dpone.project.retention import observe_copy, rollback_copies, superseded_prepared
 from dpone.project.retire import known_slots, retire_command, retired_slot
 from dpone.publication.retained import stored_intents
+from dpone.publication.server_access import server_reachable
 from dpone.publication.store import SnapshotSummary, SqliteSnapshotStore
 from dpone.publication.store.retirement import RETIRED
 from dpone.staging.recovery import finishing_command, list_attempts
@@ -74,10 +72,9 @@ def project_status(project: Project) -> ProjectStatus:
     # Status never creates a store: a project that never ran has none yet.
     store = SqliteSnapshotStore(project.store, create=False) if project.store.exists() else None
     summaries = store.list_snapshots() if store is not None else []
-    info = find_running(project.clickhouse.data_dir)
-    status.server_running = info is not None
-    data_dir = str(project.clickhouse.data_dir)
-    tail = ["--store", str(project.store), "--data-dir", data_dir]
+    running = server_reachable(project.clickhouse.access)
+    status.server_running = running
+    tail = ["--store", str(project.store), *project.server_arguments()]
     notes = store.retirement_notes() if store is not None else {}
     declared = {TargetSlot(t.database, t.target): t.name for t in project.tables.values()}
     removed = [s for s in (known_slots(store) if store is not None else []) if s not in declared]
@@ -100,14 +97,12 @@ def project_status(project: Project) -> ProjectStatus:
         published = [s for s in mine if s.state == SnapshotState.PUBLISHED.value]
         if published and store is not None and retirement is None:
             entry["last_publication"] = _last_publication(project, store, published[-1])
-        if info is not None and store is not None:
-            entry["rollback_copies"] = _copies(
-                store, info.http_port, project, slot.database, slot.table
-            )
+        if running and store is not None:
+            entry["rollback_copies"] = _copies(store, project, slot.database, slot.table)
         if name is not None:
             status.targets.append(entry)
         else:
-            _removed(project, status, entry, info.http_port if info else None)
+            _removed(project, status, entry, running)
         if retirement is not None and retirement["state"] == "retiring":
             status.needs_person.append(
                 {
@@ -120,12 +115,12 @@ def project_status(project: Project) -> ProjectStatus:
             )
         for summary in mine:
             _publication_item(status, summary, entry["target"], superseded, tail)
-    finishing = _attempts(project, status, data_dir, store, superseded)
-    _retire_journals(project, status, data_dir)
+    finishing = _attempts(project, status, store, superseded)
+    _retire_journals(project, status)
     if store is not None:
         _leases(project, status, store, finishing)
-    elif info is not None:
-        _targets_without_store(project, status, info.http_port)
+    elif running:
+        _targets_without_store(project, status)
     return status
 
 
@@ -189,14 +184,14 @@ def _removed(
     project: Project,
     status: ProjectStatus,
     entry: dict[str, Any],
-    port: int | None,
+    running: bool,
 ) -> None:
     """A slot no longer declared: what it still holds, and the retire that removes it."""
     database, _, table = str(entry["target"]).partition(".")
     entry.pop("table")
-    entry["target_table"] = None if port is None else _observed(project, port, database, table)
+    entry["target_table"] = _observed(project, database, table) if running else None
     holds = entry["target_table"] is not None or bool(entry["rollback_copies"])
-    unknown = port is None or entry["target_table"] == {"unobservable": True}
+    unknown = not running or entry["target_table"] == {"unobservable": True}
     retired = entry["retired"] is not None and entry["retired"]["state"] == "retired"
     entry["command"] = (
         retire_command(project, str(entry["target"])) if holds or unknown or not retired else None
@@ -204,11 +199,9 @@ def _removed(
     status.removed.append(entry)
 
 
-def _observed(project: Project, port: int, database: str, table: str) -> dict[str, Any] | None:
+def _observed(project: Project, database: str, table: str) -> dict[str, Any] | None:
     """The table under the name now (its UUID), None when there is none."""
-    admin = HttpTransport(
-        Endpoint("127.0.0.1", port, 0, database), admin_credentials(project.clickhouse.data_dir)
-    )
+    admin = _operator(project, database)
     reads = iter(range(1, 100))
     try:
         found = observe_ownership(
@@ -223,7 +216,7 @@ def _observed(project: Project, port: int, database: str, table: str) -> dict[st
     return None if found is None else {"table": f"{database}.{table}", "uuid": found.uuid}
 
 
-def _retire_journals(project: Project, status: ProjectStatus, data_dir: str) -> None:
+def _retire_journals(project: Project, status: ProjectStatus) -> None:
     """Retire drops cut short whose slot is not retiring any more (it was published into
     since): each is finished on its own, never by a second retire of a live slot. A
     journal cut before its first event sent nothing and is not listed."""
@@ -244,12 +237,14 @@ def _retire_journals(project: Project, status: ProjectStatus, data_dir: str) -> 
                 "table": summary.planned_table,
                 "target": f"{slot.database}.{slot.table}",
                 "unsettled_mutations": [m.query_id for m in summary.unsettled],
-                "command": f"{command} {shlex.join(['--data-dir', data_dir])}" if command else None,
+                "command": f"{command} {shlex.join(project.server_arguments())}"
+                if command
+                else None,
             }
         )
 
 
-def _targets_without_store(project: Project, status: ProjectStatus, port: int) -> None:
+def _targets_without_store(project: Project, status: ProjectStatus) -> None:
     """No store, yet a target exists: ``store`` is not the one the refreshes used.
 
     Without the store nothing about the target's publications is known, so this is
@@ -257,10 +252,7 @@ def _targets_without_store(project: Project, status: ProjectStatus, port: int) -
     """
     reads = iter(range(1, 10_000))
     for table in project.tables.values():
-        admin = HttpTransport(
-            Endpoint("127.0.0.1", port, 0, table.database),
-            admin_credentials(project.clickhouse.data_dir),
-        )
+        admin = _operator(project, table.database)
         try:
             found = observe_ownership(
                 admin,
@@ -323,18 +315,22 @@ def _leases(
                 "attempt_id": lease.attempt_id,
                 "reason": "lease_ended_unproven",
                 "command": close_lease_command(
-                    lease.lease_id, project.store, project.clickhouse.data_dir
+                    lease.lease_id, project.store, project.server_arguments()
                 ),
             }
         )
 
 
+def _operator(project: Project, database: str) -> HttpTransport:
+    """A transport to the project's server in ``database``, as its operator."""
+    access = project.clickhouse.access
+    return HttpTransport(access.endpoint(database), access.operator())
+
+
 def _copies(
-    store: SqliteSnapshotStore, port: int, project: Project, database: str, target: str
+    store: SqliteSnapshotStore, project: Project, database: str, target: str
 ) -> list[dict[str, Any]] | None:
-    admin = HttpTransport(
-        Endpoint("127.0.0.1", port, 0, database), admin_credentials(project.clickhouse.data_dir)
-    )
+    admin = _operator(project, database)
     kept = []
     try:
         for copy in rollback_copies(store, database, target):
@@ -348,7 +344,6 @@ def _copies(
 def _attempts(
     project: Project,
     status: ProjectStatus,
-    data_dir: str,
     store: SqliteSnapshotStore | None,
     superseded: set[str],
 ) -> set[str]:
@@ -376,7 +371,7 @@ def _attempts(
         command = finishing_command(summary.state, summary.attempt_id, attempts_dir, database)
         # The project's store, not the default one: cleanup and discard end the
         # attempt's ingest lease there.
-        tail = ["--data-dir", data_dir, "--store", str(project.store)]
+        tail = [*project.server_arguments(), "--store", str(project.store)]
         if command:
             finishing.add(summary.attempt_id)
         status.needs_person.append(
@@ -404,7 +399,7 @@ def _attempts(
                 "journal": str(summary.path),
                 "table": summary.planned_table,
                 "unsettled_mutations": [m.query_id for m in summary.unsettled],
-                "command": f"{command} {shlex.join(['--data-dir', data_dir])}"
+                "command": f"{command} {shlex.join(project.server_arguments())}"
                 if command
                 else shlex.join(["dpone", "journal", "show", str(summary.path)]),
             }

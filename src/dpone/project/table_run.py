@@ -137,6 +137,7 @@ def publication_for(project: Project, table: TableConfig) -> PublicationComponen
             project.clickhouse.data_dir,
             project.store,
             table.limits,
+            remote=project.clickhouse.remote,
             session_timeout_seconds=project.publication.session_timeout_seconds,
             session_margin_seconds=project.publication.session_margin_seconds,
         ),
@@ -183,7 +184,6 @@ def snapshot_command(project: Project, verb: str, intent_sha256: str) -> str:
             intent_sha256,
             "--store",
             str(project.store),
-            "--data-dir",
-            str(project.clickhouse.data_dir),
+            *project.server_arguments(),
         ]
     )

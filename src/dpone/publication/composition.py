@@ -32,10 +32,8 @@ from dpone.contracts.composition_snapshot import (
     SnapshotLimits,
 )
 from dpone.errors import ConfigurationError
-from dpone.localserver import find_running
 from dpone.localserver.control import run_admin_sql
-from dpone.localserver.credentials import admin_credentials, load_credentials
-from dpone.localserver.errors import ServerNotRunning
+from dpone.localserver.credentials import admin_credentials
 from dpone.localserver.principal_pool import (
     CATALOG_USER,
     CLOSER_USER,
@@ -45,7 +43,7 @@ from dpone.localserver.principal_pool import (
     ingest_users,
     pool_names,
 )
-from dpone.localserver.protected import restart_commands, start_command
+from dpone.localserver.protected import restart_commands
 from dpone.ports.clickhouse_request import Credentials, Endpoint, read
 from dpone.ports.composition_snapshot import IssuedPrincipal
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
@@ -62,6 +60,7 @@ from dpone.publication.lease_scope import lease_scope
 from dpone.publication.principal_issuers import LocalPoolIssuer, observe_user_ids
 from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
 from dpone.publication.retained import recorded_table_uuids, recorded_target_names
+from dpone.publication.server_access import RemoteServer, ServerAccess
 from dpone.publication.store import SqliteSnapshotStore, lease_step_key
 from dpone.sql import quote_identifier, quote_literal
 from dpone.staging.contract import StagingPolicy
@@ -89,6 +88,13 @@ class PublicationConfig:
     create_store: bool = True
     session_timeout_seconds: int = SESSION_TIMEOUT_SECONDS
     session_margin_seconds: float = SESSION_MARGIN_SECONDS
+    # A server dpone did not start ([clickhouse] host = ...); None: the managed one.
+    remote: RemoteServer | None = None
+
+    @property
+    def access(self) -> ServerAccess:
+        """The server and the logins dpone uses there."""
+        return ServerAccess(self.data_dir, self.remote)
 
 
 @dataclass(frozen=True)
@@ -139,40 +145,59 @@ def ingest_session_notes(store_path: Path, lease_id: str) -> SessionNotes:
     return note
 
 
+def as_access(server: ServerAccess | Path) -> ServerAccess:
+    """``server`` as a :class:`ServerAccess`; a data directory names its managed server."""
+    return server if isinstance(server, ServerAccess) else ServerAccess(server)
+
+
 def managed_endpoint(data_dir: Path, database: str) -> Endpoint:
     """The running managed server's endpoint in ``database`` (``server_not_running``)."""
-    info = find_running(data_dir)
-    if info is None:
-        command = start_command(data_dir, also=() if database == "system" else (database,))
-        raise ServerNotRunning(
-            f"no managed server is running on {data_dir}; start it with `{command}`",
-            data_dir=str(data_dir),
-            next_command=command,
-        )
-    return Endpoint("127.0.0.1", info.http_port, info.tcp_port, database)
+    return ServerAccess(data_dir).endpoint(database)
 
 
-def pool_credentials(data_dir: Path) -> dict[str, Credentials]:
-    """Credentials of every pool user declared on the managed server (``pool_missing``)."""
-    known = load_credentials(data_dir)
+def pool_credentials(server: ServerAccess | Path) -> dict[str, Credentials]:
+    """Credentials of every pool user on the server (``pool_missing``)."""
+    access = as_access(server)
+    known = access.known_credentials()
     missing = [name for name in (CATALOG_USER, CLOSER_USER, *pool_names()) if name not in known]
     if missing:
         raise ConfigurationError(
-            "the managed server was started without the publication pool "
-            f"({', '.join(missing[:3])}...): restart it with `{restart_commands(data_dir)}`",
+            f"{access.describe()} has no publication pool ({', '.join(missing[:3])}...): "
+            f"{pool_remedy(access)}",
             code="pool_missing",
             missing=missing,
-            next_command=restart_commands(data_dir),
+            next_command=_pool_command(access),
         )
     return known
 
 
-def build_issuer(data_dir: Path, store: SqliteSnapshotStore, endpoint: Endpoint) -> LocalPoolIssuer:
-    """The local pool issuer: credentials from the file, user ids observed by the admin."""
-    credentials = pool_credentials(data_dir)
-    admin = HttpTransport(endpoint, admin_credentials(data_dir))
+def _pool_command(access: ServerAccess, also: tuple[str, ...] = ()) -> str:
+    """The command that gives the server its pool (over ``also`` too)."""
+    if access.managed:
+        return restart_commands(access.data_dir, also=also)
+    protect = " ".join(f"--protect {d}" for d in also) or "--protect DB"
+    return f"dpone pool render {protect} --out dpone-users.xml --credentials FILE"
+
+
+def pool_remedy(access: ServerAccess, also: tuple[str, ...] = ()) -> str:
+    """What gives the server its pool over ``also`` (a restart, or a render to install)."""
+    if access.managed:
+        return f"restart it with `{_pool_command(access, also)}`"
+    return (
+        f"render it with `{_pool_command(access, also)}`, have the operator install the users "
+        "file in the server's users.d, and point credentials_file at the credentials file"
+    )
+
+
+def build_issuer(
+    server: ServerAccess | Path, store: SqliteSnapshotStore, endpoint: Endpoint
+) -> LocalPoolIssuer:
+    """The pool issuer: credentials from the file, user ids observed by the operator."""
+    access = as_access(server)
+    credentials = pool_credentials(access)
+    operator = HttpTransport(endpoint, access.operator())
     ids = observe_user_ids(
-        admin,
+        operator,
         pool_names(),
         query_id=f"dpone-s00-pool-ids-{time.time_ns()}",
         deadline=time.monotonic() + REQUEST_SECONDS,
@@ -180,59 +205,63 @@ def build_issuer(data_dir: Path, store: SqliteSnapshotStore, endpoint: Endpoint)
     return LocalPoolIssuer(store, credentials, ids)
 
 
-def pool_protects(data_dir: Path, database: str) -> bool:
-    """Whether the managed server declares the pool with grants on ``database``.
+def pool_protects(server: ServerAccess | Path, database: str) -> bool:
+    """Whether the server declares the pool with grants on ``database``.
 
-    Read from the server's own ``system.grants`` as the administrator: the users file
-    is applied at start only, so what the server shows is what holds.
+    Read from the server's own ``system.grants``: the users file is applied when the
+    server reads it, so what the server shows is what holds.
     """
-    if CATALOG_USER not in load_credentials(data_dir):
+    access = as_access(server)
+    if CATALOG_USER not in access.known_credentials():
         return False
-    return _admin_count(
-        data_dir,
+    return _operator_count(
+        access,
         "system.grants WHERE user_name = "
         f"{quote_literal(ingest_users()[0])} AND database = {quote_literal(database)}",
         "pool-grants",
     )
 
 
-def require_protected(data_dir: Path, database: str) -> None:
-    """Refuse ``database`` unless the managed server's pool holds its grants there.
+def require_protected(server: ServerAccess | Path, database: str) -> None:
+    """Refuse ``database`` unless the server's pool holds its grants there.
 
     A pool user sees no database it has no grant on, so staging into one would answer
     that it "does not exist" even when it does. Refused as ``database_not_protected``
-    with the restart that protects it (and keeps every database protected now).
+    with the command that protects it (and keeps every database protected now).
     """
-    if pool_protects(data_dir, database):
+    access = as_access(server)
+    if pool_protects(access, database):
         return
-    exists = _admin_count(
-        data_dir, f"system.databases WHERE name = {quote_literal(database)}", "database"
+    exists = _operator_count(
+        access, f"system.databases WHERE name = {quote_literal(database)}", "database"
     )
-    command = restart_commands(data_dir, also=(database,))
+    what = "the managed server" if access.managed else access.describe()
     raise ConfigurationError(
-        f"the managed server does not protect database {database!r}"
+        f"{what} does not protect database {database!r}"
         f"{'' if exists else ' (which does not exist yet)'}: its publication pool has no "
-        f"grants there; restart the server with it protected: `{command}`",
+        f"grants there; {pool_remedy(access, (database,))}",
         code="database_not_protected",
         database=database,
         database_exists=exists,
-        next_command=command,
+        next_command=_pool_command(access, (database,)),
     )
 
 
-def require_database(data_dir: Path, database: str) -> None:
-    """Refuse ``database`` unless it exists on the managed server (``database_missing``).
+def require_database(server: ServerAccess | Path, database: str) -> None:
+    """Refuse ``database`` unless it exists on the server (``database_missing``).
 
-    Asked as the administrator before any work: a pool user would be told the same
-    only after the export, and as the server's raw ``UNKNOWN_DATABASE``.
+    Asked before any work: a pool user would be told the same only after the export,
+    and as the server's raw ``UNKNOWN_DATABASE``.
     """
-    if _admin_count(
-        data_dir, f"system.databases WHERE name = {quote_literal(database)}", "database"
+    access = as_access(server)
+    if _operator_count(
+        access, f"system.databases WHERE name = {quote_literal(database)}", "database"
     ):
         return
     statement = f"CREATE DATABASE {quote_identifier(database)} ENGINE = Atomic"
+    where = "the managed server" if access.managed else access.describe()
     raise ConfigurationError(
-        f"database {database!r} does not exist on the managed server; create it as its "
+        f"database {database!r} does not exist on {where}; create it as its "
         f"administrator (`{statement}`), or point the table's target at an existing one",
         code="database_missing",
         database=database,
@@ -240,12 +269,13 @@ def require_database(data_dir: Path, database: str) -> None:
     )
 
 
-def _admin_count(data_dir: Path, where: str, what: str) -> bool:
-    """Whether ``SELECT count() FROM <where>`` is not zero, asked as the administrator."""
+def _operator_count(server: ServerAccess | Path, where: str, what: str) -> bool:
+    """Whether ``SELECT count() FROM <where>`` is not zero, asked as the operator."""
+    access = as_access(server)
     # Asked from `system`: the database concerned may not exist.
-    endpoint = managed_endpoint(data_dir, "system")
+    endpoint = access.endpoint("system")
     rows = (
-        HttpTransport(endpoint, admin_credentials(data_dir))
+        HttpTransport(endpoint, access.operator())
         .execute(
             read(
                 f"SELECT count() AS n FROM {where} FORMAT JSONEachRow",
@@ -259,21 +289,22 @@ def _admin_count(data_dir: Path, where: str, what: str) -> bool:
 
 
 def issue_ingest(
-    data_dir: Path, store_path: Path, database: str, attempt_id: str
+    server: ServerAccess | Path, store_path: Path, database: str, attempt_id: str
 ) -> IssuedPrincipal:
     """Lease an ingest principal for one staging attempt (its lease lives in the store)."""
-    endpoint = managed_endpoint(data_dir, database)
+    access = as_access(server)
+    endpoint = access.endpoint(database)
     store = SqliteSnapshotStore(store_path)
-    return build_issuer(data_dir, store, endpoint).issue(ROLE_INGEST, attempt_id)
+    return build_issuer(access, store, endpoint).issue(ROLE_INGEST, attempt_id)
 
 
 def build_publication(config: PublicationConfig, database: str) -> PublicationComponents:
-    """Assemble the publisher for ``database`` on the running managed server."""
-    endpoint = managed_endpoint(config.data_dir, database)
+    """Assemble the publisher for ``database`` on the configured server."""
+    access = config.access
+    endpoint = access.endpoint(database)
     store = SqliteSnapshotStore(config.store_path, create=config.create_store)
-    issuer = build_issuer(config.data_dir, store, endpoint)
-    credentials = pool_credentials(config.data_dir)
-    admin = admin_credentials(config.data_dir)
+    issuer = build_issuer(access, store, endpoint)
+    credentials = pool_credentials(access)
     # One gate beside the store, across processes: a dispatch and a closure never
     # overlap, and a closure's end of a lease is seen by every later dispatch.
     gate = DispatchGate(gate_path(config.store_path))
@@ -299,7 +330,7 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
     # store recorded (publication/retained.py).
     catalog = ClickHouseSnapshotCatalog(
         HttpTransport(endpoint, credentials[CATALOG_USER]),
-        trusted_users=frozenset({admin.user, CATALOG_USER, CLOSER_USER}),
+        trusted_users=access.trusted_writers() | {CATALOG_USER, CLOSER_USER},
         allowed_writers=lease_allowance(
             lambda: [r.lease for r in store.lease_records(active_only=False)],
             closure_proven=store.closure_proven,

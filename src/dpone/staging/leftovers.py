@@ -95,7 +95,8 @@ def finishing_command(
     """The command that finishes what an attempt in ``state`` left (None: nothing to do).
 
     ``server`` holds the server options the stage used (``host``, ``http_port``,
-    ``tcp_port``, ``data_dir``, ``transport``, ``client_path``, as the CLI names them):
+    ``tcp_port``, ``data_dir``, ``project_config``, ``transport``, ``client_path``, as
+    the CLI names them):
     those that differ from their defaults are repeated, so the command reaches the
     same server the same way. ``store`` (the publication store holding the attempt's
     lease, when it is not the default one) is repeated as ``--store``.
@@ -138,6 +139,10 @@ def finishing_command(
 
 
 def _data_dir_option(given: Mapping[str, object]) -> list[str]:
+    # A project's remote server is named by its project file, which holds its host,
+    # ports and credentials file.
+    if given.get("project_config") is not None:
+        return ["--config", str(given["project_config"])]
     data_dir = given.get("data_dir")
     if data_dir is None or Path(str(data_dir)) == DEFAULT_DATA_DIR:
         return []

@@ -1,0 +1,126 @@
+"""``dpone pool``: dpone's principals on a ClickHouse server you run.
+
+``render`` writes the users file the server's operator installs (in ``users.d``) and
+the private credentials file dpone's host keeps; ``verify`` proves, before any work,
+that the server holds exactly that installation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dpone.cli.output import config_option, emit_json, json_option, reported_errors
+from dpone.durable_files import atomic_outputs
+from dpone.errors import ConfigurationError
+from dpone.localserver.pool_file import DEFAULT_NETWORKS, render_pool
+from dpone.project.config import load_project
+from dpone.publication.pool_verify import verify_pool
+
+
+@click.group()
+def pool() -> None:
+    """dpone's principals on a ClickHouse server you run (render, verify)."""
+
+
+@pool.command()
+@click.option(
+    "--protect",
+    "databases",
+    multiple=True,
+    required=True,
+    help="A database dpone publishes into (repeat for each).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="The users file to write, for the server's users.d (password hashes only).",
+)
+@click.option(
+    "--credentials",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="The credentials file to write for dpone's host (0600; the only place the "
+    "passwords exist).",
+)
+@click.option(
+    "--network",
+    "networks",
+    multiple=True,
+    help=f"An address or CIDR block the principals may connect from (repeat; default "
+    f"{', '.join(DEFAULT_NETWORKS)}).",
+)
+@click.option("--force", is_flag=True, help="Replace existing files (a rotation).")
+@json_option
+def render(
+    databases: tuple[str, ...],
+    out: Path,
+    credentials: Path,
+    networks: tuple[str, ...],
+    force: bool,
+    as_json: bool,
+) -> None:
+    """Write a new pool: the server's users file and dpone's credentials file.
+
+    Both appear together or not at all; new passwords are generated each time, so a
+    render with --force is a rotation (install the users file, then use the new
+    credentials file).
+    """
+    with reported_errors(as_json):
+        rendered = render_pool(databases, networks=networks or DEFAULT_NETWORKS)
+        if out.resolve() == credentials.resolve():
+            raise ConfigurationError(
+                "--out and --credentials name the same file", code="same_output", path=str(out)
+            )
+        with atomic_outputs([out, credentials], force=force) as (users_stream, secret_stream):
+            users_stream.write(rendered.users_xml.encode("utf-8"))
+            secret_stream.write(rendered.credentials_json.encode("utf-8"))
+        if as_json:
+            emit_json(
+                {
+                    "ok": True,
+                    "users_file": str(out),
+                    "credentials_file": str(credentials),
+                    "users": list(rendered.users),
+                    "databases": list(databases),
+                }
+            )
+        else:
+            click.echo(f"users file: {out} ({len(rendered.users)} principals, hashes only)")
+            click.echo(f"credentials file: {credentials} (0600; keep it on dpone's host only)")
+            click.echo(
+                "next: install the users file in the server's users.d directory (the server "
+                "reads it by itself), then run `dpone pool verify`"
+            )
+
+
+@pool.command()
+@config_option
+@json_option
+def verify(config_path: Path, as_json: bool) -> None:
+    """Prove the project's server holds the pool: logins, exact grants, databases,
+    version and identity. Exit 0 when all hold, 1 otherwise."""
+    with reported_errors(as_json):
+        project = load_project(config_path)
+        if project.clickhouse.remote is None:
+            raise ConfigurationError(
+                f"{config_path} names the managed local server, whose pool dpone declares "
+                "itself; `dpone pool verify` is for a server named with host",
+                code="not_remote",
+            )
+        found = verify_pool(project.clickhouse.access, project.databases)
+        if as_json:
+            emit_json(found.to_dict())
+        else:
+            click.echo(f"{found.server}: ClickHouse {found.version}, identity {found.identity}")
+            for entry in found.principals:
+                ok = entry.get("authenticated") and entry.get("grants_exact")
+                click.echo(f"  {entry['user']} ({entry['role']}): {'ok' if ok else 'NOT OK'}")
+            for problem in found.problems:
+                click.echo(f"problem [{problem['code']}]: {problem['message']}", err=True)
+            if found.ok:
+                click.echo("the pool is installed as dpone needs it")
+        if not found.ok:
+            raise SystemExit(1)

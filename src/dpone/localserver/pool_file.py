@@ -1,0 +1,220 @@
+"""The principal pool as an operator installs it on a ClickHouse server dpone does not run.
+
+:func:`render_pool` gives two texts from one set of generated passwords:
+
+- the server's users file in ``users.d`` format: each principal with its password's
+  SHA-256 hash (never the clear text), the networks it may connect from, a profile of
+  dpone's own (``dpone_pool``: every insert synchronous) and exactly the grants its
+  role has on the managed server (:func:`~dpone.localserver.principal_pool.role_grants`);
+- the credentials file dpone's host reads (0600, the managed server's own format:
+  ``{"users": [{"user": ..., "password": ...}]}``), the only place the passwords exist.
+
+Besides the pool, a remote server needs the administrator's two jobs done by a
+principal with only what they need: ``dpone_keeper`` reads what status, the checks and
+the catalog read, and drops tables of the protected databases (retention's rollback
+copies, discarded generations, ``dpone retire``), nothing else. The managed server
+does those as its administrator and does not declare it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+from dpone.errors import ConfigurationError
+from dpone.localserver.config import ServerUser
+from dpone.localserver.credentials import generate_password, read_credentials_file
+from dpone.localserver.principal_pool import (
+    DEFAULT_POOL_SIZE,
+    ROLE_CATALOG,
+    check_databases,
+    pool_names,
+    role_grants,
+    role_of,
+)
+from dpone.ports.clickhouse_request import Credentials
+from dpone.sql import quote_identifier
+
+KEEPER_USER = "dpone_keeper"
+ROLE_KEEPER = "keeper"
+POOL_PROFILE = "dpone_pool"
+# Any address: the passwords are the gate; an operator narrows it with --network.
+DEFAULT_NETWORKS = ("::/0",)
+
+
+@dataclass(frozen=True)
+class RenderedPool:
+    """The users file (for the server) and the credentials file (for dpone's host)."""
+
+    users_xml: str
+    credentials_json: str
+    users: tuple[str, ...]
+
+
+def remote_users(size: int = DEFAULT_POOL_SIZE) -> tuple[str, ...]:
+    """Every principal a remote server declares: the pool, then the keeper."""
+    return (*pool_names(size), KEEPER_USER)
+
+
+def remote_role(user: str) -> str | None:
+    """The role of a remote server's principal (the pool's, or ``keeper``)."""
+    return ROLE_KEEPER if user == KEEPER_USER else role_of(user)
+
+
+def remote_grants(role: str, databases: Sequence[str]) -> tuple[str, ...]:
+    """The grant statements of ``role`` over the protected ``databases``."""
+    if role == ROLE_KEEPER:
+        reads = role_grants(ROLE_CATALOG, databases)
+        drops = tuple(f"GRANT DROP TABLE ON {quote_identifier(d)}.*" for d in databases)
+        return (*(g.statement() for g in reads), *drops)
+    return tuple(g.statement() for g in role_grants(role, databases))
+
+
+def check_networks(networks: Sequence[str]) -> tuple[str, ...]:
+    """Each network as an IP address or CIDR block (``networks_invalid`` names the first bad)."""
+    if not networks:
+        raise ConfigurationError("at least one network is needed", code="networks_invalid")
+    for network in networks:
+        try:
+            ipaddress.ip_network(network, strict=False)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"network {network!r} is not an IP address or CIDR block",
+                code="networks_invalid",
+                network=network,
+            ) from exc
+    return tuple(networks)
+
+
+def render_pool(
+    databases: Sequence[str],
+    *,
+    networks: Sequence[str] = DEFAULT_NETWORKS,
+    size: int = DEFAULT_POOL_SIZE,
+    passwords: Mapping[str, str] | None = None,
+) -> RenderedPool:
+    """The users file and the credentials file of a new pool over ``databases``.
+
+    ``passwords`` (every principal's, for a test) defaults to freshly generated ones.
+    """
+    dbs = check_databases(databases)
+    nets = check_networks(networks)
+    names = remote_users(size)
+    chosen = dict(passwords) if passwords is not None else {n: generate_password() for n in names}
+    if sorted(chosen) != sorted(names):
+        raise ConfigurationError("a password is needed for every principal", code="pool_passwords")
+    users = [
+        ServerUser(
+            name,
+            password=chosen[name],
+            grants=remote_grants(_known_role(name), dbs),
+            profile=POOL_PROFILE,
+            networks=nets,
+        )
+        for name in names
+    ]
+    return RenderedPool(
+        users_xml=_users_xml(users, dbs),
+        credentials_json=_credentials_json(chosen, names),
+        users=names,
+    )
+
+
+def load_pool_credentials(path: Path, size: int = DEFAULT_POOL_SIZE) -> dict[str, Credentials]:
+    """Every principal's credentials from the credentials file ``render_pool`` wrote.
+
+    Refused: a file others may read (``credentials_file_exposed``), one that lacks a
+    principal (``credentials_file_incomplete``); errors never quote the content.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot read the credentials file {path}: {exc.strerror}",
+            code="credentials_file_unreadable",
+            path=str(path),
+        ) from exc
+    if mode & 0o077:
+        raise ConfigurationError(
+            f"the credentials file {path} may be read by others (mode {mode & 0o777:o}); "
+            f"make it private: `chmod 600 {path}`",
+            code="credentials_file_exposed",
+            path=str(path),
+        )
+    passwords = read_credentials_file(path)
+    if passwords is None:
+        raise ConfigurationError(
+            f"no credentials file at {path}", code="credentials_file_unreadable", path=str(path)
+        )
+    missing = [n for n in remote_users(size) if n not in passwords]
+    if missing:
+        raise ConfigurationError(
+            f"the credentials file {path} lacks {', '.join(missing)}: render the pool again "
+            "with `dpone pool render` and install both files",
+            code="credentials_file_incomplete",
+            path=str(path),
+            missing=missing,
+        )
+    return {user: Credentials(user, password) for user, password in passwords.items()}
+
+
+def _known_role(name: str) -> str:
+    role = remote_role(name)
+    assert role is not None, name
+    return role
+
+
+def _users_xml(users: Sequence[ServerUser], databases: Sequence[str]) -> str:
+    header = (
+        "<!-- dpone's principals over "
+        + escape(", ".join(databases))
+        + ": written by `dpone pool render`; install it in the server's users.d -->\n"
+    )
+    body = "".join(_user_xml(u) for u in users)
+    return (
+        header
+        + "<clickhouse>\n  <profiles>\n"
+        + f"    <{POOL_PROFILE}><async_insert>0</async_insert></{POOL_PROFILE}>\n"
+        + "  </profiles>\n  <users>\n"
+        + body
+        + "  </users>\n</clickhouse>\n"
+    )
+
+
+def _user_xml(user: ServerUser) -> str:
+    networks = "".join(f"<ip>{escape(n)}</ip>" for n in user.networks)
+    grants = "".join(f"        <query>{escape(g)}</query>\n" for g in user.grants or ())
+    return (
+        f"    <{user.name}>\n"
+        f"      <password_sha256_hex>{user.password_sha256_hex}</password_sha256_hex>\n"
+        f"      <networks>{networks}</networks>\n"
+        f"      <profile>{user.profile}</profile>\n"
+        "      <quota>default</quota>\n"
+        f"      <grants>\n{grants}      </grants>\n"
+        f"    </{user.name}>\n"
+    )
+
+
+def _credentials_json(passwords: Mapping[str, str], names: Sequence[str]) -> str:
+    users = [{"user": n, "password": passwords[n]} for n in names]
+    return json.dumps({"users": users}, indent=2) + "\n"
+
+
+__all__ = [
+    "DEFAULT_NETWORKS",
+    "KEEPER_USER",
+    "POOL_PROFILE",
+    "ROLE_KEEPER",
+    "RenderedPool",
+    "check_networks",
+    "load_pool_credentials",
+    "remote_grants",
+    "remote_role",
+    "remote_users",
+    "render_pool",
+]

@@ -1,0 +1,221 @@
+"""Proof that a server's installation of dpone's principals is what dpone needs, before any work.
+
+:func:`verify_pool` signs in as every principal of the credentials file and checks, on
+the server itself:
+
+- each one authenticates and the server says it is that user (``currentUser()``);
+- its grants, read with ``SHOW GRANTS`` as itself, are exactly its role's (nothing
+  missing, nothing more: a grant beyond the role is a writer the catalog cannot
+  account for);
+- each protected database exists and is ``Atomic`` (``EXCHANGE TABLES`` needs it);
+- the server's version is one dpone supports (:data:`MIN_SERVER_VERSION`);
+- its identity: ``serverUUID()``, or where a server reports the Nil UUID (the
+  embedded engine), the ``_dpone_identity`` database, whose one ``CREATE`` statement
+  the report names when it is missing.
+
+Every problem is collected with a stable code and the principal or database it is
+about; nothing is changed on the server.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.connectors.endpoint_identity import IDENTITY_CREATE, IDENTITY_DATABASE, NIL_UUID
+from dpone.errors import DponeError
+from dpone.localserver.pool_file import KEEPER_USER, remote_grants, remote_role, remote_users
+from dpone.ports.clickhouse_request import read
+from dpone.publication.server_access import ServerAccess
+from dpone.sql import quote_literal
+
+# The oldest server line dpone supports: the long-term-support line its suite runs on
+# besides the newest (Time and Time64, which SQL Server's time(n) maps to, exist only
+# from 25.6; the session drain gate, EXCHANGE TABLES and the query log columns dpone
+# reads are older).
+MIN_SERVER_VERSION = (26, 3)
+REQUEST_SECONDS = 30.0
+_GRANT = re.compile(
+    r"^GRANT (?P<privileges>.+) ON (?P<on>\S+) TO \S+(?P<option> WITH GRANT OPTION)?$"
+)
+
+
+@dataclass
+class PoolVerification:
+    """What :func:`verify_pool` found: the server's facts and every problem."""
+
+    server: str
+    version: str | None = None
+    server_uuid: str | None = None
+    identity: str | None = None
+    principals: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether nothing is wrong."""
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "server": self.server,
+            "version": self.version,
+            "server_uuid": self.server_uuid,
+            "identity": self.identity,
+            "principals": self.principals,
+            "problems": self.problems,
+        }
+
+
+def grant_pairs(statements: Sequence[str]) -> set[tuple[str, str]]:
+    """``GRANT a, b ON x`` statements as {(privilege, object)} with back-quotes removed,
+    so that the users file's text and the server's ``SHOW GRANTS`` compare."""
+    pairs: set[tuple[str, str]] = set()
+    for statement in statements:
+        text = statement.strip()
+        if " TO " not in text:
+            text += " TO _"
+        match = _GRANT.match(text)
+        if match is None:
+            pairs.add((text, "?"))  # a REVOKE or anything unexpected: never equal
+            continue
+        on = match.group("on").replace("`", "")
+        suffix = " WITH GRANT OPTION" if match.group("option") else ""
+        for privilege in match.group("privileges").split(", "):
+            pairs.add((privilege.strip() + suffix, on))
+    return pairs
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """``26.9.2.1`` as (26, 9)."""
+    major, minor = [*text.split("."), "0", "0"][:2]
+    return int(major), int(minor)
+
+
+def verify_pool(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
+    """Check the installation of the pool over ``databases`` on ``access``'s server."""
+    found = PoolVerification(access.describe())
+    credentials = access.known_credentials()
+    for user in remote_users():
+        role = remote_role(user)
+        assert role is not None
+        login = credentials[user]
+        transport = HttpTransport(access.endpoint("system"), login)
+        entry: dict[str, Any] = {"user": user, "role": role}
+        found.principals.append(entry)
+        try:
+            rows = _rows(transport, "SELECT currentUser() AS who", f"who-{user}")
+            grants = [str(r["g"]) for r in _rows(transport, "SHOW GRANTS", f"grants-{user}", "g")]
+        except DponeError as exc:
+            entry["authenticated"] = False
+            found.problems.append(
+                {"code": "principal_login_failed", "user": user, "message": exc.message}
+            )
+            continue
+        entry["authenticated"] = rows == [{"who": user}]
+        have, want = grant_pairs(grants), grant_pairs(remote_grants(role, databases))
+        entry["grants_exact"] = have == want
+        if have != want:
+            found.problems.append(
+                {
+                    "code": "principal_grants_differ",
+                    "user": user,
+                    "message": f"{user}'s grants are not its role's ({role})",
+                    "missing": sorted(" ON ".join(p) for p in want - have),
+                    "extra": sorted(" ON ".join(p) for p in have - want),
+                }
+            )
+    if KEEPER_USER in credentials:
+        _server_facts(found, HttpTransport(access.endpoint("system"), credentials[KEEPER_USER]))
+        _databases(
+            found, HttpTransport(access.endpoint("system"), credentials[KEEPER_USER]), databases
+        )
+    return found
+
+
+def _server_facts(found: PoolVerification, keeper: HttpTransport) -> None:
+    try:
+        row = _rows(keeper, "SELECT version() AS v, toString(serverUUID()) AS u", "server")[0]
+        found.version, found.server_uuid = str(row["v"]), str(row["u"])
+        identity = _rows(
+            keeper,
+            "SELECT toString(uuid) AS u FROM system.databases "
+            f"WHERE name = {quote_literal(IDENTITY_DATABASE)}",
+            "identity",
+        )
+    except DponeError as exc:
+        found.problems.append({"code": "server_unreadable", "message": exc.message})
+        return
+    if parse_version(found.version) < MIN_SERVER_VERSION:
+        oldest = ".".join(map(str, MIN_SERVER_VERSION))
+        found.problems.append(
+            {
+                "code": "server_too_old",
+                "version": found.version,
+                "message": f"ClickHouse {found.version} is older than {oldest}, the oldest "
+                "version dpone supports (Time64 columns need 25.6; dpone is tested from "
+                f"{oldest})",
+            }
+        )
+    if found.server_uuid != NIL_UUID:
+        found.identity = f"serverUUID {found.server_uuid}"
+    elif identity:
+        found.identity = f"database {IDENTITY_DATABASE} {identity[0]['u']}"
+    else:
+        found.problems.append(
+            {
+                "code": "identity_missing",
+                "message": f"the server reports no identity of its own (serverUUID is nil) and "
+                f"has no {IDENTITY_DATABASE} database: its administrator runs `{IDENTITY_CREATE}`",
+                "statement": IDENTITY_CREATE,
+            }
+        )
+
+
+def _databases(found: PoolVerification, keeper: HttpTransport, databases: Sequence[str]) -> None:
+    names = ", ".join(quote_literal(d) for d in databases)
+    try:
+        rows = _rows(
+            keeper,
+            f"SELECT name, engine FROM system.databases WHERE name IN ({names})",
+            "databases",
+        )
+    except DponeError as exc:
+        found.problems.append({"code": "server_unreadable", "message": exc.message})
+        return
+    engines = {str(r["name"]): str(r["engine"]) for r in rows}
+    for database in databases:
+        engine = engines.get(database)
+        if engine == "Atomic":
+            continue
+        statement = f"CREATE DATABASE {database} ENGINE = Atomic"
+        found.problems.append(
+            {
+                "code": "database_missing" if engine is None else "database_not_atomic",
+                "database": database,
+                "message": f"database {database} does not exist: its administrator runs "
+                f"`{statement}`"
+                if engine is None
+                else f"database {database} has engine {engine}, not Atomic: EXCHANGE TABLES "
+                "needs an Atomic database",
+            }
+        )
+
+
+def _rows(
+    transport: HttpTransport, sql: str, what: str, column: str | None = None
+) -> list[dict[str, Any]]:
+    query = f"dpone-pool-verify-{what}-{time.time_ns()}"
+    result = transport.execute(
+        read(sql + (" FORMAT TSV" if column else " FORMAT JSONEachRow"), query),
+        deadline=time.monotonic() + REQUEST_SECONDS,
+    )
+    if column is None:
+        return result.json_rows()
+    text = result.output.decode("utf-8")
+    return [{column: line} for line in text.splitlines() if line]

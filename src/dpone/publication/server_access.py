@@ -1,0 +1,128 @@
+"""Which ClickHouse server a project works on, and as whom: the one owner of that choice.
+
+Two kinds of server, exactly one per project:
+
+- **managed** (the embedded default): the server dpone starts on its data directory.
+  Its endpoint comes from the running server's state, the pool's passwords from the
+  data directory's credentials file, and the checks, status and drops run as its
+  administrator ``dpone_admin``.
+- **remote**: a server the user runs (``[clickhouse] host = ...``). dpone never needs
+  its files, its process or an administrator there: the operator installed the pool
+  that ``dpone pool render`` wrote, and dpone's host holds the credentials file of that
+  render. The checks and status read as ``dpone_keeper``, which also makes the drops
+  (rollback copies, discarded generations, retire); nothing else has more than its role.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.errors import DponeError
+from dpone.localserver import find_running
+from dpone.localserver.credentials import admin_credentials, load_credentials
+from dpone.localserver.errors import ServerNotRunning
+from dpone.localserver.pool_file import KEEPER_USER, load_pool_credentials
+from dpone.localserver.protected import start_command
+from dpone.ports.clickhouse_request import Credentials, Endpoint, read
+
+# How long status waits for a remote server to answer before it says it is unreachable.
+REACH_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class RemoteServer:
+    """A ClickHouse server dpone did not start: where it is and where the pool's
+    credentials are (the file ``dpone pool render`` wrote; never a password here)."""
+
+    host: str
+    http_port: int
+    tcp_port: int
+    credentials_file: Path
+    secure: bool = False
+    ca_file: Path | None = None
+    # Users outside dpone that may write the protected databases and whom the operator
+    # vouches for (its administrators): the catalog refuses any other writer.
+    trusted_writers: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """``https://host:port`` (or ``http://``), without any secret."""
+        return f"{'https' if self.secure else 'http'}://{self.host}:{self.http_port}"
+
+
+@dataclass(frozen=True)
+class ServerAccess:
+    """The server (managed on ``data_dir``, or ``remote``) and the logins dpone uses there."""
+
+    data_dir: Path
+    remote: RemoteServer | None = None
+
+    @property
+    def managed(self) -> bool:
+        """Whether this is the managed local server (dpone's own files and process)."""
+        return self.remote is None
+
+    def describe(self) -> str:
+        """Where the server is, for messages: its URL, or the managed server's data dir."""
+        if self.remote is not None:
+            return self.remote.describe()
+        return f"the managed server on {self.data_dir}"
+
+    def endpoint(self, database: str) -> Endpoint:
+        """The server's endpoint in ``database`` (``server_not_running`` for a managed
+        server that is not running, with the command that starts it)."""
+        if self.remote is not None:
+            r = self.remote
+            return Endpoint(
+                r.host,
+                r.http_port,
+                r.tcp_port,
+                database,
+                secure=r.secure,
+                ca_file=None if r.ca_file is None else str(r.ca_file),
+            )
+        info = find_running(self.data_dir)
+        if info is None:
+            command = start_command(self.data_dir, also=() if database == "system" else (database,))
+            raise ServerNotRunning(
+                f"no managed server is running on {self.data_dir}; start it with `{command}`",
+                data_dir=str(self.data_dir),
+                next_command=command,
+            )
+        return Endpoint("127.0.0.1", info.http_port, info.tcp_port, database)
+
+    def known_credentials(self) -> dict[str, Credentials]:
+        """Every login dpone holds for this server, by user name."""
+        if self.remote is not None:
+            return load_pool_credentials(self.remote.credentials_file)
+        return load_credentials(self.data_dir)
+
+    def trusted_writers(self) -> frozenset[str]:
+        """Users besides the pool whose write grants the catalog accepts: the operator
+        login, and on a remote server the ``trusted_writers`` its operator vouches for."""
+        extra = self.remote.trusted_writers if self.remote is not None else ()
+        return frozenset({self.operator().user, *extra})
+
+    def operator(self) -> Credentials:
+        """Who reads for the checks and status and makes the recorded drops: the managed
+        server's administrator, or a remote server's ``dpone_keeper``."""
+        if self.remote is not None:
+            return self.known_credentials()[KEEPER_USER]
+        return admin_credentials(self.data_dir)
+
+
+def server_reachable(access: ServerAccess) -> bool:
+    """Whether the server answers now: the managed one runs, or a remote one answers
+    ``SELECT 1`` to its operator (any failure, a refused login included, is no)."""
+    if access.remote is None:
+        return find_running(access.data_dir) is not None
+    try:
+        HttpTransport(access.endpoint("system"), access.operator()).execute(
+            read("SELECT 1", f"dpone-status-reach-{time.time_ns()}"),
+            deadline=time.monotonic() + REACH_SECONDS,
+        )
+    except DponeError:
+        return False
+    return True

@@ -1,0 +1,83 @@
+"""A ClickHouse server dpone did not start, set up as its operator would.
+
+The server is the managed local server's engine started with only its own two users
+(no pool declared by dpone), then prepared exactly as an operator prepares a server
+they run: the users file ``dpone pool render`` wrote is installed in the server's
+``users.d`` directory, and the administrator creates the protected databases and
+``_dpone_identity`` (the embedded engine reports a nil ``serverUUID``). dpone then
+reaches it only through ``[clickhouse] host``, the ports and the credentials file: no
+data directory, no administrator.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from dpone.localserver import LocalServer
+from tests import chhttp
+
+POOL_FILE = "dpone-users.xml"
+
+
+def render_pool(databases: Sequence[str], out: Path, credentials: Path) -> None:
+    """``dpone pool render`` as an operator runs it."""
+    protect = [arg for d in databases for arg in ("--protect", d)]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dpone",
+            "pool",
+            "render",
+            *protect,
+            "--out",
+            str(out),
+            "--credentials",
+            str(credentials),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def remote_server(root: Path, databases: Sequence[str]) -> Iterator[dict[str, Any]]:
+    """Start the server with the rendered pool installed; yield what a project names."""
+    data_dir = root / "server"
+    users_d = data_dir / "run" / "users.d"
+    users_d.mkdir(parents=True)
+    os.chmod(data_dir / "run", 0o700)
+    credentials = root / "dpone-credentials.json"
+    render_pool(databases, root / POOL_FILE, credentials)
+    # The operator's install: the file as rendered, into users.d.
+    (users_d / POOL_FILE).write_bytes((root / POOL_FILE).read_bytes())
+    server = LocalServer(data_dir, users=())
+    info = server.start()
+    chhttp.register_server(info.http_port, data_dir)
+    try:
+        for name in ("_dpone_identity", *databases):
+            chhttp.query(info.http_port, f"CREATE DATABASE IF NOT EXISTS {name} ENGINE = Atomic")
+        yield {
+            "kind": "remote",
+            "http_port": info.http_port,
+            "tcp_port": info.tcp_port,
+            "credentials_file": credentials,
+            "server_dir": data_dir,
+            "clickhouse_toml": (
+                "[clickhouse]\n"
+                'host = "127.0.0.1"\n'
+                f"http_port = {info.http_port}\n"
+                f"tcp_port = {info.tcp_port}\n"
+                f'credentials_file = "{credentials}"\n'
+                # The server's own administrator, vouched for as an operator would.
+                'trusted_writers = ["dpone_admin"]\n'
+            ),
+        }
+    finally:
+        server.stop()
