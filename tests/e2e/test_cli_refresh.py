@@ -21,28 +21,53 @@ import pytest
 
 from tests import chhttp
 from tests.e2e.test_cli_server import as_json, dpone
+from tests.remote_server import remote_server
 
 DATABASE = "refresh_db"
 
 
+# The two kinds of server a project names: the managed local server (data_dir) and a
+# server dpone did not start, reached by host, ports and the credentials file of the
+# pool its operator installed (tests/remote_server.py).
+SERVER_KINDS = ("managed", "remote")
+
+
 def protected_server(
-    tmp_path_factory: pytest.TempPathFactory, database: str, label: str
+    tmp_path_factory: pytest.TempPathFactory, database: str, label: str, kind: str = "managed"
 ) -> Iterator[dict[str, Any]]:
-    """A managed server started by the CLI with ``--protect database``, stopped after."""
+    """A server protecting ``database``, stopped after: the managed one started by the
+    CLI with ``--protect database``, or (``kind="remote"``) one dpone reaches only as a
+    remote server."""
+    if kind == "remote":
+        yield from remote_server(tmp_path_factory.mktemp(label), [database])
+        return
     data_dir = tmp_path_factory.mktemp(label) / "ch"
     started = dpone("server", "start", "--protect", database, "--data-dir", str(data_dir), "--json")
     assert started.returncode == 0, started.stdout + started.stderr
     info = as_json(started)
     chhttp.register_server(info["http_port"], data_dir)
     try:
-        yield {**info, "data_dir": data_dir}
+        yield {**info, "data_dir": data_dir, "kind": "managed"}
     finally:
         dpone("server", "stop", "--data-dir", str(data_dir))
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    yield from protected_server(tmp_path_factory, DATABASE, "refresh-ch")
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    yield from protected_server(tmp_path_factory, DATABASE, "refresh-ch", request.param)
+
+
+def clickhouse_section(server: dict[str, Any]) -> str:
+    """The ``[clickhouse]`` section that names ``server`` in a project file."""
+    if server["kind"] == "remote":
+        return str(server["clickhouse_toml"])
+    return f'[clickhouse]\ndata_dir = "{server["data_dir"]}"\n'
+
+
+# A test of what only the managed server has (its data directory, its process).
+managed_only = pytest.mark.parametrize("server", ["managed"], indirect=True)
 
 
 def make_source(path: Path, rows: list[tuple[Any, ...]]) -> None:
@@ -61,8 +86,8 @@ def project(
     config = tmp_path / "dpone.toml"
     config.write_text(
         f'[project]\nwork_dir = "work"\nstore = "store.sqlite"\nkeep_rollback = {keep}\n'
-        f'[clickhouse]\ndata_dir = "{server["data_dir"]}"\n'
-        '[sources.shop]\nkind = "sqlite"\npath = "shop.db"\n'
+        + clickhouse_section(server)
+        + '[sources.shop]\nkind = "sqlite"\npath = "shop.db"\n'
         f'[tables.items]\nsource = "shop"\ntable = "items"\ntarget = "{DATABASE}.{target}"\n'
         f'order_by = "id"\n{extra}'
     )
@@ -232,6 +257,7 @@ def test_bad_project_file_names_every_problem_with_its_location(tmp_path: Path) 
     assert broken["error"]["details"]["problems"][0]["line"] == 1
 
 
+@managed_only
 def test_init_writes_an_example_that_check_accepts(tmp_path: Path, server: dict[str, Any]) -> None:
     config = tmp_path / "dpone.toml"
     assert dpone("init", "--config", str(config)).returncode == 0

@@ -33,6 +33,7 @@ import pytest
 from tests import chhttp
 from tests.e2e.test_cli_refresh import (
     DATABASE,
+    SERVER_KINDS,
     _killed_in,
     _store_states,
     make_source,
@@ -52,9 +53,11 @@ class StatusGap(AssertionError):
     """``dpone status`` left something a kill caused without a finishing command."""
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    yield from protected_server(tmp_path_factory, DATABASE, "refresh-faults-ch")
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    yield from protected_server(tmp_path_factory, DATABASE, "refresh-faults-ch", request.param)
 
 
 def expected(count: int, name: str) -> list[list[Any]]:

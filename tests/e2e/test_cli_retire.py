@@ -28,6 +28,7 @@ import pytest
 from tests import chhttp
 from tests.e2e.test_cli_refresh import (
     DATABASE,
+    SERVER_KINDS,
     _store_states,
     make_source,
     project,
@@ -40,9 +41,11 @@ from tests.e2e.test_cli_refresh_faults import _journal_state
 from tests.e2e.test_cli_server import as_json, dpone
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    yield from protected_server(tmp_path_factory, DATABASE, "retire-ch")
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    yield from protected_server(tmp_path_factory, DATABASE, "retire-ch", request.param)
 
 
 def tables_named(port: int, names: list[str]) -> dict[str, str]:

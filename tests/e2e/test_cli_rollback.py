@@ -17,23 +17,31 @@ from dpone.contracts.composition_snapshot import SnapshotIntent
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.journal import read_events
 from tests import chhttp
-from tests.e2e.test_cli_refresh import make_source, protected_server, rows_of
+from tests.e2e.test_cli_refresh import (
+    SERVER_KINDS,
+    clickhouse_section,
+    make_source,
+    protected_server,
+    rows_of,
+)
 from tests.e2e.test_cli_server import as_json, dpone
 
 DATABASE = "rollback_db"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    yield from protected_server(tmp_path_factory, DATABASE, "rollback-ch")
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    yield from protected_server(tmp_path_factory, DATABASE, "rollback-ch", request.param)
 
 
 def project(tmp_path: Path, server: dict[str, Any], target: str) -> Path:
     config = tmp_path / "dpone.toml"
     config.write_text(
         '[project]\nwork_dir = "work"\nstore = "store.sqlite"\nkeep_rollback = 1\n'
-        f'[clickhouse]\ndata_dir = "{server["data_dir"]}"\n'
-        '[sources.shop]\nkind = "sqlite"\npath = "shop.db"\n'
+        + clickhouse_section(server)
+        + '[sources.shop]\nkind = "sqlite"\npath = "shop.db"\n'
         f'[tables.items]\nsource = "shop"\ntable = "items"\ntarget = "{DATABASE}.{target}"\n'
         'order_by = "id"\n'
     )

@@ -222,11 +222,14 @@ class ClientTransport:
         settings, unpassed = self.passed_settings(request, deadline=deadline)
         if unpassed and request.kind is RequestKind.MUTATION:
             self._prove_held(request, unpassed, deadline)
-        with client_config(self._credentials) as (config, config_fd):
+        with client_config(
+            self._credentials, secure=self.endpoint.secure, ca_file=self.endpoint.ca_file
+        ) as (config, config_fd):
             argv = [
                 self.client_path,
                 "--config-file",
                 config,
+                *(["--secure"] if self.endpoint.secure else []),
                 "--host",
                 self.endpoint.host,
                 "--port",
@@ -523,7 +526,9 @@ class ClientTransport:
 
 
 @contextmanager
-def client_config(credentials: Credentials) -> Iterator[tuple[str, int]]:
+def client_config(
+    credentials: Credentials, *, secure: bool = False, ca_file: str | None = None
+) -> Iterator[tuple[str, int]]:
     """clickhouse-client's configuration holding ``credentials``: ``(path, fd)``.
 
     The configuration lives in an anonymous memory file (``memfd_create``): it has no
@@ -535,10 +540,23 @@ def client_config(credentials: Credentials) -> Iterator[tuple[str, int]]:
     fd = os.memfd_create("dpone-client-config", os.MFD_CLOEXEC)
     try:
         os.fchmod(fd, 0o600)  # reachable only through /proc by this user anyway; say so
+        # With --secure the client verifies the server's certificate (strict) against
+        # ca_file, or without one against the system's trust store.
+        tls = (
+            ""
+            if not secure
+            else (
+                "<openSSL><client><verificationMode>strict</verificationMode>"
+                + (f"<caConfig>{escape(ca_file)}</caConfig>" if ca_file else "")
+                + "<loadDefaultCAFile>"
+                + ("false" if ca_file else "true")
+                + "</loadDefaultCAFile></client></openSSL>"
+            )
+        )
         data = memoryview(
             (
                 f"<config><user>{escape(credentials.user)}</user>"
-                f"<password>{escape(credentials.password)}</password></config>\n"
+                f"<password>{escape(credentials.password)}</password>{tls}</config>\n"
             ).encode()
         )
         while data:

@@ -29,6 +29,7 @@ from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.endpoint_identity import IDENTITY_CREATE, IDENTITY_DATABASE, NIL_UUID
 from dpone.errors import DponeError
 from dpone.localserver.pool_file import KEEPER_USER, remote_grants, remote_role, remote_users
+from dpone.ports.clickhouse_errors import NotSubmitted, TransportDeadline
 from dpone.ports.clickhouse_request import read
 from dpone.publication.server_access import ServerAccess
 from dpone.sql import quote_literal
@@ -101,6 +102,17 @@ def verify_pool(access: ServerAccess, databases: Sequence[str]) -> PoolVerificat
     """Check the installation of the pool over ``databases`` on ``access``'s server."""
     found = PoolVerification(access.describe())
     credentials = access.known_credentials()
+    try:
+        _rows(
+            HttpTransport(access.endpoint("system"), credentials[KEEPER_USER]), "SELECT 1", "reach"
+        )
+    except (NotSubmitted, TransportDeadline) as exc:
+        # The server is not reached at all (TLS refused, nothing listening): one problem,
+        # said once, not once per principal.
+        found.problems.append({"code": exc.code, "message": exc.message})
+        return found
+    except DponeError:
+        pass  # reached: the keeper's own login is judged with the others below
     for user in remote_users():
         role = remote_role(user)
         assert role is not None

@@ -1,0 +1,151 @@
+"""A remote server over TLS, as a user reaches one: through a real TLS terminator.
+
+The server is one dpone did not start (tests/remote_server.py); Debian's stunnel4
+terminates TLS in front of its HTTP and native ports (tests/tls_terminator.py) with a
+certificate of a test CA. The project names it with ``secure = true`` and the CA file.
+A wrong CA, an expired certificate and a plain-HTTP port are each refused before any
+work, by name; nothing turns verification off.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import chhttp
+from tests.e2e.test_cli_refresh import make_source, rows_of, target_rows
+from tests.e2e.test_cli_server import as_json, dpone
+from tests.remote_server import remote_server
+from tests.tls_terminator import Terminator, tls_terminator
+
+DATABASE = "refresh_db"  # target_rows reads this database
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, Any], Terminator]]:
+    root = tmp_path_factory.mktemp("remote-tls")
+    for server in remote_server(root, [DATABASE]):
+        with tls_terminator(root / "tls", server["http_port"], server["tcp_port"]) as tls:
+            yield server, tls
+
+
+def tls_project(
+    tmp_path: Path,
+    served: tuple[dict[str, Any], Terminator],
+    target: str,
+    *,
+    http_port: int | None = None,
+    ca_file: Path | None = None,
+    transport: str = "http",
+) -> Path:
+    server, tls = served
+    config = tmp_path / "dpone.toml"
+    config.write_text(
+        '[project]\nwork_dir = "work"\nstore = "store.sqlite"\n'
+        "[clickhouse]\n"
+        'host = "127.0.0.1"\nsecure = true\n'
+        f"http_port = {http_port or tls.ports['https']}\n"
+        f"tcp_port = {tls.ports['native']}\n"
+        f'ca_file = "{ca_file or tls.ca_file}"\n'
+        f'credentials_file = "{server["credentials_file"]}"\n'
+        'trusted_writers = ["dpone_admin"]\n'
+        f'transport = "{transport}"\n'
+        '[sources.shop]\nkind = "sqlite"\npath = "shop.db"\n'
+        f'[tables.items]\nsource = "shop"\ntable = "items"\ntarget = "{DATABASE}.{target}"\n'
+        'order_by = "id"\n'
+    )
+    return config
+
+
+def run(config: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    done = dpone(*args, "--config", str(config), "--json")
+    return done.returncode, as_json(done)
+
+
+def test_refresh_status_and_rollback_over_https(
+    tmp_path: Path, served: tuple[dict[str, Any], Terminator]
+) -> None:
+    server, _ = served
+    make_source(tmp_path / "shop.db", rows_of(12))
+    config = tls_project(tmp_path, served, "t_tls")
+    code, verified = run(config, "pool", "verify")
+    assert code == 0 and verified["ok"], verified
+    assert verified["server"].startswith("https://127.0.0.1:")
+    code, first = run(config, "refresh", "--all")
+    assert code == 0 and first["tables"][0]["outcome"] == "published", first
+    with sqlite3.connect(tmp_path / "shop.db") as conn:
+        conn.execute("DELETE FROM items WHERE id > 10")
+    conn.close()
+    code, second = run(config, "refresh", "--all")
+    assert code == 0 and second["tables"][0]["rows"] == 10, second
+    # Read back on the plain port by the test's own client: the values, not a count.
+    expected = [[i, f"n{i}\ttab", f"{i}.25"] for i in range(1, 11)]
+    assert target_rows(server["http_port"], "t_tls") == expected
+    code, status = run(config, "status")
+    assert code == 0 and status["server_running"] is True, status
+    assert status["targets"][0]["last_publication"]["rows"] == 10
+    code, undone = run(config, "rollback", "items")
+    assert code == 0 and undone["outcome"] == "published", undone
+    assert [r[0] for r in target_rows(server["http_port"], "t_tls")] == list(range(1, 13))
+
+
+def test_the_client_transport_speaks_tls_to_the_native_port(
+    tmp_path: Path, served: tuple[dict[str, Any], Terminator], clickhouse_client: str
+) -> None:
+    server, _ = served
+    make_source(tmp_path / "shop.db", rows_of(7, name="c"))
+    config = tls_project(tmp_path, served, "t_tls_client", transport="client")
+    code, report = run(config, "refresh", "--all")
+    assert code == 0 and report["tables"][0]["outcome"] == "published", report
+    assert [r[1] for r in target_rows(server["http_port"], "t_tls_client")] == [
+        f"c{i}\ttab" for i in range(1, 8)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("case", "code", "words"),
+    [
+        ("wrong_ca", "tls_certificate_refused", "unable to get local issuer certificate"),
+        ("expired", "tls_certificate_refused", "expired"),
+        ("plain_port", "tls_handshake_failed", "plain HTTP"),
+    ],
+)
+def test_an_untrusted_or_plain_endpoint_is_refused_before_any_work(
+    tmp_path: Path,
+    served: tuple[dict[str, Any], Terminator],
+    case: str,
+    code: str,
+    words: str,
+) -> None:
+    server, tls = served
+    make_source(tmp_path / "shop.db", rows_of(3))
+    options: dict[str, Any] = {
+        "wrong_ca": {"ca_file": tls.wrong_ca_file},
+        "expired": {"http_port": tls.ports["https_expired"]},
+        "plain_port": {"http_port": server["http_port"]},
+    }[case]
+    config = tls_project(tmp_path, served, f"t_refused_{case}", **options)
+    exit_code, checked = run(config, "check")
+    assert exit_code == 1
+    (problem,) = checked["problems"]
+    assert problem["code"] == code and words in problem["message"], problem
+    exit_code, refused = run(config, "refresh", "--all")
+    table = refused["tables"][0]
+    assert exit_code == 1 and table["phase"] == "check", refused
+    assert table["error"]["code"] == code, table
+    # Nothing was exported, staged or created.
+    assert not (tmp_path / "work" / "attempts").exists() or not any(
+        (tmp_path / "work" / "attempts").iterdir()
+    )
+    assert (
+        chhttp.query(
+            server["http_port"],
+            f"SELECT count() FROM system.tables WHERE database = '{DATABASE}' "
+            f"AND name = 't_refused_{case}'",
+        )
+        == "0\n"
+    )
