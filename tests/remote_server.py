@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,20 @@ def render_pool(databases: Sequence[str], out: Path, credentials: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def remote_server(root: Path, databases: Sequence[str]) -> Iterator[dict[str, Any]]:
-    """Start the server with the rendered pool installed; yield what a project names."""
+def remote_server(
+    root: Path,
+    databases: Sequence[str],
+    *,
+    tamper: Callable[[str], str] | None = None,
+    identity: bool = True,
+    python: str | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Start the server with the rendered pool installed; yield what a project names.
+
+    ``tamper`` changes the users file before it is installed (an operator's mistake);
+    ``identity`` False leaves ``_dpone_identity`` uncreated; ``python`` runs the engine
+    under another interpreter (another server version's package).
+    """
     data_dir = root / "server"
     users_d = data_dir / "run" / "users.d"
     users_d.mkdir(parents=True)
@@ -56,12 +68,13 @@ def remote_server(root: Path, databases: Sequence[str]) -> Iterator[dict[str, An
     credentials = root / "dpone-credentials.json"
     render_pool(databases, root / POOL_FILE, credentials)
     # The operator's install: the file as rendered, into users.d.
-    (users_d / POOL_FILE).write_bytes((root / POOL_FILE).read_bytes())
-    server = LocalServer(data_dir, users=())
+    text = (root / POOL_FILE).read_text()
+    (users_d / POOL_FILE).write_text(tamper(text) if tamper else text)
+    server = LocalServer(data_dir, users=(), python=python)
     info = server.start()
     chhttp.register_server(info.http_port, data_dir)
     try:
-        for name in ("_dpone_identity", *databases):
+        for name in ("_dpone_identity", *databases) if identity else databases:
             chhttp.query(info.http_port, f"CREATE DATABASE IF NOT EXISTS {name} ENGINE = Atomic")
         yield {
             "kind": "remote",

@@ -109,3 +109,51 @@ def test_the_removed_engine_preparation_is_named_with_its_replacement() -> None:
         chosen = parse_project(f'[clickhouse]\npreparation = "{mode}"\n' + GOOD, Path("/p/x"))
         assert chosen.clickhouse.preparation == mode
     assert problems('[clickhouse]\npreparation = "bogus"\n' + GOOD) == {"clickhouse.preparation": 2}
+
+
+def test_a_remote_server_is_named_by_host_ports_and_a_credentials_file() -> None:
+    text = GOOD.replace(
+        "[sources.erp]",
+        '[clickhouse]\nhost = "ch.example.com"\nsecure = true\nca_file = "ca.pem"\n'
+        'credentials_file = "pool.json"\ntrusted_writers = ["admin"]\n[sources.erp]',
+    )
+    project = parse_project(text, Path("/p/dpone.toml"))
+    remote = project.clickhouse.remote
+    assert remote is not None and project.clickhouse.access.managed is False
+    # TLS defaults to ClickHouse's secure ports.
+    assert (remote.host, remote.http_port, remote.tcp_port) == ("ch.example.com", 8443, 9440)
+    assert remote.ca_file == Path("/p/ca.pem") and remote.credentials_file == Path("/p/pool.json")
+    assert remote.trusted_writers == ("admin",)
+    assert project.server_arguments() == ["--config", "/p/dpone.toml"]
+    endpoint = project.clickhouse.access.endpoint("sales")
+    assert (endpoint.secure, endpoint.ca_file, endpoint.describe()) == (
+        True,
+        "/p/ca.pem",
+        "https://ch.example.com:8443/sales",
+    )
+    plain = parse_project(
+        GOOD.replace(
+            "[sources.erp]", '[clickhouse]\nhost = "h"\ncredentials_file = "c"\n[sources.erp]'
+        ),
+        Path("/p/dpone.toml"),
+    )
+    assert plain.clickhouse.remote is not None
+    assert (plain.clickhouse.remote.http_port, plain.clickhouse.remote.tcp_port) == (8123, 9000)
+    assert parse_project(GOOD, Path("/p/dpone.toml")).server_arguments()[0] == "--data-dir"
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ('host = "h"\ncredentials_file = "c"\ndata_dir = "d"', "clickhouse.data_dir"),
+        ('host = "h"', "clickhouse.credentials_file"),
+        ('host = "h"\ncredentials_file = "c"\nca_file = "x"', "clickhouse.ca_file"),
+        ('http_port = 8123\ncredentials_file = "c"', "clickhouse.http_port"),
+        ('host = "h"\ncredentials_file = "c"\nhttp_port = 0', "clickhouse.http_port"),
+        ('host = "h"\ncredentials_file = "c"\ntrusted_writers = [1]', "clickhouse.trusted_writers"),
+        ('host = "h"\ncredentials_file = "c"\npassword = "x"', "clickhouse.password"),
+    ],
+)
+def test_remote_server_problems_are_named(section: str, key: str) -> None:
+    found = problems(GOOD.replace("[sources.erp]", f"[clickhouse]\n{section}\n[sources.erp]"))
+    assert key in found, found

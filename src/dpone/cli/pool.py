@@ -70,10 +70,6 @@ def render(
     """
     with reported_errors(as_json):
         rendered = render_pool(databases, networks=networks or DEFAULT_NETWORKS)
-        if out.resolve() == credentials.resolve():
-            raise ConfigurationError(
-                "--out and --credentials name the same file", code="same_output", path=str(out)
-            )
         with atomic_outputs([out, credentials], force=force) as (users_stream, secret_stream):
             users_stream.write(rendered.users_xml.encode("utf-8"))
             secret_stream.write(rendered.credentials_json.encode("utf-8"))

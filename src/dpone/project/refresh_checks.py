@@ -35,6 +35,7 @@ from dpone.project.config import Project, SourceConfig, TableConfig, resolve_sec
 from dpone.project.design_change import column_changes, describe_change
 from dpone.project.table_run import REQUEST_SECONDS, publication_for, snapshot_command
 from dpone.publication.composition import require_database, require_protected
+from dpone.publication.pool_verify import require_server_version
 from dpone.publication.publisher.prepare import refuse_side_effects
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.sql import quote_literal
@@ -80,12 +81,14 @@ class RefreshChecks:
     def _where_and_when(self, table: TableConfig) -> None:
         """What would refuse the run later, refused now, before the export.
 
-        The target database exists and the server protects it (``database_missing``,
+        The server is a version dpone supports (``server_too_old``); the target
+        database exists and the server protects it (``database_missing``,
         ``database_not_protected``: a pool user asked later would call a protected
         database missing); no publication of the slot waits for its outcome
         (``slot_blocked``, with the command that resolves it).
         """
         access = self.project.clickhouse.access
+        require_server_version(access)
         require_database(access, table.database)
         require_protected(access, table.database)
         if not self.project.store.exists():

@@ -27,7 +27,7 @@ from typing import Any
 
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.endpoint_identity import IDENTITY_CREATE, IDENTITY_DATABASE, NIL_UUID
-from dpone.errors import DponeError
+from dpone.errors import ConfigurationError, DponeError
 from dpone.localserver.pool_file import KEEPER_USER, remote_grants, remote_role, remote_users
 from dpone.ports.clickhouse_errors import NotSubmitted, TransportDeadline
 from dpone.ports.clickhouse_request import read
@@ -40,6 +40,7 @@ from dpone.sql import quote_literal
 # reads are older).
 MIN_SERVER_VERSION = (26, 3)
 REQUEST_SECONDS = 30.0
+_VERSION = "SELECT version() AS v"
 _GRANT = re.compile(
     r"^GRANT (?P<privileges>.+) ON (?P<on>\S+) TO \S+(?P<option> WITH GRANT OPTION)?$"
 )
@@ -90,6 +91,36 @@ def grant_pairs(statements: Sequence[str]) -> set[tuple[str, str]]:
         for privilege in match.group("privileges").split(", "):
             pairs.add((privilege.strip() + suffix, on))
     return pairs
+
+
+def require_server_version(
+    access: ServerAccess, minimum: tuple[int, int] = MIN_SERVER_VERSION
+) -> str:
+    """The server's version; refused (``server_too_old``, naming the version and what
+    needs a newer one) when it is older than ``minimum``: never a late SQL error."""
+    version = str(
+        _rows(HttpTransport(access.endpoint("system"), access.operator()), _VERSION, "version")[0][
+            "v"
+        ]
+    )
+    if parse_version(version) < minimum:
+        raise ConfigurationError(
+            too_old_message(version, minimum),
+            code="server_too_old",
+            version=version,
+            minimum=".".join(map(str, minimum)),
+        )
+    return version
+
+
+def too_old_message(version: str, minimum: tuple[int, int]) -> str:
+    """Why ``version`` is refused."""
+    oldest = ".".join(map(str, minimum))
+    return (
+        f"ClickHouse {version} is older than {oldest}, the oldest version dpone supports "
+        f"(Time and Time64 columns, which SQL Server's time(n) maps to, need 25.6; dpone is "
+        f"tested from {oldest}); upgrade the server"
+    )
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -164,14 +195,11 @@ def _server_facts(found: PoolVerification, keeper: HttpTransport) -> None:
         found.problems.append({"code": "server_unreadable", "message": exc.message})
         return
     if parse_version(found.version) < MIN_SERVER_VERSION:
-        oldest = ".".join(map(str, MIN_SERVER_VERSION))
         found.problems.append(
             {
                 "code": "server_too_old",
                 "version": found.version,
-                "message": f"ClickHouse {found.version} is older than {oldest}, the oldest "
-                "version dpone supports (Time64 columns need 25.6; dpone is tested from "
-                f"{oldest})",
+                "message": too_old_message(found.version, MIN_SERVER_VERSION),
             }
         )
     if found.server_uuid != NIL_UUID:

@@ -1,0 +1,191 @@
+"""``dpone pool render`` and ``verify`` against a real server an operator prepared.
+
+Each case starts a server dpone did not start (tests/remote_server.py) with the users
+file the render wrote, installed as an operator would, sometimes with an operator's
+mistake in it; verify must name each mistake by its principal or database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpone.errors import ConfigurationError
+from dpone.publication.pool_verify import MIN_SERVER_VERSION, require_server_version
+from dpone.publication.server_access import RemoteServer, ServerAccess
+from tests import chhttp
+from tests.remote_server import remote_server
+
+
+def dpone(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dpone", *args], capture_output=True, text=True, check=False
+    )
+
+
+def project_for(tmp_path: Path, server: dict[str, Any], databases: list[str]) -> Path:
+    tables = "".join(
+        f'[tables.t{i}]\nsource = "shop"\ntable = "items"\ntarget = "{db}.t{i}"\n'
+        for i, db in enumerate(databases)
+    )
+    config = tmp_path / "dpone.toml"
+    config.write_text(
+        server["clickhouse_toml"] + '[sources.shop]\nkind = "sqlite"\npath = "shop.db"\n' + tables
+    )
+    return config
+
+
+def test_render_writes_hashes_only_and_a_private_credentials_file(tmp_path: Path) -> None:
+    out, secret = tmp_path / "users.xml", tmp_path / "creds.json"
+    done = dpone(
+        "pool",
+        "render",
+        "--protect",
+        "a_db",
+        "--protect",
+        "b_db",
+        "--out",
+        str(out),
+        "--credentials",
+        str(secret),
+        "--network",
+        "10.0.0.0/8",
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600
+    users = json.loads(secret.read_text())["users"]
+    names = [u["user"] for u in users]
+    assert names[:2] == ["dpone_catalog", "dpone_closer"] and names[-1] == "dpone_keeper"
+    text = out.read_text()
+    for entry in users:
+        # The server's file holds each password's SHA-256, never the password itself.
+        assert entry["password"] not in text
+        assert hashlib.sha256(entry["password"].encode()).hexdigest() in text
+    assert "<ip>10.0.0.0/8</ip>" in text and "GRANT DROP TABLE ON `b_db`.*" in text
+    # A second render never overwrites either file unless asked.
+    again = dpone(
+        "pool",
+        "render",
+        "--protect",
+        "a_db",
+        "--out",
+        str(out),
+        "--credentials",
+        str(secret),
+        "--json",
+    )
+    assert again.returncode != 0 and json.loads(again.stdout)["error"]["code"] == "output_exists"
+    assert json.loads(secret.read_text())["users"] == users
+
+
+def test_render_refuses_a_bad_network_and_a_bad_database(tmp_path: Path) -> None:
+    bad_net = dpone(
+        "pool",
+        "render",
+        "--protect",
+        "a_db",
+        "--out",
+        str(tmp_path / "u"),
+        "--credentials",
+        str(tmp_path / "c"),
+        "--network",
+        "10.0.0.300/8",
+        "--json",
+    )
+    assert json.loads(bad_net.stdout)["error"]["code"] == "networks_invalid"
+    bad_db = dpone(
+        "pool",
+        "render",
+        "--protect",
+        "system",
+        "--out",
+        str(tmp_path / "u"),
+        "--credentials",
+        str(tmp_path / "c"),
+        "--json",
+    )
+    assert json.loads(bad_db.stdout)["error"]["code"] == "invalid_database"
+    assert not (tmp_path / "u").exists() and not (tmp_path / "c").exists()
+
+
+def test_verify_accepts_the_installation_as_rendered(tmp_path: Path) -> None:
+    for server in remote_server(tmp_path, ["good_db"]):
+        config = project_for(tmp_path, server, ["good_db"])
+        done = dpone("pool", "verify", "--config", str(config), "--json")
+        found = json.loads(done.stdout)
+        assert done.returncode == 0 and found["ok"], found
+        assert len(found["principals"]) == 11
+        assert all(p["authenticated"] and p["grants_exact"] for p in found["principals"])
+        assert found["version"].startswith("26.") and found["identity"].startswith(
+            "database _dpone_identity "
+        )
+        access = ServerAccess(
+            tmp_path, RemoteServer("127.0.0.1", server["http_port"], 0, server["credentials_file"])
+        )
+        assert require_server_version(access) == found["version"]
+        with pytest.raises(ConfigurationError) as caught:
+            require_server_version(access, minimum=(99, 0))
+        assert caught.value.code == "server_too_old"
+        assert found["version"] in caught.value.message and "99.0" in caught.value.message
+        assert MIN_SERVER_VERSION <= (26, 9)
+
+
+def _mistakes(text: str) -> str:
+    # An operator's mistakes: one principal given more than its role, one not installed.
+    text = text.replace(
+        "<query>GRANT TABLE ENGINE ON MergeTree</query>\n      </grants>\n    </dpone_publisher_1>",
+        "<query>GRANT TABLE ENGINE ON MergeTree</query>\n        <query>GRANT INSERT ON *.*"
+        "</query>\n      </grants>\n    </dpone_publisher_1>",
+    )
+    start = text.index("    <dpone_ingest_2>")
+    end = text.index("    </dpone_ingest_2>\n") + len("    </dpone_ingest_2>\n")
+    return text[:start] + text[end:]
+
+
+def test_verify_names_every_mistake_of_the_installation(tmp_path: Path) -> None:
+    for server in remote_server(tmp_path, ["ok_db"], tamper=_mistakes, identity=False):
+        chhttp.query(server["http_port"], "CREATE DATABASE mem_db ENGINE = Memory")
+        config = project_for(tmp_path, server, ["ok_db", "mem_db", "absent_db"])
+        done = dpone("pool", "verify", "--config", str(config), "--json")
+        found = json.loads(done.stdout)
+        assert done.returncode == 1 and not found["ok"]
+        by_code: dict[str, list[dict[str, Any]]] = {}
+        for problem in found["problems"]:
+            by_code.setdefault(problem["code"], []).append(problem)
+        assert [p["user"] for p in by_code["principal_login_failed"]] == ["dpone_ingest_2"]
+        differ = {p["user"]: p for p in by_code["principal_grants_differ"]}
+        # The server was rendered for ok_db only: every role's grants lack the other two
+        # databases, and publisher_1 has one grant more than its role.
+        assert "INSERT ON *.*" in differ["dpone_publisher_1"]["extra"]
+        assert all(not p["extra"] for user, p in differ.items() if user != "dpone_publisher_1")
+        assert [p["database"] for p in by_code["database_not_atomic"]] == ["mem_db"]
+        assert [p["database"] for p in by_code["database_missing"]] == ["absent_db"]
+        assert (
+            "CREATE DATABASE absent_db ENGINE = Atomic" in by_code["database_missing"][0]["message"]
+        )
+        (identity,) = by_code["identity_missing"]
+        assert (
+            identity["statement"] == "CREATE DATABASE IF NOT EXISTS _dpone_identity ENGINE = Atomic"
+        )
+
+
+def test_a_credentials_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    for server in remote_server(tmp_path, ["cred_db"]):
+        config = project_for(tmp_path, server, ["cred_db"])
+        os.chmod(server["credentials_file"], 0o644)
+        done = dpone("check", "--config", str(config), "--json")
+        problems = json.loads(done.stdout)["problems"]
+        assert done.returncode == 1
+        assert [p["code"] for p in problems if p["key"] == "clickhouse.host"] == [
+            "credentials_file_exposed"
+        ]
+        assert "chmod 600" in problems[-1]["message"]
