@@ -34,10 +34,10 @@ from dpone.ports.clickhouse_request import read
 from dpone.publication.server_access import ServerAccess
 from dpone.sql import quote_literal
 
-# The oldest server line dpone supports: the long-term-support line its suite runs on
-# besides the newest (Time and Time64, which SQL Server's time(n) maps to, exist only
-# from 25.6; the session drain gate, EXCHANGE TABLES and the query log columns dpone
-# reads are older).
+# The oldest server line dpone accepts: the 26.3 long-term-support line. Time and Time64,
+# which SQL Server's time(n) maps to, exist only from 25.6; the session drain gate,
+# EXCHANGE TABLES and the query log columns dpone reads are older. The suite runs on
+# 26.9 (the managed server's engine); see docs/remote.md for what is proven where.
 MIN_SERVER_VERSION = (26, 3)
 REQUEST_SECONDS = 30.0
 _VERSION = "SELECT version() AS v"
@@ -118,8 +118,8 @@ def too_old_message(version: str, minimum: tuple[int, int]) -> str:
     oldest = ".".join(map(str, minimum))
     return (
         f"ClickHouse {version} is older than {oldest}, the oldest version dpone supports "
-        f"(Time and Time64 columns, which SQL Server's time(n) maps to, need 25.6; dpone is "
-        f"tested from {oldest}); upgrade the server"
+        f"(Time and Time64 columns, which SQL Server's time(n) maps to, need 25.6, and "
+        f"{oldest} is the oldest long-term-support line dpone accepts); upgrade the server"
     )
 
 
