@@ -124,6 +124,8 @@ def test_a_remote_server_is_named_by_host_ports_and_a_credentials_file() -> None
     assert (remote.host, remote.http_port, remote.tcp_port) == ("ch.example.com", 8443, 9440)
     assert remote.ca_file == Path("/p/ca.pem") and remote.credentials_file == Path("/p/pool.json")
     assert remote.trusted_writers == ("admin",)
+    # A network between dpone and the server: closure's margin defaults one second wider.
+    assert project.publication.session_margin_seconds == 3.0
     assert project.server_arguments() == ["--config", "/p/dpone.toml"]
     endpoint = project.clickhouse.access.endpoint("sales")
     assert (endpoint.secure, endpoint.ca_file, endpoint.describe()) == (

@@ -44,7 +44,11 @@ from dpone.project.config_reader import (
     one_of,
 )
 from dpone.publication.server_access import RemoteServer, ServerAccess
-from dpone.publication.settings import SETTINGS, PublicationSettings
+from dpone.publication.settings import (
+    REMOTE_SESSION_MARGIN_SECONDS,
+    SETTINGS,
+    PublicationSettings,
+)
 from dpone.staging.composition import TRANSPORTS
 from dpone.staging.contract import PhysicalDesign
 
@@ -300,7 +304,7 @@ class _Reader(TomlReader):
             check=lambda v: None if 1 <= v <= MAX_JOBS else f"must be between 1 and {MAX_JOBS}",
         )
         clickhouse = self.clickhouse(top.get("clickhouse", {}))
-        publication = self.publication(top.get("publication", {}))
+        publication = self.publication(top.get("publication", {}), clickhouse.remote is not None)
         sources = {
             name: source
             for name, raw in self.named(top, "sources").items()
@@ -400,10 +404,17 @@ class _Reader(TomlReader):
             host, http_port, tcp_port, credentials, secure, ca_file, tuple(trusted or ())
         )
 
-    def publication(self, raw: Any) -> PublicationSettings:
+    def publication(self, raw: Any, remote: bool) -> PublicationSettings:
         path = ("publication",)
         table = self.section(raw, path, tuple(SETTINGS), {})
-        got = {k: self.get(table, path, k, t, d, check=c) for k, (t, d, c) in SETTINGS.items()}
+        defaults = {k: d for k, (_, d, _) in SETTINGS.items()}
+        if remote:
+            # A network, not loopback, between this host and the server: a wider margin.
+            defaults["session_margin_seconds"] = REMOTE_SESSION_MARGIN_SECONDS
+        got = {
+            k: self.get(table, path, k, t, defaults[k], check=c)
+            for k, (t, _, c) in SETTINGS.items()
+        }
         return PublicationSettings(**got)
 
     def preparation(self, table: Mapping[str, Any], path: tuple[str, ...]) -> str:

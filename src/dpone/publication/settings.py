@@ -22,6 +22,12 @@ class PublicationSettings:
     session_margin_seconds: float = SESSION_MARGIN_SECONDS
 
 
+# The margin's default for a remote server: the loopback default (372 was reliable from
+# T + 2 s, measured) and a second for a network's delays between the answer dpone
+# records and the server's own clock of the session.
+REMOTE_SESSION_MARGIN_SECONDS = SESSION_MARGIN_SECONDS + 1.0
+
+
 def check_timeout(value: int) -> str | None:
     """Why a ``session_timeout_seconds`` is refused (None: accepted)."""
     return None if 1 <= value <= 3600 else "must be between 1 and 3600"
