@@ -27,8 +27,10 @@ def status(config_path: Path, as_json: bool) -> None:
             emit_json({"ok": not found.needs_person, **found.to_dict()})
         else:
             if not found.server_running:
+                where = project.clickhouse.access
                 click.echo(
-                    f"the managed server on {project.clickhouse.data_dir} is not running "
+                    f"{where.describe()} is "
+                    f"{'not running' if where.managed else 'not reachable'} "
                     "(rollback copies unknown)"
                 )
             for target in found.targets:

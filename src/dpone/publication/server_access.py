@@ -115,11 +115,13 @@ class ServerAccess:
 
 def server_reachable(access: ServerAccess) -> bool:
     """Whether the server answers now: the managed one runs, or a remote one answers
-    ``SELECT 1`` to its operator (any failure, a refused login included, is no)."""
+    ``SELECT 1`` to its operator (a failure to reach it, a refused login included, is
+    no; a credentials file that cannot be used raises)."""
     if access.remote is None:
         return find_running(access.data_dir) is not None
+    login = access.operator()  # a missing or exposed credentials file is said, not hidden
     try:
-        HttpTransport(access.endpoint("system"), access.operator()).execute(
+        HttpTransport(access.endpoint("system"), login).execute(
             read("SELECT 1", f"dpone-status-reach-{time.time_ns()}"),
             deadline=time.monotonic() + REACH_SECONDS,
         )
