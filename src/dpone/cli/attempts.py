@@ -148,14 +148,7 @@ def _echo_attempt(a: AttemptSummary, command: str | None) -> None:
 @attempts.command("cleanup")
 @click.argument("attempt_id")
 @work_dir_option
-@click.option(
-    "--store",
-    "store_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=DEFAULT_STORE,
-    show_default=True,
-    help="The publication store holding the attempt's ingest lease (ended).",
-)
+@store_option
 @server_options
 @json_option
 def attempts_cleanup(
@@ -186,14 +179,7 @@ def attempts_cleanup(
 @attempts.command("discard")
 @click.argument("attempt_id")
 @work_dir_option
-@click.option(
-    "--store",
-    "store_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=DEFAULT_STORE,
-    show_default=True,
-    help="The publication store holding the attempt's ingest lease (ended).",
-)
+@store_option
 @server_options
 @json_option
 def attempts_discard(
