@@ -6,7 +6,9 @@ second CA that signed nothing the terminator serves (a wrong CA). Three services
 
 - ``https``: HTTPS to the HTTP port, with the valid certificate;
 - ``https_expired``: HTTPS to the HTTP port, with the expired certificate;
-- ``native``: TLS to the native port (the client transport's ``--secure``).
+- ``native``: TLS to the native port (the client transport's ``--secure``);
+- ``https_other_host`` and ``native_other_host``: the same two with a certificate the
+  test CA signed for another host name (``other.example``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-SERVICES = ("https", "https_expired", "native")
+SERVICES = ("https", "https_expired", "native", "https_other_host", "native_other_host")
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,12 @@ def make_certificates(root: Path) -> None:
         cwd=root,
     )
     (root / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    for name, days in (("server", "2"), ("expired", "-1")):
+    (root / "other.ext").write_text("subjectAltName=DNS:other.example\n")
+    for name, days, ext in (
+        ("server", "2", "san.ext"),
+        ("expired", "-1", "san.ext"),
+        ("other", "2", "other.ext"),
+    ):
         _openssl(
             "x509",
             "-req",
@@ -88,7 +95,7 @@ def make_certificates(root: Path) -> None:
             "-days",
             days,
             "-extfile",
-            "san.ext",
+            ext,
             cwd=root,
         )
 
@@ -114,8 +121,20 @@ def tls_terminator(root: Path, http_port: int, tcp_port: int) -> Iterator[Termin
     root.mkdir(parents=True, exist_ok=True)
     make_certificates(root)
     ports = {name: _free_port() for name in SERVICES}
-    backends = {"https": http_port, "https_expired": http_port, "native": tcp_port}
-    certs = {"https": "server.pem", "https_expired": "expired.pem", "native": "server.pem"}
+    backends = {
+        "https": http_port,
+        "https_expired": http_port,
+        "native": tcp_port,
+        "https_other_host": http_port,
+        "native_other_host": tcp_port,
+    }
+    certs = {
+        "https": "server.pem",
+        "https_expired": "expired.pem",
+        "native": "server.pem",
+        "https_other_host": "other.pem",
+        "native_other_host": "other.pem",
+    }
     sections = "".join(
         f"[{name}]\naccept = 127.0.0.1:{ports[name]}\nconnect = 127.0.0.1:{backends[name]}\n"
         f"cert = {root / certs[name]}\nkey = {root / 'server.key'}\n"

@@ -39,6 +39,7 @@ def tls_project(
     target: str,
     *,
     http_port: int | None = None,
+    tcp_port: int | None = None,
     ca_file: Path | None = None,
     transport: str = "http",
 ) -> Path:
@@ -49,7 +50,7 @@ def tls_project(
         "[clickhouse]\n"
         'host = "127.0.0.1"\nsecure = true\n'
         f"http_port = {http_port or tls.ports['https']}\n"
-        f"tcp_port = {tls.ports['native']}\n"
+        f"tcp_port = {tcp_port or tls.ports['native']}\n"
         f'ca_file = "{ca_file or tls.ca_file}"\n'
         f'credentials_file = "{server["credentials_file"]}"\n'
         'trusted_writers = ["dpone_admin"]\n'
@@ -91,6 +92,38 @@ def test_refresh_status_and_rollback_over_https(
     code, undone = run(config, "rollback", "items")
     assert code == 0 and undone["outcome"] == "published", undone
     assert [r[0] for r in target_rows(server["http_port"], "t_tls")] == list(range(1, 13))
+
+
+def test_a_certificate_for_another_host_is_refused_by_both_transports(
+    tmp_path: Path, served: tuple[dict[str, Any], Terminator], clickhouse_client: str
+) -> None:
+    server, tls = served
+    make_source(tmp_path / "shop.db", rows_of(4))
+    http = tls_project(tmp_path, served, "t_other_http", http_port=tls.ports["https_other_host"])
+    code, refused = run(http, "refresh", "--all")
+    assert code == 1 and refused["tables"][0]["error"]["code"] == "tls_certificate_refused"
+    assert "mismatch" in refused["tables"][0]["error"]["message"], refused
+    # The client transport: HTTP reaches the right certificate, the native port another
+    # host's; the stage must refuse it (the certificate's name is checked, not only its CA).
+    client = tls_project(
+        tmp_path,
+        served,
+        "t_other_client",
+        transport="client",
+        tcp_port=tls.ports["native_other_host"],
+    )
+    code, report = run(client, "refresh", "--all")
+    table = report["tables"][0]
+    assert code == 1 and table["outcome"] != "published", report
+    assert table["phase"] == "stage" and "127.0.0.1" in table["error"]["message"], table
+    assert (
+        chhttp.query(
+            server["http_port"],
+            f"SELECT count() FROM system.tables WHERE database = '{DATABASE}' "
+            "AND name IN ('t_other_http', 't_other_client')",
+        )
+        == "0\n"
+    )
 
 
 def test_the_client_transport_speaks_tls_to_the_native_port(

@@ -541,12 +541,17 @@ def client_config(
     try:
         os.fchmod(fd, 0o600)  # reachable only through /proc by this user anyway; say so
         # With --secure the client verifies the server's certificate (strict) against
-        # ca_file, or without one against the system's trust store.
+        # ca_file, or without one against the system's trust store; extendedVerification
+        # makes it check that the certificate names the host (Poco skips that otherwise),
+        # and a refused certificate is rejected, never accepted after a prompt.
         tls = (
             ""
             if not secure
             else (
                 "<openSSL><client><verificationMode>strict</verificationMode>"
+                "<extendedVerification>true</extendedVerification>"
+                "<invalidCertificateHandler><name>RejectCertificateHandler</name>"
+                "</invalidCertificateHandler>"
                 + (f"<caConfig>{escape(ca_file)}</caConfig>" if ca_file else "")
                 + "<loadDefaultCAFile>"
                 + ("false" if ca_file else "true")
