@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -162,11 +163,14 @@ def test_verify_names_every_mistake_of_the_installation(tmp_path: Path) -> None:
         for problem in found["problems"]:
             by_code.setdefault(problem["code"], []).append(problem)
         assert [p["user"] for p in by_code["principal_login_failed"]] == ["dpone_ingest_2"]
-        differ = {p["user"]: p for p in by_code["principal_grants_differ"]}
-        # The server was rendered for ok_db only: every role's grants lack the other two
-        # databases, and publisher_1 has one grant more than its role.
-        assert "INSERT ON *.*" in differ["dpone_publisher_1"]["extra"]
-        assert all(not p["extra"] for user, p in differ.items() if user != "dpone_publisher_1")
+        # The installation protects ok_db only: grants are judged over it, so only
+        # publisher_1's one grant more than its role differs; the other two databases
+        # are named as not protected, with a render that keeps ok_db protected.
+        (differ,) = by_code["principal_grants_differ"]
+        assert differ["user"] == "dpone_publisher_1" and differ["extra"] == ["INSERT ON *.*"]
+        unprotected = {p["database"]: p["message"] for p in by_code["database_not_protected"]}
+        assert sorted(unprotected) == ["absent_db", "mem_db"]
+        assert "--protect ok_db --protect mem_db" in unprotected["mem_db"]
         assert [p["database"] for p in by_code["database_not_atomic"]] == ["mem_db"]
         assert [p["database"] for p in by_code["database_missing"]] == ["absent_db"]
         assert (
@@ -189,3 +193,47 @@ def test_a_credentials_file_others_can_read_is_refused(tmp_path: Path) -> None:
             "credentials_file_exposed"
         ]
         assert "chmod 600" in problems[-1]["message"]
+
+
+def test_a_project_over_some_of_the_protected_databases_verifies(tmp_path: Path) -> None:
+    for server in remote_server(tmp_path, ["one_db", "two_db"]):
+        config = project_for(tmp_path, server, ["one_db"])
+        done = dpone("pool", "verify", "--config", str(config), "--json")
+        assert done.returncode == 0 and json.loads(done.stdout)["ok"], done.stdout
+
+
+def _extra_grant(text: str) -> str:
+    return text.replace(
+        "<query>GRANT TABLE ENGINE ON MergeTree</query>\n      </grants>\n    </dpone_publisher_2>",
+        "<query>GRANT TABLE ENGINE ON MergeTree</query>\n        <query>GRANT ALTER ON *.*"
+        "</query>\n      </grants>\n    </dpone_publisher_2>",
+    )
+
+
+def test_every_refresh_proves_the_installation_again(tmp_path: Path) -> None:
+    for server in remote_server(tmp_path, ["run_db"], tamper=_extra_grant):
+        with sqlite3.connect(tmp_path / "shop.db") as conn:
+            conn.execute("CREATE TABLE items (id bigint NOT NULL)")
+            conn.execute("INSERT INTO items VALUES (1)")
+        conn.close()
+        config = project_for(tmp_path, server, ["run_db"])
+        config.write_text(config.read_text() + 'order_by = "id"\n')
+        done = dpone("refresh", "--all", "--config", str(config), "--json")
+        table = json.loads(done.stdout)["tables"][0]
+        assert done.returncode == 1 and table["phase"] == "check", table
+        assert table["error"]["code"] == "principal_grants_differ", table
+        assert "dpone_publisher_2" in table["error"]["message"]
+        assert table["error"]["details"]["next_command"].startswith("dpone pool verify --config")
+        assert table["rows"] is None and table["journal"] is None
+        assert (
+            chhttp.query(
+                server["http_port"], "SELECT count() FROM system.tables WHERE database = 'run_db'"
+            )
+            == "0\n"
+        )
+        # A target database the installation does not protect: the render it names keeps
+        # the protected one.
+        other = project_for(tmp_path, server, ["new_db"])
+        done = dpone("refresh", "--all", "--config", str(other), "--json")
+        error = json.loads(done.stdout)["tables"][0]["error"]
+        assert "--protect run_db --protect new_db" in error["message"], error

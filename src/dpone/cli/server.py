@@ -15,7 +15,7 @@ from types import FrameType
 import click
 
 from dpone.cli.output import echo_warnings, emit_json, json_option, reported_errors
-from dpone.connectors.clickhouse_client import client_config
+from dpone.connectors.clickhouse_client_config import client_config
 from dpone.errors import LocalServerError
 from dpone.localserver import (
     LocalServer,

@@ -24,12 +24,11 @@ import re
 import selectors
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO, NoReturn
-from xml.sax.saxutils import escape
 
+from dpone.connectors.clickhouse_client_config import client_config
 from dpone.errors import ConfigurationError, DeadlineError, DponeError
 from dpone.ports.clickhouse_errors import (
     ClickHouseServerError,
@@ -523,53 +522,6 @@ class ClientTransport:
 
     def _where(self) -> str:
         return f"{self.endpoint.host}:{self.endpoint.tcp_port}"
-
-
-@contextmanager
-def client_config(
-    credentials: Credentials, *, secure: bool = False, ca_file: str | None = None
-) -> Iterator[tuple[str, int]]:
-    """clickhouse-client's configuration holding ``credentials``: ``(path, fd)``.
-
-    The configuration lives in an anonymous memory file (``memfd_create``): it has no
-    name in any file system, so nothing holding the password is left behind whatever
-    ends dpone (SIGKILL included); it is gone once the last process holding it exits.
-    The child reads it as ``/dev/fd/N`` (pass ``fd`` with ``pass_fds``): the Debian
-    clickhouse-client 18.16 accepts that path, any extension is not needed.
-    """
-    fd = os.memfd_create("dpone-client-config", os.MFD_CLOEXEC)
-    try:
-        os.fchmod(fd, 0o600)  # reachable only through /proc by this user anyway; say so
-        # With --secure the client verifies the server's certificate (strict) against
-        # ca_file, or without one against the system's trust store; extendedVerification
-        # makes it check that the certificate names the host (Poco skips that otherwise),
-        # and a refused certificate is rejected, never accepted after a prompt.
-        tls = (
-            ""
-            if not secure
-            else (
-                "<openSSL><client><verificationMode>strict</verificationMode>"
-                "<extendedVerification>true</extendedVerification>"
-                "<invalidCertificateHandler><name>RejectCertificateHandler</name>"
-                "</invalidCertificateHandler>"
-                + (f"<caConfig>{escape(ca_file)}</caConfig>" if ca_file else "")
-                + "<loadDefaultCAFile>"
-                + ("false" if ca_file else "true")
-                + "</loadDefaultCAFile></client></openSSL>"
-            )
-        )
-        data = memoryview(
-            (
-                f"<config><user>{escape(credentials.user)}</user>"
-                f"<password>{escape(credentials.password)}</password>{tls}</config>\n"
-            ).encode()
-        )
-        while data:
-            data = data[os.write(fd, data) :]
-        os.lseek(fd, 0, os.SEEK_SET)
-        yield f"/dev/fd/{fd}", fd
-    finally:
-        os.close(fd)
 
 
 def _open_spool(request: ClickHouseRequest) -> BinaryIO | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shlex
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,7 +36,7 @@ from dpone.project.config import Project, SourceConfig, TableConfig, resolve_sec
 from dpone.project.design_change import column_changes, describe_change
 from dpone.project.table_run import REQUEST_SECONDS, publication_for, snapshot_command
 from dpone.publication.composition import require_database, require_protected
-from dpone.publication.pool_verify import require_server_version
+from dpone.publication.pool_verify import require_server_version, verify_pool
 from dpone.publication.publisher.prepare import refuse_side_effects
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.sql import quote_literal
@@ -89,6 +90,8 @@ class RefreshChecks:
         """
         access = self.project.clickhouse.access
         require_server_version(access)
+        if not access.managed:
+            self._installation(table)
         require_database(access, table.database)
         require_protected(access, table.database)
         if not self.project.store.exists():
@@ -116,6 +119,24 @@ class RefreshChecks:
                     state=summary.state,
                     next_command=command,
                 )
+
+    def _installation(self, table: TableConfig) -> None:
+        """On a remote server, the pool's installation as ``dpone pool verify`` proves it
+        (exact grants, logins, database, identity), again at every run: its operator,
+        not dpone, controls it. The first problem's code refuses the run, all are named."""
+        found = verify_pool(self.project.clickhouse.access, [table.database])
+        if found.ok:
+            return
+        command = shlex.join(["dpone", "pool", "verify", "--config", str(self.project.path)])
+        first = found.problems[0]
+        raise ConfigurationError(
+            f"the pool installed on {found.server} is not what dpone needs: "
+            + "; ".join(p["message"] for p in found.problems)
+            + f" (`{command}` lists each problem)",
+            code=str(first["code"]),
+            problems=found.problems,
+            next_command=command,
+        )
 
     def _no_store_yet(self, table: TableConfig) -> None:
         """No store: refused (``store_missing``) when the target carries dpone's mark.

@@ -57,6 +57,7 @@ from dpone.publication.executor import (
     ClickHouseSnapshotExecutor,
 )
 from dpone.publication.lease_scope import lease_scope
+from dpone.publication.pool_verify import protected_databases, render_command
 from dpone.publication.principal_issuers import LocalPoolIssuer, observe_user_ids
 from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
 from dpone.publication.retained import recorded_table_uuids, recorded_target_names
@@ -175,8 +176,9 @@ def _pool_command(access: ServerAccess, also: tuple[str, ...] = ()) -> str:
     """The command that gives the server its pool (over ``also`` too)."""
     if access.managed:
         return restart_commands(access.data_dir, also=also)
-    protect = " ".join(f"--protect {d}" for d in also) or "--protect DB"
-    return f"dpone pool render {protect} --out dpone-users.xml --credentials FILE"
+    # Every database the installed pool protects now, and the new ones: a users file
+    # over fewer would take the grants of the others away.
+    return render_command((*(protected_databases(access) or ()), *also) or ("DB",))
 
 
 def pool_remedy(access: ServerAccess, also: tuple[str, ...] = ()) -> str:

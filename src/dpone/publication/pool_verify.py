@@ -29,6 +29,7 @@ from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.endpoint_identity import IDENTITY_CREATE, IDENTITY_DATABASE, NIL_UUID
 from dpone.errors import ConfigurationError, DponeError
 from dpone.localserver.pool_file import KEEPER_USER, remote_grants, remote_role, remote_users
+from dpone.localserver.principal_pool import publisher_users
 from dpone.ports.clickhouse_errors import NotSubmitted, TransportDeadline
 from dpone.ports.clickhouse_request import read
 from dpone.publication.server_access import ServerAccess
@@ -72,6 +73,36 @@ class PoolVerification:
             "principals": self.principals,
             "problems": self.problems,
         }
+
+
+def render_command(databases: Sequence[str]) -> str:
+    """The ``dpone pool render`` that protects ``databases`` (to a new credentials file,
+    switched to once the users file is installed, as a rotation)."""
+    protect = " ".join(f"--protect {d}" for d in dict.fromkeys(databases))
+    return f"dpone pool render {protect} --out dpone-users.xml --credentials NEW_FILE"
+
+
+def protected_databases(access: ServerAccess) -> tuple[str, ...] | None:
+    """The databases the installed pool protects, read from the publishers' own grants
+    (``INSERT`` on ``DB.*``, over all of them: one given a wider grant by mistake shows
+    the narrower ones subsumed); None when no publisher can sign in."""
+    credentials = access.known_credentials()
+    found: set[str] | None = None
+    for user in publisher_users():
+        try:
+            grants = _rows(
+                HttpTransport(access.endpoint("system"), credentials[user]),
+                "SHOW GRANTS",
+                "db",
+                "g",
+            )
+        except DponeError:
+            continue
+        pairs = grant_pairs([str(r["g"]) for r in grants])
+        found = (found or set()) | {
+            on[:-2] for priv, on in pairs if priv == "INSERT" and on.endswith(".*") and on != "*.*"
+        }
+    return None if found is None else tuple(sorted(found))
 
 
 def grant_pairs(statements: Sequence[str]) -> set[tuple[str, str]]:
@@ -144,6 +175,21 @@ def verify_pool(access: ServerAccess, databases: Sequence[str]) -> PoolVerificat
         return found
     except DponeError:
         pass  # reached: the keeper's own login is judged with the others below
+    protected = protected_databases(access)
+    for database in databases:
+        if protected is not None and database not in protected:
+            found.problems.append(
+                {
+                    "code": "database_not_protected",
+                    "database": database,
+                    "message": f"the pool installed on {access.describe()} does not protect "
+                    f"{database}: render it again with every database it protects and this "
+                    f"one (`{render_command((*protected, database))}`) and install it",
+                }
+            )
+    # Each role's grants are judged over what the installation protects, which may be
+    # more databases than this project publishes into.
+    over = protected if protected else tuple(databases)
     for user in remote_users():
         role = remote_role(user)
         assert role is not None
@@ -161,7 +207,15 @@ def verify_pool(access: ServerAccess, databases: Sequence[str]) -> PoolVerificat
             )
             continue
         entry["authenticated"] = rows == [{"who": user}]
-        have, want = grant_pairs(grants), grant_pairs(remote_grants(role, databases))
+        if not entry["authenticated"]:
+            found.problems.append(
+                {
+                    "code": "principal_login_failed",
+                    "user": user,
+                    "message": f"signed in as {user}, the server says the user is {rows}",
+                }
+            )
+        have, want = grant_pairs(grants), grant_pairs(remote_grants(role, over))
         entry["grants_exact"] = have == want
         if have != want:
             found.problems.append(
