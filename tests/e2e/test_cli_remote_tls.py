@@ -156,11 +156,12 @@ def test_an_untrusted_or_plain_endpoint_is_refused_before_any_work(
 ) -> None:
     server, tls = served
     make_source(tmp_path / "shop.db", rows_of(3))
-    options: dict[str, Any] = {
+    choices: dict[str, dict[str, Any]] = {
         "wrong_ca": {"ca_file": tls.wrong_ca_file},
         "expired": {"http_port": tls.ports["https_expired"]},
         "plain_port": {"http_port": server["http_port"]},
-    }[case]
+    }
+    options = choices[case]
     config = tls_project(tmp_path, served, f"t_refused_{case}", **options)
     exit_code, checked = run(config, "check")
     assert exit_code == 1
