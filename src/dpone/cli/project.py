@@ -144,14 +144,14 @@ def reachability(project: Project) -> list[dict[str, Any]]:
         for database in project.databases:
             if pool_protects(access, database):
                 continue
+            remedy, _ = pool_remedy(access, (database,))
             for table in project.tables.values():
                 if table.database == database:
                     problems.append(
                         {
                             "key": f"tables.{table.name}.target",
                             "code": "database_not_protected",
-                            "message": f"{access.describe()} does not protect {database}: "
-                            f"{pool_remedy(access, (database,))}",
+                            "message": f"{access.describe()} does not protect {database}: {remedy}",
                         }
                     )
     except DponeError as exc:

@@ -89,9 +89,10 @@ class RefreshChecks:
         (``slot_blocked``, with the command that resolves it).
         """
         access = self.project.clickhouse.access
-        require_server_version(access)
-        if not access.managed:
-            self._installation(table)
+        if access.managed:
+            require_server_version(access)
+        else:
+            self._installation(table)  # the version among the rest of the installation
         require_database(access, table.database)
         require_protected(access, table.database)
         if not self.project.store.exists():

@@ -162,12 +162,12 @@ def pool_credentials(server: ServerAccess | Path) -> dict[str, Credentials]:
     known = access.known_credentials()
     missing = [name for name in (CATALOG_USER, CLOSER_USER, *pool_names()) if name not in known]
     if missing:
+        remedy, command = pool_remedy(access)
         raise ConfigurationError(
-            f"{access.describe()} has no publication pool ({', '.join(missing[:3])}...): "
-            f"{pool_remedy(access)}",
+            f"{access.describe()} has no publication pool ({', '.join(missing[:3])}...): {remedy}",
             code="pool_missing",
             missing=missing,
-            next_command=_pool_command(access),
+            next_command=command,
         )
     return known
 
@@ -181,13 +181,16 @@ def _pool_command(access: ServerAccess, also: tuple[str, ...] = ()) -> str:
     return render_command((*(protected_databases(access) or ()), *also) or ("DB",))
 
 
-def pool_remedy(access: ServerAccess, also: tuple[str, ...] = ()) -> str:
-    """What gives the server its pool over ``also`` (a restart, or a render to install)."""
+def pool_remedy(access: ServerAccess, also: tuple[str, ...] = ()) -> tuple[str, str]:
+    """What gives the server its pool over ``also`` (a restart, or a render to install),
+    in words and as the one command (reading what a remote pool protects once)."""
+    command = _pool_command(access, also)
     if access.managed:
-        return f"restart it with `{_pool_command(access, also)}`"
+        return f"restart it with `{command}`", command
     return (
-        f"render it with `{_pool_command(access, also)}`, have the operator install the users "
-        "file in the server's users.d, and point credentials_file at the credentials file"
+        f"render it with `{command}`, have the operator install the users file in the "
+        "server's users.d, and point credentials_file at the credentials file",
+        command,
     )
 
 
@@ -238,14 +241,15 @@ def require_protected(server: ServerAccess | Path, database: str) -> None:
         access, f"system.databases WHERE name = {quote_literal(database)}", "database"
     )
     what = "the managed server" if access.managed else access.describe()
+    remedy, command = pool_remedy(access, (database,))
     raise ConfigurationError(
         f"{what} does not protect database {database!r}"
         f"{'' if exists else ' (which does not exist yet)'}: its publication pool has no "
-        f"grants there; {pool_remedy(access, (database,))}",
+        f"grants there; {remedy}",
         code="database_not_protected",
         database=database,
         database_exists=exists,
-        next_command=_pool_command(access, (database,)),
+        next_command=command,
     )
 
 

@@ -19,6 +19,7 @@ about; nothing is changed on the server.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Sequence
@@ -87,22 +88,35 @@ def protected_databases(access: ServerAccess) -> tuple[str, ...] | None:
     (``INSERT`` on ``DB.*``, over all of them: one given a wider grant by mistake shows
     the narrower ones subsumed); None when no publisher can sign in."""
     credentials = access.known_credentials()
-    found: set[str] | None = None
+    read_grants: dict[str, list[str]] = {}
     for user in publisher_users():
-        try:
-            grants = _rows(
-                HttpTransport(access.endpoint("system"), credentials[user]),
-                "SHOW GRANTS",
-                "db",
-                "g",
+        with contextlib.suppress(DponeError):
+            read_grants[user] = _grants(
+                HttpTransport(access.endpoint("system"), credentials[user]), user
             )
-        except DponeError:
-            continue
-        pairs = grant_pairs([str(r["g"]) for r in grants])
-        found = (found or set()) | {
-            on[:-2] for priv, on in pairs if priv == "INSERT" and on.endswith(".*") and on != "*.*"
-        }
-    return None if found is None else tuple(sorted(found))
+    return _protected_by(read_grants)
+
+
+def _protected_by(grants: dict[str, list[str]]) -> tuple[str, ...] | None:
+    """What the publishers' grants (by user, those that could be read) protect."""
+    read = [g for user, g in grants.items() if user in publisher_users()]
+    if not read:
+        return None
+    pairs = grant_pairs([statement for statements in read for statement in statements])
+    return tuple(
+        sorted(
+            {
+                on[:-2]
+                for priv, on in pairs
+                if priv == "INSERT" and on.endswith(".*") and on != "*.*"
+            }
+        )
+    )
+
+
+def _grants(transport: HttpTransport, user: str) -> list[str]:
+    """``SHOW GRANTS`` as the transport's user."""
+    return [str(r["g"]) for r in _rows(transport, "SHOW GRANTS", f"grants-{user}", "g")]
 
 
 def grant_pairs(statements: Sequence[str]) -> set[tuple[str, str]]:
@@ -175,7 +189,20 @@ def verify_pool(access: ServerAccess, databases: Sequence[str]) -> PoolVerificat
         return found
     except DponeError:
         pass  # reached: the keeper's own login is judged with the others below
-    protected = protected_databases(access)
+    # Every principal signs in once: its identity and grants, or why it could not.
+    signed: dict[str, tuple[list[dict[str, Any]], list[str]]] = {}
+    for user in remote_users():
+        transport = HttpTransport(access.endpoint("system"), credentials[user])
+        try:
+            signed[user] = (
+                _rows(transport, "SELECT currentUser() AS who", f"who-{user}"),
+                _grants(transport, user),
+            )
+        except DponeError as exc:
+            found.problems.append(
+                {"code": "principal_login_failed", "user": user, "message": exc.message}
+            )
+    protected = _protected_by({user: grants for user, (_, grants) in signed.items()})
     for database in databases:
         if protected is not None and database not in protected:
             found.problems.append(
@@ -193,19 +220,12 @@ def verify_pool(access: ServerAccess, databases: Sequence[str]) -> PoolVerificat
     for user in remote_users():
         role = remote_role(user)
         assert role is not None
-        login = credentials[user]
-        transport = HttpTransport(access.endpoint("system"), login)
         entry: dict[str, Any] = {"user": user, "role": role}
         found.principals.append(entry)
-        try:
-            rows = _rows(transport, "SELECT currentUser() AS who", f"who-{user}")
-            grants = [str(r["g"]) for r in _rows(transport, "SHOW GRANTS", f"grants-{user}", "g")]
-        except DponeError as exc:
+        if user not in signed:
             entry["authenticated"] = False
-            found.problems.append(
-                {"code": "principal_login_failed", "user": user, "message": exc.message}
-            )
             continue
+        rows, grants = signed[user]
         entry["authenticated"] = rows == [{"who": user}]
         if not entry["authenticated"]:
             found.problems.append(
