@@ -33,7 +33,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     data_dir = tmp_path_factory.mktemp("stop-ch") / "ch"
     started = dpone("server", "start", "--protect", DATABASE, "--data-dir", str(data_dir), "--json")
     assert started.returncode == 0, started.stdout + started.stderr
-    info = {**as_json(started), "data_dir": data_dir}
+    info = {**as_json(started), "data_dir": data_dir, "kind": "managed"}
     try:
         yield info
     finally:
