@@ -2,6 +2,7 @@
 
 Usage: python -m bench.refresh [--rows 1000000] [--ten-million] [--keep DIR]
        python -m bench.refresh --many-tables
+       python -m bench.refresh --peer dlt [--runs 3] [--peer-venv DIR] [--rows ...]
 
 Generates a SQLite source (mixed types: bigint, int, nvarchar with tabs, newlines and
 backslashes, decimal, datetime2(7), uniqueidentifier, nullable varbinary), starts a
@@ -17,6 +18,10 @@ the same run:
   structure, and ``EXCHANGE TABLES`` with a copy of the target. No validation, no
   exact conversion, no counts, no proof.
 
+With ``--peer dlt``, instead of the baseline: dlt's fastest full replace of the same
+table into the same server, alternating with ``dpone refresh``, and the fidelity of
+both targets against the source (:mod:`bench.peer_dlt`; dlt lives in a venv of its own).
+
 Peak memory is the largest sum of resident memory over the child's process tree,
 sampled every 50 ms (the managed server is a separate process, not counted). The
 machine may be shared: the figures are one run's, not a controlled measurement.
@@ -25,6 +30,7 @@ machine may be shared: the figures are one run's, not a controlled measurement.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import http.client
 import json
 import os
@@ -132,10 +138,14 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
-def run_measured(argv: list[str]) -> tuple[float, float, subprocess.CompletedProcess[bytes]]:
+def run_measured(
+    argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+) -> tuple[float, float, subprocess.CompletedProcess[bytes]]:
     """Run ``argv``; its wall seconds, the peak RSS (MiB) of its tree, and its result."""
     started = time.perf_counter()
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd
+    )
     peak = [0]
     stop = threading.Event()
 
@@ -242,6 +252,15 @@ def main() -> None:
         help="The many-small-tables case instead: 20 tables of 1,000 rows with --jobs 4 "
         "against one such table (bench.many_tables, with its defaults and --sequential).",
     )
+    parser.add_argument(
+        "--peer",
+        choices=["dlt"],
+        help="Compare with a peer tool instead of the baseline (bench.peer_dlt).",
+    )
+    parser.add_argument("--runs", type=int, default=3, help="With --peer: timed rounds.")
+    parser.add_argument(
+        "--peer-venv", type=Path, help="With --peer: its venv (default: under ~/.cache)."
+    )
     args = parser.parse_args()
     if args.child_export:
         child_export(*args.child_export)
@@ -253,15 +272,28 @@ def main() -> None:
             many_tables.measure(Path(tmp), 20, 1_000, 4, 3, sequential=True)
         return
     rows = 10_000_000 if args.ten_million else args.rows
+    peer = None
+    if args.peer:
+        from bench import peer_dlt  # imports this module: loaded only when asked
+
+        peer = PeerRequest(args.runs, args.peer_venv or peer_dlt.default_venv())
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
-        measure(args.keep, rows)
+        measure(args.keep, rows, peer)
     else:
         with tempfile.TemporaryDirectory(prefix="dpone-bench-refresh-") as tmp:
-            measure(Path(tmp), rows)
+            measure(Path(tmp), rows, peer)
 
 
-def measure(work: Path, rows: int) -> None:
+@dataclasses.dataclass(frozen=True)
+class PeerRequest:
+    """``--peer dlt``: how many timed rounds, and where dlt's venv is."""
+
+    runs: int
+    venv: Path
+
+
+def measure(work: Path, rows: int, peer: PeerRequest | None = None) -> None:
     data_dir = work / "ch"
     started = time.perf_counter()
     generate(work / "source.db", rows)
@@ -275,7 +307,8 @@ def measure(work: Path, rows: int) -> None:
         capture_output=True,
         check=True,
     )
-    port = json.loads(server.stdout)["http_port"]
+    info: dict[str, Any] = json.loads(server.stdout)
+    port = info["http_port"]
     try:
         config = work / "dpone.toml"
         config.write_text(
@@ -287,6 +320,12 @@ def measure(work: Path, rows: int) -> None:
         )
         first = refresh_once(config)
         print(f"first refresh (creates the target): {first['wall']:.1f}s", flush=True)
+        if peer is not None:
+            from bench.peer_dlt import measure_peer
+
+            credentials = admin_credentials(data_dir)
+            measure_peer(work, rows, config, info, credentials, peer.runs, peer.venv)
+            return
         second = refresh_once(config)
         base = baseline(work, port, admin_credentials(data_dir))
         report(rows, second, base)
