@@ -128,8 +128,12 @@ def test_a_held_insert_of_the_ingest_user_fails_after_prepare(rig: Rig) -> None:
     assert [(s["session_id"], s["answer"]) for s in facts["sessions"]] == [
         (ingest_session_id("gate-held"), 372)
     ]
-    # It waited from the last write's answer: at least T + margin minus what passed.
+    # The closure closed the session (the last write had answered) and waited for nothing.
     assert facts["scope"]["sessions"][0]["settled_at_us"] is not None
+    assert [(c["session_id"], c["answer"]) for c in facts["closes"]] == [
+        (ingest_session_id("gate-held"), "closed")
+    ]
+    assert facts["gate_wait_ms"] == 0
     assert store.closure_proven(store.get_lease(leased.lease_id))
 
 

@@ -219,12 +219,14 @@ def make_authority(
     *,
     policy: ClosurePolicy | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    endpoint: Endpoint | None = None,
 ) -> SnapshotAuthority:
+    """An authority over ``pool``; ``endpoint``: where its closes and probes go."""
     return SnapshotAuthority(
         registry=pool.registry,
         issuer=pool.issuer,
         closer=HttpTransport(pool.endpoint(), pool.credentials[CLOSER_USER]),
-        endpoint=pool.endpoint(),
+        endpoint=endpoint or pool.endpoint(),
         probe_credentials=pool.issuer.role_credentials,
         scope_of=lambda ref: scope_with(ref.lease_id, sessions.get(ref.lease_id, [])),
         dispatch_gate=gate,
@@ -513,16 +515,17 @@ def test_gate_proves_a_request_held_past_the_session_timeout_dead(
     assert "QueryStart" not in log_types(pool.port, exchange_query_id(intent.sha256))
 
 
-def test_gate_released_before_the_probe_is_not_proof(
+def test_a_request_held_less_than_t_and_released_after_the_close_fails(
     pool: Pool, tables: tuple[str, str], held: tuple[HoldingProxy, SnapshotIntent, IssuedPrincipal]
 ) -> None:
+    """The closure closes the session before it waits: a held EXCHANGE let through at the
+    closure's first pause, well within T of its session's last request, finds no session
+    (a closure that only waited let it run: 200, the tables swapped after closure began)."""
     proxy, intent, publisher = held
     generation, target = tables
     before = (uuid_of(pool.port, target), uuid_of(pool.port, generation))
 
     def sleep_releasing(seconds: float) -> None:
-        # The first wait of the closure lets the held EXCHANGE through while the
-        # session still lives: it runs after the closure began.
         if not proxy.release.is_set():
             proxy.release.set()
             assert proxy.answered.wait(60)
@@ -537,11 +540,50 @@ def test_gate_released_before_the_probe_is_not_proof(
         sleep=sleep_releasing,
     )
     proof = authority.close_principal(publisher.ref)
-    assert b"200 OK" in proxy.late_answers[0]
-    assert (uuid_of(pool.port, target), uuid_of(pool.port, generation)) == before[::-1]
-    assert not proof.proven
-    assert exchange_query_id(intent.sha256) in proof.facts["query_log"]["started_after_closure"]
-    assert "query_log_late_start" in proof.facts["unproven"]
+    assert proxy.release.is_set(), "the closure never paused"
+    assert b"Code: 372" in proxy.late_answers[0] and b"SESSION_NOT_FOUND" in proxy.late_answers[0]
+    assert (uuid_of(pool.port, target), uuid_of(pool.port, generation)) == before
+    assert proof.proven, proof.facts["unproven"]
+    assert [(c["session_id"], c["answer"]) for c in proof.facts["closes"]] == [(session, "closed")]
+    assert [g["answer"] for g in proof.facts["sessions"]] == [372]
+    assert proof.facts["gate_wait_ms"] == 0  # nothing left to wait out
+    assert "QueryStart" not in log_types(pool.port, exchange_query_id(intent.sha256))
+
+
+def test_a_close_without_an_answer_waits_the_session_out(
+    pool: Pool, tables: tuple[str, str], held: tuple[HoldingProxy, SnapshotIntent, IssuedPrincipal]
+) -> None:
+    """A close the closure gets no answer to (here a gateway answers for the server, which
+    never sees it) ends nothing it knows of: the closure falls back to T plus the margin,
+    from now (the held EXCHANGE may still run), and then proves the session gone."""
+    proxy, intent, publisher = held
+    generation, target = tables
+    before = (uuid_of(pool.port, target), uuid_of(pool.port, generation))
+    session = exchange_session_id(intent.sha256)
+    with HoldingProxy(
+        pool.port,
+        marker=b"close_session=1",
+        answer_marked=b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n",
+    ) as gateway:
+        authority = make_authority(
+            pool,
+            new_gate(),
+            {publisher.ref.lease_id: [session]},
+            policy=GATE_POLICY,
+            endpoint=pool.endpoint(gateway.port),
+        )
+        proof = authority.close_principal(publisher.ref)
+    assert proof.proven, proof.facts["unproven"]
+    [close] = proof.facts["closes"]
+    assert close["session_id"] == session and close["ended"] is False
+    assert close["answer"] != "closed"
+    window = GATE_POLICY.session_timeout + GATE_POLICY.session_margin_seconds
+    assert proof.facts["gate_wait_ms"] >= (window - 0.5) * 1000
+    assert [g["answer"] for g in proof.facts["sessions"]] == [372]
+    proxy.release.set()
+    assert proxy.answered.wait(60)
+    assert b"Code: 372" in proxy.late_answers[0]
+    assert (uuid_of(pool.port, target), uuid_of(pool.port, generation)) == before
 
 
 def test_closure_waits_for_a_dispatch_in_flight(pool: Pool, tables: tuple[str, str]) -> None:

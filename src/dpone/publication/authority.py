@@ -18,12 +18,14 @@ revoked while the server runs) acts on one lease, never on a bare user name (its
 2. ``KILL QUERY ... SYNC`` as the closer: every query of the user while this lease is
    the user's latest; only the lease's marked queries once the user was leased again;
 3. samples of ``system.processes`` for the user over a window (several, never one);
-4. the drain gate for each HTTP session of the lease: the session outlives its last
-   request by T, so the probe waits T plus a margin (the server's periodic sweep),
-   counted from the last request's recorded answer (from now when a request may still
-   be running); no wait when no session-opening note exists, because the executor
-   notes the opening under the gate after re-checking the lease this closure has
-   ended. The probe, with the principal's credentials (sessions are per user) and
+4. the drain gate for each HTTP session of the lease
+   (:mod:`dpone.publication.session_drain`): the session is closed first
+   (``close_session=1``, with the principal's credentials: sessions are per user), so
+   a request delayed in flight fails with 372 on arrival; only a session the close did
+   not end (373: a request holds it; no answer) is waited out, T plus a margin counted
+   from its last recorded answer (from now when a request may still be running). No
+   session-opening note means no session: the executor notes the opening under the
+   gate after re-checking the lease this closure has ended. The probe, with
    ``session_check=1``, must answer 372 SESSION_NOT_FOUND (nothing runs or can start
    in it); 373 or an open session is not proof, and a probe that finds the session
    open re-arms it for the full T again (checked), so a later closure waits again;
@@ -46,10 +48,8 @@ proof is appended to the store under the lease's step key
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,8 +59,7 @@ from dpone.contracts.composition_snapshot import QUERY_ID_PREFIX, SnapshotIntent
 from dpone.errors import DponeError
 from dpone.localserver.principal_pool import ROLE_INGEST, ROLE_PUBLISHER
 from dpone.ports.clickhouse import QueryPort
-from dpone.ports.clickhouse_errors import ClickHouseServerError
-from dpone.ports.clickhouse_request import Credentials, Endpoint, RequestKind, read
+from dpone.ports.clickhouse_request import Credentials, Endpoint, read
 from dpone.ports.composition_snapshot import (
     Admission,
     AttemptEpochs,
@@ -75,12 +74,10 @@ from dpone.ports.composition_snapshot import (
     SourceEvidence,
 )
 from dpone.publication.dispatch_gate import DispatchGate
-from dpone.publication.dispatch_notes import PROBE_OPEN, SessionUse
 from dpone.publication.executor import (
     SESSION_MARGIN_SECONDS,
     SESSION_TIMEOUT_SECONDS,
     TransportFactory,
-    session_request,
 )
 from dpone.publication.journal_evidence import (
     AuthorityError,
@@ -91,12 +88,10 @@ from dpone.publication.journal_evidence import (
 )
 from dpone.publication.lease_scope import LeaseScope
 from dpone.publication.principal_issuers import PrincipalIssuer
+from dpone.publication.session_drain import SESSION_NOT_FOUND, SessionDrain
 from dpone.publication.store.leases import CLOSURE_STEP, lease_step_key
 from dpone.sql import quote_literal
 from dpone.staging.journal import JournalEvent, read_events
-
-SESSION_NOT_FOUND = 372
-SESSION_IS_LOCKED = 373
 
 
 @dataclass(frozen=True)
@@ -153,6 +148,17 @@ class SnapshotAuthority:
         self._wall_clock = wall_clock
         self._note_step = note_step
         self._reads = 0
+        self._drain = SessionDrain(
+            endpoint,
+            probe_credentials,
+            transport_factory,
+            self._next_id,
+            self._deadline,
+            wall_clock,
+            self.policy.session_timeout,
+            self.policy.session_margin_seconds,
+            note_step,
+        )
 
     # ------------------------------------------------------------------ reopen
 
@@ -385,24 +391,10 @@ class SnapshotAuthority:
             )
         return proof
 
-    def gate_wait_seconds(self, scope: LeaseScope) -> float:
-        """How long from now until every opened session of ``scope`` has surely expired.
-
-        Each session's T is the longer of the policy's and the one its opening noted
-        (a staging run configured with a longer T than this closure's).
-        """
-        now_us = int(self._wall_clock() * 1_000_000)
-        waits = [
-            max(
-                0.0,
-                max(self.policy.session_timeout, s.session_timeout or 0)
-                + self.policy.session_margin_seconds
-                - (now_us - (s.settled_at_us or now_us)) / 1_000_000,
-            )
-            for s in scope.sessions
-            if s.opened
-        ]
-        return max(waits, default=0.0)
+    def gate_wait_seconds(self, scope: LeaseScope, ended: Collection[str] = ()) -> float:
+        """How long from now until every opened session of ``scope`` not in ``ended``
+        (sessions the closure's close ended) has surely expired."""
+        return self._drain.wait_seconds(scope.sessions, ended)
 
     def _prove(
         self,
@@ -414,19 +406,22 @@ class SnapshotAuthority:
     ) -> ClosureProof:
         user = principal.user
         unproven = ["lease_active"] if lease_active else []
-        wait = self.gate_wait_seconds(scope)
+        # Each opened session is closed first; only one the close did not end is waited out.
+        closes = [self._drain.close(user, s) for s in scope.sessions if s.opened]
+        wait = self.gate_wait_seconds(scope, [c["session_id"] for c in closes if c["ended"]])
         gate_at = self._clock() + wait
         samples = [self._sample(user, scope)]
         while len(samples) < self.policy.samples or self._clock() < gate_at:
             self._sleep(self.policy.sample_spacing_seconds)
             samples.append(self._sample(user, scope))
-        gates = [self._probe(user, session) for session in scope.sessions]
+        gates = [self._drain.probe(user, session) for session in scope.sessions]
         samples.append(self._sample(user, scope))
         if any(s["queries"] for s in samples):
             unproven.append("processes_running")
         if any(g["answer"] != SESSION_NOT_FOUND for g in gates):
             unproven.append("session_open")
-        account = self._account(user, scope, started_us, [g["probe_query_id"] for g in gates])
+        asked = [c["close_query_id"] for c in closes] + [g["probe_query_id"] for g in gates]
+        account = self._account(user, scope, started_us, asked)
         if account["unfinished"]:
             unproven.append("query_log_unfinished")
         if account["started_after_closure"]:
@@ -438,6 +433,7 @@ class SnapshotAuthority:
             "closure_started_us": started_us,
             "scope": scope.to_dict(),
             "gate_wait_ms": int(wait * 1000),
+            "closes": closes,
             "killed": [
                 {"query_id": str(r.get("query_id")), "kill_status": str(r.get("kill_status"))}
                 for r in killed
@@ -478,43 +474,6 @@ class SnapshotAuthority:
             f"SELECT query_id FROM system.processes WHERE {where} FORMAT JSONEachRow", "sample"
         )
         return {"at_us": self._server_micros(), "queries": sorted(str(r["query_id"]) for r in rows)}
-
-    def _probe(self, user: str, session: SessionUse) -> dict[str, Any]:
-        found = self._probe_once(user, session.session_id)
-        if found["answer"] != SESSION_NOT_FOUND and self._note_step and session.note_key:
-            with contextlib.suppress(DponeError):  # unproven either way; the note helps later
-                self._note_step(
-                    session.note_key,
-                    {
-                        "step": PROBE_OPEN,
-                        "session_id": session.session_id,
-                        "at_us": int(self._wall_clock() * 1_000_000),
-                        "answer": found["answer"],
-                    },
-                )
-        return found
-
-    def _probe_once(self, user: str, session_id: str) -> dict[str, Any]:
-        probe_id = self._next_id(f"probe-{hashlib.sha256(session_id.encode()).hexdigest()[:12]}")
-        transport = self._factory(self.endpoint, self.probe_credentials(user))
-        request = session_request(
-            "SELECT 1",
-            probe_id,
-            RequestKind.READ,
-            session_id=session_id,
-            session_timeout=1,
-            check=True,
-        )
-        answer: int | str
-        try:
-            transport.execute(request, deadline=self._clock() + self.policy.request_seconds)
-            answer = "open"
-        except ClickHouseServerError as exc:
-            code = exc.details.get("clickhouse_code")
-            answer = code if isinstance(code, int) else exc.code
-        except DponeError as exc:
-            answer = exc.code
-        return {"session_id": session_id, "probe_query_id": probe_id, "answer": answer}
 
     def _account(
         self, user: str, scope: LeaseScope, started_us: int, probe_ids: Sequence[str]

@@ -104,16 +104,20 @@ def session_request(
     session_id: str,
     session_timeout: int,
     check: bool,
+    close: bool = False,
 ) -> ClickHouseRequest:
     """A request inside HTTP session ``session_id``.
 
-    ``session_id``, ``session_timeout`` and ``session_check`` are URL parameters of
-    the HTTP interface; the request's settings travel as URL parameters too, which
-    is all the HTTP transport needs (the client transport has no sessions).
+    ``session_id``, ``session_timeout``, ``session_check`` and ``close_session`` (the
+    server ends the session with this request) are URL parameters of the HTTP
+    interface; the request's settings travel as URL parameters too, which is all the
+    HTTP transport needs (the client transport has no sessions).
     """
     settings = [("session_id", session_id), ("session_timeout", str(int(session_timeout)))]
     if check:
         settings.append(("session_check", "1"))
+    if close:
+        settings.append(("close_session", "1"))
     return ClickHouseRequest(statement, query_id, kind, settings=tuple(settings))
 
 

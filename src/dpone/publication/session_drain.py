@@ -1,0 +1,129 @@
+"""The drain gate's requests of a closure: close each opened HTTP session, then probe it.
+
+A lease's writes ran in HTTP sessions whose every request after the opening carries
+``session_check=1`` (the publisher's EXCHANGE session, the ingest lease's staging
+session): once the session is gone, a request delayed in flight fails with 372
+SESSION_NOT_FOUND and changes nothing. The closure makes the session go and proves it
+gone, with the principal's own credentials (sessions are per user):
+
+1. **close**: ``SELECT 1`` with ``session_check=1`` and ``close_session=1``. ClickHouse
+   erases a session so closed from its table before the answer (``releaseAndCloseSession``
+   in ``Session.cpp``); a request that arrives afterwards cannot acquire it. Answers:
+   200 (closed now) or 372 (already gone) need no wait; 373 SESSION_IS_LOCKED (a
+   request holds it right now) or no answer at all leaves the session to its timeout;
+2. **wait**, only for a session the close did not end: its T plus the margin,
+   counted from the last request's recorded answer (from now when one may still run);
+3. **probe**: ``SELECT 1`` with ``session_check=1``; the proof is 372. A probe that
+   finds the session open re-arms it for the full T (checked) and is noted, so a
+   later closure waits again.
+
+Only the opening (which creates the session) lacks ``session_check``. The executor
+sends a write only after its opening answered and after re-checking, under the
+dispatch gate, the lease this closure ended first; so an opening still in flight when
+the close answers 372 can at most create an empty session that nothing writes in.
+Closing first also turns the old window, in which a request held back for less than T
+still ran, into a 372: a closure that waits first lets it run (and then finds it in
+the query log), one that closes first stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dpone.errors import DponeError
+from dpone.ports.clickhouse_errors import ClickHouseServerError
+from dpone.ports.clickhouse_request import Credentials, Endpoint, RequestKind
+from dpone.publication.dispatch_notes import PROBE_OPEN, SessionUse
+from dpone.publication.executor import TransportFactory, session_request
+
+SESSION_NOT_FOUND = 372
+SESSION_IS_LOCKED = 373
+CLOSED = "closed"
+# What a close may answer that leaves nothing to wait for.
+_ENDED = (CLOSED, SESSION_NOT_FOUND)
+
+
+@dataclass(frozen=True)
+class SessionDrain:
+    """Closes and probes one lease's sessions for a closure (see the module doc)."""
+
+    endpoint: Endpoint
+    credentials: Callable[[str], Credentials]
+    factory: TransportFactory
+    next_id: Callable[[str], str]
+    deadline: Callable[[], float]
+    wall_clock: Callable[[], float]
+    session_timeout: int
+    margin_seconds: float
+    note_step: Callable[[str, Mapping[str, Any]], object] | None = None
+
+    def close(self, user: str, session: SessionUse) -> dict[str, Any]:
+        """End ``session`` now: its answer (``closed``, a ClickHouse code, or an error code)."""
+        found = self._ask(user, session.session_id, "close", close=True)
+        found["ended"] = found["answer"] in _ENDED
+        return found
+
+    def probe(self, user: str, session: SessionUse) -> dict[str, Any]:
+        """Whether ``session`` is gone (answer 372); an open one is noted for later closures."""
+        found = self._ask(user, session.session_id, "probe", close=False)
+        if found["answer"] != SESSION_NOT_FOUND and self.note_step and session.note_key:
+            with contextlib.suppress(DponeError):  # unproven either way; the note helps later
+                self.note_step(
+                    session.note_key,
+                    {
+                        "step": PROBE_OPEN,
+                        "session_id": session.session_id,
+                        "at_us": int(self.wall_clock() * 1_000_000),
+                        "answer": found["answer"],
+                    },
+                )
+        return found
+
+    def wait_seconds(self, sessions: Sequence[SessionUse], ended: Collection[str] = ()) -> float:
+        """How long from now until every opened session not in ``ended`` surely expired.
+
+        Each session's T is the longer of the policy's and the one its opening noted
+        (a staging run configured with a longer T than this closure's).
+        """
+        now_us = int(self.wall_clock() * 1_000_000)
+        waits = [
+            max(
+                0.0,
+                max(self.session_timeout, s.session_timeout or 0)
+                + self.margin_seconds
+                - (now_us - (s.settled_at_us or now_us)) / 1_000_000,
+            )
+            for s in sessions
+            if s.opened and s.session_id not in ended
+        ]
+        return max(waits, default=0.0)
+
+    def _ask(self, user: str, session_id: str, purpose: str, *, close: bool) -> dict[str, Any]:
+        digest = hashlib.sha256(session_id.encode()).hexdigest()[:12]
+        query_id = self.next_id(f"{purpose}-{digest}")
+        request = session_request(
+            "SELECT 1",
+            query_id,
+            RequestKind.READ,
+            session_id=session_id,
+            session_timeout=1,
+            check=True,
+            close=close,
+        )
+        answer: int | str
+        try:
+            self.factory(self.endpoint, self.credentials(user)).execute(
+                request, deadline=self.deadline()
+            )
+            answer = CLOSED if close else "open"
+        except ClickHouseServerError as exc:
+            code = exc.details.get("clickhouse_code")
+            answer = code if isinstance(code, int) else exc.code
+        except DponeError as exc:
+            answer = exc.code
+        key = "close_query_id" if close else "probe_query_id"
+        return {"session_id": session_id, key: query_id, "answer": answer}
