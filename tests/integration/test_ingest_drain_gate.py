@@ -44,13 +44,15 @@ class Leased:
     lease_id: str
 
 
-def stage(on: Rig, attempt_id: str, transport: str = "http") -> Leased:
-    """Stage ``ROWS`` as a leased ingest user, noting the drain gate under its lease."""
+def stage(on: Rig, attempt_id: str, transport: str = "http", notes: bool = True) -> Leased:
+    """Stage ``ROWS`` as a leased ingest user, noting the drain gate under its lease
+    (``notes=False``: as a caller that passes no session notes)."""
     staged, ingest = on.stage_leased(
         ROWS,
         attempt_id,
         transport=transport,
         policy=staging_policy(DEFAULT_LIMITS, session_timeout_seconds=T),
+        **({} if notes else {"session_notes": None}),
     )
     return Leased(staged, ingest.credentials, ingest.ref.lease_id)
 
@@ -148,8 +150,38 @@ def test_staging_on_the_client_transport_has_no_gate(
     notes = store.step_notes(lease_step_key(leased.lease_id))
     closure = [n.facts for n in notes if n.facts.get("step") == "closure"][-1]
     assert closure["proven"] is True
-    assert closure["facts"]["ingest_gate"] == "none"
-    assert closure["facts"]["sessions"] == []
+    facts = closure["facts"]
+    assert facts["ingest_gate"] == "none"
+    # No session was noted; the one gated writes would use was closed and probed: none.
+    derived = ingest_session_id("gate-client")
+    assert [(c["session_id"], c["answer"]) for c in facts["closes"]] == [(derived, 372)]
+    assert [(s["session_id"], s["answer"]) for s in facts["sessions"]] == [(derived, 372)]
+    assert facts["gate_wait_ms"] == 0
+
+
+def test_a_held_insert_of_a_stage_without_notes_fails_after_prepare(rig: Rig) -> None:  # noqa: F811
+    """A caller staging over HTTP without session notes still ran gated; the closure
+    closes the session its writes used (derived from the attempt), so a held INSERT
+    carrying it fails after ``prepared`` (it landed before: nothing probed it)."""
+    leased = stage(rig, "gate-unnoted", notes=False)
+    staged = leased.staged
+    rig.existing_target(staged, "t_gate_unnoted", [])
+    session = ingest_session_id("gate-unnoted")
+    held = HeldInsert(
+        rig.http_port,
+        leased.credentials,
+        f"INSERT INTO {rig.database}.{staged.table} FORMAT TabSeparated",
+        session,
+    )
+    assert prepare(rig, staged, "t_gate_unnoted") == "prepared"
+    assert held.release() == (500, "372")
+    assert rig.rows_of(staged.table) == ROWS
+    store = SqliteSnapshotStore(rig.store_path, create=False)
+    notes = store.step_notes(lease_step_key(leased.lease_id))
+    facts = [n.facts for n in notes if n.facts.get("step") == "closure"][-1]["facts"]
+    assert facts["ingest_gate"] == "http_session"
+    assert [(c["session_id"], c["answer"]) for c in facts["closes"]] == [(session, "closed")]
+    assert [(s["session_id"], s["answer"]) for s in facts["sessions"]] == [(session, 372)]
 
 
 def test_an_unanswered_write_makes_the_closure_wait_from_its_start() -> None:

@@ -88,7 +88,7 @@ from dpone.publication.journal_evidence import (
 )
 from dpone.publication.lease_scope import LeaseScope
 from dpone.publication.principal_issuers import PrincipalIssuer
-from dpone.publication.session_drain import SESSION_NOT_FOUND, SessionDrain
+from dpone.publication.session_drain import CLOSED, SESSION_NOT_FOUND, SessionDrain
 from dpone.publication.store.leases import CLOSURE_STEP, lease_step_key
 from dpone.sql import quote_literal
 from dpone.staging.journal import JournalEvent, read_events
@@ -407,7 +407,7 @@ class SnapshotAuthority:
         user = principal.user
         unproven = ["lease_active"] if lease_active else []
         # Each opened session is closed first; only one the close did not end is waited out.
-        closes = [self._drain.close(user, s) for s in scope.sessions if s.opened]
+        closes = [self._drain.close(user, s) for s in scope.sessions if s.may_exist]
         wait = self.gate_wait_seconds(scope, [c["session_id"] for c in closes if c["ended"]])
         gate_at = self._clock() + wait
         samples = [self._sample(user, scope)]
@@ -444,9 +444,12 @@ class SnapshotAuthority:
             "unproven": unproven,
         }
         if scope.role == ROLE_INGEST:
-            # Staging's writes in a noted session are gated (a late one fails with 372);
-            # otherwise (the client transport, or a run that noted no session) none is.
-            gated = any(s.opened for s in scope.sessions)
+            # Staging's writes in a session are gated (a late one fails with 372): one
+            # noted, or one not noted that the close found and ended. Otherwise (the
+            # client transport, which has no sessions) none is.
+            gated = any(s.opened for s in scope.sessions) or any(
+                c["answer"] == CLOSED for c in closes
+            )
             facts["ingest_gate"] = "http_session" if gated else "none"
         return ClosureProof(principal, not unproven, self.issuer.strength, facts)
 

@@ -160,6 +160,10 @@ class SessionUse:
     settled_at_us: int | None
     note_key: str | None = None  # where closure notes what its probe found
     session_timeout: int | None = None
+    # Not noted, but the one its writes would have used (an ingest lease staged without
+    # notes): closure closes and probes it anyway, and waits for it as if opened when
+    # the close does not end it.
+    derived: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -167,7 +171,13 @@ class SessionUse:
             "opened": self.opened,
             "settled_at_us": self.settled_at_us,
             "session_timeout": self.session_timeout,
+            "derived": self.derived,
         }
+
+    @property
+    def may_exist(self) -> bool:
+        """Whether closure must end this session (noted as opened, or derived)."""
+        return self.opened or self.derived
 
 
 def session_use(session_id: str, notes: Sequence[StepNote], key: str | None = None) -> SessionUse:

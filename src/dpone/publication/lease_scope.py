@@ -11,7 +11,9 @@ a lease, never on a bare user name (:class:`LeaseScope`):
 - its drain-gate sessions: the publisher's, one per intent it is bound to (from the
   intent's dispatch notes); the ingest lease's, the session staging's writes ran in
   (:mod:`dpone.staging.ingest_session`, from the notes under the lease's own key;
-  none when staging noted none: the ``client`` transport, or a caller without notes);
+  when staging noted none (the ``client`` transport, or a caller without notes), the
+  session its gated writes would have used, ``derived``, which closure closes and
+  probes all the same);
 - while it was the user's latest lease, everything the user ran from the lease's start
   is its own, marked or not. Once the user has been leased again (``relet``), only the
   lease's marked queries, and what started before the lease ended, are its own: its
@@ -43,6 +45,7 @@ from dpone.publication.dispatch_notes import (
     session_use,
 )
 from dpone.publication.store import SqliteSnapshotStore, lease_step_key
+from dpone.staging.ingest_session import ingest_session_id
 
 STAGING_QUERY_ID_PREFIX = "dpone-b02"
 
@@ -98,6 +101,12 @@ def lease_scope(store: SqliteSnapshotStore, principal: PrincipalRef) -> LeaseSco
         key = lease_step_key(principal.lease_id)
         notes = store.step_notes(key)
         sessions.extend(session_use(sid, notes, key) for sid in session_ids(notes))
+        if not sessions:
+            # Staged without notes (over HTTP without session notes, or the client
+            # transport, which has no sessions): the session its gated writes would use
+            # is closed and probed all the same; a 372 costs no wait.
+            derived = ingest_session_id(record.lease.attempt_id)
+            sessions.append(SessionUse(derived, False, None, key, derived=True))
     else:
         for summary in store.list_snapshots():
             intent = SnapshotIntent.from_bytes(summary.intent_bytes)

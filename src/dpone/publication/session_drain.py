@@ -98,7 +98,7 @@ class SessionDrain:
                 - (now_us - (s.settled_at_us or now_us)) / 1_000_000,
             )
             for s in sessions
-            if s.opened and s.session_id not in ended
+            if s.may_exist and s.session_id not in ended
         ]
         return max(waits, default=0.0)
 
