@@ -397,11 +397,28 @@ def test_sigkill_during_retention_keeps_the_new_target_and_finishes_the_drop(
         raise StatusGap("; ".join(gaps))
 
 
-def client_project(tmp_path: Path, server: dict[str, Any], target: str) -> Path:
+def client_project(
+    tmp_path: Path, server: dict[str, Any], target: str, accept: bool = True
+) -> Path:
+    """A project staging over the client transport (its ungated ingest accepted)."""
     config = project(tmp_path, server, target)
     text = config.read_text().replace("[clickhouse]\n", '[clickhouse]\ntransport = "client"\n')
-    config.write_text(text)
+    accepted = "[publication]\naccept_ungated_ingest = true\n" if accept else ""
+    config.write_text(text.replace("[sources.shop]", accepted + "[sources.shop]"))
     return config
+
+
+def test_the_client_transport_is_refused_unless_its_ungated_ingest_is_accepted(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    config = client_project(tmp_path, server, "t_client_refused", accept=False)
+    done = dpone("refresh", "--config", str(config), "items", "--json")
+    assert done.returncode == 2, done.stdout + done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert error["code"] == "ingest_ungated"
+    assert "clickhouse.transport" in error["message"]
+    assert "accept_ungated_ingest" in error["message"]
+    assert not (tmp_path / "work").exists()  # refused before anything ran
 
 
 def test_refresh_over_the_client_transport_and_a_kill_while_loading(

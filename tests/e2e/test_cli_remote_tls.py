@@ -55,7 +55,9 @@ def tls_project(
         f'credentials_file = "{server["credentials_file"]}"\n'
         'trusted_writers = ["dpone_admin"]\n'
         f'transport = "{transport}"\n'
-        '[sources.shop]\nkind = "sqlite"\npath = "shop.db"\n'
+        # The client transport stages without a drain gate: accepted for these tests.
+        + ("[publication]\naccept_ungated_ingest = true\n" if transport == "client" else "")
+        + '[sources.shop]\nkind = "sqlite"\npath = "shop.db"\n'
         f'[tables.items]\nsource = "shop"\ntable = "items"\ntarget = "{DATABASE}.{target}"\n'
         'order_by = "id"\n'
     )

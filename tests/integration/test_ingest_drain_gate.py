@@ -15,7 +15,10 @@ import socket
 import urllib.parse
 from dataclasses import dataclass
 
+import pytest
+
 from dpone.contracts.composition_snapshot import DEFAULT_LIMITS
+from dpone.errors import DponeError
 from dpone.ports.clickhouse_request import Credentials
 from dpone.ports.composition_snapshot import AttemptRef, StepNote, TargetSlot
 from dpone.publication.composition import (
@@ -57,8 +60,13 @@ def stage(on: Rig, attempt_id: str, transport: str = "http", notes: bool = True)
     return Leased(staged, ingest.credentials, ingest.ref.lease_id)
 
 
-def prepare(on: Rig, staged: StagedTable, target: str) -> str:
-    config = PublicationConfig(on.data_dir, on.store_path, session_timeout_seconds=T)
+def prepare(on: Rig, staged: StagedTable, target: str, accept_ungated: bool = False) -> str:
+    config = PublicationConfig(
+        on.data_dir,
+        on.store_path,
+        session_timeout_seconds=T,
+        accept_ungated_ingest=accept_ungated,
+    )
     publisher = build_publication(config, on.database).publisher
     receipt = publisher.prepare(
         AttemptRef(staged.journal_path, TargetSlot(on.database, target)), staged.journal_head
@@ -145,7 +153,12 @@ def test_staging_on_the_client_transport_has_no_gate(
 ) -> None:
     leased = stage(rig, "gate-client", transport="client")
     rig.existing_target(leased.staged, "t_gate_client", [])
-    assert prepare(rig, leased.staged, "t_gate_client") == "prepared"
+    # Without a drain gate prepare refuses, unless the caller accepts the weaker proof.
+    with pytest.raises(DponeError) as refused:
+        prepare(rig, leased.staged, "t_gate_client")
+    assert refused.value.code == "ingest_ungated"
+    assert "accept_ungated_ingest" in refused.value.message
+    assert prepare(rig, leased.staged, "t_gate_client", accept_ungated=True) == "prepared"
     store = SqliteSnapshotStore(rig.store_path, create=False)
     notes = store.step_notes(lease_step_key(leased.lease_id))
     closure = [n.facts for n in notes if n.facts.get("step") == "closure"][-1]

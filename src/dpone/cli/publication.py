@@ -142,6 +142,12 @@ def snapshot() -> None:
     "generation_ref",
     help="The journal head `dpone stage` printed (default: the journal's final event).",
 )
+@click.option(
+    "--accept-ungated-ingest",
+    is_flag=True,
+    help="Publish a generation staged without a drain gate (the client transport): its "
+    "closure rests on process samples and the query log alone.",
+)
 @store_option
 @data_dir_option
 @project_server_option
@@ -150,6 +156,7 @@ def prepare(
     journal_dir: Path,
     target: str,
     generation_ref: str | None,
+    accept_ungated_ingest: bool,
     store_path: Path,
     data_dir: Path,
     project_config: Path | None,
@@ -164,9 +171,13 @@ def prepare(
                 raise StateError(f"journal {journal_dir} has no events", code="evidence_unverified")
             generation_ref = events[-1].sha256
         access = server_access(data_dir, project_config)
-        parts = build_publication(
-            PublicationConfig(access.data_dir, store_path, remote=access.remote), slot.database
+        config = PublicationConfig(
+            access.data_dir,
+            store_path,
+            remote=access.remote,
+            accept_ungated_ingest=accept_ungated_ingest,
         )
+        parts = build_publication(config, slot.database)
         receipt = parts.publisher.prepare(AttemptRef(journal_dir, slot), generation_ref)
         _answer(receipt, as_json, "prepare")
 

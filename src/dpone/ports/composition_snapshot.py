@@ -130,6 +130,9 @@ class PublicationEvidence:
     generation: GenerationEvidence
     source: SourceEvidence
     ingest: PrincipalRef
+    # The transport staging's journal names ("http", "client"); None when the journal
+    # names none (a rollback's, whose ingest principal writes nothing).
+    ingest_transport: str | None = None
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,7 @@ def publication_for(project: Project, table: TableConfig) -> PublicationComponen
             remote=project.clickhouse.remote,
             session_timeout_seconds=project.publication.session_timeout_seconds,
             session_margin_seconds=project.publication.session_margin_seconds,
+            accept_ungated_ingest=project.publication.accept_ungated_ingest,
         ),
         table.database,
     )

@@ -221,6 +221,7 @@ class SnapshotAuthority:
             generation=generation,
             source=SourceEvidence(receipt_sha, receipt.rows_validated, receipt.artifact_size),
             ingest=ingest,
+            ingest_transport=doc["transport"] if isinstance(doc.get("transport"), str) else None,
         )
 
     def _ingest(

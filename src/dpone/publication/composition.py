@@ -89,6 +89,8 @@ class PublicationConfig:
     create_store: bool = True
     session_timeout_seconds: int = SESSION_TIMEOUT_SECONDS
     session_margin_seconds: float = SESSION_MARGIN_SECONDS
+    # Prepare accepts an ingest closure without a drain gate (the client transport).
+    accept_ungated_ingest: bool = False
     # A server dpone did not start ([clickhouse] host = ...); None: the managed one.
     remote: RemoteServer | None = None
 
@@ -358,6 +360,7 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
         executor=executor,
         limits=config.limits,
         claim_wait_seconds=config.claim_wait_seconds,
+        accept_ungated_ingest=config.accept_ungated_ingest,
     )
     return PublicationComponents(publisher, store, issuer, endpoint)
 

@@ -20,6 +20,9 @@ class PublicationSettings:
 
     session_timeout_seconds: int = SESSION_TIMEOUT_SECONDS
     session_margin_seconds: float = SESSION_MARGIN_SECONDS
+    # Publish what was staged without a drain gate (the client transport): its ingest
+    # closure then rests on process samples and the query log alone.
+    accept_ungated_ingest: bool = False
 
 
 # The margin's default for a remote server: the loopback default (372 was reliable from
@@ -42,4 +45,20 @@ def check_margin(value: float) -> str | None:
 SETTINGS: dict[str, tuple[type, object, Callable[[Any], str | None]]] = {
     "session_timeout_seconds": (int, SESSION_TIMEOUT_SECONDS, check_timeout),
     "session_margin_seconds": (float, SESSION_MARGIN_SECONDS, check_margin),
+    "accept_ungated_ingest": (bool, False, lambda _: None),
 }
+
+
+def ungated_transport(transport: str, settings: PublicationSettings) -> str | None:
+    """Why a staging ``transport`` is refused under ``settings`` (None: accepted).
+
+    The client transport (the native protocol) has no sessions, so staging's writes
+    over it run without the ingest drain gate; publishing them is the user's choice.
+    """
+    if transport != "client" or settings.accept_ungated_ingest:
+        return None
+    return (
+        "'client' (the native protocol) has no session, so staging's writes run without a "
+        "drain gate; use 'http', or set [publication] accept_ungated_ingest = true to "
+        "publish on process samples and the query log alone"
+    )

@@ -83,7 +83,11 @@ class PublisherPorts:
         clock: Callable[[], str] = utc_now,
         claim_wait_seconds: float = CLAIM_WAIT_SECONDS,
         sleep: Callable[[float], None] = time.sleep,
+        accept_ungated_ingest: bool = False,
     ) -> None:
+        """``accept_ungated_ingest``: prepare publishes a generation staged over the
+        client transport (no drain gate: its ingest closure rests on process samples
+        and the query log alone); refused (``ingest_ungated``) by default."""
         self.authority = authority
         self.store = store
         self.catalog = catalog
@@ -92,6 +96,7 @@ class PublisherPorts:
         self.clock = clock
         self.claim_wait_seconds = claim_wait_seconds
         self.sleep = sleep
+        self.accept_ungated_ingest = accept_ungated_ingest
 
     def observe_settled(self, slot: TargetSlot, generation_table: str) -> CatalogObservation:
         """The catalog's observation, once no pool user is in the middle of its closure.

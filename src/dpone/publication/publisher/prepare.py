@@ -81,14 +81,7 @@ class PreparePath(PublisherPorts):
         """
         evidence = self.authority.reopen(attempt, generation_ref)
         check_evidence(evidence, generation_ref)
-        closure = self.authority.close_principal(evidence.ingest)
-        if not closure.proven:
-            raise SnapshotPublicationError(
-                f"the ingest principal {evidence.ingest.user} is not proven closed and quiescent",
-                code="ingest_not_quiescent",
-                user=evidence.ingest.user,
-                strength=closure.strength.value,
-            )
+        self._close_ingest(evidence)
         observation = self._observe_checked(evidence)
         staged = generation_of(observation, evidence)  # B must be there before any CREATE
         publisher: PrincipalRef | None = None
@@ -143,6 +136,28 @@ class PreparePath(PublisherPorts):
             generation.content_digest,
             historical=False,
         )
+
+    def _close_ingest(self, evidence: PublicationEvidence) -> None:
+        """Prove the ingest principal closed and quiescent, or refuse the prepare; and
+        refuse a generation staged without a drain gate unless the caller accepts it."""
+        closure = self.authority.close_principal(evidence.ingest)
+        if not closure.proven:
+            raise SnapshotPublicationError(
+                f"the ingest principal {evidence.ingest.user} is not proven closed and quiescent",
+                code="ingest_not_quiescent",
+                user=evidence.ingest.user,
+                strength=closure.strength.value,
+            )
+        if evidence.ingest_transport == "client" and not self.accept_ungated_ingest:
+            raise SnapshotPublicationError(
+                f"the generation was staged without a drain gate (the client transport has "
+                f"no session), so a write of {evidence.ingest.user} held in flight could still "
+                "land in it; stage it again over HTTP, or accept its closure on process "
+                "samples and the query log alone ([publication] accept_ungated_ingest = "
+                "true, or --accept-ungated-ingest)",
+                code="ingest_ungated",
+                user=evidence.ingest.user,
+            )
 
     def _note_design_change(
         self, intent_sha256: str, target: TableObservation, generation: TableObservation
