@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,14 @@ from tests import chhttp
 settings.register_profile("reproducible", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("DPONE_HYPOTHESIS", "reproducible"))
+
+# The suite interrupts real dpone processes with SIGINT. A shell that starts it in the
+# background without job control (``cmd &`` in a script) hands it SIGINT ignored, and
+# an ignored signal is inherited across exec: every child would ignore the tests'
+# SIGINT too. A handler is not inherited (exec resets it to the default), so one set
+# here gives each child the default disposition again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 READER_PASSWORD = "reader-secret-Δ-42"
 TEST_DATABASE = "dpone_test"
