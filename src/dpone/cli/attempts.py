@@ -22,6 +22,7 @@ from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option
 from dpone.cli.staging_options import server_options, staging_config, store_option, work_dir_option
 from dpone.errors import ConfigurationError, StateError
+from dpone.project.config import load_project
 from dpone.publication.composition import DEFAULT_STORE
 from dpone.staging.composition import build_transport
 from dpone.staging.leftovers import (
@@ -47,28 +48,43 @@ def attempts() -> None:
 
 
 @attempts.command("list")
-@work_dir_option
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Directory holding attempt journals (default with --config: the project's "
+    "work_dir/attempts).",
+)
 @click.option("--all", "show_all", is_flag=True, help="Also list attempts that need nothing.")
 @click.option(
     "--store",
     "store_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=DEFAULT_STORE,
-    show_default=True,
-    help="The publication store the attempts' leases are in (repeated in the commands shown).",
+    default=None,
+    help=f"The publication store the attempts' leases are in (repeated in the commands "
+    f"shown; default: the project's store with --config, else {DEFAULT_STORE}).",
 )
 @data_dir_option
+@project_server_option
 @json_option
 def attempts_list(
-    work_dir: Path, show_all: bool, store_path: Path, data_dir: Path, as_json: bool
+    work_dir: Path | None,
+    show_all: bool,
+    store_path: Path | None,
+    data_dir: Path,
+    project_config: Path | None,
+    as_json: bool,
 ) -> None:
     """List attempts that ended retained_unknown or cleanup_failed, or never ended.
 
     Each comes with the command that finishes it (``next_command``): cleanup, the
     discard of a staged table, or for a journal without any event (its process
-    stopped before the first one) ``attempts archive``.
+    stopped before the first one) ``attempts archive``. With ``--config`` the
+    project's attempts, store and server are the defaults, and the commands name its
+    server as ``dpone status`` does.
     """
     with reported_errors(as_json):
+        work_dir, store_path, server = _list_scope(work_dir, store_path, data_dir, project_config)
         if not work_dir.is_dir():
             raise ConfigurationError(
                 f"work directory {work_dir} does not exist",
@@ -83,7 +99,7 @@ def attempts_list(
                 a.attempt_id,
                 work_dir,
                 str((a.planned_table or {}).get("database")),
-                {"data_dir": data_dir},
+                server,
                 store=store_given(store_path),
             )
             for a in found
@@ -121,6 +137,33 @@ def attempts_list(
             click.echo("recovery: " + "; then ".join(RECOVERY_STEPS))
         if unreadable:
             raise broken
+
+
+def _list_scope(
+    work_dir: Path | None, store_path: Path | None, data_dir: Path, project_config: Path | None
+) -> tuple[Path, Path, dict[str, object]]:
+    """The attempts directory, the store and the server options ``attempts list`` uses:
+    as given, else (with ``--config``) the project's, named as ``dpone status`` names
+    them (a remote server by ``--config``, the managed one by its data directory)."""
+    if project_config is None:
+        if work_dir is None:
+            raise ConfigurationError(
+                "give --work-dir (the directory holding the attempt journals) or --config "
+                "(a project file, whose work_dir/attempts is then listed)",
+                code="work_dir_missing",
+            )
+        return work_dir, store_path or DEFAULT_STORE, {"data_dir": data_dir}
+    project = load_project(project_config)
+    server: dict[str, object] = (
+        {"project_config": project.path}
+        if project.clickhouse.remote is not None
+        else {"data_dir": project.clickhouse.data_dir}
+    )
+    return (
+        work_dir if work_dir is not None else project.work_dir / "attempts",
+        store_path or project.store,
+        server,
+    )
 
 
 def _echo_attempt(a: AttemptSummary, command: str | None) -> None:

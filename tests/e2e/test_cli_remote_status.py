@@ -1,0 +1,108 @@
+"""``dpone attempts list`` and ``dpone status`` on a remote server, named by the project file.
+
+The server is one dpone did not start (tests/remote_server.py), reached only through
+``[clickhouse] host``, the ports and the credentials file. ``attempts list --config``
+reads the project's attempts and store and prints commands that name the server with
+``--config``; ``status`` on a server it cannot reach says why, by the typed error's
+code, without any credential.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import chhttp
+from tests.e2e.test_cli_refresh import make_source, rows_of
+from tests.e2e.test_cli_server import as_json, dpone
+from tests.remote_server import remote_server
+
+DATABASE = "rstatus_db"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    yield from remote_server(tmp_path_factory.mktemp("remote-status"), [DATABASE])
+
+
+def project(tmp_path: Path, clickhouse: str, target: str = "items") -> Path:
+    config = tmp_path / "dpone.toml"
+    config.write_text(
+        '[project]\nwork_dir = "work"\nstore = "store.sqlite"\n'
+        + clickhouse
+        + '[sources.shop]\nkind = "sqlite"\npath = "shop.db"\n'
+        f'[tables.items]\nsource = "shop"\ntable = "items"\ntarget = "{DATABASE}.{target}"\n'
+        'order_by = "id"\n'
+    )
+    return config
+
+
+def _remote(server: dict[str, Any], **changes: Any) -> str:
+    """A ``[clickhouse]`` section naming ``server`` with some keys changed."""
+    keys: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "http_port": server["http_port"],
+        "tcp_port": server["tcp_port"],
+        "credentials_file": str(server["credentials_file"]),
+        "secure": False,
+    } | changes
+    lines = [
+        f"{k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()}"
+        for k, v in keys.items()
+    ]
+    return "[clickhouse]\n" + "\n".join(lines) + '\ntrusted_writers = ["dpone_admin"]\n'
+
+
+def _export(tmp_path: Path) -> tuple[Path, Path]:
+    make_source(tmp_path / "shop.db", rows_of(5))
+    out, receipt = tmp_path / "items.tsv", tmp_path / "items.receipt.json"
+    done = dpone(
+        "export",
+        *("--source", f"sqlite:{tmp_path / 'shop.db'}", "--table", "items"),
+        *("--out", str(out), "--receipt-out", str(receipt)),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out, receipt
+
+
+def test_attempts_list_with_config_reads_the_projects_attempts_and_names_its_server(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    config = project(tmp_path, _remote(server))
+    out, receipt = _export(tmp_path)
+    attempts, store = tmp_path / "work" / "attempts", tmp_path / "store.sqlite"
+    staged = dpone(
+        *("stage", str(out), "--receipt", str(receipt), "--work-dir", str(attempts)),
+        *("--database", DATABASE, "--config", str(config), "--store", str(store)),
+        *("--attempt-id", "left-1", "--json"),
+    )
+    assert staged.returncode == 0, staged.stdout + staged.stderr
+    table = as_json(staged)["table"]
+    # Staged, never published: the project's attempts, read through --config alone.
+    done = dpone("attempts", "list", "--config", str(config), "--all", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (entry,) = as_json(done)["attempts"]
+    assert (entry["attempt_id"], entry["state"]) == ("left-1", "staged")
+    discard = shlex.join(
+        [
+            *("dpone", "attempts", "discard", "left-1", "--work-dir", str(attempts)),
+            *("--database", DATABASE, "--config", str(config), "--store", str(store)),
+        ]
+    )
+    assert entry["next_command"] == discard
+    text = dpone("attempts", "list", "--config", str(config), "--all")
+    assert text.returncode == 0 and f"drop it with: {discard}" in text.stdout, text.stdout
+    # The command as printed reaches the remote server and ends the attempt there.
+    finished = dpone(*shlex.split(discard)[1:], "--json")
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert as_json(finished)["state"] == "discarded"
+    gone = f"SELECT count() FROM system.tables WHERE database = '{DATABASE}' AND name = '{table}'"
+    assert chhttp.query(server["http_port"], gone) == "0\n"
+    # Without --work-dir or --config there is nothing to list: said, with its code.
+    bare = dpone("attempts", "list", "--json")
+    assert bare.returncode != 0 and as_json(bare)["error"]["code"] == "work_dir_missing"
