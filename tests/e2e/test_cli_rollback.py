@@ -213,3 +213,28 @@ def test_an_altered_copy_is_refused_and_the_target_is_unchanged(
     assert uuid_of(port, "t_altered") == second["target_uuid_after"]
     last = status(config)["targets"][0]["last_publication"]
     assert last["intent_sha256"] == second["intent_sha256"]
+
+
+def test_a_rollback_into_a_database_the_server_lacks_names_it_and_its_key(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    config = project(tmp_path, server, "t_nodb")
+    config.write_text(config.read_text().replace(f"{DATABASE}.t_nodb", "absent_rb_db.t_nodb"))
+    make_source(tmp_path / "shop.db", rows_of(2))
+    code, refused = rollback(config)
+    assert code == 1 and refused["ok"] is False and refused["phase"] == "check", refused
+    error = refused["error"]
+    assert error["code"] == "database_missing", error
+    assert (error["details"]["database"], error["details"]["key"]) == (
+        "absent_rb_db",
+        "tables.items.target",
+    )
+    check = f"dpone check --config {config}"
+    assert error["details"]["next_command"] == check and refused["next_commands"] == [check]
+    assert "'absent_rb_db'" in error["message"] and "tables.items.target" in error["message"]
+    text = dpone("rollback", "items", "--config", str(config))
+    assert text.returncode == 1 and "[database_missing]" in text.stdout
+    assert f"  next: {check}" in text.stdout
+    # Nothing was made on the server: the database is still absent.
+    absent = "SELECT count() FROM system.databases WHERE name = 'absent_rb_db'"
+    assert chhttp.query(server["http_port"], absent) == "0\n"

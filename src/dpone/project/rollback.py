@@ -36,6 +36,7 @@ rollback copy, under the same name; a second rollback swaps back the same way.
 
 from __future__ import annotations
 
+import shlex
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ from pathlib import Path
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.endpoint_identity import observe_identity
 from dpone.contracts.composition_snapshot import TERMINAL, SnapshotIntent, SnapshotState
-from dpone.errors import DponeError, StateError
+from dpone.errors import ConfigurationError, DponeError, StateError
 from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.ports.composition_snapshot import (
     AttemptRef,
@@ -70,7 +71,7 @@ from dpone.project.table_run import (
     publication_for,
     run_phases,
 )
-from dpone.publication.composition import PublicationComponents
+from dpone.publication.composition import PublicationComponents, require_database
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.journal import (
     ClickHouseFileAttemptJournal,
@@ -262,6 +263,11 @@ class RollbackService:
             with phase("check"):
                 # One refresh or rollback of a table at a time (``refresh_busy``).
                 held.enter_context(table_lock(self.project.work_dir, table.name))
+                try:
+                    require_rollback_database(self.project, table)
+                except RollbackError as exc:
+                    report.next_commands = [str(exc.details["next_command"])]
+                    raise
             self._run_locked(table, report, phase)
 
     def _run_locked(self, table: TableConfig, report: RollbackReport, phase: Phases) -> None:
@@ -375,6 +381,35 @@ class RollbackService:
                 "observed_ownership": {"table_uuid": source.copy_uuid},
             }
         )
+
+
+def require_rollback_database(project: Project, table: TableConfig) -> None:
+    """Refuse (``database_missing``) a rollback into a database the server does not have.
+
+    Asked before the store or the pool: the first pool request names the database and
+    would fail with the server's raw ``UNKNOWN_DATABASE``. Without the database there is
+    no rollback copy on this server either (it lived there), so the error names the
+    database, the config key that names it and the check that says what the server lacks.
+    """
+    try:
+        require_database(project.clickhouse.access, table.database)
+    except ConfigurationError as exc:
+        if exc.code != "database_missing":
+            raise
+        key = f"tables.{table.name}.target"
+        command = shlex.join(["dpone", "check", "--config", str(project.path)])
+        raise RollbackError(
+            f"database {table.database!r}, which {key} ({table.qualified_target!r}) names, "
+            f"does not exist on {project.clickhouse.access.describe()}: there is no rollback "
+            f"copy to restore there. If {key} or [clickhouse] names the wrong database or "
+            f"server, correct the project file; otherwise the database was dropped with its "
+            f"copies, and `{command}` names what the server lacks",
+            code="database_missing",
+            database=table.database,
+            key=key,
+            statement=exc.details.get("statement"),
+            next_command=command,
+        ) from exc
 
 
 def _release(parts: PublicationComponents, ingest: IssuedPrincipal, exc: DponeError) -> None:
