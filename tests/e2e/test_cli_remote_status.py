@@ -10,7 +10,9 @@ code, without any credential.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,3 +108,74 @@ def test_attempts_list_with_config_reads_the_projects_attempts_and_names_its_ser
     # Without --work-dir or --config there is nothing to list: said, with its code.
     bare = dpone("attempts", "list", "--json")
     assert bare.returncode != 0 and as_json(bare)["error"]["code"] == "work_dir_missing"
+
+
+def _wrong_keeper_password(server: dict[str, Any], tmp_path: Path) -> Path:
+    """A copy of the credentials file whose keeper password is not the installed one."""
+    document = json.loads(Path(server["credentials_file"]).read_text())
+    for entry in document["users"]:
+        if entry["user"] == "dpone_keeper":
+            entry["password"] = "not-the-installed-password-" + "x" * 20
+    path = tmp_path / "wrong-credentials.json"
+    path.write_text(json.dumps(document))
+    os.chmod(path, 0o600)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("case", "code", "reason", "words"),
+    [
+        ("refused", "connect_failed", "connection refused", "Connection refused"),
+        ("plain_port", "tls_handshake_failed", "TLS handshake failed", "plain HTTP"),
+        ("login", "authentication_refused", "authentication refused", "Authentication failed"),
+        ("silent", "transport_deadline", "(timeout)", "deadline"),
+    ],
+)
+def test_status_says_why_a_remote_server_is_not_reachable(
+    tmp_path: Path, server: dict[str, Any], case: str, code: str, reason: str, words: str
+) -> None:
+    with socket.socket() as closed, socket.socket() as silent:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # accepts into its backlog and never answers
+        changes: dict[str, Any] = {
+            "refused": {"http_port": closed.getsockname()[1]},
+            "plain_port": {"secure": True},  # the server's plain HTTP port, with TLS
+            "login": {"credentials_file": str(_wrong_keeper_password(server, tmp_path))},
+            "silent": {"http_port": silent.getsockname()[1]},
+        }[case]
+        config = project(tmp_path, _remote(server, **changes))
+        done = dpone("status", "--config", str(config), "--json")
+        text = dpone("status", "--config", str(config)) if case != "silent" else None
+    found = as_json(done)
+    assert found["server_running"] is False, found
+    why = found["server_unreachable"]
+    assert (why["code"], why["reason"].endswith(reason)) == (code, True), why
+    assert words in why["message"] and str(config) in why["fix"], why
+    if case == "login":
+        assert "dpone_keeper" in why["message"] and "pool verify" in why["fix"], why
+    if text is not None:
+        assert f"is not reachable: {why['reason']}" in text.stdout, text.stdout
+        assert f"  [{code}] " in text.stdout and words in text.stdout, text.stdout
+        assert f"  fix: {why['fix']}" in text.stdout, text.stdout
+    # No password of either credentials file is ever printed.
+    files = [Path(server["credentials_file"]), tmp_path / "wrong-credentials.json"]
+    for path in (p for p in files if p.exists()):
+        for entry in json.loads(path.read_text())["users"]:
+            for output in (done, text):
+                if output is not None:
+                    assert entry["password"] not in output.stdout + output.stderr
+
+
+def test_status_of_a_managed_server_that_is_not_running_names_its_start(tmp_path: Path) -> None:
+    config = project(tmp_path, f'[clickhouse]\ndata_dir = "{tmp_path / "ch"}"\n')
+    found = as_json(dpone("status", "--config", str(config), "--json"))
+    why = found["server_unreachable"]
+    assert (found["server_running"], why["code"], why["reason"]) == (
+        False,
+        "server_not_running",
+        "not running",
+    )
+    text = dpone("status", "--config", str(config)).stdout
+    assert "is not running (rollback copies unknown)" in text, text
+    assert f"  fix: start it with `dpone server start --data-dir {tmp_path / 'ch'}" in text, text

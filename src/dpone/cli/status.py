@@ -27,12 +27,7 @@ def status(config_path: Path, as_json: bool) -> None:
             emit_json({"ok": not found.needs_person, **found.to_dict()})
         else:
             if not found.server_running:
-                where = project.clickhouse.access
-                click.echo(
-                    f"{where.describe()} is "
-                    f"{'not running' if where.managed else 'not reachable'} "
-                    "(rollback copies unknown)"
-                )
+                _echo_unreachable(project.clickhouse.access.describe(), found.server_unreachable)
             for target in found.targets:
                 last = target["last_publication"]
                 retired = target.get("retired")
@@ -72,6 +67,22 @@ def status(config_path: Path, as_json: bool) -> None:
                     click.echo(f"  run: {item['command']}")
         if found.needs_person:
             raise SystemExit(1)
+
+
+def _echo_unreachable(where: str, why: dict[str, Any] | None) -> None:
+    """The server did not answer: why, by its code and message, and what fixes it."""
+    if why is None:  # not said: never guessed
+        click.echo(f"{where} is not reachable (rollback copies unknown)")
+        return
+    if why["reason"] == "not running":
+        click.echo(f"{where} is not running (rollback copies unknown)")
+    else:
+        click.echo(
+            f"{where} is not reachable: {why['reason']} (rollback copies unknown)\n"
+            f"  [{why['code']}] {why['message']}"
+        )
+    if why.get("fix"):
+        click.echo(f"  fix: {why['fix']}")
 
 
 def _echo_removed(slot: dict[str, Any]) -> None:

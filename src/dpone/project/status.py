@@ -25,7 +25,8 @@ from typing import Any
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_tables import observe_ownership
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotRecord, SnapshotState
-from dpone.errors import DponeError
+from dpone.errors import DeadlineError, DponeError
+from dpone.ports.clickhouse_errors import ClickHouseServerError
 from dpone.ports.composition_snapshot import StepNote, TargetSlot
 from dpone.project.config import Project
 from dpone.project.leases import (
@@ -39,7 +40,7 @@ from dpone.project.leases import (
 from dpone.project.retention import observe_copy, rollback_copies, superseded_prepared
 from dpone.project.retire import known_slots, retire_command, retired_slot
 from dpone.publication.retained import stored_intents
-from dpone.publication.server_access import server_reachable
+from dpone.publication.server_access import REACH_SECONDS, reach_failure
 from dpone.publication.store import SnapshotSummary, SqliteSnapshotStore
 from dpone.publication.store.retirement import RETIRED
 from dpone.staging.recovery import finishing_command, list_attempts
@@ -55,6 +56,8 @@ class ProjectStatus:
     active_leases: list[dict[str, Any]] = field(default_factory=list)
     # Slots the store knows whose table the project file no longer declares.
     removed: list[dict[str, Any]] = field(default_factory=list)
+    # Why the server did not answer (code, reason, message, fix), None when it did.
+    server_unreachable: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +66,7 @@ class ProjectStatus:
             "server_running": self.server_running,
             "active_leases": self.active_leases,
             "removed": self.removed,
+            "server_unreachable": self.server_unreachable,
         }
 
 
@@ -72,8 +76,11 @@ def project_status(project: Project) -> ProjectStatus:
     # Status never creates a store: a project that never ran has none yet.
     store = SqliteSnapshotStore(project.store, create=False) if project.store.exists() else None
     summaries = store.list_snapshots() if store is not None else []
-    running = server_reachable(project.clickhouse.access)
+    failure = reach_failure(project.clickhouse.access)
+    running = failure is None
     status.server_running = running
+    if failure is not None:
+        status.server_unreachable = unreachable(project, failure)
     tail = ["--store", str(project.store), *project.server_arguments()]
     notes = store.retirement_notes() if store is not None else {}
     declared = {TargetSlot(t.database, t.target): t.name for t in project.tables.values()}
@@ -122,6 +129,69 @@ def project_status(project: Project) -> ProjectStatus:
     elif running:
         _targets_without_store(project, status)
     return status
+
+
+# ClickHouse's error code for a login it refuses (a wrong password, an unknown user).
+AUTHENTICATION_FAILED = 516
+# What each way of not reaching the server is called, and what in the project fixes it.
+_ENDPOINT_FIX = "check [clickhouse] host and http_port in {path} and that the server listens there"
+_REASONS: dict[str, tuple[str, str]] = {
+    "connect_failed": ("cannot connect", _ENDPOINT_FIX),
+    "host_not_found": ("host not found", _ENDPOINT_FIX),
+    "transport_deadline": (f"no answer within {REACH_SECONDS:g} s (timeout)", _ENDPOINT_FIX),
+    "tls_certificate_refused": (
+        "TLS certificate refused",
+        "check [clickhouse] ca_file in {path} (the CA that signed the server's certificate) "
+        "and that the certificate names host and has not expired",
+    ),
+    "tls_handshake_failed": (
+        "TLS handshake failed",
+        "check [clickhouse] secure and http_port in {path}: with secure = true the port "
+        "must be the server's HTTPS one",
+    ),
+    "authentication_refused": (
+        "authentication refused",
+        "the server refused the password [clickhouse] credentials_file holds: install the "
+        "users file of the same `dpone pool render`, or point credentials_file at the "
+        "credentials file of the render installed; `dpone pool verify --config {path}` "
+        "names each principal",
+    ),
+}
+
+
+def unreachable(project: Project, failure: DponeError) -> dict[str, Any]:
+    """Why ``project``'s server did not answer, from ``failure``'s code and message:
+    ``code``, ``reason`` (in words), ``message`` and ``fix``, never a password."""
+    access = project.clickhouse.access
+    code = failure.code
+    if isinstance(failure, ClickHouseServerError) and (
+        failure.details.get("clickhouse_code") == AUTHENTICATION_FAILED
+    ):
+        code = "authentication_refused"
+    elif isinstance(failure, DeadlineError):
+        code = "transport_deadline"
+    if access.managed:
+        command = failure.details.get("next_command")
+        return {
+            "code": code,
+            "reason": "not running",
+            "message": failure.message,
+            "fix": f"start it with `{command}`" if command else None,
+        }
+    message = failure.message
+    # The server's own words are quoted; none has ever held a password, and none may.
+    for login in access.known_credentials().values():
+        if login.password:
+            message = message.replace(login.password, "***")
+    reason, fix = _REASONS.get(code, ("request failed", _ENDPOINT_FIX))
+    if code == "connect_failed" and "refused" in message.lower():
+        reason = "connection refused"
+    return {
+        "code": code,
+        "reason": reason,
+        "message": message,
+        "fix": fix.format(path=project.path),
+    }
 
 
 def _publication_item(

@@ -114,17 +114,27 @@ class ServerAccess:
 
 
 def server_reachable(access: ServerAccess) -> bool:
-    """Whether the server answers now: the managed one runs, or a remote one answers
-    ``SELECT 1`` to its operator (a failure to reach it, a refused login included, is
-    no; a credentials file that cannot be used raises)."""
+    """Whether the server answers now (see :func:`reach_failure`)."""
+    return reach_failure(access) is None
+
+
+def reach_failure(access: ServerAccess) -> DponeError | None:
+    """Why the server does not answer now, or None when it does: the managed one runs
+    (else ``server_not_running``), a remote one answers ``SELECT 1`` to its operator
+    (else the typed error of the request: a refused connection, TLS, login or a
+    timeout). A credentials file that cannot be used raises: it is said, not hidden."""
     if access.remote is None:
-        return find_running(access.data_dir) is not None
-    login = access.operator()  # a missing or exposed credentials file is said, not hidden
+        try:
+            access.endpoint("system")
+        except ServerNotRunning as exc:
+            return exc
+        return None
+    login = access.operator()
     try:
         HttpTransport(access.endpoint("system"), login).execute(
             read("SELECT 1", f"dpone-status-reach-{time.time_ns()}"),
             deadline=time.monotonic() + REACH_SECONDS,
         )
-    except DponeError:
-        return False
-    return True
+    except DponeError as exc:
+        return exc
+    return None
