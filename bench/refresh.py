@@ -352,6 +352,7 @@ def report(rows: int, refreshed: dict[str, Any], base: dict[str, Any]) -> None:
     )
     print(f"total ratio: {wall / base['total']:.2f}x the baseline")
     pairs: dict[str, float | None] = {
+        "check": None,
         "export": base["export"],
         "stage": base["create"] + base["insert"],
         "prepare": None,
