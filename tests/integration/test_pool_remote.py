@@ -180,6 +180,17 @@ def test_verify_names_every_mistake_of_the_installation(tmp_path: Path) -> None:
         assert (
             identity["statement"] == "CREATE DATABASE IF NOT EXISTS _dpone_identity ENGINE = Atomic"
         )
+        # The text says, per problem, what is wrong, about whom, and what fixes it.
+        assert all(p["fix"] for p in found["problems"]), found["problems"]
+        assert "render the pool again" in by_code["principal_login_failed"][0]["fix"]
+        fixes = {p["database"]: p["fix"] for p in by_code["database_not_protected"]}
+        assert "--protect ok_db --protect mem_db " in fixes["mem_db"], fixes
+        text = dpone("pool", "verify", "--config", str(config)).stderr
+        assert text.count("\n  fix: ") == len(found["problems"]), text
+        assert "problem [principal_grants_differ] (user dpone_publisher_1): " in text, text
+        assert "  extra grants: INSERT ON *.*\n" in text
+        assert "problem [database_missing] (database absent_db): " in text
+        assert "  fix: as the server's administrator: `CREATE DATABASE absent_db" in text
 
 
 def test_a_credentials_file_others_can_read_is_refused(tmp_path: Path) -> None:
@@ -237,3 +248,39 @@ def test_every_refresh_proves_the_installation_again(tmp_path: Path) -> None:
         done = dpone("refresh", "--all", "--config", str(other), "--json")
         error = json.loads(done.stdout)["tables"][0]["error"]
         assert "--protect run_db --protect new_db" in error["message"], error
+
+
+def _queries_unlogged(text: str) -> str:
+    # An operator's mistake: the pool's profile stops the query log for its users.
+    return text.replace(
+        "<async_insert>0</async_insert>",
+        "<async_insert>0</async_insert><log_queries>0</log_queries>",
+    )
+
+
+def test_verify_names_a_query_log_that_does_not_log_the_pool(tmp_path: Path) -> None:
+    for server in remote_server(tmp_path, ["qlog_db"], tamper=_queries_unlogged):
+        config = project_for(tmp_path, server, ["qlog_db"])
+        done = dpone("pool", "verify", "--config", str(config), "--json")
+        found = json.loads(done.stdout)
+        assert done.returncode == 1 and not found["ok"]
+        # The grants are exact; only the query log is wrong, for every principal.
+        (problem,) = found["problems"]
+        assert problem["code"] == "query_log_off", problem
+        users = [p["user"] for p in found["principals"]]
+        assert problem["users"] == sorted(users) and len(users) == 11
+        assert problem["settings"]["dpone_closer"] == {"log_queries": 0, "probability": 1}
+        assert "system.query_log" in problem["message"] and "log_queries" in problem["fix"]
+        text = dpone("pool", "verify", "--config", str(config))
+        assert text.returncode == 1
+        assert "problem [query_log_off] (users dpone_catalog, " in text.stderr, text.stderr
+        assert f"  fix: {problem['fix']}" in text.stderr
+        assert f"once fixed, run `dpone pool verify --config {config}` again" in text.stderr
+        # Every refresh proves it too: refused at check, before any export.
+        with sqlite3.connect(tmp_path / "shop.db") as conn:
+            conn.execute("CREATE TABLE items (id bigint NOT NULL)")
+        conn.close()
+        config.write_text(config.read_text() + 'order_by = "id"\n')
+        refused = dpone("refresh", "--all", "--config", str(config), "--json")
+        table = json.loads(refused.stdout)["tables"][0]
+        assert (table["phase"], table["error"]["code"]) == ("check", "query_log_off"), table

@@ -7,7 +7,9 @@ that the server holds exactly that installation.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -115,8 +117,28 @@ def verify(config_path: Path, as_json: bool) -> None:
                 ok = entry.get("authenticated") and entry.get("grants_exact")
                 click.echo(f"  {entry['user']} ({entry['role']}): {'ok' if ok else 'NOT OK'}")
             for problem in found.problems:
-                click.echo(f"problem [{problem['code']}]: {problem['message']}", err=True)
+                _echo_problem(problem)
+            if found.problems:
+                again = shlex.join(["dpone", "pool", "verify", "--config", str(config_path)])
+                click.echo(
+                    f"{len(found.problems)} problem(s); once fixed, run `{again}` again", err=True
+                )
             if found.ok:
                 click.echo("the pool is installed as dpone needs it")
         if not found.ok:
             raise SystemExit(1)
+
+
+def _echo_problem(problem: dict[str, Any]) -> None:
+    """One problem of ``pool verify``: what is wrong, about whom, and what fixes it."""
+    about = [f"{key} {problem[key]}" for key in ("user", "database") if problem.get(key)]
+    if problem.get("users"):
+        about.append(f"users {', '.join(problem['users'])}")
+    where = f" ({'; '.join(about)})" if about else ""
+    click.echo(f"problem [{problem['code']}]{where}: {problem['message']}", err=True)
+    for key in ("missing", "extra"):
+        if problem.get(key):
+            click.echo(f"  {key} grants: {', '.join(problem[key])}", err=True)
+    if problem.get("statement"):
+        click.echo(f"  statement: {problem['statement']}", err=True)
+    click.echo(f"  fix: {problem['fix']}", err=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,11 @@ from dpone.sql import quote_literal
 MIN_SERVER_VERSION = (26, 3)
 REQUEST_SECONDS = 30.0
 _VERSION = "SELECT version() AS v"
+# Who the server says a principal is, and whether it logs every query of theirs.
+_WHO = (
+    "SELECT currentUser() AS who, toUInt8(getSetting('log_queries')) AS log_queries, "
+    "toFloat64(getSetting('log_queries_probability')) AS sampled"
+)
 _GRANT = re.compile(
     r"^GRANT (?P<privileges>.+) ON (?P<on>\S+) TO \S+(?P<option> WITH GRANT OPTION)?$"
 )
@@ -185,7 +190,8 @@ def verify_pool(access: ServerAccess, databases: Sequence[str]) -> PoolVerificat
     except (NotSubmitted, TransportDeadline) as exc:
         # The server is not reached at all (TLS refused, nothing listening): one problem,
         # said once, not once per principal.
-        found.problems.append({"code": exc.code, "message": exc.message})
+        problem = {"code": exc.code, "message": exc.message}
+        found.problems.append({**problem, "fix": problem_fix(problem, databases)})
         return found
     except DponeError:
         pass  # reached: the keeper's own login is judged with the others below
@@ -194,10 +200,7 @@ def verify_pool(access: ServerAccess, databases: Sequence[str]) -> PoolVerificat
     for user in remote_users():
         transport = HttpTransport(access.endpoint("system"), credentials[user])
         try:
-            signed[user] = (
-                _rows(transport, "SELECT currentUser() AS who", f"who-{user}"),
-                _grants(transport, user),
-            )
+            signed[user] = (_rows(transport, _WHO, f"who-{user}"), _grants(transport, user))
         except DponeError as exc:
             found.problems.append(
                 {"code": "principal_login_failed", "user": user, "message": exc.message}
@@ -226,13 +229,14 @@ def verify_pool(access: ServerAccess, databases: Sequence[str]) -> PoolVerificat
             entry["authenticated"] = False
             continue
         rows, grants = signed[user]
-        entry["authenticated"] = rows == [{"who": user}]
+        entry["authenticated"] = [r.get("who") for r in rows] == [user]
         if not entry["authenticated"]:
             found.problems.append(
                 {
                     "code": "principal_login_failed",
                     "user": user,
-                    "message": f"signed in as {user}, the server says the user is {rows}",
+                    "message": f"signed in as {user}, the server says the user is "
+                    f"{[r.get('who') for r in rows]}",
                 }
             )
         have, want = grant_pairs(grants), grant_pairs(remote_grants(role, over))
@@ -247,12 +251,116 @@ def verify_pool(access: ServerAccess, databases: Sequence[str]) -> PoolVerificat
                     "extra": sorted(" ON ".join(p) for p in have - want),
                 }
             )
+    _query_log_settings(found, {user: rows for user, (rows, _) in signed.items()})
     if KEEPER_USER in credentials:
-        _server_facts(found, HttpTransport(access.endpoint("system"), credentials[KEEPER_USER]))
-        _databases(
+        _keeper_checks(
             found, HttpTransport(access.endpoint("system"), credentials[KEEPER_USER]), databases
         )
+    for problem in found.problems:
+        problem.setdefault("fix", problem_fix(problem, over))
     return found
+
+
+def _keeper_checks(
+    found: PoolVerification, keeper: HttpTransport, databases: Sequence[str]
+) -> None:
+    """What the keeper reads: the server's version and identity, its query log, the databases."""
+    _server_facts(found, keeper)
+    _query_log_readable(found, keeper)
+    _databases(found, keeper, databases)
+
+
+_ENDPOINT_FIX = (
+    "check [clickhouse] host, http_port and secure in the project file, and that the "
+    "server listens there"
+)
+
+
+def problem_fix(problem: Mapping[str, Any], protected: Sequence[str]) -> str:
+    """What fixes ``problem``, in words and with its command or config key (``protected``:
+    the databases the installation protects, which a new render must keep)."""
+    user, database = problem.get("user"), problem.get("database")
+    render = render_command(protected)
+    fixes = {
+        "connect_failed": _ENDPOINT_FIX,
+        "host_not_found": _ENDPOINT_FIX,
+        "transport_deadline": _ENDPOINT_FIX,
+        "tls_certificate_refused": "check [clickhouse] ca_file (the CA that signed the "
+        "server's certificate) and that the certificate names host and has not expired",
+        "tls_handshake_failed": "check [clickhouse] secure and http_port: with secure = "
+        "true the port must be the server's HTTPS one",
+        "principal_login_failed": f"the server does not accept {user}'s password from "
+        "[clickhouse] credentials_file: install, in the server's users.d, the users file "
+        "rendered with that credentials file, or point credentials_file at the credentials "
+        f"file of the render installed; if the installed file lacks {user}, render the pool "
+        f"again (`{render}`) and install it",
+        "principal_grants_differ": f"the server gives {user} other grants than its role's: "
+        "install the users file exactly as `dpone pool render` wrote it (or render again: "
+        f"`{render}`) and revoke any grant given to {user} beside it",
+        "database_not_protected": "render the pool with every database it protects "
+        f"(`{render_command((*protected, str(database)))}`), install the users file, then "
+        "point [clickhouse] credentials_file at the new credentials file",
+        "database_missing": f"as the server's administrator: `CREATE DATABASE {database} "
+        "ENGINE = Atomic`; or point the tables' target in the project file at a database "
+        "that exists",
+        "database_not_atomic": "EXCHANGE TABLES needs an Atomic database: have the "
+        f"administrator move {database}'s tables into an Atomic database (`CREATE DATABASE "
+        "... ENGINE = Atomic`, then `RENAME TABLE`), or point the tables' target at one",
+        "server_too_old": "upgrade the server to ClickHouse "
+        f"{'.'.join(map(str, MIN_SERVER_VERSION))} or newer",
+        "identity_missing": f"as the server's administrator: `{IDENTITY_CREATE}`",
+        "server_unreadable": f"{KEEPER_USER} must read the server's system tables: install "
+        f"the users file as rendered (its role's grants), or render again (`{render}`)",
+        "query_log_off": "remove what sets log_queries to 0 or log_queries_probability "
+        "below 1 for these users: a setting in the dpone_pool profile of the installed users "
+        "file, or in the server's configuration (the server's default is 1 for both)",
+        "query_log_unreadable": "turn the server's query log on: its configuration needs "
+        "the <query_log> section (ClickHouse's default config.xml has it; a config.d file may "
+        f"remove it), and {KEEPER_USER} keeps its rendered SELECT on system.*",
+    }
+    return fixes.get(str(problem.get("code")), "see docs/remote.md")
+
+
+def _query_log_settings(found: PoolVerification, signed: dict[str, list[dict[str, Any]]]) -> None:
+    """``query_log_off``: the principals whose queries the server does not log (every
+    one of them: ``log_queries`` 1, ``log_queries_probability`` 1), whose closure could
+    then never be proven from ``system.query_log``."""
+    off = {
+        user: {"log_queries": rows[0].get("log_queries"), "probability": rows[0].get("sampled")}
+        for user, rows in signed.items()
+        if rows and (rows[0].get("log_queries") != 1 or rows[0].get("sampled") != 1)
+    }
+    if off:
+        found.problems.append(
+            {
+                "code": "query_log_off",
+                "users": sorted(off),
+                "settings": off,
+                "message": f"the server does not log every query of {', '.join(sorted(off))} "
+                "(log_queries must be 1 and log_queries_probability 1 for each): closure reads "
+                "system.query_log to prove a lease's queries ended, and cannot",
+            }
+        )
+
+
+def _query_log_readable(found: PoolVerification, keeper: HttpTransport) -> None:
+    """``query_log_unreadable``: ``system.query_log`` cannot be read (the server's query
+    log is off, so the table does not exist, or the read is not granted)."""
+    try:
+        _rows(
+            keeper,
+            "SELECT count() AS n FROM system.query_log "
+            "WHERE event_date = today() AND query_id = ''",
+            "query-log",
+        )
+    except DponeError as exc:
+        found.problems.append(
+            {
+                "code": "query_log_unreadable",
+                "message": f"{KEEPER_USER} cannot read system.query_log ({exc.message}): "
+                "closure reads it to prove a lease's queries ended",
+            }
+        )
 
 
 def _server_facts(found: PoolVerification, keeper: HttpTransport) -> None:
