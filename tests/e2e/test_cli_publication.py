@@ -1,5 +1,6 @@
 """``dpone snapshot`` as a user runs it: export, stage, prepare, publish, on a managed
-server started with ``dpone server start --protect``.
+server started with ``dpone server start --protect``, and on a server dpone did not
+start, named by a project file (``--config``).
 
 Every step is the ``dpone`` command in a subprocess; the server's answers are read
 through the tests' own HTTP client (tests/chhttp.py), never through dpone.
@@ -21,7 +22,9 @@ from typing import Any
 import pytest
 
 from tests import chhttp
+from tests.e2e.test_cli_refresh import SERVER_KINDS
 from tests.e2e.test_cli_server import as_json, dpone
+from tests.remote_server import remote_server
 
 DB = "pubdb"
 Row = tuple[int, str | None, int | None]
@@ -32,20 +35,34 @@ BASE: list[Row] = [(1, "one", 10), (2, "two", 20), (3, "three", None), (4, None,
 
 @dataclass(frozen=True)
 class Server:
-    data_dir: Path
+    """The server the commands reach: ``where`` names it on their command lines."""
+
+    where: tuple[str, ...]  # ("--data-dir", D) for the managed one, ("--config", F) remote
     http_port: int
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A managed server protecting ``pubdb`` (the pool is declared over it)."""
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """A server protecting ``pubdb``: the managed one (``dpone server start --protect``),
+    or one dpone did not start, named by a project file's ``[clickhouse] host``."""
+    if request.param == "remote":
+        root = tmp_path_factory.mktemp("pubremote")
+        for info in remote_server(root, [DB]):
+            project = root / "dpone.toml"
+            project.write_text(
+                '[project]\nwork_dir = "work"\nstore = "store.sqlite"\n' + info["clickhouse_toml"]
+            )
+            yield Server(("--config", str(project)), info["http_port"])
+        return
     data_dir = tmp_path_factory.mktemp("pubserver") / "ch"
     started = dpone("server", "start", "--data-dir", str(data_dir), "--protect", DB, "--json")
     assert started.returncode == 0, started.stdout + started.stderr
     info = as_json(started)
     chhttp.register_server(info["http_port"], data_dir)
     try:
-        yield Server(data_dir, info["http_port"])
+        yield Server(("--data-dir", str(data_dir)), info["http_port"])
     finally:
         stopped = dpone("server", "stop", "--data-dir", str(data_dir), "--json")
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
@@ -63,8 +80,8 @@ class Workspace:
         return str(self.root / "snapshots.sqlite")
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """A ``dpone`` command on this workspace's server (``--data-dir``) and store."""
-        return dpone(*args, "--data-dir", str(self.server.data_dir), "--store", self.store)
+        """A ``dpone`` command on this workspace's server and store."""
+        return dpone(*args, *self.server.where, "--store", self.store)
 
     def snapshot(self, verb: str, intent: str) -> subprocess.CompletedProcess[str]:
         if verb == "show":  # show reads the store only
@@ -447,8 +464,7 @@ def test_concurrent_publishers_dispatch_one_exchange(ws: Workspace) -> None:
         "snapshot",
         "publish",
         intent,
-        "--data-dir",
-        str(ws.server.data_dir),
+        *ws.server.where,
         "--store",
         ws.store,
         "--json",
