@@ -19,15 +19,17 @@ from typing import Any
 import pytest
 
 from tests import chhttp
-from tests.e2e.test_cli_refresh import make_source, project, protected_server, refresh
+from tests.e2e.test_cli_refresh import SERVER_KINDS, make_source, project, protected_server, refresh
 from tests.e2e.test_cli_server import as_json, dpone
 
 DATABASE = "refresh_db"  # test_cli_refresh.project() targets this database
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    yield from protected_server(tmp_path_factory, DATABASE, "design-ch")
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    yield from protected_server(tmp_path_factory, DATABASE, "design-ch", request.param)
 
 
 def _wider_source(path: Path, rows: int) -> list[tuple[Any, ...]]:

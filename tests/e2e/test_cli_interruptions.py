@@ -26,6 +26,7 @@ from dpone.contracts.composition_snapshot import SnapshotIntent
 from dpone.durable_files import temporary_siblings
 from dpone.publication.store import SqliteSnapshotStore
 from tests.e2e.test_cli_refresh import (
+    SERVER_KINDS,
     make_source,
     project,
     protected_server,
@@ -37,9 +38,11 @@ from tests.e2e.test_cli_server import as_json, dpone
 DATABASE = "refresh_db"  # test_cli_refresh.project() targets this database
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    yield from protected_server(tmp_path_factory, DATABASE, "interrupt-ch")
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    yield from protected_server(tmp_path_factory, DATABASE, "interrupt-ch", request.param)
 
 
 def _journal_states(attempts: Path) -> list[str]:

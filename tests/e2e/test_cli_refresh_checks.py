@@ -24,15 +24,24 @@ import pytest
 
 from dpone.publication.store import SqliteSnapshotStore
 from tests import chhttp
-from tests.e2e.test_cli_refresh import make_source, project, protected_server, refresh, rows_of
+from tests.e2e.test_cli_refresh import (
+    SERVER_KINDS,
+    make_source,
+    project,
+    protected_server,
+    refresh,
+    rows_of,
+)
 from tests.e2e.test_cli_server import as_json, dpone
 
 DATABASE = "refresh_db"  # test_cli_refresh.project() targets this database
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    yield from protected_server(tmp_path_factory, DATABASE, "checks-ch")
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    yield from protected_server(tmp_path_factory, DATABASE, "checks-ch", request.param)
 
 
 def _exports(tmp_path: Path) -> dict[str, int]:
@@ -65,14 +74,27 @@ def test_a_missing_or_unprotected_database_is_refused_before_the_export(
     config = project(tmp_path, server, "t_check_db")
     text = config.read_text()
     config.write_text(text.replace(f'"{DATABASE}.t_check_db"', '"nodb.orders"'))
-    report = _refused_before_work(config, "database_missing")
-    assert "CREATE DATABASE `nodb`" in report["error"]["message"], report
+    remote = server["kind"] == "remote"
+    # A remote pool sees no database it holds no grant on: both problems are named,
+    # the installation's first (the pool must protect it, and it must exist).
+    report = _refused_before_work(
+        config, "database_not_protected" if remote else "database_missing"
+    )
+    assert "CREATE DATABASE" in report["error"]["message"] and "nodb" in report["error"]["message"]
     assert "Code: 81" not in report["error"]["message"]
-    # It exists now, but the server does not protect it: the restart that does.
+    if remote:
+        problems = report["error"]["details"]["problems"]
+        assert [p["code"] for p in problems] == ["database_not_protected", "database_missing"]
+    # It exists now, but the server does not protect it: the restart (or, on a remote
+    # server, the pool rendered again) that does.
     chhttp.query(server["http_port"], "CREATE DATABASE nodb ENGINE = Atomic")
     try:
         report = _refused_before_work(config, "database_not_protected")
-        assert "--protect nodb" in report["error"]["details"]["next_command"], report
+        if remote:
+            (problem,) = report["error"]["details"]["problems"]
+            assert "--protect nodb" in problem["fix"], report
+        else:
+            assert "--protect nodb" in report["error"]["details"]["next_command"], report
         assert _attempts(tmp_path) == set()
     finally:
         chhttp.query(server["http_port"], "DROP DATABASE nodb")
