@@ -24,15 +24,17 @@ import pytest
 from dpone.publication.store import SqliteSnapshotStore
 from tests import chhttp
 from tests.e2e.test_cli_boundary import _run_on_terminal
-from tests.e2e.test_cli_refresh import protected_server
+from tests.e2e.test_cli_refresh import SERVER_KINDS, clickhouse_section, protected_server
 from tests.e2e.test_cli_server import as_json, dpone
 
 DATABASE = "jobs_db"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    yield from protected_server(tmp_path_factory, DATABASE, "jobs-ch")
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    yield from protected_server(tmp_path_factory, DATABASE, "jobs-ch", request.param)
 
 
 def _project(tmp_path: Path, server: dict[str, Any], tables: int, rows: int, tag: str) -> Path:
@@ -47,8 +49,8 @@ def _project(tmp_path: Path, server: dict[str, Any], tables: int, rows: int, tag
     conn.close()
     text = (
         '[project]\nwork_dir = "work"\nstore = "store.sqlite"\n'
-        f'[clickhouse]\ndata_dir = "{server["data_dir"]}"\n'
-        '[sources.shop]\nkind = "sqlite"\npath = "shop.db"\n'
+        + clickhouse_section(server)
+        + '[sources.shop]\nkind = "sqlite"\npath = "shop.db"\n'
     )
     for n in range(tables):
         text += (

@@ -108,7 +108,7 @@ def verify(config_path: Path, as_json: bool) -> None:
                 "itself; `dpone pool verify` is for a server named with host",
                 code="not_remote",
             )
-        found = verify_pool(project.clickhouse.access, project.databases)
+        found = verify_pool(project.clickhouse.access, project.databases, project.store)
         if as_json:
             emit_json(found.to_dict())
         else:

@@ -137,7 +137,7 @@ def reachability(project: Project) -> list[dict[str, Any]]:
     try:
         pool_credentials(access)
         if not access.managed:
-            found = verify_pool(access, project.databases)
+            found = verify_pool(access, project.databases, project.store)
             problems += [{"key": key, **p} for p in found.problems]
             if found.problems:
                 return problems

@@ -124,8 +124,10 @@ class RefreshChecks:
     def _installation(self, table: TableConfig) -> None:
         """On a remote server, the pool's installation as ``dpone pool verify`` proves it
         (exact grants, logins, database, identity), again at every run: its operator,
-        not dpone, controls it. The first problem's code refuses the run, all are named."""
-        found = verify_pool(self.project.clickhouse.access, [table.database])
+        not dpone, controls it. The first problem's code refuses the run, all are named.
+        It holds the store's dispatch gate (see :func:`verify_pool`): another table's
+        closure never counts its sign-ins as that lease's late queries."""
+        found = verify_pool(self.project.clickhouse.access, [table.database], self.project.store)
         if found.ok:
             return
         command = shlex.join(["dpone", "pool", "verify", "--config", str(self.project.path)])

@@ -379,7 +379,10 @@ class SnapshotAuthority:
             # Read under the gate, after the end: no dispatch can add an opening now.
             scope = self.scope_of(principal)
             killed = self._kill(principal.user, scope)
-        proof = self._prove(principal, lease.active, scope, started_us, killed)
+            # Proven under the gate too (a second or less once the sessions are closed):
+            # a pool verify, which signs in as every pool user, holds it as well, so its
+            # sign-ins are never this lease's queries started after the closure began.
+            proof = self._prove(principal, lease.active, scope, started_us, killed)
         if self._note_step is not None:
             self._note_step(
                 lease_step_key(principal.lease_id),
@@ -411,18 +414,21 @@ class SnapshotAuthority:
         closes = [self._drain.close(user, s) for s in scope.sessions if s.may_exist]
         wait = self.gate_wait_seconds(scope, [c["session_id"] for c in closes if c["ended"]])
         gate_at = self._clock() + wait
-        samples = [self._sample(user, scope)]
+        # The closure's own requests as the user (its closes, then its probes) may still
+        # be listed for a moment after they answered: they are not the lease's.
+        own = [str(c["close_query_id"]) for c in closes]
+        samples = [self._sample(user, scope, own)]
         while len(samples) < self.policy.samples or self._clock() < gate_at:
             self._sleep(self.policy.sample_spacing_seconds)
-            samples.append(self._sample(user, scope))
+            samples.append(self._sample(user, scope, own))
         gates = [self._drain.probe(user, session) for session in scope.sessions]
-        samples.append(self._sample(user, scope))
+        own += [str(g["probe_query_id"]) for g in gates]
+        samples.append(self._sample(user, scope, own))
         if any(s["queries"] for s in samples):
             unproven.append("processes_running")
         if any(g["answer"] != SESSION_NOT_FOUND for g in gates):
             unproven.append("session_open")
-        asked = [c["close_query_id"] for c in closes] + [g["probe_query_id"] for g in gates]
-        account = self._account(user, scope, started_us, asked)
+        account = self._account(user, scope, started_us, own)
         if account["unfinished"]:
             unproven.append("query_log_unfinished")
         if account["started_after_closure"]:
@@ -467,11 +473,13 @@ class SnapshotAuthority:
         rows = self._rows("SELECT toUnixTimestamp64Micro(now64(6)) AS us FORMAT JSONEachRow", "now")
         return int(rows[0]["us"])
 
-    def _sample(self, user: str, scope: LeaseScope) -> dict[str, Any]:
+    def _sample(self, user: str, scope: LeaseScope, own: Sequence[str]) -> dict[str, Any]:
         # The server's own FIFO query runs as user '' over the Local interface; the
         # filter on a nonempty user name excludes it. Once the user was leased again,
         # only this lease's marked queries are its own (the new lease's are not).
         where = f"user = {quote_literal(user)}"
+        if own:
+            where += f" AND query_id NOT IN ({', '.join(quote_literal(q) for q in own)})"
         if scope.relet:
             where += f" AND ({_marked(scope) if scope.marks else '0'})"
         rows = self._rows(

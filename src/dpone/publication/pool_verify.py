@@ -24,6 +24,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dpone.connectors.clickhouse_http import HttpTransport
@@ -33,6 +34,7 @@ from dpone.localserver.pool_file import KEEPER_USER, remote_grants, remote_role,
 from dpone.localserver.principal_pool import publisher_users
 from dpone.ports.clickhouse_errors import NotSubmitted, TransportDeadline
 from dpone.ports.clickhouse_request import read
+from dpone.publication.dispatch_gate import DispatchGate, gate_path
 from dpone.publication.server_access import ServerAccess
 from dpone.sql import quote_literal
 
@@ -179,8 +181,24 @@ def parse_version(text: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def verify_pool(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
-    """Check the installation of the pool over ``databases`` on ``access``'s server."""
+def verify_pool(
+    access: ServerAccess, databases: Sequence[str], store: Path | None = None
+) -> PoolVerification:
+    """Check the installation of the pool over ``databases`` on ``access``'s server.
+
+    It signs in as every pool user. With ``store`` (the publication store of the
+    project), it does so holding the store's dispatch gate, as every closure does while
+    it proves a lease of one of them quiescent, so that a closure running beside it
+    never counts these sign-ins as its lease's queries started after it began.
+    """
+    if store is None:
+        return _verify(access, databases)
+    store.parent.mkdir(parents=True, exist_ok=True)
+    with DispatchGate(gate_path(store)).held():
+        return _verify(access, databases)
+
+
+def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
     found = PoolVerification(access.describe())
     credentials = access.known_credentials()
     try:
