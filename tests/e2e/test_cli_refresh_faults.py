@@ -413,12 +413,15 @@ def test_the_client_transport_is_refused_unless_its_ungated_ingest_is_accepted(
 ) -> None:
     config = client_project(tmp_path, server, "t_client_refused", accept=False)
     done = dpone("refresh", "--config", str(config), "items", "--json")
-    assert done.returncode == 2, done.stdout + done.stderr
-    error = json.loads(done.stdout)["error"]
-    assert error["code"] == "ingest_ungated"
-    assert "clickhouse.transport" in error["message"]
-    assert "accept_ungated_ingest" in error["message"]
-    assert not (tmp_path / "work").exists()  # refused before anything ran
+    assert done.returncode == 1, done.stdout + done.stderr
+    (report,) = json.loads(done.stdout)["tables"]
+    assert (report["phase"], report["error"]["code"]) == ("check", "ingest_ungated")
+    assert "clickhouse.transport" in report["error"]["message"]
+    assert "accept_ungated_ingest" in report["error"]["message"]
+    assert list(report["timings"]) == ["check"]  # refused before the export
+    # Only publishing is refused: the project loads for every other command.
+    status = dpone("status", "--config", str(config), "--json")
+    assert status.returncode == 0, status.stdout + status.stderr
 
 
 def test_refresh_over_the_client_transport_and_a_kill_while_loading(

@@ -1,8 +1,8 @@
 """The ingest principal's drain gate on the real managed server (issue 22, finding 2).
 
 Staging sends every write inside the attempt's HTTP session (``session_check=1``);
-``prepare``'s closure waits T plus the margin from the last write's noted answer and
-proves the session gone (372). An INSERT as the ingest user, held with its headers
+``prepare``'s closure closes that session (``close_session=1``) and proves it gone
+(372). An INSERT as the ingest user, held with its headers
 sent but not the blank line until ``prepare`` answered ``prepared``, then fails with
 372 and B keeps its rows. Every closure's proof is stored under its lease's key.
 """
@@ -34,9 +34,8 @@ from tests.integration.test_publication_faults import DB, managed, rig  # noqa: 
 from tests.publication_harness import Rig, Row
 
 ROWS: list[Row] = [(1, "one", 1), (2, "two", 2)]
-# A long T so that, without the ingest gate's wait, the session would still live when
-# the held INSERT is released (prepare takes about a second): the test cannot pass
-# by luck. 372 comes reliably from T + 2 s (checked), the closure's default margin.
+# A long T so that, unless the closure ends the session, it would still live when the
+# held INSERT is released (prepare takes about a second): the test cannot pass by luck.
 T = 5
 
 
@@ -123,7 +122,7 @@ def test_a_held_insert_of_the_ingest_user_fails_after_prepare(rig: Rig) -> None:
     assert prepare(rig, staged, "t_gate_held") == "prepared"
     status, code = held.release()
     assert (status, code) != (200, ""), "the late INSERT landed in B after PREPARED"
-    assert code == "372"  # SESSION_NOT_FOUND: the session had expired, nothing ran
+    assert code == "372"  # SESSION_NOT_FOUND: the closure closed the session, nothing ran
     assert rig.rows_of(staged.table) == ROWS
     # The closure's proof is stored under the lease, with the gate it probed.
     store = SqliteSnapshotStore(rig.store_path, create=False)

@@ -48,7 +48,6 @@ from dpone.publication.settings import (
     REMOTE_SESSION_MARGIN_SECONDS,
     SETTINGS,
     PublicationSettings,
-    ungated_transport,
 )
 from dpone.staging.composition import TRANSPORTS
 from dpone.staging.contract import PhysicalDesign
@@ -306,8 +305,6 @@ class _Reader(TomlReader):
         )
         clickhouse = self.clickhouse(top.get("clickhouse", {}))
         publication = self.publication(top.get("publication", {}), clickhouse.remote is not None)
-        if (why := ungated_transport(clickhouse.transport, publication)) is not None:
-            self.problem(("clickhouse", "transport"), why, code="ingest_ungated")
         sources = {
             name: source
             for name, raw in self.named(top, "sources").items()

@@ -38,6 +38,7 @@ from dpone.project.table_run import REQUEST_SECONDS, publication_for, snapshot_c
 from dpone.publication.composition import require_database, require_protected
 from dpone.publication.pool_verify import require_server_version, verify_pool
 from dpone.publication.publisher.prepare import refuse_side_effects
+from dpone.publication.settings import ungated_transport
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.sql import quote_literal
 from dpone.typepolicy import plan_columns
@@ -88,6 +89,11 @@ class RefreshChecks:
         database missing); no publication of the slot waits for its outcome
         (``slot_blocked``, with the command that resolves it).
         """
+        why = ungated_transport(self.project.clickhouse.transport, self.project.publication)
+        if why is not None:  # refused before the export, not at prepare
+            raise ConfigurationError(
+                f"{self.project.path}: clickhouse.transport {why}", code="ingest_ungated"
+            )
         access = self.project.clickhouse.access
         if access.managed:
             require_server_version(access)

@@ -22,8 +22,8 @@ revoked while the server runs) acts on one lease, never on a bare user name (its
    (:mod:`dpone.publication.session_drain`): the session is closed first
    (``close_session=1``, with the principal's credentials: sessions are per user), so
    a request delayed in flight fails with 372 on arrival; only a session the close did
-   not end (373: a request holds it; no answer) is waited out, T plus a margin counted
-   from its last recorded answer (from now when a request may still be running). No
+   not end (373: a request holds it; no answer; a probe right after it found it open)
+   is waited out, T plus a margin from now. The whole proof runs under the gate. No
    session-opening note means no session: the executor notes the opening under the
    gate after re-checking the lease this closure has ended. The probe, with
    ``session_check=1``, must answer 372 SESSION_NOT_FOUND (nothing runs or can start
@@ -412,11 +412,12 @@ class SnapshotAuthority:
         unproven = ["lease_active"] if lease_active else []
         # Each opened session is closed first; only one the close did not end is waited out.
         closes = [self._drain.close(user, s) for s in scope.sessions if s.may_exist]
-        wait = self.gate_wait_seconds(scope, [c["session_id"] for c in closes if c["ended"]])
+        ended = [c["session_id"] for c in closes if c["ended"]]
+        wait = self._drain.fallback_seconds(scope.sessions, ended)
         gate_at = self._clock() + wait
         # The closure's own requests as the user (its closes, then its probes) may still
         # be listed for a moment after they answered: they are not the lease's.
-        own = [str(c["close_query_id"]) for c in closes]
+        own = [str(c[k]) for c in closes for k in ("close_query_id", "check_query_id") if k in c]
         samples = [self._sample(user, scope, own)]
         while len(samples) < self.policy.samples or self._clock() < gate_at:
             self._sleep(self.policy.sample_spacing_seconds)

@@ -7,12 +7,15 @@ SESSION_NOT_FOUND and changes nothing. The closure makes the session go and prov
 gone, with the principal's own credentials (sessions are per user):
 
 1. **close**: ``SELECT 1`` with ``session_check=1`` and ``close_session=1``. ClickHouse
-   erases a session so closed from its table before the answer (``releaseAndCloseSession``
-   in ``Session.cpp``); a request that arrives afterwards cannot acquire it. Answers:
-   200 (closed now) or 372 (already gone) need no wait; 373 SESSION_IS_LOCKED (a
-   request holds it right now) or no answer at all leaves the session to its timeout;
-2. **wait**, only for a session the close did not end: its T plus the margin,
-   counted from the last request's recorded answer (from now when one may still run);
+   erases a session so closed from its table before the answer's end
+   (``releaseAndCloseSession`` in ``Session.cpp``, with the server's default
+   ``enable_http_close_session``); a request that arrives afterwards cannot acquire
+   it. The close counts as ended only when a probe right after it answers 372 (a
+   server that ignores the parameter answers 200 and keeps the session); 373
+   SESSION_IS_LOCKED (a request holds it right now) or no answer leaves the session
+   to its timeout;
+2. **wait**, only for a session the close did not end: its T plus the margin, from
+   now;
 3. **probe**: ``SELECT 1`` with ``session_check=1``; the proof is 372. A probe that
    finds the session open re-arms it for the full T (checked) and is noted, so a
    later closure waits again.
@@ -62,10 +65,31 @@ class SessionDrain:
     note_step: Callable[[str, Mapping[str, Any]], object] | None = None
 
     def close(self, user: str, session: SessionUse) -> dict[str, Any]:
-        """End ``session`` now: its answer (``closed``, a ClickHouse code, or an error code)."""
+        """End ``session`` now: its answer (``closed``, a ClickHouse code, or an error code),
+        and whether it is proven ended: a probe right after the close answered 372.
+
+        The probe is what counts, not the close's 200: a server that does not honour
+        ``close_session`` (``enable_http_close_session = false``, or a build that
+        releases the session before it closes it) answers 200 and keeps the session.
+        """
         found = self._ask(user, session.session_id, "close", close=True)
-        found["ended"] = found["answer"] in _ENDED
+        found["ended"] = False
+        if found["answer"] in _ENDED:
+            checked = self._ask(user, session.session_id, "check", close=False)
+            found["check_query_id"] = checked["probe_query_id"]
+            found["checked"] = checked["answer"]
+            found["ended"] = checked["answer"] == SESSION_NOT_FOUND
         return found
+
+    def fallback_seconds(self, sessions: Sequence[SessionUse], ended: Collection[str]) -> float:
+        """How long to wait for the sessions the close did not end: T plus the margin,
+        from now (a request may hold the session now, or a probe re-armed it)."""
+        waits = [
+            max(self.session_timeout, s.session_timeout or 0) + self.margin_seconds
+            for s in sessions
+            if s.may_exist and s.session_id not in ended
+        ]
+        return max(waits, default=0.0)
 
     def probe(self, user: str, session: SessionUse) -> dict[str, Any]:
         """Whether ``session`` is gone (answer 372); an open one is noted for later closures."""
