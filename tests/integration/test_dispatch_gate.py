@@ -21,7 +21,6 @@ import pytest
 from dpone.contracts.composition_snapshot import (
     SnapshotIntent,
     SnapshotState,
-    exchange_session_id,
 )
 from dpone.ports.composition_snapshot import PrincipalRef
 from dpone.publication.authority import SnapshotAuthority
@@ -126,35 +125,6 @@ def test_closure_without_an_opened_session_does_not_wait(case: Case) -> None:
     policy = publisher.authority.policy  # type: ignore[attr-defined]
     # Only the spacing of the samples; nothing waits for a session that never existed.
     assert sleeps.slept == [policy.sample_spacing_seconds] * (policy.samples - 1)
-
-
-def test_the_wait_counts_from_the_recorded_answer(case: Case) -> None:
-    components = case.rig.components()
-    authority = components.publisher.authority
-    assert isinstance(authority, SnapshotAuthority)
-    key = dispatch_step_key(case.intent)
-    session = exchange_session_id(case.intent)
-    now_us = int(time.time() * 1_000_000)
-    store = components.store
-    store.note_step(key, {"step": "session_opening", "session_id": session, "at_us": now_us})
-    window = authority.policy.session_timeout + authority.policy.session_margin_seconds
-    scope = authority.scope_of(_publisher_ref(case))
-    # Opened, no answer recorded: the full window from now.
-    assert authority.gate_wait_seconds(scope) == pytest.approx(window, abs=0.2)
-    store.note_step(
-        key,
-        {
-            "step": "exchange_answered",
-            "session_id": session,
-            "answered_at_us": now_us - 1_500_000,
-            "outcome": "acknowledged",
-            "clickhouse_code": None,
-            "reason": None,
-        },
-    )
-    scope = authority.scope_of(_publisher_ref(case))
-    # Answered 1.5 s ago: only the rest of the window.
-    assert authority.gate_wait_seconds(scope) == pytest.approx(window - 1.5, abs=0.2)
 
 
 def _publisher_ref(case: Case) -> PrincipalRef:

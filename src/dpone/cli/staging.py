@@ -64,8 +64,8 @@ def _with_principal(
         config,
         credentials=issued.credentials,
         principal_uuid=issued.ref.user_uuid,
-        # The drain gate notes its session under the lease: prepare's closure waits
-        # from the last write's answer and proves the session gone.
+        # The drain gate notes its session under the lease: prepare's closure closes
+        # it and proves it gone.
         session_notes=ingest_session_notes(store_path, issued.ref.lease_id),
     )
     return leased, issued.ref.lease_id

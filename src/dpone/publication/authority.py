@@ -49,7 +49,7 @@ proof is appended to the store under the lease's step key
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -394,11 +394,6 @@ class SnapshotAuthority:
                 },
             )
         return proof
-
-    def gate_wait_seconds(self, scope: LeaseScope, ended: Collection[str] = ()) -> float:
-        """How long from now until every opened session of ``scope`` not in ``ended``
-        (sessions the closure's close ended) has surely expired."""
-        return self._drain.wait_seconds(scope.sessions, ended)
 
     def _prove(
         self,

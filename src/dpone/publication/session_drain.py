@@ -44,7 +44,6 @@ from dpone.publication.dispatch_notes import PROBE_OPEN, SessionUse
 from dpone.publication.executor import TransportFactory, session_request
 
 SESSION_NOT_FOUND = 372
-SESSION_IS_LOCKED = 373
 CLOSED = "closed"
 # What a close may answer that leaves nothing to wait for.
 _ENDED = (CLOSED, SESSION_NOT_FOUND)
@@ -106,25 +105,6 @@ class SessionDrain:
                     },
                 )
         return found
-
-    def wait_seconds(self, sessions: Sequence[SessionUse], ended: Collection[str] = ()) -> float:
-        """How long from now until every opened session not in ``ended`` surely expired.
-
-        Each session's T is the longer of the policy's and the one its opening noted
-        (a staging run configured with a longer T than this closure's).
-        """
-        now_us = int(self.wall_clock() * 1_000_000)
-        waits = [
-            max(
-                0.0,
-                max(self.session_timeout, s.session_timeout or 0)
-                + self.margin_seconds
-                - (now_us - (s.settled_at_us or now_us)) / 1_000_000,
-            )
-            for s in sessions
-            if s.may_exist and s.session_id not in ended
-        ]
-        return max(waits, default=0.0)
 
     def _ask(self, user: str, session_id: str, purpose: str, *, close: bool) -> dict[str, Any]:
         digest = hashlib.sha256(session_id.encode()).hexdigest()[:12]
