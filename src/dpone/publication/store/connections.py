@@ -157,9 +157,13 @@ class StoreConnections:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
-        except sqlite3.Error as exc:
+        except BaseException as exc:
+            # A signal here too: a connection nobody holds would keep its locks until
+            # the traceback that references it is gone.
             conn.close()
-            raise self._error(exc, operation) from exc
+            if isinstance(exc, sqlite3.Error):
+                raise self._error(exc, operation) from exc
+            raise
         return conn
 
     def _error(self, exc: BaseException, operation: str) -> SnapshotStoreError:

@@ -33,6 +33,9 @@ def store_error(
     text = str(exc)
     busy = primary in (_SQLITE_BUSY, _SQLITE_LOCKED) or "locked" in text or "busy" in text
     where = {"path": str(path), "operation": operation}
+    name = getattr(exc, "sqlite_errorname", None)
+    if isinstance(name, str):  # the extended result code (SQLITE_IOERR_SHMOPEN, ...)
+        where["sqlite_error"] = name
     if uncertain is not None and (committing or busy):
         phase = "while committing" if committing else "while the database was busy"
         return SnapshotStoreError(

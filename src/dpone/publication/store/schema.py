@@ -176,26 +176,34 @@ def check_identity(conn: sqlite3.Connection, path: Path) -> str:
 
 
 def open_file(path: Path, create: bool) -> None:
-    """Check ``path`` is a regular file (``create``: create it ``0600`` first, durably)."""
+    """Check ``path`` is a regular file (``create``: create it ``0600`` first, durably).
+
+    An existing file is only looked at (``stat``), never opened: POSIX record locks
+    belong to the process, and closing any descriptor of the file drops all of them,
+    including the SHARED lock an open WAL connection of this process holds on it
+    (a connection left open by an interruption, or another store object's). SQLite
+    still believes it holds that lock, so another process's last close would
+    checkpoint and remove the WAL under it: the store ends malformed (SQLite's "How
+    To Corrupt", section 2.2). Only a file this call creates (``O_EXCL``) is opened.
+    """
     where = {"path": str(path)}
     try:
         if create:
             # The mode applies only to directories created here; existing ones stay.
             path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        else:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise SnapshotStoreError(
-                    f"{path} is not a regular file", code="store_unavailable", **where
-                )
-        finally:
-            os.close(fd)
-        if create:
-            fsync_directory(path.parent)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            except FileExistsError:
+                pass  # someone's store, or another process's new one: only looked at
+            else:
+                os.close(fd)  # new and empty: no connection can hold a lock on it yet
+                fsync_directory(path.parent)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise SnapshotStoreError(
+                f"{path} is not a regular file", code="store_unavailable", **where
+            )
     except FileNotFoundError as exc:
-        if create:  # the parent vanished while it was being created
+        if create:  # the parent or the file vanished while it was being created
             raise SnapshotStoreError(
                 f"cannot open the snapshot store {path}: {exc}",
                 code="store_unavailable",
