@@ -119,6 +119,10 @@ class FakeCatalog:
                 observed_at=AT,
             )
 
+    def database_uuid(self, database: str) -> str | None:
+        """Unknown to this double: the recorded-database check is the real catalog's."""
+        raise FakeError("no database UUIDs here", code="catalog_unobservable")
+
     def _table(self, name: str) -> TableObservation | None:
         table = self.tables.get(name)
         if table is None:

@@ -433,6 +433,10 @@ class ClickHouseSnapshotCatalog(Protocol):
         """Every query-log row of ``query_id`` (after a log flush); raises if unobservable."""
         ...
 
+    def database_uuid(self, database: str) -> str | None:
+        """The UUID of ``database`` on this server now (None: it does not exist)."""
+        ...
+
 
 class ClickHouseSnapshotExecutor(Protocol):
     """Dispatches internally rendered statements with issued credentials; never retries."""

@@ -218,6 +218,21 @@ class ClickHouseSnapshotCatalog:
             )
         return events
 
+    def database_uuid(self, database: str) -> str | None:
+        """The UUID of ``database`` on this server now (None: it does not exist).
+
+        An intent records the UUID of its database as staging observed it: another
+        UUID under the same name is another server (the project points elsewhere) or a
+        database dropped and created again, where nothing the intent names can be.
+        """
+        reads = CatalogReads(self._transport, self._clock() + self._timeout, self._clock)
+        rows = reads.rows(
+            "database_uuid",
+            "SELECT toString(uuid) AS uuid FROM system.databases "
+            f"WHERE name = {quote_literal(database)}",
+        )
+        return text_field(rows[0], "uuid", reads) if rows else None
+
     def retained_bytes(self, slot: TargetSlot, generation_table: str) -> int:
         """What the slot's database retains now: the target's bytes plus the retained.
 

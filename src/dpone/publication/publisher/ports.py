@@ -123,6 +123,34 @@ class PublisherPorts:
                 return observation
             self.sleep(CLOSING_POLL_SECONDS)
 
+    def require_recorded_database(self, database: str, recorded_uuid: str, what: str) -> None:
+        """Refuse (``database_mismatch``) when ``database`` now has another UUID than the
+        one ``what`` (an intent, a staged generation) recorded.
+
+        That is another server under the same name (the project, or a command's options,
+        now reach elsewhere) or the database dropped and created again: no observation
+        there can say anything about what was recorded, and a closure there would end a
+        lease on another server's evidence. Checked before anything is closed or sent. An
+        unobservable database is left to the observations that follow, which refuse.
+        """
+        if not recorded_uuid:
+            return  # nothing recorded to compare (the evidence checks refuse that)
+        try:
+            found = self.catalog.database_uuid(database)
+        except DponeError:
+            return
+        if found is not None and found != recorded_uuid:
+            raise SnapshotPublicationError(
+                f"the database {database} of {what} had UUID {recorded_uuid}; the server "
+                f"reached now has a database {database} with UUID {found}: this is another "
+                f"server than the one {what} was staged on, or {database} was dropped and "
+                "created again. Nothing was changed; reach the server it was staged on",
+                code="database_mismatch",
+                database=database,
+                recorded_uuid=recorded_uuid,
+                found_uuid=found,
+            )
+
     def _load(self, intent_sha256: str) -> LoadedIntent:
         stored = self.store.load(intent_sha256)
         intent = SnapshotIntent.from_bytes(stored.intent_bytes)

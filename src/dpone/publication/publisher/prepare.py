@@ -81,6 +81,11 @@ class PreparePath(PublisherPorts):
         """
         evidence = self.authority.reopen(attempt, generation_ref)
         check_evidence(evidence, generation_ref)
+        self.require_recorded_database(
+            evidence.slot.database,
+            str(evidence.endpoint.get("database_uuid", "")),
+            f"the staged generation {evidence.generation.table}",
+        )
         self._close_ingest(evidence)
         observation = self._observe_checked(evidence)
         staged = generation_of(observation, evidence)  # B must be there before any CREATE

@@ -52,6 +52,9 @@ class PublishPath(ReconcilePath):
             # An old claim never grants another EXCHANGE: resolve it instead.
             return self.reconcile(intent_sha256)
         intent = loaded.intent
+        self.require_recorded_database(
+            intent.database, intent.database_uuid, f"the intent {intent_sha256}"
+        )
         parent = self.authority.recheck(intent)
         now = self.clock()
         claim_id = uuid.uuid4().hex

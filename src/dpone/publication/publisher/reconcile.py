@@ -67,6 +67,9 @@ class ReconcilePath(PublisherPorts):
             )
         if record.state in TERMINAL or record.state is P.PREPARED:
             return self._report(intent, record)
+        self.require_recorded_database(
+            intent.database, intent.database_uuid, f"the intent {intent_sha256}"
+        )
         return self._reconcile_claimed(intent, record, None)
 
     def _report(self, intent: SnapshotIntent, record: SnapshotRecord) -> PublicationReceipt:
