@@ -80,6 +80,7 @@ from dpone.publication.retained import headroom_policy, headroom_refusal
 from dpone.staging.composition import StagingConfig
 from dpone.staging.contract import PhysicalDesign, StagingPolicy
 from dpone.staging.journal import read_events
+from dpone.staging.leftovers import archive_attempt
 from dpone.staging.recovery import discard_attempt, finishing_command
 from dpone.staging.sink import ClickHouseSink, new_attempt_id
 
@@ -178,7 +179,17 @@ class RefreshService:
                 database=table.database,
                 expected_uuid=intent.generation_uuid if intent is not None else None,
             )
-        close_attempt_leases(parts, report.attempt_id)
+        closed = close_attempt_leases(parts, report.attempt_id)
+        journal = self.attempts_dir / report.attempt_id
+        if not events and (journal / "events").is_dir():
+            # Cut between the journal's creation and its first event: nothing was sent
+            # (every mutation follows its durable intent). Moved aside as `dpone attempts
+            # archive` would, so that nothing is left for a person.
+            archive_attempt(
+                self.attempts_dir,
+                report.attempt_id,
+                {"leases_closed": closed, "store": str(self.project.store), "by": "refresh"},
+            )
 
     # ------------------------------------------------------------------ the phases
 
