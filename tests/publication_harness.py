@@ -238,9 +238,15 @@ class Rig:
         return self.stage_leased(rows, attempt_id)[0]
 
     def stage_leased(
-        self, rows: list[Row], attempt_id: str, **changes: Any
+        self,
+        rows: list[Row],
+        attempt_id: str,
+        transport_factory: Any = None,
+        **changes: Any,
     ) -> tuple[StagedTable, IssuedPrincipal]:
         """:meth:`stage`, with ``changes`` to the StagingConfig; also the ingest principal.
+
+        ``transport_factory`` is the sink's (None: the production default).
 
         As ``dpone refresh`` and ``dpone stage`` do, the drain gate notes its session
         under the ingest lease, so that prepare's closure waits for it and probes it.
@@ -259,7 +265,10 @@ class Rig:
             principal_uuid=ingest.ref.user_uuid,
             session_notes=ingest_session_notes(self.store_path, ingest.ref.lease_id),
         )
-        staged = ClickHouseSink(dataclasses.replace(config, **changes)).stage_validated_file(
+        sink = ClickHouseSink(
+            dataclasses.replace(config, **changes), transport_factory=transport_factory
+        )
+        staged = sink.stage_validated_file(
             exported.path, exported.receipt_path, attempt_id=attempt_id
         )
         return staged, ingest

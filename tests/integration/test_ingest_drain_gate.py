@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.contracts.composition_snapshot import DEFAULT_LIMITS
 from dpone.errors import DponeError
 from dpone.ports.clickhouse_request import Credentials
@@ -29,6 +30,7 @@ from dpone.publication.composition import (
 from dpone.publication.dispatch_notes import session_use
 from dpone.publication.store import SqliteSnapshotStore, lease_step_key
 from dpone.staging.ingest_session import ingest_session_id
+from dpone.staging.journal import read_events
 from dpone.staging.service import StagedTable
 from tests.integration.test_publication_faults import DB, managed, rig  # noqa: F401 (fixtures)
 from tests.publication_harness import Rig, Row
@@ -169,6 +171,32 @@ def test_staging_on_the_client_transport_has_no_gate(
     assert [(c["session_id"], c["answer"]) for c in facts["closes"]] == [(derived, 372)]
     assert [(s["session_id"], s["answer"]) for s in facts["sessions"]] == [(derived, 372)]
     assert facts["gate_wait_ms"] == 0
+
+
+def test_a_transport_that_says_http_but_opens_no_gate_is_refused(rig: Rig) -> None:  # noqa: F811
+    """Refused by what staging journaled (``drain_gate``), not by the transport's name:
+    an HTTP transport a caller hands to the sink unwrapped writes outside any session."""
+    staged, _ = rig.stage_leased(
+        ROWS,
+        "gate-unwrapped",
+        # Not "http": ingest_gate wraps only the configured HTTP transport.
+        transport_factory=lambda config: HttpTransport(config.endpoint, config.credentials),
+        transport="client",
+        policy=staging_policy(DEFAULT_LIMITS, session_timeout_seconds=T),
+    )
+    last = read_events(staged.journal_path)[-1].document
+    assert (last["transport"], last["drain_gate"]) == ("http", False)
+    rig.existing_target(staged, "t_gate_unwrapped", [])
+    with pytest.raises(DponeError) as refused:
+        prepare(rig, staged, "t_gate_unwrapped")
+    assert refused.value.code == "ingest_ungated"
+    assert "'http'" in refused.value.message
+    assert prepare(rig, staged, "t_gate_unwrapped", accept_ungated=True) == "prepared"
+
+
+def test_a_gated_stage_journals_its_gate(rig: Rig) -> None:  # noqa: F811
+    last = read_events(stage(rig, "gate-journaled").staged.journal_path)[-1].document
+    assert (last["transport"], last["drain_gate"]) == ("http", True)
 
 
 def test_a_held_insert_of_a_stage_without_notes_fails_after_prepare(rig: Rig) -> None:  # noqa: F811

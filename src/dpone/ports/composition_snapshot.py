@@ -133,6 +133,9 @@ class PublicationEvidence:
     # The transport staging's journal names ("http", "client"); None when the journal
     # names none (a rollback's, whose ingest principal writes nothing).
     ingest_transport: str | None = None
+    # Whether staging's transport put every write in a drain-gate session; None when
+    # the journal does not say (one written before it did, or a rollback's).
+    ingest_gated: bool | None = None
 
 
 @dataclass(frozen=True)

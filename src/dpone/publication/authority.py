@@ -222,6 +222,7 @@ class SnapshotAuthority:
             source=SourceEvidence(receipt_sha, receipt.rows_validated, receipt.artifact_size),
             ingest=ingest,
             ingest_transport=doc["transport"] if isinstance(doc.get("transport"), str) else None,
+            ingest_gated=doc["drain_gate"] if isinstance(doc.get("drain_gate"), bool) else None,
         )
 
     def _ingest(

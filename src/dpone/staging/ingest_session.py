@@ -80,6 +80,10 @@ def ingest_session_id(attempt_id: str) -> str:
 class IngestSessionGate:
     """A :class:`QueryPort` that sends every attempt write inside its gated session."""
 
+    # Journaled by staging (``drain_gate``): prepare refuses a generation staged
+    # through a transport that does not say this, whatever its name.
+    drain_gate = True
+
     def __init__(
         self,
         inner: QueryPort,

@@ -40,6 +40,7 @@ BASE_FIELDS = (
     "endpoint",
     "endpoint_identity",
     "transport",
+    "drain_gate",
     "planned_ownership",
     "principal",
 )

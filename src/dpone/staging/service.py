@@ -175,6 +175,9 @@ class ClickHouseValidatedFileService:
             {
                 "endpoint": self._endpoint_description(),
                 "transport": self.transport.name,
+                # Whether every write goes through a drain-gate session (the ingest
+                # closure's proof rests on it), as the transport itself says.
+                "drain_gate": getattr(self.transport, "drain_gate", False) is True,
                 "planned_ownership": {"database": self.database, "table": table},
                 "principal": {"user": self.user, "user_uuid": self.user_uuid},
             },

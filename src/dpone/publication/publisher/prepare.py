@@ -153,10 +153,14 @@ class PreparePath(PublisherPorts):
                 user=evidence.ingest.user,
                 strength=closure.strength.value,
             )
-        if evidence.ingest_transport == "client" and not self.accept_ungated_ingest:
+        ungated = evidence.ingest_gated is False or (
+            evidence.ingest_gated is None and evidence.ingest_transport == "client"
+        )
+        if ungated and not self.accept_ungated_ingest:
             raise SnapshotPublicationError(
-                f"the generation was staged without a drain gate (the client transport has "
-                f"no session), so a write of {evidence.ingest.user} held in flight could still "
+                f"the generation was staged without a drain gate (its journal names transport "
+                f"{evidence.ingest_transport!r} and no drain-gate session; the client "
+                f"transport has none), so a write of {evidence.ingest.user} held in flight could still "
                 "land in it; stage it again over HTTP, or accept its closure on process "
                 "samples and the query log alone ([publication] accept_ungated_ingest = "
                 "true, or --accept-ungated-ingest)",
