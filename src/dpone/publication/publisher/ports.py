@@ -18,6 +18,7 @@ from dpone.ports.composition_snapshot import (
     ClickHouseSnapshotCatalog,
     ClickHouseSnapshotExecutor,
     ClosureProof,
+    Lease,
     SnapshotPublicationAuthority,
     SnapshotPublicationStore,
     TargetSlot,
@@ -59,6 +60,20 @@ def closing_elsewhere(store: object) -> bool:
         if elsewhere and holder_liveness(holder)[0] is Liveness.ALIVE:
             return True
     return False
+
+
+def allowance_inputs(store: object) -> frozenset[tuple[str, str, bool, bool]]:
+    """Each pool user's last lease as a writer allowance decides by it: (user, lease,
+    active, closure proven). It changes when a lease is issued, ends or is proven."""
+    if not isinstance(store, SqliteSnapshotStore):
+        return frozenset()
+    last: dict[str, Lease] = {}
+    for record in store.lease_records(active_only=False):
+        last[record.lease.user] = record.lease  # oldest first: the last one is the latest
+    return frozenset(
+        (user, lease.lease_id, lease.active, not lease.active and store.closure_proven(lease))
+        for user, lease in last.items()
+    )
 
 
 @dataclass(frozen=True)
@@ -108,6 +123,7 @@ class PublisherPorts:
         """
         deadline = time.monotonic() + CLOSING_WAIT_SECONDS
         while True:
+            inputs = allowance_inputs(self.store)
             closing = closing_elsewhere(self.store)  # before: its proof may land meanwhile
             observation = self.catalog.observe(slot, generation_table)
             blockers = [
@@ -119,6 +135,11 @@ class PublisherPorts:
             only_writers = all(b.reason == "writer_grant" for b in blockers)
             if not blockers or not only_writers or time.monotonic() >= deadline:
                 return observation
+            if allowance_inputs(self.store) != inputs:
+                # A lease ended, or its proof was stored, while the observation ran: the
+                # allowance it read may be stale (a lease that ended and was proven
+                # between the two checks is seen by neither). Observe again.
+                continue
             if not (closing or closing_elsewhere(self.store)):
                 return observation
             self.sleep(CLOSING_POLL_SECONDS)
