@@ -23,15 +23,36 @@ import pytest
 from dpone.errors import StateError
 from dpone.project.leases import end_gone_lease, end_lease_command, judge_leases
 from dpone.publication.store import SqliteSnapshotStore, lease_step_key
-from tests.e2e.test_cli_refresh import converting, make_source, project, protected_server, rows_of
+from tests.e2e.test_cli_refresh import (
+    SERVER_KINDS,
+    converting,
+    make_source,
+    project,
+    protected_server,
+    rows_of,
+)
 from tests.e2e.test_cli_server import as_json, dpone
 
 DATABASE = "refresh_db"  # test_cli_refresh.project() targets this database
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    yield from protected_server(tmp_path_factory, DATABASE, "lease-ch")
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    yield from protected_server(tmp_path_factory, DATABASE, "lease-ch", request.param)
+
+
+def _reach(server: dict[str, Any], root: Path) -> list[str]:
+    """The options that name ``server`` on a command: the managed server's data
+    directory, or a project file whose ``[clickhouse]`` names the remote one."""
+    if server["kind"] != "remote":
+        return ["--data-dir", str(server["data_dir"])]
+    config = root / "reach" / "dpone.toml"
+    if not config.exists():
+        config.parent.mkdir(parents=True)
+        project(config.parent, server, "t_reach")
+    return ["--config", str(config)]
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +113,7 @@ def _stage_argv(
         str(work),
         "--database",
         DATABASE,
-        "--data-dir",
-        str(server["data_dir"]),
+        *_reach(server, work.parent),
         "--principal",
         "pool",
         "--store",
@@ -163,8 +183,7 @@ def test_killed_stages_exhaust_the_pool_until_their_leases_are_ended(
             entry["lease_id"],
             "--store",
             str(store),
-            "--data-dir",
-            str(server["data_dir"]),
+            *_reach(server, tmp_path),
             "--json",
         )
         assert closed.returncode == 0, closed.stdout + closed.stderr
@@ -194,8 +213,7 @@ def test_killed_stages_exhaust_the_pool_until_their_leases_are_ended(
         str(work),
         "--database",
         DATABASE,
-        "--data-dir",
-        str(server["data_dir"]),
+        *_reach(server, tmp_path),
         "--store",
         str(store),
         "--json",
