@@ -33,16 +33,25 @@ import pytest
 
 from dpone.project.leases import close_lease_command, judge_leases
 from dpone.publication.store import SqliteSnapshotStore
-from tests.e2e.test_cli_leases import DATABASE, _stage_argv
-from tests.e2e.test_cli_refresh import converting, make_source, project, protected_server, rows_of
+from tests.e2e.test_cli_leases import DATABASE, _reach, _stage_argv
+from tests.e2e.test_cli_refresh import (
+    SERVER_KINDS,
+    converting,
+    make_source,
+    project,
+    protected_server,
+    rows_of,
+)
 from tests.e2e.test_cli_server import as_json, dpone
 
 SLOW = {"DPONE_NATIVE": "0"}  # the Python reference: phases last seconds, not milliseconds
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    yield from protected_server(tmp_path_factory, DATABASE, "leftovers-ch")
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    yield from protected_server(tmp_path_factory, DATABASE, "leftovers-ch", request.param)
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +132,7 @@ def _stage_killed_before_its_first_event(
                 continue  # its first event came before the stop
             # While its process lives (stopped, not dead), the attempt is never archived.
             argv = ["attempts", "archive", attempt, "--work-dir", str(work), "--store", str(store)]
-            running = dpone(*argv, "--data-dir", str(server["data_dir"]), "--json")
+            running = dpone(*argv, *_reach(server, tmp_path), "--json")
             assert running.returncode == 1, running.stdout + running.stderr
             error = as_json(running)["error"]
             assert error["code"] == "attempt_running", error
@@ -139,11 +148,12 @@ def test_stage_killed_before_its_first_event_is_archived_by_the_command_list_nam
     tmp_path: Path, server: dict[str, Any], export: tuple[Path, Path]
 ) -> None:
     work, store, attempt = _stage_killed_before_its_first_event(tmp_path, server, export)
-    data_dir = str(server["data_dir"])
+    reach = _reach(server, tmp_path)
     archive = shlex.join(
         [
             *("dpone", "attempts", "archive", attempt, "--work-dir", str(work)),
-            *("--data-dir", data_dir, "--store", str(store)),
+            *reach,
+            *("--store", str(store)),
         ]
     )
     # The lease the stage took before its journal existed is still active, its holder gone.
@@ -151,7 +161,7 @@ def test_stage_killed_before_its_first_event_is_archived_by_the_command_list_nam
     assert (verdict.holder, verdict.reason) == ("gone", "process_gone")
     lease_id = verdict.lease_id
 
-    options = ["--work-dir", str(work), "--store", str(store), "--data-dir", data_dir]
+    options = ["--work-dir", str(work), "--store", str(store), *reach]
     listed = as_json(dpone("attempts", "list", *options, "--json"))
     (entry,) = listed["attempts"]
     assert (entry["attempt_id"], entry["state"], entry["needs_operator"]) == (
@@ -252,8 +262,8 @@ def test_refresh_killed_before_its_first_event_status_names_archive_then_refresh
         attempt.name,
         "--work-dir",
         str(attempts),
-        "--data-dir",
-        str(server["data_dir"]),
+        # The project's remote server is named by its project file.
+        *(["--config", str(config)] if server["kind"] == "remote" else _reach(server, root)),
         "--store",
         str(store),
     ]
@@ -439,7 +449,7 @@ def test_a_second_signal_in_the_lease_closure_names_close_lease_which_resolves_i
     assert process.returncode == 143, stdout + stderr
     details = json.loads(stdout)["error"]["details"]
     (lease,) = details["leases"]
-    command = close_lease_command(lease["lease_id"], store, Path(server["data_dir"]))
+    command = close_lease_command(lease["lease_id"], store, _reach(server, tmp_path))
     assert (lease["state"], lease["command"], details["next_command"]) == (
         "closure_unproven",
         command,

@@ -130,12 +130,16 @@ def lease_outcome(store_path: Path, lease_id: str, server: Mapping[str, object])
     except (DponeError, OSError) as exc:
         return {"lease_id": lease_id, "state": "unknown", "error": str(exc), "command": None}
     state = "active" if lease.active else "closed" if proven else "closure_unproven"
-    data_dir = server.get("data_dir")
+    data_dir, config = server.get("data_dir"), server.get("project_config")
     command = None
     if state != "closed":
-        command = close_lease_command(
-            lease_id, store_path, None if data_dir is None else Path(str(data_dir))
-        )
+        # The server the stage reached: a project's remote one by its project file.
+        reach: Path | list[str] | None = None
+        if config is not None:
+            reach = ["--config", str(config)]
+        elif data_dir is not None:
+            reach = Path(str(data_dir))
+        command = close_lease_command(lease_id, store_path, reach)
     return {"lease_id": lease_id, "user": lease.user, "state": state, "command": command}
 
 
