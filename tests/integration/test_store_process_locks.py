@@ -14,6 +14,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,43 @@ def test_a_store_is_still_created_private_and_a_directory_is_refused(tmp_path: P
         SqliteSnapshotStore(directory)
     assert caught.value.code == "store_unavailable"
     assert "not a regular file" in str(caught.value)
+
+
+def test_a_new_store_opens_while_another_connection_holds_its_write_lock(tmp_path: Path) -> None:
+    # Another process creating the same new store (refresh --jobs on a fresh project)
+    # holds the write lock of the still rollback-journal file: SQLite refuses the switch
+    # to WAL at once, without the busy handler. The open waits as the busy timeout would.
+    path = tmp_path / "store.sqlite"
+    path.touch(mode=0o600)
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.3, other.execute, args=("ROLLBACK",))
+    release.start()
+    try:
+        store = SqliteSnapshotStore(path, busy_timeout=5.0)
+    finally:
+        release.join()
+        other.close()
+    assert store.path == path
+    probe = sqlite3.connect(path)
+    try:
+        assert probe.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert probe.execute("PRAGMA user_version").fetchone()[0] == 2
+    finally:
+        probe.close()
+
+
+def test_a_write_lock_held_past_the_busy_timeout_is_a_clear_refusal(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite"
+    path.touch(mode=0o600)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(SnapshotStoreError) as caught:
+            SqliteSnapshotStore(path, busy_timeout=0.2)
+    finally:
+        other.close()
+    assert caught.value.code == "store_unavailable"
+    assert caught.value.details["operation"] == "open"
+    assert caught.value.details["sqlite_error"] == "SQLITE_BUSY"
+    assert str(path) in str(caught.value)

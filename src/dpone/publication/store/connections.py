@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
-from dpone.publication.store.errors import SnapshotStoreError, store_error, store_missing
+from dpone.publication.store.errors import (
+    SnapshotStoreError,
+    sqlite_busy,
+    store_error,
+    store_missing,
+)
 from dpone.publication.store.schema import check_identity, create_schema, migrate, open_file
 
 BUSY_TIMEOUT_SECONDS = 10.0
@@ -122,13 +128,7 @@ class StoreConnections:
         fresh = identity == "fresh"
         if fresh and not create:
             raise store_missing(self.path, "the file holds no store yet")
-        conn = self._connect("open")
-        try:
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        except sqlite3.Error as exc:
-            raise self._error(exc, "open") from exc
-        finally:
-            conn.close()
+        mode = self._switch_to_wal()
         if str(mode).lower() != "wal":
             raise SnapshotStoreError(
                 f"{self.path} cannot use WAL mode (journal_mode is {mode})",
@@ -144,6 +144,29 @@ class StoreConnections:
                 create_schema(work)
             else:
                 migrate(work, self.path)
+
+    def _switch_to_wal(self) -> str:
+        """``PRAGMA journal_mode = WAL``, retried while another connection holds a write lock.
+
+        Leaving the rollback journal of a new file needs its exclusive lock, and SQLite
+        answers ``SQLITE_BUSY`` at once, without the busy handler, while another connection
+        holds the write lock (another process creating the schema of the same new store,
+        ``refresh --jobs`` starting on a fresh project): waited for as the busy timeout
+        would, never reported as an unavailable store.
+        """
+        deadline = time.monotonic() + self.busy_timeout
+        pause = 0.005
+        while True:
+            conn = self._connect("open")
+            try:
+                return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            except sqlite3.Error as exc:
+                if not sqlite_busy(exc) or time.monotonic() + pause > deadline:
+                    raise self._error(exc, "open") from exc
+            finally:
+                conn.close()
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
     def _connect(self, operation: str) -> sqlite3.Connection:
         """A new connection in autocommit mode; transactions are explicit."""

@@ -24,12 +24,21 @@ class SnapshotStoreError(StateError):
     code = "store_unavailable"
 
 
+def _primary_code(exc: BaseException) -> int | None:
+    raw = getattr(exc, "sqlite_errorcode", None)
+    return raw & 0xFF if isinstance(raw, int) else None
+
+
+def sqlite_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's ``SQLITE_BUSY`` (any extended code of it)."""
+    return _primary_code(exc) == _SQLITE_BUSY
+
+
 def store_error(
     exc: BaseException, *, path: Path, operation: str, committing: bool, uncertain: str | None
 ) -> SnapshotStoreError:
     """The one mapping of a storage failure to a typed error (outcome known or not)."""
-    raw = getattr(exc, "sqlite_errorcode", None)
-    primary = raw & 0xFF if isinstance(raw, int) else None
+    primary = _primary_code(exc)
     text = str(exc)
     busy = primary in (_SQLITE_BUSY, _SQLITE_LOCKED) or "locked" in text or "busy" in text
     where = {"path": str(path), "operation": operation}
