@@ -213,6 +213,16 @@ class FakeExecutor:
         )
         return DispatchResult(DispatchOutcome.ACKNOWLEDGED, query_id, None)
 
+    def drop_created_target(
+        self, slot: TargetSlot, table_uuid: str, query_id: str, principal: IssuedPrincipal
+    ) -> DispatchResult:
+        self.events.append("executor.drop_created_target")
+        table = self.catalog.tables.get(slot.table)
+        if table is None or table.uuid != table_uuid or table.rows != 0:
+            return DispatchResult(DispatchOutcome.NOT_SENT, query_id, None, None, "target_not_ours")
+        del self.catalog.tables[slot.table]
+        return DispatchResult(DispatchOutcome.ACKNOWLEDGED, query_id, None)
+
 
 # ---------------------------------------------------------------------- authority
 

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import ClassVar
 
 import pytest
 
-from dpone.contracts.composition_snapshot import DEFAULT_LIMITS
+from dpone.contracts.composition_snapshot import DEFAULT_LIMITS, create_target_query_id
 from dpone.errors import DponeError
-from dpone.ports.composition_snapshot import AttemptRef, TargetSlot
+from dpone.ports.composition_snapshot import (
+    AttemptRef,
+    DispatchResult,
+    IssuedPrincipal,
+    TargetSlot,
+)
 from dpone.publication.composition import PublicationConfig
+from dpone.publication.executor import ClickHouseSnapshotExecutor
+from dpone.staging.service import StagedTable
 from tests.integration.test_publication_faults import DB, managed, rig  # noqa: F401 (fixtures)
 from tests.publication_harness import Rig, Row, build
 
@@ -57,3 +66,84 @@ def test_a_refused_prepare_fences_no_older_prepared_attempt(rig: Rig) -> None:  
     store = rig.components().store
     check = store.verify_chain(prepared.intent_sha256)
     assert check.verified and check.revisions == 3, check.to_dict()
+
+
+class _AfterCreate(ClickHouseSnapshotExecutor):
+    """The real executor; once its CREATE is acknowledged, the test's statement runs."""
+
+    then: ClassVar[Callable[[str], None]]
+
+    def create_target(
+        self, slot: TargetSlot, generation_table: str, query_id: str, principal: IssuedPrincipal
+    ) -> DispatchResult:
+        result = super().create_target(slot, generation_table, query_id, principal)
+        type(self).then(slot.table)
+        return result
+
+
+_BUFFER = (
+    "CREATE TABLE {db}.{target}_buf AS {db}.{target} "
+    "ENGINE = Buffer({db}, {target}, 1, 3600, 3600, 1000000, 1000000, 100000000, 100000000)"
+)
+
+
+def _prepare_after_create(
+    rig: Rig,  # noqa: F811
+    attempt: str,
+    target: str,
+    *then: str,
+) -> tuple[DponeError, StagedTable]:
+    """A first prepare whose new target gets ``then`` run on it right after its CREATE."""
+    staged = rig.stage(ROWS, attempt)
+
+    def run(table: str) -> None:
+        for statement in then:
+            rig.admin(statement.format(db=DB, target=table))
+
+    _AfterCreate.then = run
+    publisher = rig.components(executor=_AfterCreate).publisher
+    slot = TargetSlot(DB, target)
+    with pytest.raises(DponeError) as caught:
+        publisher.prepare(AttemptRef(staged.journal_path, slot), staged.journal_head)
+    assert rig.uuid_of(staged.table) == staged.uuid  # B is untouched either way
+    rig.admin(f"DROP TABLE {DB}.{target}_buf")
+    return caught.value, staged
+
+
+def test_a_prepare_refused_after_its_create_drops_the_empty_target(rig: Rig) -> None:  # noqa: F811
+    # A Buffer over the new target appears between the CREATE and the re-observation:
+    # a hidden writer, so the prepare is refused after the CREATE was acknowledged.
+    refused, staged = _prepare_after_create(rig, "after-create", "t_after_create", _BUFFER)
+    assert refused.code == "side_effect_present"
+    assert refused.details["created_target"] == "dropped"
+    assert rig.uuid_of("t_after_create") is None  # no empty target was left behind
+    store = rig.components().store
+    notes = store.step_notes(create_target_query_id(staged.journal_head))
+    steps = [n.facts["step"] for n in notes]
+    assert steps == [
+        "create_target",
+        "create_target_answer",
+        "drop_created_target",
+        "drop_created_target_answer",
+    ]
+    assert notes[2].facts["table_uuid"] == refused.details["created_target_uuid"]
+    assert notes[2].facts["refusal"] == "side_effect_present"
+    assert notes[3].facts["outcome"] == "acknowledged"
+
+
+def test_a_created_target_that_got_a_row_is_left_and_said_so(rig: Rig) -> None:  # noqa: F811
+    # A row lands in the new target (an admin's INSERT) and a Buffer appears: the
+    # prepare is refused, and the table is no longer verifiably the empty one it
+    # created, so it is left where it is, and the refusal says so.
+    refused, _ = _prepare_after_create(
+        rig,
+        "after-create-row",
+        "t_after_row",
+        "INSERT INTO {db}.{target} VALUES (7, 'seven', 7)",
+        _BUFFER,
+    )
+    assert refused.code == "side_effect_present"
+    assert refused.details["created_target"] == "left"
+    assert refused.details["created_target_drop"] == "target_not_empty"
+    assert rig.uuid_of("t_after_row") == refused.details["created_target_uuid"]
+    assert rig.rows_of("t_after_row") == [(7, "seven", 7)]  # nothing of it was lost

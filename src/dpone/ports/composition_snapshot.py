@@ -450,6 +450,13 @@ class ClickHouseSnapshotExecutor(Protocol):
         """First publication: create the empty target with the generation's exact design."""
         ...
 
+    def drop_created_target(
+        self, slot: TargetSlot, table_uuid: str, query_id: str, principal: IssuedPrincipal
+    ) -> DispatchResult:
+        """A first prepare refused after its CREATE: drop that empty target, only while
+        the name holds the table of ``table_uuid`` with no row."""
+        ...
+
     def exchange(self, intent: SnapshotIntent, principal: IssuedPrincipal) -> DispatchResult:
         """``EXCHANGE TABLES target AND generation`` once, with the intent's query id,
         in the intent's HTTP session (the drain gate), serialized against closure."""

@@ -1,6 +1,6 @@
 """The publication's mutations, rendered here and sent once as the publisher principal.
 
-Two statements, each with its own query id, never retried:
+Three statements, each with its own query id, never retried:
 
 - ``create_target`` (first publication only): an empty target with the generation's
   design. ``CREATE TABLE target AS generation`` is not used: it copies column
@@ -11,6 +11,8 @@ Two statements, each with its own query id, never retried:
   generation with what that rendering cannot reproduce (column TTL, skipping
   indices, projections, constraints) is refused before anything is sent. The
   catalog compares both designs afterwards anyway (comments excluded).
+- ``drop_created_target``: a first prepare refused after its CREATE drops the empty
+  target it created, while the name still holds that table (its UUID) with no row.
 - ``exchange``: ``EXCHANGE TABLES db.target AND db.generation`` with
   ``exchange_query_id(intent)`` inside the HTTP session ``exchange_session_id(intent)``:
   the session is opened first with ``session_timeout`` T, then the EXCHANGE is sent
@@ -236,6 +238,58 @@ class ClickHouseSnapshotExecutor:
             f"CREATE TABLE {_qualified(slot.database, slot.table)} ({rendered}) "
             f"ENGINE = {tables[0]['engine_full']}"
         )
+
+    def drop_created_target(
+        self, slot: TargetSlot, table_uuid: str, query_id: str, principal: IssuedPrincipal
+    ) -> DispatchResult:
+        """A refused first prepare: DROP the empty target it created, verified first.
+
+        Under the dispatch gate, the target is read: the DROP is sent only while the
+        name still holds the table of ``table_uuid`` (the one the prepare observed right
+        after its CREATE) with no row; otherwise it is NOT_SENT with the reason. An
+        acknowledged DROP is verified: no table of that UUID is left.
+        """
+        with self.dispatch_gate.held():
+            transport = self._factory(self.endpoint, principal.credentials)
+            try:
+                rows = self._table_rows(transport, slot, table_uuid, f"{query_id}-read")
+            except DponeError as exc:
+                return DispatchResult(DispatchOutcome.NOT_SENT, query_id, None, None, exc.code)
+            if rows is None or rows != 0:
+                reason = "target_not_ours" if rows is None else "target_not_empty"
+                return DispatchResult(DispatchOutcome.NOT_SENT, query_id, None, None, reason)
+            statement = f"DROP TABLE {_qualified(slot.database, slot.table)} SYNC"
+            request = ClickHouseRequest(statement, query_id, RequestKind.MUTATION)
+            result = settle(lambda: transport.execute(request, deadline=self._deadline()), query_id)
+            if result.outcome is not DispatchOutcome.ACKNOWLEDGED:
+                return result
+            try:
+                left = self._table_rows(transport, slot, table_uuid, f"{query_id}-verify")
+            except DponeError as exc:
+                return DispatchResult(DispatchOutcome.UNKNOWN, query_id, None, None, exc.code)
+            if left is not None:
+                return DispatchResult(
+                    DispatchOutcome.UNKNOWN, query_id, None, None, "target_still_present"
+                )
+            return result
+
+    def _table_rows(
+        self, transport: QueryPort, slot: TargetSlot, table_uuid: str, query_id: str
+    ) -> int | None:
+        """The rows of ``slot``'s table while it is the table of ``table_uuid``, else None."""
+        found = transport.execute(
+            read(
+                "SELECT toString(uuid) AS uuid, total_rows FROM system.tables WHERE "
+                f"database = {quote_literal(slot.database)} AND "
+                f"name = {quote_literal(slot.table)} FORMAT JSONEachRow",
+                query_id,
+            ),
+            deadline=self._deadline(),
+        ).json_rows()
+        if len(found) != 1 or found[0].get("uuid") != table_uuid:
+            return None
+        total = found[0].get("total_rows")
+        return int(total) if total is not None else -1
 
     # ------------------------------------------------------------------ exchange
 

@@ -36,6 +36,7 @@ from dpone.contracts.composition_snapshot.limits import DEFAULT_LIMITS, Snapshot
 from dpone.contracts.composition_snapshot.query_ids import (
     QUERY_ID_PREFIX,
     create_target_query_id,
+    drop_created_target_query_id,
     exchange_query_id,
     exchange_session_id,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "check_transition",
     "create_target_query_id",
     "decide_reconcile",
+    "drop_created_target_query_id",
     "exchange_query_id",
     "exchange_session_id",
     "revision_ok",

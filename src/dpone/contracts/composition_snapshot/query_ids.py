@@ -19,3 +19,8 @@ def exchange_session_id(intent_sha256: str) -> str:
 def create_target_query_id(generation_ref: str) -> str:
     """First publication: the query id of the empty target's CREATE (one per generation)."""
     return f"{QUERY_ID_PREFIX}-{generation_ref[:32]}-create-target"
+
+
+def drop_created_target_query_id(generation_ref: str) -> str:
+    """A refused first prepare: the query id of the DROP of the empty target it created."""
+    return f"{QUERY_ID_PREFIX}-{generation_ref[:32]}-drop-created-target"

@@ -1,9 +1,11 @@
 """The publisher's prepare path: from reopened evidence to a stored PREPARED@1 intent.
 
 The authority reopens the evidence, the ingest principal is closed and proven
-quiescent, the catalog is observed (a first publication creates the empty target
-here, as its own noted step), design, content and limits are checked, a publisher is
-issued, and the intent is stored with its PREPARED record.
+quiescent, the catalog is observed, design, content and limits are checked, a
+publisher is issued, and the intent is stored with its PREPARED record. A first
+publication creates the empty target (a noted step) only after B's checks passed; a
+refusal after the CREATE drops that table again while it is still the one created and
+empty (also noted), so a refused prepare leaves no table behind.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dpone.contracts.composition_snapshot import (
     SnapshotLimits,
     SnapshotRecord,
     create_target_query_id,
+    drop_created_target_query_id,
 )
 from dpone.errors import DponeError
 from dpone.ports.composition_snapshot import (
@@ -91,6 +94,7 @@ class PreparePath(PublisherPorts):
         staged = generation_of(observation, evidence)  # B must be there before any CREATE
         publisher: PrincipalRef | None = None
         created = observation.target is None
+        created_uuid: list[str] = []  # the created target's UUID, once observed
         if created:
             # A first publication creates the target only once everything else holds: B's
             # rows, digest and the limits are checked first (the new target takes B's
@@ -100,7 +104,7 @@ class PreparePath(PublisherPorts):
         try:
             if created:
                 publisher = self.authority.issue_publisher(evidence)
-                observation = self._create_target(evidence, generation_ref, publisher)
+                observation = self._create_target(evidence, generation_ref, publisher, created_uuid)
             target, generation = both_tables(observation, evidence)
             check_generation(self.limits, evidence, observation, target, generation, design_change)
             if publisher is None:
@@ -109,9 +113,12 @@ class PreparePath(PublisherPorts):
             record = SnapshotRecord.prepared(intent.sha256, at=self.clock())
             self.store.create(intent.raw, record.raw, self.authority.recheck(intent))
         except DponeError as exc:
-            # An uncertain create may have stored the intent: its publisher stays leased.
-            if publisher is not None and exc.code != "prepare_uncertain":
-                self._release_unused(publisher, exc)
+            # An uncertain create may have stored the intent: its target and publisher stay.
+            if exc.code != "prepare_uncertain":
+                if publisher is not None and created_uuid:
+                    self._drop_created(evidence, generation_ref, created_uuid[0], publisher, exc)
+                if publisher is not None:
+                    self._release_unused(publisher, exc)
             raise
         if created:  # link the pre-intent step note into the intent's own history
             self.store.observe(
@@ -188,9 +195,17 @@ class PreparePath(PublisherPorts):
         return observation
 
     def _create_target(
-        self, evidence: PublicationEvidence, generation_ref: str, publisher: PrincipalRef
+        self,
+        evidence: PublicationEvidence,
+        generation_ref: str,
+        publisher: PrincipalRef,
+        created_uuid: list[str],
     ) -> CatalogObservation:
-        """First publication: note the step durably, CREATE the empty target, re-observe."""
+        """First publication: note the step durably, CREATE the empty target, re-observe.
+
+        The created table's UUID goes into ``created_uuid`` as soon as it is observed,
+        before anything else is checked, so that a refusal after it can drop that table.
+        """
         query_id = create_target_query_id(generation_ref)
         slot = evidence.slot
         self.store.note_step(
@@ -217,14 +232,61 @@ class PreparePath(PublisherPorts):
                 outcome=result.outcome.value,
                 clickhouse_code=result.clickhouse_code,
             )
-        observation = self._observe_checked(evidence)
+        observation = self.observe_settled(evidence.slot, evidence.generation.table)
         if observation.target is None:
             raise SnapshotPublicationError(
                 f"the created target {slot.database}.{slot.table} is not visible",
                 code="catalog_unobservable",
                 query_id=query_id,
             )
+        created_uuid.append(observation.target.uuid)
+        refuse_side_effects(observation)
         return observation
+
+    def _drop_created(
+        self,
+        evidence: PublicationEvidence,
+        generation_ref: str,
+        table_uuid: str,
+        publisher: PrincipalRef,
+        exc: DponeError,
+    ) -> None:
+        """A prepare refused after its CREATE: drop the empty target it created.
+
+        The drop is noted beside the CREATE (before it is sent, and its answer after);
+        the refusal's details say whether the table was dropped or is left, and why.
+        A target left behind is still recorded as this generation's CREATE: the next
+        prepare of the slot publishes into it.
+        """
+        create_id = create_target_query_id(generation_ref)
+        drop_id = drop_created_target_query_id(generation_ref)
+        slot = evidence.slot
+        try:
+            self.store.note_step(
+                create_id,
+                {
+                    "step": "drop_created_target",
+                    "query_id": drop_id,
+                    "table_uuid": table_uuid,
+                    "refusal": exc.code,
+                },
+            )
+            issued = self.authority.principal_credentials(publisher)
+            result = self.executor.drop_created_target(slot, table_uuid, drop_id, issued)
+            self.store.note_step(
+                create_id, {"step": "drop_created_target_answer", **dispatch_facts(result)}
+            )
+        except DponeError as drop_exc:
+            exc.add_details(created_target="left", created_target_drop=drop_exc.code)
+            return
+        if result.outcome is DispatchOutcome.ACKNOWLEDGED:
+            exc.add_details(created_target="dropped", created_target_uuid=table_uuid)
+            return
+        exc.add_details(
+            created_target="left",
+            created_target_uuid=table_uuid,
+            created_target_drop=result.error_code or result.outcome.value,
+        )
 
     def _release_unused(self, publisher: PrincipalRef, exc: DponeError) -> None:
         # No intent names this publisher, so no other caller can be using it.
