@@ -64,8 +64,16 @@ def test_stage_through_the_cli(tmp_path: Path) -> None:
         )
         assert python.returncode == 0, python.stdout + python.stderr
         assert as_json(python)["rows"] == len(data)
-        # The same identity: the semantic id does not depend on the converter.
+        # The same identity: the semantic id does not depend on the converter, which
+        # the report and the journal's prepared event both name.
         assert as_json(python)["semantic_id"] == staged["semantic_id"]
+        assert (staged["converter"], as_json(python)["converter"]) == ("native", "python-reference")
+        prepared = [
+            json.loads(line)
+            for line in dpone("journal", "show", staged["journal"]).stdout.splitlines()
+            if json.loads(line)["state"] == "prepared"
+        ]
+        assert [e["converter"] for e in prepared] == ["native"], prepared
         same = chhttp.query(
             server["http_port"],
             "SELECT (SELECT groupArray(cityHash64(*)) FROM (SELECT * FROM stg.dpone_stage_cli_h1 ORDER BY id, txt, bin)) = "

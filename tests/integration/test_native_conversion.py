@@ -447,7 +447,7 @@ def test_native_mode_prepares_the_reference_spool_without_the_reference(
     fast = prepare_rowbinary(exported.path, exported.receipt, tmp_path / "b", mode=MODE_NATIVE)
     assert fast.path.read_bytes() == python.path.read_bytes()
     assert fast.identity == python.identity and fast.semantic_id == python.semantic_id
-    assert (fast.mode, python.identity.prepared_rows > 10) == (MODE_NATIVE, True)
+    assert (fast.converter, python.identity.prepared_rows > 10) == (MODE_NATIVE, True)
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["data.rowbinary"]
     assert validate_file(exported.path, exported.receipt.schema) == exported.receipt
 

@@ -4,8 +4,10 @@ One test, under a minute here: from a copy of the repository without any built l
 it builds the sdist, builds the wheel from the unpacked sdist with pip (in pip's isolated
 build environment, with the pinned backend, as ``pip install .`` does), installs that
 wheel in a fresh venv (not editable), and then, outside the source tree, asks the
-installed ``dpone doctor`` and converts a file through the installed package with the
-Python reference made unusable. On the way, a compiler that fails half way must fail the
+installed ``dpone doctor``, converts a file through the installed package with the
+Python reference made unusable, and runs the installed ``dpone export`` and ``dpone
+stage`` against a server it did not start (a project's remote ``[clickhouse]``), whose
+report and journal must say the compiled converter wrote the RowBinary. On the way, a compiler that fails half way must fail the
 package build and leave no library behind, and a library the build did not write must
 not be shipped. This is the suite's non-editable install (see ``.ci/run``).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import sysconfig
@@ -25,6 +28,9 @@ from email.parser import Parser
 from pathlib import Path
 
 import pytest
+
+from tests import chhttp
+from tests.remote_server import remote_server
 
 pytestmark = pytest.mark.package_build
 
@@ -47,7 +53,8 @@ NOT_SOURCES = shutil.ignore_patterns(
 )
 LIBRARY = "dpone/preparation/native/_rowbinary.so"
 # The embedded engine (chdb, with pandas and pyarrow: about 0.6 GB) serves only the
-# managed server; neither the doctor nor a conversion imports it, so it is not installed.
+# managed server; neither the doctor, a conversion nor a stage on a remote server
+# imports it, so it is not installed.
 NOT_NEEDED = {"chdb"}
 # Run by the installed interpreter from outside the tree: the compiled converter must
 # convert the whole file, since the reference is replaced by a function that fails.
@@ -243,3 +250,38 @@ def test_a_built_wheel_installed_in_a_fresh_venv_uses_the_compiled_converter(
         "same_bytes": True,
         "rows": 1000,
     }
+    check_stage_on_a_remote_server(user, outside, tmp_path / "remote")
+
+
+def check_stage_on_a_remote_server(user: Path, outside: Path, root: Path) -> None:
+    """The installed ``dpone export`` and ``dpone stage`` of a small table, on a server
+    named by a project's ``[clickhouse]`` host, ports and credentials file."""
+    with sqlite3.connect(outside / "shop.db") as db:
+        db.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT, price REAL)")
+        db.executemany(
+            "INSERT INTO items VALUES (?, ?, ?)",
+            [(i, f"item\t{i}\n", i * 1.25) for i in range(1, 501)],
+        )
+    for server in remote_server(root, ["pkg_db"]):
+        (outside / "dpone.toml").write_text(server["clickhouse_toml"])
+        export = (
+            *("export", "--source", f"sqlite:{outside / 'shop.db'}", "--table", "items"),
+            *("--out", outside / "items.tsv", "--receipt-out", outside / "items.receipt.json"),
+        )
+        run(user / "dpone", *export, cwd=outside)
+        stage = (
+            *("stage", outside / "items.tsv", "--receipt", outside / "items.receipt.json"),
+            *("--database", "pkg_db", "--work-dir", outside / "attempts"),
+            *("--config", outside / "dpone.toml", "--store", outside / "store.sqlite"),
+            *("--attempt-id", "pkg-1", "--json"),
+        )
+        staged = json.loads(out(user / "dpone", *stage, cwd=outside))
+        assert (staged["ok"], staged["rows"], staged["converter"]) == (True, 500, "native")
+        shown = out(user / "dpone", "journal", "show", staged["journal"], cwd=outside)
+        events = [json.loads(line) for line in shown.splitlines()]
+        assert [e["converter"] for e in events if e["state"] == "prepared"] == ["native"]
+        port, table = server["http_port"], f"pkg_db.{staged['table']}"
+        found = chhttp.rows(port, f"SELECT count() AS n, max(id) AS top FROM {table}")
+        assert found == [{"n": 500, "top": 500}]
+        name = chhttp.rows(port, f"SELECT name FROM {table} WHERE id = 7")
+        assert name == [{"name": "item\t7\n"}]

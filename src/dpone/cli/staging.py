@@ -154,6 +154,7 @@ def stage(
             "semantic_id": staged.semantic_id,
             "journal": str(staged.journal_path),
             "journal_head": staged.journal_head,
+            "converter": staged.converter,
         }
         if as_json:
             emit_json(payload)
@@ -161,7 +162,7 @@ def stage(
             click.echo(
                 f"staged {staged.rows} rows into {staged.database}.{staged.table} (uuid {staged.uuid})"
             )
-            click.echo(f"semantic id {staged.semantic_id}")
+            click.echo(f"semantic id {staged.semantic_id} (RowBinary by {staged.converter})")
             click.echo(f"journal {staged.journal_path}")
             click.echo(
                 f"journal head {staged.journal_head} (dpone journal verify --head checks it)"

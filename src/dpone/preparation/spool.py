@@ -90,7 +90,9 @@ class PreparedSpool:
     path: Path
     identity: DerivedIdentity
     plans: tuple[ColumnPlan, ...]
-    mode: str = MODE_PYTHON
+    # The converter that wrote the spool: ``native`` only when the compiled converter
+    # wrote all of it, ``python-reference`` when it was asked for or declined the file.
+    converter: str = MODE_PYTHON
 
     @property
     def semantic_id(self) -> str:
@@ -145,7 +147,7 @@ def prepare_rowbinary(
             artifact.verify()
             _check_deadline(budget, deadline, "entry verification")
         job = _Job(artifact, receipt, plans, path, budget, deadline, str(source), progress)
-        sealed, size, rows, content = _write_and_seal(job, mode)
+        sealed, size, rows, content, converter = _write_and_seal(job, mode)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
@@ -161,7 +163,7 @@ def prepare_rowbinary(
         prepared_rows=rows,
         rows_digest=content,
     )
-    return PreparedSpool(path, identity, plans, mode)
+    return PreparedSpool(path, identity, plans, converter)
 
 
 @dataclass(frozen=True)
@@ -178,8 +180,9 @@ class _Job:
     progress: Callable[[int, int], None] | None
 
 
-def _write_and_seal(job: _Job, mode: str) -> tuple[FileObservation, int, int, str]:
-    """Write the spool, seal it and read it back: (sealed, spool bytes, records, rows digest).
+def _write_and_seal(job: _Job, mode: str) -> tuple[FileObservation, int, int, str, str]:
+    """Write the spool, seal it and read it back: (sealed, spool bytes, records, rows
+    digest, the converter that wrote it).
 
     The compiled converter first when ``mode`` asks for it and it takes the columns;
     a file it declines (a value the reference refuses, nearly always) is converted
@@ -192,9 +195,11 @@ def _write_and_seal(job: _Job, mode: str) -> tuple[FileObservation, int, int, st
             job.path.unlink(missing_ok=True)
     if written is None:
         digest, size, rows, content = _write_spool(job)
+        converter = MODE_PYTHON
     else:
         # The compiled converter's digest is the one the seal reads back.
         digest, (size, rows, content) = None, written
+        converter = MODE_NATIVE
     _check_deadline(job.budget, job.deadline, "sealing")
     sealed = _seal(job.path)
     if sealed.size != size or digest not in (None, sealed.sha256):
@@ -202,7 +207,7 @@ def _write_and_seal(job: _Job, mode: str) -> tuple[FileObservation, int, int, st
             "the spool on disk differs from what was written", code="spool_mismatch"
         )
     _check_deadline(job.budget, job.deadline, "seal verification")
-    return sealed, size, rows, content
+    return sealed, size, rows, content, converter
 
 
 def _write_spool(job: _Job) -> tuple[str, int, int, str]:

@@ -14,9 +14,9 @@ Before the expensive work it checks what it can: the server answers as the expec
 user, the database exists and is Atomic, the receipt was made with the codec and
 policy this build uses, and the transport can carry every target type. A durable
 journal intent precedes every mutation (the journal comes from the required
-``journal_factory(policy, attempt_id)``, a :mod:`dpone.ports.attempt_journal` port); each
-mutation has exactly one
-``dpone-b02-<attempt>-<identity|create|insert|drop>`` query id and is never retried.
+``journal_factory(policy, attempt_id)``, a :mod:`dpone.ports.attempt_journal` port);
+each mutation has exactly one ``dpone-b02-<attempt>-<identity|create|insert|drop>``
+query id and is never retried.
 The reads that prove the staging table is the attempt's own are in
 :mod:`dpone.staging.table_checks`.
 """
@@ -106,6 +106,7 @@ class StagedTable:
     journal_path: Path
     journal_head: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    converter: str = ""  # which converter wrote the RowBinary (see PreparedSpool)
 
 
 class ClickHouseValidatedFileService:
@@ -137,8 +138,7 @@ class ClickHouseValidatedFileService:
         # progress(phase, rows, bytes): for a terminal display; never part of the evidence.
         self.progress = progress
         self.preparation_mode = preparation_mode
-        # The user the credentials name (None: whoever the server says), and its
-        # system.users id when an administrator observed it for a user who cannot.
+        # The credentials' user (None: whoever the server says); its system.users id.
         self.user = user
         self.user_uuid = user_uuid
         self.check_types = check_types
@@ -267,6 +267,7 @@ class ClickHouseValidatedFileService:
                 "prepared",
                 derived_identity=prepared.identity.to_document(),
                 semantic_id=prepared.semantic_id,
+                converter=prepared.converter,
             )
             self._checks(run).absent(table, prep_deadline)
             self._check_deadline(prep_deadline, "pre-CREATE checks")
@@ -338,6 +339,7 @@ class ClickHouseValidatedFileService:
                     "journal": str(run.journal.attempt_dir),
                 }
             },
+            converter=prepared.converter,
         )
 
     def _create(self, run: AttemptRun, table: str, comment: str, prepared: PreparedSpool) -> None:
@@ -578,9 +580,8 @@ class ClickHouseValidatedFileService:
 
     def _check_deadline(self, deadline: float, phase: str) -> None:
         if self.clock() >= deadline:
-            raise DeadlineError(
-                f"deadline expired during {phase}", code="phase_deadline", phase=phase
-            )
+            expired = f"deadline expired during {phase}"
+            raise DeadlineError(expired, code="phase_deadline", phase=phase)
 
     def _qualified(self, table: str) -> str:
         return qualified_name(self.database, table)
