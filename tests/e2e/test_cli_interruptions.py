@@ -64,6 +64,16 @@ def _intent_states(store: Path) -> list[str]:
         return []
 
 
+def _ended_ingest_leases(store: Path) -> int:
+    if not store.exists():
+        return 0
+    try:
+        records = SqliteSnapshotStore(store, create=False).lease_records(active_only=False)
+    except Exception:  # polled while the refresh writes it
+        return 0
+    return sum(1 for r in records if r.lease.role == "ingest" and not r.lease.active)
+
+
 def _interrupt(config: Path, ready: Callable[[], bool], signum: signal.Signals) -> dict[str, Any]:
     """Run one refresh, send ``signum`` once ``ready``, return its table's report."""
     env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
@@ -169,14 +179,17 @@ def test_a_signal_in_each_phase_says_what_it_left_then_five_refreshes_publish(
         assert report["next_commands"] == [f"dpone refresh items --config {config}"], report
     _resolve(report, config)
 
-    # prepare: staged, no intent yet (prepare waits seconds for the ingest drain gate).
+    # prepare: staged, no intent yet, and the ingest lease ended: prepare's closure of
+    # the ingest user runs (it waits out the drain gate). The "staged" event alone is
+    # not enough: the stage phase still returns after it, and a signal there under
+    # load landed in "stage" (a CI run).
     seen = len(_intent_states(store))
-
     before = _journal_states(attempts).count("staged")
+    ended = _ended_ingest_leases(store)
 
     def preparing() -> bool:
         staged = _journal_states(attempts).count("staged") > before
-        return staged and len(_intent_states(store)) == seen
+        return staged and len(_intent_states(store)) == seen and _ended_ingest_leases(store) > ended
 
     report = _interrupt(config, preparing, signals[2])
     assert report["phase"] == "prepare", report

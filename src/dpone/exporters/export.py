@@ -16,6 +16,7 @@ from dpone.exporters import native_render
 from dpone.exporters.records import RecordWriter
 from dpone.exporters.sources import Source, SqliteSource, row_batches
 from dpone.preparation.file_validation import validate_file
+from dpone.preparation.following_validation import FollowingValidation
 from dpone.typepolicy import plan_columns
 from dpone.typepolicy.source_types import parse_source_type
 
@@ -71,8 +72,10 @@ def export_table(
     Both outputs are checked before anything is read (neither may be an input of the
     source or the other output; an existing one is refused unless ``force``). The data
     and the receipt are written under temporary names; the data is fsynced and
-    validated by the same reader and policy a consumer uses, then the data and then
-    the receipt are renamed into place. A failed or interrupted export leaves neither.
+    validated by the same reader and policy a consumer uses (by
+    :class:`FollowingValidation` while it is written, else whole afterwards), then the
+    data and then the receipt are renamed into place. A failed or interrupted export
+    leaves neither.
 
     Rows are rendered by the compiled renderer where it is built and takes them, and
     otherwise by the Python renderer, with the same bytes and errors; ``native``
@@ -87,17 +90,25 @@ def export_table(
         plans = plan_columns(schema.columns)  # unsupported types are refused before reading
         types = [parse_source_type(c.source_type, column=c.name) for c in schema.columns]
         writer = RecordWriter(stream, types, plans, native=native)
+        # The validation follows the file as it is written, on the other core.
+        following = FollowingValidation.start(_fd_path(stream.fileno()), schema)
         try:
-            _write_rows(source, table, schema, writer, progress)
-        except OSError as exc:
-            raise OutputError(f"cannot write {path}: {exc.strerror}", path=str(path)) from exc
-        if progress is not None:
-            progress(writer.records, writer.bytes)
-        try:
+            _write_rows(source, table, schema, writer, progress, following)
+            if progress is not None:
+                progress(writer.records, writer.bytes)
             stream.flush()
-        except OSError as exc:
-            raise OutputError(f"cannot write {path}: {exc.strerror}", path=str(path)) from exc
-        receipt = validate_file(_fd_path(stream.fileno()), schema, source_name=str(path), warn=warn)
+        except BaseException as exc:
+            if following is not None:
+                following.abandon()
+            if isinstance(exc, OSError):
+                message = f"cannot write {path}: {exc.strerror}"
+                raise OutputError(message, path=str(path)) from exc
+            raise
+        receipt = following.finish(stream.tell()) if following is not None else None
+        if receipt is None:  # the compiled check could not decide: the whole file again
+            receipt = validate_file(
+                _fd_path(stream.fileno()), schema, source_name=str(path), warn=warn
+            )
         receipt_stream.write(receipt.to_bytes())
     return ExportResult(path, receipt_path, receipt)
 
@@ -108,8 +119,10 @@ def _write_rows(
     schema: SourceSchema,
     writer: RecordWriter,
     progress: Progress | None,
+    following: FollowingValidation | None,
 ) -> None:
-    """Every row of ``table`` through ``writer``, with progress every PROGRESS_EVERY records.
+    """Every row of ``table`` through ``writer``, with progress every PROGRESS_EVERY records;
+    each time the written records are flushed for ``following`` to check.
 
     A SQLite table goes through the compiled reader when it is built; where the reader
     declines (it met what sqlite3 itself would refuse) the file starts again, read
@@ -120,8 +133,12 @@ def _write_rows(
         return PROGRESS_EVERY - writer.records % PROGRESS_EVERY
 
     def report() -> None:
-        if progress is not None and writer.records % PROGRESS_EVERY == 0:
+        if writer.records % PROGRESS_EVERY != 0:
+            return
+        if progress is not None:
             progress(writer.records, writer.bytes)
+        if following is not None:
+            following.flushed(writer.flush())
 
     compiled = (
         source.compiled_rows(table, schema, writer.ops)
@@ -135,6 +152,8 @@ def _write_rows(
                     report()
             return
         except native_render.Declined:
+            if following is not None:
+                following.abandon()  # the file starts again: validate_file decides it
             writer.restart()
     for batch in row_batches(source, table, schema):
         start = 0

@@ -59,6 +59,11 @@ class RecordWriter:
         self._stream.truncate()
         self.records = self.bytes = 0
 
+    def flush(self) -> int:
+        """Flush what was written into the file; the file's size (whole records)."""
+        self._stream.flush()
+        return self.bytes
+
     def write_read(self, rows: native_render.SqliteRows, max_rows: int) -> bool:
         """Write the next at most ``max_rows`` rows of the compiled reader; False at the end."""
         data, taken, declined = rows.read(max_rows)

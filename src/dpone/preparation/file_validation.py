@@ -13,7 +13,6 @@ again and names the first bad value exactly. A receipt is the same whichever dec
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -25,7 +24,7 @@ from dpone.preparation.artifact import ArtifactMismatch, HeldArtifact
 from dpone.preparation.conversion import convert_records
 from dpone.preparation.modes import DEFAULT_MODE, MODE_NATIVE, MODE_PYTHON, refuse_removed_mode
 from dpone.preparation.native_conversion import NativeRanges, not_taken
-from dpone.preparation.ranges import MAX_CARRY_BYTES
+from dpone.preparation.ranges import MAX_CARRY_BYTES, ReadsInto
 from dpone.typepolicy import POLICY_ID, POLICY_VERSION, ColumnPlan, plan_columns
 
 __all__ = ["MODE_NATIVE", "MODE_PYTHON", "validate_file", "verify_file"]
@@ -59,7 +58,9 @@ def validate_file(
         size_before = os.fstat(stream.fileno()).st_size
         counted = None
         if mode == MODE_NATIVE:
-            counted = _native_check(stream, plans, max_record_bytes, max_records, warn)
+            counted = native_check(
+                stream, plans, max_record_bytes, max_records, warn, total_bytes=size_before
+            )
             if counted is None:
                 stream.seek(0)
         if counted is not None:
@@ -68,7 +69,7 @@ def validate_file(
                 raise ArtifactMismatch(
                     f"{source} changed while it was validated", code="artifact_changed_during_scan"
                 )
-            return _receipt(schema, sha256, read, rows)
+            return receipt_for(schema, sha256, read, rows)
         reader = BulkTextReader(
             stream,
             [p.codec_column for p in plans],
@@ -83,10 +84,11 @@ def validate_file(
         raise ArtifactMismatch(
             f"{source} changed while it was validated", code="artifact_changed_during_scan"
         )
-    return _receipt(schema, digest.hexdigest(), reader.bytes_read, rows)
+    return receipt_for(schema, digest.hexdigest(), reader.bytes_read, rows)
 
 
-def _receipt(schema: SourceSchema, sha256: str, size: int, rows: int) -> FileReceipt:
+def receipt_for(schema: SourceSchema, sha256: str, size: int, rows: int) -> FileReceipt:
+    """The receipt of a file of ``size`` bytes and ``rows`` records, validated whole."""
     return FileReceipt(
         artifact_sha256=sha256,
         artifact_size=size,
@@ -99,12 +101,15 @@ def _receipt(schema: SourceSchema, sha256: str, size: int, rows: int) -> FileRec
     )
 
 
-def _native_check(
-    stream: io.BufferedReader,
+def native_check(
+    stream: ReadsInto,
     plans: tuple[ColumnPlan, ...],
     max_record_bytes: int | None,
     max_records: int | None,
     warn: Callable[[str], None] | None,
+    *,
+    total_bytes: int,
+    workers: int | None = None,
 ) -> tuple[int, str, int] | None:
     """(records, SHA-256, bytes) when the compiled converter takes every record; None
     to hand the file to the reference.
@@ -127,11 +132,12 @@ def _native_check(
     ranges = NativeRanges(
         stream,
         plans,
-        total_bytes=os.fstat(stream.fileno()).st_size,
+        total_bytes=total_bytes,
         carry_limit=max_record_bytes or MAX_CARRY_BYTES,
         max_record_bytes=max_record_bytes,
         on_bytes=digest.update,
         keep=False,
+        workers=workers,
     )
     with ranges.parts() as parts:
         for part in parts:
