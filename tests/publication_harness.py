@@ -45,6 +45,8 @@ from dpone.contracts.composition_snapshot import SnapshotIntent
 from dpone.errors import DponeError
 from dpone.exporters.export import export_table
 from dpone.exporters.sources import SqliteSource
+from dpone.localserver import LocalServer
+from dpone.localserver.principal_pool import managed_server_users
 from dpone.ports.clickhouse_request import ClickHouseRequest, Endpoint
 from dpone.ports.clickhouse_result import QueryResult
 from dpone.ports.composition_snapshot import AttemptRef, IssuedPrincipal, TargetSlot
@@ -56,6 +58,7 @@ from dpone.publication.composition import (
     build_publication,
     ingest_session_notes,
     issue_ingest,
+    provision_protected_databases,
 )
 from dpone.publication.executor import ClickHouseSnapshotExecutor
 from dpone.publication.publisher import PublicationReceipt
@@ -209,6 +212,22 @@ def build(config: PublicationConfig, database: str, **swaps: Any) -> Publication
     """``build_publication`` with test-side adapter classes (see :func:`swapped`)."""
     with swapped(**swaps):
         return build_publication(config, database)
+
+
+def managed_publication_server(
+    tmp_path_factory: Any, label: str, database: str
+) -> Iterator[tuple[Path, int, int]]:
+    """A managed server protecting ``database``, as ``dpone server start --protect`` makes
+    it: (data dir, HTTP port, native port) while it runs."""
+    data_dir = tmp_path_factory.mktemp(label) / "ch"
+    server = LocalServer(data_dir, users=managed_server_users((database,)))
+    info = server.start()
+    try:
+        provision_protected_databases(data_dir, info.http_port, (database,))
+        chhttp.register_server(info.http_port, data_dir)
+        yield data_dir, info.http_port, info.tcp_port
+    finally:
+        server.stop()
 
 
 @dataclass(frozen=True)

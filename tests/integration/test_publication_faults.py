@@ -27,15 +27,13 @@ from dpone.contracts.composition_snapshot import (
     exchange_session_id,
 )
 from dpone.errors import DponeError
-from dpone.localserver import LocalServer
-from dpone.localserver.principal_pool import CATALOG_USER, managed_server_users
+from dpone.localserver.principal_pool import CATALOG_USER
 from dpone.ports.clickhouse_request import Endpoint, RequestKind
 from dpone.ports.composition_snapshot import DispatchResult, IssuedPrincipal
 from dpone.publication.catalog import ClickHouseSnapshotCatalog
 from dpone.publication.composition import (
     build_publication,
     pool_credentials,
-    provision_protected_databases,
 )
 from dpone.publication.executor import (
     ClickHouseSnapshotExecutor,
@@ -47,8 +45,7 @@ from dpone.publication.publisher import (
 )
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.service import StagedTable
-from tests import chhttp
-from tests.publication_harness import Rig, Row
+from tests.publication_harness import Rig, Row, managed_publication_server
 
 DB = "faultdb"
 P = SnapshotState
@@ -61,15 +58,7 @@ AfterExchange = Callable[["Case", DispatchResult, IssuedPrincipal], None]
 @pytest.fixture(scope="module")
 def managed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int, int]]:
     """A managed server protecting ``faultdb``, as ``dpone server start --protect`` makes it."""
-    data_dir = tmp_path_factory.mktemp("faults") / "ch"
-    server = LocalServer(data_dir, users=managed_server_users((DB,)))
-    info = server.start()
-    try:
-        provision_protected_databases(data_dir, info.http_port, (DB,))
-        chhttp.register_server(info.http_port, data_dir)
-        yield data_dir, info.http_port, info.tcp_port
-    finally:
-        server.stop()
+    yield from managed_publication_server(tmp_path_factory, "faults", DB)
 
 
 class Case:

@@ -20,13 +20,10 @@ import pytest
 
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotRecord, SnapshotState
 from dpone.errors import DponeError
-from dpone.localserver import LocalServer
-from dpone.localserver.principal_pool import managed_server_users
-from dpone.publication.composition import provision_protected_databases
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.service import StagedTable
 from tests import chhttp
-from tests.publication_harness import Rig, Row
+from tests.publication_harness import Rig, Row, managed_publication_server
 
 DB = "recordeddb"
 ASIDE = "recordeddb_aside"
@@ -37,15 +34,7 @@ B_ROWS: list[Row] = [(1, "b-one", 10), (3, "b-three", 30)]
 
 @pytest.fixture(scope="module")
 def managed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int, int]]:
-    data_dir = tmp_path_factory.mktemp("recorded") / "ch"
-    server = LocalServer(data_dir, users=managed_server_users((DB,)))
-    info = server.start()
-    try:
-        provision_protected_databases(data_dir, info.http_port, (DB,))
-        chhttp.register_server(info.http_port, data_dir)
-        yield data_dir, info.http_port, info.tcp_port
-    finally:
-        server.stop()
+    yield from managed_publication_server(tmp_path_factory, "recorded", DB)
 
 
 @pytest.fixture
