@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
-from dpone.contracts.composition_snapshot import DEFAULT_LIMITS, create_target_query_id
+from dpone.contracts.composition_snapshot import (
+    DEFAULT_LIMITS,
+    SnapshotIntent,
+    create_target_query_id,
+)
 from dpone.errors import DponeError
 from dpone.ports.composition_snapshot import (
     AttemptRef,
@@ -16,8 +20,11 @@ from dpone.ports.composition_snapshot import (
     IssuedPrincipal,
     TargetSlot,
 )
+from dpone.project.retention import created_target
 from dpone.publication.composition import PublicationConfig
 from dpone.publication.executor import ClickHouseSnapshotExecutor
+from dpone.publication.store import SqliteSnapshotStore
+from dpone.publication.store.errors import SnapshotStoreError
 from dpone.staging.service import StagedTable
 from tests.integration.test_publication_faults import DB, managed, rig  # noqa: F401 (fixtures)
 from tests.publication_harness import Rig, Row, build
@@ -87,62 +94,109 @@ _BUFFER = (
 )
 
 
+class _RefusingStore(SqliteSnapshotStore):
+    """The real store, refusing the intent before it writes anything (as it refuses a
+    run that already has an intent)."""
+
+    def create(self, intent_bytes: bytes, record_bytes: bytes, authority: Any) -> None:
+        raise SnapshotStoreError("intent was not stored: refused", code="attempt_used")
+
+
 def _prepare_after_create(
     rig: Rig,  # noqa: F811
-    attempt: str,
+    staged: StagedTable,
     target: str,
     *then: str,
-) -> tuple[DponeError, StagedTable]:
-    """A first prepare whose new target gets ``then`` run on it right after its CREATE."""
-    staged = rig.stage(ROWS, attempt)
+    refusing: bool = False,
+) -> DponeError:
+    """A first prepare whose new target gets ``then`` run on it right after its CREATE;
+    with ``refusing``, the store refuses its intent."""
 
     def run(table: str) -> None:
         for statement in then:
             rig.admin(statement.format(db=DB, target=table))
 
     _AfterCreate.then = run
-    publisher = rig.components(executor=_AfterCreate).publisher
+    swaps: dict[str, Any] = {"executor": _AfterCreate}
+    if refusing:
+        swaps["store"] = _RefusingStore
+    publisher = rig.components(**swaps).publisher
     slot = TargetSlot(DB, target)
     with pytest.raises(DponeError) as caught:
         publisher.prepare(AttemptRef(staged.journal_path, slot), staged.journal_head)
     assert rig.uuid_of(staged.table) == staged.uuid  # B is untouched either way
-    rig.admin(f"DROP TABLE {DB}.{target}_buf")
-    return caught.value, staged
+    return caught.value
+
+
+def _steps(rig: Rig, staged: StagedTable) -> list[dict[str, Any]]:  # noqa: F811
+    notes = rig.components().store.step_notes(create_target_query_id(staged.journal_head))
+    return [dict(n.facts) for n in notes]
 
 
 def test_a_prepare_refused_after_its_create_drops_the_empty_target(rig: Rig) -> None:  # noqa: F811
-    # A Buffer over the new target appears between the CREATE and the re-observation:
-    # a hidden writer, so the prepare is refused after the CREATE was acknowledged.
-    refused, staged = _prepare_after_create(rig, "after-create", "t_after_create", _BUFFER)
-    assert refused.code == "side_effect_present"
+    staged = rig.stage(ROWS, "after-create")
+    refused = _prepare_after_create(rig, staged, "t_after_create", refusing=True)
+    assert refused.code == "attempt_used"
     assert refused.details["created_target"] == "dropped"
     assert rig.uuid_of("t_after_create") is None  # no empty target was left behind
-    store = rig.components().store
-    notes = store.step_notes(create_target_query_id(staged.journal_head))
-    steps = [n.facts["step"] for n in notes]
-    assert steps == [
+    notes = _steps(rig, staged)
+    assert [n["step"] for n in notes] == [
         "create_target",
         "create_target_answer",
+        "create_target_observed",
         "drop_created_target",
         "drop_created_target_answer",
     ]
-    assert notes[2].facts["table_uuid"] == refused.details["created_target_uuid"]
-    assert notes[2].facts["refusal"] == "side_effect_present"
-    assert notes[3].facts["outcome"] == "acknowledged"
+    created = refused.details["created_target_uuid"]
+    assert notes[2]["table_uuid"] == notes[3]["table_uuid"] == created
+    assert (notes[3]["refusal"], notes[4]["outcome"]) == ("attempt_used", "acknowledged")
+
+    # The user then makes a table of that name. A prepare of the same generation
+    # publishes into it, and it is never counted as the empty table dpone created.
+    users = rig.existing_target(staged, "t_after_create", [(9, "nine", 9)])
+    prepared = rig.prepare(staged, "t_after_create")
+    store = rig.components().store
+    intent = SnapshotIntent.from_bytes(store.load(prepared.intent_sha256).intent_bytes)
+    assert intent.target_uuid == users != created
+    assert created_target(store, intent) is False
+
+
+def test_a_prepare_refused_for_a_writer_keeps_the_table_and_its_pending_rows(
+    rig: Rig,  # noqa: F811
+) -> None:
+    # A Buffer over the new target appears between the CREATE and the re-observation,
+    # holding a row for it: a writer, so the prepare is refused after the CREATE. The
+    # table is left (its row count cannot show what the Buffer holds), and so is the row.
+    staged = rig.stage(ROWS, "after-create-buffer")
+    refused = _prepare_after_create(
+        rig,
+        staged,
+        "t_after_buffer",
+        _BUFFER,
+        "INSERT INTO {db}.{target}_buf VALUES (8, 'eight', 8)",
+    )
+    assert refused.code == "side_effect_present"
+    assert refused.details["created_target"] == "left"
+    assert refused.details["created_target_kept"] == "side_effect_present"
+    assert rig.uuid_of("t_after_buffer") == refused.details["created_target_uuid"]
+    assert [n["step"] for n in _steps(rig, staged)][-1] == "create_target_observed"
+    rig.admin(f"DROP TABLE {DB}.t_after_buffer_buf")  # a Buffer flushes when dropped
+    assert rig.rows_of("t_after_buffer") == [(8, "eight", 8)]  # nothing was lost
 
 
 def test_a_created_target_that_got_a_row_is_left_and_said_so(rig: Rig) -> None:  # noqa: F811
-    # A row lands in the new target (an admin's INSERT) and a Buffer appears: the
-    # prepare is refused, and the table is no longer verifiably the empty one it
-    # created, so it is left where it is, and the refusal says so.
-    refused, _ = _prepare_after_create(
+    # A row lands in the new target (an admin's INSERT), then the store refuses the
+    # intent: the table is no longer verifiably the empty one it created, so it is
+    # left where it is, and the refusal says so.
+    staged = rig.stage(ROWS, "after-create-row")
+    refused = _prepare_after_create(
         rig,
-        "after-create-row",
+        staged,
         "t_after_row",
         "INSERT INTO {db}.{target} VALUES (7, 'seven', 7)",
-        _BUFFER,
+        refusing=True,
     )
-    assert refused.code == "side_effect_present"
+    assert refused.code == "attempt_used"
     assert refused.details["created_target"] == "left"
     assert refused.details["created_target_drop"] == "target_not_empty"
     assert rig.uuid_of("t_after_row") == refused.details["created_target_uuid"]

@@ -198,8 +198,13 @@ def test_first_publication_creates_the_target_as_a_noted_step() -> None:
     assert world.authority.calls.count("issue_publisher") == 1
     assert world.authority.leases[intent.publisher.lease_id].active
     notes = world.store.step_notes(key)
-    assert [n.facts["step"] for n in notes] == ["create_target", "create_target_answer"]
+    assert [n.facts["step"] for n in notes] == [
+        "create_target",
+        "create_target_answer",
+        "create_target_observed",
+    ]
     assert notes[1].facts["outcome"] == "acknowledged"
+    assert notes[2].facts["table_uuid"] == created.uuid  # the table it made, by UUID
     # The durable note precedes the CREATE; the intent's history links to it.
     events = world.events
     assert events.index("store.note_step") < events.index("executor.create_target")

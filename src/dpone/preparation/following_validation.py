@@ -6,7 +6,11 @@ waited. :class:`FollowingValidation` runs the same check (:func:`native_check`: 
 compiled converter over whole-record ranges, each hashed in order, the GIL released
 while it converts) in a thread of its own that reads the file through its own
 descriptor as the writer flushes whole records into it. The check reads the bytes the
-file holds, as a later ``validate_file`` would; it only starts earlier.
+file holds, as a later ``validate_file`` would; it only starts earlier. So it cannot
+see a byte changed in place after it read it (the file's size is checked at the end,
+not its content again): the file is the export's private temporary file, under a
+hidden name in a directory the export writes, and another process of the same user
+that rewrites it can as well rewrite the published file after the rename.
 
 Only the compiled converter's acceptance of the whole file is taken from it. When it
 cannot decide (it declines a range, the file is not the size the writer says, the
@@ -56,7 +60,11 @@ class FollowingValidation:
         self._error: BaseException | None = None
         self._file = io.FileIO(path, "rb")  # closed by finish or abandon
         self._thread = threading.Thread(target=self._run, name="dpone-validate", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:
+            self._file.close()
+            raise
 
     @classmethod
     def start(cls, path: str, schema: SourceSchema) -> FollowingValidation | None:
@@ -65,7 +73,10 @@ class FollowingValidation:
         plans = plan_columns(schema.columns)
         if not_taken(plans) is not None:
             return None
-        return cls(path, schema, plans)
+        try:
+            return cls(path, schema, plans)
+        except (OSError, RuntimeError):  # cannot open it, or no thread: decided afterwards
+            return None
 
     def flushed(self, size: int) -> None:
         """The file holds ``size`` bytes of whole records now."""
@@ -80,9 +91,8 @@ class FollowingValidation:
             self._final = size
             self._changed.notify()
         self._end()
-        if self._error is not None:
-            raise self._error
-        if self._abandoned or self._result is None:
+        # A failure of the check itself (no memory, a read error) decides nothing either.
+        if self._abandoned or self._error is not None or self._result is None:
             return None
         rows, sha256, read = self._result
         if read != size:

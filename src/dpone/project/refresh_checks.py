@@ -37,7 +37,7 @@ from dpone.project.design_change import column_changes, describe_change
 from dpone.project.table_run import REQUEST_SECONDS, publication_for, snapshot_command
 from dpone.publication.composition import require_database, require_protected
 from dpone.publication.pool_verify import require_server_version, verify_pool
-from dpone.publication.publisher.prepare import refuse_side_effects
+from dpone.publication.publisher.checks import refuse_side_effects
 from dpone.publication.settings import ungated_transport
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.sql import quote_literal

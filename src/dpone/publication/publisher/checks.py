@@ -200,3 +200,27 @@ def exchange_precheck(
             "limit_exceeded", {"ceiling": ceiling, "observed": value, "limit": limit}
         )
     return None
+
+
+# A pool user blocks as a writer when its last lease ended without a proven closure.
+_WRITER_HINT = (
+    "; if it is a pool user whose last lease ended without a proven closure, "
+    "`dpone snapshot leases` (or `dpone status`) names the close-lease command that proves it"
+)
+
+
+def refuse_side_effects(observation: CatalogObservation) -> None:
+    """Raise ``side_effect_present`` naming the first blocker of either table, if any."""
+    for table in (observation.target, observation.generation):
+        if table is not None and table.blockers:
+            first = table.blockers[0]
+            hint = _WRITER_HINT if first.reason == "writer_grant" else ""
+            raise SnapshotPublicationError(
+                f"{table.database}.{table.name} has a side effect the publisher does not"
+                f" handle: {first.reason} ({first.detail}){hint}",
+                code="side_effect_present",
+                reason=first.reason,
+                table=table.name,
+                blockers=[b.reason for b in table.blockers],
+                details=[b.detail for b in table.blockers],
+            )

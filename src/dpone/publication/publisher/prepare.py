@@ -15,13 +15,11 @@ from dpone.contracts.composition_snapshot import (
     SnapshotLimits,
     SnapshotRecord,
     create_target_query_id,
-    drop_created_target_query_id,
 )
 from dpone.errors import DponeError
 from dpone.ports.composition_snapshot import (
     AttemptRef,
     CatalogObservation,
-    DispatchOutcome,
     PrincipalRef,
     PublicationEvidence,
     TableObservation,
@@ -31,9 +29,10 @@ from dpone.publication.publisher.checks import (
     check_evidence,
     check_generation,
     generation_of,
+    refuse_side_effects,
     storage_observed,
 )
-from dpone.publication.publisher.ports import PublisherPorts
+from dpone.publication.publisher.created_target import CreatedTarget
 from dpone.publication.publisher.receipts import (
     PublicationReceipt,
     SnapshotPublicationError,
@@ -41,35 +40,11 @@ from dpone.publication.publisher.receipts import (
 )
 from dpone.publication.publisher.records import (
     DESIGN_CHANGE_STEP,
-    dispatch_facts,
     intent_principal,
 )
 
-# A pool user blocks as a writer when its last lease ended without a proven closure.
-_WRITER_HINT = (
-    "; if it is a pool user whose last lease ended without a proven closure, "
-    "`dpone snapshot leases` (or `dpone status`) names the close-lease command that proves it"
-)
 
-
-def refuse_side_effects(observation: CatalogObservation) -> None:
-    """Raise ``side_effect_present`` naming the first blocker of either table, if any."""
-    for table in (observation.target, observation.generation):
-        if table is not None and table.blockers:
-            first = table.blockers[0]
-            hint = _WRITER_HINT if first.reason == "writer_grant" else ""
-            raise SnapshotPublicationError(
-                f"{table.database}.{table.name} has a side effect the publisher does not"
-                f" handle: {first.reason} ({first.detail}){hint}",
-                code="side_effect_present",
-                reason=first.reason,
-                table=table.name,
-                blockers=[b.reason for b in table.blockers],
-                details=[b.detail for b in table.blockers],
-            )
-
-
-class PreparePath(PublisherPorts):
+class PreparePath(CreatedTarget):
     """``prepare``: check everything, issue a publisher, store the intent as PREPARED@1."""
 
     def prepare(
@@ -193,100 +168,6 @@ class PreparePath(PublisherPorts):
         observation = self.observe_settled(evidence.slot, evidence.generation.table)
         refuse_side_effects(observation)
         return observation
-
-    def _create_target(
-        self,
-        evidence: PublicationEvidence,
-        generation_ref: str,
-        publisher: PrincipalRef,
-        created_uuid: list[str],
-    ) -> CatalogObservation:
-        """First publication: note the step durably, CREATE the empty target, re-observe.
-
-        The created table's UUID goes into ``created_uuid`` as soon as it is observed,
-        before anything else is checked, so that a refusal after it can drop that table.
-        """
-        query_id = create_target_query_id(generation_ref)
-        slot = evidence.slot
-        self.store.note_step(
-            query_id,
-            {
-                "step": "create_target",
-                "query_id": query_id,
-                "database": slot.database,
-                "target_table": slot.table,
-                "generation_table": evidence.generation.table,
-                "generation_uuid": evidence.generation.table_uuid,
-                "publisher": publisher.user,
-            },
-        )
-        issued = self.authority.principal_credentials(publisher)
-        result = self.executor.create_target(slot, evidence.generation.table, query_id, issued)
-        self.store.note_step(query_id, {"step": "create_target_answer", **dispatch_facts(result)})
-        if result.outcome is not DispatchOutcome.ACKNOWLEDGED:
-            raise SnapshotPublicationError(
-                f"creating the empty target {slot.database}.{slot.table} was not acknowledged"
-                f" ({result.outcome.value})",
-                code="create_target_failed",
-                query_id=query_id,
-                outcome=result.outcome.value,
-                clickhouse_code=result.clickhouse_code,
-            )
-        observation = self.observe_settled(evidence.slot, evidence.generation.table)
-        if observation.target is None:
-            raise SnapshotPublicationError(
-                f"the created target {slot.database}.{slot.table} is not visible",
-                code="catalog_unobservable",
-                query_id=query_id,
-            )
-        created_uuid.append(observation.target.uuid)
-        refuse_side_effects(observation)
-        return observation
-
-    def _drop_created(
-        self,
-        evidence: PublicationEvidence,
-        generation_ref: str,
-        table_uuid: str,
-        publisher: PrincipalRef,
-        exc: DponeError,
-    ) -> None:
-        """A prepare refused after its CREATE: drop the empty target it created.
-
-        The drop is noted beside the CREATE (before it is sent, and its answer after);
-        the refusal's details say whether the table was dropped or is left, and why.
-        A target left behind is still recorded as this generation's CREATE: the next
-        prepare of the slot publishes into it.
-        """
-        create_id = create_target_query_id(generation_ref)
-        drop_id = drop_created_target_query_id(generation_ref)
-        slot = evidence.slot
-        try:
-            self.store.note_step(
-                create_id,
-                {
-                    "step": "drop_created_target",
-                    "query_id": drop_id,
-                    "table_uuid": table_uuid,
-                    "refusal": exc.code,
-                },
-            )
-            issued = self.authority.principal_credentials(publisher)
-            result = self.executor.drop_created_target(slot, table_uuid, drop_id, issued)
-            self.store.note_step(
-                create_id, {"step": "drop_created_target_answer", **dispatch_facts(result)}
-            )
-        except DponeError as drop_exc:
-            exc.add_details(created_target="left", created_target_drop=drop_exc.code)
-            return
-        if result.outcome is DispatchOutcome.ACKNOWLEDGED:
-            exc.add_details(created_target="dropped", created_target_uuid=table_uuid)
-            return
-        exc.add_details(
-            created_target="left",
-            created_target_uuid=table_uuid,
-            created_target_drop=result.error_code or result.outcome.value,
-        )
 
     def _release_unused(self, publisher: PrincipalRef, exc: DponeError) -> None:
         # No intent names this publisher, so no other caller can be using it.

@@ -1,0 +1,161 @@
+"""A first publication's empty target: created after the checks, dropped if prepare is refused.
+
+The CREATE is noted durably before it is sent, its answer after, and the table it made
+is noted by UUID as soon as it is observed (``create_target_observed``): what retention
+counts as dpone's own empty target is that table, never a later table of the same name.
+
+A prepare refused after that observation drops the table again when nothing else can
+have a stake in it. It is left, and the refusal says why, when:
+
+- a blocker was seen (``side_effect_present``): a Buffer over it may hold rows not yet
+  flushed, a writer may be inserting, and neither shows in its row count;
+- another attempt may use it (``attempt_fenced``, ``slot_blocked``, or any stored
+  intent names its UUID);
+- the intent itself may have been stored (``prepare_uncertain``).
+
+Otherwise the executor sends the DROP only while the name still holds that UUID with no
+row (:meth:`~dpone.publication.executor.ClickHouseSnapshotExecutor.drop_created_target`).
+A table left is recorded as this generation's CREATE: the next prepare publishes into it.
+"""
+
+from __future__ import annotations
+
+from dpone.contracts.composition_snapshot import (
+    SnapshotIntent,
+    create_target_query_id,
+    drop_created_target_query_id,
+)
+from dpone.errors import DponeError
+from dpone.ports.composition_snapshot import (
+    CatalogObservation,
+    DispatchOutcome,
+    PrincipalRef,
+    PublicationEvidence,
+)
+from dpone.publication.publisher.checks import refuse_side_effects
+from dpone.publication.publisher.ports import PublisherPorts
+from dpone.publication.publisher.receipts import SnapshotPublicationError
+from dpone.publication.publisher.records import dispatch_facts
+from dpone.publication.store import SqliteSnapshotStore
+
+OBSERVED_STEP = "create_target_observed"
+# Refusals after which the created table is left: others may have a stake in it.
+_KEEP_AFTER = frozenset(
+    {"side_effect_present", "attempt_fenced", "slot_blocked", "prepare_uncertain"}
+)
+
+
+class CreatedTarget(PublisherPorts):
+    """The CREATE of a first publication's empty target, and its DROP after a refusal."""
+
+    def _create_target(
+        self,
+        evidence: PublicationEvidence,
+        generation_ref: str,
+        publisher: PrincipalRef,
+        created_uuid: list[str],
+    ) -> CatalogObservation:
+        """First publication: note the step durably, CREATE the empty target, re-observe.
+
+        The created table's UUID is noted and goes into ``created_uuid`` as soon as it
+        is observed, before anything else is checked, so that a refusal after it can
+        drop that table (see the module doc).
+        """
+        query_id = create_target_query_id(generation_ref)
+        slot = evidence.slot
+        self.store.note_step(
+            query_id,
+            {
+                "step": "create_target",
+                "query_id": query_id,
+                "database": slot.database,
+                "target_table": slot.table,
+                "generation_table": evidence.generation.table,
+                "generation_uuid": evidence.generation.table_uuid,
+                "publisher": publisher.user,
+            },
+        )
+        issued = self.authority.principal_credentials(publisher)
+        result = self.executor.create_target(slot, evidence.generation.table, query_id, issued)
+        self.store.note_step(query_id, {"step": "create_target_answer", **dispatch_facts(result)})
+        if result.outcome is not DispatchOutcome.ACKNOWLEDGED:
+            raise SnapshotPublicationError(
+                f"creating the empty target {slot.database}.{slot.table} was not acknowledged"
+                f" ({result.outcome.value})",
+                code="create_target_failed",
+                query_id=query_id,
+                outcome=result.outcome.value,
+                clickhouse_code=result.clickhouse_code,
+            )
+        observation = self.observe_settled(evidence.slot, evidence.generation.table)
+        if observation.target is None:
+            raise SnapshotPublicationError(
+                f"the created target {slot.database}.{slot.table} is not visible",
+                code="catalog_unobservable",
+                query_id=query_id,
+            )
+        self.store.note_step(
+            query_id, {"step": OBSERVED_STEP, "table_uuid": observation.target.uuid}
+        )
+        created_uuid.append(observation.target.uuid)
+        refuse_side_effects(observation)
+        return observation
+
+    def _drop_created(
+        self,
+        evidence: PublicationEvidence,
+        generation_ref: str,
+        table_uuid: str,
+        publisher: PrincipalRef,
+        exc: DponeError,
+    ) -> None:
+        """A prepare refused after its CREATE: drop the empty target it created, unless
+        another may have a stake in it (see the module doc).
+
+        The drop is noted beside the CREATE (before it is sent, and its answer after);
+        the refusal's details say ``created_target``: ``dropped``, ``left`` (with
+        ``created_target_kept`` or ``created_target_drop``: why) or ``unknown`` (the
+        DROP's outcome is not known).
+        """
+        exc.add_details(created_target_uuid=table_uuid)
+        kept = self._stake_in(table_uuid, exc)
+        if kept is not None:
+            exc.add_details(created_target="left", created_target_kept=kept)
+            return
+        create_id = create_target_query_id(generation_ref)
+        drop_id = drop_created_target_query_id(generation_ref)
+        facts = {"query_id": drop_id, "table_uuid": table_uuid, "refusal": exc.code}
+        try:
+            self.store.note_step(create_id, {"step": "drop_created_target", **facts})
+            issued = self.authority.principal_credentials(publisher)
+        except DponeError as drop_exc:  # nothing was sent
+            exc.add_details(created_target="left", created_target_drop=drop_exc.code)
+            return
+        result = self.executor.drop_created_target(evidence.slot, table_uuid, drop_id, issued)
+        try:
+            answer = {"step": "drop_created_target_answer", **dispatch_facts(result)}
+            self.store.note_step(create_id, answer)
+        except DponeError as note_exc:  # the answer stands; its note is missing
+            exc.add_details(created_target_note_failed=note_exc.code)
+        outcome = {
+            DispatchOutcome.ACKNOWLEDGED: "dropped",
+            DispatchOutcome.UNKNOWN: "unknown",
+        }.get(result.outcome, "left")
+        exc.add_details(created_target=outcome)
+        if outcome != "dropped":
+            exc.add_details(created_target_drop=result.error_code or result.outcome.value)
+
+    def _stake_in(self, table_uuid: str, exc: DponeError) -> str | None:
+        """Why another may have a stake in the created table, or None when none can."""
+        if exc.code in _KEEP_AFTER:
+            return exc.code
+        if not isinstance(self.store, SqliteSnapshotStore):
+            return "intents_unlisted"  # which intents name it cannot be read: keep it
+        try:
+            stored = self.store.list_snapshots()
+        except DponeError as list_exc:
+            return list_exc.code
+        for summary in stored:
+            if SnapshotIntent.from_bytes(summary.intent_bytes).target_uuid == table_uuid:
+                return "named_by_an_intent"
+        return None
