@@ -98,7 +98,12 @@ class _RefusingStore(SqliteSnapshotStore):
     """The real store, refusing the intent before it writes anything (as it refuses a
     run that already has an intent)."""
 
+    meanwhile: ClassVar[Callable[[], None] | None] = None
+
     def create(self, intent_bytes: bytes, record_bytes: bytes, authority: Any) -> None:
+        meanwhile = type(self).meanwhile
+        if meanwhile is not None:
+            meanwhile()  # what happens on the server while the store is written
         raise SnapshotStoreError("intent was not stored: refused", code="attempt_used")
 
 
@@ -201,3 +206,27 @@ def test_a_created_target_that_got_a_row_is_left_and_said_so(rig: Rig) -> None: 
     assert refused.details["created_target_drop"] == "target_not_empty"
     assert rig.uuid_of("t_after_row") == refused.details["created_target_uuid"]
     assert rig.rows_of("t_after_row") == [(7, "seven", 7)]  # nothing of it was lost
+
+
+def test_a_writer_that_appears_after_the_checks_keeps_the_table(rig: Rig) -> None:  # noqa: F811
+    # The Buffer (holding a row for the new target) appears only while the store takes
+    # the intent, after the catalog was checked; the store then refuses. The catalog is
+    # observed again before any DROP: the writer keeps the table, and its row.
+    staged = rig.stage(ROWS, "after-checks")
+    target = "t_after_checks"
+
+    def meanwhile() -> None:
+        rig.admin(_BUFFER.format(db=DB, target=target))
+        rig.admin(f"INSERT INTO {DB}.{target}_buf VALUES (6, 'six', 6)")
+
+    _RefusingStore.meanwhile = meanwhile
+    try:
+        refused = _prepare_after_create(rig, staged, target, refusing=True)
+    finally:
+        _RefusingStore.meanwhile = None
+    assert refused.code == "attempt_used"
+    assert refused.details["created_target"] == "left"
+    assert refused.details["created_target_kept"] == "side_effect_present"
+    assert [n["step"] for n in _steps(rig, staged)][-1] == "create_target_observed"
+    rig.admin(f"DROP TABLE {DB}.{target}_buf")  # a Buffer flushes when dropped
+    assert rig.rows_of(target) == [(6, "six", 6)]  # nothing was lost

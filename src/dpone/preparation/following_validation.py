@@ -134,11 +134,14 @@ class FollowingValidation:
     def _end(self) -> None:
         if self._thread.is_alive():
             self._thread.join()
-        if not self._file.closed:
+        if self._file.closed:
+            return
+        try:
             # The file must not have changed under the check: the same size on disk.
-            if (
-                self._result is not None
-                and os.fstat(self._file.fileno()).st_size != self._result[2]
-            ):
+            read = None if self._result is None else self._result[2]
+            if read is not None and os.fstat(self._file.fileno()).st_size != read:
                 self._result = None
+        except OSError:
+            self._result = None
+        finally:
             self._file.close()

@@ -121,7 +121,11 @@ def created_target(store: SqliteSnapshotStore, intent: SnapshotIntent) -> bool:
     # The tables it made, by UUID (stores before that note have none): a table the name
     # holds now that is not one of them (one made after a refused prepare dropped its
     # own) was not created by dpone.
-    observed = {f.get("table_uuid") for f in notes if f.get("step") == OBSERVED_STEP}
+    observed = {
+        f.get("table_uuid")
+        for f in notes
+        if f.get("step") in (OBSERVED_STEP, "drop_created_target")
+    }
     return planned and answered and (not observed or intent.target_uuid in observed)
 
 

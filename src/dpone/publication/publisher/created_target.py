@@ -7,11 +7,13 @@ counts as dpone's own empty target is that table, never a later table of the sam
 A prepare refused after that observation drops the table again when nothing else can
 have a stake in it. It is left, and the refusal says why, when:
 
-- a blocker was seen (``side_effect_present``): a Buffer over it may hold rows not yet
-  flushed, a writer may be inserting, and neither shows in its row count;
-- another attempt may use it (``attempt_fenced``, ``slot_blocked``, or any stored
-  intent names its UUID);
-- the intent itself may have been stored (``prepare_uncertain``).
+- a blocker was seen (``side_effect_present``, or one found by observing again just
+  before the drop): a Buffer over it may hold rows not yet flushed, a writer may be
+  inserting, and neither shows in its row count;
+- another attempt may use it (``attempt_fenced``, ``slot_blocked``,
+  ``ownership_not_active``, or any stored intent names its UUID);
+- the intent itself may have been stored (``prepare_uncertain``: prepare does not even
+  try the drop).
 
 Otherwise the executor sends the DROP only while the name still holds that UUID with no
 row (:meth:`~dpone.publication.executor.ClickHouseSnapshotExecutor.drop_created_target`).
@@ -41,7 +43,7 @@ from dpone.publication.store import SqliteSnapshotStore
 OBSERVED_STEP = "create_target_observed"
 # Refusals after which the created table is left: others may have a stake in it.
 _KEEP_AFTER = frozenset(
-    {"side_effect_present", "attempt_fenced", "slot_blocked", "prepare_uncertain"}
+    {"side_effect_present", "attempt_fenced", "slot_blocked", "ownership_not_active"}
 )
 
 
@@ -118,7 +120,7 @@ class CreatedTarget(PublisherPorts):
         DROP's outcome is not known).
         """
         exc.add_details(created_target_uuid=table_uuid)
-        kept = self._stake_in(table_uuid, exc)
+        kept = self._stake_in(evidence, table_uuid, exc)
         if kept is not None:
             exc.add_details(created_target="left", created_target_kept=kept)
             return
@@ -145,17 +147,32 @@ class CreatedTarget(PublisherPorts):
         if outcome != "dropped":
             exc.add_details(created_target_drop=result.error_code or result.outcome.value)
 
-    def _stake_in(self, table_uuid: str, exc: DponeError) -> str | None:
-        """Why another may have a stake in the created table, or None when none can."""
+    def _stake_in(
+        self, evidence: PublicationEvidence, table_uuid: str, exc: DponeError
+    ) -> str | None:
+        """Why another may have a stake in the created table, or None when none can.
+
+        The catalog is observed again first: a blocker that appeared since the checks
+        (a Buffer, a Distributed table, a writer) keeps the table. What remains open is
+        the moment between the executor's last read and its DROP, where only a trusted
+        writer (an administrator) or a prepare of another attempt that stores its
+        intent then could act; the latter's publish then finds no target and sends
+        nothing (its recheck of the target's UUID fails), so no row is lost.
+        """
         if exc.code in _KEEP_AFTER:
             return exc.code
         if not isinstance(self.store, SqliteSnapshotStore):
             return "intents_unlisted"  # which intents name it cannot be read: keep it
         try:
-            stored = self.store.list_snapshots()
-        except DponeError as list_exc:
-            return list_exc.code
-        for summary in stored:
-            if SnapshotIntent.from_bytes(summary.intent_bytes).target_uuid == table_uuid:
-                return "named_by_an_intent"
+            for summary in self.store.list_snapshots():
+                if SnapshotIntent.from_bytes(summary.intent_bytes).target_uuid == table_uuid:
+                    return "named_by_an_intent"
+            observation = self.observe_settled(evidence.slot, evidence.generation.table)
+        except DponeError as read_exc:
+            return read_exc.code
+        target = observation.target
+        if target is None or target.uuid != table_uuid:
+            return "target_not_ours"
+        if target.blockers:
+            return "side_effect_present"
         return None
