@@ -23,6 +23,7 @@ from dpone.ports.composition_snapshot import (
 from dpone.project.retention import created_target
 from dpone.publication.composition import PublicationConfig
 from dpone.publication.executor import ClickHouseSnapshotExecutor
+from dpone.publication.publisher import PublicationReceipt
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.publication.store.errors import SnapshotStoreError
 from dpone.staging.service import StagedTable
@@ -230,3 +231,28 @@ def test_a_writer_that_appears_after_the_checks_keeps_the_table(rig: Rig) -> Non
     assert [n["step"] for n in _steps(rig, staged)][-1] == "create_target_observed"
     rig.admin(f"DROP TABLE {DB}.{target}_buf")  # a Buffer flushes when dropped
     assert rig.rows_of(target) == [(6, "six", 6)]  # nothing was lost
+
+
+def test_a_table_another_attempts_intent_names_is_left_for_it(rig: Rig) -> None:  # noqa: F811
+    # While attempt A's first prepare has just created the target, attempt B of the
+    # same slot prepares over it (its intent names the new table), which fences A. A
+    # leaves the table to B, which publishes into it.
+    first = rig.stage(ROWS, "named-a")
+    second = rig.stage([*ROWS, (4, "four", 4)], "named-b")
+    target = "t_named"
+    prepared: list[PublicationReceipt] = []
+    _AfterCreate.then = lambda table: prepared.append(rig.prepare(second, table))
+    publisher = rig.components(executor=_AfterCreate).publisher
+    with pytest.raises(DponeError) as caught:
+        publisher.prepare(
+            AttemptRef(first.journal_path, TargetSlot(DB, target)), first.journal_head
+        )
+    refused = caught.value
+    assert refused.code == "attempt_fenced"
+    assert refused.details["created_target"] == "left"
+    assert refused.details["created_target_kept"] == "attempt_fenced"
+    (other,) = prepared
+    assert other.target_uuid == refused.details["created_target_uuid"] == rig.uuid_of(target)
+    published = rig.components().publisher.publish(other.intent_sha256)
+    assert published.state.value == "published"
+    assert rig.rows_of(target) == [*ROWS, (4, "four", 4)]
