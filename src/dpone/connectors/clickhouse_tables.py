@@ -75,6 +75,35 @@ def table_exists(
     return rows == [{"n": 1}]
 
 
+def table_rows(
+    transport: QueryPort,
+    database: str,
+    table: str,
+    table_uuid: str,
+    query_id: str,
+    deadline: float,
+) -> int | None:
+    """The exact row count of ``database.table`` while the name holds the table of
+    ``table_uuid``; None when it holds no table or another one. A count the server does
+    not give (an engine without a row counter) raises :class:`TableObservationError`."""
+    statement = (
+        "SELECT toString(uuid) AS uuid, total_rows FROM system.tables "
+        f"WHERE {_where(database, table)} FORMAT JSONEachRow"
+    )
+    rows = transport.execute(read(statement, query_id), deadline=deadline).json_rows()
+    if len(rows) != 1 or rows[0].get("uuid") != table_uuid:
+        return None
+    count = rows[0].get("total_rows")  # a 64-bit count may come quoted
+    if isinstance(count, str) and count.isdigit():
+        count = int(count)
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise TableObservationError(
+            f"the row count of {database}.{table} is unobservable: {count!r:.200}",
+            query_id=query_id,
+        )
+    return count
+
+
 def observe_ownership(
     transport: QueryPort, database: str, table: str, next_id: Callable[[], str], deadline: float
 ) -> Ownership | None:

@@ -27,6 +27,7 @@ error and the command that finishes or undoes what remains.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -35,7 +36,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.clickhouse_tables import staging_table_name
+from dpone.connectors.clickhouse_tables import (
+    TableObservationError,
+    staging_table_name,
+    table_rows,
+)
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState
 from dpone.contracts.receipt import FileReceipt
 from dpone.durable_files import private_directories, temporary_siblings
@@ -63,6 +68,7 @@ from dpone.project.refresh_checks import (
 )
 from dpone.project.retention import enforce_retention
 from dpone.project.table_run import (
+    REQUEST_SECONDS,
     Phases,
     PublishStep,
     RunReport,
@@ -403,24 +409,26 @@ class RefreshService:
 
     def _targetselect_rows(self, admin: QueryPort, intent: SnapshotIntent, attempt_id: str) -> int:
         """The target's exact row count now, on the intent's own target UUID."""
-        rows = select_rows(
-            admin,
-            "SELECT toString(uuid) AS uuid, total_rows FROM system.tables WHERE "
-            f"database = {literal(intent.database)} AND name = {literal(intent.target_table)}",
-            read_query_id(attempt_id, "refresh_target_rows", 1),
-        )
-        if len(rows) != 1 or rows[0].get("uuid") != intent.target_uuid:
+        try:
+            count = table_rows(
+                admin,
+                intent.database,
+                intent.target_table,
+                intent.target_uuid,
+                read_query_id(attempt_id, "refresh_target_rows", 1),
+                time.monotonic() + REQUEST_SECONDS,
+            )
+        except TableObservationError as exc:
+            raise RefreshError(
+                "the target's row count is unobservable", code="target_changed"
+            ) from exc
+        if count is None:
             raise RefreshError(
                 f"the target {intent.database}.{intent.target_table} is not the prepared one "
-                f"({intent.target_uuid}): {rows!r:.200}",
+                f"({intent.target_uuid})",
                 code="target_changed",
                 intent_sha256=intent.sha256,
             )
-        count = rows[0].get("total_rows")
-        if not isinstance(count, int) or isinstance(count, bool):
-            count = int(str(count)) if str(count).isdigit() else None
-        if count is None:
-            raise RefreshError("the target's row count is unobservable", code="target_changed")
         return count
 
     def _shrinks(self, table: TableConfig, before: int, after: int) -> str | None:

@@ -50,7 +50,7 @@ from dpone.errors import DponeError, StateError
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import read_query_id
 from dpone.ports.composition_snapshot import DispatchOutcome, TargetSlot
-from dpone.publication.publisher.created_target import OBSERVED_STEP
+from dpone.publication.publisher.created_target import DROP_STEP, OBSERVED_STEP
 from dpone.publication.retained import StoredIntent, stored_intents
 from dpone.publication.store import SnapshotSummary, SqliteSnapshotStore
 from dpone.staging.cleanup import drop_owned_table
@@ -121,11 +121,7 @@ def created_target(store: SqliteSnapshotStore, intent: SnapshotIntent) -> bool:
     # The tables it made, by UUID (stores before that note have none): a table the name
     # holds now that is not one of them (one made after a refused prepare dropped its
     # own) was not created by dpone.
-    observed = {
-        f.get("table_uuid")
-        for f in notes
-        if f.get("step") in (OBSERVED_STEP, "drop_created_target")
-    }
+    observed = {f.get("table_uuid") for f in notes if f.get("step") in (OBSERVED_STEP, DROP_STEP)}
     return planned and answered and (not observed or intent.target_uuid in observed)
 
 

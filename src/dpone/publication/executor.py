@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.connectors.clickhouse_tables import table_rows
 from dpone.contracts.composition_snapshot import (
     QUERY_ID_PREFIX,
     SnapshotIntent,
@@ -252,10 +253,10 @@ class ClickHouseSnapshotExecutor:
         with self.dispatch_gate.held():
             transport = self._factory(self.endpoint, principal.credentials)
             try:
-                rows = self._table_rows(transport, slot, table_uuid, f"{query_id}-read")
+                rows = self._rows_of(transport, slot, table_uuid, f"{query_id}-read")
             except DponeError as exc:
                 return DispatchResult(DispatchOutcome.NOT_SENT, query_id, None, None, exc.code)
-            if rows is None or rows != 0:
+            if rows != 0:
                 reason = "target_not_ours" if rows is None else "target_not_empty"
                 return DispatchResult(DispatchOutcome.NOT_SENT, query_id, None, None, reason)
             statement = f"DROP TABLE {_qualified(slot.database, slot.table)} SYNC"
@@ -264,7 +265,7 @@ class ClickHouseSnapshotExecutor:
             if result.outcome is not DispatchOutcome.ACKNOWLEDGED:
                 return result
             try:
-                left = self._table_rows(transport, slot, table_uuid, f"{query_id}-verify")
+                left = self._rows_of(transport, slot, table_uuid, f"{query_id}-verify")
             except DponeError as exc:
                 return DispatchResult(DispatchOutcome.UNKNOWN, query_id, None, None, exc.code)
             if left is not None:
@@ -273,23 +274,12 @@ class ClickHouseSnapshotExecutor:
                 )
             return result
 
-    def _table_rows(
+    def _rows_of(
         self, transport: QueryPort, slot: TargetSlot, table_uuid: str, query_id: str
     ) -> int | None:
-        """The rows of ``slot``'s table while it is the table of ``table_uuid``, else None."""
-        found = transport.execute(
-            read(
-                "SELECT toString(uuid) AS uuid, total_rows FROM system.tables WHERE "
-                f"database = {quote_literal(slot.database)} AND "
-                f"name = {quote_literal(slot.table)} FORMAT JSONEachRow",
-                query_id,
-            ),
-            deadline=self._deadline(),
-        ).json_rows()
-        if len(found) != 1 or found[0].get("uuid") != table_uuid:
-            return None
-        total = found[0].get("total_rows")
-        return int(total) if total is not None else -1
+        return table_rows(
+            transport, slot.database, slot.table, table_uuid, query_id, self._deadline()
+        )
 
     # ------------------------------------------------------------------ exchange
 

@@ -41,6 +41,7 @@ from dpone.publication.publisher.records import dispatch_facts
 from dpone.publication.store import SqliteSnapshotStore
 
 OBSERVED_STEP = "create_target_observed"
+DROP_STEP = "drop_created_target"
 # Refusals after which the created table is left: others may have a stake in it.
 _KEEP_AFTER = frozenset(
     {"side_effect_present", "attempt_fenced", "slot_blocked", "ownership_not_active"}
@@ -128,14 +129,14 @@ class CreatedTarget(PublisherPorts):
         drop_id = drop_created_target_query_id(generation_ref)
         facts = {"query_id": drop_id, "table_uuid": table_uuid, "refusal": exc.code}
         try:
-            self.store.note_step(create_id, {"step": "drop_created_target", **facts})
+            self.store.note_step(create_id, {"step": DROP_STEP, **facts})
             issued = self.authority.principal_credentials(publisher)
         except DponeError as drop_exc:  # nothing was sent
             exc.add_details(created_target="left", created_target_drop=drop_exc.code)
             return
         result = self.executor.drop_created_target(evidence.slot, table_uuid, drop_id, issued)
         try:
-            answer = {"step": "drop_created_target_answer", **dispatch_facts(result)}
+            answer = {"step": f"{DROP_STEP}_answer", **dispatch_facts(result)}
             self.store.note_step(create_id, answer)
         except DponeError as note_exc:  # the answer stands; its note is missing
             exc.add_details(created_target_note_failed=note_exc.code)
