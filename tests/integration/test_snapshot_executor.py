@@ -446,6 +446,9 @@ class HoldingProxy:
 
 
 def _read_request(sock: socket.socket) -> bytes:
+    """One request from ``sock``, marked ``Connection: close``: these proxies answer one
+    request per connection, so the server's answer must say so (or the transport, told
+    the connection is kept, would send its next request on it)."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
@@ -462,7 +465,7 @@ def _read_request(sock: socket.socket) -> bytes:
         if not chunk:
             break
         body += chunk
-    return head + b"\r\n\r\n" + body
+    return head + b"\r\nConnection: close\r\n\r\n" + body
 
 
 def _read_all(sock: socket.socket) -> bytes:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.connectors.http_connections import POOL
 from dpone.errors import ConfigurationError
 from dpone.ports.clickhouse_errors import (
     ClickHouseServerError,
@@ -403,3 +404,52 @@ def test_the_ceiling_holds_while_the_body_streams(peer_factory: list[Peer], tmp_
     assert caught.value.code == "body_limit_exceeded"
     assert caught.value.details["limit"] == 150_000
     assert caught.value.details["sent"] <= 150_000
+
+
+KEPT = b"Connection: Keep-Alive\r\nKeep-Alive: timeout=10, max=9999\r\n"
+
+
+@pytest.mark.parametrize(
+    ("answer", "kept"),
+    [
+        (b"HTTP/1.1 200 OK\r\n" + KEPT + b"Content-Length: 2\r\n\r\n1\n", True),
+        # Bytes after the framed response: what they belong to is unknown.
+        (b"HTTP/1.1 200 OK\r\n" + KEPT + b"Content-Length: 2\r\n\r\n1\nHTTP/1.1", False),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n1\n", False),  # no timeout offered
+        (b"HTTP/1.0 200 OK\r\n" + KEPT + b"Content-Length: 2\r\n\r\n1\n", False),
+    ],
+)
+def test_only_an_exactly_framed_offered_response_keeps_its_connection(
+    answer: bytes, kept: bool
+) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: dict[str, bytes | bool] = {}
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(5)
+            request = b""
+            while not request.endswith(b"SELECT 1"):  # the head, then the body
+                request += conn.recv(65536)
+            seen["request"] = request
+            conn.sendall(answer)
+            conn.settimeout(0.5)  # the client closes at once, or keeps the connection
+            try:
+                seen["client_closed"] = conn.recv(1) == b""
+            except TimeoutError:
+                seen["client_closed"] = False
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        port = listener.getsockname()[1]
+        http = HttpTransport(Endpoint("127.0.0.1", port, 0, "db"), Credentials("u", "pw"))
+        result = http.execute(read("SELECT 1", "q-1"), deadline=time.monotonic() + 5)
+        assert result.output == b"1\n"
+        thread.join(5)
+        assert b"connection: close" not in bytes(seen["request"]).lower()
+        assert seen["client_closed"] is not kept
+    finally:
+        POOL.close_idle()
+        listener.close()

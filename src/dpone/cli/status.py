@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from dpone.cli.output import config_option, emit_json, json_option, reported_errors
+from dpone.connectors.http_connections import POOL
 from dpone.project.config import load_project
 from dpone.project.status import project_status
 
@@ -24,7 +25,9 @@ def status(config_path: Path, as_json: bool) -> None:
         project = load_project(config_path)
         found = project_status(project)
         if as_json:
-            emit_json({"ok": not found.needs_person, **found.to_dict()})
+            # What this command sent: status is one process, so all of it is status's.
+            traffic = POOL.traffic().to_dict()
+            emit_json({"ok": not found.needs_person, **found.to_dict(), "traffic": traffic})
         else:
             if not found.server_running:
                 _echo_unreachable(project.clickhouse.access.describe(), found.server_unreachable)

@@ -110,6 +110,10 @@ class BoundedResponse:
                 return value
         return default
 
+    def framed_exactly(self) -> bool:
+        """The whole response was read and framed, and no byte arrived after it."""
+        return self.complete and not self._buffer
+
     def isclosed(self) -> bool:
         return self._state is _State.CLOSED
 

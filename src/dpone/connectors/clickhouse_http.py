@@ -4,7 +4,9 @@ One request per call, no retry, ever. The peer address is resolved once; a later
 resolution that differs, or a connection that lands elsewhere, is refused. Redirects
 are never followed. The request body streams from the spool in bounded chunks while
 it is counted and hashed. Success needs a complete, bounded response with status 200
-and no exception anywhere in it (ClickHouse can send one after a 200).
+and no exception anywhere in it (ClickHouse can send one after a 200). A connection
+whose response was framed completely is kept for the next request when the server
+offers it (:mod:`dpone.connectors.http_connections`); any other is closed.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dpone.connectors.clickhouse_file_response import (
     FramingError,
     ResponseDeadline,
 )
+from dpone.connectors.http_connections import POOL, ConnectionKey, KeepAlive, keep_alive
 from dpone.errors import ConfigurationError, DponeError
 from dpone.ports.clickhouse_errors import (
     ClickHouseServerError,
@@ -167,6 +170,14 @@ class HttpTransport:
             )
         self.address = addresses[0]
         self._tls = tls_context(endpoint)
+        # Kept connections are shared by every transport to the same place and trust.
+        self._key: ConnectionKey = (
+            self.address,
+            endpoint.http_port,
+            endpoint.host,
+            endpoint.secure,
+            endpoint.ca_file,
+        )
 
     def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
         """Send ``request`` once; return its complete acknowledgment or raise a typed outcome."""
@@ -181,13 +192,20 @@ class HttpTransport:
             )
         spool, size = _open_body(request)
         remaining = partial(self._remaining, deadline)
-        conn = _PinnedConnection(
-            self.address,
-            self.endpoint.http_port,
-            self.endpoint.host,
-            max(remaining(), 0.001),
-            self._tls,
-        )
+        kept = POOL.take(self._key)
+        served = 0
+        if kept is not None:
+            reused, served = kept
+            assert isinstance(reused, _PinnedConnection)
+            conn = reused
+        else:
+            conn = _PinnedConnection(
+                self.address,
+                self.endpoint.http_port,
+                self.endpoint.host,
+                max(remaining(), 0.001),
+                self._tls,
+            )
         conn.response_class = partial(  # type: ignore[assignment]
             BoundedResponse,
             remaining=remaining,
@@ -202,7 +220,12 @@ class HttpTransport:
                 exc.add_note(f"cleanup also failed: {type(failure).__name__}: {failure}")
             raise
         # Cleanup runs before completion is recorded; if it fails there is no success.
-        failures = _cleanup(exchange.response, conn, spool)
+        offer = _offer(exchange.response)
+        failures = _cleanup(exchange.response, None if offer else conn, spool)
+        if offer is not None and not failures:
+            POOL.give_back(self._key, conn, offer, served + 1)
+        elif offer is not None:
+            conn.close()
         if failures:
             raise OutcomeUnknown(
                 f"cleanup after query {request.query_id} failed: {failures[0]}",
@@ -241,7 +264,6 @@ class HttpTransport:
             "X-ClickHouse-User": self._credentials.user.encode("utf-8"),
             "X-ClickHouse-Key": self._credentials.password.encode("utf-8"),
             "Host": f"{self.endpoint.host}:{self.endpoint.http_port}",
-            "Connection": "close",
         }
 
     def _acknowledge(
@@ -388,7 +410,11 @@ class _Exchange:
     def run(self, size: int) -> bytes:
         request = self.request
         try:
-            self._connect()
+            new_connection = self.conn.sock is None
+            if new_connection:
+                self._connect()
+            POOL.count(new_connection=new_connection)
+            self.transport._before_send(self.conn, self.deadline, request)
             self._send(size)
             self.transport._before_send(self.conn, self.deadline, request)
             raw = self.conn.getresponse()
@@ -504,13 +530,23 @@ def _open_body(request: ClickHouseRequest) -> tuple[BinaryIO | None, int]:
     return spool, size
 
 
+def _offer(response: BoundedResponse | None) -> KeepAlive | None:
+    """The server's offer to keep the connection, only after a response framed exactly."""
+    if response is None or response.version != 11 or not response.framed_exactly():
+        return None
+    return keep_alive(response.getheader("Connection"), response.getheader("Keep-Alive"))
+
+
 def _cleanup(
-    response: BoundedResponse | None, conn: http.client.HTTPConnection, spool: BinaryIO | None
+    response: BoundedResponse | None,
+    conn: http.client.HTTPConnection | None,
+    spool: BinaryIO | None,
 ) -> list[OSError]:
+    """Close the response, the connection (None: it is kept) and the spool."""
     failures: list[OSError] = []
     for closer in (
         response.close if response else None,
-        conn.close,
+        conn.close if conn else None,
         spool.close if spool else None,
     ):
         if closer is None:

@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any
 
 import dpone
+from dpone.connectors.http_connections import POOL
 from dpone.errors import ConfigurationError
 from dpone.localserver import protocol
 from dpone.localserver.config import (
@@ -357,6 +358,9 @@ def _stop(
     layout: DataDirLayout, pid: int, timeout: float, process: subprocess.Popen[bytes] | None
 ) -> StopReport:
     started = time.monotonic()
+    # A connection this process keeps open would hold the server's stop up (and can make
+    # the engine exit abruptly): none is kept past this point.
+    POOL.close_idle()
     protocol.request_stop(str(layout.control_fifo))
     forced = False
     if not _wait_released(layout, process, started + timeout):

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+from dpone.connectors.http_connections import POOL
 from dpone.contracts.composition_snapshot import SnapshotState
 from dpone.errors import DponeError, StateError, interruption_signal
 from dpone.project.config import Project, TableConfig
@@ -46,6 +47,10 @@ class RunReport:
     target_uuid_before: str | None = None
     target_uuid_after: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    # Per phase: HTTP requests sent and new connections opened by this process meanwhile
+    # (one table per process: the table's own; with tables run side by side in one
+    # process, the phase's share of them all).
+    traffic: dict[str, dict[str, int]] = field(default_factory=dict)
     error: dict[str, Any] | None = None
     next_commands: list[str] = field(default_factory=list)
     # The signal that stopped the run (SIGINT, SIGTERM, SIGHUP), and what it left then:
@@ -64,20 +69,24 @@ class RunReport:
 
 
 class Phases:
-    """Times each phase and remembers which one is running."""
+    """Times each phase, counts its requests and remembers which one is running."""
 
-    def __init__(self, timings: dict[str, float]) -> None:
+    def __init__(
+        self, timings: dict[str, float], traffic: dict[str, dict[str, int]] | None = None
+    ) -> None:
         self.timings = timings
+        self.traffic = {} if traffic is None else traffic
         self.current: str | None = None
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         self.current = name
-        started = time.monotonic()
+        started, sent = time.monotonic(), POOL.traffic()
         try:
             yield
         finally:
             self.timings[name] = time.monotonic() - started
+            self.traffic[name] = POOL.traffic().since(sent).to_dict()
         self.current = None
 
 
@@ -98,7 +107,7 @@ def run_phases(
     ``interrupted`` then accounts for what the run left. A second signal during that
     account cuts it short, never the report. The caller stops after such a report.
     """
-    phase = Phases(report.timings)
+    phase = Phases(report.timings, report.traffic)
     try:
         run(report, phase)
     except DponeError as exc:

@@ -1,0 +1,184 @@
+"""HTTP connections kept between requests, and the count of what was sent.
+
+A connection is kept only after a response framed completely with no byte after it,
+from a server that did not ask to close and said how long it keeps an idle
+connection (``Keep-Alive: timeout=N``). It is taken again only well within that time
+and only if nothing arrived on it while it was idle (a peer that closed it, or bytes
+no request asked for). Anything else closes it. A request is never sent again on
+another connection: a kept connection that fails is that request's failure, exactly
+as a new one's would be, and its outcome is proven the same way.
+
+Connections are keyed by where they lead (the pinned address, the port, the host
+name and the TLS trust), never by user: ClickHouse authenticates every request.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+# Taken again only this long before the server's own idle timeout ends: a request
+# that leaves at the edge of it could meet the server's close on the way.
+REUSE_MARGIN_SECONDS = 1.0
+# Idle connections kept per destination (a refresh uses one or two at a time).
+IDLE_PER_KEY = 8
+_TIMEOUT = re.compile(r"(?:^|,)\s*timeout\s*=\s*(\d+)\s*(?:,|$)", re.IGNORECASE)
+_MAX = re.compile(r"(?:^|,)\s*max\s*=\s*(\d+)\s*(?:,|$)", re.IGNORECASE)
+
+
+class _Socket(Protocol):
+    def fileno(self) -> int: ...
+
+
+class Reusable(Protocol):
+    """What the pool needs of a connection: its socket, and a way to close it."""
+
+    @property
+    def sock(self) -> _Socket | None: ...
+
+    def close(self) -> None: ...
+
+
+ConnectionKey = tuple[str, int, str, bool, str | None]
+
+
+@dataclass(frozen=True)
+class KeepAlive:
+    """What a response allows: keep the connection ``timeout`` seconds, ``max`` requests."""
+
+    timeout: float
+    max_requests: int | None
+
+
+def keep_alive(connection_header: str | None, keep_alive_header: str | None) -> KeepAlive | None:
+    """The server's offer to keep the connection, or None (close it).
+
+    HTTP/1.1 keeps a connection unless told otherwise, but how long the server keeps it
+    idle is only known from ``Keep-Alive: timeout=N``; without it the connection is not
+    kept (dpone would have to guess when the server closes it).
+    """
+    if (connection_header or "").strip().lower() == "close" or not keep_alive_header:
+        return None
+    timeout = _TIMEOUT.search(keep_alive_header)
+    if timeout is None:
+        return None
+    most = _MAX.search(keep_alive_header)
+    return KeepAlive(float(timeout.group(1)), int(most.group(1)) if most else None)
+
+
+@dataclass
+class _Idle:
+    connection: Reusable
+    usable_until: float
+    served: int
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Requests sent and new connections opened, by this process, since it started."""
+
+    requests: int = 0
+    connections: int = 0
+
+    def since(self, earlier: Traffic) -> Traffic:
+        """What was sent after ``earlier`` was read."""
+        return Traffic(self.requests - earlier.requests, self.connections - earlier.connections)
+
+    def to_dict(self) -> dict[str, int]:
+        """As reports print it."""
+        return {"requests": self.requests, "new_connections": self.connections}
+
+
+class ConnectionPool:
+    """Idle connections of this process, taken by one request at a time (thread-safe)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._idle: dict[ConnectionKey, list[_Idle]] = {}
+        self._pid = os.getpid()
+        self._requests = 0
+        self._connections = 0
+
+    def take(self, key: ConnectionKey) -> tuple[Reusable, int] | None:
+        """A live idle connection to ``key`` and how many requests it has carried."""
+        while True:
+            with self._lock:
+                self._forget_after_fork()
+                idle = self._idle.get(key)
+                if not idle:
+                    return None
+                kept = idle.pop()  # the most recently used: the least likely to be closed
+            if self._clock() < kept.usable_until and _quiet(kept.connection):
+                return kept.connection, kept.served
+            kept.connection.close()
+
+    def give_back(
+        self, key: ConnectionKey, connection: Reusable, offer: KeepAlive, served: int
+    ) -> None:
+        """Keep ``connection`` (which carried ``served`` requests) as ``offer`` allows, or
+        close it."""
+        usable_until = self._clock() + offer.timeout - REUSE_MARGIN_SECONDS
+        # ``max`` read both ways servers write it (requests left, or in all): one short.
+        spent = offer.max_requests is not None and served >= offer.max_requests - 1
+        if spent or usable_until <= self._clock():
+            connection.close()
+            return
+        with self._lock:
+            self._forget_after_fork()
+            idle = self._idle.setdefault(key, [])
+            idle.append(_Idle(connection, usable_until, served))
+            overflow = idle[:-IDLE_PER_KEY]
+            del idle[:-IDLE_PER_KEY]
+        for extra in overflow:
+            extra.connection.close()
+
+    def close_idle(self) -> None:
+        """Close every idle connection (before the server they lead to stops, say)."""
+        with self._lock:
+            kept = [item for items in self._idle.values() for item in items]
+            self._idle.clear()
+        for item in kept:
+            item.connection.close()
+
+    def count(self, *, new_connection: bool) -> None:
+        """One request is being sent (on a new connection or a kept one)."""
+        with self._lock:
+            self._requests += 1
+            self._connections += int(new_connection)
+
+    def traffic(self) -> Traffic:
+        """The totals so far; subtract an earlier reading for one phase's share."""
+        with self._lock:
+            return Traffic(self._requests, self._connections)
+
+    def _forget_after_fork(self) -> None:
+        # A child process must not send on its parent's sockets: it starts empty.
+        if os.getpid() != self._pid:
+            self._idle.clear()
+            self._pid = os.getpid()
+
+
+def _quiet(connection: Reusable) -> bool:
+    """Nothing arrived on the idle connection: not the peer's close, not stray bytes."""
+    sock = connection.sock
+    if sock is None:
+        return False
+    pending = getattr(sock, "pending", None)  # bytes a TLS layer already decrypted
+    if pending is not None and pending():
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
+
+
+POOL = ConnectionPool()
+"""The process's pool, shared by every :class:`~dpone.connectors.clickhouse_http.HttpTransport`."""
