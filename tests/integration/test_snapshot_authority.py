@@ -345,10 +345,10 @@ class ScriptedCloser:
         rows: list[dict[str, Any]] = []
         if "uptime()" in sql:
             rows = [{"us": self.process_started_us}]
+        elif "FROM system.processes" in sql:  # a sample: the clock and the queries listed
+            rows = [{"us": 1_000, "queries": self.samples.pop(0) if self.samples else []}]
         elif "now64" in sql:
             rows = [{"us": 1_000}]
-        elif "FROM system.processes" in sql:
-            rows = [{"query_id": q} for q in (self.samples.pop(0) if self.samples else [])]
         elif "FROM system.query_log" in sql:
             rows = [{"query_id": q, "starts": 1, "ends": 0, "last": 10} for q in self.unfinished]
         output = b"".join(json.dumps(r).encode() + b"\n" for r in rows)

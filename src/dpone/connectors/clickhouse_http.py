@@ -327,6 +327,13 @@ class HttpTransport:
     def _before_send(
         self, conn: http.client.HTTPConnection, deadline: float, request: ClickHouseRequest
     ) -> None:
+        """Before each chunk of a body, and once the request is sent: the deadline holds."""
+        self._arm(conn, deadline, request)
+
+    def _arm(
+        self, conn: http.client.HTTPConnection, deadline: float, request: ClickHouseRequest
+    ) -> None:
+        """The socket's timeout is what is left of the deadline (refused if nothing is)."""
         left = self._remaining(deadline)
         if left <= 0:
             raise ResponseDeadline(f"deadline expired while sending query {request.query_id}")
@@ -414,7 +421,8 @@ class _Exchange:
             if new_connection:
                 self._connect()
             POOL.count(new_connection=new_connection)
-            self.transport._before_send(self.conn, self.deadline, request)
+            # A kept connection still has its last request's timeout: this one's first.
+            self.transport._arm(self.conn, self.deadline, request)
             self._send(size)
             self.transport._before_send(self.conn, self.deadline, request)
             raw = self.conn.getresponse()

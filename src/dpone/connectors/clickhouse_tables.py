@@ -9,7 +9,7 @@ that either answer exactly or raise (a missing observation is never "absent").
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from dpone.errors import StateError
@@ -108,28 +108,57 @@ def observe_ownership(
     transport: QueryPort, database: str, table: str, next_id: Callable[[], str], deadline: float
 ) -> Ownership | None:
     """The table's UUID and its first column's comment, or None when it does not exist."""
+    return observe_ownerships(transport, database, [table], next_id, deadline).get(table)
+
+
+def observe_ownerships(
+    transport: QueryPort,
+    database: str,
+    tables: Collection[str],
+    next_id: Callable[[], str],
+    deadline: float,
+) -> dict[str, Ownership]:
+    """Each named table that exists: its UUID and first column's comment.
+
+    Two reads however many names (one when none exists): a slot's rollback copies are
+    observed in one go, not one request per publication the store remembers.
+    """
+    wanted = sorted(set(tables))
+    if not wanted:
+        return {}
+    names = "(" + ", ".join(quote_literal(t) for t in wanted) + ")"
+    where = f"database = {quote_literal(database)} AND "
     query_id = next_id()
-    tables = transport.execute(
+    rows = transport.execute(
         read(
-            "SELECT toString(uuid) AS uuid FROM system.tables "
-            f"WHERE {_where(database, table)} FORMAT JSONEachRow",
+            f"SELECT name, toString(uuid) AS uuid FROM system.tables WHERE {where}name IN "
+            f"{names} FORMAT JSONEachRow",
             query_id,
         ),
         deadline=deadline,
     ).json_rows()
-    if not tables:
-        return None
-    if len(tables) != 1 or not isinstance(tables[0].get("uuid"), str):
-        raise TableObservationError(
-            f"{database}.{table} observed as {tables!r:.200}", query_id=query_id
-        )
+    uuids: dict[str, str] = {}
+    for row in rows:
+        name, uuid = row.get("name"), row.get("uuid")
+        if not isinstance(name, str) or not isinstance(uuid, str) or name in uuids:
+            raise TableObservationError(
+                f"tables of {database} observed as {rows!r:.200}", query_id=query_id
+            )
+        uuids[name] = uuid
+    if not uuids:
+        return {}
+    present = "(" + ", ".join(quote_literal(t) for t in sorted(uuids)) + ")"
     columns = transport.execute(
         read(
-            "SELECT comment FROM system.columns "
-            f"WHERE {_where(database, table, 'table')} AND position = 1 FORMAT JSONEachRow",
+            f"SELECT table, comment FROM system.columns WHERE {where}table IN {present} "
+            "AND position = 1 FORMAT JSONEachRow",
             next_id(),
         ),
         deadline=deadline,
     ).json_rows()
-    comment = columns[0].get("comment") if len(columns) == 1 else None
-    return Ownership(tables[0]["uuid"], comment if isinstance(comment, str) else None)
+    comments = {
+        row["table"]: row["comment"]
+        for row in columns
+        if isinstance(row.get("table"), str) and isinstance(row.get("comment"), str)
+    }
+    return {name: Ownership(uuid, comments.get(name)) for name, uuid in uuids.items()}

@@ -39,7 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpone.connectors.clickhouse_tables import Ownership, observe_ownership, ownership_comment
+from dpone.connectors.clickhouse_tables import (
+    Ownership,
+    observe_ownerships,
+    ownership_comment,
+)
 from dpone.contracts.composition_snapshot import (
     TERMINAL,
     SnapshotIntent,
@@ -188,29 +192,31 @@ def rollback_copies(store: SqliteSnapshotStore, database: str, target: str) -> l
     return copies
 
 
-def observe_copy(transport: QueryPort, copy: RollbackCopy, purpose: str) -> Ownership | None:
-    """The copy's table if its name still holds the copy's UUID, else None."""
-    reads = iter(range(1, 100))
-    found = observe_ownership(
-        transport,
-        copy.intent.database,
-        copy.table,
-        lambda: read_query_id(copy.intent.attempt_id, purpose, next(reads)),
-        time.monotonic() + REQUEST_SECONDS,
-    )
-    return found if found is not None and found.uuid == copy.uuid else None
-
-
 def existing_copies(
-    store: SqliteSnapshotStore, transport: QueryPort, database: str, target: str
+    store: SqliteSnapshotStore,
+    transport: QueryPort,
+    database: str,
+    target: str,
+    purpose: str = "retention_copies",
 ) -> list[tuple[RollbackCopy, Ownership]]:
     """The copies that exist now (name and UUID as the store says), newest first."""
-    found = []
-    for copy in rollback_copies(store, database, target):
-        owned = observe_copy(transport, copy, "retention_copy")
-        if owned is not None:
-            found.append((copy, owned))
-    return found
+    copies = rollback_copies(store, database, target)
+    if not copies:
+        return []
+    reads = iter(range(1, 100))
+    newest = copies[0].intent.attempt_id
+    tables = observe_ownerships(
+        transport,
+        database,
+        [copy.table for copy in copies],
+        lambda: read_query_id(newest, purpose, next(reads)),
+        time.monotonic() + REQUEST_SECONDS,
+    )
+    return [
+        (copy, owned)
+        for copy in copies
+        if (owned := tables.get(copy.table)) is not None and owned.uuid == copy.uuid
+    ]
 
 
 def enforce_retention(

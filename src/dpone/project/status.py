@@ -37,7 +37,7 @@ from dpone.project.leases import (
     project_journal_dirs,
     unproven_closures,
 )
-from dpone.project.retention import observe_copy, rollback_copies, superseded_prepared
+from dpone.project.retention import existing_copies, superseded_prepared
 from dpone.project.retire import known_slots, retire_command, retired_slot
 from dpone.publication.retained import stored_intents
 from dpone.publication.server_access import REACH_SECONDS, reach_failure
@@ -401,14 +401,11 @@ def _copies(
     store: SqliteSnapshotStore, project: Project, database: str, target: str
 ) -> list[dict[str, Any]] | None:
     admin = _operator(project, database)
-    kept = []
     try:
-        for copy in rollback_copies(store, database, target):
-            if observe_copy(admin, copy, "status_copy") is not None:
-                kept.append(copy.to_dict())
+        found = existing_copies(store, admin, database, target, "status_copies")
     except DponeError:
         return None  # unobservable now: status says so rather than guess
-    return kept
+    return [copy.to_dict() for copy, _owned in found]
 
 
 def _attempts(

@@ -59,6 +59,7 @@ from dpone.contracts.composition_snapshot import QUERY_ID_PREFIX, SnapshotIntent
 from dpone.errors import DponeError
 from dpone.localserver.principal_pool import ROLE_INGEST, ROLE_PUBLISHER
 from dpone.ports.clickhouse import QueryPort
+from dpone.ports.clickhouse_errors import OutcomeUnknown
 from dpone.ports.clickhouse_request import Credentials, Endpoint, read
 from dpone.ports.composition_snapshot import (
     Admission,
@@ -479,10 +480,22 @@ class SnapshotAuthority:
             where += f" AND query_id NOT IN ({', '.join(quote_literal(q) for q in own)})"
         if scope.relet:
             where += f" AND ({_marked(scope) if scope.marks else '0'})"
+        # One request a sample: the server's clock (read as the query starts) and the
+        # processes it lists then (an aggregate answers one row, also when none runs).
         rows = self._rows(
-            f"SELECT query_id FROM system.processes WHERE {where} FORMAT JSONEachRow", "sample"
+            "SELECT toUnixTimestamp64Micro(now64(6)) AS us, groupArray(query_id) AS queries "
+            f"FROM system.processes WHERE {where} FORMAT JSONEachRow",
+            "sample",
         )
-        return {"at_us": self._server_micros(), "queries": sorted(str(r["query_id"]) for r in rows)}
+        row = rows[0] if len(rows) == 1 else {}
+        at_us, queries = row.get("us"), row.get("queries")
+        if not isinstance(at_us, int) or not isinstance(queries, list):
+            raise OutcomeUnknown(
+                f"the closure's process sample of {user} answered {rows!r:.200}",
+                code="closure_sample_malformed",
+                user=user,
+            )
+        return {"at_us": at_us, "queries": sorted(str(q) for q in queries)}
 
     def _account(
         self, user: str, scope: LeaseScope, started_us: int, probe_ids: Sequence[str]

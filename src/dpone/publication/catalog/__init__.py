@@ -39,10 +39,11 @@ from dpone.publication.catalog.allowance import (
 )
 from dpone.publication.catalog.design import (
     STORED_KINDS,
+    content_read,
     design_blockers,
     read_content,
     read_design,
-    table_filter,
+    table_reads,
 )
 from dpone.publication.catalog.grants import (
     WRITER_ROOTS,
@@ -54,6 +55,7 @@ from dpone.publication.catalog.reads import (
     ByteObservationMissing,
     CatalogReads,
     CatalogUnobservable,
+    Read,
     catalog_query_id,
     count_field,
     in_list,
@@ -153,24 +155,37 @@ class ClickHouseSnapshotCatalog:
                 code="catalog_unobservable",
                 table=slot.table,
             )
-        databases = reads.rows(
-            "database",
-            f"SELECT engine FROM system.databases WHERE name = {quote_literal(slot.database)}",
+        db = quote_literal(slot.database)
+        database_read = ("database", f"SELECT engine FROM system.databases WHERE name = {db}")
+        tables_read = ("tables", _TABLES_SQL.format(db=db, names=in_list(names)))
+        # Every read that depends on no other answer, in one request.
+        reads.prefetch(
+            "observe", [database_read, tables_read, *SideEffects.reads(slot.database, names)]
         )
+        databases = reads.rows(*database_read)
         if not databases:
             return CatalogObservation(None, None, 0, _now())
         db_engine = text_field(databases[0], "engine", reads)
-        tables = {
-            text_field(r, "name", reads): r
-            for r in reads.rows(
-                "tables", _TABLES_SQL.format(db=quote_literal(slot.database), names=in_list(names))
-            )
-        }
+        tables = {text_field(r, "name", reads): r for r in reads.rows(*tables_read)}
         side = SideEffects.read(reads, slot.database, names, self._allowed(slot, generation_table))
+        present = [name for name in names if name in tables]
+        # Both tables' designs and parts and the retained storage in one request, then
+        # both contents (their columns come from the designs) in another.
+        reads.prefetch(
+            "designs",
+            [
+                *(read for name in present for read in table_reads(slot.database, name).items()),
+                *self._retained_reads(slot, generation_table),
+            ],
+        )
+        designs = {name: read_design(reads, slot.database, name, tables[name]) for name in present}
+        contents = [content_read(slot.database, name, designs[name]) for name in present]
+        reads.prefetch("contents", [read for read in contents if read is not None])
         observed = {
-            name: self._table(reads, slot.database, name, tables[name], db_engine, side)
-            for name in names
-            if name in tables
+            name: self._table(
+                reads, slot.database, name, tables[name], db_engine, side, designs[name]
+            )
+            for name in present
         }
         retained = self._retained_bytes(reads, slot, generation_table)
         target_bytes = observed[slot.table].total_bytes if slot.table in observed else 0
@@ -242,11 +257,13 @@ class ClickHouseSnapshotCatalog:
         counts 0; a NULL byte counter raises :class:`ByteObservationMissing`.
         """
         reads = CatalogReads(self._transport, self._clock() + self._timeout, self._clock)
-        rows = reads.rows(
+        target_read = (
             "retained_target",
             "SELECT total_bytes FROM system.tables WHERE "
             f"database = {quote_literal(slot.database)} AND name = {quote_literal(slot.table)}",
         )
+        reads.prefetch("retained", [target_read, *self._retained_reads(slot, generation_table)])
+        rows = reads.rows(*target_read)
         target = _total_bytes(rows[0], reads, slot.database, slot.table) if rows else 0
         return target + self._retained_bytes(reads, slot, generation_table)
 
@@ -276,14 +293,10 @@ class ClickHouseSnapshotCatalog:
         row: Mapping[str, Any],
         db_engine: str,
         side: SideEffects,
+        design: dict[str, Any],
     ) -> TableObservation:
-        design = read_design(reads, database, name, row)
         content = read_content(reads, database, name, design)
-        parts = reads.rows(
-            "parts",
-            f"SELECT count() AS parts FROM system.parts WHERE {table_filter(database, name)}"
-            " AND active",
-        )
+        parts = reads.rows("parts", table_reads(database, name)["parts"])
         total_bytes = _total_bytes(row, reads, database, name)
         blockers = [
             *design_blockers(design, db_engine),
@@ -317,6 +330,23 @@ class ClickHouseSnapshotCatalog:
                 cause=exc.code,
             ) from exc
 
+    @staticmethod
+    def _retained_reads(slot: TargetSlot, generation_table: str) -> list[Read]:
+        """The two reads of :meth:`_retained_bytes`: the other tables and staging's marks."""
+        db = quote_literal(slot.database)
+        return [
+            (
+                "retained",
+                f"SELECT name, toString(uuid) AS uuid, total_bytes FROM system.tables WHERE "
+                f"database = {db} AND name NOT IN {in_list((slot.table, generation_table))}",
+            ),
+            (
+                "retained_marks",
+                f"SELECT table, comment FROM system.columns WHERE database = {db} AND "
+                f"startsWith(table, {quote_literal(STAGE_PREFIX)}) AND position = 1",
+            ),
+        ]
+
     def _retained_bytes(self, reads: CatalogReads, slot: TargetSlot, generation_table: str) -> int:
         """Bytes of every retained table of the slot's database, each counted once.
 
@@ -330,20 +360,11 @@ class ClickHouseSnapshotCatalog:
         # Other slots' live targets hold recorded generation UUIDs: they are those
         # slots' A, never this one's retained storage.
         live = self._recorded(self._live_targets, slot.database, "targets")
-        db = quote_literal(slot.database)
-        prefix = quote_literal(STAGE_PREFIX)
-        tables = reads.rows(
-            "retained",
-            f"SELECT name, toString(uuid) AS uuid, total_bytes FROM system.tables WHERE "
-            f"database = {db} AND name NOT IN {in_list((slot.table, generation_table))}",
-        )
+        tables_read, marks_read = self._retained_reads(slot, generation_table)
+        tables = reads.rows(*tables_read)
         marks = {
             text_field(r, "table", reads): text_field(r, "comment", reads)
-            for r in reads.rows(
-                "retained_marks",
-                f"SELECT table, comment FROM system.columns WHERE database = {db} AND "
-                f"startsWith(table, {prefix}) AND position = 1",
-            )
+            for r in reads.rows(*marks_read)
         }
         total = 0
         for row in tables:

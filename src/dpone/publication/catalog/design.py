@@ -14,7 +14,7 @@ from typing import Any
 
 from dpone.contracts.preparation import rows_digest_sql
 from dpone.ports.composition_snapshot import Blocker
-from dpone.publication.catalog.reads import CatalogReads, text_field
+from dpone.publication.catalog.reads import CatalogReads, Read, text_field
 from dpone.publication.catalog.sql import column_ttls, engine_clauses
 from dpone.sql import quote_identifier, quote_literal
 
@@ -26,18 +26,30 @@ def table_filter(database: str, name: str) -> str:
     return f"database = {quote_literal(database)} AND table = {quote_literal(name)}"
 
 
+def table_reads(database: str, name: str) -> dict[str, str]:
+    """The reads of one table's design and active parts, by purpose (SQL without FORMAT)."""
+    in_table = table_filter(database, name)
+    return {
+        "columns": "SELECT name, type, default_kind, default_expression, compression_codec FROM "
+        f"system.columns WHERE {in_table} ORDER BY position",
+        "indices": "SELECT name, type_full, expr, granularity FROM system.data_skipping_indices "
+        f"WHERE {in_table} ORDER BY name",
+        "projections": f"SELECT name, type, query FROM system.projections WHERE {in_table} "
+        "ORDER BY name",
+        "constraints": "SELECT name, toString(type) AS type, expression FROM system.constraints "
+        f"WHERE {in_table} ORDER BY name",
+        "parts": f"SELECT count() AS parts FROM system.parts WHERE {in_table} AND active",
+    }
+
+
 def read_design(
     reads: CatalogReads, database: str, name: str, row: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The design of ``database.name`` from its system.tables ``row`` and four more reads."""
     engine = text_field(row, "engine", reads)
     create = text_field(row, "create_table_query", reads)
-    in_table = table_filter(database, name)
-    columns = reads.rows(
-        "columns",
-        "SELECT name, type, default_kind, default_expression, compression_codec FROM "
-        f"system.columns WHERE {in_table} ORDER BY position",
-    )
+    sql = table_reads(database, name)
+    columns = reads.rows("columns", sql["columns"])
     if not columns:
         raise reads.malformed("columns", {"table": name})
     ttls = column_ttls(create)
@@ -52,20 +64,9 @@ def read_design(
         "sampling_key": text_field(row, "sampling_key", reads),
         "ttl": table_ttl,
         "settings": settings,
-        "skipping_indices": reads.rows(
-            "indices",
-            f"SELECT name, type_full, expr, granularity FROM system.data_skipping_indices "
-            f"WHERE {in_table} ORDER BY name",
-        ),
-        "projections": reads.rows(
-            "projections",
-            f"SELECT name, type, query FROM system.projections WHERE {in_table} ORDER BY name",
-        ),
-        "constraints": reads.rows(
-            "constraints",
-            f"SELECT name, toString(type) AS type, expression FROM system.constraints "
-            f"WHERE {in_table} ORDER BY name",
-        ),
+        "skipping_indices": reads.rows("indices", sql["indices"]),
+        "projections": reads.rows("projections", sql["projections"]),
+        "constraints": reads.rows("constraints", sql["constraints"]),
     }
 
 
@@ -82,19 +83,26 @@ def _column_design(
     }
 
 
-def read_content(
-    reads: CatalogReads, database: str, name: str, design: Mapping[str, Any]
-) -> dict[str, Any]:
-    """The one row ``{"rows", "digest"}`` of ``database.name``'s stored columns."""
+def content_read(database: str, name: str, design: Mapping[str, Any]) -> Read | None:
+    """The read of ``database.name``'s row count and digest of its stored columns (None:
+    it stores no column)."""
     stored = [
         quote_identifier(c["name"]) for c in design["columns"] if c["default_kind"] in STORED_KINDS
     ]
     if not stored:
-        raise reads.malformed("columns", {"table": name, "stored_columns": 0})
+        return None
     where = f"{quote_identifier(database)}.{quote_identifier(name)}"
-    content = reads.rows(
-        "content", f"SELECT count() AS rows, {rows_digest_sql(stored)} AS digest FROM {where}"
-    )
+    return "content", f"SELECT count() AS rows, {rows_digest_sql(stored)} AS digest FROM {where}"
+
+
+def read_content(
+    reads: CatalogReads, database: str, name: str, design: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The one row ``{"rows", "digest"}`` of ``database.name``'s stored columns."""
+    asked = content_read(database, name, design)
+    if asked is None:
+        raise reads.malformed("columns", {"table": name, "stored_columns": 0})
+    content = reads.rows(*asked)
     if len(content) != 1 or not re.fullmatch(r"[0-9a-f]{32}", str(content[0].get("digest"))):
         raise reads.malformed("content", content)
     return content[0]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from dpone.ports.composition_snapshot import Blocker
 from dpone.publication.catalog.reads import (
     CatalogReads,
+    Read,
     count_field,
     optional_text_field,
     text_field,
@@ -163,6 +164,27 @@ class ServerAccess:
     role_grants: list[RoleGrant]
     writers: frozenset[str]
 
+    @staticmethod
+    def reads(database: str) -> list[Read]:
+        """The reads of :meth:`read`, in its order."""
+        return [
+            (
+                "grants",
+                "SELECT user_name, role_name, access_type, database, table, is_partial_revoke, "
+                "is_wildcard FROM system.grants WHERE database IS NULL OR is_wildcard OR "
+                f"database = {quote_literal(database)}",
+            ),
+            (
+                "role_grants",
+                "SELECT user_name, role_name, granted_role_name FROM system.role_grants",
+            ),
+            (
+                "privileges",
+                "SELECT toString(privilege) AS privilege, toString(parent_group) AS parent_group "
+                "FROM system.privileges",
+            ),
+        ]
+
     @classmethod
     def read(cls, reads: CatalogReads, database: str) -> ServerAccess:
         """Read system.grants, system.role_grants and system.privileges, in that order.
@@ -172,6 +194,7 @@ class ServerAccess:
         with many users and databases answers all of ``system.grants`` in more than
         the response budget (65,536 bytes with ten protected databases, checked).
         """
+        sql = dict(cls.reads(database))
         grants = [
             GrantRow(
                 user_name=optional_text_field(r, "user_name", reads),
@@ -182,12 +205,7 @@ class ServerAccess:
                 is_partial_revoke=bool(count_field(r, "is_partial_revoke", reads)),
                 is_wildcard=bool(count_field(r, "is_wildcard", reads)),
             )
-            for r in reads.rows(
-                "grants",
-                "SELECT user_name, role_name, access_type, database, table, is_partial_revoke, "
-                "is_wildcard FROM system.grants WHERE database IS NULL OR is_wildcard OR "
-                f"database = {quote_literal(database)}",
-            )
+            for r in reads.rows("grants", sql["grants"])
         ]
         role_grants = [
             (
@@ -195,18 +213,11 @@ class ServerAccess:
                 optional_text_field(r, "role_name", reads),
                 text_field(r, "granted_role_name", reads),
             )
-            for r in reads.rows(
-                "role_grants",
-                "SELECT user_name, role_name, granted_role_name FROM system.role_grants",
-            )
+            for r in reads.rows("role_grants", sql["role_grants"])
         ]
         tree = {
             text_field(r, "privilege", reads): optional_text_field(r, "parent_group", reads)
-            for r in reads.rows(
-                "privileges",
-                "SELECT toString(privilege) AS privilege, toString(parent_group) AS parent_group "
-                "FROM system.privileges",
-            )
+            for r in reads.rows("privileges", sql["privileges"])
         }
         if not tree:
             raise reads.malformed("privileges", [])

@@ -14,7 +14,7 @@ from typing import Any
 
 from dpone.ports.composition_snapshot import Blocker
 from dpone.publication.catalog.grants import ServerAccess
-from dpone.publication.catalog.reads import CatalogReads, in_list, text_field
+from dpone.publication.catalog.reads import CatalogReads, Read, in_list, text_field
 from dpone.publication.catalog.writers import WriterTables
 from dpone.sql import quote_literal
 
@@ -31,32 +31,46 @@ class SideEffects:
     access: ServerAccess
     trusted: frozenset[str]
 
+    @staticmethod
+    def reads(database: str, names: tuple[str, str]) -> list[Read]:
+        """The reads of :meth:`read` that depend on no other answer, in its order."""
+        db = quote_literal(database)
+        return [
+            (
+                "incoming_views",
+                "SELECT database, name, target_table FROM system.tables WHERE engine = "
+                f"'MaterializedView' AND target_database = {db} AND target_table IN "
+                f"{in_list(names)}",
+            ),
+            WriterTables.first_read(),
+            ("refreshes", "SELECT database, view FROM system.view_refreshes"),
+            (
+                "mutations",
+                f"SELECT table, mutation_id, command FROM system.mutations WHERE database = {db} "
+                f"AND table IN {in_list(names)} AND is_done = 0",
+            ),
+            (
+                "row_policies",
+                "SELECT name, database, table FROM system.row_policies WHERE "
+                f"database IN ({db}, '') AND table IN ({in_list(names)[1:-1]}, '')",
+            ),
+            *ServerAccess.reads(database),
+        ]
+
     @classmethod
     def read(
         cls, reads: CatalogReads, database: str, names: tuple[str, str], trusted: frozenset[str]
     ) -> SideEffects:
         """Read the facts for both names, in one fixed order of queries."""
-        db = quote_literal(database)
-        incoming = reads.rows(
-            "incoming_views",
-            "SELECT database, name, target_table FROM system.tables WHERE engine = "
-            f"'MaterializedView' AND target_database = {db} AND target_table IN {in_list(names)}",
-        )
+        sql = dict(cls.reads(database, names))
+        incoming = reads.rows("incoming_views", sql["incoming_views"])
         writer_tables = WriterTables.read(reads, database, names)
         refreshable = frozenset(
             (text_field(r, "database", reads), text_field(r, "view", reads))
-            for r in reads.rows("refreshes", "SELECT database, view FROM system.view_refreshes")
+            for r in reads.rows("refreshes", sql["refreshes"])
         )
-        mutations = reads.rows(
-            "mutations",
-            f"SELECT table, mutation_id, command FROM system.mutations WHERE database = {db} "
-            f"AND table IN {in_list(names)} AND is_done = 0",
-        )
-        policies = reads.rows(
-            "row_policies",
-            "SELECT name, database, table FROM system.row_policies WHERE "
-            f"database IN ({db}, '') AND table IN ({in_list(names)[1:-1]}, '')",
-        )
+        mutations = reads.rows("mutations", sql["mutations"])
+        policies = reads.rows("row_policies", sql["row_policies"])
         return cls(
             incoming,
             writer_tables,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpone.ports.composition_snapshot import Blocker
-from dpone.publication.catalog.reads import CatalogReads, text_field
+from dpone.publication.catalog.reads import CatalogReads, Read, text_field
 from dpone.publication.catalog.sql import definition_words, engine_arguments, string_literal
 from dpone.sql import quote_literal
 
@@ -70,14 +70,16 @@ class WriterTables:
 
     found: Mapping[str, tuple[Blocker, ...]]  # observed table name -> its writer blockers
 
+    @staticmethod
+    def first_read() -> Read:
+        """The candidates' read, the first of :meth:`read` (the second depends on it)."""
+        inert = ", ".join(quote_literal(e) for e in INERT_ENGINES)
+        return "writer_tables", _CANDIDATES_SQL.format(inert=inert)
+
     @classmethod
     def read(cls, reads: CatalogReads, database: str, names: Sequence[str]) -> WriterTables:
         """Read the candidate tables and decide which of them name ``database.<names>``."""
-        inert = ", ".join(quote_literal(e) for e in INERT_ENGINES)
-        candidates = [
-            _candidate(row, reads)
-            for row in reads.rows("writer_tables", _CANDIDATES_SQL.format(inert=inert))
-        ]
+        candidates = [_candidate(row, reads) for row in reads.rows(*cls.first_read())]
         found: dict[str, list[Blocker]] = {name: [] for name in names}
         merges: list[tuple[_Candidate, str, tuple[str, str, str]]] = []
         for table in candidates:

@@ -1,0 +1,180 @@
+"""Reads asked together in one request, on the managed server: the same answers, fewer trips.
+
+Each batch is checked against the same reads asked one at a time (the answers must be
+equal, value for value), and the requests are counted by the transport's pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.connectors.clickhouse_tables import observe_ownership, observe_ownerships
+from dpone.connectors.http_connections import POOL
+from dpone.localserver import ADMIN_USER, ServerInfo, admin_credentials
+from dpone.ports.clickhouse_request import Credentials, Endpoint
+from dpone.ports.composition_snapshot import TargetSlot
+from dpone.publication.catalog import CatalogUnobservable, ClickHouseSnapshotCatalog
+from dpone.publication.catalog.reads import CatalogReads
+from tests import chhttp
+from tests.conftest import CATALOG_PASSWORD, SESSION_USERS
+
+DB = "dpone_batch_t"
+TRUSTED = frozenset({ADMIN_USER, *(u.name for u in SESSION_USERS)}) - {"cat_writer"}
+
+
+def sql(server: ServerInfo, statement: str) -> str:
+    return chhttp.query(server.http_port, statement)
+
+
+@pytest.fixture(scope="module")
+def server(clickhouse: ServerInfo) -> Iterator[ServerInfo]:
+    sql(clickhouse, f"CREATE DATABASE {DB} ENGINE = Atomic")
+    try:
+        yield clickhouse
+    finally:
+        sql(clickhouse, f"DROP DATABASE {DB} SYNC")
+
+
+def observer(server: ServerInfo) -> HttpTransport:
+    endpoint = Endpoint("127.0.0.1", server.http_port, server.tcp_port, "default")
+    return HttpTransport(endpoint, Credentials("cat_observer", CATALOG_PASSWORD))
+
+
+def fresh_reads(server: ServerInfo) -> CatalogReads:
+    return CatalogReads(observer(server), time.monotonic() + 30, time.monotonic)
+
+
+def requests_of(step: object) -> int:
+    before = POOL.traffic()
+    assert callable(step)
+    step()
+    return POOL.traffic().since(before).requests
+
+
+@pytest.fixture
+def odd_table(server: ServerInfo) -> str:
+    name = f"odd_{uuid.uuid4().hex[:8]}"
+    sql(
+        server,
+        f"CREATE TABLE {DB}.{name} (id UInt64, big Int128, n Nullable(Int32), s String, "
+        "a Array(String)) ENGINE = MergeTree ORDER BY id",
+    )
+    sql(
+        server,
+        f"INSERT INTO {DB}.{name} VALUES (18446744073709551615, "
+        "-170141183460469231731687303715884105728, NULL, 'tab\\there\\nline \u0085 \"q\" \\\\', "
+        "['x', '']), (1, 2, 3, '', [])",
+    )
+    return name
+
+
+def test_a_batch_answers_exactly_what_each_read_answers(server: ServerInfo, odd_table: str) -> None:
+    reads = [
+        ("rows", f"SELECT * FROM {DB}.{odd_table} ORDER BY id"),
+        (
+            "columns",
+            f"SELECT name, type FROM system.columns WHERE database = '{DB}' AND "
+            f"table = '{odd_table}' ORDER BY position",
+        ),
+        ("nothing", f"SELECT id FROM {DB}.{odd_table} WHERE 0"),
+        ("count", f"SELECT count() AS c FROM {DB}.{odd_table}"),
+    ]
+    alone = fresh_reads(server)
+    expected = [alone.rows(*read) for read in reads]
+    assert expected[0][1]["id"] == 18446744073709551615 and expected[0][1]["n"] is None
+    assert expected[2] == [] and expected[3] == [{"c": 2}]
+    batched = fresh_reads(server)
+    assert requests_of(lambda: batched.prefetch("odd", reads)) == 1
+    got: list[list[dict[str, object]]] = []
+    assert requests_of(lambda: got.extend(batched.rows(*read) for read in reads)) == 0
+    assert got == expected
+    assert (
+        batched.last_query_id.startswith("dpone-s00-catalog-") and "-odd-" in batched.last_query_id
+    )
+    # Each answer is taken once: the same read again goes to the server.
+    assert requests_of(lambda: batched.rows(*reads[3])) == 1
+
+
+def test_a_failing_batch_leaves_each_read_its_own_failure(
+    server: ServerInfo, odd_table: str
+) -> None:
+    reads = [
+        ("count", f"SELECT count() AS c FROM {DB}.{odd_table}"),
+        ("missing", f"SELECT 1 AS one FROM {DB}.no_such_{uuid.uuid4().hex[:8]}"),
+    ]
+    batched = fresh_reads(server)
+    assert requests_of(lambda: batched.prefetch("mixed", reads)) == 1
+    assert requests_of(lambda: batched.rows(*reads[0])) == 1  # asked again, on its own
+    with pytest.raises(CatalogUnobservable) as failed:
+        batched.rows(*reads[1])
+    assert failed.value.details["purpose"] == "missing"
+    assert failed.value.details["unknown_table"] is True
+    assert "-missing-" in failed.value.details["query_id"]
+
+
+def test_an_observation_batched_equals_one_read_at_a_time(
+    server: ServerInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target, generation = f"t_{uuid.uuid4().hex[:8]}", f"g_{uuid.uuid4().hex[:8]}"
+    for name in (target, generation):
+        sql(
+            server,
+            f"CREATE TABLE {DB}.{name} (id UInt64, s String, INDEX ix s TYPE bloom_filter "
+            "GRANULARITY 1, CONSTRAINT c CHECK id > 0) ENGINE = MergeTree ORDER BY id",
+        )
+        sql(server, f"INSERT INTO {DB}.{name} VALUES (1, 'a'), (2, 'b')")
+    sql(
+        server,
+        f"CREATE MATERIALIZED VIEW {DB}.mv_{target} TO {DB}.{target} AS "
+        f"SELECT id, s FROM {DB}.{generation}",
+    )
+    slot = TargetSlot(DB, target)
+    catalog = ClickHouseSnapshotCatalog(observer(server), trusted_users=TRUSTED)
+    batched: list[object] = []
+    batched_requests = requests_of(lambda: batched.append(catalog.observe(slot, generation)))
+    monkeypatch.setattr(CatalogReads, "prefetch", lambda *args: None)
+    alone: list[object] = []
+    alone_requests = requests_of(lambda: alone.append(catalog.observe(slot, generation)))
+    one, other = batched[0], alone[0]
+    assert dataclasses.replace(one, observed_at="") == dataclasses.replace(  # type: ignore[type-var]
+        other, observed_at=""
+    )
+    assert one.target is not None and one.generation is not None  # type: ignore[attr-defined]
+    assert [b.reason for b in one.target.blockers] == ["incoming_mv"]  # type: ignore[attr-defined]
+    assert (batched_requests, alone_requests) == (4, 25)
+
+
+def test_ownerships_of_many_names_in_two_reads(server: ServerInfo, odd_table: str) -> None:
+    other = f"own_{uuid.uuid4().hex[:8]}"
+    sql(
+        server,
+        f"CREATE TABLE {DB}.{other} (id UInt64 COMMENT 'dpone-owned x') ENGINE = MergeTree "
+        "ORDER BY id",
+    )
+    names = [odd_table, other, f"gone_{uuid.uuid4().hex[:8]}"]
+    admin = HttpTransport(
+        Endpoint("127.0.0.1", server.http_port, server.tcp_port, "default"),
+        admin_credentials(server.data_dir),
+    )
+    ids = iter(range(1, 100))
+
+    def next_id() -> str:
+        return f"batch-own-{uuid.uuid4().hex}-{next(ids)}"
+
+    deadline = time.monotonic() + 30
+    found: dict[str, object] = {}
+    assert (
+        requests_of(lambda: found.update(observe_ownerships(admin, DB, names, next_id, deadline)))
+        == 2
+    )
+    each = {n: observe_ownership(admin, DB, n, next_id, deadline) for n in names}
+    assert found == {n: o for n, o in each.items() if o is not None}
+    assert set(found) == {odd_table, other}
+    marked = each[other]
+    assert marked is not None and marked.comment == "dpone-owned x"
