@@ -129,6 +129,12 @@ def test_first_and_second_refresh_make_the_target_equal_the_source(
         "publish",
         "retention",
     }
+    # Each phase says what it sent; connections are kept between requests (about 195
+    # requests, each on a new connection, before they were).
+    assert set(report["traffic"]) == set(report["timings"])
+    sent = report["traffic"].values()
+    assert sum(p["requests"] for p in sent) < 120, report["traffic"]
+    assert 1 <= sum(p["new_connections"] for p in sent) <= 5, report["traffic"]
     with sqlite3.connect(tmp_path / "shop.db") as conn:
         conn.execute("DELETE FROM items WHERE id IN (3, 4, 5)")
         conn.execute("UPDATE items SET name = 'changed', price = '0.01' WHERE id = 7")
@@ -301,6 +307,9 @@ def test_status_and_retention_keep_one_rollback_copy(
     assert target["last_publication"]["rows"] == 5
     assert target["last_publication"]["uuid"] == reports[2]["target_uuid_after"]
     assert [c["uuid"] for c in target["rollback_copies"]] == [reports[2]["target_uuid_before"]]
+    # The copies of every publication the store remembers are observed at once: status
+    # sends the same few requests however long the history (issue 33: at most 5).
+    assert as_json(status)["traffic"]["requests"] <= 5, as_json(status)["traffic"]
 
 
 def _store_states(store: Path) -> list[str]:

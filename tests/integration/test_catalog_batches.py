@@ -7,9 +7,10 @@ equal, value for value), and the requests are counted by the transport's pool.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -17,9 +18,11 @@ from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_tables import observe_ownership, observe_ownerships
 from dpone.connectors.http_connections import POOL
 from dpone.localserver import ADMIN_USER, ServerInfo, admin_credentials
-from dpone.ports.clickhouse_request import Credentials, Endpoint
-from dpone.ports.composition_snapshot import TargetSlot
+from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
+from dpone.ports.clickhouse_result import QueryResult
+from dpone.ports.composition_snapshot import CatalogObservation, TargetSlot
 from dpone.publication.catalog import CatalogUnobservable, ClickHouseSnapshotCatalog
+from dpone.publication.catalog.contents import MEMO
 from dpone.publication.catalog.reads import CatalogReads
 from tests import chhttp
 from tests.conftest import CATALOG_PASSWORD, SESSION_USERS
@@ -178,3 +181,103 @@ def test_ownerships_of_many_names_in_two_reads(server: ServerInfo, odd_table: st
     assert set(found) == {odd_table, other}
     marked = each[other]
     assert marked is not None and marked.comment == "dpone-owned x"
+
+
+# --------------------------------------------------------------- digests kept per state
+
+
+class InsertBeforeRecheck:
+    """The catalog's port, which inserts a row into ``table`` just before the recheck is
+    asked: a write between the parts read and the parts read again."""
+
+    name = "http"
+
+    def __init__(self, inner: HttpTransport, server: ServerInfo, table: str) -> None:
+        self.inner, self.server, self.table = inner, server, table
+        self.armed = False
+
+    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
+        if self.armed and "-recheck-" in request.query_id:
+            self.armed = False
+            sql(self.server, f"INSERT INTO {DB}.{self.table} VALUES (99, 'late')")
+        return self.inner.execute(request, deadline=deadline)
+
+
+@pytest.fixture
+def pair_of_tables(server: ServerInfo) -> tuple[str, str]:
+    target, generation = f"t_{uuid.uuid4().hex[:8]}", f"g_{uuid.uuid4().hex[:8]}"
+    for name in (target, generation):
+        sql(
+            server, f"CREATE TABLE {DB}.{name} (id UInt64, s String) ENGINE = MergeTree ORDER BY id"
+        )
+        sql(server, f"INSERT INTO {DB}.{name} VALUES (1, 'a'), (2, 'b')")
+    return target, generation
+
+
+def digests_asked(step: Callable[[], CatalogObservation]) -> tuple[int, CatalogObservation]:
+    before = MEMO.computed
+    observation = step()
+    return MEMO.computed - before, observation
+
+
+def contents(observation: CatalogObservation) -> list[tuple[int, str]]:
+    tables = (observation.target, observation.generation)
+    return [(t.rows, t.content_digest) for t in tables if t is not None]
+
+
+def test_a_digest_is_asked_once_per_state_of_a_table(
+    server: ServerInfo, pair_of_tables: tuple[str, str]
+) -> None:
+    target, generation = pair_of_tables
+    slot = TargetSlot(DB, target)
+    catalog = ClickHouseSnapshotCatalog(observer(server), trusted_users=TRUSTED)
+    observe = functools.partial(catalog.observe, slot, generation)
+    asked, first = digests_asked(observe)
+    assert asked == 2
+    asked, again = digests_asked(observe)
+    assert asked == 0 and contents(again) == contents(first)
+    # Every change of rows changes the parts: the digest is asked again, and differs.
+    for change, rows in (
+        (f"INSERT INTO {DB}.{generation} VALUES (3, 'c')", 3),
+        (
+            f"ALTER TABLE {DB}.{generation} UPDATE s = 'z' WHERE id = 1 SETTINGS mutations_sync = 2",
+            3,
+        ),
+        (f"DELETE FROM {DB}.{generation} WHERE id = 2", 2),
+        (f"OPTIMIZE TABLE {DB}.{generation} FINAL", 2),
+    ):
+        sql(server, change)
+        asked, changed = digests_asked(observe)
+        assert asked == 1, change
+        assert changed.generation is not None and changed.generation.rows == rows, change
+        assert contents(changed)[0] == contents(first)[0]  # the target's kept digest
+    assert changed.generation.content_digest != first.generation.content_digest  # type: ignore[union-attr]
+    # A column added without rewriting a part changes the design: asked again.
+    sql(server, f"ALTER TABLE {DB}.{target} ADD COLUMN extra UInt8")
+    asked, widened = digests_asked(observe)
+    assert asked == 1 and widened.target is not None
+    assert widened.target.content_digest != first.target.content_digest  # type: ignore[union-attr]
+
+
+def test_a_write_during_the_observation_is_never_hidden_by_a_kept_digest(
+    server: ServerInfo, pair_of_tables: tuple[str, str]
+) -> None:
+    target, generation = pair_of_tables
+    slot = TargetSlot(DB, target)
+    port = InsertBeforeRecheck(observer(server), server, generation)
+    catalog = ClickHouseSnapshotCatalog(port, trusted_users=TRUSTED)
+    asked, first = digests_asked(lambda: catalog.observe(slot, generation))
+    assert asked == 2 and first.generation is not None and first.generation.rows == 2
+    # Kept digest taken, then a row lands before the recheck: the digest is asked after
+    # all, and the observation counts the row.
+    port.armed = True
+    asked, cut = digests_asked(lambda: catalog.observe(slot, generation))
+    assert asked == 1 and cut.generation is not None and cut.generation.rows == 3
+    # A digest asked while a row landed belongs to no one set of parts: not kept.
+    port.armed = True
+    asked, during = digests_asked(lambda: catalog.observe(slot, generation))
+    assert asked == 1 and during.generation is not None
+    asked, after = digests_asked(lambda: catalog.observe(slot, generation))
+    assert asked == 1 and after.generation is not None and after.generation.rows == 4
+    asked, settled = digests_asked(lambda: catalog.observe(slot, generation))
+    assert asked == 0 and contents(settled) == contents(after)

@@ -35,6 +35,7 @@ uses it for a target too).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,23 +201,37 @@ def existing_copies(
     purpose: str = "retention_copies",
 ) -> list[tuple[RollbackCopy, Ownership]]:
     """The copies that exist now (name and UUID as the store says), newest first."""
-    copies = rollback_copies(store, database, target)
-    if not copies:
-        return []
+    return copies_in_database(store, transport, database, [target], purpose)[target]
+
+
+def copies_in_database(
+    store: SqliteSnapshotStore,
+    transport: QueryPort,
+    database: str,
+    targets: Sequence[str],
+    purpose: str,
+) -> dict[str, list[tuple[RollbackCopy, Ownership]]]:
+    """:func:`existing_copies` of several targets of one database, in two reads at most."""
+    copies = {target: rollback_copies(store, database, target) for target in targets}
+    newest = next((c[0].intent.attempt_id for c in copies.values() if c), None)
+    if newest is None:
+        return {target: [] for target in targets}
     reads = iter(range(1, 100))
-    newest = copies[0].intent.attempt_id
     tables = observe_ownerships(
         transport,
         database,
-        [copy.table for copy in copies],
+        [copy.table for found in copies.values() for copy in found],
         lambda: read_query_id(newest, purpose, next(reads)),
         time.monotonic() + REQUEST_SECONDS,
     )
-    return [
-        (copy, owned)
-        for copy in copies
-        if (owned := tables.get(copy.table)) is not None and owned.uuid == copy.uuid
-    ]
+    return {
+        target: [
+            (copy, owned)
+            for copy in found
+            if (owned := tables.get(copy.table)) is not None and owned.uuid == copy.uuid
+        ]
+        for target, found in copies.items()
+    }
 
 
 def enforce_retention(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from dpone.project.leases import (
     project_journal_dirs,
     unproven_closures,
 )
-from dpone.project.retention import existing_copies, superseded_prepared
+from dpone.project.retention import copies_in_database, superseded_prepared
 from dpone.project.retire import known_slots, retire_command, retired_slot
 from dpone.publication.retained import stored_intents
 from dpone.publication.server_access import REACH_SECONDS, reach_failure
@@ -86,6 +87,7 @@ def project_status(project: Project) -> ProjectStatus:
     declared = {TargetSlot(t.database, t.target): t.name for t in project.tables.values()}
     removed = [s for s in (known_slots(store) if store is not None else []) if s not in declared]
     superseded: set[str] = set()
+    copies = _copies(store, project, [*declared, *removed]) if running and store else {}
     for slot in [*declared, *removed]:
         mine = [s for s in summaries if (s.database, s.target_table) == (slot.database, slot.table)]
         if store is not None and mine:
@@ -105,7 +107,7 @@ def project_status(project: Project) -> ProjectStatus:
         if published and store is not None and retirement is None:
             entry["last_publication"] = _last_publication(project, store, published[-1])
         if running and store is not None:
-            entry["rollback_copies"] = _copies(store, project, slot.database, slot.table)
+            entry["rollback_copies"] = copies.get(slot)
         if name is not None:
             status.targets.append(entry)
         else:
@@ -398,14 +400,23 @@ def _operator(project: Project, database: str) -> HttpTransport:
 
 
 def _copies(
-    store: SqliteSnapshotStore, project: Project, database: str, target: str
-) -> list[dict[str, Any]] | None:
-    admin = _operator(project, database)
-    try:
-        found = existing_copies(store, admin, database, target, "status_copies")
-    except DponeError:
-        return None  # unobservable now: status says so rather than guess
-    return [copy.to_dict() for copy, _owned in found]
+    store: SqliteSnapshotStore, project: Project, slots: Sequence[TargetSlot]
+) -> dict[TargetSlot, list[dict[str, Any]] | None]:
+    """Each slot's rollback copies that exist now, one observation per database (None:
+    unobservable now, which status says rather than guess)."""
+    found: dict[TargetSlot, list[dict[str, Any]] | None] = {}
+    for database in sorted({slot.database for slot in slots}):
+        mine = [slot.table for slot in slots if slot.database == database]
+        try:
+            kept = copies_in_database(
+                store, _operator(project, database), database, mine, "status_copies"
+            )
+        except DponeError:
+            found.update({TargetSlot(database, table): None for table in mine})
+            continue
+        for table, copies in kept.items():
+            found[TargetSlot(database, table)] = [copy.to_dict() for copy, _owned in copies]
+    return found
 
 
 def _attempts(

@@ -2,7 +2,8 @@
 
 Implements :class:`dpone.ports.composition_snapshot.ClickHouseSnapshotCatalog` over one
 :class:`~dpone.ports.clickhouse.QueryPort` that carries the catalog principal's
-credentials. Every call reads the server again (nothing is cached), every query has
+credentials. Every call reads the server again (only the content digest of a table whose
+UUID, design and parts are unchanged is taken from :mod:`.contents`), every query has
 its own read query id, and any failed, partial or malformed answer raises
 :class:`CatalogUnobservable` instead of turning into an empty list or a zero. The
 rules (what is part of the design, which side effects block, which grants count as
@@ -18,6 +19,7 @@ untrusted writers (:mod:`.grants`) and which principals are allowed per observat
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime
@@ -37,6 +39,7 @@ from dpone.publication.catalog.allowance import (
     allowed_pool_users,
     lease_allowance,
 )
+from dpone.publication.catalog.contents import MEMO, ContentKey, Parts, read_parts
 from dpone.publication.catalog.design import (
     STORED_KINDS,
     content_read,
@@ -179,24 +182,45 @@ class ClickHouseSnapshotCatalog:
             ],
         )
         designs = {name: read_design(reads, slot.database, name, tables[name]) for name in present}
-        contents = [content_read(slot.database, name, designs[name]) for name in present]
-        reads.prefetch("contents", [read for read in contents if read is not None])
+        parts_sql = {name: table_reads(slot.database, name)["parts"] for name in present}
+        parts = {name: read_parts(reads, parts_sql[name]) for name in present}
+        keys = {
+            name: ContentKey(
+                text_field(tables[name], "uuid", reads),
+                design_sha256(designs[name]),
+                parts[name].signature,
+            )
+            for name in present
+        }
+        # A digest of a table whose UUID, design and parts are unchanged proves nothing new.
+        kept = {name: MEMO.get(keys[name]) for name in present}
+        asked = [content_read(slot.database, n, designs[n]) for n in present if kept[n] is None]
+        reads.prefetch("contents", [read for read in asked if read is not None])
         observed = {
             name: self._table(
-                reads, slot.database, name, tables[name], db_engine, side, designs[name]
+                reads,
+                slot.database,
+                name,
+                tables[name],
+                (db_engine, side),
+                designs[name],
+                kept[name] or read_content(reads, slot.database, name, designs[name]),
+                parts[name],
             )
             for name in present
         }
         retained = self._retained_bytes(reads, slot, generation_table)
         target_bytes = observed[slot.table].total_bytes if slot.table in observed else 0
-        # The observation spans several queries: both names must still be what they were.
+        # The observation spans several queries: both names must still be what they were,
+        # and the parts read again say whether each digest belongs to the parts read before.
+        recheck = (
+            "recheck",
+            f"SELECT name, toString(uuid) AS uuid FROM system.tables WHERE database = "
+            f"{quote_literal(slot.database)} AND name IN {in_list(names)}",
+        )
+        reads.prefetch("recheck", [recheck, *(("parts", parts_sql[n]) for n in present)])
         again = {
-            text_field(r, "name", reads): text_field(r, "uuid", reads)
-            for r in reads.rows(
-                "recheck",
-                f"SELECT name, toString(uuid) AS uuid FROM system.tables WHERE database = "
-                f"{quote_literal(slot.database)} AND name IN {in_list(names)}",
-            )
+            text_field(r, "name", reads): text_field(r, "uuid", reads) for r in reads.rows(*recheck)
         }
         if again != {name: t.uuid for name, t in observed.items()}:
             raise CatalogUnobservable(
@@ -204,6 +228,18 @@ class ClickHouseSnapshotCatalog:
                 code="catalog_unobservable",
                 database=slot.database,
             )
+        for name in present:
+            if read_parts(reads, parts_sql[name]) == parts[name]:
+                if kept[name] is None:
+                    MEMO.put(keys[name], _content(observed[name]))
+            elif kept[name] is not None:
+                # Changed since its parts were read: the kept digest may be another state's.
+                fresh = read_content(reads, slot.database, name, designs[name])
+                observed[name] = dataclasses.replace(
+                    observed[name],
+                    rows=count_field(fresh, "rows", reads),
+                    content_digest=str(fresh["digest"]),
+                )
         return CatalogObservation(
             target=observed.get(slot.table),
             generation=observed.get(generation_table),
@@ -291,13 +327,12 @@ class ClickHouseSnapshotCatalog:
         database: str,
         name: str,
         row: Mapping[str, Any],
-        db_engine: str,
-        side: SideEffects,
+        around: tuple[str, SideEffects],
         design: dict[str, Any],
+        content: Mapping[str, Any],
+        parts: Parts,
     ) -> TableObservation:
-        content = read_content(reads, database, name, design)
-        parts = reads.rows("parts", table_reads(database, name)["parts"])
-        total_bytes = _total_bytes(row, reads, database, name)
+        db_engine, side = around
         blockers = [
             *design_blockers(design, db_engine),
             *side.blockers(database, name, row, reads),
@@ -311,8 +346,8 @@ class ClickHouseSnapshotCatalog:
             design_sha256=design_sha256(design),
             rows=count_field(content, "rows", reads),
             content_digest=str(content["digest"]),
-            total_bytes=total_bytes,
-            parts=count_field(parts[0] if len(parts) == 1 else {}, "parts", reads),
+            total_bytes=_total_bytes(row, reads, database, name),
+            parts=parts.count,
             blockers=tuple(blockers),
         )
 
@@ -397,6 +432,11 @@ def _total_bytes(
             query_id=reads.last_query_id,
         )
     return count_field(row, "total_bytes", reads)
+
+
+def _content(table: TableObservation) -> dict[str, Any]:
+    """What :func:`read_content` answered for ``table``, as the memo keeps it."""
+    return {"rows": table.rows, "digest": table.content_digest}
 
 
 def _now() -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from dpone.contracts.preparation import rows_digest_sql
 from dpone.ports.composition_snapshot import Blocker
+from dpone.publication.catalog.contents import MEMO, PARTS_SQL
 from dpone.publication.catalog.reads import CatalogReads, Read, text_field
 from dpone.publication.catalog.sql import column_ttls, engine_clauses
 from dpone.sql import quote_identifier, quote_literal
@@ -38,7 +39,7 @@ def table_reads(database: str, name: str) -> dict[str, str]:
         "ORDER BY name",
         "constraints": "SELECT name, toString(type) AS type, expression FROM system.constraints "
         f"WHERE {in_table} ORDER BY name",
-        "parts": f"SELECT count() AS parts FROM system.parts WHERE {in_table} AND active",
+        "parts": PARTS_SQL.format(where=in_table),
     }
 
 
@@ -102,6 +103,7 @@ def read_content(
     asked = content_read(database, name, design)
     if asked is None:
         raise reads.malformed("columns", {"table": name, "stored_columns": 0})
+    MEMO.computed += 1
     content = reads.rows(*asked)
     if len(content) != 1 or not re.fullmatch(r"[0-9a-f]{32}", str(content[0].get("digest"))):
         raise reads.malformed("content", content)
