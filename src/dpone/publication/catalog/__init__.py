@@ -39,15 +39,14 @@ from dpone.publication.catalog.allowance import (
     allowed_pool_users,
     lease_allowance,
 )
-from dpone.publication.catalog.contents import MEMO, ContentKey, Parts, read_parts
-from dpone.publication.catalog.design import (
+from dpone.publication.catalog.contents import (
     STORED_KINDS,
-    content_read,
-    design_blockers,
-    read_content,
-    read_design,
-    table_reads,
+    ContentKey,
+    ObservedContents,
+    Parts,
+    read_parts,
 )
+from dpone.publication.catalog.design import design_blockers, read_design, table_reads
 from dpone.publication.catalog.grants import (
     WRITER_ROOTS,
     GrantRow,
@@ -158,19 +157,10 @@ class ClickHouseSnapshotCatalog:
                 code="catalog_unobservable",
                 table=slot.table,
             )
-        db = quote_literal(slot.database)
-        database_read = ("database", f"SELECT engine FROM system.databases WHERE name = {db}")
-        tables_read = ("tables", _TABLES_SQL.format(db=db, names=in_list(names)))
-        # Every read that depends on no other answer, in one request.
-        reads.prefetch(
-            "observe", [database_read, tables_read, *SideEffects.reads(slot.database, names)]
-        )
-        databases = reads.rows(*database_read)
-        if not databases:
+        around = self._around(reads, slot, names)
+        if around is None:
             return CatalogObservation(None, None, 0, _now())
-        db_engine = text_field(databases[0], "engine", reads)
-        tables = {text_field(r, "name", reads): r for r in reads.rows(*tables_read)}
-        side = SideEffects.read(reads, slot.database, names, self._allowed(slot, generation_table))
+        db_engine, tables, side = around
         present = [name for name in names if name in tables]
         # Both tables' designs and parts and the retained storage in one request, then
         # both contents (their columns come from the designs) in another.
@@ -184,27 +174,31 @@ class ClickHouseSnapshotCatalog:
         designs = {name: read_design(reads, slot.database, name, tables[name]) for name in present}
         parts_sql = {name: table_reads(slot.database, name)["parts"] for name in present}
         parts = {name: read_parts(reads, parts_sql[name]) for name in present}
-        keys = {
-            name: ContentKey(
-                text_field(tables[name], "uuid", reads),
-                design_sha256(designs[name]),
-                parts[name].signature,
-            )
-            for name in present
-        }
         # A digest of a table whose UUID, design and parts are unchanged proves nothing new.
-        kept = {name: MEMO.get(keys[name]) for name in present}
-        asked = [content_read(slot.database, n, designs[n]) for n in present if kept[n] is None]
-        reads.prefetch("contents", [read for read in asked if read is not None])
+        contents = ObservedContents(
+            reads,
+            slot.database,
+            {
+                name: (
+                    ContentKey(
+                        text_field(tables[name], "uuid", reads),
+                        design_sha256(designs[name]),
+                        parts[name].signature,
+                    ),
+                    designs[name],
+                )
+                for name in present
+            },
+        )
+        answered = contents.read()
         observed = {
             name: self._table(
                 reads,
-                slot.database,
-                name,
+                (slot.database, name),
                 tables[name],
                 (db_engine, side),
                 designs[name],
-                kept[name] or read_content(reads, slot.database, name, designs[name]),
+                answered[name],
                 parts[name],
             )
             for name in present
@@ -213,33 +207,18 @@ class ClickHouseSnapshotCatalog:
         target_bytes = observed[slot.table].total_bytes if slot.table in observed else 0
         # The observation spans several queries: both names must still be what they were,
         # and the parts read again say whether each digest belongs to the parts read before.
-        recheck = (
+        reads.prefetch(
             "recheck",
-            f"SELECT name, toString(uuid) AS uuid FROM system.tables WHERE database = "
-            f"{quote_literal(slot.database)} AND name IN {in_list(names)}",
+            [self._recheck_read(slot, names), *(("parts", parts_sql[n]) for n in present)],
         )
-        reads.prefetch("recheck", [recheck, *(("parts", parts_sql[n]) for n in present)])
-        again = {
-            text_field(r, "name", reads): text_field(r, "uuid", reads) for r in reads.rows(*recheck)
-        }
-        if again != {name: t.uuid for name, t in observed.items()}:
-            raise CatalogUnobservable(
-                f"{slot.database}.{slot.table} or {generation_table} changed during the observation",
-                code="catalog_unobservable",
-                database=slot.database,
+        self._recheck(reads, slot, names, {name: t.uuid for name, t in observed.items()})
+        after = {name: read_parts(reads, parts_sql[name]) for name in present}
+        for name, fresh in contents.settle(answered, after).items():
+            observed[name] = dataclasses.replace(
+                observed[name],
+                rows=count_field(fresh, "rows", reads),
+                content_digest=str(fresh["digest"]),
             )
-        for name in present:
-            if read_parts(reads, parts_sql[name]) == parts[name]:
-                if kept[name] is None:
-                    MEMO.put(keys[name], _content(observed[name]))
-            elif kept[name] is not None:
-                # Changed since its parts were read: the kept digest may be another state's.
-                fresh = read_content(reads, slot.database, name, designs[name])
-                observed[name] = dataclasses.replace(
-                    observed[name],
-                    rows=count_field(fresh, "rows", reads),
-                    content_digest=str(fresh["digest"]),
-                )
         return CatalogObservation(
             target=observed.get(slot.table),
             generation=observed.get(generation_table),
@@ -321,18 +300,63 @@ class ClickHouseSnapshotCatalog:
             ) from exc
         return self.trusted_users | allowed
 
+    def _around(
+        self, reads: CatalogReads, slot: TargetSlot, names: tuple[str, str]
+    ) -> tuple[str, dict[str, dict[str, Any]], SideEffects] | None:
+        """The database's engine, both names' system.tables rows and the side effects
+        around them, in one request (None: no such database)."""
+        db = quote_literal(slot.database)
+        database_read = ("database", f"SELECT engine FROM system.databases WHERE name = {db}")
+        tables_read = ("tables", _TABLES_SQL.format(db=db, names=in_list(names)))
+        reads.prefetch(
+            "observe", [database_read, tables_read, *SideEffects.reads(slot.database, names)]
+        )
+        databases = reads.rows(*database_read)
+        if not databases:
+            return None
+        db_engine = text_field(databases[0], "engine", reads)
+        tables = {text_field(r, "name", reads): r for r in reads.rows(*tables_read)}
+        side = SideEffects.read(reads, slot.database, names, self._allowed(slot, names[1]))
+        return db_engine, tables, side
+
+    @staticmethod
+    def _recheck_read(slot: TargetSlot, names: tuple[str, str]) -> Read:
+        return (
+            "recheck",
+            f"SELECT name, toString(uuid) AS uuid FROM system.tables WHERE database = "
+            f"{quote_literal(slot.database)} AND name IN {in_list(names)}",
+        )
+
+    def _recheck(
+        self,
+        reads: CatalogReads,
+        slot: TargetSlot,
+        names: tuple[str, str],
+        observed: Mapping[str, str],
+    ) -> None:
+        """Both names still hold the tables (UUIDs) the observation read, or it raises."""
+        again = {
+            text_field(r, "name", reads): text_field(r, "uuid", reads)
+            for r in reads.rows(*self._recheck_read(slot, names))
+        }
+        if again != observed:
+            raise CatalogUnobservable(
+                f"{slot.database}.{slot.table} or {names[1]} changed during the observation",
+                code="catalog_unobservable",
+                database=slot.database,
+            )
+
     def _table(
         self,
         reads: CatalogReads,
-        database: str,
-        name: str,
+        where: tuple[str, str],
         row: Mapping[str, Any],
         around: tuple[str, SideEffects],
         design: dict[str, Any],
         content: Mapping[str, Any],
         parts: Parts,
     ) -> TableObservation:
-        db_engine, side = around
+        (database, name), (db_engine, side) = where, around
         blockers = [
             *design_blockers(design, db_engine),
             *side.blockers(database, name, row, reads),
@@ -432,11 +456,6 @@ def _total_bytes(
             query_id=reads.last_query_id,
         )
     return count_field(row, "total_bytes", reads)
-
-
-def _content(table: TableObservation) -> dict[str, Any]:
-    """What :func:`read_content` answered for ``table``, as the memo keeps it."""
-    return {"rows": table.rows, "digest": table.content_digest}
 
 
 def _now() -> str:

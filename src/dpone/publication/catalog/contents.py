@@ -19,13 +19,18 @@ all. Nothing else is kept, and nothing is kept across processes.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dpone.publication.catalog.reads import CatalogReads, count_field, text_field
+from dpone.contracts.preparation import rows_digest_sql
+from dpone.publication.catalog.reads import CatalogReads, Read, count_field, text_field
+from dpone.sql import quote_identifier
+
+STORED_KINDS = ("", "DEFAULT")  # the columns RowBinary carries, hence the content digest's
 
 # Kept digests per process: a run observes a few tables at a time.
 MEMO_ENTRIES = 256
@@ -95,3 +100,74 @@ class ContentMemo:
 
 MEMO = ContentMemo()
 """The process's kept digests, shared by every catalog."""
+
+
+def content_read(database: str, name: str, design: Mapping[str, Any]) -> Read | None:
+    """The read of ``database.name``'s row count and digest of its stored columns (None:
+    it stores no column)."""
+    stored = [
+        quote_identifier(c["name"]) for c in design["columns"] if c["default_kind"] in STORED_KINDS
+    ]
+    if not stored:
+        return None
+    where = f"{quote_identifier(database)}.{quote_identifier(name)}"
+    return "content", f"SELECT count() AS rows, {rows_digest_sql(stored)} AS digest FROM {where}"
+
+
+def read_content(
+    reads: CatalogReads, database: str, name: str, design: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The one row ``{"rows", "digest"}`` of ``database.name``'s stored columns."""
+    asked = content_read(database, name, design)
+    if asked is None:
+        raise reads.malformed("columns", {"table": name, "stored_columns": 0})
+    MEMO.computed += 1
+    content = reads.rows(*asked)
+    if len(content) != 1 or not re.fullmatch(r"[0-9a-f]{32}", str(content[0].get("digest"))):
+        raise reads.malformed("content", content)
+    return content[0]
+
+
+class ObservedContents:
+    """The contents of one observation's tables: kept digests taken, the rest asked.
+
+    ``tables`` maps each table's name to its key (:class:`ContentKey`) and design.
+    :meth:`read` answers every table's content, asking the ones not kept in one request;
+    :meth:`settle`, given the parts read again after them, keeps the digests asked while
+    the parts held still and asks again any kept digest whose table changed meanwhile.
+    """
+
+    def __init__(
+        self,
+        reads: CatalogReads,
+        database: str,
+        tables: Mapping[str, tuple[ContentKey, Mapping[str, Any]]],
+    ) -> None:
+        self._reads, self._database, self._tables = reads, database, tables
+        self._kept = {name: MEMO.get(key) for name, (key, _design) in tables.items()}
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        """Each table's ``{"rows", "digest"}``."""
+        asked = [
+            content_read(self._database, name, design)
+            for name, (_key, design) in self._tables.items()
+            if self._kept[name] is None
+        ]
+        self._reads.prefetch("contents", [read for read in asked if read is not None])
+        return {
+            name: self._kept[name] or read_content(self._reads, self._database, name, design)
+            for name, (_key, design) in self._tables.items()
+        }
+
+    def settle(
+        self, answered: Mapping[str, Mapping[str, Any]], parts_after: Mapping[str, Parts]
+    ) -> dict[str, dict[str, Any]]:
+        """The contents to report instead (tables whose kept digest went stale)."""
+        fresh: dict[str, dict[str, Any]] = {}
+        for name, (key, design) in self._tables.items():
+            if parts_after[name].signature == key.parts_signature:
+                if self._kept[name] is None:
+                    MEMO.put(key, answered[name])
+            elif self._kept[name] is not None:
+                fresh[name] = read_content(self._reads, self._database, name, design)
+        return fresh

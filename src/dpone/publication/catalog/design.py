@@ -8,18 +8,14 @@ columns, computed by the server. See docs/publication-catalog.md.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
-from dpone.contracts.preparation import rows_digest_sql
 from dpone.ports.composition_snapshot import Blocker
-from dpone.publication.catalog.contents import MEMO, PARTS_SQL
-from dpone.publication.catalog.reads import CatalogReads, Read, text_field
+from dpone.publication.catalog.contents import PARTS_SQL
+from dpone.publication.catalog.reads import CatalogReads, text_field
 from dpone.publication.catalog.sql import column_ttls, engine_clauses
-from dpone.sql import quote_identifier, quote_literal
-
-STORED_KINDS = ("", "DEFAULT")  # the columns RowBinary carries, hence the content digest's
+from dpone.sql import quote_literal
 
 
 def table_filter(database: str, name: str) -> str:
@@ -82,32 +78,6 @@ def _column_design(
         "codec": text_field(column, "compression_codec", reads),
         "ttl": ttls.get(text_field(column, "name", reads)),
     }
-
-
-def content_read(database: str, name: str, design: Mapping[str, Any]) -> Read | None:
-    """The read of ``database.name``'s row count and digest of its stored columns (None:
-    it stores no column)."""
-    stored = [
-        quote_identifier(c["name"]) for c in design["columns"] if c["default_kind"] in STORED_KINDS
-    ]
-    if not stored:
-        return None
-    where = f"{quote_identifier(database)}.{quote_identifier(name)}"
-    return "content", f"SELECT count() AS rows, {rows_digest_sql(stored)} AS digest FROM {where}"
-
-
-def read_content(
-    reads: CatalogReads, database: str, name: str, design: Mapping[str, Any]
-) -> dict[str, Any]:
-    """The one row ``{"rows", "digest"}`` of ``database.name``'s stored columns."""
-    asked = content_read(database, name, design)
-    if asked is None:
-        raise reads.malformed("columns", {"table": name, "stored_columns": 0})
-    MEMO.computed += 1
-    content = reads.rows(*asked)
-    if len(content) != 1 or not re.fullmatch(r"[0-9a-f]{32}", str(content[0].get("digest"))):
-        raise reads.malformed("content", content)
-    return content[0]
 
 
 def design_blockers(design: Mapping[str, Any], db_engine: str) -> list[Blocker]:
