@@ -150,7 +150,7 @@ def test_an_observation_batched_equals_one_read_at_a_time(
     )
     assert one.target is not None and one.generation is not None  # type: ignore[attr-defined]
     assert [b.reason for b in one.target.blockers] == ["incoming_mv"]  # type: ignore[attr-defined]
-    assert (batched_requests, alone_requests) == (4, 25)
+    assert (batched_requests, alone_requests) == (4, 27)
 
 
 def test_ownerships_of_many_names_in_two_reads(server: ServerInfo, odd_table: str) -> None:
@@ -266,18 +266,58 @@ def test_a_write_during_the_observation_is_never_hidden_by_a_kept_digest(
     slot = TargetSlot(DB, target)
     port = InsertBeforeRecheck(observer(server), server, generation)
     catalog = ClickHouseSnapshotCatalog(port, trusted_users=TRUSTED)
+    # A row lands after the digests were asked, before the recheck: the generation's
+    # digest belongs to no one set of parts and is not kept (the target's is).
+    port.armed = True
     asked, first = digests_asked(lambda: catalog.observe(slot, generation))
     assert asked == 2 and first.generation is not None and first.generation.rows == 2
-    # Kept digest taken, then a row lands before the recheck: the digest is asked after
-    # all, and the observation counts the row.
+    asked, second = digests_asked(lambda: catalog.observe(slot, generation))
+    assert asked == 1 and second.generation is not None and second.generation.rows == 3
+    asked, third = digests_asked(lambda: catalog.observe(slot, generation))
+    assert asked == 0 and contents(third) == contents(second)
+    # Kept digests taken, then a row lands before the recheck: the digest reported would
+    # be another state's, so the observation is refused, never answered with it.
     port.armed = True
-    asked, cut = digests_asked(lambda: catalog.observe(slot, generation))
-    assert asked == 1 and cut.generation is not None and cut.generation.rows == 3
-    # A digest asked while a row landed belongs to no one set of parts: not kept.
-    port.armed = True
-    asked, during = digests_asked(lambda: catalog.observe(slot, generation))
-    assert asked == 1 and during.generation is not None
-    asked, after = digests_asked(lambda: catalog.observe(slot, generation))
-    assert asked == 1 and after.generation is not None and after.generation.rows == 4
-    asked, settled = digests_asked(lambda: catalog.observe(slot, generation))
-    assert asked == 0 and contents(settled) == contents(after)
+    with pytest.raises(CatalogUnobservable) as changed:
+        catalog.observe(slot, generation)
+    assert changed.value.details["table"] == generation
+    asked, fourth = digests_asked(lambda: catalog.observe(slot, generation))
+    assert asked == 1 and fourth.generation is not None and fourth.generation.rows == 4
+
+
+def test_no_digest_is_kept_for_a_table_whose_parts_cannot_show_its_rows(
+    server: ServerInfo,
+) -> None:
+    """A Memory table has no parts: its digest is asked every time (reviewer's case)."""
+    target, generation = f"t_{uuid.uuid4().hex[:8]}", f"m_{uuid.uuid4().hex[:8]}"
+    sql(server, f"CREATE TABLE {DB}.{target} (id UInt64) ENGINE = MergeTree ORDER BY id")
+    sql(server, f"CREATE TABLE {DB}.{generation} (id UInt64) ENGINE = Memory")
+    sql(server, f"INSERT INTO {DB}.{generation} VALUES (1)")
+    slot = TargetSlot(DB, target)
+    catalog = ClickHouseSnapshotCatalog(observer(server), trusted_users=TRUSTED)
+    asked, first = digests_asked(lambda: catalog.observe(slot, generation))
+    assert asked == 2 and first.generation is not None and first.generation.rows == 1
+    sql(server, f"INSERT INTO {DB}.{generation} VALUES (2), (3)")
+    asked, again = digests_asked(lambda: catalog.observe(slot, generation))
+    assert asked == 1 and again.generation is not None and again.generation.rows == 3
+
+
+def test_a_batch_cut_by_its_deadline_is_never_asked_again(
+    server: ServerInfo, odd_table: str
+) -> None:
+    late = CatalogReads(observer(server), time.monotonic() - 1, time.monotonic)
+    reads = [
+        ("count", f"SELECT count() AS c FROM {DB}.{odd_table}"),
+        ("columns", f"SELECT name FROM system.columns WHERE table = '{odd_table}'"),
+    ]
+    sent: list[BaseException] = []
+
+    def prefetch() -> None:
+        try:
+            late.prefetch("late", reads)
+        except CatalogUnobservable as exc:
+            sent.append(exc)
+
+    assert requests_of(prefetch) == 0
+    (failure,) = sent
+    assert failure.details["purpose"] == "late"  # type: ignore[attr-defined]

@@ -51,7 +51,7 @@ def ask(http: HttpTransport, statement: str, seconds: float = 10.0) -> list[dict
     return [json.loads(line) for line in result.output.splitlines()]
 
 
-def test_reads_and_writes_share_one_connection(
+def test_reads_share_a_kept_connection_and_mutations_open_their_own(
     wire: DelayProxy, admin_credentials: Credentials, tmp_path: Path
 ) -> None:
     http = transport(wire, admin_credentials)
@@ -69,23 +69,27 @@ def test_reads_and_writes_share_one_connection(
         deadline=deadline,
     )
     assert sent.sent_bytes == 40
-    # A second transport (another user's, as the pool's principals are) takes the same one.
+    assert wire.connections() == 2  # each mutation on a new connection
+    # A second transport (another user's, as the pool's principals are) takes a kept one.
     other = transport(wire, admin_credentials)
     assert ask(other, f"SELECT count() AS c, sum(n) AS s FROM {table}") == [{"c": 5, "s": 10}]
     assert ask(http, "SELECT 1 AS one") == [{"one": 1}]
-    assert wire.connections() == 1
-    assert POOL.traffic().since(before).to_dict() == {"requests": 4, "new_connections": 1}
+    assert ask(http, "SELECT 7 AS seven") == [{"seven": 7}]
+    assert wire.connections() == 2
+    assert POOL.traffic().since(before).to_dict() == {"requests": 5, "new_connections": 2}
 
 
-def test_a_server_error_leaves_the_connection_usable(
+def test_a_server_error_closes_its_connection(
     wire: DelayProxy, admin_credentials: Credentials
 ) -> None:
     http = transport(wire, admin_credentials)
+    assert ask(http, "SELECT 1 AS one") == [{"one": 1}]
     with pytest.raises(ClickHouseServerError) as failed:
         ask(http, "SELECT throwIf(1) AS x")
     assert failed.value.details["clickhouse_code"] == 395
+    # Only an acknowledged answer keeps its connection: the next read opens a new one.
     assert ask(http, "SELECT 2 AS two") == [{"two": 2}]
-    assert wire.connections() == 1
+    assert wire.connections() == 2
 
 
 def test_a_response_cut_by_its_deadline_closes_its_connection(

@@ -406,7 +406,10 @@ def test_the_ceiling_holds_while_the_body_streams(peer_factory: list[Peer], tmp_
     assert caught.value.details["sent"] <= 150_000
 
 
-KEPT = b"Connection: Keep-Alive\r\nKeep-Alive: timeout=10, max=9999\r\n"
+KEPT = (
+    b"Connection: Keep-Alive\r\nKeep-Alive: timeout=10, max=9999\r\nX-ClickHouse-Query-Id: q-1\r\n"
+)
+OFFER = b"Connection: Keep-Alive\r\nKeep-Alive: timeout=10, max=9999\r\n"
 
 
 @pytest.mark.parametrize(
@@ -417,6 +420,8 @@ KEPT = b"Connection: Keep-Alive\r\nKeep-Alive: timeout=10, max=9999\r\n"
         (b"HTTP/1.1 200 OK\r\n" + KEPT + b"Content-Length: 2\r\n\r\n1\nHTTP/1.1", False),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n1\n", False),  # no timeout offered
         (b"HTTP/1.0 200 OK\r\n" + KEPT + b"Content-Length: 2\r\n\r\n1\n", False),
+        # An answer that does not name the request's query id is not known to be its own.
+        (b"HTTP/1.1 200 OK\r\n" + OFFER + b"Content-Length: 2\r\n\r\n1\n", False),
     ],
 )
 def test_only_an_exactly_framed_offered_response_keeps_its_connection(
@@ -453,3 +458,84 @@ def test_only_an_exactly_framed_offered_response_keeps_its_connection(
     finally:
         POOL.close_idle()
         listener.close()
+
+
+class ScriptedKeepAlivePeer:
+    """Answers each request on one connection with the next scripted bytes, then waits."""
+
+    def __init__(self, answers: list[bytes]) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.answers = answers
+        self.connections = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.listener.settimeout(5)
+        with contextlib.suppress(OSError):
+            while self.answers:
+                conn, _ = self.listener.accept()
+                self.connections += 1
+                with conn:
+                    conn.settimeout(5)
+                    while self.answers:
+                        request = b""
+                        while not request.endswith(b"SELECT 1"):
+                            more = conn.recv(65536)
+                            if not more:
+                                break
+                            request += more
+                        if not request:
+                            break
+                        conn.sendall(self.answers.pop(0))
+
+    def close(self) -> None:
+        self.listener.close()
+        self.thread.join(10)
+
+
+def _ok(query_id: str, extra: bytes = b"") -> bytes:
+    return (
+        b"HTTP/1.1 200 OK\r\n"
+        + OFFER
+        + b"X-ClickHouse-Query-Id: "
+        + query_id.encode()
+        + b"\r\nContent-Length: 2\r\n\r\n1\n"
+        + extra
+    )
+
+
+def test_a_late_answer_on_a_kept_connection_is_never_taken_for_the_next() -> None:
+    """The peer answers the first read, then, for the second, an answer naming the first
+    (a stray or late response): it is refused as another query's, and the connection
+    is not kept for a third."""
+    peer = ScriptedKeepAlivePeer([_ok("q-1"), _ok("q-1"), _ok("q-3")])
+    try:
+        http = HttpTransport(Endpoint("127.0.0.1", peer.port, 0, "db"), Credentials("u", "pw"))
+        assert http.execute(read("SELECT 1", "q-1"), deadline=time.monotonic() + 5).output == b"1\n"
+        with pytest.raises(OutcomeUnknown) as stray:
+            http.execute(read("SELECT 1", "q-2"), deadline=time.monotonic() + 5)
+        assert stray.value.code == "query_id_mismatch"
+        http.execute(read("SELECT 1", "q-3"), deadline=time.monotonic() + 5)
+        assert peer.connections == 2
+    finally:
+        POOL.close_idle()
+        peer.close()
+
+
+def test_an_interim_answer_is_not_an_acknowledgment_and_closes_the_connection() -> None:
+    peer = ScriptedKeepAlivePeer(
+        [b"HTTP/1.1 102 Processing\r\n" + OFFER + b"\r\n" + _ok("q-1")[len(b"") :], _ok("q-2")]
+    )
+    try:
+        http = HttpTransport(Endpoint("127.0.0.1", peer.port, 0, "db"), Credentials("u", "pw"))
+        with pytest.raises(OutcomeUnknown) as interim:
+            http.execute(read("SELECT 1", "q-1"), deadline=time.monotonic() + 5)
+        assert interim.value.code == "unexpected_status"
+        # Its final answer, still on the wire, is never read as the next request's.
+        assert http.execute(read("SELECT 1", "q-2"), deadline=time.monotonic() + 5).output == b"1\n"
+        assert peer.connections == 2
+    finally:
+        POOL.close_idle()
+        peer.close()

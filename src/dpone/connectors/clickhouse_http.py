@@ -33,7 +33,15 @@ from dpone.connectors.clickhouse_file_response import (
     FramingError,
     ResponseDeadline,
 )
-from dpone.connectors.http_connections import POOL, ConnectionKey, KeepAlive, keep_alive
+from dpone.connectors.http_connections import (
+    POOL,
+    SEND_CHUNK_BYTES,
+    ConnectionKey,
+    KeepAlive,
+    PinnedConnection,
+    keep_alive,
+    tls_context,
+)
 from dpone.errors import ConfigurationError, DponeError
 from dpone.ports.clickhouse_errors import (
     ClickHouseServerError,
@@ -42,10 +50,9 @@ from dpone.ports.clickhouse_errors import (
     OutcomeUnknown,
     TransportDeadline,
 )
-from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
+from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials, Endpoint, RequestKind
 from dpone.ports.clickhouse_result import QueryResult
 
-SEND_CHUNK_BYTES = 64 * 1024
 _CODE = re.compile(rb"Code: (\d+)\. ")
 # ClickHouse's own error text: what a proxy or another program never writes.
 _CLICKHOUSE_EXCEPTION = re.compile(rb"\A\s*Code: (\d+)\. DB::Exception: ")
@@ -85,57 +92,6 @@ class _BodyStream:
         self.sent += len(chunk)
         self.digest.update(chunk)
         return chunk
-
-
-class _PinnedConnection(http.client.HTTPConnection):
-    """Connects to one pinned address and proves where it landed; with ``tls``, then
-    completes a verified TLS handshake for the endpoint's host name before any byte of
-    the request is written."""
-
-    def __init__(
-        self,
-        address: str,
-        port: int,
-        host_header: str,
-        timeout: float,
-        tls: ssl.SSLContext | None = None,
-    ) -> None:
-        super().__init__(address, port, timeout=timeout, blocksize=SEND_CHUNK_BYTES)
-        self._pinned = address
-        self._host_header = host_header
-        self._tls = tls
-
-    def connect(self) -> None:
-        super().connect()
-        peer = self.sock.getpeername()[0]
-        if peer != self._pinned:
-            self.sock.close()
-            raise NotSubmitted(
-                f"connected to {peer}, not the pinned address {self._pinned}", code="address_drift"
-            )
-        if self._tls is not None:
-            self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._host_header)
-
-
-def tls_context(endpoint: Endpoint) -> ssl.SSLContext | None:
-    """The verifying TLS context of a ``secure`` endpoint (None for plain HTTP).
-
-    The server's certificate must chain to ``ca_file`` (or, without one, to the
-    system's trust store) and name the endpoint's host; nothing turns that off.
-    """
-    if not endpoint.secure:
-        return None
-    try:
-        context = ssl.create_default_context(cafile=endpoint.ca_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigurationError(
-            f"cannot read the CA file {endpoint.ca_file!r} for {endpoint.describe()}: "
-            f"{getattr(exc, 'strerror', None) or exc}",
-            code="ca_file_unreadable",
-            path=endpoint.ca_file,
-        ) from exc
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    return context
 
 
 class HttpTransport:
@@ -192,14 +148,16 @@ class HttpTransport:
             )
         spool, size = _open_body(request)
         remaining = partial(self._remaining, deadline)
-        kept = POOL.take(self._key)
+        # A mutation always goes on a new connection: one that fails before its first
+        # byte left is then NotSubmitted, never an unknown outcome to be proven.
+        kept = POOL.take(self._key) if request.kind is RequestKind.READ else None
         served = 0
         if kept is not None:
             reused, served = kept
-            assert isinstance(reused, _PinnedConnection)
+            assert isinstance(reused, PinnedConnection)
             conn = reused
         else:
-            conn = _PinnedConnection(
+            conn = PinnedConnection(
                 self.address,
                 self.endpoint.http_port,
                 self.endpoint.host,
@@ -219,21 +177,28 @@ class HttpTransport:
             for failure in _cleanup(exchange.response, conn, spool):
                 exc.add_note(f"cleanup also failed: {type(failure).__name__}: {failure}")
             raise
-        # Cleanup runs before completion is recorded; if it fails there is no success.
-        offer = _offer(exchange.response)
+        # Cleanup runs before completion is recorded; if it fails there is no success. The
+        # connection is kept only once this response is acknowledged as its request's.
+        offer = _offer(exchange.response, request)
         failures = _cleanup(exchange.response, None if offer else conn, spool)
-        if offer is not None and not failures:
+        try:
+            if failures:
+                raise OutcomeUnknown(
+                    f"cleanup after query {request.query_id} failed: {failures[0]}",
+                    code="cleanup_failed",
+                    query_id=request.query_id,
+                ) from failures[0]
+            assert exchange.response is not None
+            result = self._acknowledge(
+                request, exchange.response, body, exchange.body_stream, kept is not None
+            )
+        except BaseException:
+            if offer is not None:
+                POOL.discard(conn)
+            raise
+        if offer is not None:
             POOL.give_back(self._key, conn, offer, served + 1)
-        elif offer is not None:
-            conn.close()
-        if failures:
-            raise OutcomeUnknown(
-                f"cleanup after query {request.query_id} failed: {failures[0]}",
-                code="cleanup_failed",
-                query_id=request.query_id,
-            ) from failures[0]
-        assert exchange.response is not None
-        return self._acknowledge(request, exchange.response, body, exchange.body_stream)
+        return result
 
     def _resolve(self, query_id: str | None) -> list[str]:
         """The host's addresses; a failed lookup means nothing was sent, host named."""
@@ -272,7 +237,20 @@ class HttpTransport:
         response: BoundedResponse,
         body: bytes,
         body_stream: _BodyStream | None,
+        kept: bool = False,
     ) -> QueryResult:
+        answered_for = response.getheader("X-ClickHouse-Query-Id")
+        # Another query's answer is never read as this one's: the id is checked before
+        # anything in the response is believed. On a kept connection a success must name
+        # it (ClickHouse always does; an error before a query exists, a refused login,
+        # names none, and only ever fails the request).
+        unnamed = kept and answered_for is None and response.status == 200
+        if answered_for not in (None, request.query_id) or unnamed:
+            raise OutcomeUnknown(
+                f"response names query {answered_for!r}, not {request.query_id!r}",
+                code="query_id_mismatch",
+                query_id=request.query_id,
+            )
         tagged = self._exception_in_body(response, body, request)
         if tagged is not None:
             raise tagged
@@ -298,13 +276,6 @@ class HttpTransport:
                 code="unexpected_status",
                 query_id=request.query_id,
                 status=response.status,
-            )
-        if response.getheader("X-ClickHouse-Query-Id") not in (None, request.query_id):
-            raise OutcomeUnknown(
-                f"response names query {response.getheader('X-ClickHouse-Query-Id')!r}, "
-                f"not {request.query_id!r}",
-                code="query_id_mismatch",
-                query_id=request.query_id,
             )
         summary = None
         raw_summary = response.getheader("X-ClickHouse-Summary")
@@ -341,7 +312,11 @@ class HttpTransport:
             conn.sock.settimeout(left)
 
     def _framing_outcome(
-        self, exc: FramingError, response: BoundedResponse | None, request: ClickHouseRequest
+        self,
+        exc: FramingError,
+        response: BoundedResponse | None,
+        request: ClickHouseRequest,
+        kept: bool = False,
     ) -> DponeError:
         tagged = self._exception_in_body(
             response, bytes(response.raw_body) if response is not None else b"", request
@@ -365,7 +340,10 @@ class HttpTransport:
                 port=self.endpoint.http_port,
             )
         hint = ""
-        if response is None or response.status == 0 or response.version != 11:
+        if kept and (response is None or response.status == 0):
+            # It answered HTTP before: the kept connection was closed under the request.
+            hint = "; the connection kept from an earlier request was closed under it"
+        elif response is None or response.status == 0 or response.version != 11:
             hint = f"; port {where} does not speak HTTP as ClickHouse does: is it the native port?"
         return OutcomeUnknown(
             f"response to query {request.query_id} is not valid HTTP framing: {exc}{hint}",
@@ -401,7 +379,7 @@ class _Exchange:
         self,
         transport: HttpTransport,
         request: ClickHouseRequest,
-        conn: _PinnedConnection,
+        conn: PinnedConnection,
         spool: BinaryIO | None,
         deadline: float,
     ) -> None:
@@ -413,11 +391,13 @@ class _Exchange:
         self.response: BoundedResponse | None = None
         self.body_stream: _BodyStream | None = None
         self.submitted = False
+        self.kept = False  # the request went on a connection kept from an earlier one
 
     def run(self, size: int) -> bytes:
         request = self.request
         try:
             new_connection = self.conn.sock is None
+            self.kept = not new_connection
             if new_connection:
                 self._connect()
             POOL.count(new_connection=new_connection)
@@ -445,7 +425,7 @@ class _Exchange:
                 sent=self.body_stream.sent if self.body_stream else 0,
             ) from exc
         except FramingError as exc:
-            raise self.transport._framing_outcome(exc, self.response, request) from exc
+            raise self.transport._framing_outcome(exc, self.response, request, self.kept) from exc
         except (OSError, http.client.HTTPException) as exc:
             raise OutcomeUnknown(
                 f"connection lost during query {request.query_id}: {type(exc).__name__}",
@@ -538,9 +518,12 @@ def _open_body(request: ClickHouseRequest) -> tuple[BinaryIO | None, int]:
     return spool, size
 
 
-def _offer(response: BoundedResponse | None) -> KeepAlive | None:
-    """The server's offer to keep the connection, only after a response framed exactly."""
+def _offer(response: BoundedResponse | None, request: ClickHouseRequest) -> KeepAlive | None:
+    """The server's offer to keep the connection: only after a 200 framed exactly that
+    names the request's query id (never after an interim or an error answer)."""
     if response is None or response.version != 11 or not response.framed_exactly():
+        return None
+    if response.status != 200 or response.getheader("X-ClickHouse-Query-Id") != request.query_id:
         return None
     return keep_alive(response.getheader("Connection"), response.getheader("Keep-Alive"))
 

@@ -8,21 +8,31 @@ no request asked for). Anything else closes it. A request is never sent again on
 another connection: a kept connection that fails is that request's failure, exactly
 as a new one's would be, and its outcome is proven the same way.
 
-Connections are keyed by where they lead (the pinned address, the port, the host
+The connection itself (:class:`PinnedConnection`) lands on one pinned address, proves
+it, and completes a verified TLS handshake (:func:`tls_context`) before any byte of a
+request. Connections are keyed by where they lead (the pinned address, the port, the host
 name and the TLS trust), never by user: ClickHouse authenticates every request.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import os
 import re
 import select
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from dpone.errors import ConfigurationError
+from dpone.ports.clickhouse_errors import NotSubmitted
+from dpone.ports.clickhouse_request import Endpoint
+
+SEND_CHUNK_BYTES = 64 * 1024
 # Taken again only this long before the server's own idle timeout ends: a request
 # that leaves at the edge of it could meet the server's close on the way.
 REUSE_MARGIN_SECONDS = 1.0
@@ -117,7 +127,7 @@ class ConnectionPool:
                 kept = idle.pop()  # the most recently used: the least likely to be closed
             if self._clock() < kept.usable_until and _quiet(kept.connection):
                 return kept.connection, kept.served
-            kept.connection.close()
+            self.discard(kept.connection)
 
     def give_back(
         self, key: ConnectionKey, connection: Reusable, offer: KeepAlive, served: int
@@ -128,7 +138,7 @@ class ConnectionPool:
         # ``max`` read both ways servers write it (requests left, or in all): one short.
         spent = offer.max_requests is not None and served >= offer.max_requests - 1
         if spent or usable_until <= self._clock():
-            connection.close()
+            self.discard(connection)
             return
         with self._lock:
             self._forget_after_fork()
@@ -137,7 +147,7 @@ class ConnectionPool:
             overflow = idle[:-IDLE_PER_KEY]
             del idle[:-IDLE_PER_KEY]
         for extra in overflow:
-            extra.connection.close()
+            self.discard(extra.connection)
 
     def close_idle(self) -> None:
         """Close every idle connection (before the server they lead to stops, say)."""
@@ -145,7 +155,14 @@ class ConnectionPool:
             kept = [item for items in self._idle.values() for item in items]
             self._idle.clear()
         for item in kept:
-            item.connection.close()
+            self.discard(item.connection)
+
+    @staticmethod
+    def discard(connection: Reusable) -> None:
+        """Close a connection that is not kept (a failed close loses nothing: it carried
+        no request any more)."""
+        with contextlib.suppress(OSError):
+            connection.close()
 
     def count(self, *, new_connection: bool) -> None:
         """One request is being sent (on a new connection or a kept one)."""
@@ -164,6 +181,13 @@ class ConnectionPool:
             self._idle.clear()
             self._pid = os.getpid()
 
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (the parent's may have been held by another
+        thread at the fork) and no connection of the parent's."""
+        self._lock = threading.Lock()
+        self._idle = {}
+        self._pid = os.getpid()
+
 
 def _quiet(connection: Reusable) -> bool:
     """Nothing arrived on the idle connection: not the peer's close, not stray bytes."""
@@ -180,5 +204,57 @@ def _quiet(connection: Reusable) -> bool:
     return not readable
 
 
+class PinnedConnection(http.client.HTTPConnection):
+    """Connects to one pinned address and proves where it landed; with ``tls``, then
+    completes a verified TLS handshake for the endpoint's host name before any byte of
+    the request is written."""
+
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        host_header: str,
+        timeout: float,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        super().__init__(address, port, timeout=timeout, blocksize=SEND_CHUNK_BYTES)
+        self._pinned = address
+        self._host_header = host_header
+        self._tls = tls
+
+    def connect(self) -> None:
+        super().connect()
+        peer = self.sock.getpeername()[0]
+        if peer != self._pinned:
+            self.sock.close()
+            raise NotSubmitted(
+                f"connected to {peer}, not the pinned address {self._pinned}", code="address_drift"
+            )
+        if self._tls is not None:
+            self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._host_header)
+
+
+def tls_context(endpoint: Endpoint) -> ssl.SSLContext | None:
+    """The verifying TLS context of a ``secure`` endpoint (None for plain HTTP).
+
+    The server's certificate must chain to ``ca_file`` (or, without one, to the
+    system's trust store) and name the endpoint's host; nothing turns that off.
+    """
+    if not endpoint.secure:
+        return None
+    try:
+        context = ssl.create_default_context(cafile=endpoint.ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError(
+            f"cannot read the CA file {endpoint.ca_file!r} for {endpoint.describe()}: "
+            f"{getattr(exc, 'strerror', None) or exc}",
+            code="ca_file_unreadable",
+            path=endpoint.ca_file,
+        ) from exc
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
 POOL = ConnectionPool()
 """The process's pool, shared by every :class:`~dpone.connectors.clickhouse_http.HttpTransport`."""
+os.register_at_fork(after_in_child=POOL.after_fork)

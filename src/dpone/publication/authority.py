@@ -481,10 +481,10 @@ class SnapshotAuthority:
         if scope.relet:
             where += f" AND ({_marked(scope) if scope.marks else '0'})"
         # One request a sample: the server's clock (read as the query starts) and the
-        # processes it lists then (an aggregate answers one row, also when none runs).
+        # processes it lists then (a SELECT without FROM answers one row, whatever runs).
         rows = self._rows(
-            "SELECT toUnixTimestamp64Micro(now64(6)) AS us, groupArray(query_id) AS queries "
-            f"FROM system.processes WHERE {where} FORMAT JSONEachRow",
+            "SELECT toUnixTimestamp64Micro(now64(6)) AS us, (SELECT groupArray(query_id) "
+            f"FROM system.processes WHERE {where}) AS queries FORMAT JSONEachRow",
             "sample",
         )
         row = rows[0] if len(rows) == 1 else {}

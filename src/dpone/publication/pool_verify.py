@@ -23,6 +23,7 @@ import contextlib
 import re
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from dpone.errors import ConfigurationError, DponeError
 from dpone.localserver.pool_file import KEEPER_USER, remote_grants, remote_role, remote_users
 from dpone.localserver.principal_pool import publisher_users
 from dpone.ports.clickhouse_errors import NotSubmitted, TransportDeadline
-from dpone.ports.clickhouse_request import read
+from dpone.ports.clickhouse_request import Credentials, read
 from dpone.publication.dispatch_gate import DispatchGate, gate_path
 from dpone.publication.server_access import ServerAccess
 from dpone.sql import quote_literal
@@ -213,16 +214,7 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
         return found
     except DponeError:
         pass  # reached: the keeper's own login is judged with the others below
-    # Every principal signs in once: its identity and grants, or why it could not.
-    signed: dict[str, tuple[list[dict[str, Any]], list[str]]] = {}
-    for user in remote_users():
-        transport = HttpTransport(access.endpoint("system"), credentials[user])
-        try:
-            signed[user] = (_rows(transport, _WHO, f"who-{user}"), _grants(transport, user))
-        except DponeError as exc:
-            found.problems.append(
-                {"code": "principal_login_failed", "user": user, "message": exc.message}
-            )
+    signed = _sign_in_all(access, credentials, found)
     protected = _protected_by({user: grants for user, (_, grants) in signed.items()})
     for database in databases:
         if protected is not None and database not in protected:
@@ -277,6 +269,40 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
     for problem in found.problems:
         problem.setdefault("fix", problem_fix(problem, over))
     return found
+
+
+def _sign_in_all(
+    access: ServerAccess, credentials: Mapping[str, Credentials], found: PoolVerification
+) -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
+    """Every principal signs in once: its identity and grants, or why it could not.
+
+    The sign-ins are independent reads: they run side by side (a round trip each, not
+    one after another), and their findings are taken in the users' order.
+    """
+    signed: dict[str, tuple[list[dict[str, Any]], list[str]]] = {}
+    users = remote_users()
+    with ThreadPoolExecutor(max_workers=len(users), thread_name_prefix="dpone-sign-in") as run:
+        answers = [run.submit(_sign_in, access, credentials, user) for user in users]
+        for user, answer in zip(users, answers, strict=True):
+            outcome = answer.result()
+            if isinstance(outcome, DponeError):
+                found.problems.append(
+                    {"code": "principal_login_failed", "user": user, "message": outcome.message}
+                )
+            else:
+                signed[user] = outcome
+    return signed
+
+
+def _sign_in(
+    access: ServerAccess, credentials: Mapping[str, Credentials], user: str
+) -> tuple[list[dict[str, Any]], list[str]] | DponeError:
+    """``user``'s identity and grants as it sees them, or the error of its sign-in."""
+    transport = HttpTransport(access.endpoint("system"), credentials[user])
+    try:
+        return _rows(transport, _WHO, f"who-{user}"), _grants(transport, user)
+    except DponeError as exc:
+        return exc
 
 
 def _keeper_checks(

@@ -19,7 +19,6 @@ untrusted writers (:mod:`.grants`) and which principals are allowed per observat
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime
@@ -29,6 +28,7 @@ from dpone.contracts import canonical_json
 from dpone.errors import DponeError
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.composition_snapshot import (
+    Blocker,
     CatalogObservation,
     ExchangeEvent,
     TableObservation,
@@ -41,9 +41,9 @@ from dpone.publication.catalog.allowance import (
 )
 from dpone.publication.catalog.contents import (
     STORED_KINDS,
-    ContentKey,
     ObservedContents,
     Parts,
+    content_key,
     read_parts,
 )
 from dpone.publication.catalog.design import design_blockers, read_design, table_reads
@@ -160,7 +160,7 @@ class ClickHouseSnapshotCatalog:
         around = self._around(reads, slot, names)
         if around is None:
             return CatalogObservation(None, None, 0, _now())
-        db_engine, tables, side = around
+        db_engine, db_uuid, tables, side = around
         present = [name for name in names if name in tables]
         # Both tables' designs and parts and the retained storage in one request, then
         # both contents (their columns come from the designs) in another.
@@ -174,16 +174,25 @@ class ClickHouseSnapshotCatalog:
         designs = {name: read_design(reads, slot.database, name, tables[name]) for name in present}
         parts_sql = {name: table_reads(slot.database, name)["parts"] for name in present}
         parts = {name: read_parts(reads, parts_sql[name]) for name in present}
+        blockers = {
+            name: [
+                *design_blockers(designs[name], db_engine),
+                *side.blockers(slot.database, name, tables[name], reads),
+            ]
+            for name in present
+        }
         # A digest of a table whose UUID, design and parts are unchanged proves nothing new.
         contents = ObservedContents(
             reads,
             slot.database,
             {
                 name: (
-                    ContentKey(
-                        text_field(tables[name], "uuid", reads),
+                    content_key(
+                        (db_uuid, text_field(tables[name], "uuid", reads)),
+                        designs[name],
                         design_sha256(designs[name]),
-                        parts[name].signature,
+                        parts[name],
+                        blockers[name],
                     ),
                     designs[name],
                 )
@@ -196,10 +205,8 @@ class ClickHouseSnapshotCatalog:
                 reads,
                 (slot.database, name),
                 tables[name],
-                (db_engine, side),
                 designs[name],
-                answered[name],
-                parts[name],
+                (answered[name], parts[name], blockers[name]),
             )
             for name in present
         }
@@ -212,13 +219,7 @@ class ClickHouseSnapshotCatalog:
             [self._recheck_read(slot, names), *(("parts", parts_sql[n]) for n in present)],
         )
         self._recheck(reads, slot, names, {name: t.uuid for name, t in observed.items()})
-        after = {name: read_parts(reads, parts_sql[name]) for name in present}
-        for name, fresh in contents.settle(answered, after).items():
-            observed[name] = dataclasses.replace(
-                observed[name],
-                rows=count_field(fresh, "rows", reads),
-                content_digest=str(fresh["digest"]),
-            )
+        contents.settle(answered, {name: read_parts(reads, parts_sql[name]) for name in present})
         return CatalogObservation(
             target=observed.get(slot.table),
             generation=observed.get(generation_table),
@@ -302,11 +303,14 @@ class ClickHouseSnapshotCatalog:
 
     def _around(
         self, reads: CatalogReads, slot: TargetSlot, names: tuple[str, str]
-    ) -> tuple[str, dict[str, dict[str, Any]], SideEffects] | None:
+    ) -> tuple[str, str, dict[str, dict[str, Any]], SideEffects] | None:
         """The database's engine, both names' system.tables rows and the side effects
         around them, in one request (None: no such database)."""
         db = quote_literal(slot.database)
-        database_read = ("database", f"SELECT engine FROM system.databases WHERE name = {db}")
+        database_read = (
+            "database",
+            f"SELECT engine, toString(uuid) AS uuid FROM system.databases WHERE name = {db}",
+        )
         tables_read = ("tables", _TABLES_SQL.format(db=db, names=in_list(names)))
         reads.prefetch(
             "observe", [database_read, tables_read, *SideEffects.reads(slot.database, names)]
@@ -315,9 +319,10 @@ class ClickHouseSnapshotCatalog:
         if not databases:
             return None
         db_engine = text_field(databases[0], "engine", reads)
+        db_uuid = text_field(databases[0], "uuid", reads)
         tables = {text_field(r, "name", reads): r for r in reads.rows(*tables_read)}
         side = SideEffects.read(reads, slot.database, names, self._allowed(slot, names[1]))
-        return db_engine, tables, side
+        return db_engine, db_uuid, tables, side
 
     @staticmethod
     def _recheck_read(slot: TargetSlot, names: tuple[str, str]) -> Read:
@@ -351,16 +356,10 @@ class ClickHouseSnapshotCatalog:
         reads: CatalogReads,
         where: tuple[str, str],
         row: Mapping[str, Any],
-        around: tuple[str, SideEffects],
         design: dict[str, Any],
-        content: Mapping[str, Any],
-        parts: Parts,
+        found: tuple[Mapping[str, Any], Parts, list[Blocker]],
     ) -> TableObservation:
-        (database, name), (db_engine, side) = where, around
-        blockers = [
-            *design_blockers(design, db_engine),
-            *side.blockers(database, name, row, reads),
-        ]
+        (database, name), (content, parts, blockers) = where, found
         return TableObservation(
             database=database,
             name=name,

@@ -22,12 +22,19 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dpone.contracts.preparation import rows_digest_sql
-from dpone.publication.catalog.reads import CatalogReads, Read, count_field, text_field
+from dpone.ports.composition_snapshot import Blocker
+from dpone.publication.catalog.reads import (
+    CatalogReads,
+    CatalogUnobservable,
+    Read,
+    count_field,
+    text_field,
+)
 from dpone.sql import quote_identifier
 
 STORED_KINDS = ("", "DEFAULT")  # the columns RowBinary carries, hence the content digest's
@@ -58,11 +65,32 @@ def read_parts(reads: CatalogReads, sql: str) -> Parts:
 
 @dataclass(frozen=True)
 class ContentKey:
-    """What a digest belongs to: the table, its design and the active parts it covered."""
+    """What a digest belongs to: the table (in its database), its design and the active
+    parts it covered."""
 
+    database_uuid: str
     uuid: str
     design_sha256: str
     parts_signature: str
+
+
+def content_key(
+    where: tuple[str, str],
+    design: Mapping[str, Any],
+    design_sha256: str,
+    parts: Parts,
+    blockers: Sequence[Blocker],
+) -> ContentKey | None:
+    """The key of a table's digest, or None when no digest of it is ever kept.
+
+    Only a plain MergeTree table with no blocker qualifies: the rows of another engine
+    (Memory, Log...) change with no part to show it, and a mutation in flight (whose
+    effect reads can apply on the fly), a row policy or any other side effect could
+    change what the digest reads while the parts stay.
+    """
+    if design.get("engine") != "MergeTree" or blockers:
+        return None
+    return ContentKey(where[0], where[1], design_sha256, parts.signature)
 
 
 class ContentMemo:
@@ -91,6 +119,11 @@ class ContentMemo:
             self._kept.move_to_end(key)
             while len(self._kept) > MEMO_ENTRIES:
                 self._kept.popitem(last=False)
+
+    def count_computed(self) -> None:
+        """One digest is being asked of the server."""
+        with self._lock:
+            self.computed += 1
 
     def clear(self) -> None:
         """Forget every kept digest."""
@@ -121,7 +154,7 @@ def read_content(
     asked = content_read(database, name, design)
     if asked is None:
         raise reads.malformed("columns", {"table": name, "stored_columns": 0})
-    MEMO.computed += 1
+    MEMO.count_computed()
     content = reads.rows(*asked)
     if len(content) != 1 or not re.fullmatch(r"[0-9a-f]{32}", str(content[0].get("digest"))):
         raise reads.malformed("content", content)
@@ -131,20 +164,24 @@ def read_content(
 class ObservedContents:
     """The contents of one observation's tables: kept digests taken, the rest asked.
 
-    ``tables`` maps each table's name to its key (:class:`ContentKey`) and design.
-    :meth:`read` answers every table's content, asking the ones not kept in one request;
-    :meth:`settle`, given the parts read again after them, keeps the digests asked while
-    the parts held still and asks again any kept digest whose table changed meanwhile.
+    ``tables`` maps each table's name to its key (:func:`content_key`; None: never kept)
+    and design. :meth:`read` answers every table's content, asking the ones not kept in
+    one request; :meth:`settle`, given the parts read again after the recheck, keeps the
+    digests asked while the parts held still, and refuses an observation whose table
+    changed after its parts were read when the digest reported was a kept one.
     """
 
     def __init__(
         self,
         reads: CatalogReads,
         database: str,
-        tables: Mapping[str, tuple[ContentKey, Mapping[str, Any]]],
+        tables: Mapping[str, tuple[ContentKey | None, Mapping[str, Any]]],
     ) -> None:
         self._reads, self._database, self._tables = reads, database, tables
-        self._kept = {name: MEMO.get(key) for name, (key, _design) in tables.items()}
+        self._kept = {
+            name: MEMO.get(key) if key is not None else None
+            for name, (key, _design) in tables.items()
+        }
 
     def read(self) -> dict[str, dict[str, Any]]:
         """Each table's ``{"rows", "digest"}``."""
@@ -159,15 +196,20 @@ class ObservedContents:
             for name, (_key, design) in self._tables.items()
         }
 
-    def settle(
-        self, answered: Mapping[str, Mapping[str, Any]], parts_after: Mapping[str, Parts]
-    ) -> dict[str, dict[str, Any]]:
-        """The contents to report instead (tables whose kept digest went stale)."""
-        fresh: dict[str, dict[str, Any]] = {}
-        for name, (key, design) in self._tables.items():
-            if parts_after[name].signature == key.parts_signature:
+    def settle(self, answered: Mapping[str, Mapping[str, Any]], after: Mapping[str, Parts]) -> None:
+        """Keep each digest asked while its parts held still; refuse a kept one that went
+        stale (the table changed after its parts were read: another state's digest)."""
+        for name, (key, _design) in self._tables.items():
+            if key is None:
+                continue
+            if after[name].signature == key.parts_signature:
                 if self._kept[name] is None:
                     MEMO.put(key, answered[name])
             elif self._kept[name] is not None:
-                fresh[name] = read_content(self._reads, self._database, name, design)
-        return fresh
+                raise CatalogUnobservable(
+                    f"{self._database}.{name} changed during the observation (its parts are "
+                    "not the ones its digest was taken for)",
+                    code="catalog_unobservable",
+                    database=self._database,
+                    table=name,
+                )

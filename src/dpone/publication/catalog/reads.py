@@ -17,6 +17,7 @@ from typing import Any
 
 from dpone.errors import DeadlineError, DponeError, StateError, TransportError
 from dpone.ports.clickhouse import QueryPort
+from dpone.ports.clickhouse_errors import ClickHouseServerError
 from dpone.ports.clickhouse_request import read
 from dpone.sql import quote_literal
 
@@ -62,10 +63,11 @@ class CatalogReads:
     def prefetch(self, purpose: str, reads: Sequence[Read]) -> None:
         """Ask ``reads`` in one request, for the :meth:`rows` calls that will ask them.
 
-        Only a saving of round trips, never a source of answers: if the batch fails in
-        any way (an error of one read, its answer over the response budget, a deadline,
-        anything malformed) nothing is kept, and each read is then asked on its own,
-        with its own query id and its own precise failure. A kept answer is taken
+        Only a saving of round trips, never a source of answers: if the batch ran and
+        failed (the server's error for one of its reads, an answer of another shape) or
+        its answer is over the response budget, nothing is kept and each read is then
+        asked on its own, with its own query id and its own precise failure. A batch
+        lost on the way or cut by its deadline is that failure (never asked again). A kept answer is taken
         once, by the first read of the same purpose and SQL, and names the batch's
         query id.
         """
@@ -87,8 +89,15 @@ class CatalogReads:
                     return
                 text = "".join(f"{line}\n" for line in lines).encode("utf-8")
                 answers.append(dataclasses.replace(result, output=text).json_rows())
+        except ClickHouseServerError:
+            return  # it ran and failed: each read is asked on its own, for its own error
+        except (TransportError, DeadlineError) as exc:
+            if exc.code != "response_body_budget_exceeded":
+                # Lost, cut or late: never asked again behind the caller's back.
+                raise self._unobservable(purpose, query_id, exc) from exc
+            return  # too large together: each read is asked on its own
         except (DponeError, ValueError, KeyError):
-            return  # each read is asked on its own, and fails on its own if it must
+            return  # an answer of another shape: each read is asked on its own
         for key, answer in zip(wanted, answers, strict=True):
             self._ready[key] = (query_id, answer)
 
@@ -106,18 +115,22 @@ class CatalogReads:
             result = self._transport.execute(read(statement, query_id), deadline=self._deadline)
             rows = result.json_rows()
         except (TransportError, DeadlineError) as exc:
-            clickhouse_code = exc.details.get("clickhouse_code")
-            raise CatalogUnobservable(
-                f"catalog read {purpose} failed: {exc.message}",
-                query_id=query_id,
-                purpose=purpose,
-                cause=exc.code,
-                clickhouse_code=clickhouse_code,
-                unknown_table=clickhouse_code == _UNKNOWN_TABLE,
-            ) from exc
+            raise self._unobservable(purpose, query_id, exc) from exc
         if not output and rows:
             raise self.malformed(purpose, rows)
         return rows
+
+    @staticmethod
+    def _unobservable(purpose: str, query_id: str, exc: DponeError) -> CatalogUnobservable:
+        clickhouse_code = exc.details.get("clickhouse_code")
+        return CatalogUnobservable(
+            f"catalog read {purpose} failed: {exc.message}",
+            query_id=query_id,
+            purpose=purpose,
+            cause=exc.code,
+            clickhouse_code=clickhouse_code,
+            unknown_table=clickhouse_code == _UNKNOWN_TABLE,
+        )
 
     def malformed(self, purpose: str, value: object) -> CatalogUnobservable:
         """The error for an answer of the last read that is not what was asked for."""
