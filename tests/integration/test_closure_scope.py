@@ -8,6 +8,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.localserver import ServerInfo
 from dpone.localserver.principal_pool import (
@@ -17,7 +19,7 @@ from dpone.localserver.principal_pool import (
 )
 from dpone.ports.clickhouse_request import Credentials, Endpoint
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
-from dpone.publication.dispatch_gate import DispatchGate
+from dpone.publication.dispatch_gate import DispatchGate, DispatchGateBusy
 from dpone.publication.lease_scope import lease_scope
 from dpone.publication.principal_issuers import LocalPoolIssuer
 from dpone.publication.store import SqliteSnapshotStore, lease_step_key
@@ -99,7 +101,7 @@ def test_the_gate_serializes_threads_of_one_process(tmp_path: Path) -> None:
     overlap: list[bool] = []
 
     def hold() -> None:
-        with gate.held():
+        with gate.held("dpone_publisher_1"):
             inside.append(1)
             overlap.append(len(inside) > 1)
             time.sleep(0.05)
@@ -111,3 +113,29 @@ def test_the_gate_serializes_threads_of_one_process(tmp_path: Path) -> None:
     for worker in workers:
         worker.join(timeout=30)
     assert overlap == [False] * 8
+
+
+def test_principals_never_wait_for_each_others_gate(tmp_path: Path) -> None:
+    """One table's closure (seconds of samples) or a stopped holder holds only its own
+    principal's gate: another principal's dispatch or closure goes on at once, the same
+    principal's waits (and gives up, coded), and a pool verification waits for all."""
+    gate = DispatchGate(tmp_path / "store.sqlite.dispatch.lock", wait_seconds=0.3)
+    with gate.held("dpone_ingest_1"):
+        started = time.monotonic()
+        with gate.held("dpone_publisher_1"), gate.held("dpone_ingest_2"):
+            assert time.monotonic() - started < 0.2
+        with pytest.raises(DispatchGateBusy) as same, gate.held("dpone_ingest_1"):
+            pass
+        assert same.value.details["user"] == "dpone_ingest_1"
+        with (
+            pytest.raises(DispatchGateBusy),
+            gate.held_for_all(["dpone_publisher_1", "dpone_ingest_1"]),
+        ):
+            pass
+        # The verification that gave up holds nothing: the other gates are free again.
+        with gate.held("dpone_publisher_1"):
+            pass
+    with gate.held_for_all(["dpone_publisher_1", "dpone_ingest_1", "dpone_ingest_1"]):
+        assert gate.path_for("dpone_ingest_1").name == "store.sqlite.dispatch.lock.dpone_ingest_1"
+    odd = gate.path_for("we/ird name")
+    assert odd.parent == tmp_path and "/" not in odd.name[len("store.sqlite.dispatch.lock.") :]

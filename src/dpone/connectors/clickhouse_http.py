@@ -401,8 +401,10 @@ class _Exchange:
             if new_connection:
                 self._connect()
             POOL.count(new_connection=new_connection)
-            # A kept connection still has its last request's timeout: this one's first.
-            self.transport._arm(self.conn, self.deadline, request)
+            if self.kept:
+                # A kept connection still has its last request's timeout: this one's first
+                # (a new one got it as it connected).
+                self.transport._arm(self.conn, self.deadline, request)
             self._send(size)
             self.transport._before_send(self.conn, self.deadline, request)
             raw = self.conn.getresponse()

@@ -375,7 +375,7 @@ class SnapshotAuthority:
         (:meth:`~dpone.publication.store.leases.PrincipalLeases.closure_proven`); a
         proof that cannot be stored raises the store's error.
         """
-        with self.dispatch_gate.held():
+        with self.dispatch_gate.held(principal.user):
             started_us = self._server_micros()
             lease = self.issuer.revoke(principal)
             # Read under the gate, after the end: no dispatch can add an opening now.

@@ -1,12 +1,20 @@
-"""The one serialization of dispatch against closure, across processes.
+"""The serialization of dispatch against closure, one gate per principal, across processes.
 
-A publisher's EXCHANGE (and a first publication's CREATE) and the closure of a
-principal each run while holding an exclusive ``fcntl.flock`` on one file beside the
-snapshot store (:func:`gate_path`). The executor, holding it, re-checks its lease and
-the claim before it opens the drain-gate session and again before it sends; closure
-ends the lease while holding it. So once a closure has ended a lease, no process can
-open that lease's session or send its statement any more, and a session-opening note
-that closure does not find was provably never written.
+A publisher's EXCHANGE (and a first publication's CREATE, and the drop of a target it
+created) and the closure of a principal each run while holding an exclusive
+``fcntl.flock`` on that principal's file beside the snapshot store (:func:`gate_path`
+names the store's, ``<store>.dispatch.lock``; each principal's is that name plus its
+user). The executor, holding it, re-checks its lease and the claim before it opens the
+drain-gate session and again before it sends; closure ends the lease while holding it.
+So once a closure has ended a lease, no process can open that lease's session or send
+its statement any more, and a session-opening note that closure does not find was
+provably never written. Everything a dispatch or a closure does is the principal's own
+(its lease, its sessions, its queries), so the principals do not wait for each other:
+one table's closure, with its seconds of process samples, or a stopped holder, never
+holds up another table's dispatch or closure under another principal. A pool
+verification, which signs in as every principal, holds every principal's gate
+(:meth:`DispatchGate.held_for_all`, in one order, so no two holders can wait on each
+other).
 
 The file is opened anew for every acquisition: ``flock`` locks belong to an open file
 description, so two threads of one process exclude each other exactly as two
@@ -19,15 +27,18 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
+import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from dpone.errors import StateError
 
 GATE_WAIT_SECONDS = 120.0
 _POLL_SECONDS = 0.01
+_TOKEN = re.compile(r"[A-Za-z0-9_]{1,64}")
 
 
 class DispatchGateBusy(StateError):
@@ -37,12 +48,12 @@ class DispatchGateBusy(StateError):
 
 
 def gate_path(store_path: Path) -> Path:
-    """The lock file that serializes dispatch and closure for the store at ``store_path``."""
+    """The store's gate name; each principal's lock file is this name plus its user."""
     return store_path.with_name(store_path.name + ".dispatch.lock")
 
 
 class DispatchGate:
-    """An exclusive, cross-process lock on one file (see the module doc)."""
+    """Exclusive, cross-process locks, one file per principal (see the module doc)."""
 
     def __init__(
         self,
@@ -57,10 +68,16 @@ class DispatchGate:
         self._clock = clock
         self._sleep = sleep
 
+    def path_for(self, user: str) -> Path:
+        """The lock file of ``user``'s gate (a name that is not a plain token is hashed)."""
+        token = user if _TOKEN.fullmatch(user) else hashlib.sha256(user.encode()).hexdigest()
+        return self.path.with_name(f"{self.path.name}.{token}")
+
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Hold the gate for the ``with`` block (``dispatch_gate_busy`` after the wait)."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    def held(self, user: str) -> Iterator[None]:
+        """Hold ``user``'s gate for the ``with`` block (``dispatch_gate_busy`` after the wait)."""
+        path = self.path_for(user)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             deadline = self._clock() + self.wait_seconds
             while True:
@@ -70,11 +87,20 @@ class DispatchGate:
                 except BlockingIOError as exc:
                     if self._clock() >= deadline:
                         raise DispatchGateBusy(
-                            f"the dispatch gate {self.path} stayed held for "
+                            f"the dispatch gate of {user} ({path}) stayed held for "
                             f"{self.wait_seconds:g} s",
-                            path=str(self.path),
+                            path=str(path),
+                            user=user,
                         ) from exc
                     self._sleep(_POLL_SECONDS)
             yield
         finally:
             os.close(fd)  # closing the description releases the lock
+
+    @contextlib.contextmanager
+    def held_for_all(self, users: Iterable[str]) -> Iterator[None]:
+        """Hold the gate of every one of ``users``, taken in sorted order."""
+        with contextlib.ExitStack() as stack:
+            for user in sorted(set(users)):
+                stack.enter_context(self.held(user))
+            yield

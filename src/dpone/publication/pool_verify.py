@@ -195,7 +195,7 @@ def verify_pool(
     if store is None:
         return _verify(access, databases)
     store.parent.mkdir(parents=True, exist_ok=True)
-    with DispatchGate(gate_path(store)).held():
+    with DispatchGate(gate_path(store)).held_for_all(remote_users()):
         return _verify(access, databases)
 
 
