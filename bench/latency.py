@@ -15,7 +15,8 @@ operator installs, as the remote tests do) and a project that reaches it only th
 
 Each line gives the wall time, its ratio to the loopback baseline, the requests the
 refresh and status sent (from their ``--json`` reports) and the connections the proxy
-accepted. The machine may be shared: the figures are one run's.
+accepted (-1: a dpone that does not count them). The machine may be shared: the
+figures are one run's.
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ def _refresh(config: Path) -> tuple[float, int, int]:
     table = document["tables"][0]
     if table["outcome"] != "published":
         raise SystemExit(f"the refresh did not publish: {json.dumps(table)[:2000]}")
-    sent = table["traffic"].values()
+    # A dpone that reports no traffic (one from before it was counted, run as the
+    # baseline of a comparison) counts -1.
+    sent = table.get("traffic", {"": {"requests": -1, "new_connections": -1}}).values()
     return took, sum(p["requests"] for p in sent), sum(p["new_connections"] for p in sent)
 
 
@@ -79,7 +82,7 @@ def _status(config: Path) -> tuple[float, int, int]:
     took, document = _run(dpone("status", "--config", str(config), "--json"))
     if not document.get("ok"):
         raise SystemExit(f"status is not ok: {json.dumps(document)[:2000]}")
-    traffic = document["traffic"]
+    traffic = document.get("traffic", {"requests": -1, "new_connections": -1})
     return took, traffic["requests"], traffic["new_connections"]
 
 
