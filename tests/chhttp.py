@@ -10,11 +10,13 @@ the session server, a test that starts its own server registers it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,3 +111,13 @@ def rows(port: int, sql: str, **kwargs: Any) -> list[dict[str, Any]]:
         **kwargs,
     )
     return [json.loads(line) for line in text.splitlines()]
+
+
+@contextlib.contextmanager
+def scratch_database(port: int, name: str) -> Iterator[str]:
+    """A new Atomic database ``name`` for the block, dropped after it."""
+    query(port, f"CREATE DATABASE {name} ENGINE = Atomic")
+    try:
+        yield name
+    finally:
+        query(port, f"DROP DATABASE {name} SYNC")

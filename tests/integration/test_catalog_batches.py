@@ -37,11 +37,8 @@ def sql(server: ServerInfo, statement: str) -> str:
 
 @pytest.fixture(scope="module")
 def server(clickhouse: ServerInfo) -> Iterator[ServerInfo]:
-    sql(clickhouse, f"CREATE DATABASE {DB} ENGINE = Atomic")
-    try:
+    with chhttp.scratch_database(clickhouse.http_port, DB):
         yield clickhouse
-    finally:
-        sql(clickhouse, f"DROP DATABASE {DB} SYNC")
 
 
 def observer(server: ServerInfo) -> HttpTransport:

@@ -68,11 +68,8 @@ def pair(
 
 @pytest.fixture(scope="module")
 def server(clickhouse: ServerInfo) -> Iterator[ServerInfo]:
-    sql(clickhouse, f"CREATE DATABASE {DB} ENGINE = Atomic")
-    try:
+    with chhttp.scratch_database(clickhouse.http_port, DB):
         yield clickhouse
-    finally:
-        sql(clickhouse, f"DROP DATABASE {DB} SYNC")
 
 
 def observe(
