@@ -147,7 +147,7 @@ def test_an_observation_batched_equals_one_read_at_a_time(
     )
     assert one.target is not None and one.generation is not None  # type: ignore[attr-defined]
     assert [b.reason for b in one.target.blockers] == ["incoming_mv"]  # type: ignore[attr-defined]
-    assert (batched_requests, alone_requests) == (4, 27)
+    assert (batched_requests, alone_requests) == (4, 29)
 
 
 def test_ownerships_of_many_names_in_two_reads(server: ServerInfo, odd_table: str) -> None:
@@ -318,3 +318,50 @@ def test_a_batch_cut_by_its_deadline_is_never_asked_again(
     assert requests_of(prefetch) == 0
     (failure,) = sent
     assert failure.details["purpose"] == "late"  # type: ignore[attr-defined]
+
+
+def test_a_profile_applying_mutations_on_the_fly_never_changes_a_kept_digest(
+    server: ServerInfo, pair_of_tables: tuple[str, str]
+) -> None:
+    """The catalog user's profile sets apply_mutations_on_fly = 1 and a mutation waits: the
+    digest reads the stored rows only (what the parts show), and the mutation in
+    flight keeps the table's digest from being kept at all (reviewer's case)."""
+    target, generation = pair_of_tables
+    slot = TargetSlot(DB, target)
+    catalog = ClickHouseSnapshotCatalog(
+        ProfileSettings(observer(server), apply_mutations_on_fly="1"), trusted_users=TRUSTED
+    )
+    observe = functools.partial(catalog.observe, slot, generation)
+    asked, first = digests_asked(observe)
+    assert asked == 2
+    sql(server, f"SYSTEM STOP MERGES {DB}.{generation}")
+    try:
+        sql(
+            server,
+            f"ALTER TABLE {DB}.{generation} UPDATE s = 'changed' WHERE 1 "
+            "SETTINGS mutations_sync = 0",
+        )
+        asked, pending = digests_asked(observe)
+        assert asked == 1 and pending.generation is not None
+        assert "mutation_in_flight" in [b.reason for b in pending.generation.blockers]
+        assert contents(pending)[1] == contents(first)[1]  # the stored rows, unchanged
+        asked, _ = digests_asked(observe)
+        assert asked == 1  # never kept while the mutation waits
+        sql(server, f"KILL MUTATION WHERE database = '{DB}' AND table = '{generation}' SYNC")
+        asked, settled = digests_asked(observe)
+        assert asked == 0 and contents(settled) == contents(first)
+    finally:
+        sql(server, f"SYSTEM START MERGES {DB}.{generation}")
+
+
+class ProfileSettings:
+    """A catalog port whose requests carry settings a user's profile could set."""
+
+    name = "http"
+
+    def __init__(self, inner: HttpTransport, **settings: str) -> None:
+        self.inner, self.settings = inner, tuple(settings.items())
+
+    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
+        changed = dataclasses.replace(request, settings=(*request.settings, *self.settings))
+        return self.inner.execute(changed, deadline=deadline)

@@ -139,3 +139,21 @@ def test_principals_never_wait_for_each_others_gate(tmp_path: Path) -> None:
         assert gate.path_for("dpone_ingest_1").name == "store.sqlite.dispatch.lock.dpone_ingest_1"
     odd = gate.path_for("we/ird name")
     assert odd.parent == tmp_path and "/" not in odd.name[len("store.sqlite.dispatch.lock.") :]
+
+
+def test_two_attempts_of_one_slot_never_dispatch_at_once(tmp_path: Path) -> None:
+    """Their publishers differ, their target is the same: the slot's gate orders them (a
+    check-then-DROP of a created target never meets the other's EXCHANGE), while
+    another slot's dispatch and the same principals' closures go on."""
+    gate = DispatchGate(tmp_path / "store.sqlite.dispatch.lock", wait_seconds=0.3)
+    with gate.held_for_slot("db", "items", "dpone_publisher_1"):
+        with (
+            pytest.raises(DispatchGateBusy),
+            gate.held_for_slot("db", "items", "dpone_publisher_2"),
+        ):
+            pass
+        started = time.monotonic()
+        with gate.held_for_slot("db", "other", "dpone_publisher_2"), gate.held("dpone_ingest_1"):
+            assert time.monotonic() - started < 0.2
+    with gate.held_for_slot("db", "items", "dpone_publisher_2"):
+        pass

@@ -3,6 +3,7 @@ closure proofs on the managed server (plus fakes for samples a real server canno
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import uuid
@@ -11,12 +12,13 @@ from typing import Any
 
 import pytest
 
+from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.contracts import canonical_json
 from dpone.contracts.receipt import FileReceipt
 from dpone.contracts.schema import SourceColumn, SourceSchema
 from dpone.errors import DponeError
 from dpone.localserver import ServerInfo
-from dpone.localserver.principal_pool import ROLE_INGEST
+from dpone.localserver.principal_pool import CLOSER_USER, ROLE_INGEST
 from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials
 from dpone.ports.clickhouse_result import QueryResult
 from dpone.ports.composition_snapshot import (
@@ -408,3 +410,30 @@ def test_a_start_cut_by_an_earlier_server_process_is_settled_by_the_restart(pool
     same = close(process_started_us=10)  # the start was this process's: still unfinished
     assert not same.proven and "query_log_unfinished" in same.facts["unproven"]
     assert same.facts["query_log"]["unfinished"] == ["cut-q"]
+
+
+class ProfileSettings:
+    """The real closer port, each request carrying settings a user's profile could set."""
+
+    name = "http"
+
+    def __init__(self, inner: HttpTransport, **settings: str) -> None:
+        self.inner, self.settings = inner, tuple(settings.items())
+
+    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
+        changed = dataclasses.replace(request, settings=(*request.settings, *self.settings))
+        return self.inner.execute(changed, deadline=deadline)
+
+
+def test_a_closers_profile_cannot_turn_an_empty_sample_into_an_error(pool: Pool) -> None:
+    """empty_result_for_aggregation_by_empty_set = 1 in the closer's profile: a sample
+    that finds no process is still one row, and the closure proves quiescence."""
+    ingest = pool.issuer.issue(ROLE_INGEST, "profiled").ref
+    authority = make_authority(pool, new_gate(), {})
+    authority.closer = ProfileSettings(
+        HttpTransport(pool.endpoint(), pool.credentials[CLOSER_USER]),
+        empty_result_for_aggregation_by_empty_set="1",
+    )
+    proof = authority.close_principal(ingest)
+    assert proof.proven, proof.facts["unproven"]
+    assert all(s["queries"] == [] for s in proof.facts["samples"])

@@ -148,9 +148,11 @@ class HttpTransport:
             )
         spool, size = _open_body(request)
         remaining = partial(self._remaining, deadline)
-        # A mutation always goes on a new connection: one that fails before its first
-        # byte left is then NotSubmitted, never an unknown outcome to be proven.
-        kept = POOL.take(self._key) if request.kind is RequestKind.READ else None
+        # A mutation, and any request in a session (the drain gate's), always goes on a
+        # new connection: one that fails before its first byte left is then NotSubmitted,
+        # never an unknown outcome to be proven.
+        plain_read = request.kind is RequestKind.READ and not request.session_parameters()
+        kept = POOL.take(self._key) if plain_read else None
         served = 0
         if kept is not None:
             reused, served = kept

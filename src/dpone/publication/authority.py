@@ -484,7 +484,9 @@ class SnapshotAuthority:
         # processes it lists then (a SELECT without FROM answers one row, whatever runs).
         rows = self._rows(
             "SELECT toUnixTimestamp64Micro(now64(6)) AS us, (SELECT groupArray(query_id) "
-            f"FROM system.processes WHERE {where}) AS queries FORMAT JSONEachRow",
+            f"FROM system.processes WHERE {where}) AS queries "
+            # A profile's empty_result_for_aggregation_by_empty_set would make "none" an error.
+            "SETTINGS empty_result_for_aggregation_by_empty_set = 0 FORMAT JSONEachRow",
             "sample",
         )
         row = rows[0] if len(rows) == 1 else {}

@@ -11,7 +11,10 @@ its statement any more, and a session-opening note that closure does not find wa
 provably never written. Everything a dispatch or a closure does is the principal's own
 (its lease, its sessions, its queries), so the principals do not wait for each other:
 one table's closure, with its seconds of process samples, or a stopped holder, never
-holds up another table's dispatch or closure under another principal. A pool
+holds up another table's dispatch or closure under another principal. What a dispatch
+changes is also its slot's (the target name), which two attempts of one table share:
+each dispatch takes its slot's gate before its principal's
+(:meth:`DispatchGate.held_for_slot`). A pool
 verification, which signs in as every principal, holds every principal's gate
 (:meth:`DispatchGate.held_for_all`, in one order, so no two holders can wait on each
 other).
@@ -72,6 +75,19 @@ class DispatchGate:
         """The lock file of ``user``'s gate (a name that is not a plain token is hashed)."""
         token = user if _TOKEN.fullmatch(user) else hashlib.sha256(user.encode()).hexdigest()
         return self.path.with_name(f"{self.path.name}.{token}")
+
+    @contextlib.contextmanager
+    def held_for_slot(self, database: str, table: str, user: str) -> Iterator[None]:
+        """Hold the slot's gate, then ``user``'s: what a dispatch that changes the target
+        ``database.table`` holds (its CREATE, the DROP of a table it created, its EXCHANGE).
+
+        Two attempts of one slot publish under different principals; the slot's gate keeps
+        one's check-then-DROP of the empty target it created from interleaving with the
+        other's EXCHANGE into that name. Always the slot first, then the principal, and a
+        closure or a verification never takes a slot's: no two holders wait on each other.
+        """
+        with self.held(f"slot {database}.{table}"), self.held(user):
+            yield
 
     @contextlib.contextmanager
     def held(self, user: str) -> Iterator[None]:

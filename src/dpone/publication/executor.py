@@ -178,7 +178,7 @@ class ClickHouseSnapshotExecutor:
         self, slot: TargetSlot, generation_table: str, query_id: str, principal: IssuedPrincipal
     ) -> DispatchResult:
         """Create the empty target with the generation's design (see the module doc)."""
-        with self.dispatch_gate.held(principal.ref.user):
+        with self.dispatch_gate.held_for_slot(slot.database, slot.table, principal.ref.user):
             transport = self._factory(self.endpoint, principal.credentials)
             try:
                 statement = self.render_create_target(transport, slot, generation_table, query_id)
@@ -250,7 +250,7 @@ class ClickHouseSnapshotExecutor:
         after its CREATE) with no row; otherwise it is NOT_SENT with the reason. An
         acknowledged DROP is verified: no table of that UUID is left.
         """
-        with self.dispatch_gate.held(principal.ref.user):
+        with self.dispatch_gate.held_for_slot(slot.database, slot.table, principal.ref.user):
             transport = self._factory(self.endpoint, principal.credentials)
             try:
                 rows = self._rows_of(transport, slot, table_uuid, f"{query_id}-read")
@@ -296,7 +296,9 @@ class ClickHouseSnapshotExecutor:
             )
         query_id = exchange_query_id(intent.sha256)
         session_id = exchange_session_id(intent.sha256)
-        with self.dispatch_gate.held(principal.ref.user):
+        with self.dispatch_gate.held_for_slot(
+            intent.database, intent.target_table, principal.ref.user
+        ):
             refused = self._recheck(intent, principal, "before_session", session_id)
             if refused is not None:
                 return refused

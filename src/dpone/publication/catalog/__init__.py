@@ -214,12 +214,12 @@ class ClickHouseSnapshotCatalog:
         target_bytes = observed[slot.table].total_bytes if slot.table in observed else 0
         # The observation spans several queries: both names must still be what they were,
         # and the parts read again say whether each digest belongs to the parts read before.
-        reads.prefetch(
-            "recheck",
-            [self._recheck_read(slot, names), *(("parts", parts_sql[n]) for n in present)],
+        self._recheck(reads, slot, names, observed, parts_sql)
+        contents.settle(
+            answered,
+            {name: read_parts(reads, parts_sql[name]) for name in present},
+            SideEffects.tables_with_content_effects(reads, slot.database, names),
         )
-        self._recheck(reads, slot, names, {name: t.uuid for name, t in observed.items()})
-        contents.settle(answered, {name: read_parts(reads, parts_sql[name]) for name in present})
         return CatalogObservation(
             target=observed.get(slot.table),
             generation=observed.get(generation_table),
@@ -337,14 +337,27 @@ class ClickHouseSnapshotCatalog:
         reads: CatalogReads,
         slot: TargetSlot,
         names: tuple[str, str],
-        observed: Mapping[str, str],
+        observed: Mapping[str, TableObservation],
+        parts_sql: Mapping[str, str],
     ) -> None:
-        """Both names still hold the tables (UUIDs) the observation read, or it raises."""
+        """Both names still hold the tables (UUIDs) the observation read, or it raises.
+
+        Asked in one request with what the kept digests are settled by (read next): both
+        tables' parts, their mutations in flight and row policies.
+        """
+        reads.prefetch(
+            "recheck",
+            [
+                self._recheck_read(slot, names),
+                *(("parts", sql) for sql in parts_sql.values()),
+                *SideEffects.content_effect_reads(slot.database, names),
+            ],
+        )
         again = {
             text_field(r, "name", reads): text_field(r, "uuid", reads)
             for r in reads.rows(*self._recheck_read(slot, names))
         }
-        if again != observed:
+        if again != {name: table.uuid for name, table in observed.items()}:
             raise CatalogUnobservable(
                 f"{slot.database}.{slot.table} or {names[1]} changed during the observation",
                 code="catalog_unobservable",

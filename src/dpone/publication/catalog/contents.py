@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,7 +144,13 @@ def content_read(database: str, name: str, design: Mapping[str, Any]) -> Read | 
     if not stored:
         return None
     where = f"{quote_identifier(database)}.{quote_identifier(name)}"
-    return "content", f"SELECT count() AS rows, {rows_digest_sql(stored)} AS digest FROM {where}"
+    # The stored rows only: a pending mutation applied on the fly by a profile would
+    # change what is read while the parts (what a kept digest is keyed by) stay.
+    return (
+        "content",
+        f"SELECT count() AS rows, {rows_digest_sql(stored)} AS digest FROM {where} "
+        "SETTINGS apply_mutations_on_fly = 0",
+    )
 
 
 def read_content(
@@ -196,14 +202,21 @@ class ObservedContents:
             for name, (_key, design) in self._tables.items()
         }
 
-    def settle(self, answered: Mapping[str, Mapping[str, Any]], after: Mapping[str, Parts]) -> None:
-        """Keep each digest asked while its parts held still; refuse a kept one that went
-        stale (the table changed after its parts were read: another state's digest)."""
+    def settle(
+        self,
+        answered: Mapping[str, Mapping[str, Any]],
+        after: Mapping[str, Parts],
+        unsettled: Collection[str] = (),
+    ) -> None:
+        """Keep each digest asked while its parts held still and no mutation or row
+        policy (``unsettled``: the tables with one, read again after the digests) could
+        have changed what it read; refuse a kept one that went stale (the table changed
+        after its parts were read: another state's digest)."""
         for name, (key, _design) in self._tables.items():
             if key is None:
                 continue
             if after[name].signature == key.parts_signature:
-                if self._kept[name] is None:
+                if self._kept[name] is None and name not in unsettled:
                     MEMO.put(key, answered[name])
             elif self._kept[name] is not None:
                 raise CatalogUnobservable(

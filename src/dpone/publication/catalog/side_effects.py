@@ -81,6 +81,23 @@ class SideEffects:
             trusted,
         )
 
+    @classmethod
+    def content_effect_reads(cls, database: str, names: tuple[str, str]) -> list[Read]:
+        """The reads of what can change a table's rows with no part to show it."""
+        return [r for r in cls.reads(database, names) if r[0] in ("mutations", "row_policies")]
+
+    @classmethod
+    def tables_with_content_effects(
+        cls, reads: CatalogReads, database: str, names: tuple[str, str]
+    ) -> set[str]:
+        """Which of ``names`` have a mutation in flight or a row policy now (read again)."""
+        sql = dict(cls.content_effect_reads(database, names))
+        found = {text_field(m, "table", reads) for m in reads.rows("mutations", sql["mutations"])}
+        for policy in reads.rows("row_policies", sql["row_policies"]):
+            table = text_field(policy, "table", reads)
+            found |= set(names) if table == "" else {table}
+        return found
+
     def blockers(
         self, database: str, name: str, row: Mapping[str, Any], reads: CatalogReads
     ) -> list[Blocker]:
