@@ -64,12 +64,13 @@ class CatalogReads:
         """Ask ``reads`` in one request, for the :meth:`rows` calls that will ask them.
 
         Only a saving of round trips, never a source of answers: if the batch ran and
-        failed (the server's error for one of its reads, an answer of another shape) or
-        its answer is over the response budget, nothing is kept and each read is then
-        asked on its own, with its own query id and its own precise failure. A batch
-        lost on the way or cut by its deadline is that failure (never asked again). A kept answer is taken
-        once, by the first read of the same purpose and SQL, and names the batch's
-        query id.
+        failed (the server's error for one of its reads), its answer is over the
+        response budget, or its JSON is not the batch's shape, nothing is kept and
+        each read is then asked on its own, with its own query id and its own precise
+        failure. A batch lost on the way, cut by its deadline, or answered with output
+        that is not JSON at all is that failure (never asked again). A kept answer is
+        taken once, by the first read of the same purpose and SQL, and names the
+        batch's query id.
         """
         wanted = list(dict.fromkeys(r for r in reads if r not in self._ready))
         if len(wanted) < 2:
