@@ -26,6 +26,7 @@ from dpone.publication.catalog.contents import MEMO
 from dpone.publication.catalog.reads import CatalogReads
 from tests import chhttp
 from tests.conftest import CATALOG_PASSWORD, SESSION_USERS
+from tests.profile_settings import ProfileSettings
 
 DB = "dpone_batch_t"
 TRUSTED = frozenset({ADMIN_USER, *(u.name for u in SESSION_USERS)}) - {"cat_writer"}
@@ -352,16 +353,3 @@ def test_a_profile_applying_mutations_on_the_fly_never_changes_a_kept_digest(
         assert asked == 0 and contents(settled) == contents(first)
     finally:
         sql(server, f"SYSTEM START MERGES {DB}.{generation}")
-
-
-class ProfileSettings:
-    """A catalog port whose requests carry settings a user's profile could set."""
-
-    name = "http"
-
-    def __init__(self, inner: HttpTransport, **settings: str) -> None:
-        self.inner, self.settings = inner, tuple(settings.items())
-
-    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
-        changed = dataclasses.replace(request, settings=(*request.settings, *self.settings))
-        return self.inner.execute(changed, deadline=deadline)

@@ -3,7 +3,6 @@ closure proofs on the managed server (plus fakes for samples a real server canno
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import uuid
@@ -42,6 +41,7 @@ from tests.integration.test_snapshot_executor import (
     new_gate,
     scope_with,
 )
+from tests.profile_settings import ProfileSettings
 
 DIGEST = "0123456789abcdef" * 2
 SLOT = TargetSlot(DB, "target_authority")
@@ -410,19 +410,6 @@ def test_a_start_cut_by_an_earlier_server_process_is_settled_by_the_restart(pool
     same = close(process_started_us=10)  # the start was this process's: still unfinished
     assert not same.proven and "query_log_unfinished" in same.facts["unproven"]
     assert same.facts["query_log"]["unfinished"] == ["cut-q"]
-
-
-class ProfileSettings:
-    """The real closer port, each request carrying settings a user's profile could set."""
-
-    name = "http"
-
-    def __init__(self, inner: HttpTransport, **settings: str) -> None:
-        self.inner, self.settings = inner, tuple(settings.items())
-
-    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
-        changed = dataclasses.replace(request, settings=(*request.settings, *self.settings))
-        return self.inner.execute(changed, deadline=deadline)
 
 
 def test_a_closers_profile_cannot_turn_an_empty_sample_into_an_error(pool: Pool) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from dpone.errors import StateError
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import check_attempt_id, read
-from dpone.sql import quote_literal
+from dpone.sql import in_list, quote_literal
 
 STAGING_PREFIX = "dpone_stage_"
 # Attempt ids may hold letters, digits, "_", "-" and ".". Letters and digits stay as
@@ -126,13 +126,12 @@ def observe_ownerships(
     wanted = sorted(set(tables))
     if not wanted:
         return {}
-    names = "(" + ", ".join(quote_literal(t) for t in wanted) + ")"
     where = f"database = {quote_literal(database)} AND "
     query_id = next_id()
     rows = transport.execute(
         read(
             f"SELECT name, toString(uuid) AS uuid FROM system.tables WHERE {where}name IN "
-            f"{names} FORMAT JSONEachRow",
+            f"{in_list(wanted)} FORMAT JSONEachRow",
             query_id,
         ),
         deadline=deadline,
@@ -147,10 +146,9 @@ def observe_ownerships(
         uuids[name] = uuid
     if not uuids:
         return {}
-    present = "(" + ", ".join(quote_literal(t) for t in sorted(uuids)) + ")"
     columns = transport.execute(
         read(
-            f"SELECT table, comment FROM system.columns WHERE {where}table IN {present} "
+            f"SELECT table, comment FROM system.columns WHERE {where}table IN {in_list(sorted(uuids))} "
             "AND position = 1 FORMAT JSONEachRow",
             next_id(),
         ),

@@ -112,7 +112,6 @@ class ConnectionPool:
         self._clock = clock
         self._lock = threading.Lock()
         self._idle: dict[ConnectionKey, list[_Idle]] = {}
-        self._pid = os.getpid()
         self._requests = 0
         self._connections = 0
 
@@ -120,7 +119,6 @@ class ConnectionPool:
         """A live idle connection to ``key`` and how many requests it has carried."""
         while True:
             with self._lock:
-                self._forget_after_fork()
                 idle = self._idle.get(key)
                 if not idle:
                     return None
@@ -141,7 +139,6 @@ class ConnectionPool:
             self.discard(connection)
             return
         with self._lock:
-            self._forget_after_fork()
             idle = self._idle.setdefault(key, [])
             idle.append(_Idle(connection, usable_until, served))
             overflow = idle[:-IDLE_PER_KEY]
@@ -175,18 +172,12 @@ class ConnectionPool:
         with self._lock:
             return Traffic(self._requests, self._connections)
 
-    def _forget_after_fork(self) -> None:
-        # A child process must not send on its parent's sockets: it starts empty.
-        if os.getpid() != self._pid:
-            self._idle.clear()
-            self._pid = os.getpid()
-
     def after_fork(self) -> None:
         """In a forked child: a new lock (the parent's may have been held by another
-        thread at the fork) and no connection of the parent's."""
+        thread at the fork) and no connection of the parent's (a child must never send
+        on its parent's sockets)."""
         self._lock = threading.Lock()
         self._idle = {}
-        self._pid = os.getpid()
 
 
 def _quiet(connection: Reusable) -> bool:

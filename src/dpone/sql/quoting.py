@@ -8,6 +8,8 @@ printable and cannot be cut short by a C-string boundary.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 _ESCAPES = {
     "\\": "\\\\",
     "\0": "\\0",
@@ -36,6 +38,11 @@ def _escape(text: str, quote: str) -> str:
 def quote_literal(value: str) -> str:
     """Return ``value`` as a single-quoted ClickHouse string literal."""
     return _escape(value, "'")
+
+
+def in_list(values: Iterable[str]) -> str:
+    """``('a', 'b')``: the values as a SQL IN list of quoted literals."""
+    return "(" + ", ".join(quote_literal(v) for v in values) + ")"
 
 
 def quote_identifier(name: str) -> str:

@@ -60,12 +60,11 @@ from dpone.publication.catalog.reads import (
     Read,
     catalog_query_id,
     count_field,
-    in_list,
     text_field,
 )
 from dpone.publication.catalog.side_effects import SideEffects
 from dpone.publication.catalog.sql import column_elements, column_ttls, engine_clauses
-from dpone.sql import quote_literal
+from dpone.sql import in_list, quote_literal
 
 __all__ = [
     "DEFAULT_TIMEOUT_SECONDS",

@@ -10,11 +10,12 @@ whatever changes rows (an insert, a merge, a mutation, a lightweight delete or u
 an attach, a truncate) changes the set of active parts, names or hashes.
 
 So the process keeps each digest under that key (:data:`MEMO`), and an observation
-that finds its key takes the digest instead of asking for it again. A digest is kept
-only when the parts read before it equal the parts read after it, in the
-observation's recheck: it belongs to exactly that set of parts. An observation that
-took a kept digest and then sees other parts at its recheck asks for the digest after
-all. Nothing else is kept, and nothing is kept across processes.
+that finds its key takes the digest instead of asking for it again. Only a plain
+MergeTree table with no blocker qualifies (:func:`content_key`). A digest is kept only
+when the parts read before it equal the parts read after it, in the observation's
+recheck, and no mutation in flight or row policy is found then: it belongs to exactly
+that set of parts. An observation that took a kept digest and then sees other parts at
+its recheck is refused. Nothing else is kept, and nothing is kept across processes.
 """
 
 from __future__ import annotations
@@ -99,8 +100,7 @@ class ContentMemo:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._kept: OrderedDict[ContentKey, dict[str, Any]] = OrderedDict()
-        self.computed = 0  # digests asked of the server (a count for reports and benches)
-        self.reused = 0
+        self.computed = 0  # digests asked of the server (what the tests count)
 
     def get(self, key: ContentKey) -> dict[str, Any] | None:
         """The content kept for ``key`` (a copy), or None."""
@@ -109,7 +109,6 @@ class ContentMemo:
             if found is None:
                 return None
             self._kept.move_to_end(key)
-            self.reused += 1
             return dict(found)
 
     def put(self, key: ContentKey, content: Mapping[str, Any]) -> None:
@@ -124,11 +123,6 @@ class ContentMemo:
         """One digest is being asked of the server."""
         with self._lock:
             self.computed += 1
-
-    def clear(self) -> None:
-        """Forget every kept digest."""
-        with self._lock:
-            self._kept.clear()
 
 
 MEMO = ContentMemo()

@@ -3,8 +3,8 @@
 Any failed, partial or malformed answer raises :class:`CatalogUnobservable` instead of
 turning into an empty list or a zero. Reads an observation knows it will make can be
 asked together first, in one request (:meth:`CatalogReads.prefetch`): each answer is
-then taken by the read it belongs to, and a batch that fails in any way leaves every
-read to be asked on its own, as if there had been no batch.
+then taken by the read it belongs to; a batch that ran and failed, or was too large,
+leaves every read to be asked on its own, as if there had been no batch.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from dpone.errors import DeadlineError, DponeError, StateError, TransportError
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_errors import ClickHouseServerError
 from dpone.ports.clickhouse_request import read
-from dpone.sql import quote_literal
 
 _PURPOSE = re.compile(r"[a-z0-9_]{1,32}")
 _UNKNOWN_TABLE = 60
@@ -163,8 +162,3 @@ def count_field(row: Mapping[str, Any], key: str, reads: CatalogReads) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise reads.malformed(key, row)
     return value
-
-
-def in_list(names: Sequence[str]) -> str:
-    """``('a', 'b')``: the names as a SQL IN list of quoted literals."""
-    return "(" + ", ".join(quote_literal(n) for n in names) + ")"

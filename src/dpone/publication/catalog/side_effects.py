@@ -14,9 +14,9 @@ from typing import Any
 
 from dpone.ports.composition_snapshot import Blocker
 from dpone.publication.catalog.grants import ServerAccess
-from dpone.publication.catalog.reads import CatalogReads, Read, in_list, text_field
+from dpone.publication.catalog.reads import CatalogReads, Read, text_field
 from dpone.publication.catalog.writers import WriterTables
-from dpone.sql import quote_literal
+from dpone.sql import in_list, quote_literal
 
 
 @dataclass(frozen=True)
