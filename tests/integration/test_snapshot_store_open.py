@@ -9,12 +9,14 @@ proven gone; an operator's end is recorded beside it, and the row is kept.
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from dpone.errors import DponeError
 from dpone.publication.holder_process import Liveness, current_process, holder_liveness
 from dpone.publication.store import (
     SnapshotStoreError,
@@ -135,3 +137,34 @@ def test_holder_liveness_decides_only_from_kernel_facts() -> None:
 def _start_ticks(pid: int) -> int:
     text = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
     return int(text.rpartition(")")[2].split()[19])
+
+
+def test_last_leases_and_one_lease_are_read_without_the_rest_of_the_history(
+    tmp_path: Path,
+) -> None:
+    store = SqliteSnapshotStore(tmp_path / "store.sqlite")
+    issued = []
+    for n, user in enumerate(["u1", "u2", "u1", "u1", "u2"]):
+        lease = store.lease("ingest", (user,), f"a-{n}")
+        issued.append(lease)
+        if n < 4:  # the last one stays active
+            store.end_lease(lease.lease_id)
+            store.note_step(lease_step_key(lease.lease_id), {"step": "closure", "proven": True})
+    # A note no reader can decode, first under a lease that is neither user's last:
+    # only a read of the whole history meets it.
+    with sqlite3.connect(tmp_path / "store.sqlite") as conn:
+        conn.execute(
+            "INSERT INTO steps (id, key, facts, at) VALUES (-1, ?, ?, ?)",
+            (lease_step_key(issued[0].lease_id), b"{not json", "2026-01-01T00:00:00.000000Z"),
+        )
+    with pytest.raises(DponeError):
+        store.lease_records(active_only=False)
+    last = store.last_lease_records()
+    assert [r.lease.lease_id for r in last] == [issued[3].lease_id, issued[4].lease_id]
+    assert [r.lease.active for r in last] == [False, True]
+    assert all(r.holder == current_process() for r in last)
+    found = store.lease_record(issued[2].lease_id)
+    assert found is not None and found[0].lease.lease_id == issued[2].lease_id
+    assert found[1] is True  # u1 was leased again after it
+    assert store.lease_record(issued[3].lease_id) == (last[0], False)
+    assert store.lease_record("no-such-lease") is None

@@ -135,6 +135,19 @@ def test_intent_round_trip_keeps_exact_bytes_and_digest() -> None:
     assert (rebuilt.raw, rebuilt.sha256) == (data, intent.sha256)
 
 
+def test_a_parsed_intent_is_kept_and_a_refused_one_refused_again() -> None:
+    data = dumps(intent_document())
+    first = SnapshotIntent.from_bytes(data)
+    # The same bytes (another object, as a store read returns them): the same intent.
+    assert SnapshotIntent.from_bytes(bytearray(data)) is first
+    doc = intent_document()
+    doc["attempt"]["slot_epoch"] = -1
+    bad = dumps(doc)
+    refused = code_of(bad, SnapshotIntent.from_bytes)
+    assert refused is not None
+    assert code_of(bad, SnapshotIntent.from_bytes) == refused  # never kept: raised again
+
+
 def _paths(doc: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     out = []
     for key, value in doc.items():

@@ -233,10 +233,8 @@ def unproven_closures(store: SqliteSnapshotStore) -> list[LeaseRecord]:
     Each one's pool user blocks ``prepare`` of any table it can write
     (``writer_grant``) until :func:`close_lease` proves the closure.
     """
-    last: dict[str, LeaseRecord] = {}
-    for record in store.lease_records(active_only=False):
-        last[record.lease.user] = record
-    return [r for r in last.values() if not r.lease.active and not store.closure_proven(r.lease)]
+    last = store.last_lease_records()
+    return [r for r in last if not r.lease.active and not store.closure_proven(r.lease)]
 
 
 def close_lease(parts: PublicationComponents, lease_id: str) -> ClosureProof:

@@ -340,7 +340,7 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
         HttpTransport(endpoint, credentials[CATALOG_USER]),
         trusted_users=access.trusted_writers() | {CATALOG_USER, CLOSER_USER},
         allowed_writers=lease_allowance(
-            lambda: [r.lease for r in store.lease_records(active_only=False)],
+            lambda: [r.lease for r in store.last_lease_records()],
             closure_proven=store.closure_proven,
             pool=pool_names(),
         ),

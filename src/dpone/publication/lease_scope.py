@@ -82,17 +82,14 @@ def micros(at: str) -> int:
 
 def lease_scope(store: SqliteSnapshotStore, principal: PrincipalRef) -> LeaseScope:
     """The scope of ``principal``'s lease as the store holds it now."""
-    records = store.lease_records(active_only=False)
-    mine = [r for r in records if r.lease.lease_id == principal.lease_id]
-    if len(mine) != 1:
+    found = store.lease_record(principal.lease_id)
+    if found is None:
         raise StateError(
             f"lease {principal.lease_id} is not in the store",
             code="lease_not_found",
             lease_id=principal.lease_id,
         )
-    record = mine[0]
-    position = records.index(record)
-    relet = any(r.lease.user == record.lease.user for r in records[position + 1 :])
+    record, relet = found
     marks: list[str] = []
     sessions: list[SessionUse] = []
     if record.lease.role == ROLE_INGEST:

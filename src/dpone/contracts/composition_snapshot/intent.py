@@ -6,6 +6,7 @@ exact canonical bytes that were stored, never of a re-serialisation.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -122,7 +123,16 @@ class SnapshotIntent:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SnapshotIntent:
-        """Parse exact canonical intent bytes; refuse anything else (see class doc)."""
+        """Parse exact canonical intent bytes; refuse anything else (see class doc).
+
+        The same bytes always parse to the same immutable intent, so the last
+        :data:`PARSED_INTENTS_KEPT` parses are kept: a store's listing, read at each
+        observation, costs its own parse once per process, not once per read.
+        """
+        return _parsed_intent(bytes(data))
+
+    @classmethod
+    def _parse(cls, data: bytes) -> SnapshotIntent:
         obj = canonical_json.loads(data, what="snapshot intent")
         doc = members(obj, _INTENT_SPEC, where="intent")
         check_header(doc, "intent_version", INTENT_KIND, INTENT_VERSION, where="intent")
@@ -159,6 +169,15 @@ class SnapshotIntent:
                 where="intent.generation",
             )
         return intent
+
+
+# A refused document is never kept: its error is raised again at every parse.
+PARSED_INTENTS_KEPT = 4096
+
+
+@functools.lru_cache(maxsize=PARSED_INTENTS_KEPT)
+def _parsed_intent(data: bytes) -> SnapshotIntent:
+    return SnapshotIntent._parse(data)
 
 
 class _Check(Protocol):

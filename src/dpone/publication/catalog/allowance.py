@@ -39,7 +39,8 @@ def allowed_pool_users(
 ) -> frozenset[str]:
     """The pool users allowed to hold write grants now (see the module doc).
 
-    ``leases`` are every lease ever issued, oldest first (the store's order).
+    ``leases`` are oldest first (the store's order): every lease ever issued, or only
+    each user's last one; the last one seen of each user decides.
     """
     last: dict[str, Lease] = {}
     for lease in leases:
@@ -60,7 +61,7 @@ def lease_allowance(
     """An :data:`AllowedWriters` over the leases as they are at each observation.
 
     ``leases`` is called once per observation (for example
-    ``lambda: [r.lease for r in store.lease_records(active_only=False)]``).
+    ``lambda: [r.lease for r in store.last_lease_records()]``).
     """
     members = frozenset(pool)
 

@@ -18,7 +18,6 @@ from dpone.ports.composition_snapshot import (
     ClickHouseSnapshotCatalog,
     ClickHouseSnapshotExecutor,
     ClosureProof,
-    Lease,
     SnapshotPublicationAuthority,
     SnapshotPublicationStore,
     TargetSlot,
@@ -26,7 +25,7 @@ from dpone.ports.composition_snapshot import (
 from dpone.publication.holder_process import Liveness, current_process, holder_liveness
 from dpone.publication.publisher.receipts import SnapshotPublicationError, utc_now
 from dpone.publication.publisher.records import principal_ref
-from dpone.publication.store import LeaseRecord, SqliteSnapshotStore
+from dpone.publication.store import SqliteSnapshotStore
 
 # How long a caller that lost the claim waits for the winner's outcome, and how often
 # it looks. The wait only delays the loser's answer; it never changes what happens.
@@ -48,9 +47,7 @@ def closing_elsewhere(store: object) -> bool:
     """
     if not isinstance(store, SqliteSnapshotStore):
         return False
-    last: dict[str, LeaseRecord] = {}
-    for record in store.lease_records(active_only=False):
-        last[record.lease.user] = record  # oldest first: the last one is the latest
+    last = {record.lease.user: record for record in store.last_lease_records()}
     here = current_process().pid
     for record in last.values():
         if record.lease.active or store.closure_proven(record.lease):
@@ -67,9 +64,7 @@ def allowance_inputs(store: object) -> frozenset[tuple[str, str, bool, bool]]:
     active, closure proven). It changes when a lease is issued, ends or is proven."""
     if not isinstance(store, SqliteSnapshotStore):
         return frozenset()
-    last: dict[str, Lease] = {}
-    for record in store.lease_records(active_only=False):
-        last[record.lease.user] = record.lease  # oldest first: the last one is the latest
+    last = {record.lease.user: record.lease for record in store.last_lease_records()}
     return frozenset(
         (user, lease.lease_id, lease.active, not lease.active and store.closure_proven(lease))
         for user, lease in last.items()

@@ -29,6 +29,7 @@ from dpone.publication.store.steps import append_step
 _LEASE_COLUMNS = "lease_id, user, role, attempt_id, active"  # the order _lease reads
 # The step of a closure's proof under the lease's key (see the module doc).
 CLOSURE_STEP = "closure"
+_LEASE_KEY_PREFIX = "lease/"
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class LeaseRecord:
 
 def lease_step_key(lease_id: str) -> str:
     """The ``steps`` key under which a lease's holder and its operator end are noted."""
-    return f"lease/{lease_id}"
+    return f"{_LEASE_KEY_PREFIX}{lease_id}"
 
 
 class PrincipalLeases(StoreConnections):
@@ -125,17 +126,51 @@ class PrincipalLeases(StoreConnections):
 
     def lease_records(self, *, active_only: bool = True) -> list[LeaseRecord]:
         """Leases (by default the active ones), oldest first, with their holder process."""
-        where = " WHERE l.active = 1" if active_only else ""
-        with self._reading("lease_records") as conn:
+        return self._records("lease_records", " WHERE l.active = 1" if active_only else "")
+
+    def last_lease_records(self) -> list[LeaseRecord]:
+        """Each pool user's last lease (active or ended), oldest first, with its holder.
+
+        What a writer allowance and a closure check decide by; read without the rest of
+        the history, so its cost does not grow with every lease the store ever issued.
+        """
+        where = " WHERE l.rowid IN (SELECT max(rowid) FROM leases GROUP BY user)"
+        return self._records("last_lease_records", where)
+
+    def lease_record(self, lease_id: str) -> tuple[LeaseRecord, bool] | None:
+        """One lease with its holder, and whether its user was leased again after it
+        (None: no such lease was issued)."""
+        found = self._records("lease_record", " WHERE l.lease_id = ?", (lease_id,))
+        if not found:
+            return None
+        with self._reading("lease_record") as conn:
+            later = conn.execute(
+                "SELECT 1 FROM leases WHERE user = ? AND rowid > "
+                "(SELECT rowid FROM leases WHERE lease_id = ?) LIMIT 1",
+                (found[0].lease.user, lease_id),
+            ).fetchone()
+        return found[0], later is not None
+
+    def _records(
+        self, operation: str, where: str, parameters: tuple[str, ...] = ()
+    ) -> list[LeaseRecord]:
+        """The leases ``where`` selects, with only their own notes read (never the
+        whole history's)."""
+        with self._reading(operation) as conn:
             rows = conn.execute(
                 f"SELECT {_LEASE_COLUMNS}, issued_at, ended_at FROM leases l{where}"
-                " ORDER BY l.rowid"
+                " ORDER BY l.rowid",
+                parameters,
             ).fetchall()
             notes = conn.execute(
-                "SELECT key, facts FROM steps WHERE key LIKE 'lease/%' ORDER BY id"
+                "SELECT key, facts FROM steps WHERE key IN "
+                f"(SELECT ? || l.lease_id FROM leases l{where}) ORDER BY id",
+                (_LEASE_KEY_PREFIX, *parameters),
             ).fetchall()
         issued: dict[str, Mapping[str, Any]] = {}
         for key, data in notes:
+            if str(key) in issued:
+                continue  # the holder is noted first, in the transaction that issued it
             facts = decode_facts(data)
             if facts.get("step") == "issued":
                 issued[str(key)] = facts
