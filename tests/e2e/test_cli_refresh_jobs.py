@@ -1,8 +1,9 @@
 """``dpone refresh --all --jobs N``: many tables at once (issue 24, item 4).
 
-Before: ``refresh --all`` ran tables one after another. Now N run at once, each in
-its own process with its own lease and report; a failing table does not stop the
-others; a signal reaches every running table once and each says what it left.
+Before: ``refresh --all`` ran tables one after another. Now N run at once, in N
+worker processes, each table with its own lease and report; a failing or killed
+table does not stop the others (its worker is replaced); a signal reaches every
+running table once and each says what it left.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -95,9 +97,70 @@ def test_twenty_tables_with_four_jobs_each_publish_with_their_own_report(
     leases = store.lease_records(active_only=False)
     assert leases and all(not r.lease.active for r in leases)
     assert {r.lease.attempt_id for r in leases} >= {r["attempt_id"] for r in published}
-    text = dpone("refresh", "t00", "t01", "--jobs", "2", "--config", str(config))
+    # Four worker processes took every lease: a process per worker, not per table.
+    holders = {r.holder.pid for r in leases if r.holder is not None}
+    assert 1 <= len(holders) <= 4, holders
+    text = dpone("refresh", "t03", "t00", "t02", "t01", "--jobs", "2", "--config", str(config))
     assert text.returncode == 0, text.stdout + text.stderr
-    assert text.stdout.count(": published 1000 rows") == 2, text.stdout
+    heads = [line.split(" ->")[0] for line in text.stdout.splitlines() if ": published" in line]
+    assert heads == ["t03", "t00", "t02", "t01"], text.stdout  # the order asked for
+    assert text.stdout.count(": published 1000 rows") == 4, text.stdout
+
+
+def _workers(config: Path) -> list[int]:
+    """The pids of the `--jobs` workers running over ``config``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--worker" in argv and str(config).encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_worker_killed_fails_its_table_alone_and_the_rest_are_published(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    config = _project(tmp_path, server, 6, 20_000, "kill")
+    argv = ["refresh", "--all", "--jobs", "2", "--config", str(config), "--json"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dpone", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while len(workers := _workers(config)) < 2:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.3)  # inside its first table
+    os.kill(workers[0], signal.SIGKILL)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 1, (out, err)
+    reports = json.loads(out.splitlines()[-1])["tables"]
+    assert [r["table"] for r in reports] == [f"t{n:02d}" for n in range(6)]
+    failed = [r for r in reports if r["outcome"] != "published"]
+    assert len(failed) == 1, reports
+    error = failed[0]["error"]
+    assert error["code"] == "job_failed", error
+    assert error["details"]["exit_code"] == -signal.SIGKILL, error
+    for report in reports:
+        if report is not failed[0]:
+            assert report["rows"] == 20_000, report
+            assert _count(server["http_port"], report["target"].split(".")[1]) == 20_000
+    # What the killed table left, status names with the command that resolves it.
+    status = as_json(dpone("status", "--config", str(config), "--json"))
+    for item in status["needs_person"]:
+        assert item["command"], item
+        done = dpone(*shlex.split(item["command"])[1:], cwd=tmp_path)
+        assert done.returncode == 0, (item, done.stdout, done.stderr)
+    status = as_json(dpone("status", "--config", str(config), "--json"))
+    assert status["needs_person"] == [], status
+    again = dpone("refresh", failed[0]["table"], "--config", str(config), "--json")
+    assert again.returncode == 0, again.stdout + again.stderr
 
 
 def test_a_signal_reaches_every_running_table_once_and_each_says_what_it_left(

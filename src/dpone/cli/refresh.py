@@ -8,6 +8,8 @@ that every ``--json`` prints exactly one object holds here too).
 from __future__ import annotations
 
 import signal
+import sys
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -108,6 +110,9 @@ def preflight(project: Project, tables: list[TableConfig]) -> None:
     "or publish the new design (default: each table's `on_design_change`, else refuse).",
 )
 @json_option
+# A `--jobs` run's worker: the tables come one per line on standard input, and each
+# report is printed as one line `{"report": ...}` as its table ends (cli/refresh_jobs.py).
+@click.option("--worker", is_flag=True, hidden=True)
 def refresh(
     names: tuple[str, ...],
     every: bool,
@@ -117,6 +122,7 @@ def refresh(
     jobs: int | None,
     design_change: str | None,
     as_json: bool,
+    worker: bool,
 ) -> None:
     """Export, stage, prepare, guard and publish each table; report what happened.
 
@@ -124,6 +130,9 @@ def refresh(
     """
     with reported_errors(as_json):
         project = load_project(config_path)
+        if worker:
+            _serve(project, allow_shrink, design_change)
+            return
         tables = select_tables(project, names, every)
         preflight(project, tables)
         jobs = min(jobs or project.jobs, len(tables))
@@ -136,13 +145,7 @@ def refresh(
         progress: PhaseProgress | JobProgress | None = (
             PhaseProgress() if TerminalProgress.on_terminal(as_json) else JobProgress.from_env()
         )
-        service = RefreshService(
-            project,
-            allow_shrink=allow_shrink,
-            design_change=design_change,
-            progress=progress,
-            done=progress.finish if progress is not None else None,
-        )
+        service = _service(project, allow_shrink, design_change, progress)
         reports: list[TableReport] = []
         for table in tables:
             stopped = reports and (reports[-1].interrupted or (fail_fast and not reports[-1].ok))
@@ -158,6 +161,32 @@ def refresh(
         finish_runs(reports, as_json, lambda: {"tables": [r.to_dict() for r in reports]})
 
 
+def _service(
+    project: Project,
+    allow_shrink: bool,
+    design_change: str | None,
+    progress: PhaseProgress | JobProgress | None,
+) -> RefreshService:
+    return RefreshService(
+        project,
+        allow_shrink=allow_shrink,
+        design_change=design_change,
+        progress=progress,
+        done=progress.finish if progress is not None else None,
+    )
+
+
+def _serve(project: Project, allow_shrink: bool, design_change: str | None) -> None:
+    """Refresh each table named on standard input, one at a time, until its end."""
+    service = _service(project, allow_shrink, design_change, JobProgress.from_env())
+    while line := sys.stdin.readline():
+        table = select_tables(project, (line.strip(),), False)[0]
+        report = service.refresh(table)
+        emit_json({"report": report.to_dict()})
+        if report.interrupted:  # the run stops: no next table
+            raise SystemExit(128 + signal.Signals[report.interrupted])
+
+
 def _refresh_jobs(
     config_path: Path,
     tables: list[TableConfig],
@@ -167,11 +196,15 @@ def _refresh_jobs(
     as_json: bool,
 ) -> None:
     on_terminal = TerminalProgress.on_terminal(as_json)
+    # Text reports in the project's order, each as soon as every earlier one is shown.
+    unshown = deque(t.name for t in tables)
+    held: dict[str, dict[str, Any]] = {}
 
     def show(report: dict[str, Any]) -> None:
-        if not as_json:
+        held[str(report["table"])] = report
+        while not as_json and unshown and unshown[0] in held:
             TerminalProgress.finish()
-            _echo(TableReport(**report))
+            _echo(TableReport(**held[unshown.popleft()]))
 
     shown = [""]
 
@@ -192,9 +225,10 @@ def _refresh_jobs(
     )
     TerminalProgress.finish()
     reports = [TableReport(**d) for d in documents]
-    if not as_json:
-        for skipped in (r for r in reports if r.outcome == "skipped"):
-            _echo(skipped)
+    if not as_json:  # those held behind a table never reported, and the skipped
+        for report in reports:
+            if report.table in unshown:
+                _echo(report)
     finish_runs(reports, as_json, lambda: {"tables": documents, "jobs": jobs}, stopped_by)
 
 

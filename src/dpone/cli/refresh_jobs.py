@@ -1,12 +1,18 @@
-"""``dpone refresh --jobs N``: N tables at once, each in its own ``dpone refresh`` process.
+"""``dpone refresh --jobs N``: N tables at once, in N worker processes.
 
-A process per table, not a thread: each run keeps what a single refresh has (its own
-attempt, leases, signal handling and one JSON report), the two cores are both used
-(the export renders in the process that reads), and a table that fails or crashes
-cannot take another down. The children run in their own sessions, so a terminal's
-Ctrl-C reaches them once, forwarded by this process, never twice (a second signal
-would cut their ending short). A signal here stops starting tables, is forwarded to
-every running one, and their reports (each saying what it left) are awaited.
+Each worker is one ``dpone refresh --worker`` process that refreshes the tables this
+process hands it, one at a time, named on its standard input; it prints one report
+line per table. A process, not a thread: each table keeps what a single refresh has
+(its own attempt, leases, signal handling and report), both cores are used (the
+export renders in the process that reads) and a crash takes one worker down, never
+the others. A worker pays start-up, imports and the pool's credentials once for all
+the tables it runs, not once per table.
+
+The workers run in their own sessions, so a terminal's Ctrl-C reaches them once,
+forwarded by this process, never twice (a second signal would cut their ending
+short). A signal here stops handing out tables, is forwarded to every worker running
+one, and their reports (each saying what it left) are awaited; an idle worker is sent
+no signal: its input is closed and it ends.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -95,12 +101,48 @@ def _read_progress(path: Path) -> dict[str, Any] | None:
 
 
 @dataclass
-class _Child:
-    table: TableConfig
+class _Worker:
+    """One worker process, the table it runs now (None: idle) and what it printed."""
+
     process: subprocess.Popen[bytes]
-    stdout: IO[bytes]
     stderr: IO[bytes]
     progress: Path
+    table: TableConfig | None = None
+    pending: bytearray = field(default_factory=bytearray)
+    refusal: dict[str, Any] | None = None  # an error it printed instead of a report
+
+    def hand(self, table: TableConfig) -> None:
+        """Name the next table on the worker's input (a worker already gone says so
+        when it is reaped: the table is then reported failed with what it printed)."""
+        self.table = table
+        with contextlib.suppress(FileNotFoundError):
+            self.progress.unlink()  # the last table's phase is not this one's
+        assert self.process.stdin is not None
+        with contextlib.suppress(OSError):
+            self.process.stdin.write(table.name.encode("utf-8") + b"\n")
+            self.process.stdin.flush()
+
+    def close_input(self) -> None:
+        """No more tables: the worker ends once its table (if any) is reported."""
+        assert self.process.stdin is not None
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()
+
+    def lines(self) -> list[dict[str, Any]]:
+        """The complete lines the worker printed since the last call, parsed."""
+        assert self.process.stdout is not None
+        with contextlib.suppress(BlockingIOError):
+            while chunk := self.process.stdout.read(65536):
+                self.pending += chunk
+        *complete, rest = bytes(self.pending).split(b"\n")
+        self.pending = bytearray(rest)
+        parsed = []
+        for line in complete:
+            with contextlib.suppress(ValueError):
+                document = json.loads(line)
+                if isinstance(document, dict):
+                    parsed.append(document)
+        return parsed
 
 
 def run_jobs(
@@ -121,64 +163,137 @@ def run_jobs(
     phase, rows and rate (a terminal's status line).
     """
     with tempfile.TemporaryDirectory(prefix="dpone-jobs-") as progress_dir:  # 0700
-        return _run(
-            config_path,
-            tables,
-            jobs,
-            options,
-            fail_fast,
-            on_report,
-            on_change,
-            Path(progress_dir),
-        )
-
-
-def _run(
-    config_path: Path,
-    tables: list[TableConfig],
-    jobs: int,
-    options: list[str],
-    fail_fast: bool,
-    on_report: Callable[[dict[str, Any]], None],
-    on_change: Callable[[list[str], int, int], None] | None,
-    progress_dir: Path,
-) -> tuple[list[dict[str, Any]], str | None]:
-    waiting = deque(tables)
-    running: list[_Child] = []
-    reports: dict[str, dict[str, Any]] = {}
-    stopped: signal.Signals | None = None
-    while waiting or running:
-        try:
-            while waiting and len(running) < jobs and stopped is None:
-                with _signals_held():  # a started child is always in `running`
-                    table = waiting.popleft()
-                    progress = progress_dir / f"{len(reports) + len(running)}.json"
-                    running.append(_start(config_path, table, options, progress))
-            for child in [c for c in running if c.process.poll() is not None]:
-                with _signals_held():  # an ended child's report is never lost
-                    running.remove(child)
-                    report = _report_of(child)
-                    reports[child.table.name] = report
-                on_report(report)
-                if report.get("interrupted") and stopped is None:
-                    stopped = signal.Signals[str(report["interrupted"])]
-                if fail_fast and not report.get("ok") and stopped is None:
-                    waiting.clear()
-            _changed(on_change, running, reports, waiting)
-            time.sleep(POLL_SECONDS)
-        except BaseException as exc:
-            signum = interruption_signal(exc)
-            if signum is None:
-                for child in running:  # a bug here: the children still end as theirs do
-                    child.process.send_signal(signal.SIGTERM)
-                raise
-            stopped = signum
-            waiting.clear()
-            for child in running:
-                if child.process.poll() is None:
-                    child.process.send_signal(signum)
-    done = [reports.get(t.name) or _skipped(config_path, t, stopped) for t in tables]
+        run = _Run(config_path, options, Path(progress_dir), on_report)
+        stopped = run.drive(deque(tables), jobs, fail_fast, on_change)
+    done = [run.reports.get(t.name) or _skipped(config_path, t, stopped) for t in tables]
     return done, stopped.name if stopped is not None else None
+
+
+class _Run:
+    """The workers of one ``--jobs`` run and the reports they gave."""
+
+    def __init__(
+        self,
+        config_path: Path,
+        options: list[str],
+        progress_dir: Path,
+        on_report: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self.config_path, self.options = config_path, options
+        self.progress_dir, self.on_report = progress_dir, on_report
+        self.workers: list[_Worker] = []
+        self.reports: dict[str, dict[str, Any]] = {}
+        self.stopped: signal.Signals | None = None
+        self.closed = False  # no table will be handed out any more
+
+    def drive(
+        self,
+        waiting: deque[TableConfig],
+        jobs: int,
+        fail_fast: bool,
+        on_change: Callable[[list[str], int, int], None] | None,
+    ) -> signal.Signals | None:
+        """Hand out ``waiting`` until every table is reported (or the run stops)."""
+        while waiting or self.workers:
+            try:
+                self._hand_out(waiting, jobs)
+                for worker in list(self.workers):
+                    with _signals_held():  # a report read is never lost
+                        self._collect(worker, fail_fast, waiting)
+                if not waiting and not self.closed:
+                    self._close(waiting)
+                _changed(on_change, self.workers, self.reports, waiting)
+                time.sleep(POLL_SECONDS)
+            except BaseException as exc:
+                signum = interruption_signal(exc)
+                if signum is None:
+                    for worker in self.workers:  # a bug here: the workers end as theirs do
+                        worker.process.send_signal(signal.SIGTERM)
+                    raise
+                self.stopped = self.stopped or signum
+                self._close(waiting)
+                for worker in self.workers:
+                    if worker.table is not None and worker.process.poll() is None:
+                        worker.process.send_signal(signum)
+        return self.stopped
+
+    def _hand_out(self, waiting: deque[TableConfig], jobs: int) -> None:
+        while waiting and not self.closed:
+            idle = next((w for w in self.workers if w.table is None), None)
+            if idle is None and len(self.workers) >= jobs:
+                return
+            with _signals_held():  # a handed-out table always has its worker listed
+                if idle is None:
+                    idle = self._start()
+                    self.workers.append(idle)
+                idle.hand(waiting.popleft())
+
+    def _collect(self, worker: _Worker, fail_fast: bool, waiting: deque[TableConfig]) -> None:
+        """Take the reports ``worker`` printed; reap it once it ended."""
+        ended = worker.process.poll() is not None
+        for document in worker.lines():
+            report = document.get("report")
+            if isinstance(report, dict) and worker.table is not None:
+                self._reported(worker, dict(report), fail_fast, waiting)
+            elif isinstance(document.get("error"), dict):  # refused before a table ran
+                worker.refusal = dict(document["error"])
+        if not ended:
+            return
+        self.workers.remove(worker)
+        worker.stderr.seek(0)
+        err = worker.stderr.read().decode("utf-8", "replace")
+        worker.stderr.close()
+        if worker.table is not None:
+            error = worker.refusal or _no_report(worker, err)
+            self._reported(worker, _failed(worker.table, error), fail_fast, waiting)
+
+    def _reported(
+        self,
+        worker: _Worker,
+        report: dict[str, Any],
+        fail_fast: bool,
+        waiting: deque[TableConfig],
+    ) -> None:
+        assert worker.table is not None
+        self.reports[worker.table.name] = report
+        worker.table = None
+        self.on_report(report)
+        if report.get("interrupted") and self.stopped is None:
+            self.stopped = signal.Signals[str(report["interrupted"])]
+            self._close(waiting)
+        if fail_fast and not report.get("ok"):
+            self._close(waiting)
+
+    def _close(self, waiting: deque[TableConfig]) -> None:
+        """Hand out no more tables (those not started are reported skipped): every
+        worker ends once its table is reported."""
+        waiting.clear()
+        self.closed = True
+        for worker in self.workers:
+            worker.close_input()
+
+    def _start(self) -> _Worker:
+        """A new worker, with the run's own options passed on and its progress file."""
+        argv = [sys.executable, "-m", "dpone", "refresh", "--worker"]
+        argv += ["--config", str(self.config_path), "--json", *self.options]
+        progress = self.progress_dir / f"{len(self.reports) + len(self.workers)}.json"
+        # What it prints on standard error goes to a private file (a pipe could fill
+        # while others run); its reports come through a pipe read at every poll.
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            start_new_session=True,  # a terminal's Ctrl-C is forwarded once, by the parent
+            env={**os.environ, JOB_PROGRESS_ENV: str(progress)},
+            # The worker inherits the signal mask, and it is started with the stopping
+            # signals held (see _signals_held): it must receive them.
+            preexec_fn=_unblock_signals,
+        )
+        assert process.stdout is not None
+        os.set_blocking(process.stdout.fileno(), False)
+        return _Worker(process, stderr, progress)
 
 
 _SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
@@ -201,68 +316,31 @@ def _unblock_signals() -> None:
 
 def _changed(
     on_change: Callable[[list[str], int, int], None] | None,
-    running: list[_Child],
+    workers: list[_Worker],
     reports: dict[str, dict[str, Any]],
     waiting: deque[TableConfig],
 ) -> None:
     if on_change is not None:
-        described = [describe_progress(c.table.name, _read_progress(c.progress)) for c in running]
+        described = [
+            describe_progress(w.table.name, _read_progress(w.progress))
+            for w in workers
+            if w.table is not None
+        ]
         on_change(described, len(reports), len(waiting))
 
 
-def _start(config_path: Path, table: TableConfig, options: list[str], progress: Path) -> _Child:
-    """``options``: the run's own options, passed on to each table's process;
-    ``progress``: the file it writes its progress to."""
-    argv = [sys.executable, "-m", "dpone", "refresh", table.name, "--config", str(config_path)]
-    argv += ["--json", *options]
-    # Private files for what the child prints (a pipe could fill while others run);
-    # closed by _report_of once the child ended.
-    stdout = tempfile.TemporaryFile()  # noqa: SIM115
-    stderr = tempfile.TemporaryFile()  # noqa: SIM115
-    process = subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=stdout,
-        stderr=stderr,
-        start_new_session=True,  # a terminal's Ctrl-C is forwarded once, by the parent
-        env={**os.environ, JOB_PROGRESS_ENV: str(progress)},
-        # The child inherits the signal mask, and it is started with the stopping
-        # signals held (see _signals_held): it must receive them.
-        preexec_fn=_unblock_signals,
-    )
-    return _Child(table, process, stdout, stderr, progress)
-
-
-def _report_of(child: _Child) -> dict[str, Any]:
-    """The child's one report, or a failed one that says why there is none."""
-    child.stdout.seek(0)
-    out = child.stdout.read().decode("utf-8", "replace")
-    child.stderr.seek(0)
-    err = child.stderr.read().decode("utf-8", "replace")
-    child.stdout.close()
-    child.stderr.close()
-    try:
-        document = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        document = None
-    if isinstance(document, dict):
-        tables = document.get("tables")
-        if isinstance(tables, list) and len(tables) == 1 and isinstance(tables[0], dict):
-            return dict(tables[0])
-        if isinstance(document.get("error"), dict):  # refused before any table ran
-            return _failed(child.table, dict(document["error"]))
-    code = child.process.returncode
-    return _failed(
-        child.table,
-        {
-            "code": "job_failed",
-            "message": f"the refresh process of {child.table.name} ended with exit code "
-            f"{code} and no report",
-            # The last line only: what a crash printed before dpone's own error boundary
-            # ran is never passed on whole.
-            "details": {"exit_code": code, "stderr_last_line": _last_line(err)},
-        },
-    )
+def _no_report(worker: _Worker, err: str) -> dict[str, Any]:
+    """The error of a table whose worker ended without reporting it."""
+    assert worker.table is not None
+    code = worker.process.returncode
+    return {
+        "code": "job_failed",
+        "message": f"the worker refreshing {worker.table.name} ended with exit code "
+        f"{code} and no report",
+        # The last line only: what a crash printed before dpone's own error boundary
+        # ran is never passed on whole.
+        "details": {"exit_code": code, "stderr_last_line": _last_line(err)},
+    }
 
 
 def _last_line(text: str) -> str:
