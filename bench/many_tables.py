@@ -1,16 +1,20 @@
-"""Many small tables: `dpone refresh --all --jobs 4` against one table's refresh.
+"""Many small tables: `dpone refresh --all --jobs N` against one table's refresh, and dlt.
 
-Usage: python -m bench.many_tables [--tables 20] [--rows 1000] [--jobs 4] [--runs 3]
-                                   [--sequential] [--keep DIR]
+Usage: python -m bench.many_tables [--tables 20] [--rows 2000] [--jobs 4] [--runs 3]
+                                   [--sequential] [--peer dlt] [--peer-venv DIR]
+                                   [--keep DIR]
 
-Generates ``tables`` SQLite sources of ``rows`` mixed rows each (the source of
-:mod:`bench.refresh`), starts a managed server of its own and measures, in the same
+Generates one SQLite source of ``tables`` tables of ``rows`` mixed rows each (the rows
+of :mod:`bench.refresh`), starts a managed server of its own and measures, in the same
 run, each as a user runs it (a child process, ``--json``) after a first refresh that
 created the targets:
 
 - one such table alone (``dpone refresh t00``): the baseline;
-- all of them with ``--jobs N``;
-- with ``--sequential``, all of them one after another (``--jobs 1``) too.
+- all of them with ``--all --jobs N``;
+- with ``--sequential``, all of them in one process (``--jobs 1``) too;
+- with ``--peer dlt``, dlt's fastest full replace of the same tables in one pipeline
+  run (:mod:`bench.peer_dlt`: ``sql_database``, pyarrow, parquet, ``staging-optimized``),
+  alternating with dpone's ``--all`` runs.
 
 Medians of ``runs``; every run must publish every table. The machine may be shared:
 the figures are one run's, not a controlled measurement.
@@ -29,19 +33,21 @@ from pathlib import Path
 from typing import Any
 
 from bench import compile_bytecode
-from bench.refresh import DATABASE, dpone, generate
+from bench.refresh import DATABASE, _post, dpone, generate
+from dpone.localserver.credentials import admin_credentials
 
 
 def _project(work: Path, data_dir: Path, tables: int, rows: int) -> Path:
     text = (
         '[project]\nwork_dir = "work"\nstore = "store.sqlite"\n'
         f'[clickhouse]\ndata_dir = "{data_dir}"\n'
+        '[sources.src]\nkind = "sqlite"\npath = "many.db"\n'
     )
+    (work / "many.db").unlink(missing_ok=True)
     for n in range(tables):
-        generate(work / f"t{n:02d}.db", rows, seed=n)
-        text += f'[sources.s{n:02d}]\nkind = "sqlite"\npath = "t{n:02d}.db"\n'
+        generate(work / "many.db", rows, seed=n, table=f"t{n:02d}")
         text += (
-            f'[tables.t{n:02d}]\nsource = "s{n:02d}"\ntable = "items"\n'
+            f'[tables.t{n:02d}]\nsource = "src"\ntable = "t{n:02d}"\n'
             f'target = "{DATABASE}.many_{n:02d}"\norder_by = "id"\n'
         )
     config = work / "dpone.toml"
@@ -60,51 +66,91 @@ def _timed(argv: list[str], tables: int) -> float:
     return took
 
 
-def measure(work: Path, tables: int, rows: int, jobs: int, runs: int, sequential: bool) -> None:
+class _Peer:
+    """dlt, run beside dpone over the same tables of the same server."""
+
+    def __init__(self, work: Path, data_dir: Path, info: dict[str, Any], venv: Path | None):
+        from bench import peer_dlt
+
+        self.peer_dlt, self.work = peer_dlt, work
+        self.python = peer_dlt.ensure_venv(venv or peer_dlt.default_venv())
+        credentials = admin_credentials(data_dir)
+        _post(
+            info["http_port"],
+            f"CREATE DATABASE IF NOT EXISTS {peer_dlt.PEER_DATABASE} ENGINE = Atomic",
+            credentials,
+        )
+        self.env = peer_dlt.dlt_environment(info, credentials)
+
+    def once(self, tables: int) -> float:
+        names = [f"t{n:02d}" for n in range(tables)]
+        return float(
+            self.peer_dlt.dlt_once(self.python, self.work, self.env, "many.db", *names)["wall"]
+        )
+
+
+def measure(work: Path, args: argparse.Namespace) -> None:
+    """Start the server, create the targets, time each run; print the table."""
     data_dir = work / "ch"
     started = subprocess.run(
         dpone("server", "start", "--protect", DATABASE, "--data-dir", str(data_dir), "--json"),
         capture_output=True,
         check=True,
     )
-    del started
+    info: dict[str, Any] = json.loads(started.stdout)
+    tables, jobs = args.tables, args.jobs
     try:
-        config = _project(work, data_dir, tables, rows)
+        config = _project(work, data_dir, tables, args.rows)
         refresh = dpone("refresh", "--config", str(config), "--json")
-        _timed([*refresh, "--all", "--jobs", str(jobs)], tables)  # creates the targets
-        one = [_timed([*refresh, "t00"], 1) for _ in range(runs)]
-        many = [_timed([*refresh, "--all", "--jobs", str(jobs)], tables) for _ in range(runs)]
-        serial = [_timed([*refresh, "--all", "--jobs", "1"], tables)] if sequential else []
+        every = [*refresh, "--all", "--jobs", str(jobs)]
+        _timed(every, tables)  # creates the targets
+        peer = _Peer(work, data_dir, info, args.peer_venv) if args.peer == "dlt" else None
+        if peer is not None:
+            peer.once(tables)  # creates its targets
+        one = [_timed([*refresh, "t00"], 1) for _ in range(args.runs)]
+        many, theirs = [], []
+        for _ in range(args.runs):  # alternating, so both see the same machine
+            many.append(_timed(every, tables))
+            if peer is not None:
+                theirs.append(peer.once(tables))
+        serial = [_timed([*refresh, "--all", "--jobs", "1"], tables)] if args.sequential else []
     finally:
         subprocess.run(dpone("server", "stop", "--data-dir", str(data_dir)), check=False)
     one_s, many_s = statistics.median(one), statistics.median(many)
-    print(f"{tables} tables of {rows:,} rows, medians of {runs} (each run publishes all)")
+    print(f"{tables} tables of {args.rows:,} rows, medians of {args.runs} (each run publishes all)")
     print(f"| run | wall | vs one table |\n|---|---|---|\n| one table | {one_s:.2f} s | 1x |")
     print(f"| {tables} tables, --jobs {jobs} | {many_s:.2f} s | {many_s / one_s:.2f}x |")
     if serial:
         print(
             f"| {tables} tables, --jobs 1 (one run) | {serial[0]:.2f} s | {serial[0] / one_s:.2f}x |"
         )
+    if theirs:
+        dlt_s = statistics.median(theirs)
+        print(f"| dlt, the same {tables} tables (one pipeline run) | {dlt_s:.2f} s | |")
+        print(f"dpone --jobs {jobs} / dlt: {many_s / dlt_s:.2f}x")
     print(f"per table with --jobs {jobs}: {many_s / tables:.2f} s")
 
 
-def main() -> None:
-    """Parse the arguments, measure in a temporary (or kept) directory."""
+def main(argv: list[str] | None = None) -> None:
+    """Parse the arguments (``argv``, default the command line's), measure in a
+    temporary (or kept) directory."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", type=int, default=20)
-    parser.add_argument("--rows", type=int, default=1_000)
+    parser.add_argument("--rows", type=int, default=2_000)
     parser.add_argument("--jobs", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sequential", action="store_true", help="Also --jobs 1, once.")
+    parser.add_argument("--peer", choices=["dlt"], help="Run dlt beside dpone (bench.peer_dlt).")
+    parser.add_argument("--peer-venv", type=Path, help="dlt's venv (default: bench.peer_dlt's).")
     parser.add_argument("--keep", type=Path, help="Work here and keep it (default: a temp dir).")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     compile_bytecode()
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
-        measure(args.keep, args.tables, args.rows, args.jobs, args.runs, args.sequential)
+        measure(args.keep, args)
         return
     with tempfile.TemporaryDirectory(prefix="dpone-bench-many-") as work:
-        measure(Path(work), args.tables, args.rows, args.jobs, args.runs, args.sequential)
+        measure(Path(work), args)
 
 
 if __name__ == "__main__":

@@ -108,13 +108,16 @@ def export_seconds(mode: str, work: Path) -> float:
     return measure(mode, work / "source.db", work / "export.tsv")["seconds"]
 
 
-def dlt_once(python: Path, work: Path, env: dict[str, str]) -> dict[str, Any]:
-    """One dlt run as a whole: its wall seconds and the peak RSS of its process tree."""
+def dlt_once(
+    python: Path, work: Path, env: dict[str, str], source: str = "source.db", *tables: str
+) -> dict[str, Any]:
+    """One dlt run as a whole (of ``tables`` of ``work / source``, default its
+    ``items``): its wall seconds and the peak RSS of its process tree."""
     from bench.refresh import run_measured  # bench.refresh imports this module
 
     home = work / "dlt"
     home.mkdir(exist_ok=True)
-    argv = [str(python), str(CHILD), str(work / "source.db"), str(home / "pipelines")]
+    argv = [str(python), str(CHILD), str(work / source), str(home / "pipelines"), *tables]
     seconds, peak, done = run_measured(argv, env=env, cwd=home)
     if done.returncode != 0:
         raise RuntimeError(

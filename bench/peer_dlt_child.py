@@ -3,7 +3,8 @@
 Run by the dlt venv's interpreter (see :mod:`bench.peer_dlt`), never by dpone's: it
 imports dlt, pyarrow and SQLAlchemy and nothing of dpone or of the bench package.
 
-Usage: ``python peer_dlt_child.py SOURCE_DB PIPELINES_DIR``, with the destination in
+Usage: ``python peer_dlt_child.py SOURCE_DB PIPELINES_DIR [TABLE ...]`` (default: the
+table ``items``; several tables load in one pipeline run), with the destination in
 dlt's own environment variables (``DESTINATION__CLICKHOUSE__CREDENTIALS__*``), which the
 parent sets for this process only: the password is never in argv.
 
@@ -35,10 +36,10 @@ TABLE = "items"
 DATASET = "peer"
 
 
-def _declared_types(source: str) -> dict[str, str]:
+def _declared_types(source: str, table: str) -> dict[str, str]:
     """Each column's declared type name, lower case, as the CREATE TABLE wrote it."""
     with sqlite3.connect(f"file:{source}?mode=ro", uri=True) as conn:
-        rows = conn.execute(f"PRAGMA table_info({TABLE})").fetchall()
+        rows = conn.execute(f"PRAGMA table_info({table})").fetchall()
     conn.close()
     return {str(row[1]): str(row[2]).lower().split("(")[0].strip() for row in rows}
 
@@ -62,7 +63,7 @@ def _adapter(declared: dict[str, str]) -> Any:
 
 def main() -> None:
     """Run one replace of ``items`` into the configured ClickHouse database."""
-    source, pipelines_dir = sys.argv[1], sys.argv[2]
+    source, pipelines_dir, tables = sys.argv[1], sys.argv[2], sys.argv[3:] or [TABLE]
     os.environ["DESTINATION__REPLACE_STRATEGY"] = "staging-optimized"
     pipeline = dlt.pipeline(
         pipeline_name="dpone_bench_peer",
@@ -73,9 +74,10 @@ def main() -> None:
     )
     data = sql_database(
         credentials=f"sqlite:///{source}",
-        table_names=[TABLE],
+        table_names=tables,
         backend="pyarrow",
-        table_adapter_callback=_adapter(_declared_types(source)),
+        # Every table of the bench has the same columns.
+        table_adapter_callback=_adapter(_declared_types(source, tables[0])),
     )
     info = pipeline.run(data, write_disposition="replace", loader_file_format="parquet")
     info.raise_on_failed_jobs()

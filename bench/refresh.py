@@ -63,8 +63,9 @@ _ESCAPES = {ord("\\"): "\\\\", ord("\t"): "\\t", ord("\n"): "\\n"}
 _BYTE_ESCAPES = ((b"\\", b"\\\\"), (b"\t", b"\\t"), (b"\n", b"\\n"))
 
 
-def generate(path: Path, rows: int, seed: int = 7) -> None:
-    """The source: ``rows`` repeatable rows of mixed types, some hostile."""
+def generate(path: Path, rows: int, seed: int = 7, table: str = "items") -> None:
+    """The source: ``rows`` repeatable rows of mixed types, some hostile, in ``table``
+    (a new file, unless ``table`` is not ``items``: then a table added to it)."""
     rng = random.Random(seed)
     words = ("alpha", "beta\ttab", "gamma\nline", "delta\\slash", "ε-unicode", "", "zeta")
 
@@ -85,10 +86,11 @@ def generate(path: Path, rows: int, seed: int = 7) -> None:
                 rng.randbytes(rng.randint(1, 12)) if i % 3 else None,
             )
 
-    path.unlink(missing_ok=True)
+    if table == "items":
+        path.unlink(missing_ok=True)
     with sqlite3.connect(path) as conn:
-        conn.execute(CREATE)
-        conn.executemany("INSERT INTO items VALUES (?, ?, ?, ?, ?, ?, ?)", produce())
+        conn.execute(CREATE.replace("CREATE TABLE items", f"CREATE TABLE {table}", 1))
+        conn.executemany(f"INSERT INTO {table} VALUES (?, ?, ?, ?, ?, ?, ?)", produce())
     conn.close()
 
 
@@ -249,7 +251,7 @@ def main() -> None:
     parser.add_argument(
         "--many-tables",
         action="store_true",
-        help="The many-small-tables case instead: 20 tables of 1,000 rows with --jobs 4 "
+        help="The many-small-tables case instead: 20 tables of 2,000 rows with --jobs 4 "
         "against one such table (bench.many_tables, with its defaults and --sequential).",
     )
     parser.add_argument(
@@ -268,8 +270,7 @@ def main() -> None:
     if args.many_tables:
         from bench import many_tables  # imports this module: loaded only when asked
 
-        with tempfile.TemporaryDirectory(prefix="dpone-bench-many-") as tmp:
-            many_tables.measure(Path(tmp), 20, 1_000, 4, 3, sequential=True)
+        many_tables.main(["--sequential"])
         return
     rows = 10_000_000 if args.ten_million else args.rows
     peer = None
