@@ -148,7 +148,8 @@ def test_status_says_why_a_remote_server_is_not_reachable(
         done = dpone("status", "--config", str(config), "--json")
         text = dpone("status", "--config", str(config)) if case != "silent" else None
     found = as_json(done)
-    assert found["server_running"] is False, found
+    # Not "all is well": a monitor sees ok false and exit 3 (cannot know), not 0 or 1.
+    assert (done.returncode, found["ok"], found["server_running"]) == (3, False, False), found
     why = found["server_unreachable"]
     assert (why["code"], why["reason"].endswith(reason)) == (code, True), why
     assert words in why["message"] and str(config) in why["fix"], why
@@ -158,6 +159,8 @@ def test_status_says_why_a_remote_server_is_not_reachable(
         assert f"is not reachable: {why['reason']}" in text.stdout, text.stdout
         assert f"  [{code}] " in text.stdout and words in text.stdout, text.stdout
         assert f"  fix: {why['fix']}" in text.stdout, text.stdout
+        assert text.returncode == 3 and "status is incomplete" in text.stdout, text.stdout
+        assert "nothing needs a person" not in text.stdout, text.stdout
     # No password of either credentials file is ever printed.
     files = [Path(server["credentials_file"]), tmp_path / "wrong-credentials.json"]
     for path in (p for p in files if p.exists()):
@@ -169,13 +172,17 @@ def test_status_says_why_a_remote_server_is_not_reachable(
 
 def test_status_of_a_managed_server_that_is_not_running_names_its_start(tmp_path: Path) -> None:
     config = project(tmp_path, f'[clickhouse]\ndata_dir = "{tmp_path / "ch"}"\n')
-    found = as_json(dpone("status", "--config", str(config), "--json"))
+    done = dpone("status", "--config", str(config), "--json")
+    found = as_json(done)
+    assert (done.returncode, found["ok"]) == (3, False), found
     why = found["server_unreachable"]
     assert (found["server_running"], why["code"], why["reason"]) == (
         False,
         "server_not_running",
         "not running",
     )
-    text = dpone("status", "--config", str(config)).stdout
+    shown = dpone("status", "--config", str(config))
+    text = shown.stdout
+    assert shown.returncode == 3 and "status is incomplete" in text, text
     assert "is not running (rollback copies unknown)" in text, text
     assert f"  fix: start it with `dpone server start --data-dir {tmp_path / 'ch'}" in text, text

@@ -12,6 +12,9 @@ from dpone.connectors.http_connections import POOL
 from dpone.project.config import load_project
 from dpone.project.status import project_status
 
+# Not 1 (something needs a person) nor 2 (usage): a monitor tells "cannot know" apart.
+SERVER_UNREACHABLE_EXIT = 3
+
 
 @click.command()
 @config_option
@@ -19,7 +22,8 @@ from dpone.project.status import project_status
 def status(config_path: Path, as_json: bool) -> None:
     """Targets with their last publication, rollback copies kept, and what needs a person.
 
-    Exit 0 when nothing needs a person, 1 otherwise.
+    Exit 0 when nothing needs a person, 1 otherwise; 3 when the server could not be
+    reached or refused the sign-in (what needs a person there is then unknown).
     """
     with reported_errors(as_json):
         project = load_project(config_path)
@@ -27,7 +31,8 @@ def status(config_path: Path, as_json: bool) -> None:
         if as_json:
             # What this command sent: status is one process, so all of it is status's.
             traffic = POOL.traffic().to_dict()
-            emit_json({"ok": not found.needs_person, **found.to_dict(), "traffic": traffic})
+            ok = found.server_running and not found.needs_person
+            emit_json({"ok": ok, **found.to_dict(), "traffic": traffic})
         else:
             if not found.server_running:
                 _echo_unreachable(project.clickhouse.access.describe(), found.server_unreachable)
@@ -54,7 +59,9 @@ def status(config_path: Path, as_json: bool) -> None:
                     )
             for slot in found.removed:
                 _echo_removed(slot)
-            if not found.needs_person:
+            if not found.server_running:
+                click.echo("what the server holds is unknown: status is incomplete")
+            elif not found.needs_person:
                 click.echo("nothing needs a person")
             for item in found.needs_person:
                 what = (
@@ -68,6 +75,8 @@ def status(config_path: Path, as_json: bool) -> None:
                     click.echo(f"  {item['message']}")
                 if item.get("command"):
                     click.echo(f"  run: {item['command']}")
+        if not found.server_running:
+            raise SystemExit(SERVER_UNREACHABLE_EXIT)
         if found.needs_person:
             raise SystemExit(1)
 
