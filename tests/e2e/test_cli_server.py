@@ -235,3 +235,20 @@ def test_rotate_credentials_says_when_it_applies(tmp_path: Path) -> None:
         f"dpone server start --data-dir {data} --protect dpone_demo"
     )
     assert status["ok"] is True and status["credentials_rotation_pending"] is True
+
+
+def test_a_stopped_server_starts_again_on_the_same_ports_at_once(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    started = as_json(dpone("server", "start", "--data-dir", data, "--json"))
+    ports = ["--http-port", str(started["http_port"]), "--tcp-port", str(started["tcp_port"])]
+    chhttp.register_server(started["http_port"], data)
+    assert chhttp.query(started["http_port"], "SELECT 1") == "1\n"
+    assert dpone("server", "stop", "--data-dir", data).returncode == 0
+    # Its closed connections may sit in TIME-WAIT for a minute: the ports are free all
+    # the same (before: port_in_use until they expired).
+    again = dpone("server", "start", "--data-dir", data, *ports, "--json")
+    try:
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert as_json(again)["http_port"] == started["http_port"]
+    finally:
+        dpone("server", "stop", "--data-dir", data)

@@ -55,7 +55,8 @@ class LazyGroup(click.Group):
 def cli() -> None:
     """Move full-refresh snapshots of SQL Server tables into ClickHouse, with proof.
 
-    Exit codes: 0 success, 1 the operation failed, 2 usage or configuration error.
+    Exit codes: 0 success, 1 the operation failed, 2 usage or configuration error,
+    3 (status) the server could not be reached.
     """
 
 

@@ -10,10 +10,16 @@ LOOPBACK = "127.0.0.1"
 
 
 def port_is_free(port: int, host: str = LOOPBACK) -> bool:
-    """True when ``port`` can be bound on ``host`` right now (0 is always free)."""
+    """True when a server can listen on ``port`` on ``host`` now (0 is always free).
+
+    Bound as ClickHouse binds its listening sockets, with ``SO_REUSEADDR``: the
+    connections of a server that just stopped (in TIME-WAIT for up to a minute) do not
+    keep the port, only a socket still bound or listening there does.
+    """
     if port == 0:
         return True
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
