@@ -42,17 +42,18 @@ def tls_project(
     tcp_port: int | None = None,
     ca_file: Path | None = None,
     transport: str = "http",
+    secure: bool = True,
 ) -> Path:
     server, tls = served
     config = tmp_path / "dpone.toml"
     config.write_text(
         '[project]\nwork_dir = "work"\nstore = "store.sqlite"\n'
         "[clickhouse]\n"
-        'host = "127.0.0.1"\nsecure = true\n'
+        f'host = "127.0.0.1"\nsecure = {str(secure).lower()}\n'
         f"http_port = {http_port or tls.ports['https']}\n"
         f"tcp_port = {tcp_port or tls.ports['native']}\n"
-        f'ca_file = "{ca_file or tls.ca_file}"\n'
-        f'credentials_file = "{server["credentials_file"]}"\n'
+        + (f'ca_file = "{ca_file or tls.ca_file}"\n' if secure else "")
+        + f'credentials_file = "{server["credentials_file"]}"\n'
         'trusted_writers = ["dpone_admin"]\n'
         f'transport = "{transport}"\n'
         # The client transport stages without a drain gate: accepted for these tests.
@@ -182,6 +183,38 @@ def test_an_untrusted_or_plain_endpoint_is_refused_before_any_work(
             server["http_port"],
             f"SELECT count() FROM system.tables WHERE database = '{DATABASE}' "
             f"AND name = 't_refused_{case}'",
+        )
+        == "0\n"
+    )
+
+
+def test_plain_http_to_the_tls_port_is_named_once_by_check_refresh_and_status(
+    tmp_path: Path, served: tuple[dict[str, Any], Terminator]
+) -> None:
+    """Before: 11 principal_login_failed with a fix about passwords (issue 35, item 3)."""
+    server, tls = served
+    make_source(tmp_path / "shop.db", rows_of(3))
+    config = tls_project(tmp_path, served, "t_plain_to_tls", secure=False)
+    exit_code, checked = run(config, "check")
+    assert exit_code == 1
+    (problem,) = checked["problems"]
+    assert problem["code"] == "plain_http_to_tls_port", problem
+    assert f"127.0.0.1:{tls.ports['https']} speaks TLS" in problem["message"], problem
+    assert "secure = true" in problem["fix"], problem
+    exit_code, refused = run(config, "refresh", "--all")
+    table = refused["tables"][0]
+    assert exit_code == 1 and table["phase"] == "check", refused
+    assert table["error"]["code"] == "plain_http_to_tls_port", table
+    exit_code, status = run(config, "status")
+    assert (exit_code, status["ok"]) == (3, False), status
+    why = status["server_unreachable"]
+    assert (why["code"], why["reason"]) == ("plain_http_to_tls_port", "plain HTTP to a TLS port")
+    assert "secure = true" in why["fix"], why
+    assert (
+        chhttp.query(
+            server["http_port"],
+            f"SELECT count() FROM system.tables WHERE database = '{DATABASE}' "
+            "AND name = 't_plain_to_tls'",
         )
         == "0\n"
     )

@@ -25,6 +25,7 @@ from typing import Any
 
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.clickhouse_tables import observe_ownership
+from dpone.connectors.tls_probe import TLS_PORT_FIX, plain_http_to_tls
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotRecord, SnapshotState
 from dpone.errors import DeadlineError, DponeError
 from dpone.ports.clickhouse_errors import ClickHouseServerError
@@ -180,6 +181,9 @@ def unreachable(project: Project, failure: DponeError) -> dict[str, Any]:
             "message": failure.message,
             "fix": f"start it with `{command}`" if command else None,
         }
+    mismatch = plain_http_to_tls(access.endpoint("system"), failure)
+    if mismatch is not None:
+        return {**mismatch, "reason": "plain HTTP to a TLS port", "fix": TLS_PORT_FIX}
     message = failure.message
     # The server's own words are quoted; none has ever held a password, and none may.
     for login in access.known_credentials().values():

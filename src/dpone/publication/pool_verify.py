@@ -30,6 +30,7 @@ from typing import Any
 
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.endpoint_identity import IDENTITY_CREATE, IDENTITY_DATABASE, NIL_UUID
+from dpone.connectors.tls_probe import PLAIN_TO_TLS, TLS_PORT_FIX, plain_http_to_tls
 from dpone.errors import ConfigurationError, DponeError
 from dpone.localserver.pool_file import KEEPER_USER, remote_grants, remote_role, remote_users
 from dpone.localserver.principal_pool import publisher_users
@@ -212,8 +213,12 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
         problem = {"code": exc.code, "message": exc.message}
         found.problems.append({**problem, "fix": problem_fix(problem, databases)})
         return found
-    except DponeError:
-        pass  # reached: the keeper's own login is judged with the others below
+    except DponeError as exc:
+        mismatch = plain_http_to_tls(access.endpoint("system"), exc)
+        if mismatch is not None:  # every sign-in would fail alike: said once
+            found.problems.append({**mismatch, "fix": problem_fix(mismatch, databases)})
+            return found
+        # Otherwise reached: the keeper's own login is judged with the others below.
     signed = _sign_in_all(access, credentials, found)
     protected = _protected_by({user: grants for user, (_, grants) in signed.items()})
     for database in databases:
@@ -333,6 +338,7 @@ def problem_fix(problem: Mapping[str, Any], protected: Sequence[str]) -> str:
         "server's certificate) and that the certificate names host and has not expired",
         "tls_handshake_failed": "check [clickhouse] secure and http_port: with secure = "
         "true the port must be the server's HTTPS one",
+        PLAIN_TO_TLS: TLS_PORT_FIX,
         "principal_login_failed": f"the server does not accept {user}'s password from "
         "[clickhouse] credentials_file: install, in the server's users.d, the users file "
         "rendered with that credentials file, or point credentials_file at the credentials "
