@@ -68,6 +68,10 @@ class RunReport:
         return document
 
 
+# Every run begins with it: the phase a report names when nothing had begun.
+FIRST_PHASE = "check"
+
+
 class Phases:
     """Times each phase, counts its requests and remembers which one is running."""
 
@@ -77,10 +81,17 @@ class Phases:
         self.timings = timings
         self.traffic = {} if traffic is None else traffic
         self.current: str | None = None
+        self.last: str | None = None  # the last phase begun, running or done
+
+    @property
+    def reported(self) -> str:
+        """The phase a report names: the running one, else the last one begun (a
+        signal between two phases), else the first (nothing begun yet)."""
+        return self.current or self.last or FIRST_PHASE
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
-        self.current = name
+        self.current = self.last = name
         started, sent = time.monotonic(), POOL.traffic()
         try:
             yield
@@ -111,7 +122,7 @@ def run_phases(
     try:
         run(report, phase)
     except DponeError as exc:
-        report.phase = phase.current
+        report.phase = phase.reported
         report.error = exc.to_dict()
         if failed is not None:
             failed(report, exc)
@@ -119,13 +130,15 @@ def run_phases(
         signum = interruption_signal(exc)
         if signum is None:
             raise
-        report.phase, report.interrupted = phase.current, signum.name
+        report.phase, report.interrupted = phase.reported, signum.name
         if not report.ok:
             report.outcome = "interrupted"
-        details: dict[str, Any] = {"signal": signum.name, "phase": phase.current}
+        details: dict[str, Any] = {"signal": signum.name, "phase": phase.reported}
+        when = f"during {phase.current}" if phase.current else f"after {phase.last}"
         report.error = {
             "code": "interrupted",
-            "message": f"stopped by {signum.name} during {phase.current or 'the run'}",
+            "message": f"stopped by {signum.name} "
+            + (when if phase.last else f"before {FIRST_PHASE}"),
             "details": details,
         }
         if interrupted is not None:
