@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import socket
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -186,3 +187,43 @@ def test_status_of_a_managed_server_that_is_not_running_names_its_start(tmp_path
     assert shown.returncode == 3 and "status is incomplete" in text, text
     assert "is not running (rollback copies unknown)" in text, text
     assert f"  fix: start it with `dpone server start --data-dir {tmp_path / 'ch'}" in text, text
+
+
+def test_the_example_of_init_reaches_a_remote_server_once_its_block_is_uncommented(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    """Before: `dpone init` offered no remote keys (issue 35, item 5)."""
+    config = tmp_path / "dpone.toml"
+    assert dpone("init", "--config", str(config)).returncode == 0
+    lines = []
+    values = {
+        "host": '"127.0.0.1"',
+        "http_port": str(server["http_port"]),
+        "tcp_port": str(server["tcp_port"]),
+        "secure": "false",
+        "credentials_file": json.dumps(str(server["credentials_file"])),
+        "trusted_writers": '["dpone_admin"]',
+    }
+    offered, section = set(), ""
+    for line in config.read_text().splitlines():
+        section = line if line.startswith("[") else section
+        key = line.removeprefix("# ").split(" = ")[0]
+        if line.startswith("data_dir = "):
+            continue  # the managed server's key: a remote block replaces it
+        remote = section == "[clickhouse]" and line.startswith("# ") and " = " in line
+        if remote and key in values | {"ca_file": ""}:
+            offered.add(key)
+            if key in values:
+                line = f"{key} = {values[key]}"
+            else:
+                continue  # no CA file: this server speaks plain HTTP
+        lines.append(line.replace("dpone_demo.customers", f"{DATABASE}.t_init"))
+    assert offered == {*values, "ca_file"}, offered
+    config.write_text("\n".join(lines) + "\n")
+    with sqlite3.connect(tmp_path / "shop.db") as conn:
+        conn.execute("CREATE TABLE customers (id bigint NOT NULL)")
+    conn.close()
+    checked = dpone("check", "--config", str(config), "--json")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    status = dpone("status", "--config", str(config), "--json")
+    assert status.returncode == 0 and as_json(status)["server_running"] is True, status.stdout

@@ -70,5 +70,5 @@ def test_an_error_between_two_phases_names_the_last_one_begun() -> None:
 
 
 def test_anything_else_is_not_swallowed() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a bug"):
         _run(_stage_then(ValueError("a bug")))

@@ -32,6 +32,16 @@ data_dir = ".dpone/clickhouse"
 transport = "http"                # http or client (clickhouse-client)
 preparation = "native"            # native (the default; a file it declines goes to the
                                   # Python reference) or python-reference: same bytes
+# Or a server you run (docs/remote.md): remove data_dir above and set these instead.
+# Its operator installs the users file `dpone pool render` writes; the password of
+# each principal stays in the credentials file it writes beside it.
+# host = "clickhouse.example.com"
+# http_port = 8443
+# tcp_port = 9440
+# secure = true                     # TLS, verified against ca_file or the system's CAs
+# ca_file = "/etc/ssl/certs/clickhouse-ca.pem"
+# credentials_file = ".dpone/pool-credentials.json"
+# trusted_writers = []              # users besides the pool that may write the targets
 
 [sources.shop]
 kind = "sqlite"
