@@ -227,3 +227,31 @@ def test_the_example_of_init_reaches_a_remote_server_once_its_block_is_uncomment
     assert checked.returncode == 0, checked.stdout + checked.stderr
     status = dpone("status", "--config", str(config), "--json")
     assert status.returncode == 0 and as_json(status)["server_running"] is True, status.stdout
+
+
+def test_rollback_and_retire_name_a_refused_sign_in_and_its_fix(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    """Before: the raw AUTHENTICATION_FAILED text with no fix (issue 35, item 5)."""
+    make_source(tmp_path / "shop.db", rows_of(4))
+    good = project(tmp_path, _remote(server), "t_refused_login")
+    for _ in range(2):  # a rollback copy to restore
+        done = dpone("refresh", "items", "--config", str(good), "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+    before = as_json(dpone("status", "--config", str(good), "--json"))["targets"]
+    wrong = _wrong_keeper_password(server, tmp_path)
+    config = tmp_path / "wrong.toml"  # the same project, another credentials file
+    text = good.read_text()
+    config.write_text(text.replace(str(server["credentials_file"]), str(wrong)))
+    rolled = dpone("rollback", "items", "--config", str(config), "--json")
+    report = as_json(rolled)
+    retired = dpone("retire", "items", "--yes", "--config", str(config), "--json")
+    for done, error in ((rolled, report["error"]), (retired, as_json(retired)["error"])):
+        assert done.returncode == 1, done.stdout
+        assert error["code"] == "authentication_refused", error
+        assert "dpone_keeper" in error["message"] and "pool verify" in error["details"]["fix"]
+        assert "not-the-installed-password" not in done.stdout + done.stderr
+    text = dpone("retire", "items", "--yes", "--config", str(config))
+    assert "[authentication_refused]" in text.stderr and "fix: " in text.stderr, text.stderr
+    # Nothing was rolled back or retired.
+    assert as_json(dpone("status", "--config", str(good), "--json"))["targets"] == before

@@ -10,13 +10,34 @@ anything was sent is :class:`DeadlineBeforeSend`, both a deadline and not submit
 
 from __future__ import annotations
 
+from typing import Any
+
 from dpone.errors import DeadlineError, TransportError
+
+# ClickHouse's error code for a login it refuses (a wrong password, an unknown user).
+AUTHENTICATION_FAILED = 516
+SIGN_IN_FIX = (
+    "the credentials file dpone reads does not match the users the server has installed: "
+    "`dpone pool verify` names each principal it refuses; for a server you run, install "
+    "the users file of the same `dpone pool render`, or point [clickhouse] "
+    "credentials_file at the credentials file of the render installed"
+)
 
 
 class ClickHouseServerError(TransportError):
-    """The server answered with an exception. ``clickhouse_code`` is its number."""
+    """The server answered with an exception. ``clickhouse_code`` is its number.
+
+    A refused sign-in (``AUTHENTICATION_FAILED``) is ``authentication_refused``, and
+    its message and ``fix`` say what to do, whichever command met it.
+    """
 
     code = "clickhouse_error"
+
+    def __init__(self, message: str, *, code: str | None = None, **details: Any) -> None:
+        if code is None and details.get("clickhouse_code") == AUTHENTICATION_FAILED:
+            code, message = "authentication_refused", f"{message}; fix: {SIGN_IN_FIX}"
+            details.setdefault("fix", SIGN_IN_FIX)
+        super().__init__(message, code=code, **details)
 
 
 class OutcomeUnknown(TransportError):

@@ -28,7 +28,6 @@ from dpone.connectors.clickhouse_tables import observe_ownership
 from dpone.connectors.tls_probe import TLS_PORT_FIX, plain_http_to_tls
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotRecord, SnapshotState
 from dpone.errors import DeadlineError, DponeError
-from dpone.ports.clickhouse_errors import ClickHouseServerError
 from dpone.ports.composition_snapshot import StepNote, TargetSlot
 from dpone.project.config import Project
 from dpone.project.leases import (
@@ -134,8 +133,6 @@ def project_status(project: Project) -> ProjectStatus:
     return status
 
 
-# ClickHouse's error code for a login it refuses (a wrong password, an unknown user).
-AUTHENTICATION_FAILED = 516
 # What each way of not reaching the server is called, and what in the project fixes it.
 _ENDPOINT_FIX = "check [clickhouse] host and http_port in {path} and that the server listens there"
 _REASONS: dict[str, tuple[str, str]] = {
@@ -166,12 +163,8 @@ def unreachable(project: Project, failure: DponeError) -> dict[str, Any]:
     """Why ``project``'s server did not answer, from ``failure``'s code and message:
     ``code``, ``reason`` (in words), ``message`` and ``fix``, never a password."""
     access = project.clickhouse.access
-    code = failure.code
-    if isinstance(failure, ClickHouseServerError) and (
-        failure.details.get("clickhouse_code") == AUTHENTICATION_FAILED
-    ):
-        code = "authentication_refused"
-    elif isinstance(failure, DeadlineError):
+    code = failure.code  # a refused sign-in is already authentication_refused
+    if isinstance(failure, DeadlineError):
         code = "transport_deadline"
     if access.managed:
         command = failure.details.get("next_command")
