@@ -252,3 +252,26 @@ def test_a_stopped_server_starts_again_on_the_same_ports_at_once(tmp_path: Path)
         assert as_json(again)["http_port"] == started["http_port"]
     finally:
         dpone("server", "stop", "--data-dir", data)
+
+
+def test_another_engine_version_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """Before: chdb accepted chdb-core 26.7.3, with which the server does not start again
+    after a clean stop (issue 35, item 2). The installed version is what the package
+    metadata says: here a chdb-core 26.7.3 found first on the path (installing a second
+    real engine would take 0.5 GB)."""
+    from dpone.localserver.engine import TESTED_ENGINE
+
+    site = tmp_path / "site"
+    info = site / "chdb_core-26.7.3.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: chdb-core\nVersion: 26.7.3\n")
+    data = tmp_path / "data"
+    done = dpone(
+        "server", "start", "--data-dir", str(data), "--json", extra_env={"PYTHONPATH": str(site)}
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    error = as_json(done)["error"]
+    assert error["code"] == "engine_version_unsupported", error
+    assert (error["details"]["found"], error["details"]["tested"]) == ("26.7.3", TESTED_ENGINE)
+    assert "pip install 'dpone[embedded]'" in error["message"], error
+    assert not data.exists()  # nothing created, nothing started

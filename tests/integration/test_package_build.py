@@ -26,6 +26,7 @@ import tomllib
 import zipfile
 from email.parser import Parser
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,10 +53,9 @@ NOT_SOURCES = shutil.ignore_patterns(
     "*.egg-info",
 )
 LIBRARY = "dpone/preparation/native/_rowbinary.so"
-# The embedded engine (chdb, with pandas and pyarrow: about 0.6 GB) serves only the
-# managed server; neither the doctor, a conversion nor a stage on a remote server
-# imports it, so it is not installed.
-NOT_NEEDED = {"chdb"}
+# The embedded engine (chdb, with pandas and pyarrow: about 0.9 GB) serves only the
+# managed server: it is the `embedded` extra, so a plain install has none of it.
+EMBEDDED = {"chdb==4.4.0; extra == 'embedded'", "chdb-core==26.9.0; extra == 'embedded'"}
 # Run by the installed interpreter from outside the tree: the compiled converter must
 # convert the whole file, since the reference is replaced by a function that fails.
 CONVERT = """
@@ -202,9 +202,11 @@ def check_wheel(wheel: Path) -> list[str]:
     assert wheel.name.endswith(
         f"-{python}-{python}-{platform}.whl" if tied else f"-py3-none-{platform}.whl"
     )
-    # The runtime dependencies (no extras), less what neither check imports.
+    # The runtime dependencies: click alone; the engine only in the `embedded` extra.
+    assert set(requires or []) >= EMBEDDED, requires
     runtime = [r for r in requires or [] if ";" not in r]
-    return [r for r in runtime if r.split("=")[0].strip() not in NOT_NEEDED]
+    assert runtime == ["click==8.5.1"], runtime
+    return runtime
 
 
 def test_a_built_wheel_installed_in_a_fresh_venv_uses_the_compiled_converter(
@@ -212,10 +214,12 @@ def test_a_built_wheel_installed_in_a_fresh_venv_uses_the_compiled_converter(
 ) -> None:
     sdist, wheel, tools = copy_and_build(tmp_path)
     check_sdist(sdist)
-    dependencies = check_wheel(wheel)
+    check_wheel(wheel)
     check_refused_builds(tools, tmp_path)
     user = venv(tmp_path / "user")
-    run(user / "pip", "install", "--quiet", "--no-deps", wheel, *dependencies, cwd=tmp_path)
+    run(user / "pip", "install", "--quiet", wheel, cwd=tmp_path)  # as a user does
+    found = "import importlib.util as u; print(u.find_spec('chdb'), u.find_spec('pandas'))"
+    assert out(user / "python", "-c", found, cwd=tmp_path).split() == ["None", "None"]
     platlib = "import sysconfig; print(sysconfig.get_path('platlib'))"
     site = Path(out(user / "python", "-c", platlib, cwd=tmp_path).strip())
     outside = tmp_path / "elsewhere"
@@ -257,7 +261,7 @@ def check_stage_on_a_remote_server(user: Path, outside: Path, root: Path) -> Non
     """The installed ``dpone export`` and ``dpone stage`` of a small table, on a server
     named by a project's ``[clickhouse]`` host, ports and credentials file."""
     with sqlite3.connect(outside / "shop.db") as db:
-        db.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT, price REAL)")
+        db.execute("CREATE TABLE items (id INTEGER NOT NULL PRIMARY KEY, name TEXT, price REAL)")
         db.executemany(
             "INSERT INTO items VALUES (?, ?, ?)",
             [(i, f"item\t{i}\n", i * 1.25) for i in range(1, 501)],
@@ -285,3 +289,28 @@ def check_stage_on_a_remote_server(user: Path, outside: Path, root: Path) -> Non
         assert found == [{"n": 500, "top": 500}]
         name = chhttp.rows(port, f"SELECT name FROM {table} WHERE id = 7")
         assert name == [{"name": "item\t7\n"}]
+        check_refresh_without_the_engine(user, outside, server)
+
+
+def check_refresh_without_the_engine(user: Path, outside: Path, server: dict[str, Any]) -> None:
+    """Without the `embedded` extra: check and refresh on the remote server work, and
+    a managed server start is refused naming the extra (issue 35, item 7)."""
+    (outside / "dpone.toml").write_text(
+        '[project]\nwork_dir = "work"\nstore = "refresh.sqlite"\n'
+        + server["clickhouse_toml"]
+        + '[sources.shop]\nkind = "sqlite"\npath = "shop.db"\n'
+        '[tables.items]\nsource = "shop"\ntable = "items"\ntarget = "pkg_db.items"\n'
+        'order_by = "id"\n'
+    )
+    checked = json.loads(out(user / "dpone", "check", "--json", cwd=outside))
+    assert checked["ok"] is True, checked
+    refreshed = json.loads(out(user / "dpone", "refresh", "items", "--json", cwd=outside))
+    assert refreshed["tables"][0]["outcome"] == "published", refreshed
+    found = chhttp.rows(server["http_port"], "SELECT count() AS n, sum(id) AS s FROM pkg_db.items")
+    assert found == [{"n": 500, "s": 125_250}]
+    start = ("server", "start", "--data-dir", outside / "ch", "--json")
+    refused = run(user / "dpone", *start, cwd=outside, ok=False)
+    error = json.loads(refused.stdout)["error"]
+    assert (refused.returncode, error["code"]) == (1, "chdb_not_installed"), refused.stdout
+    assert "pip install 'dpone[embedded]'" in error["message"], error
+    assert not (outside / "ch").exists()  # refused before anything was written

@@ -11,6 +11,12 @@ class ChdbNotInstalled(LocalServerError):
     code = "chdb_not_installed"
 
 
+class EngineVersionUnsupported(LocalServerError):
+    """The installed embedded engine is not the version dpone is tested with."""
+
+    code = "engine_version_unsupported"
+
+
 class DataDirNotWritable(LocalServerError):
     """The data directory cannot be created or written."""
 

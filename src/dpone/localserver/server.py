@@ -44,6 +44,7 @@ from dpone.localserver.config import (
     render_users_xml,
 )
 from dpone.localserver.credentials import resolve_users
+from dpone.localserver.engine import INSTALL_EMBEDDED, check_engine
 from dpone.localserver.errors import (
     ChdbNotInstalled,
     PortInUse,
@@ -167,6 +168,7 @@ class LocalServer:
 
         Data-directory permission warnings are left in :attr:`warnings`.
         """
+        check_engine()  # before anything is written: a missing or untested engine
         layout = self.layout
         self.warnings = tuple(layout.prepare())
         with _start_lock(layout):
@@ -514,7 +516,7 @@ def _start_failure(layout: DataDirLayout, code: int, tail: str) -> Exception:
     if code == protocol.EXIT_NO_CHDB:
         return ChdbNotInstalled(
             "the chdb package is not installed for the server's interpreter; "
-            "install it with: pip install 'chdb==4.4.0'",
+            f"install it with: {INSTALL_EMBEDDED}",
             log_tail=tail,
         )
     if "Address already in use" in tail:
