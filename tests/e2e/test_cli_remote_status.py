@@ -251,7 +251,7 @@ def test_rollback_and_retire_name_a_refused_sign_in_and_its_fix(
         assert error["code"] == "authentication_refused", error
         assert "dpone_keeper" in error["message"] and "pool verify" in error["details"]["fix"]
         assert "not-the-installed-password" not in done.stdout + done.stderr
-    text = dpone("retire", "items", "--yes", "--config", str(config))
-    assert "[authentication_refused]" in text.stderr and "fix: " in text.stderr, text.stderr
+    shown = dpone("retire", "items", "--yes", "--config", str(config))
+    assert "[authentication_refused]" in shown.stderr and "fix: " in shown.stderr, shown.stderr
     # Nothing was rolled back or retired.
     assert as_json(dpone("status", "--config", str(good), "--json"))["targets"] == before

@@ -139,7 +139,7 @@ def test_a_parsed_intent_is_kept_and_a_refused_one_refused_again() -> None:
     data = dumps(intent_document())
     first = SnapshotIntent.from_bytes(data)
     # The same bytes (another object, as a store read returns them): the same intent.
-    assert SnapshotIntent.from_bytes(bytearray(data)) is first
+    assert SnapshotIntent.from_bytes(bytes(bytearray(data))) is first
     doc = intent_document()
     doc["attempt"]["slot_epoch"] = -1
     bad = dumps(doc)
