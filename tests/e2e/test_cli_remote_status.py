@@ -255,3 +255,33 @@ def test_rollback_and_retire_name_a_refused_sign_in_and_its_fix(
     assert "[authentication_refused]" in shown.stderr and "fix: " in shown.stderr, shown.stderr
     # Nothing was rolled back or retired.
     assert as_json(dpone("status", "--config", str(good), "--json"))["targets"] == before
+
+
+def test_a_writer_outside_the_pool_is_found_by_check_and_before_the_export(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    """Before: check passed and the refresh failed at prepare, after its export and its
+    stage, with a hint that did not name trusted_writers (issue 35, item 4)."""
+    make_source(tmp_path / "shop.db", rows_of(3))
+    # The server's own administrator can write every table, and nobody vouched for it.
+    untrusted = _remote(server).replace('trusted_writers = ["dpone_admin"]\n', "")
+    config = project(tmp_path, untrusted, "t_untrusted_writer")
+    checked = dpone("check", "--config", str(config), "--json")
+    assert checked.returncode == 1, checked.stdout
+    (problem,) = as_json(checked)["problems"]
+    assert (problem["key"], problem["code"]) == ("tables.items.target", "side_effect_present")
+    assert "user dpone_admin can write" in problem["message"], problem
+    assert "trusted_writers" in problem["message"], problem
+    assert not (tmp_path / "store.sqlite").exists()  # check creates no store
+    refused = dpone("refresh", "items", "--config", str(config), "--json")
+    (report,) = as_json(refused)["tables"]
+    assert (report["phase"], report["error"]["code"]) == ("check", "side_effect_present")
+    assert "trusted_writers" in report["error"]["message"], report
+    assert "export" not in report["timings"], report  # nothing exported, nothing staged
+    attempts = tmp_path / "work" / "attempts"
+    assert not attempts.exists() or not any(attempts.iterdir())
+    # Vouched for: the same project checks and publishes.
+    trusted = project(tmp_path, _remote(server), "t_untrusted_writer")
+    assert dpone("check", "--config", str(trusted), "--json").returncode == 0
+    done = dpone("refresh", "items", "--config", str(trusted), "--json")
+    assert as_json(done)["tables"][0]["outcome"] == "published", done.stdout

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import click
 from dpone.cli.output import config_option, emit_json, json_option, reported_errors
 from dpone.errors import ConfigurationError, DponeError, PolicyError
 from dpone.project.config import Project, TableConfig, load_project, not_a_file
-from dpone.project.refresh_checks import open_source
+from dpone.project.refresh_checks import RefreshChecks, open_source
 from dpone.publication.composition import pool_credentials, pool_protects, pool_remedy
 from dpone.publication.pool_verify import verify_pool
 from dpone.typepolicy import column_problems, refusals
@@ -151,9 +153,11 @@ def reachability(project: Project) -> list[dict[str, Any]]:
             problems += [{"key": key, **p} for p in found.problems]
             if found.problems:
                 return problems
+        unprotected = []
         for database in project.databases:
             if pool_protects(access, database):
                 continue
+            unprotected.append(database)
             remedy, _ = pool_remedy(access, (database,))
             for table in project.tables.values():
                 if table.database == database:
@@ -166,6 +170,26 @@ def reachability(project: Project) -> list[dict[str, Any]]:
                     )
     except DponeError as exc:
         problems.append({"key": key, "code": exc.code, "message": exc.message})
+        return problems
+    protected = [t for t in project.tables.values() if t.database not in unprotected]
+    return problems + target_problems(project, protected)
+
+
+def target_problems(project: Project, tables: list[TableConfig]) -> list[dict[str, Any]]:
+    """What the refresh's check would refuse about each target before its export: a
+    side effect of the target, or a writer outside the pool's leases and
+    ``trusted_writers`` that could write it or the generation. Read-only: without a
+    project store, the leases are judged as a new store's (none), in a throwaway one."""
+    problems: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="dpone-check-") as scratch:
+        if not project.store.exists():  # check creates no store of the project's
+            project = dataclasses.replace(project, store=Path(scratch) / "store.sqlite")
+        for table in tables:
+            try:
+                RefreshChecks(project, None).writers(table)
+            except DponeError as exc:
+                key = f"tables.{table.name}.target"
+                problems.append({"key": key, "code": exc.code, "message": exc.message})
     return problems
 
 

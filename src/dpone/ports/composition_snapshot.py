@@ -294,6 +294,10 @@ class CatalogObservation:
     generation: TableObservation | None
     retained_bytes: int  # the target and every retained generation of the slot
     observed_at: str
+    # Who could write a name that does not exist yet, once it does (a grant on its
+    # database, a Buffer over it): what a check before the export refuses, so that the
+    # generation's prepare does not meet it after the export and the stage.
+    absent_writers: tuple[Blocker, ...] = ()
 
 
 @dataclass(frozen=True)

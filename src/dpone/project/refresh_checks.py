@@ -37,10 +37,11 @@ from dpone.project.design_change import column_changes, describe_change
 from dpone.project.table_run import REQUEST_SECONDS, publication_for, snapshot_command
 from dpone.publication.composition import require_database, require_protected
 from dpone.publication.pool_verify import require_server_version, verify_pool
-from dpone.publication.publisher.checks import refuse_side_effects
+from dpone.publication.publisher.checks import refuse_absent_writers, refuse_side_effects
 from dpone.publication.settings import ungated_transport
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.sql import quote_literal
+from dpone.staging.sink import new_attempt_id
 from dpone.typepolicy import plan_columns
 
 OWNED_MARK = ownership_comment("", "").split(" ", 1)[0] + " "  # "dpone-owned "
@@ -177,6 +178,11 @@ class RefreshChecks:
                 uuid=found.uuid,
             )
 
+    def writers(self, table: TableConfig) -> None:
+        """What :meth:`check` refuses about the target's side effects and writers,
+        alone (``dpone check``): raised as the refresh would raise it before its export."""
+        self._target(table, new_attempt_id())
+
     def _target(self, table: TableConfig, attempt_id: str) -> None:
         """The target has no side effect the publisher refuses (a view or dictionary
         reading it, a Buffer or Distributed table writing it, a writer outside the
@@ -185,6 +191,9 @@ class RefreshChecks:
         slot = TargetSlot(table.database, table.target)
         observation = parts.publisher.observe_settled(slot, staging_table_name(attempt_id))
         refuse_side_effects(observation)
+        # The generation does not exist yet (nor, before a first publication, the
+        # target): who could write it once created is refused now, not after the export.
+        refuse_absent_writers(observation, table.database)
 
     def _design_change(self, table: TableConfig, attempt_id: str) -> list[dict[str, Any]]:
         """The columns in which the source differs from the target, decided now.

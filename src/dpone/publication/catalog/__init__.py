@@ -224,6 +224,7 @@ class ClickHouseSnapshotCatalog:
             generation=observed.get(generation_table),
             retained_bytes=target_bytes + retained,
             observed_at=_now(),
+            absent_writers=_absent_writers(side, slot.database, names, tables),
         )
 
     def exchange_events(self, query_id: str) -> list[ExchangeEvent]:
@@ -467,6 +468,13 @@ def _total_bytes(
             query_id=reads.last_query_id,
         )
     return count_field(row, "total_bytes", reads)
+
+
+def _absent_writers(
+    side: SideEffects, database: str, names: tuple[str, str], tables: Mapping[str, Any]
+) -> tuple[Blocker, ...]:
+    """Who could write each of ``names`` that does not exist (yet)."""
+    return tuple(b for name in names if name not in tables for b in side.writers(database, name))
 
 
 def _now() -> str:

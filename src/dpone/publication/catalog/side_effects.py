@@ -98,6 +98,14 @@ class SideEffects:
             found |= set(names) if table == "" else {table}
         return found
 
+    def writers(self, database: str, name: str) -> list[Blocker]:
+        """Who can write ``name`` (existing or not): a table writing into it, or an
+        untrusted user's grant that covers it."""
+        return [
+            *self.writer_tables.blockers(name),
+            *self.access.blockers(self.trusted, database, name),
+        ]
+
     def blockers(
         self, database: str, name: str, row: Mapping[str, Any], reads: CatalogReads
     ) -> list[Blocker]:

@@ -204,9 +204,26 @@ def exchange_precheck(
 
 # A pool user blocks as a writer when its last lease ended without a proven closure.
 _WRITER_HINT = (
-    "; if it is a pool user whose last lease ended without a proven closure, "
-    "`dpone snapshot leases` (or `dpone status`) names the close-lease command that proves it"
+    "; a user outside the pool that you vouch for (the server's administrator, say) is "
+    "accepted by listing it in [clickhouse] trusted_writers; if it is a pool user whose "
+    "last lease ended without a proven closure, `dpone snapshot leases` (or `dpone "
+    "status`) names the close-lease command that proves it"
 )
+
+
+def refuse_absent_writers(observation: CatalogObservation, where: str) -> None:
+    """Raise ``side_effect_present`` when someone could write a name of ``where`` (the
+    target slot's database) that does not exist yet, as the generation's prepare would."""
+    if observation.absent_writers:
+        first = observation.absent_writers[0]
+        raise SnapshotPublicationError(
+            f"{where}: a table created there now could be written by another: "
+            f"{first.reason} ({first.detail}){_WRITER_HINT}",
+            code="side_effect_present",
+            reason=first.reason,
+            blockers=[b.reason for b in observation.absent_writers],
+            details=[b.detail for b in observation.absent_writers],
+        )
 
 
 def refuse_side_effects(observation: CatalogObservation) -> None:

@@ -122,10 +122,13 @@ class PublisherPorts:
             closing = closing_elsewhere(self.store)  # before: its proof may land meanwhile
             observation = self.catalog.observe(slot, generation_table)
             blockers = [
-                b
-                for table in (observation.target, observation.generation)
-                if table is not None
-                for b in table.blockers
+                *(
+                    b
+                    for table in (observation.target, observation.generation)
+                    if table is not None
+                    for b in table.blockers
+                ),
+                *observation.absent_writers,  # judged alike by the check before an export
             ]
             only_writers = all(b.reason == "writer_grant" for b in blockers)
             if not blockers or not only_writers or time.monotonic() >= deadline:
