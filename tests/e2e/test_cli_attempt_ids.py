@@ -20,7 +20,7 @@ import pytest
 
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.errors import DponeError
-from dpone.ports.clickhouse_request import Credentials, Endpoint
+from dpone.ports.clickhouse_request import Credentials, Endpoint, check_attempt_id
 from dpone.staging.journal import ClickHouseFileAttemptJournal
 from dpone.staging.recovery import cleanup_attempt, discard_attempt
 from tests.e2e.test_cli_server import as_json, dpone
@@ -136,3 +136,22 @@ def test_a_renamed_attempt_directory_is_refused(tmp_path: Path) -> None:
     assert caught.value.code == "attempt_id_mismatch"
     assert caught.value.details["journal_attempt_id"] == "orig-1"
     assert files(work) == before
+
+
+@pytest.mark.parametrize("attempt", ["a1\n", "a1\r\n", "\na1", "a1 "])
+def test_an_attempt_id_with_a_line_feed_is_refused_everywhere(tmp_path: Path, attempt: str) -> None:
+    """Before: a trailing line feed passed the grammar (``re.match`` with ``$``) and, over
+    the client transport, staged a table whose name ends in one (issue 37, item 13)."""
+    with pytest.raises(DponeError) as caught:
+        check_attempt_id(attempt)
+    assert caught.value.code == "invalid_attempt_id"
+    assert check_attempt_id("a1") == "a1"
+    (tmp_path / "f.tsv").write_bytes(b"")
+    (tmp_path / "none.json").write_bytes(b"{}")
+    done = dpone(
+        *("stage", str(tmp_path / "f.tsv"), "--receipt", str(tmp_path / "none.json")),
+        *("--database", DB, "--work-dir", str(tmp_path / "work")),
+        *("--attempt-id", attempt, "--json"),
+    )
+    assert as_json(done)["error"]["code"] == "invalid_attempt_id", done.stdout
+    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").rglob("*"))

@@ -487,3 +487,30 @@ def test_the_projects_drain_gate_settings_reach_the_refresh_publisher(
     assert executor.session_timeout == 3
     assert authority.policy.session_timeout == 3
     assert authority.policy.session_margin_seconds == 4.5
+
+
+@managed_only
+def test_every_directory_dpone_creates_for_a_project_is_private(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    """Before: work/attempts, work/retention and work/rollbacks (and the store's
+    parents) were made 0755 under the usual umask (issue 37)."""
+    make_source(tmp_path / "shop.db", rows_of(3))
+    config = project(tmp_path, server, "t_private")
+    text = config.read_text().replace('work_dir = "work"', 'work_dir = "state/work"')
+    config.write_text(text.replace('store = "store.sqlite"', 'store = "state/db/store.sqlite"'))
+    previous = os.umask(0o022)  # the usual one: what it lets through is what dpone asked
+    try:
+        for _ in range(2):
+            code, done = refresh(config, "items")
+            assert code == 0, done
+        rolled = dpone("rollback", "items", "--config", str(config), "--json")
+        assert rolled.returncode == 0, rolled.stdout
+    finally:
+        os.umask(previous)
+    made = [tmp_path / "state", *(p for p in (tmp_path / "state").rglob("*") if p.is_dir())]
+    names = {p.relative_to(tmp_path).as_posix() for p in made}
+    assert {"state/work/attempts", "state/work/retention", "state/work/rollbacks"} <= names
+    assert "state/db" in names
+    wide = {p.relative_to(tmp_path).as_posix(): oct(p.stat().st_mode & 0o777) for p in made}
+    assert {k: v for k, v in wide.items() if int(v, 8) & 0o077} == {}, wide

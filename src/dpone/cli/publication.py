@@ -61,7 +61,7 @@ store_option = click.option(
 
 
 def _intent_argument(value: str) -> str:
-    if not _SHA256.match(value):
+    if not _SHA256.fullmatch(value):
         raise ConfigurationError(
             "INTENT must be the 64 lowercase hex digits `dpone snapshot prepare` printed",
             code="invalid_intent_id",

@@ -116,10 +116,11 @@ def stage(
 ) -> None:
     """Stage FILE into a private, verified ClickHouse table."""
     with reported_errors(as_json):
+        # An empty --attempt-id is refused like any other invalid one, never replaced;
+        # before any server is asked.
+        attempt_id = new_attempt_id() if attempt_id is None else check_attempt_id(attempt_id)
         config = staging_config(work_dir=work_dir, **server)  # type: ignore[arg-type]
         progress = None if as_json or not sys.stderr.isatty() else TerminalProgress()
-        # An empty --attempt-id is refused like any other invalid one, never replaced.
-        attempt_id = new_attempt_id() if attempt_id is None else check_attempt_id(attempt_id)
         database = config.endpoint.database
         journal_dir = work_dir / attempt_id
         existed = journal_dir.exists()  # then it is not this run's journal to describe

@@ -36,13 +36,13 @@ class ServerUser:
     networks: tuple[str, ...] = ("127.0.0.1", "::1")
 
     def __post_init__(self) -> None:
-        if not _USER_NAME.match(self.name):
+        if not _USER_NAME.fullmatch(self.name):
             raise ConfigurationError(
                 f"user name {self.name!r} must match {_USER_NAME.pattern}",
                 code="invalid_user_name",
                 user=self.name,
             )
-        if not _PROFILE_NAME.match(self.profile):
+        if not _PROFILE_NAME.fullmatch(self.profile):
             raise ConfigurationError(
                 f"profile name {self.profile!r} is not a plain identifier",
                 code="invalid_profile_name",

@@ -96,7 +96,7 @@ def check_databases(databases: Sequence[str]) -> tuple[str, ...]:
             "the pool needs at least one protected database", code="no_databases"
         )
     for name in databases:
-        if not _DATABASE.match(name) or name in ("system", IDENTITY_DATABASE):
+        if not _DATABASE.fullmatch(name) or name in ("system", IDENTITY_DATABASE):
             raise ConfigurationError(
                 f"protected database {name!r} must be a plain identifier other than "
                 f"system and {IDENTITY_DATABASE}",

@@ -140,7 +140,7 @@ class ClickHouseRequest:
             raise ConfigurationError(
                 "a mutation must wait for the end of the query", code="pinned_setting"
             )
-        if self.session_id is not None and not _SESSION_ID.match(self.session_id):
+        if self.session_id is not None and not _SESSION_ID.fullmatch(self.session_id):
             raise ConfigurationError(
                 f"session id {self.session_id!r} must match {_SESSION_ID.pattern}",
                 code="invalid_session",
@@ -216,7 +216,7 @@ def _positive_int(value: object) -> bool:
 
 def check_attempt_id(attempt_id: str) -> str:
     """Attempt ids go into query ids and paths: a short, plain token only."""
-    if not _ATTEMPT_ID.match(attempt_id):
+    if not _ATTEMPT_ID.fullmatch(attempt_id):
         raise ConfigurationError(
             f"attempt id {attempt_id!r} must match {_ATTEMPT_ID.pattern}",
             code="invalid_attempt_id",

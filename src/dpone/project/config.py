@@ -339,9 +339,9 @@ class _Reader(TomlReader):
             self.problem((key,), f"must be a table of named {key}, not {kind_of(found)}")
             return {}
         for name in found:
-            if not _NAME.match(name):
+            if not _NAME.fullmatch(name):
                 self.problem((key, name), "a name is 1-64 letters, digits, '_', '-' or '.'")
-        return {n: v for n, v in found.items() if _NAME.match(n)}
+        return {n: v for n, v in found.items() if _NAME.fullmatch(n)}
 
     def clickhouse(self, raw: Any) -> ClickHouseConfig:
         path = ("clickhouse",)

@@ -178,7 +178,7 @@ def non_empty(value: str) -> str | None:
 
 def env_name(value: str) -> str | None:
     """A check: the string is an environment variable's name."""
-    return None if ENV_NAME.match(value) else "must be an environment variable's name"
+    return None if ENV_NAME.fullmatch(value) else "must be an environment variable's name"
 
 
 def one_of(choices: tuple[str, ...]) -> Callable[[str], str | None]:

@@ -89,7 +89,7 @@ def generation_evidence(
     if identity.get("source_receipt_sha256") != receipt_sha:
         raise unverified("the derived identity names another receipt", "receipt_mismatch", **where)
     rows_digest = identity.get("rows_digest")
-    if not isinstance(rows_digest, str) or not _DIGEST.match(rows_digest):
+    if not isinstance(rows_digest, str) or not _DIGEST.fullmatch(rows_digest):
         raise unverified(
             "the derived identity has no rows_digest (32 hex digits)",
             "rows_digest_missing",

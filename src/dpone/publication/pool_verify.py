@@ -31,6 +31,7 @@ from typing import Any
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.endpoint_identity import IDENTITY_CREATE, IDENTITY_DATABASE, NIL_UUID
 from dpone.connectors.tls_probe import PLAIN_TO_TLS, TLS_PORT_FIX, plain_http_to_tls
+from dpone.durable_files import private_directories
 from dpone.errors import ConfigurationError, DponeError
 from dpone.localserver.pool_file import KEEPER_USER, remote_grants, remote_role, remote_users
 from dpone.localserver.principal_pool import publisher_users
@@ -136,7 +137,7 @@ def grant_pairs(statements: Sequence[str]) -> set[tuple[str, str]]:
         text = statement.strip()
         if " TO " not in text:
             text += " TO _"
-        match = _GRANT.match(text)
+        match = _GRANT.fullmatch(text)
         if match is None:
             pairs.add((text, "?"))  # a REVOKE or anything unexpected: never equal
             continue
@@ -195,7 +196,7 @@ def verify_pool(
     """
     if store is None:
         return _verify(access, databases)
-    store.parent.mkdir(parents=True, exist_ok=True)
+    private_directories(store.parent)
     with DispatchGate(gate_path(store)).held_for_all(remote_users()):
         return _verify(access, databases)
 

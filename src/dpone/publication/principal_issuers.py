@@ -207,7 +207,7 @@ class LocalPoolIssuer:
 
 def render_create_user(user: str, password_sha256_hex: str, hosts: Sequence[str]) -> str:
     """``CREATE USER`` with a SHA-256 password hash (never the password) and host IPs."""
-    if not _SHA256_HEX.match(password_sha256_hex):
+    if not _SHA256_HEX.fullmatch(password_sha256_hex):
         raise ConfigurationError(
             "a password hash must be 64 lowercase hex digits", code="invalid_password_hash"
         )

@@ -74,7 +74,7 @@ class PhysicalDesign:
                 "staging tables use the local MergeTree engine", code="invalid_design"
             )
         for expression in (self.order_by, self.partition_by or ""):
-            if not _KEY_EXPRESSION.match(expression):
+            if not _KEY_EXPRESSION.fullmatch(expression):
                 raise ConfigurationError(
                     f"key expression {expression!r} is not allowed", code="invalid_design"
                 )

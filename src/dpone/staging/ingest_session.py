@@ -110,7 +110,7 @@ class IngestSessionGate:
         """Reads as they are; a write after opening its attempt's session (module doc)."""
         if request.kind is not RequestKind.MUTATION or request.session_id is not None:
             return self.inner.execute(request, deadline=deadline)
-        match = _WRITE_ID.match(request.query_id)
+        match = _WRITE_ID.fullmatch(request.query_id)
         if match is None:
             raise NotSubmitted(
                 f"write {request.query_id} names no staging attempt, so it has no drain-gate "

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from dpone.contracts import canonical_json
+from dpone.durable_files import OutputError, private_directories
 from dpone.errors import JournalError
 from dpone.ports.attempt_journal import ClickHouseFileJournalResource, JournalEvent
 from dpone.staging.contract import StagingPolicy
@@ -90,8 +91,10 @@ class ClickHouseFileAttemptJournal:
     def open(self) -> None:
         """Create the attempt directory (exclusively) and its events directory."""
         try:
-            self.work_dir.mkdir(parents=True, exist_ok=True)
+            private_directories(self.work_dir)  # 0700, each parent it makes too
             work_fd = os.open(self.work_dir, _DIRECTORY & ~os.O_NOFOLLOW)
+        except OutputError as exc:
+            raise self._failed("the work directory cannot be made", exc) from exc
         except OSError as exc:
             raise self._failed("the work directory cannot be opened", exc) from exc
         try:
@@ -289,7 +292,7 @@ class ClickHouseFileAttemptJournal:
         self._fds.append(fd)
         return fd
 
-    def _failed(self, what: str, exc: OSError) -> JournalError:
+    def _failed(self, what: str, exc: OSError | OutputError) -> JournalError:
         return JournalError(
             f"journal of attempt {self.attempt_id} in {self.work_dir}: {what}: {exc}",
             code="journal_write_failed",
@@ -380,7 +383,7 @@ def read_events(attempt_dir: str | os.PathLike[str]) -> list[JournalEvent]:
     attempt_id: str | None = None  # the first event's; the directory may be renamed
     for expected, name in enumerate(names, start=1):
         where = events_dir / name
-        if not _SEQUENCE.match(name) or int(name) != expected:
+        if not _SEQUENCE.fullmatch(name) or int(name) != expected:
             raise JournalError(
                 f"{where}: expected event {expected:06d}",
                 code="journal_sequence_gap",

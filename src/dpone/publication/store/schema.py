@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dpone.contracts import canonical_json
-from dpone.durable_files import fsync_directory
+from dpone.durable_files import fsync_directory, private_directories
 from dpone.publication.store.errors import SnapshotStoreError, store_missing
 
 SCHEMA_VERSION = 2
@@ -189,8 +189,8 @@ def open_file(path: Path, create: bool) -> None:
     where = {"path": str(path)}
     try:
         if create:
-            # The mode applies only to directories created here; existing ones stay.
-            path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+            # 0700 for each directory created here, parents too; existing ones stay.
+            private_directories(path.parent)
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             except FileExistsError:
