@@ -544,3 +544,36 @@ def test_the_principal_is_observed_by_a_user_who_may(
         d["principal"] == {"user": ADMIN_USER, "user_uuid": row["id"]}
         for d in documents(staged.journal_path)
     )
+
+
+class FailingStagedRecord(ClickHouseFileAttemptJournal):
+    """The `staged` event's publication fails once, as a full disk would fail it (the
+    journal takes the unpublished file back); every other event is written."""
+
+    def _publish(self, events_fd: int, sequence: int, data: bytes) -> None:
+        if b'"state":"staged"' in data and not getattr(type(self), "failed", False):
+            type(self).failed = True
+            raise JournalError("disk full (simulated)", code="journal_write_failed")
+        super()._publish(events_fd, sequence, data)
+
+
+def test_a_staged_record_that_fails_is_cleaned_up_like_any_failure(
+    clickhouse: ServerInfo, tmp_path: Path
+) -> None:
+    """Before: the state moved to staged before the record; its failure then refused the
+    cleanup (invalid_transition): no DROP, no terminal event, the table left (issue 37,
+    item 10)."""
+    path, receipt, _ = export_hostile(tmp_path)
+    cfg = config(clickhouse, tmp_path / "work")
+    journal = type("J", (FailingStagedRecord,), {})
+    sink = ClickHouseSink(cfg, journal_factory=file_journals(cfg.work_dir, journal))
+    with pytest.raises(DponeError) as caught:
+        sink.stage_validated_file(path, receipt, attempt_id="staged-fails")
+    assert caught.value.code == "journal_write_failed", caught.value
+    events = documents(tmp_path / "work" / "staged-fails")
+    assert "staged" not in [e["state"] for e in events]
+    assert events[-1]["state"] == "failed_cleaned" and events[-1]["outcome"] == "terminal"
+    assert events[-1]["error_code"] == "journal_write_failed"
+    assert not table_exists(clickhouse, "dpone_stage_staged_hfails")
+    [summary] = list_attempts(tmp_path / "work")
+    assert not summary.needs_operator, summary

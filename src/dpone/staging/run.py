@@ -127,13 +127,19 @@ class AttemptRun:
         return self.journal.attempt_id
 
     def move(self, target: StageState) -> None:
-        """The one place the attempt's state changes (checked against the machine)."""
+        """A move without an event of its own (checked against the machine)."""
         if target is not self.state:
             self.state = check_transition(self.state, target)
 
     def event(self, state: StageState, outcome: str, **fields: Any) -> JournalEvent:
-        """Move to ``state`` and publish one event there; it records the counts known."""
-        self.move(state)
+        """Publish one event in ``state`` and then move there; it records the counts known.
+
+        The move is checked first and made only once the event is durable: an event that
+        could not be published leaves the attempt where its journal says it is, so the
+        cleanup that follows starts from there (a failed ``staged`` record is cleaned up
+        like any failure before it, not refused as a move out of ``staged``).
+        """
+        moved = self.state if state is self.state else check_transition(self.state, state)
         carried = {"settled": self._settled} if self._settled else {}
         if self._returned:
             carried["returned"] = self._returned
@@ -147,6 +153,7 @@ class AttemptRun:
             **fields,
         }
         self.last = self.journal.record(document)
+        self.state = moved
         self._settled = self._returned = None
         return self.last
 

@@ -3,12 +3,10 @@
 It owns the attempt sequence, query ownership and failure cleanup:
 
     checking -> preparing -> prepared -> creating_staging -> loading -> verifying -> staged
-    a failure before CREATE ends failed_cleaned; after it, cleanup decides:
-    failed_cleaned (terminal query and verified removal), retained_unknown (local or
-    remote state unknown: table, spool and journal are kept; also when the endpoint
-    now answers as another server, whose tables and query log say nothing about the
-    attempt's) or cleanup_failed (a cleanup step ran and failed: the server refused
-    the DROP).
+    a failure before the CREATE intent is durable ends failed_cleaned; after it,
+    cleanup decides: failed_cleaned (terminal query, verified removal), retained_unknown
+    (state unknown, or the endpoint now another server: all is kept) or cleanup_failed
+    (a cleanup step ran and failed: the server refused the DROP).
 
 Before the expensive work it checks what it can: the server answers as the expected
 user, the database exists and is Atomic, the receipt was made with the codec and
@@ -16,9 +14,8 @@ policy this build uses, and the transport can carry every target type. A durable
 journal intent precedes every mutation (the journal comes from the required
 ``journal_factory(policy, attempt_id)``, a :mod:`dpone.ports.attempt_journal` port);
 each mutation has exactly one ``dpone-b02-<attempt>-<identity|create|insert|drop>``
-query id and is never retried.
-The reads that prove the staging table is the attempt's own are in
-:mod:`dpone.staging.table_checks`.
+query id and is never retried. The reads that prove the staging table is the
+attempt's own are in :mod:`dpone.staging.table_checks`.
 """
 
 from __future__ import annotations
@@ -452,6 +449,9 @@ class ClickHouseValidatedFileService:
 
     def _cleanup(self, run: AttemptRun, table: str, exc: BaseException) -> None:
         """After the CREATE intent: decide and record how the attempt ends; never raises."""
+        if run.state is S.PREPARED:  # the CREATE intent was never recorded: nothing sent
+            self._fail_before_create(run, exc)
+            return
         try:
             run.event(S.CLEANUP, "started", error_code=error_code(exc))
             try:
