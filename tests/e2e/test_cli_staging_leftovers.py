@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shlex
 import signal
 import subprocess
@@ -33,6 +34,7 @@ import pytest
 
 from dpone.project.leases import close_lease_command, judge_leases
 from dpone.publication.store import SqliteSnapshotStore
+from dpone.staging.journal import read_events
 from tests.e2e.test_cli_leases import DATABASE, _reach, _stage_argv
 from tests.e2e.test_cli_refresh import (
     SERVER_KINDS,
@@ -464,3 +466,40 @@ def test_a_second_signal_in_the_lease_closure_names_close_lease_which_resolves_i
     assert opened.closure_proven(opened.get_lease(lease["lease_id"]))
     staged = dpone(*_stage_argv(export, server, work, store, "twice-2"), "--json")
     assert staged.returncode == 0, staged.stdout + staged.stderr
+
+
+def _small_files() -> None:
+    """In the child: files may grow to 1 MiB only; a write past it fails with EFBIG
+    (SIGXFSZ ignored) instead of killing the process. The export's 150,000 rows make a
+    spool of several MiB; the journal, the store and the lease notes stay far below."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))
+
+
+def test_a_spool_write_that_fails_is_a_coded_error_with_the_attempts_journal(
+    tmp_path: Path, server: dict[str, Any], export: tuple[Path, Path]
+) -> None:
+    """Before: the raw OSError reached the caller and the CLI printed a bare os_error with
+    no attempt, journal or next command (issue 37, item 12)."""
+    work, store, attempt = tmp_path / "work", tmp_path / "store.sqlite", "fsize-1"
+    argv = [sys.executable, "-m", "dpone", *_stage_argv(export, server, work, store, attempt)]
+    env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
+    done = subprocess.run(
+        [*argv, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=_small_files,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert error["code"] == "local_io_failed", error
+    assert attempt in error["message"] and "File too large" in error["message"], error
+    details = error["details"]
+    assert (details["attempt_id"], details["journal"]) == (attempt, str(work / attempt))
+    assert details["state"] == "failed_cleaned" and details["next_command"] is None, details
+    events = [e.document for e in read_events(work / attempt)]
+    assert (events[-1]["state"], events[-1]["error_code"]) == ("failed_cleaned", "local_io_failed")
+    assert not (work / attempt / "spool").exists() or not any((work / attempt / "spool").iterdir())

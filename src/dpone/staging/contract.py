@@ -21,6 +21,20 @@ class StagingError(DponeError):
     code = "staging_failed"
 
 
+def local_io_failed(attempt_id: str, exc: OSError) -> StagingError:
+    """A local file operation of the attempt (its spool: a write over the size limit, a
+    directory gone) as a coded error naming the attempt and the file; ``exc`` is its
+    cause. The caller records it as the attempt's failure and attaches the journal."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    return StagingError(
+        f"attempt {attempt_id}: a local file operation failed: {exc.strerror or exc}{where}",
+        code="local_io_failed",
+        attempt_id=attempt_id,
+        path=exc.filename if isinstance(exc.filename, str) else None,
+        errno=exc.errno,
+    )
+
+
 @dataclass(frozen=True)
 class StagingPolicy:
     """Finite admission policy: every bound is set, none is unlimited."""

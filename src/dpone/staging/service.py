@@ -63,11 +63,7 @@ from dpone.preparation.spool import (
 from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact, FileAttempt
 from dpone.sql import quote_identifier, quote_literal
 from dpone.staging.cleanup import UNOBSERVABLE, CleanupRefused, drop_owned_table
-from dpone.staging.contract import (
-    PhysicalDesign,
-    StagingError,
-    StagingPolicy,
-)
+from dpone.staging.contract import PhysicalDesign, StagingError, StagingPolicy, local_io_failed
 from dpone.staging.run import (
     SETTLED_ACKNOWLEDGED,
     AttemptRun,
@@ -269,8 +265,11 @@ class ClickHouseValidatedFileService:
             self._checks(run).absent(table, prep_deadline)
             self._check_deadline(prep_deadline, "pre-CREATE checks")
         except BaseException as exc:
-            self._fail_before_create(run, exc)
-            raise
+            coded = local_io_failed(run.attempt_id, exc) if isinstance(exc, OSError) else exc
+            self._fail_before_create(run, coded)
+            if coded is exc:
+                raise
+            raise coded from exc
         try:
             return self._create_load_verify(run, attempt, prepared, table)
         except BaseException as exc:
