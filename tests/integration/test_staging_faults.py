@@ -577,3 +577,39 @@ def test_a_staged_record_that_fails_is_cleaned_up_like_any_failure(
     assert not table_exists(clickhouse, "dpone_stage_staged_hfails")
     [summary] = list_attempts(tmp_path / "work")
     assert not summary.needs_operator, summary
+
+
+class SwappedAfterAdmission(ClickHouseFileAttemptJournal):
+    """Once the attempt is admitted (before its preparation), its directory is moved
+    away and a symbolic link to another directory takes its name."""
+
+    def record(self, fields: Any) -> Any:
+        event = super().record(fields)
+        if fields.get("outcome") == "admitted":
+            real = self.attempt_dir.with_name(self.attempt_dir.name + ".real")
+            self.attempt_dir.rename(real)
+            elsewhere = self.attempt_dir.with_name("elsewhere")
+            (elsewhere / "events").mkdir(parents=True)
+            self.attempt_dir.symlink_to(elsewhere, target_is_directory=True)
+        return event
+
+
+def test_a_spool_is_written_where_its_journal_is_and_a_swapped_path_refused(
+    clickhouse: ServerInfo, tmp_path: Path
+) -> None:
+    """Before: the whole RowBinary copy went through the link, release_spool removed
+    nothing, the attempt ended staged with a copy left where the link pointed (issue 37,
+    item 9)."""
+    path, receipt, _ = export_hostile(tmp_path)
+    cfg = config(clickhouse, tmp_path / "work")
+    sink = ClickHouseSink(cfg, journal_factory=file_journals(cfg.work_dir, SwappedAfterAdmission))
+    with pytest.raises(DponeError) as caught:
+        sink.stage_validated_file(path, receipt, attempt_id="swapped-1")
+    assert caught.value.code == "spool_moved", caught.value
+    work = tmp_path / "work"
+    assert list((work / "elsewhere").rglob("*")) == [work / "elsewhere" / "events"]  # no data
+    real = work / "swapped-1.real"
+    assert not (real / "spool").exists()  # written there, then removed there
+    events = documents(real)
+    assert (events[-1]["state"], events[-1]["error_code"]) == ("failed_cleaned", "spool_moved")
+    assert not table_exists(clickhouse, "dpone_stage_swapped_h1")

@@ -41,7 +41,12 @@ class ClickHouseFileJournalResource(Protocol):
 
     @property
     def spool_dir(self) -> Path:
-        """Where the private spool is prepared; it must not exist before preparation."""
+        """Where the private spool is prepared; it must not exist before preparation.
+
+        A path that reaches the attempt's own directory whatever its name leads to now
+        (a file journal: through the directory's descriptor). Records name the spool
+        by :attr:`attempt_dir` instead.
+        """
         ...
 
     def open(self) -> None:
@@ -53,7 +58,8 @@ class ClickHouseFileJournalResource(Protocol):
         ...
 
     def spool_prepared(self) -> None:
-        """Make the prepared spool directory's entry durable (before an event names it)."""
+        """Make the prepared spool directory's entry durable (before an event names it);
+        refuse a spool that is not where :attr:`attempt_dir` says it is."""
         ...
 
     def release_spool(self) -> None:

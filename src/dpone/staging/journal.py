@@ -85,8 +85,11 @@ class ClickHouseFileAttemptJournal:
 
     @property
     def spool_dir(self) -> Path:
-        """The private spool's directory inside the attempt directory."""
-        return self.attempt_dir / SPOOL_DIR
+        """The private spool's directory inside the attempt directory, reached through
+        the directory's descriptor (``/proc/self/fd``): what is written there lands in
+        the directory this journal created, even if its path was replaced since."""
+        through = Path(f"/proc/self/fd/{self._descriptors()[0]}")
+        return (through if through.is_dir() else self.attempt_dir) / SPOOL_DIR
 
     def open(self) -> None:
         """Create the attempt directory (exclusively) and its events directory."""
@@ -130,11 +133,30 @@ class ClickHouseFileAttemptJournal:
         _close_all(self._fds)
 
     def spool_prepared(self) -> None:
-        """fsync the attempt directory: the spool directory's entry in it is durable."""
+        """fsync the attempt directory: the spool directory's entry in it is durable.
+
+        The spool must be where :attr:`attempt_dir` names it: a path that now leads to
+        another directory (moved, or replaced by a symbolic link) is ``spool_moved``.
+        """
+        attempt_fd = self._descriptors()[0]
         try:
-            os.fsync(self._descriptors()[0])
+            os.fsync(attempt_fd)
+            written = os.stat(SPOOL_DIR, dir_fd=attempt_fd, follow_symlinks=False)
         except OSError as exc:
             raise self._failed("the spool directory's entry could not be synced", exc) from exc
+        try:
+            named = os.stat(self.attempt_dir / SPOOL_DIR)
+        except OSError:
+            named = None
+        if named is None or (named.st_dev, named.st_ino) != (written.st_dev, written.st_ino):
+            raise JournalError(
+                f"{self.attempt_dir} is no longer the directory attempt {self.attempt_id} "
+                "wrote its spool in (moved, or replaced by a symbolic link): its records "
+                "would name another spool",
+                code="spool_moved",
+                attempt_id=self.attempt_id,
+                path=str(self.attempt_dir),
+            )
 
     def release_spool(self) -> None:
         """Remove the spool directory (if any) and make its removal durable."""

@@ -201,7 +201,10 @@ class AttemptRun:
         """The spool is sealed (its entry durable): it is listed and its rows are known."""
         self.journal.spool_prepared()
         self.prepared = prepared
-        self.inventory["spool"] = str(prepared.path)
+        # Named by the attempt's path (what an operator finds), not the descriptor's.
+        self.inventory["spool"] = str(
+            self.journal.attempt_dir / prepared.path.parent.name / prepared.path.name
+        )
         self.counts["prepared_rows"] = prepared.identity.prepared_rows
 
     def release_spool(self) -> None:

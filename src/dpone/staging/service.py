@@ -435,7 +435,7 @@ class ClickHouseValidatedFileService:
     # ------------------------------------------------------------------ failure
 
     def _fail_before_create(self, run: AttemptRun, exc: BaseException) -> None:
-        if run.prepared is not None:
+        if run.state is not S.CHECKING:  # a spool may exist, sealed or refused
             self._release_spool(run, exc)
         run.record_failure(S.FAILED_CLEANED, exc)
 
