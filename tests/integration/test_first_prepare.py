@@ -256,3 +256,34 @@ def test_a_table_another_attempts_intent_names_is_left_for_it(rig: Rig) -> None:
     published = rig.components().publisher.publish(other.intent_sha256)
     assert published.state.value == "published"
     assert rig.rows_of(target) == [*ROWS, (4, "four", 4)]
+
+
+def test_a_create_whose_lease_was_closed_meanwhile_is_not_sent(rig: Rig) -> None:  # noqa: F811
+    """Before: with the publisher's credentials in hand, a prepare whose lease an
+    operator closed meanwhile still sent the CREATE as the closed lease, and stored an
+    intent naming it (issue 37, item 5). The lease is re-checked under the gate."""
+    staged = rig.stage(ROWS, "first-closed")
+    store = rig.components().store
+
+    class ClosedMeanwhile(ClickHouseSnapshotExecutor):
+        def create_target(
+            self,
+            slot: TargetSlot,
+            generation_table: str,
+            query_id: str,
+            principal: IssuedPrincipal,
+        ) -> DispatchResult:
+            store.end_lease(principal.ref.lease_id)  # as `dpone snapshot close-lease` would
+            return super().create_target(slot, generation_table, query_id, principal)
+
+    with pytest.raises(DponeError) as caught:
+        rig.components(executor=ClosedMeanwhile).publisher.prepare(
+            AttemptRef(staged.journal_path, TargetSlot(DB, "t_first_closed")), staged.journal_head
+        )
+    assert caught.value.code == "create_target_failed"
+    assert (caught.value.details["outcome"], caught.value.details["reason"]) == (
+        "not_sent",
+        "lease_ended",
+    )
+    assert rig.uuid_of("t_first_closed") is None  # no CREATE reached the server
+    assert [s for s in store.list_snapshots() if s.target_table == "t_first_closed"] == []

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,7 @@ from dpone.publication.composition import (
     build_publication,
     pool_credentials,
 )
+from dpone.publication.dispatch_notes import BEFORE_EXCHANGE
 from dpone.publication.executor import (
     ClickHouseSnapshotExecutor,
     session_request,
@@ -234,10 +236,16 @@ def test_a_refused_exchange_with_both_tables_back_is_not_published(case: Case) -
     hidden = f"{case.b.table}_hidden"
 
     class HidingExecutor(ClickHouseSnapshotExecutor):
-        """B is renamed away after the publisher's last check and back after the answer."""
+        """B is renamed away after the executor's last look under the gate (so that the
+        server itself refuses the EXCHANGE) and back after the answer."""
+
+        def _recheck(self, *args: Any) -> DispatchResult | None:
+            refused = super()._recheck(*args)
+            if refused is None and args[2] == BEFORE_EXCHANGE:
+                rig.admin(f"RENAME TABLE {db}.{case.b.table} TO {db}.{hidden}")
+            return refused
 
         def exchange(self, intent: SnapshotIntent, principal: IssuedPrincipal) -> DispatchResult:
-            rig.admin(f"RENAME TABLE {db}.{case.b.table} TO {db}.{hidden}")
             try:
                 return super().exchange(intent, principal)
             finally:
@@ -260,11 +268,13 @@ def test_an_exchange_error_for_a_dropped_generation_stays_unknown(case: Case) ->
     rig, db = case.rig, DB
 
     class DroppingExecutor(ClickHouseSnapshotExecutor):
-        """The generation is dropped after the publisher's last check, before the EXCHANGE."""
+        """The generation is dropped after the executor's last look, before the EXCHANGE."""
 
-        def exchange(self, intent: SnapshotIntent, principal: IssuedPrincipal) -> DispatchResult:
-            rig.admin(f"DROP TABLE {db}.{case.b.table} SYNC")
-            return super().exchange(intent, principal)
+        def _recheck(self, *args: Any) -> DispatchResult | None:
+            refused = super()._recheck(*args)
+            if refused is None and args[2] == BEFORE_EXCHANGE:
+                rig.admin(f"DROP TABLE {db}.{case.b.table} SYNC")
+            return refused
 
     published = case.publisher_with(DroppingExecutor).publish(case.intent)
     # B is gone: NOT_PUBLISHED needs both names observed, so the outcome stays unknown.
@@ -486,3 +496,39 @@ def test_an_unproven_closure_stays_unknown_until_the_publisher_is_quiet(case: Ca
     assert state_of(reconciled) == (P.PUBLISHED, 4)
     assert case.holds_b()
     assert case.rig.exchange_events(case.intent) == ["QueryStart", "QueryFinish"]
+
+
+def test_a_buffer_made_after_the_precheck_is_seen_under_the_gate_and_nothing_sent(
+    case: Case,
+) -> None:
+    """Before: the catalog was read only before the gate; a Buffer over the target made
+    after it (one row held in it) let the EXCHANGE run (published@3) and the row landed
+    in the new target later (issue 37, item 1)."""
+    rig, db, buffer = case.rig, DB, f"{case.target}_buf"
+
+    class BufferingExecutor(ClickHouseSnapshotExecutor):
+        """After the publisher's observation and precheck, before the dispatch gate."""
+
+        def exchange(self, intent: SnapshotIntent, principal: IssuedPrincipal) -> DispatchResult:
+            rig.admin(
+                f"CREATE TABLE {db}.{buffer} AS {db}.{case.target} ENGINE = Buffer("
+                f"{db}, {case.target}, 1, 3600, 3600, 1000000, 1000000, 1000000000, 1000000000)"
+            )
+            rig.admin(f"INSERT INTO {db}.{buffer} SELECT * FROM {db}.{case.target} LIMIT 1")
+            return super().exchange(intent, principal)
+
+    try:
+        published = case.publisher_with(BufferingExecutor).publish(case.intent)
+        assert state_of(published) == (P.NOT_PUBLISHED, 3)
+        record = case.record()
+        assert record.dispatch is not None
+        assert record.dispatch.outcome == "not_sent", record
+        assert rig.exchange_events(case.intent) == []  # no EXCHANGE ever reached the server
+        assert case.holds_a()
+        notes = [n.facts for n in case.store().step_notes(f"dispatch/{case.intent}")]
+        refused = [n for n in notes if n.get("step") == "dispatch_refused"]
+        assert [(n["at"], n["reason"]) for n in refused] == [
+            ("before_exchange", "side_effect_present")
+        ]
+    finally:
+        rig.admin(f"DROP TABLE IF EXISTS {db}.{buffer} SYNC")

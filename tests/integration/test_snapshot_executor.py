@@ -187,6 +187,9 @@ class UnstoredGuard(DispatchGuard):
     def check(self, intent: SnapshotIntent, principal: IssuedPrincipal, step: str) -> None:
         return None
 
+    def check_lease(self, principal: IssuedPrincipal, step: str) -> None:
+        return None
+
     def note(self, intent_sha256: str, facts: Mapping[str, Any]) -> None:
         self.notes.append(dict(facts))
 

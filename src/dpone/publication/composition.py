@@ -45,7 +45,7 @@ from dpone.localserver.principal_pool import (
 )
 from dpone.localserver.protected import restart_commands
 from dpone.ports.clickhouse_request import Credentials, Endpoint, read
-from dpone.ports.composition_snapshot import IssuedPrincipal
+from dpone.ports.composition_snapshot import IssuedPrincipal, TargetSlot
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
 from dpone.publication.catalog import ClickHouseSnapshotCatalog
 from dpone.publication.catalog.allowance import lease_allowance
@@ -350,7 +350,13 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
     executor = ClickHouseSnapshotExecutor(
         endpoint,
         dispatch_gate=gate,
-        guard=DispatchGuard(store),
+        # The last look under the gate, just before an EXCHANGE: what blocks it now.
+        guard=DispatchGuard(
+            store,
+            side_effects=lambda intent: catalog.side_effects_now(
+                TargetSlot(intent.database, intent.target_table), intent.generation_table
+            ),
+        ),
         session_timeout=policy.session_timeout,
     )
     publisher = ClickHouseAtomicSnapshotPublisher(

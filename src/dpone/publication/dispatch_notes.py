@@ -28,7 +28,7 @@ intent's exact publisher lease, and the record is the intent's EXCHANGE_INTENT@2
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,6 +39,7 @@ from dpone.contracts.composition_snapshot import (
 )
 from dpone.errors import DponeError, StateError
 from dpone.ports.composition_snapshot import (
+    Blocker,
     DispatchOutcome,
     IssuedPrincipal,
     Lease,
@@ -63,6 +64,10 @@ ANSWER_STEPS = (SESSION_OPEN_ANSWERED, "exchange_answered", WRITE_ANSWERED)
 # Noted before a request leaves: until its answer is noted it may still be running.
 SENDING_STEPS = (WRITE_SENDING,)
 REFUSED = "dispatch_refused"
+# The executor's re-check steps: before it opens the session, before it sends the EXCHANGE.
+BEFORE_SESSION, BEFORE_EXCHANGE = "before_session", "before_exchange"
+# What blocks an intent's EXCHANGE on its two names now (the catalog's last look).
+SideEffectsNow = Callable[[SnapshotIntent], Sequence[Blocker]]
 # Answers after which the request provably no longer runs on the server: the session's
 # T counts from then. Anything else (unknown) may still be running.
 _SETTLED = frozenset(
@@ -101,11 +106,58 @@ class GuardStore(Protocol):
 class DispatchGuard:
     """The executor's re-check and notes, over the snapshot store (see the module doc)."""
 
-    def __init__(self, store: GuardStore) -> None:
+    def __init__(self, store: GuardStore, side_effects: SideEffectsNow | None = None) -> None:
+        """``side_effects``: the catalog's last look at both names of an intent (what
+        blocks its EXCHANGE now), asked just before the statement is sent."""
         self.store = store
+        self.side_effects = side_effects
+
+    def check_lease(self, principal: IssuedPrincipal, step: str) -> None:
+        """Raise :class:`DispatchRefused` unless ``principal``'s lease is still active:
+        a first publication's CREATE (or the DROP of what it created) is sent only as a
+        lease nobody ended or closed meanwhile."""
+        ref = principal.ref
+        try:
+            lease = self.store.get_lease(ref.lease_id)
+        except DponeError as exc:
+            raise DispatchRefused(
+                f"lease {ref.lease_id} cannot be read before {step}",
+                code="dispatch_unverified",
+                step=step,
+            ) from exc
+        if not lease.active or lease.user != ref.user:
+            raise DispatchRefused(
+                f"lease {ref.lease_id} of {ref.user} is no longer active ({step})",
+                code="lease_ended",
+                step=step,
+                active=lease.active,
+            )
 
     def check(self, intent: SnapshotIntent, principal: IssuedPrincipal, step: str) -> None:
-        """Raise :class:`DispatchRefused` unless the lease and the claim still hold."""
+        """Raise :class:`DispatchRefused` unless the lease and the claim still hold and,
+        just before the EXCHANGE, nothing blocks it on either name."""
+        self._check_claim(intent, principal, step)
+        if step == BEFORE_EXCHANGE and self.side_effects is not None:
+            try:
+                blockers = self.side_effects(intent)
+            except DponeError as exc:
+                raise DispatchRefused(
+                    f"the side effects on {intent.database}.{intent.target_table} could not "
+                    f"be observed before the EXCHANGE: {exc.message}",
+                    code="dispatch_unverified",
+                    step=step,
+                ) from exc
+            if blockers:
+                raise DispatchRefused(
+                    f"{intent.database}.{intent.target_table} has a side effect the publisher "
+                    f"does not handle, seen just before the EXCHANGE: {blockers[0].reason} "
+                    f"({blockers[0].detail})",
+                    code="side_effect_present",
+                    step=step,
+                    blockers=[b.reason for b in blockers],
+                )
+
+    def _check_claim(self, intent: SnapshotIntent, principal: IssuedPrincipal, step: str) -> None:
         bound, ref = intent.publisher, principal.ref
         try:
             lease = self.store.get_lease(bound.lease_id)

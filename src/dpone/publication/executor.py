@@ -73,7 +73,14 @@ from dpone.ports.composition_snapshot import (
     TargetSlot,
 )
 from dpone.publication.dispatch_gate import DispatchGate
-from dpone.publication.dispatch_notes import OPENING, REFUSED, DispatchGuard, DispatchRefused
+from dpone.publication.dispatch_notes import (
+    BEFORE_EXCHANGE,
+    BEFORE_SESSION,
+    OPENING,
+    REFUSED,
+    DispatchGuard,
+    DispatchRefused,
+)
 from dpone.sql import quote_identifier, quote_literal
 
 # T: how long the drain-gate session outlives its last request. The authority's
@@ -179,6 +186,9 @@ class ClickHouseSnapshotExecutor:
     ) -> DispatchResult:
         """Create the empty target with the generation's design (see the module doc)."""
         with self.dispatch_gate.held_for_slot(slot.database, slot.table, principal.ref.user):
+            refused = self._lease_refused(principal, "before_create", query_id)
+            if refused is not None:
+                return refused
             transport = self._factory(self.endpoint, principal.credentials)
             try:
                 statement = self.render_create_target(transport, slot, generation_table, query_id)
@@ -251,6 +261,9 @@ class ClickHouseSnapshotExecutor:
         acknowledged DROP is verified: no table of that UUID is left.
         """
         with self.dispatch_gate.held_for_slot(slot.database, slot.table, principal.ref.user):
+            refused = self._lease_refused(principal, "before_drop", query_id)
+            if refused is not None:
+                return refused
             transport = self._factory(self.endpoint, principal.credentials)
             try:
                 rows = self._rows_of(transport, slot, table_uuid, f"{query_id}-read")
@@ -273,6 +286,16 @@ class ClickHouseSnapshotExecutor:
                     DispatchOutcome.UNKNOWN, query_id, None, None, "target_still_present"
                 )
             return result
+
+    def _lease_refused(
+        self, principal: IssuedPrincipal, step: str, query_id: str
+    ) -> DispatchResult | None:
+        """Under the gate: NOT_SENT (``lease_ended``...) unless the lease still holds."""
+        try:
+            self.guard.check_lease(principal, step)
+        except DispatchRefused as exc:
+            return DispatchResult(DispatchOutcome.NOT_SENT, query_id, None, None, exc.code)
+        return None
 
     def _rows_of(
         self, transport: QueryPort, slot: TargetSlot, table_uuid: str, query_id: str
@@ -299,7 +322,7 @@ class ClickHouseSnapshotExecutor:
         with self.dispatch_gate.held_for_slot(
             intent.database, intent.target_table, principal.ref.user
         ):
-            refused = self._recheck(intent, principal, "before_session", session_id)
+            refused = self._recheck(intent, principal, BEFORE_SESSION, session_id)
             if refused is not None:
                 return refused
             transport = self._factory(self.endpoint, principal.credentials)
@@ -322,7 +345,7 @@ class ClickHouseSnapshotExecutor:
                     opened.clickhouse_code,
                     f"session_open_{opened.outcome.value}",
                 )
-            refused = self._recheck(intent, principal, "before_exchange", session_id)
+            refused = self._recheck(intent, principal, BEFORE_EXCHANGE, session_id)
             if refused is not None:
                 return refused
             statement = (
@@ -368,9 +391,9 @@ class ClickHouseSnapshotExecutor:
                     intent.sha256,
                     {"step": REFUSED, "at": step, "session_id": session_id, "reason": exc.code},
                 )
-            opened = None if step == "before_session" else session_id
+            opened = None if step == BEFORE_SESSION else session_id
             return DispatchResult(DispatchOutcome.NOT_SENT, query_id, opened, None, exc.code)
-        if step != "before_session":
+        if step != BEFORE_SESSION:
             return None
         try:
             self.guard.note(

@@ -227,6 +227,24 @@ class ClickHouseSnapshotCatalog:
             absent_writers=_absent_writers(side, slot.database, names, tables),
         )
 
+    def side_effects_now(self, slot: TargetSlot, generation_table: str) -> tuple[Blocker, ...]:
+        """The side effects on both names now, in one request: the executor's last look
+        under the dispatch gate, just before the EXCHANGE (a view, a Buffer or a writer
+        that appeared since the observation). A missing database or name is a blocker."""
+        reads = CatalogReads(self._transport, self._clock() + self._timeout, self._clock)
+        names = (slot.table, generation_table)
+        around = self._around(reads, slot, names)
+        if around is None:
+            return (Blocker("database_missing", f"no database {slot.database}"),)
+        _, _, tables, side = around
+        found: list[Blocker] = []
+        for name in names:
+            if name not in tables:
+                found.append(Blocker("table_missing", f"no table {slot.database}.{name}"))
+            else:
+                found.extend(side.blockers(slot.database, name, tables[name], reads))
+        return tuple(found)
+
     def exchange_events(self, query_id: str) -> list[ExchangeEvent]:
         """Every query-log row of ``query_id`` after ``SYSTEM FLUSH LOGS``, in order."""
         reads = CatalogReads(self._transport, self._clock() + self._timeout, self._clock)

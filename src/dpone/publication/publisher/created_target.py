@@ -82,13 +82,15 @@ class CreatedTarget(PublisherPorts):
         result = self.executor.create_target(slot, evidence.generation.table, query_id, issued)
         self.store.note_step(query_id, {"step": "create_target_answer", **dispatch_facts(result)})
         if result.outcome is not DispatchOutcome.ACKNOWLEDGED:
+            why = f": {result.error_code}" if result.error_code else ""
             raise SnapshotPublicationError(
                 f"creating the empty target {slot.database}.{slot.table} was not acknowledged"
-                f" ({result.outcome.value})",
+                f" ({result.outcome.value}{why})",
                 code="create_target_failed",
                 query_id=query_id,
                 outcome=result.outcome.value,
                 clickhouse_code=result.clickhouse_code,
+                reason=result.error_code,
             )
         observation = self.observe_settled(evidence.slot, evidence.generation.table)
         if observation.target is None:
