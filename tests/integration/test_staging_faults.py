@@ -613,3 +613,24 @@ def test_a_spool_is_written_where_its_journal_is_and_a_swapped_path_refused(
     events = documents(real)
     assert (events[-1]["state"], events[-1]["error_code"]) == ("failed_cleaned", "spool_moved")
     assert not table_exists(clickhouse, "dpone_stage_swapped_h1")
+
+
+def test_a_failure_at_admission_is_recorded_as_the_attempts_end(
+    clickhouse: ServerInfo, tmp_path: Path
+) -> None:
+    """Reversal (issue 37, item 14): without the failure record on the admission path, an
+    attempt refused there (its file no longer the receipt's) left a journal with no
+    terminal event, which asks an operator to look at an attempt that did nothing."""
+    path, receipt, _ = export_hostile(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0x01  # the file is no longer the one the receipt describes
+    path.write_bytes(bytes(data))
+    cfg = config(clickhouse, tmp_path / "work")
+    with pytest.raises(DponeError) as caught:
+        ClickHouseSink(cfg).stage_validated_file(path, receipt, attempt_id="admission-1")
+    events = documents(tmp_path / "work" / "admission-1")
+    assert [(e["state"], e["outcome"]) for e in events] == [("failed_cleaned", "terminal")]
+    assert events[-1]["error_code"] == caught.value.code
+    [summary] = list_attempts(tmp_path / "work")
+    assert not summary.needs_operator, summary
+    assert caught.value.details["journal"] == str(tmp_path / "work" / "admission-1")
