@@ -550,8 +550,10 @@ class FailingStagedRecord(ClickHouseFileAttemptJournal):
     """The `staged` event's publication fails once, as a full disk would fail it (the
     journal takes the unpublished file back); every other event is written."""
 
+    failed = False
+
     def _publish(self, events_fd: int, sequence: int, data: bytes) -> None:
-        if b'"state":"staged"' in data and not getattr(type(self), "failed", False):
+        if b'"state":"staged"' in data and not type(self).failed:
             type(self).failed = True
             raise JournalError("disk full (simulated)", code="journal_write_failed")
         super()._publish(events_fd, sequence, data)
