@@ -208,3 +208,24 @@ def test_a_rollback_while_the_table_is_held_is_refused_at_once(
     refused = as_json(done)
     assert (refused["phase"], refused["error"]["code"]) == ("check", "refresh_busy"), refused
     assert dpone("rollback", "items", "--config", str(config)).returncode == 0
+
+
+def test_a_database_that_is_not_atomic_is_refused_before_the_export(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    """Before: a new target in a non-Atomic database (a Replicated or Shared one, here a
+    Memory one) was refused only by staging's identity check, after the export (issue
+    35, item 8)."""
+    make_source(tmp_path / "shop.db", rows_of(3))
+    config = project(tmp_path, server, "t_not_atomic")
+    config.write_text(config.read_text().replace(f'"{DATABASE}.t_not_atomic"', '"memdb.orders"'))
+    chhttp.query(server["http_port"], "CREATE DATABASE memdb ENGINE = Memory")
+    try:
+        if server["kind"] == "remote":  # its pool protects no memdb: that is said first
+            _refused_before_work(config, "database_not_protected")
+        else:
+            report = _refused_before_work(config, "database_not_atomic")
+            assert "Atomic" in report["error"]["message"], report
+        assert _attempts(tmp_path) == set()
+    finally:
+        chhttp.query(server["http_port"], "DROP DATABASE memdb")

@@ -179,8 +179,10 @@ class RefreshChecks:
             )
 
     def writers(self, table: TableConfig) -> None:
-        """What :meth:`check` refuses about the target's side effects and writers,
-        alone (``dpone check``): raised as the refresh would raise it before its export."""
+        """What :meth:`check` refuses about the target's database, side effects and
+        writers, alone (``dpone check``): raised as the refresh would raise it before
+        its export."""
+        require_database(self.project.clickhouse.access, table.database)
         self._target(table, new_attempt_id())
 
     def _target(self, table: TableConfig, attempt_id: str) -> None:

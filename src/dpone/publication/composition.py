@@ -256,17 +256,25 @@ def require_protected(server: ServerAccess | Path, database: str) -> None:
 
 
 def require_database(server: ServerAccess | Path, database: str) -> None:
-    """Refuse ``database`` unless it exists on the server (``database_missing``).
+    """Refuse ``database`` unless it exists on the server (``database_missing``) and is
+    Atomic (``database_not_atomic``).
 
     Asked before any work: a pool user would be told the same only after the export,
     and as the server's raw ``UNKNOWN_DATABASE``.
     """
     access = as_access(server)
-    if _operator_count(
-        access, f"system.databases WHERE name = {quote_literal(database)}", "database"
-    ):
+    named = f"system.databases WHERE name = {quote_literal(database)}"
+    if _operator_count(access, f"{named} AND engine = 'Atomic'", "database"):
         return
     statement = f"CREATE DATABASE {quote_identifier(database)} ENGINE = Atomic"
+    if _operator_count(access, named, "database"):
+        raise ConfigurationError(
+            f"database {database!r} is not Atomic: EXCHANGE TABLES and the UUIDs dpone's "
+            "proofs rest on need an Atomic database (a Replicated or Shared one is not "
+            f"supported); point the table's target at one (`{statement}`)",
+            code="database_not_atomic",
+            database=database,
+        )
     where = "the managed server" if access.managed else access.describe()
     raise ConfigurationError(
         f"database {database!r} does not exist on {where}; create it as its "
