@@ -8,6 +8,7 @@ faster than the reference it declines to.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import io
 import math
@@ -610,3 +611,15 @@ def test_float64_near_the_fast_path_bounds_is_the_exact_parse(
         ours = native(plans, data)
         assert ours == reference(plans, data), text
         assert ours is not None, text
+
+
+def test_a_family_the_c_side_does_not_know_is_declined_never_a_key_error() -> None:
+    """Before: a family added to the policy before the C side learned it raised
+    KeyError from column_spec, which a user saw as an internal error (issue 34)."""
+    known = plan_column(SourceColumn("n", "int", False))
+    assert rowbinary.column_spec((known,)) is not None
+    assert known.target is not None
+    unknown = dataclasses.replace(
+        known, target=dataclasses.replace(known.target, family="ipv4", text="IPv4")
+    )
+    assert rowbinary.column_spec((known, unknown)) is None  # the reference's, whole

@@ -131,8 +131,10 @@ def column_spec(plans: tuple[ColumnPlan, ...]) -> ctypes.Array[ctypes.c_int32] |
 
     Left to the reference: decimals wider than 38 digits, fractional precision above 7
     (the reference's own limit of an Int64 of ticks), a parameter outside the C
-    side's 32-bit integers (a huge FixedString width), and any pairing of column kind
-    and type the policy does not produce (or no columns at all).
+    side's 32-bit integers (a huge FixedString width), a type family or column kind
+    the C side does not know (a family added to the policy before the C side learns
+    it), and any pairing of column kind and type the policy does not produce (or no
+    columns at all).
     """
     if not plans:
         return None
@@ -150,6 +152,8 @@ def column_spec(plans: tuple[ColumnPlan, ...]) -> ctypes.Array[ctypes.c_int32] |
         first, second = (*params, 0, 0)[:2]
         if not (0 <= first <= _INT32_MAX and 0 <= second <= _INT32_MAX):
             return None
+        if plan.kind not in _KINDS or family not in _FAMILIES:
+            return None  # a family (or kind) the C side does not know: the reference's
         values += [_KINDS[plan.kind], _FAMILIES[family], first, second, int(plan.nullable)]
     return (ctypes.c_int32 * len(values))(*values)
 
