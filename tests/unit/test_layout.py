@@ -99,6 +99,24 @@ def test_no_import_runs_upward() -> None:
     assert upward == []
 
 
+# The staging sequence works on the journal port (dpone.ports.attempt_journal) only: the
+# file journal is chosen by its composition (issue 37, item 15).
+PORT_ONLY = {
+    "dpone.staging.run": ("dpone.staging.journal",),
+    "dpone.staging.service": ("dpone.staging.journal",),
+}
+
+
+def test_the_staging_sequence_uses_the_journal_port_not_the_file_journal() -> None:
+    found = [
+        f"{module}:{line} imports {target}"
+        for module, forbidden in PORT_ONLY.items()
+        for line, target in _imports(PACKAGE.parent / (module.replace(".", "/") + ".py"))
+        if target in forbidden
+    ]
+    assert found == []
+
+
 def test_the_rank_check_itself_sees_an_upward_import() -> None:
     assert _rank(_room("dpone.project.refresh")) > _rank(_room("dpone.staging.sink"))
     assert _rank(_room("dpone.ports.clickhouse")) < _rank(_room("dpone.connectors.clickhouse_http"))

@@ -53,6 +53,10 @@ class ClickHouseFileJournalResource(Protocol):
         """Create the attempt's storage exclusively; refuse an attempt that exists."""
         ...
 
+    def resume(self) -> list[JournalEvent]:
+        """Continue an existing, verified journal (a later actor's); its events in order."""
+        ...
+
     def record(self, fields: Mapping[str, Any]) -> JournalEvent:
         """Publish the next event durably and return it; raise if it was not published."""
         ...

@@ -29,7 +29,6 @@ from dpone.errors import DeadlineError, DponeError, StateError
 from dpone.ports.attempt_journal import ClickHouseFileJournalResource, JournalEvent
 from dpone.ports.clickhouse_errors import ClickHouseServerError, NotSubmitted
 from dpone.preparation.spool import PreparedSpool
-from dpone.staging.journal import ClickHouseFileAttemptJournal
 from dpone.staging.states import StageState, check_reentry, check_transition
 
 SETTLED_ACKNOWLEDGED = "acknowledged"
@@ -234,7 +233,7 @@ class AttemptRun:
 
     @classmethod
     def resume(
-        cls, journal: ClickHouseFileAttemptJournal, *, wall_clock: Callable[[], float] = time.time
+        cls, journal: ClickHouseFileJournalResource, *, wall_clock: Callable[[], float] = time.time
     ) -> AttemptRun:
         """The run of an existing journal, for a later actor (operator cleanup, discard)."""
         events = journal.resume()
