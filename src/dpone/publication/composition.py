@@ -354,6 +354,7 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
         ),
         recorded_uuids=recorded_table_uuids(store),
         live_targets=recorded_target_names(store),
+        pool_members=frozenset(pool_names()),
     )
     executor = ClickHouseSnapshotExecutor(
         endpoint,

@@ -137,9 +137,13 @@ class ClickHouseSnapshotCatalog:
         live_targets: RecordedUuids | None = None,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        pool_members: frozenset[str] = frozenset(),
     ) -> None:
         self._transport = transport
         self.trusted_users = frozenset(trusted_users)
+        # The pool's principals: the last look before an EXCHANGE leaves their grants to
+        # the observation, which waits for a closure in progress (observe_settled).
+        self.pool_members = frozenset(pool_members)
         self._allowed_writers = allowed_writers
         self._recorded_uuids = recorded_uuids
         self._live_targets = live_targets
@@ -229,11 +233,13 @@ class ClickHouseSnapshotCatalog:
 
     def side_effects_now(self, slot: TargetSlot, generation_table: str) -> tuple[Blocker, ...]:
         """The side effects on both names now, in one request: the executor's last look
-        under the dispatch gate, just before the EXCHANGE (a view, a Buffer or a writer
-        that appeared since the observation). A missing database or name is a blocker."""
+        under the dispatch gate, just before the EXCHANGE (a view, a Buffer, a mutation
+        or an outside writer that appeared since the observation). The pool's own
+        principals are judged by the observation (which waits for a closure another
+        process is proving); a missing database or name is a blocker."""
         reads = CatalogReads(self._transport, self._clock() + self._timeout, self._clock)
         names = (slot.table, generation_table)
-        around = self._around(reads, slot, names)
+        around = self._around(reads, slot, names, self.trusted_users | self.pool_members)
         if around is None:
             return (Blocker("database_missing", f"no database {slot.database}"),)
         _, _, tables, side = around
@@ -320,10 +326,15 @@ class ClickHouseSnapshotCatalog:
         return self.trusted_users | allowed
 
     def _around(
-        self, reads: CatalogReads, slot: TargetSlot, names: tuple[str, str]
+        self,
+        reads: CatalogReads,
+        slot: TargetSlot,
+        names: tuple[str, str],
+        allowed: frozenset[str] | None = None,
     ) -> tuple[str, str, dict[str, dict[str, Any]], SideEffects] | None:
         """The database's engine, both names' system.tables rows and the side effects
-        around them, in one request (None: no such database)."""
+        around them, in one request (None: no such database). ``allowed``: the users
+        whose write grants are accepted (default: this observation's allowance)."""
         db = quote_literal(slot.database)
         database_read = (
             "database",
@@ -339,7 +350,9 @@ class ClickHouseSnapshotCatalog:
         db_engine = text_field(databases[0], "engine", reads)
         db_uuid = text_field(databases[0], "uuid", reads)
         tables = {text_field(r, "name", reads): r for r in reads.rows(*tables_read)}
-        side = SideEffects.read(reads, slot.database, names, self._allowed(slot, names[1]))
+        if allowed is None:
+            allowed = self._allowed(slot, names[1])
+        side = SideEffects.read(reads, slot.database, names, allowed)
         return db_engine, db_uuid, tables, side
 
     @staticmethod
