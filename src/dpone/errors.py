@@ -8,8 +8,9 @@ matching. The original exception is always kept as ``__cause__`` by the raiser.
 
 from __future__ import annotations
 
+import contextlib
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -96,6 +97,22 @@ class Terminated(BaseException):
     def __init__(self, signum: int = signal.SIGTERM) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signal.Signals(signum)
+
+
+# The signals that stop a command: Ctrl-C, SIGTERM, SIGHUP.
+STOPPING_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+@contextlib.contextmanager
+def stopping_signals_held() -> Iterator[None]:
+    """Hold the stopping signals for a few statements that must happen together; one
+    that came meanwhile is raised (by the handlers) as the block ends. Only the calling
+    thread's mask changes (Python runs handlers in the main thread)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def interruption_signal(exc: BaseException) -> signal.Signals | None:

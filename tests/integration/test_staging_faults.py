@@ -4,6 +4,8 @@ pre-flight refusals, identity and receipt checks, credentials and the principal.
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.contracts.receipt import FileReceipt
-from dpone.errors import DponeError, JournalError
+from dpone.errors import DponeError, JournalError, Terminated
 from dpone.exporters.export import export_table
 from dpone.exporters.sources import SqliteSource
 from dpone.localserver import ADMIN_USER, ServerInfo
@@ -636,3 +638,44 @@ def test_a_failure_at_admission_is_recorded_as_the_attempts_end(
     [summary] = list_attempts(tmp_path / "work")
     assert not summary.needs_operator, summary
     assert caught.value.details["journal"] == str(tmp_path / "work" / "admission-1")
+
+
+class SignalledAtTheInsertIntent(ClickHouseFileAttemptJournal):
+    """SIGTERM reaches the process the moment the INSERT's intent is journaled."""
+
+    def record(self, fields: Any) -> Any:
+        event = super().record(fields)
+        if fields.get("query", {}).get("kind") == "insert" and fields.get("outcome") == "intent":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return event
+
+
+def test_a_signal_as_the_insert_is_journaled_ends_with_a_proven_outcome(
+    clickhouse: ServerInfo, tmp_path: Path
+) -> None:
+    """Before: the signal came between the durable intent and the request, nothing said
+    the request never left, and cleanup could never prove its termination
+    (retained_unknown, then termination_unproven at every `attempts cleanup`; issue 37,
+    item 8). Now it is raised once the intent is known: not_submitted, dropped."""
+
+    def terminated(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    path, receipt, _ = export_hostile(tmp_path)
+    cfg = config(clickhouse, tmp_path / "work")
+    sink = ClickHouseSink(
+        cfg, journal_factory=file_journals(cfg.work_dir, SignalledAtTheInsertIntent)
+    )
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        with pytest.raises(Terminated):
+            sink.stage_validated_file(path, receipt, attempt_id="signal-1")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    events = documents(tmp_path / "work" / "signal-1")
+    settled = [e.get("settled") for e in events if e.get("settled")]
+    assert {"query_id": "dpone-b02-signal-1-insert", "by": "not_submitted"} in settled, events
+    assert events[-1]["state"] == "failed_cleaned", events[-1]
+    assert not table_exists(clickhouse, "dpone_stage_signal_h1")
+    [summary] = list_attempts(tmp_path / "work")
+    assert not summary.needs_operator, summary

@@ -27,14 +27,13 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from dpone.cli.output import MIN_RATE_SECONDS
-from dpone.errors import interruption_signal
+from dpone.errors import STOPPING_SIGNALS, interruption_signal, stopping_signals_held
 from dpone.project.config import TableConfig
 from dpone.project.refresh import TableReport
 
@@ -198,7 +197,7 @@ class _Run:
             try:
                 self._hand_out(waiting, jobs)
                 for worker in list(self.workers):
-                    with _signals_held():  # a report read is never lost
+                    with stopping_signals_held():  # a report read is never lost
                         self._collect(worker, fail_fast, waiting)
                 if not waiting and not self.closed:
                     self._close(waiting)
@@ -222,7 +221,7 @@ class _Run:
             idle = next((w for w in self.workers if w.table is None), None)
             if idle is None and len(self.workers) >= jobs:
                 return
-            with _signals_held():  # a handed-out table always has its worker listed
+            with stopping_signals_held():  # a handed-out table always has its worker listed
                 if idle is None:
                     idle = self._start()
                     self.workers.append(idle)
@@ -288,7 +287,7 @@ class _Run:
             start_new_session=True,  # a terminal's Ctrl-C is forwarded once, by the parent
             env={**os.environ, JOB_PROGRESS_ENV: str(progress)},
             # The worker inherits the signal mask, and it is started with the stopping
-            # signals held (see _signals_held): it must receive them.
+            # signals held (see stopping_signals_held): it must receive them.
             preexec_fn=_unblock_signals,
         )
         assert process.stdout is not None
@@ -296,22 +295,8 @@ class _Run:
         return _Worker(process, stderr, progress)
 
 
-_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-
-
-@contextmanager
-def _signals_held() -> Iterator[None]:
-    """Hold the stopping signals for a few statements; one that came meanwhile is then
-    raised (by the CLI's handlers) at the end of the block."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 def _unblock_signals() -> None:
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING_SIGNALS)
 
 
 def _changed(

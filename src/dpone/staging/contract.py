@@ -10,7 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from dpone.connectors.bulk_text_codec import CODEC_ID, CODEC_VERSION
+from dpone.contracts.receipt import FileReceipt
 from dpone.errors import ConfigurationError, DponeError
+from dpone.typepolicy import POLICY_ID, POLICY_VERSION
 
 _KEY_EXPRESSION = re.compile(r"^[A-Za-z0-9_`(), ]*$")
 
@@ -19,6 +22,25 @@ class StagingError(DponeError):
     """Staging did not produce a verified table; ``details['last_event']`` is the last confirmed record."""
 
     code = "staging_failed"
+
+
+def check_receipt_versions(receipt: FileReceipt) -> None:
+    """Refuse a receipt made with another codec or type policy than this build's
+    (``receipt_codec_mismatch``, ``receipt_policy_mismatch``): validate the file again."""
+    used = {"codec": (CODEC_ID, CODEC_VERSION), "policy": (POLICY_ID, POLICY_VERSION)}
+    found = {
+        "codec": (receipt.codec_id, receipt.codec_version),
+        "policy": (receipt.policy_id, receipt.policy_version),
+    }
+    for what, expected in used.items():
+        if found[what] != expected:
+            raise StagingError(
+                f"the receipt was made with {what} {found[what][0]} version {found[what][1]}; "
+                f"this dpone uses {expected[0]} version {expected[1]}: validate the file again",
+                code=f"receipt_{what}_mismatch",
+                receipt=list(found[what]),
+                used=list(expected),
+            )
 
 
 def local_io_failed(attempt_id: str, exc: OSError) -> StagingError:

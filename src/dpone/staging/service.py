@@ -8,14 +8,12 @@ It owns the attempt sequence, query ownership and failure cleanup:
     (state unknown, or the endpoint now another server: all is kept) or cleanup_failed
     (a cleanup step ran and failed: the server refused the DROP).
 
-Before the expensive work it checks what it can: the server answers as the expected
-user, the database exists and is Atomic, the receipt was made with the codec and
-policy this build uses, and the transport can carry every target type. A durable
-journal intent precedes every mutation (the journal comes from the required
-``journal_factory(policy, attempt_id)``, a :mod:`dpone.ports.attempt_journal` port);
-each mutation has exactly one ``dpone-b02-<attempt>-<identity|create|insert|drop>``
-query id and is never retried. The reads that prove the staging table is the
-attempt's own are in :mod:`dpone.staging.table_checks`.
+Before the expensive work it checks the server's user, the database (exists, Atomic),
+the receipt's codec and policy, and that the transport carries every target type. A
+durable journal intent (``journal_factory(policy, attempt_id)``, the port of
+:mod:`dpone.ports.attempt_journal`) precedes every mutation; each has exactly one
+``dpone-b02-<attempt>-<identity|create|insert|drop>`` query id, never retried. The
+reads that prove the staging table the attempt's own: :mod:`dpone.staging.table_checks`.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from dpone.connectors.bulk_text_codec import CODEC_ID, CODEC_VERSION
 from dpone.connectors.clickhouse_tables import (
     observe_ownership,
     ownership_comment,
@@ -42,7 +39,7 @@ from dpone.connectors.endpoint_identity import (
 )
 from dpone.connectors.remote_termination import prove_termination
 from dpone.contracts.receipt import FileReceipt
-from dpone.errors import DeadlineError, DponeError
+from dpone.errors import DeadlineError, DponeError, stopping_signals_held
 from dpone.ports.attempt_journal import ClickHouseFileJournalResource
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_errors import ClickHouseServerError
@@ -63,9 +60,16 @@ from dpone.preparation.spool import (
 from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact, FileAttempt
 from dpone.sql import quote_identifier, quote_literal
 from dpone.staging.cleanup import UNOBSERVABLE, CleanupRefused, drop_owned_table
-from dpone.staging.contract import PhysicalDesign, StagingError, StagingPolicy, local_io_failed
+from dpone.staging.contract import (
+    PhysicalDesign,
+    StagingError,
+    StagingPolicy,
+    check_receipt_versions,
+    local_io_failed,
+)
 from dpone.staging.run import (
     SETTLED_ACKNOWLEDGED,
+    SETTLED_NOT_SUBMITTED,
     AttemptRun,
     error_code,
     settlement,
@@ -77,7 +81,7 @@ from dpone.staging.table_checks import (
     check_endpoint,
     qualified_name,
 )
-from dpone.typepolicy import POLICY_ID, POLICY_VERSION, plan_columns
+from dpone.typepolicy import plan_columns
 
 S = StageState
 # check_types(columns): refuses (name, ClickHouse type) pairs the transport cannot send.
@@ -278,20 +282,7 @@ class ClickHouseValidatedFileService:
 
     def _check_receipt(self, receipt: FileReceipt, overrides: dict[str, str] | None) -> None:
         """The receipt must describe the codec and policy this build reads and converts with."""
-        used = {"codec": (CODEC_ID, CODEC_VERSION), "policy": (POLICY_ID, POLICY_VERSION)}
-        found = {
-            "codec": (receipt.codec_id, receipt.codec_version),
-            "policy": (receipt.policy_id, receipt.policy_version),
-        }
-        for what, expected in used.items():
-            if found[what] != expected:
-                raise StagingError(
-                    f"the receipt was made with {what} {found[what][0]} version {found[what][1]}; "
-                    f"this dpone uses {expected[0]} version {expected[1]}: validate the file again",
-                    code=f"receipt_{what}_mismatch",
-                    receipt=list(found[what]),
-                    used=list(expected),
-                )
+        check_receipt_versions(receipt)
         if self.check_types is not None:
             plans = plan_columns(receipt.schema.columns, overrides)
             self.check_types([(p.name, p.clickhouse_type) for p in plans])
@@ -551,14 +542,23 @@ class ClickHouseValidatedFileService:
         """A durable intent, then the one request under its own id; records how it settled."""
         query_id = mutation_query_id(run.attempt_id, kind)
         deadline = self.clock() + self.policy.request_seconds  # before the intent (its window)
-        run.intent(state, kind, query_id, self.policy.request_seconds, **intent_fields)
         request = mutation(statement, query_id, body=body)
         if body is not None:
             # The wire carries the spool: its ceiling holds while the body streams too.
             request = dataclasses.replace(request, max_body_bytes=self.policy.max_spool_bytes)
+        calling = False
         try:
+            # A signal while the intent is written is raised once it is durable: its
+            # request provably never left (not_submitted), no termination to prove.
+            with stopping_signals_held():
+                run.intent(state, kind, query_id, self.policy.request_seconds, **intent_fields)
+            calling = True
             result = self.transport.execute(request, deadline=deadline)
         except BaseException as exc:
+            if not calling:
+                if run.in_flight == query_id:
+                    run.settle(query_id, SETTLED_NOT_SUBMITTED)
+                raise
             how = settlement(exc)
             if how is not None:
                 run.settle(query_id, how)
