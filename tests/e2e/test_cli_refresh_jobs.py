@@ -107,6 +107,18 @@ def test_twenty_tables_with_four_jobs_each_publish_with_their_own_report(
     assert text.stdout.count(": published 1000 rows") == 4, text.stdout
 
 
+def _refreshing(options: list[str]) -> subprocess.Popen[str]:
+    """``dpone refresh OPTIONS`` started (its output piped, as text), not awaited."""
+    env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "dpone", "refresh", *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
 def _workers(config: Path) -> list[int]:
     """The pids of the `--jobs` workers running over ``config``."""
     found = []
@@ -124,13 +136,7 @@ def test_a_worker_killed_fails_its_table_alone_and_the_rest_are_published(
     tmp_path: Path, server: dict[str, Any]
 ) -> None:
     config = _project(tmp_path, server, 6, 20_000, "kill")
-    argv = ["refresh", "--all", "--jobs", "2", "--config", str(config), "--json"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "dpone", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = _refreshing(["--all", "--jobs", "2", "--config", str(config), "--json"])
     deadline = time.monotonic() + 120
     while len(workers := _workers(config)) < 2:
         assert process.poll() is None, process.communicate()
@@ -168,15 +174,7 @@ def test_a_signal_reaches_every_running_table_once_and_each_says_what_it_left(
 ) -> None:
     config = _project(tmp_path, server, 6, 20_000, "stop")
     store = tmp_path / "store.sqlite"
-    env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
-    argv = ["refresh", "--all", "--jobs", "3", "--config", str(config), "--json"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "dpone", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    process = _refreshing(["--all", "--jobs", "3", "--config", str(config), "--json"])
     deadline = time.monotonic() + 120
     while True:  # stop once three intents exist: three tables are past their stage
         try:

@@ -528,7 +528,7 @@ def test_a_buffer_made_after_the_precheck_is_seen_under_the_gate_and_nothing_sen
         notes = [n.facts for n in case.store().step_notes(f"dispatch/{case.intent}")]
         refused = [n for n in notes if n.get("step") == "dispatch_refused"]
         assert [(n["at"], n["reason"]) for n in refused] == [
-            ("before_exchange", "side_effect_present")
+            ("before_session", "side_effect_present")
         ]
     finally:
         rig.admin(f"DROP TABLE IF EXISTS {db}.{buffer} SYNC")

@@ -679,3 +679,43 @@ def test_a_signal_as_the_insert_is_journaled_ends_with_a_proven_outcome(
     assert not table_exists(clickhouse, "dpone_stage_signal_h1")
     [summary] = list_attempts(tmp_path / "work")
     assert not summary.needs_operator, summary
+
+
+class SignalledAtTheDropIntent(ClickHouseFileAttemptJournal):
+    """SIGTERM reaches the process the moment cleanup's DROP intent is journaled."""
+
+    def record(self, fields: Any) -> Any:
+        event = super().record(fields)
+        if fields.get("outcome") == "drop_intent":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return event
+
+
+def test_a_signal_as_the_drop_is_journaled_leaves_it_settled_not_submitted(
+    clickhouse: ServerInfo, tmp_path: Path
+) -> None:
+    """The same gap for cleanup's DROP (found by review): its intent is settled
+    not_submitted, so `attempts cleanup` later needs no proof of a query never sent."""
+
+    def terminated(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    path, receipt, _ = export_hostile(tmp_path)
+    cfg = config(clickhouse, tmp_path / "work")
+    sink = ClickHouseSink(
+        cfg,
+        runner_factory=runner(Interfering(build_transport(cfg), WRONG_COUNT)),
+        journal_factory=file_journals(cfg.work_dir, SignalledAtTheDropIntent),
+    )
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        with pytest.raises(DponeError) as caught:  # the primary failure stays the error
+            sink.stage_validated_file(path, receipt, attempt_id="dropsig-1")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert caught.value.code == "count_mismatch"
+    events = documents(tmp_path / "work" / "dropsig-1")
+    settled = [e.get("settled") for e in events if e.get("settled")]
+    assert {"query_id": "dpone-b02-dropsig-1-drop", "by": "not_submitted"} in settled, events
+    assert events[-1]["state"] == "cleanup_failed", events[-1]
+    assert table_exists(clickhouse, "dpone_stage_dropsig_h1")  # never sent: still there

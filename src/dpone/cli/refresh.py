@@ -26,7 +26,7 @@ from dpone.cli.output import (
     status_line,
 )
 from dpone.cli.refresh_jobs import JobProgress, run_jobs
-from dpone.errors import ConfigurationError
+from dpone.errors import ConfigurationError, stopping_signals_held
 from dpone.project.config import DESIGN_CHANGES, MAX_JOBS, Project, TableConfig, load_project
 from dpone.project.design_change import describe_change
 from dpone.project.refresh import RefreshService, TableReport
@@ -182,7 +182,8 @@ def _serve(project: Project, allow_shrink: bool, design_change: str | None) -> N
     while line := sys.stdin.readline():
         table = select_tables(project, (line.strip(),), False)[0]
         report = service.refresh(table)
-        emit_json({"report": report.to_dict()})
+        with stopping_signals_held():  # a signal now ends the worker, never its report
+            emit_json({"report": report.to_dict()})
         if report.interrupted:  # the run stops: no next table
             raise SystemExit(128 + signal.Signals[report.interrupted])
 

@@ -218,7 +218,10 @@ class _Run:
 
     def _hand_out(self, waiting: deque[TableConfig], jobs: int) -> None:
         while waiting and not self.closed:
-            idle = next((w for w in self.workers if w.table is None), None)
+            # A worker that already ended is reaped by _collect, never handed a table.
+            idle = next(
+                (w for w in self.workers if w.table is None and w.process.poll() is None), None
+            )
             if idle is None and len(self.workers) >= jobs:
                 return
             with stopping_signals_held():  # a handed-out table always has its worker listed

@@ -359,7 +359,7 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
     executor = ClickHouseSnapshotExecutor(
         endpoint,
         dispatch_gate=gate,
-        # The last look under the gate, just before an EXCHANGE: what blocks it now.
+        # The last look under the gate, before the EXCHANGE's session: what blocks it now.
         guard=DispatchGuard(
             store,
             side_effects=lambda intent: catalog.side_effects_now(

@@ -135,22 +135,23 @@ class DispatchGuard:
 
     def check(self, intent: SnapshotIntent, principal: IssuedPrincipal, step: str) -> None:
         """Raise :class:`DispatchRefused` unless the lease and the claim still hold and,
-        just before the EXCHANGE, nothing blocks it on either name."""
+        before the session that carries the EXCHANGE opens, nothing blocks it on either
+        name (before, not inside it: the look may take longer than the session lives)."""
         self._check_claim(intent, principal, step)
-        if step == BEFORE_EXCHANGE and self.side_effects is not None:
+        if step == BEFORE_SESSION and self.side_effects is not None:
             try:
                 blockers = self.side_effects(intent)
             except DponeError as exc:
                 raise DispatchRefused(
                     f"the side effects on {intent.database}.{intent.target_table} could not "
-                    f"be observed before the EXCHANGE: {exc.message}",
+                    f"be observed before the EXCHANGE's session: {exc.message}",
                     code="dispatch_unverified",
                     step=step,
                 ) from exc
             if blockers:
                 raise DispatchRefused(
                     f"{intent.database}.{intent.target_table} has a side effect the publisher "
-                    f"does not handle, seen just before the EXCHANGE: {blockers[0].reason} "
+                    f"does not handle, seen under the gate before the EXCHANGE: {blockers[0].reason} "
                     f"({blockers[0].detail})",
                     code="side_effect_present",
                     step=step,

@@ -23,7 +23,13 @@ from dpone.connectors.endpoint_identity import (
     raise_if_database_missing,
 )
 from dpone.connectors.remote_termination import prove_termination
-from dpone.errors import DeadlineError, DponeError, StateError, TransportError
+from dpone.errors import (
+    DeadlineError,
+    DponeError,
+    StateError,
+    TransportError,
+    stopping_signals_held,
+)
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_errors import ClickHouseServerError
 from dpone.ports.clickhouse_request import mutation, mutation_query_id
@@ -31,6 +37,7 @@ from dpone.sql import quote_identifier
 from dpone.staging.contract import StagingError
 from dpone.staging.run import (
     SETTLED_ACKNOWLEDGED,
+    SETTLED_NOT_SUBMITTED,
     SETTLED_SERVER_ERROR,
     AttemptRun,
     settlement,
@@ -121,8 +128,18 @@ def drop_owned_table(
     """
     drop_id = mutation_query_id(run.attempt_id, kind)
     deadline = clock() + request_seconds  # before the intent: its window is conservative
-    run.intent(state, kind, drop_id, request_seconds, observed_ownership={"table_uuid": found.uuid})
     statement = f"DROP TABLE {quote_identifier(database)}.{quote_identifier(table)}"
+    try:
+        # As for every mutation: a signal while the intent is written is raised once it is
+        # durable, and the DROP it announced provably never left.
+        with stopping_signals_held():
+            run.intent(
+                state, kind, drop_id, request_seconds, observed_ownership={"table_uuid": found.uuid}
+            )
+    except BaseException:
+        if run.in_flight == drop_id:
+            run.settle(drop_id, SETTLED_NOT_SUBMITTED)
+        raise
     try:
         transport.execute(mutation(statement, drop_id), deadline=deadline)
     except DponeError as exc:

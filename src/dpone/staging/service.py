@@ -440,8 +440,8 @@ class ClickHouseValidatedFileService:
     def _cleanup(self, run: AttemptRun, table: str, exc: BaseException) -> None:
         """After the CREATE intent: decide and record how the attempt ends; never raises."""
         if run.state is S.PREPARED:  # the CREATE intent was never recorded: nothing sent
-            self._fail_before_create(run, exc)
-            return
+            return self._fail_before_create(run, exc)
+        ending_said = False
         try:
             run.event(S.CLEANUP, "started", error_code=error_code(exc))
             try:
@@ -456,10 +456,11 @@ class ClickHouseValidatedFileService:
                 ending = S.RETAINED_UNKNOWN
             if ending is S.FAILED_CLEANED and run.prepared is not None:
                 self._release_spool(run, exc)
+            ending_said = True  # a failed terminal record is not a failed cleanup
             run.terminal(ending, exc)
         except BaseException as cleanup_exc:
             exc.add_note(f"cleanup did not finish: {type(cleanup_exc).__name__}: {cleanup_exc}")
-            if run.state is S.CLEANUP:
+            if run.state is S.CLEANUP and not ending_said:
                 run.record_failure(S.CLEANUP_FAILED, cleanup_exc, primary=exc)
 
     def _clean(self, run: AttemptRun, table: str, exc: BaseException) -> StageState:

@@ -232,9 +232,10 @@ class ClickHouseSnapshotCatalog:
         )
 
     def side_effects_now(self, slot: TargetSlot, generation_table: str) -> tuple[Blocker, ...]:
-        """The side effects on both names now, in one request: the executor's last look
-        under the dispatch gate, just before the EXCHANGE (a view, a Buffer, a mutation
-        or an outside writer that appeared since the observation). The pool's own
+        """The side effects on both names now, in one request (or, past the response
+        budget, one per read): the executor's last look under the dispatch gate, before
+        the EXCHANGE's session opens (a view, a Buffer, a mutation or an outside writer
+        that appeared since the observation). The pool's own
         principals are judged by the observation (which waits for a closure another
         process is proving); a missing database or name is a blocker."""
         reads = CatalogReads(self._transport, self._clock() + self._timeout, self._clock)
