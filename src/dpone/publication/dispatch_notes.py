@@ -108,7 +108,7 @@ class DispatchGuard:
 
     def __init__(self, store: GuardStore, side_effects: SideEffectsNow | None = None) -> None:
         """``side_effects``: the catalog's last look at both names of an intent (what
-        blocks its EXCHANGE now), asked just before the statement is sent."""
+        blocks its EXCHANGE now), asked under the gate before the session opens."""
         self.store = store
         self.side_effects = side_effects
 
@@ -151,8 +151,8 @@ class DispatchGuard:
             if blockers:
                 raise DispatchRefused(
                     f"{intent.database}.{intent.target_table} has a side effect the publisher "
-                    f"does not handle, seen under the gate before the EXCHANGE: {blockers[0].reason} "
-                    f"({blockers[0].detail})",
+                    "does not handle, seen under the gate before the EXCHANGE: "
+                    f"{blockers[0].reason} ({blockers[0].detail})",
                     code="side_effect_present",
                     step=step,
                     blockers=[b.reason for b in blockers],
