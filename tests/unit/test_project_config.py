@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from dpone.errors import ConfigurationError
-from dpone.project.config import ProjectConfigError, parse_project, resolve_secret
+from dpone.project.config import ProjectConfigError, parse_project
+from dpone.project.source_secrets import resolve_secret
 
 GOOD = """\
 [project]

@@ -67,7 +67,7 @@ def release_ingest_leases(
         Path(str(server["data_dir"])), None if given is None else Path(str(given))
     )
     config = PublicationConfig(
-        access.data_dir, store_path, create_store=False, remote=access.remote
+        access.data_dir, store_path, create_store=False, remote=access.remote, pool=access.pool
     )
     parts = build_publication(config, database)
     for lease_id in active:
@@ -177,7 +177,9 @@ def close_abandoned_leases(
                 evidence=verdict.evidence if verdict else {},
             )
     parts = build_publication(
-        PublicationConfig(access.data_dir, store_path, create_store=False, remote=access.remote),
+        PublicationConfig(
+            access.data_dir, store_path, create_store=False, remote=access.remote, pool=access.pool
+        ),
         "system",
     )
     for lease in mine:

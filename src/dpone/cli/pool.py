@@ -17,6 +17,7 @@ from dpone.cli.output import config_option, emit_json, json_option, reported_err
 from dpone.durable_files import atomic_outputs
 from dpone.errors import ConfigurationError
 from dpone.localserver.pool_file import DEFAULT_NETWORKS, render_pool
+from dpone.localserver.principal_pool import PoolNames
 from dpone.project.config import load_project
 from dpone.publication.pool_verify import verify_pool
 
@@ -54,6 +55,14 @@ def pool() -> None:
     help=f"An address or CIDR block the principals may connect from (repeat; default "
     f"{', '.join(DEFAULT_NETWORKS)}).",
 )
+@click.option(
+    "--pool",
+    "pool_name",
+    default="",
+    help="The pool's name, one per project on a shared server: `--pool sales` makes "
+    "dpone_sales_ingest_1...; the project names it with [clickhouse] pool. Default: "
+    "the default pool (dpone_ingest_1...).",
+)
 @click.option("--force", is_flag=True, help="Replace existing files (a rotation).")
 @json_option
 def render(
@@ -61,6 +70,7 @@ def render(
     out: Path,
     credentials: Path,
     networks: tuple[str, ...],
+    pool_name: str,
     force: bool,
     as_json: bool,
 ) -> None:
@@ -71,7 +81,9 @@ def render(
     credentials file).
     """
     with reported_errors(as_json):
-        rendered = render_pool(databases, networks=networks or DEFAULT_NETWORKS)
+        rendered = render_pool(
+            databases, networks=networks or DEFAULT_NETWORKS, pool=PoolNames(pool_name)
+        )
         with atomic_outputs([out, credentials], force=force) as (users_stream, secret_stream):
             users_stream.write(rendered.users_xml.encode("utf-8"))
             secret_stream.write(rendered.credentials_json.encode("utf-8"))
@@ -83,11 +95,14 @@ def render(
                     "credentials_file": str(credentials),
                     "users": list(rendered.users),
                     "databases": list(databases),
+                    "pool": pool_name,
                 }
             )
         else:
             click.echo(f"users file: {out} ({len(rendered.users)} principals, hashes only)")
             click.echo(f"credentials file: {credentials} (0600; keep it on dpone's host only)")
+            if pool_name:
+                click.echo(f'the project names it in [clickhouse]: pool = "{pool_name}"')
             click.echo(
                 "next: install the users file in the server's users.d directory (the server "
                 "reads it by itself), then run `dpone pool verify`"

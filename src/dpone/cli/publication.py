@@ -175,6 +175,7 @@ def prepare(
             access.data_dir,
             store_path,
             remote=access.remote,
+            pool=access.pool,
             accept_ungated_ingest=accept_ungated_ingest,
         )
         parts = build_publication(config, slot.database)
@@ -204,7 +205,7 @@ def _call(
         database = SnapshotIntent.from_bytes(stored.intent_bytes).database
         access = server_access(data_dir, project_config)
         config = PublicationConfig(
-            access.data_dir, store_path, create_store=False, remote=access.remote
+            access.data_dir, store_path, create_store=False, remote=access.remote, pool=access.pool
         )
         publisher = build_publication(config, database).publisher
         calls = {
@@ -414,7 +415,11 @@ def close_lease_verb(
         access = server_access(data_dir, project_config)
         parts = build_publication(
             PublicationConfig(
-                access.data_dir, store_path, create_store=False, remote=access.remote
+                access.data_dir,
+                store_path,
+                create_store=False,
+                remote=access.remote,
+                pool=access.pool,
             ),
             "system",
         )

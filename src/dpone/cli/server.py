@@ -28,11 +28,12 @@ from dpone.localserver import (
     stop_running,
 )
 from dpone.localserver.layout import DEFAULT_DATA_DIR, DataDirLayout
-from dpone.localserver.principal_pool import managed_server_users
+from dpone.localserver.principal_pool import check_pool_name, managed_server_users
 from dpone.localserver.protected import (
     DEFAULT_PROTECTED_DATABASE,
     databases_to_start,
     record_protected,
+    recorded_pools,
     recorded_protected,
     restart_commands,
     start_command,
@@ -89,6 +90,15 @@ def server() -> None:
     f"recorded set is started again (the first time: {DEFAULT_PROTECTED_DATABASE}); a "
     "given set replaces the record. Users are read at start only: a new one needs a restart.",
 )
+@click.option(
+    "--pool",
+    "pools",
+    multiple=True,
+    help="A named pool to declare beside the default one (repeatable), for a project "
+    "whose [clickhouse] pool names it: several projects then share this server, each with "
+    "its own principals. Recorded like --protect: without --pool the recorded pools are "
+    "declared again; given ones replace the record.",
+)
 @json_option
 def start(
     data_dir: Path,
@@ -97,14 +107,16 @@ def start(
     foreground: bool,
     timeout: float,
     protected: tuple[str, ...],
+    pools: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Start a server on DATA_DIR and wait until both ports accept connections."""
     with reported_errors(as_json):
         databases, recorded = databases_to_start(data_dir, protected)
+        named = tuple(check_pool_name(p) for p in pools) or recorded_pools(data_dir)
         local = LocalServer(
             data_dir,
-            users=managed_server_users(databases),
+            users=managed_server_users(databases, pools=named),
             http_port=http_port,
             tcp_port=tcp_port,
             watch_parent=foreground,
@@ -112,7 +124,7 @@ def start(
         )
         info = local.start()
         # Recorded once the server runs with them: the record is what a restart repeats.
-        record_protected(data_dir, databases)
+        record_protected(data_dir, databases, named)
         provision_protected_databases(data_dir, info.http_port, databases)
         replaced = recorded if recorded is not None and set(recorded) != set(databases) else None
         echo_warnings(local.warnings)
@@ -161,6 +173,7 @@ def _protection(data_dir: str | Path) -> dict[str, object]:
     recorded = recorded_protected(data_dir)
     return {
         "protected_databases": list(recorded) if recorded is not None else None,
+        "pools": list(recorded_pools(data_dir)),
         "start_command": start_command(data_dir),
     }
 
@@ -172,6 +185,9 @@ def _echo_protected(data_dir: str | Path, replaced: tuple[str, ...] | None = Non
     else:
         where = DataDirLayout.at(data_dir).protected_file
         click.echo(f"protected databases: {', '.join(recorded)} (recorded in {where})")
+        named = recorded_pools(data_dir)
+        if named:
+            click.echo(f"pools: the default one and {', '.join(named)}")
     if replaced is not None:
         click.echo(
             f"the protected databases changed: they were {', '.join(replaced)}; the given "

@@ -30,17 +30,18 @@ from dpone.errors import ConfigurationError
 from dpone.localserver.config import ServerUser
 from dpone.localserver.credentials import generate_password, read_credentials_file
 from dpone.localserver.principal_pool import (
-    DEFAULT_POOL_SIZE,
+    DEFAULT_POOL,
+    IDENTITY_DATABASE,
     ROLE_CATALOG,
+    SLOT_MARKER_PREFIX,
+    PoolNames,
     check_databases,
-    pool_names,
     role_grants,
-    role_of,
 )
 from dpone.ports.clickhouse_request import Credentials
 from dpone.sql import quote_identifier
 
-KEEPER_USER = "dpone_keeper"
+KEEPER_USER = DEFAULT_POOL.keeper
 ROLE_KEEPER = "keeper"
 POOL_PROFILE = "dpone_pool"
 # Any address: the passwords are the gate; an operator narrows it with --network.
@@ -56,22 +57,34 @@ class RenderedPool:
     users: tuple[str, ...]
 
 
-def remote_users(size: int = DEFAULT_POOL_SIZE) -> tuple[str, ...]:
-    """Every principal a remote server declares: the pool, then the keeper."""
-    return (*pool_names(size), KEEPER_USER)
+def remote_users(pool: PoolNames = DEFAULT_POOL) -> tuple[str, ...]:
+    """Every principal a remote server declares for ``pool``: the pool, then its keeper."""
+    return (*pool.members(), pool.keeper)
 
 
-def remote_role(user: str) -> str | None:
-    """The role of a remote server's principal (the pool's, or ``keeper``)."""
-    return ROLE_KEEPER if user == KEEPER_USER else role_of(user)
+def remote_role(user: str, pool: PoolNames = DEFAULT_POOL) -> str | None:
+    """The role of a remote server's principal of ``pool`` (the pool's, or ``keeper``)."""
+    return ROLE_KEEPER if user == pool.keeper else pool.role_of(user)
 
 
-def remote_grants(role: str, databases: Sequence[str]) -> tuple[str, ...]:
-    """The grant statements of ``role`` over the protected ``databases``."""
+def remote_grants(
+    role: str, databases: Sequence[str], pool: PoolNames = DEFAULT_POOL
+) -> tuple[str, ...]:
+    """The grant statements of ``role`` over the protected ``databases``.
+
+    The keeper also claims ownership for its store: it creates (and, handing ownership
+    over, drops) its pool's marker and the slots' markers in the identity database.
+    """
     if role == ROLE_KEEPER:
         reads = role_grants(ROLE_CATALOG, databases)
         drops = tuple(f"GRANT DROP TABLE ON {quote_identifier(d)}.*" for d in databases)
-        return (*(g.statement() for g in reads), *drops)
+        identity = quote_identifier(IDENTITY_DATABASE)
+        markers = (
+            f"GRANT CREATE TABLE, DROP TABLE ON {identity}.{quote_identifier(pool.marker)}",
+            f"GRANT CREATE TABLE, DROP TABLE ON {identity}.{SLOT_MARKER_PREFIX}*",
+            "GRANT TABLE ENGINE ON Memory",
+        )
+        return (*(g.statement() for g in reads), *drops, *markers)
     return tuple(g.statement() for g in role_grants(role, databases))
 
 
@@ -95,16 +108,16 @@ def render_pool(
     databases: Sequence[str],
     *,
     networks: Sequence[str] = DEFAULT_NETWORKS,
-    size: int = DEFAULT_POOL_SIZE,
+    pool: PoolNames = DEFAULT_POOL,
     passwords: Mapping[str, str] | None = None,
 ) -> RenderedPool:
-    """The users file and the credentials file of a new pool over ``databases``.
+    """The users file and the credentials file of a new ``pool`` over ``databases``.
 
     ``passwords`` (every principal's, for a test) defaults to freshly generated ones.
     """
     dbs = check_databases(databases)
     nets = check_networks(networks)
-    names = remote_users(size)
+    names = remote_users(pool)
     chosen = dict(passwords) if passwords is not None else {n: generate_password() for n in names}
     if sorted(chosen) != sorted(names):
         raise ConfigurationError("a password is needed for every principal", code="pool_passwords")
@@ -112,7 +125,7 @@ def render_pool(
         ServerUser(
             name,
             password=chosen[name],
-            grants=remote_grants(_known_role(name), dbs),
+            grants=remote_grants(_known_role(name, pool), dbs, pool),
             profile=POOL_PROFILE,
             networks=nets,
         )
@@ -125,7 +138,7 @@ def render_pool(
     )
 
 
-def load_pool_credentials(path: Path, size: int = DEFAULT_POOL_SIZE) -> dict[str, Credentials]:
+def load_pool_credentials(path: Path, pool: PoolNames = DEFAULT_POOL) -> dict[str, Credentials]:
     """Every principal's credentials from the credentials file ``render_pool`` wrote.
 
     Refused: a file others may read (``credentials_file_exposed``), one that lacks a
@@ -151,11 +164,11 @@ def load_pool_credentials(path: Path, size: int = DEFAULT_POOL_SIZE) -> dict[str
         raise ConfigurationError(
             f"no credentials file at {path}", code="credentials_file_unreadable", path=str(path)
         )
-    missing = [n for n in remote_users(size) if n not in passwords]
+    missing = [n for n in remote_users(pool) if n not in passwords]
     if missing:
         raise ConfigurationError(
-            f"the credentials file {path} lacks {', '.join(missing)}: render the pool again "
-            "with `dpone pool render` and install both files",
+            f"the credentials file {path} lacks {', '.join(missing)} ({pool.describe()}): "
+            "render the pool again with `dpone pool render` and install both files",
             code="credentials_file_incomplete",
             path=str(path),
             missing=missing,
@@ -163,8 +176,8 @@ def load_pool_credentials(path: Path, size: int = DEFAULT_POOL_SIZE) -> dict[str
     return {user: Credentials(user, password) for user, password in passwords.items()}
 
 
-def _known_role(name: str) -> str:
-    role = remote_role(name)
+def _known_role(name: str, pool: PoolNames) -> str:
+    role = remote_role(name, pool)
     assert role is not None, name
     return role
 

@@ -39,6 +39,14 @@ DEFAULT_POOL_SIZE = 4
 STAGING_TABLE_PREFIX = "dpone_stage_"
 # The endpoint identity substitute of the embedded server (connectors.endpoint_identity).
 IDENTITY_DATABASE = "_dpone_identity"
+# Ownership markers in the identity database (publication.ownership): ``owner_pool``,
+# ``owner_pool_<name>``, and ``owner_slot_<digest>`` for each target slot.
+OWNER_MARKER_PREFIX = "owner_"
+SLOT_MARKER_PREFIX = "owner_slot_"
+
+# A pool's name goes into its principals' names (``dpone_<pool>_ingest_1``) and its
+# ownership marker's: lowercase letters and digits, a letter first.
+_POOL_NAME = re.compile(r"^[a-z][a-z0-9]{0,23}$")
 
 ROLE_INGEST = "ingest"
 ROLE_PUBLISHER = "publisher"
@@ -62,31 +70,105 @@ class Grant:
         return f"GRANT {self.privileges} ON {self.on}"
 
 
+@dataclass(frozen=True)
+class PoolNames:
+    """The names of one pool's principals: the default pool's (``name`` empty:
+    ``dpone_catalog``, ``dpone_ingest_1``...) or a named pool's (``sales``:
+    ``dpone_sales_catalog``, ``dpone_sales_ingest_1``...), so that several projects'
+    pools live side by side on one server."""
+
+    name: str = ""
+    size: int = DEFAULT_POOL_SIZE
+
+    def __post_init__(self) -> None:
+        check_pool_name(self.name)
+
+    @property
+    def prefix(self) -> str:
+        """What every principal's name of this pool starts with."""
+        return f"dpone_{self.name}_" if self.name else "dpone_"
+
+    @property
+    def catalog(self) -> str:
+        return f"{self.prefix}catalog"
+
+    @property
+    def closer(self) -> str:
+        return f"{self.prefix}closer"
+
+    @property
+    def keeper(self) -> str:
+        """A remote server's keeper (see :mod:`dpone.localserver.pool_file`)."""
+        return f"{self.prefix}keeper"
+
+    def ingest(self) -> tuple[str, ...]:
+        """``<prefix>ingest_1`` .. ``<prefix>ingest_<size>``."""
+        return tuple(f"{self.prefix}ingest_{i}" for i in range(1, self.size + 1))
+
+    def publishers(self) -> tuple[str, ...]:
+        """``<prefix>publisher_1`` .. ``<prefix>publisher_<size>``."""
+        return tuple(f"{self.prefix}publisher_{i}" for i in range(1, self.size + 1))
+
+    def members(self) -> tuple[str, ...]:
+        """Every user of the pool, in declaration order."""
+        return (self.catalog, self.closer, *self.ingest(), *self.publishers())
+
+    def role_of(self, user: str) -> str | None:
+        """The role ``user`` has in this pool, or None for a user outside it."""
+        if user == self.catalog:
+            return ROLE_CATALOG
+        if user == self.closer:
+            return ROLE_CLOSER
+        for role in (ROLE_INGEST, ROLE_PUBLISHER):
+            head = f"{self.prefix}{role}_"
+            if user.startswith(head) and user[len(head) :].isdigit():
+                return role
+        return None
+
+    @property
+    def marker(self) -> str:
+        """The table in ``_dpone_identity`` whose comment names the store owning the pool."""
+        return (
+            f"{OWNER_MARKER_PREFIX}pool_{self.name}" if self.name else f"{OWNER_MARKER_PREFIX}pool"
+        )
+
+    def describe(self) -> str:
+        """``the default pool`` or ``pool 'sales'``, for messages."""
+        return f"pool {self.name!r}" if self.name else "the default pool"
+
+
+def check_pool_name(name: str) -> str:
+    """``name`` when it may name a pool (empty: the default pool), else ``invalid_pool``."""
+    if name and not _POOL_NAME.fullmatch(name):
+        raise ConfigurationError(
+            f"pool name {name!r} must be 1-24 lowercase letters and digits, a letter first",
+            code="invalid_pool",
+            pool=name,
+        )
+    return name
+
+
+DEFAULT_POOL = PoolNames()
+
+
 def ingest_users(size: int = DEFAULT_POOL_SIZE) -> tuple[str, ...]:
-    """``dpone_ingest_1`` .. ``dpone_ingest_<size>``."""
-    return tuple(f"{INGEST_PREFIX}{i}" for i in range(1, size + 1))
+    """The default pool's ``dpone_ingest_1`` .. ``dpone_ingest_<size>``."""
+    return PoolNames(size=size).ingest()
 
 
 def publisher_users(size: int = DEFAULT_POOL_SIZE) -> tuple[str, ...]:
-    """``dpone_publisher_1`` .. ``dpone_publisher_<size>``."""
-    return tuple(f"{PUBLISHER_PREFIX}{i}" for i in range(1, size + 1))
+    """The default pool's ``dpone_publisher_1`` .. ``dpone_publisher_<size>``."""
+    return PoolNames(size=size).publishers()
 
 
 def pool_names(size: int = DEFAULT_POOL_SIZE) -> tuple[str, ...]:
-    """Every user of the pool, in declaration order."""
-    return (CATALOG_USER, CLOSER_USER, *ingest_users(size), *publisher_users(size))
+    """Every user of the default pool, in declaration order."""
+    return PoolNames(size=size).members()
 
 
 def role_of(user: str) -> str | None:
-    """The pool role a user name belongs to, or None for a user outside the pool."""
-    if user == CATALOG_USER:
-        return ROLE_CATALOG
-    if user == CLOSER_USER:
-        return ROLE_CLOSER
-    for prefix, role in ((INGEST_PREFIX, ROLE_INGEST), (PUBLISHER_PREFIX, ROLE_PUBLISHER)):
-        if user.startswith(prefix) and user[len(prefix) :].isdigit():
-            return role
-    return None
+    """The default pool's role of a user name, or None for a user outside it."""
+    return DEFAULT_POOL.role_of(user)
 
 
 def check_databases(databases: Sequence[str]) -> tuple[str, ...]:
@@ -154,6 +236,7 @@ def pool_users(
     databases: Sequence[str],
     *,
     size: int = DEFAULT_POOL_SIZE,
+    pool: PoolNames | None = None,
 ) -> tuple[ServerUser, ...]:
     """The pool as :class:`ServerUser` objects for a :class:`LocalServer`.
 
@@ -164,14 +247,16 @@ def pool_users(
     """
     if size < 1:
         raise ConfigurationError("the pool needs at least one ingest and one publisher")
-    names = pool_names(size)
+    names_of = pool or PoolNames(size=size)
+    names = names_of.members()
+
+    def grants(name: str) -> tuple[str, ...]:
+        role = names_of.role_of(name)
+        assert role is not None  # every name comes from the pool's members
+        return tuple(g.statement() for g in role_grants(role, databases))
+
     if passwords is None:
-        return tuple(
-            ServerUser(
-                name, grants=tuple(g.statement() for g in role_grants(_role(name), databases))
-            )
-            for name in names
-        )
+        return tuple(ServerUser(name, grants=grants(name)) for name in names)
     missing = [n for n in names if not passwords.get(n)]
     unknown = sorted(set(passwords) - set(names))
     if missing or unknown:
@@ -181,24 +266,23 @@ def pool_users(
             missing=missing,
             unknown=unknown,
         )
-    return tuple(
-        ServerUser(
-            name,
-            password=passwords[name],
-            grants=tuple(g.statement() for g in role_grants(_role(name), databases)),
-        )
-        for name in names
-    )
+    return tuple(ServerUser(name, password=passwords[name], grants=grants(name)) for name in names)
 
 
 def managed_server_users(
-    databases: Sequence[str], base: Sequence[ServerUser] = DEFAULT_USERS
+    databases: Sequence[str],
+    base: Sequence[ServerUser] = DEFAULT_USERS,
+    *,
+    pools: Sequence[str] = (),
 ) -> tuple[ServerUser, ...]:
-    """The managed server's users: the administrator(s) and the pool over ``databases``."""
-    return (*base, *pool_users(None, databases))
-
-
-def _role(name: str) -> str:
-    role = role_of(name)
-    assert role is not None  # every name comes from pool_names
-    return role
+    """The managed server's users: the administrator(s), the default pool and each
+    named pool of ``pools``, all over ``databases``."""
+    named = tuple(PoolNames(check_pool_name(p)) for p in dict.fromkeys(pools) if p)
+    return (
+        *base,
+        *(
+            user
+            for pool in (DEFAULT_POOL, *named)
+            for user in pool_users(None, databases, pool=pool)
+        ),
+    )

@@ -19,7 +19,7 @@ from dpone.contracts import canonical_json
 from dpone.errors import DponeError
 from dpone.localserver.errors import ProtectedRecordCorrupt
 from dpone.localserver.layout import DataDirLayout, write_private_file
-from dpone.localserver.principal_pool import check_databases
+from dpone.localserver.principal_pool import check_databases, check_pool_name
 
 # What a start protects when neither --protect nor a record names anything: the demo's.
 DEFAULT_PROTECTED_DATABASE = "dpone_demo"
@@ -28,9 +28,17 @@ RECORD_VERSION = 1
 DataDir = str | os.PathLike[str] | None
 
 
-def record_protected(data_dir: DataDir, databases: Sequence[str]) -> None:
-    """Record ``databases`` as what the server on ``data_dir`` protects (replacing the record)."""
-    document = {"databases": list(check_databases(databases)), "version": RECORD_VERSION}
+def record_protected(
+    data_dir: DataDir, databases: Sequence[str], pools: Sequence[str] = ()
+) -> None:
+    """Record ``databases`` as what the server on ``data_dir`` protects, and the named
+    ``pools`` it declares beside the default one (replacing the record)."""
+    document: dict[str, object] = {
+        "databases": list(check_databases(databases)),
+        "version": RECORD_VERSION,
+    }
+    if pools:
+        document["pools"] = [check_pool_name(p) for p in dict.fromkeys(pools)]
     layout = DataDirLayout.at(data_dir)
     write_private_file(layout.protected_file, canonical_json.dumps(document).decode("utf-8"))
 
@@ -41,6 +49,17 @@ def recorded_protected(data_dir: DataDir) -> tuple[str, ...] | None:
     A damaged record is ``protected_record_corrupt`` (naming the file): it is never
     guessed around, because a start from it would drop a database's pool.
     """
+    found = _recorded(data_dir)
+    return None if found is None else found[0]
+
+
+def recorded_pools(data_dir: DataDir) -> tuple[str, ...]:
+    """The named pools the recorded start declared (none without a record)."""
+    found = _recorded(data_dir)
+    return () if found is None else found[1]
+
+
+def _recorded(data_dir: DataDir) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     path = DataDirLayout.at(data_dir).protected_file
     try:
         data = path.read_bytes()
@@ -57,7 +76,10 @@ def recorded_protected(data_dir: DataDir) -> tuple[str, ...] | None:
         databases = document.get("databases")
         if not isinstance(databases, list) or not all(isinstance(d, str) for d in databases):
             raise ValueError("its databases are not a list of names")
-        return check_databases(databases)
+        pools = document.get("pools", [])
+        if not isinstance(pools, list) or not all(isinstance(p, str) and p for p in pools):
+            raise ValueError("its pools are not a list of names")
+        return check_databases(databases), tuple(check_pool_name(p) for p in pools)
     except (DponeError, ValueError) as exc:
         raise ProtectedRecordCorrupt(
             f"the protected databases' record {path} is damaged ({exc}); start the server "
@@ -80,28 +102,35 @@ def databases_to_start(
     return recorded or (DEFAULT_PROTECTED_DATABASE,), recorded
 
 
-def start_command(data_dir: DataDir, *, also: Sequence[str] = ()) -> str:
+def start_command(data_dir: DataDir, *, also: Sequence[str] = (), pools: Sequence[str] = ()) -> str:
     """The exact ``dpone server start`` that starts the server on ``data_dir`` as it was.
 
     Every recorded database (the default one without a record) gets its ``--protect``,
-    then each of ``also`` that is not among them (a database a hint needs protected).
+    then each of ``also`` that is not among them (a database a hint needs protected);
+    every recorded named pool its ``--pool``, then each of ``pools`` not among them.
     Never raises: a hint must not fail on a damaged record, which the start reports.
     """
     layout = DataDirLayout.at(data_dir)
     try:
-        recorded = recorded_protected(layout.root)
+        found = _recorded(layout.root)
     except ProtectedRecordCorrupt:
-        recorded = None
+        found = None
+    recorded, named = found if found is not None else (None, ())
     databases = dict.fromkeys((*(recorded or (DEFAULT_PROTECTED_DATABASE,)), *also))
     argv = ["dpone", "server", "start", "--data-dir", str(layout.root)]
     for database in databases:
         argv += ["--protect", database]
+    for pool in dict.fromkeys((*named, *pools)):
+        argv += ["--pool", pool]
     return shlex.join(argv)
 
 
-def restart_commands(data_dir: DataDir, *, also: Sequence[str] = ()) -> str:
-    """``dpone server stop ...; dpone server start ...``: the restart as it was (plus ``also``)."""
+def restart_commands(
+    data_dir: DataDir, *, also: Sequence[str] = (), pools: Sequence[str] = ()
+) -> str:
+    """``dpone server stop ...; dpone server start ...``: the restart as it was (plus
+    ``also`` and ``pools``)."""
     stop = shlex.join(
         ["dpone", "server", "stop", "--data-dir", str(DataDirLayout.at(data_dir).root)]
     )
-    return f"{stop}; {start_command(data_dir, also=also)}"
+    return f"{stop}; {start_command(data_dir, also=also, pools=pools)}"

@@ -25,7 +25,12 @@ from typing import Any
 from dpone.contracts.composition_snapshot import DEFAULT_LIMITS, SnapshotLimits
 from dpone.errors import ConfigurationError
 from dpone.localserver.layout import DEFAULT_DATA_DIR
-from dpone.localserver.principal_pool import DEFAULT_POOL_SIZE, check_databases
+from dpone.localserver.principal_pool import (
+    DEFAULT_POOL_SIZE,
+    PoolNames,
+    check_databases,
+    check_pool_name,
+)
 from dpone.preparation.modes import (
     DEFAULT_MODE,
     MODES,
@@ -72,6 +77,15 @@ _REMOTE_KEYS = (
 )
 
 
+def _pool_name(value: str) -> str | None:
+    """A pool name (``dpone pool render --pool`` / ``dpone server start --pool``)."""
+    try:
+        check_pool_name(value)
+    except ConfigurationError as exc:
+        return exc.message
+    return None
+
+
 def _user_names(value: list[Any]) -> str | None:
     """A list of ClickHouse user names (plain strings)."""
     if all(isinstance(v, str) and v for v in value):
@@ -95,11 +109,13 @@ class ClickHouseConfig:
     client_path: str = "clickhouse-client"
     preparation: str = DEFAULT_MODE
     remote: RemoteServer | None = None
+    # The project's pool on that server: "" is the default pool (dpone_ingest_1...).
+    pool: str = ""
 
     @property
     def access(self) -> ServerAccess:
         """The server and the logins dpone uses there."""
-        return ServerAccess(self.data_dir, self.remote)
+        return ServerAccess(self.data_dir, self.remote, PoolNames(self.pool))
 
 
 @dataclass(frozen=True)
@@ -168,9 +184,9 @@ class Project:
 
     def server_arguments(self) -> list[str]:
         """How a printed command names this project's server: the managed server's
-        ``--data-dir``, or ``--config`` of this file for a remote one (whose host and
-        credentials file the command then reads from it)."""
-        if self.clickhouse.remote is not None:
+        ``--data-dir``, or ``--config`` of this file for a remote one or a named pool
+        (whose host, credentials file and pool the command then reads from it)."""
+        if self.clickhouse.remote is not None or self.clickhouse.pool:
             return ["--config", str(self.path)]
         return ["--data-dir", str(self.clickhouse.data_dir)]
 
@@ -238,37 +254,6 @@ def parse_project(text: str, path: Path) -> Project:
         )
     assert project is not None
     return project
-
-
-def resolve_secret(source: SourceConfig) -> tuple[str, str]:
-    """The SQL Server user and password, read now from the named variable or file."""
-    user = os.environ.get(source.user_env or "")
-    if not user:
-        raise ConfigurationError(
-            f"sources.{source.name}.user_env: the environment variable {source.user_env} is not set",
-            code="missing_credentials",
-            key=f"sources.{source.name}.user_env",
-        )
-    if source.password_file is not None:
-        try:
-            password = source.password_file.read_text(encoding="utf-8").rstrip("\r\n")
-        except OSError as exc:
-            raise ConfigurationError(
-                f"sources.{source.name}.password_file: cannot read {source.password_file}: "
-                f"{exc.strerror}",
-                code="missing_credentials",
-                key=f"sources.{source.name}.password_file",
-            ) from exc
-        return user, password
-    from_env = os.environ.get(source.password_env or "")
-    if from_env is None:
-        raise ConfigurationError(
-            f"sources.{source.name}.password_env: the environment variable "
-            f"{source.password_env} is not set",
-            code="missing_credentials",
-            key=f"sources.{source.name}.password_env",
-        )
-    return user, from_env
 
 
 class _Reader(TomlReader):
@@ -351,7 +336,7 @@ class _Reader(TomlReader):
             "user": "dpone signs in as its pool's principals, from credentials_file",
             "port": "name http_port (and tcp_port for the client transport)",
         }
-        keys = ("data_dir", "transport", "client_path", "preparation", *_REMOTE_KEYS)
+        keys = ("data_dir", "transport", "client_path", "preparation", "pool", *_REMOTE_KEYS)
         table = self.section(raw, path, keys, hints)
         data_dir = self.path_value(table, path, "data_dir", self.base / DEFAULT_DATA_DIR)
         transport = self.get(table, path, "transport", str, "http", check=one_of(TRANSPORTS))
@@ -370,6 +355,7 @@ class _Reader(TomlReader):
             ),
             preparation=self.preparation(table, path),
             remote=remote,
+            pool=self.get(table, path, "pool", str, "", check=_pool_name) or "",
         )
 
     def remote(self, table: Mapping[str, Any], path: tuple[str, ...]) -> RemoteServer | None:

@@ -32,8 +32,9 @@ from dpone.exporters.sources import Source, SqliteSource, SqlServerSource
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import read, read_query_id
 from dpone.ports.composition_snapshot import TargetSlot
-from dpone.project.config import Project, SourceConfig, TableConfig, resolve_secret
+from dpone.project.config import Project, SourceConfig, TableConfig
 from dpone.project.design_change import column_changes, describe_change
+from dpone.project.source_secrets import resolve_secret
 from dpone.project.table_run import REQUEST_SECONDS, publication_for, snapshot_command
 from dpone.publication.composition import require_database, require_protected
 from dpone.publication.pool_verify import require_server_version, verify_pool

@@ -160,6 +160,7 @@ def publication_for(project: Project, table: TableConfig) -> PublicationComponen
             project.store,
             table.limits,
             remote=project.clickhouse.remote,
+            pool=project.clickhouse.access.pool,
             session_timeout_seconds=project.publication.session_timeout_seconds,
             session_margin_seconds=project.publication.session_margin_seconds,
             accept_ungated_ingest=project.publication.accept_ungated_ingest,

@@ -35,13 +35,11 @@ from dpone.errors import ConfigurationError
 from dpone.localserver.control import run_admin_sql
 from dpone.localserver.credentials import admin_credentials
 from dpone.localserver.principal_pool import (
-    CATALOG_USER,
-    CLOSER_USER,
+    DEFAULT_POOL,
     IDENTITY_DATABASE,
     ROLE_INGEST,
+    PoolNames,
     check_databases,
-    ingest_users,
-    pool_names,
 )
 from dpone.localserver.protected import restart_commands
 from dpone.ports.clickhouse_request import Credentials, Endpoint, read
@@ -93,11 +91,13 @@ class PublicationConfig:
     accept_ungated_ingest: bool = False
     # A server dpone did not start ([clickhouse] host = ...); None: the managed one.
     remote: RemoteServer | None = None
+    # The project's pool on that server ([clickhouse] pool).
+    pool: PoolNames = DEFAULT_POOL
 
     @property
     def access(self) -> ServerAccess:
         """The server and the logins dpone uses there."""
-        return ServerAccess(self.data_dir, self.remote)
+        return ServerAccess(self.data_dir, self.remote, self.pool)
 
 
 @dataclass(frozen=True)
@@ -162,11 +162,12 @@ def pool_credentials(server: ServerAccess | Path) -> dict[str, Credentials]:
     """Credentials of every pool user on the server (``pool_missing``)."""
     access = as_access(server)
     known = access.known_credentials()
-    missing = [name for name in (CATALOG_USER, CLOSER_USER, *pool_names()) if name not in known]
+    missing = [name for name in access.pool.members() if name not in known]
     if missing:
         remedy, command = pool_remedy(access)
         raise ConfigurationError(
-            f"{access.describe()} has no publication pool ({', '.join(missing[:3])}...): {remedy}",
+            f"{access.describe()} has no publication pool for {access.pool.describe()} "
+            f"({', '.join(missing[:3])}...): {remedy}",
             code="pool_missing",
             missing=missing,
             next_command=command,
@@ -177,10 +178,12 @@ def pool_credentials(server: ServerAccess | Path) -> dict[str, Credentials]:
 def _pool_command(access: ServerAccess, also: tuple[str, ...] = ()) -> str:
     """The command that gives the server its pool (over ``also`` too)."""
     if access.managed:
-        return restart_commands(access.data_dir, also=also)
+        pools = (access.pool.name,) if access.pool.name else ()
+        return restart_commands(access.data_dir, also=also, pools=pools)
     # Every database the installed pool protects now, and the new ones: a users file
     # over fewer would take the grants of the others away.
-    return render_command((*(protected_databases(access) or ()), *also) or ("DB",))
+    databases = (*(protected_databases(access) or ()), *also) or ("DB",)
+    return render_command(databases, access.pool)
 
 
 def pool_remedy(access: ServerAccess, also: tuple[str, ...] = ()) -> tuple[str, str]:
@@ -205,11 +208,11 @@ def build_issuer(
     operator = HttpTransport(endpoint, access.operator())
     ids = observe_user_ids(
         operator,
-        pool_names(),
+        access.pool.members(),
         query_id=f"dpone-s00-pool-ids-{time.time_ns()}",
         deadline=time.monotonic() + REQUEST_SECONDS,
     )
-    return LocalPoolIssuer(store, credentials, ids)
+    return LocalPoolIssuer(store, credentials, ids, pool=access.pool)
 
 
 def pool_protects(server: ServerAccess | Path, database: str) -> bool:
@@ -219,12 +222,12 @@ def pool_protects(server: ServerAccess | Path, database: str) -> bool:
     server reads it, so what the server shows is what holds.
     """
     access = as_access(server)
-    if CATALOG_USER not in access.known_credentials():
+    if access.pool.catalog not in access.known_credentials():
         return False
     return _operator_count(
         access,
         "system.grants WHERE user_name = "
-        f"{quote_literal(ingest_users()[0])} AND database = {quote_literal(database)}",
+        f"{quote_literal(access.pool.ingest()[0])} AND database = {quote_literal(database)}",
         "pool-grants",
     )
 
@@ -332,7 +335,7 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
     authority = SnapshotAuthority(
         registry=store,
         issuer=issuer,
-        closer=HttpTransport(endpoint, credentials[CLOSER_USER]),
+        closer=HttpTransport(endpoint, credentials[access.pool.closer]),
         endpoint=endpoint,
         probe_credentials=issuer.role_credentials,
         scope_of=lambda principal: lease_scope(store, principal),
@@ -344,17 +347,18 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
     # it holds a lease, once its last lease's closure is proven, or when it was never
     # leased (catalog/allowance.py). Retained storage counts every table whose UUID the
     # store recorded (publication/retained.py).
+    pool = access.pool
     catalog = ClickHouseSnapshotCatalog(
-        HttpTransport(endpoint, credentials[CATALOG_USER]),
-        trusted_users=access.trusted_writers() | {CATALOG_USER, CLOSER_USER},
+        HttpTransport(endpoint, credentials[pool.catalog]),
+        trusted_users=access.trusted_writers() | {pool.catalog, pool.closer},
         allowed_writers=lease_allowance(
             lambda: [r.lease for r in store.last_lease_records()],
             closure_proven=store.closure_proven,
-            pool=pool_names(),
+            pool=pool.members(),
         ),
         recorded_uuids=recorded_table_uuids(store),
         live_targets=recorded_target_names(store),
-        pool_members=frozenset(pool_names()),
+        pool_members=frozenset(pool.members()),
     )
     executor = ClickHouseSnapshotExecutor(
         endpoint,

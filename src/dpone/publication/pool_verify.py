@@ -33,8 +33,8 @@ from dpone.connectors.endpoint_identity import IDENTITY_CREATE, IDENTITY_DATABAS
 from dpone.connectors.tls_probe import PLAIN_TO_TLS, TLS_PORT_FIX, plain_http_to_tls
 from dpone.durable_files import private_directories
 from dpone.errors import ConfigurationError, DponeError
-from dpone.localserver.pool_file import KEEPER_USER, remote_grants, remote_role, remote_users
-from dpone.localserver.principal_pool import publisher_users
+from dpone.localserver.pool_file import remote_grants, remote_role, remote_users
+from dpone.localserver.principal_pool import DEFAULT_POOL, PoolNames
 from dpone.ports.clickhouse_errors import NotSubmitted, TransportDeadline
 from dpone.ports.clickhouse_request import Credentials, read
 from dpone.publication.dispatch_gate import DispatchGate, gate_path
@@ -86,11 +86,12 @@ class PoolVerification:
         }
 
 
-def render_command(databases: Sequence[str]) -> str:
-    """The ``dpone pool render`` that protects ``databases`` (to a new credentials file,
-    switched to once the users file is installed, as a rotation)."""
+def render_command(databases: Sequence[str], pool: PoolNames = DEFAULT_POOL) -> str:
+    """The ``dpone pool render`` of ``pool`` that protects ``databases`` (to a new
+    credentials file, switched to once the users file is installed, as a rotation)."""
     protect = " ".join(f"--protect {d}" for d in dict.fromkeys(databases))
-    return f"dpone pool render {protect} --out dpone-users.xml --credentials NEW_FILE"
+    named = f" --pool {pool.name}" if pool.name else ""
+    return f"dpone pool render {protect}{named} --out dpone-users.xml --credentials NEW_FILE"
 
 
 def protected_databases(access: ServerAccess) -> tuple[str, ...] | None:
@@ -99,17 +100,17 @@ def protected_databases(access: ServerAccess) -> tuple[str, ...] | None:
     the narrower ones subsumed); None when no publisher can sign in."""
     credentials = access.known_credentials()
     read_grants: dict[str, list[str]] = {}
-    for user in publisher_users():
+    for user in access.pool.publishers():
         with contextlib.suppress(DponeError):
             read_grants[user] = _grants(
                 HttpTransport(access.endpoint("system"), credentials[user]), user
             )
-    return _protected_by(read_grants)
+    return _protected_by(read_grants, access.pool)
 
 
-def _protected_by(grants: dict[str, list[str]]) -> tuple[str, ...] | None:
+def _protected_by(grants: dict[str, list[str]], pool: PoolNames) -> tuple[str, ...] | None:
     """What the publishers' grants (by user, those that could be read) protect."""
-    read = [g for user, g in grants.items() if user in publisher_users()]
+    read = [g for user, g in grants.items() if user in pool.publishers()]
     if not read:
         return None
     pairs = grant_pairs([statement for statements in read for statement in statements])
@@ -197,31 +198,32 @@ def verify_pool(
     if store is None:
         return _verify(access, databases)
     private_directories(store.parent)
-    with DispatchGate(gate_path(store)).held_for_all(remote_users()):
+    with DispatchGate(gate_path(store)).held_for_all(remote_users(access.pool)):
         return _verify(access, databases)
 
 
 def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
     found = PoolVerification(access.describe())
     credentials = access.known_credentials()
+    pool = access.pool
     try:
         _rows(
-            HttpTransport(access.endpoint("system"), credentials[KEEPER_USER]), "SELECT 1", "reach"
+            HttpTransport(access.endpoint("system"), credentials[pool.keeper]), "SELECT 1", "reach"
         )
     except (NotSubmitted, TransportDeadline) as exc:
         # The server is not reached at all (TLS refused, nothing listening): one problem,
         # said once, not once per principal.
         problem = {"code": exc.code, "message": exc.message}
-        found.problems.append({**problem, "fix": problem_fix(problem, databases)})
+        found.problems.append({**problem, "fix": problem_fix(problem, databases, pool)})
         return found
     except DponeError as exc:
         mismatch = plain_http_to_tls(access.endpoint("system"), exc)
         if mismatch is not None:  # every sign-in would fail alike: said once
-            found.problems.append({**mismatch, "fix": problem_fix(mismatch, databases)})
+            found.problems.append({**mismatch, "fix": problem_fix(mismatch, databases, pool)})
             return found
         # Otherwise reached: the keeper's own login is judged with the others below.
     signed = _sign_in_all(access, credentials, found)
-    protected = _protected_by({user: grants for user, (_, grants) in signed.items()})
+    protected = _protected_by({user: grants for user, (_, grants) in signed.items()}, pool)
     for database in databases:
         if protected is not None and database not in protected:
             found.problems.append(
@@ -230,14 +232,14 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
                     "database": database,
                     "message": f"the pool installed on {access.describe()} does not protect "
                     f"{database}: render it again with every database it protects and this "
-                    f"one (`{render_command((*protected, database))}`) and install it",
+                    f"one (`{render_command((*protected, database), pool)}`) and install it",
                 }
             )
     # Each role's grants are judged over what the installation protects, which may be
     # more databases than this project publishes into.
     over = protected if protected else tuple(databases)
-    for user in remote_users():
-        role = remote_role(user)
+    for user in remote_users(pool):
+        role = remote_role(user, pool)
         assert role is not None
         entry: dict[str, Any] = {"user": user, "role": role}
         found.principals.append(entry)
@@ -255,7 +257,7 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
                     f"{[r.get('who') for r in rows]}",
                 }
             )
-        have, want = grant_pairs(grants), grant_pairs(remote_grants(role, over))
+        have, want = grant_pairs(grants), grant_pairs(remote_grants(role, over, pool))
         entry["grants_exact"] = have == want
         if have != want:
             found.problems.append(
@@ -268,12 +270,12 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
                 }
             )
     _query_log_settings(found, {user: rows for user, (rows, _) in signed.items()})
-    if KEEPER_USER in credentials:
+    if pool.keeper in credentials:
         _keeper_checks(
-            found, HttpTransport(access.endpoint("system"), credentials[KEEPER_USER]), databases
+            found, HttpTransport(access.endpoint("system"), credentials[pool.keeper]), databases
         )
     for problem in found.problems:
-        problem.setdefault("fix", problem_fix(problem, over))
+        problem.setdefault("fix", problem_fix(problem, over, pool))
     return found
 
 
@@ -286,7 +288,7 @@ def _sign_in_all(
     one after another), and their findings are taken in the users' order.
     """
     signed: dict[str, tuple[list[dict[str, Any]], list[str]]] = {}
-    users = remote_users()
+    users = remote_users(access.pool)
     with ThreadPoolExecutor(max_workers=len(users), thread_name_prefix="dpone-sign-in") as run:
         answers = [run.submit(_sign_in, access, credentials, user) for user in users]
         for user, answer in zip(users, answers, strict=True):
@@ -326,11 +328,14 @@ _ENDPOINT_FIX = (
 )
 
 
-def problem_fix(problem: Mapping[str, Any], protected: Sequence[str]) -> str:
+def problem_fix(
+    problem: Mapping[str, Any], protected: Sequence[str], pool: PoolNames = DEFAULT_POOL
+) -> str:
     """What fixes ``problem``, in words and with its command or config key (``protected``:
-    the databases the installation protects, which a new render must keep)."""
+    the databases the installation protects, which a new render of ``pool`` must keep)."""
     user, database = problem.get("user"), problem.get("database")
-    render = render_command(protected)
+    render = render_command(protected, pool)
+    keeper = pool.keeper
     fixes = {
         "connect_failed": _ENDPOINT_FIX,
         "host_not_found": _ENDPOINT_FIX,
@@ -349,7 +354,7 @@ def problem_fix(problem: Mapping[str, Any], protected: Sequence[str]) -> str:
         "install the users file exactly as `dpone pool render` wrote it (or render again: "
         f"`{render}`) and revoke any grant given to {user} beside it",
         "database_not_protected": "render the pool with every database it protects "
-        f"(`{render_command((*protected, str(database)))}`), install the users file, then "
+        f"(`{render_command((*protected, str(database)), pool)}`), install the users file, then "
         "point [clickhouse] credentials_file at the new credentials file",
         "database_missing": f"as the server's administrator: `CREATE DATABASE {database} "
         "ENGINE = Atomic`; or point the tables' target in the project file at a database "
@@ -360,14 +365,14 @@ def problem_fix(problem: Mapping[str, Any], protected: Sequence[str]) -> str:
         "server_too_old": "upgrade the server to ClickHouse "
         f"{'.'.join(map(str, MIN_SERVER_VERSION))} or newer",
         "identity_missing": f"as the server's administrator: `{IDENTITY_CREATE}`",
-        "server_unreadable": f"{KEEPER_USER} must read the server's system tables: install "
+        "server_unreadable": f"{keeper} must read the server's system tables: install "
         f"the users file as rendered (its role's grants), or render again (`{render}`)",
         "query_log_off": "remove what sets log_queries to 0 or log_queries_probability "
         "below 1 for these users: a setting in the dpone_pool profile of the installed users "
         "file, or in the server's configuration (the server's default is 1 for both)",
         "query_log_unreadable": "turn the server's query log on: its configuration needs "
         "the <query_log> section (ClickHouse's default config.xml has it; a config.d file may "
-        f"remove it), and {KEEPER_USER} keeps its rendered SELECT on system.*",
+        f"remove it), and {keeper} keeps its rendered SELECT on system.*",
     }
     return fixes.get(str(problem.get("code")), "see docs/remote.md")
 
@@ -408,7 +413,7 @@ def _query_log_readable(found: PoolVerification, keeper: HttpTransport) -> None:
         found.problems.append(
             {
                 "code": "query_log_unreadable",
-                "message": f"{KEEPER_USER} cannot read system.query_log ({exc.message}): "
+                "message": f"the keeper cannot read system.query_log ({exc.message}): "
                 "closure reads it to prove a lease's queries ended",
             }
         )

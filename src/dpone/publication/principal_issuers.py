@@ -28,12 +28,11 @@ from typing import Protocol
 
 from dpone.errors import ConfigurationError, StateError
 from dpone.localserver.principal_pool import (
-    DEFAULT_POOL_SIZE,
+    DEFAULT_POOL,
     ROLE_INGEST,
     ROLE_PUBLISHER,
     Grant,
-    ingest_users,
-    publisher_users,
+    PoolNames,
     role_grants,
 )
 from dpone.ports.clickhouse import QueryPort
@@ -144,12 +143,12 @@ class LocalPoolIssuer:
         credentials: Mapping[str, Credentials],
         user_ids: Mapping[str, str],
         *,
-        size: int = DEFAULT_POOL_SIZE,
+        pool: PoolNames = DEFAULT_POOL,
     ) -> None:
         self._registry = registry
-        self._candidates = {ROLE_INGEST: ingest_users(size), ROLE_PUBLISHER: publisher_users(size)}
-        pool = {u for users in self._candidates.values() for u in users}
-        missing = sorted(pool - set(credentials)) + sorted(pool - set(user_ids))
+        self._candidates = {ROLE_INGEST: pool.ingest(), ROLE_PUBLISHER: pool.publishers()}
+        members = {u for users in self._candidates.values() for u in users}
+        missing = sorted(members - set(credentials)) + sorted(members - set(user_ids))
         if missing:
             raise ConfigurationError(
                 f"pool users without credentials or ids: {sorted(set(missing))}",

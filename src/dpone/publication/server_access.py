@@ -24,7 +24,8 @@ from dpone.errors import DponeError
 from dpone.localserver import find_running
 from dpone.localserver.credentials import admin_credentials, load_credentials
 from dpone.localserver.errors import ServerNotRunning
-from dpone.localserver.pool_file import KEEPER_USER, load_pool_credentials
+from dpone.localserver.pool_file import load_pool_credentials
+from dpone.localserver.principal_pool import DEFAULT_POOL, PoolNames
 from dpone.localserver.protected import start_command
 from dpone.ports.clickhouse_request import Credentials, Endpoint, read
 
@@ -54,10 +55,12 @@ class RemoteServer:
 
 @dataclass(frozen=True)
 class ServerAccess:
-    """The server (managed on ``data_dir``, or ``remote``) and the logins dpone uses there."""
+    """The server (managed on ``data_dir``, or ``remote``) and the logins dpone uses
+    there: the principals of ``pool`` (the project's, ``[clickhouse] pool``)."""
 
     data_dir: Path
     remote: RemoteServer | None = None
+    pool: PoolNames = DEFAULT_POOL
 
     @property
     def managed(self) -> bool:
@@ -96,7 +99,7 @@ class ServerAccess:
     def known_credentials(self) -> dict[str, Credentials]:
         """Every login dpone holds for this server, by user name."""
         if self.remote is not None:
-            return load_pool_credentials(self.remote.credentials_file)
+            return load_pool_credentials(self.remote.credentials_file, self.pool)
         return load_credentials(self.data_dir)
 
     def trusted_writers(self) -> frozenset[str]:
@@ -107,9 +110,9 @@ class ServerAccess:
 
     def operator(self) -> Credentials:
         """Who reads for the checks and status and makes the recorded drops: the managed
-        server's administrator, or a remote server's ``dpone_keeper``."""
+        server's administrator, or a remote server's keeper of the pool (``dpone_keeper``)."""
         if self.remote is not None:
-            return self.known_credentials()[KEEPER_USER]
+            return self.known_credentials()[self.pool.keeper]
         return admin_credentials(self.data_dir)
 
 
