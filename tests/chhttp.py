@@ -121,3 +121,24 @@ def scratch_database(port: int, name: str) -> Iterator[str]:
         yield name
     finally:
         query(port, f"DROP DATABASE {name} SYNC")
+
+
+def hand_over_servers() -> None:
+    """Drop every ownership marker (``_dpone_identity.owner_*``) on each registered server.
+
+    Each test is a project of its own, and a server outlives many of them: once a test
+    has ended its store is gone, so the server is handed over, as an operator hands it
+    to the next project. Within a test, two stores meet the ownership rules for real.
+    A server no longer running is skipped.
+    """
+    for port in list(_ADMIN_PASSWORDS):
+        try:
+            names = rows(
+                port,
+                "SELECT name FROM system.tables WHERE database = '_dpone_identity' "
+                "AND startsWith(name, 'owner_')",
+            )
+            for found in names:
+                post(port, f"DROP TABLE `_dpone_identity`.`{found['name']}` SYNC")
+        except (OSError, AssertionError):
+            continue  # stopped (refused), or a port another kind of server uses now

@@ -84,6 +84,14 @@ SESSION_USERS = (
 )
 
 
+@pytest.fixture(autouse=True)
+def _servers_handed_over() -> Iterator[None]:
+    """After each test, its project is gone: the servers it used are handed over
+    (chhttp.hand_over_servers), so the next test's store may own their pools."""
+    yield
+    chhttp.hand_over_servers()
+
+
 @pytest.fixture(scope="session")
 def session_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("clickhouse")

@@ -42,6 +42,7 @@ from dpone.publication.composition import (
     DEFAULT_STORE,
     PublicationConfig,
     build_publication,
+    claim_slots,
 )
 from dpone.publication.publisher import PublicationReceipt
 from dpone.publication.publisher.receipts import historical_receipt
@@ -177,8 +178,11 @@ def prepare(
             remote=access.remote,
             pool=access.pool,
             accept_ungated_ingest=accept_ungated_ingest,
+            project=project_config,
         )
         parts = build_publication(config, slot.database)
+        # The slot's owner, before the publisher leases or claims anything for it.
+        claim_slots(access, parts.store, [slot], project=project_config)
         receipt = parts.publisher.prepare(AttemptRef(journal_dir, slot), generation_ref)
         _answer(receipt, as_json, "prepare")
 

@@ -59,7 +59,13 @@ def _with_principal(
     )
     if principal == "auto" and not pool_protects(access, config.endpoint.database):
         return config, None  # no pool over this database: stage as the operator
-    issued = issue_ingest(access, store_path, config.endpoint.database, attempt_id)
+    issued = issue_ingest(
+        access,
+        store_path,
+        config.endpoint.database,
+        attempt_id,
+        project=None if given is None else Path(str(given)),
+    )
     leased = replace(
         config,
         credentials=issued.credentials,

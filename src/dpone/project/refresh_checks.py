@@ -36,7 +36,7 @@ from dpone.project.config import Project, SourceConfig, TableConfig
 from dpone.project.design_change import column_changes, describe_change
 from dpone.project.source_secrets import resolve_secret
 from dpone.project.table_run import REQUEST_SECONDS, publication_for, snapshot_command
-from dpone.publication.composition import require_database, require_protected
+from dpone.publication.composition import claim_slots, require_database, require_protected
 from dpone.publication.pool_verify import require_server_version, verify_pool
 from dpone.publication.publisher.checks import refuse_absent_writers, refuse_side_effects
 from dpone.publication.settings import ungated_transport
@@ -79,6 +79,7 @@ class RefreshChecks:
     def check(self, table: TableConfig, attempt_id: str) -> list[dict[str, Any]]:
         """Refuse what would refuse the run later; the decided design change (or [])."""
         self._where_and_when(table)
+        self._ownership(table)
         self._target(table, attempt_id)
         return self._design_change(table, attempt_id)
 
@@ -179,18 +180,41 @@ class RefreshChecks:
                 uuid=found.uuid,
             )
 
-    def writers(self, table: TableConfig) -> None:
-        """What :meth:`check` refuses about the target's database, side effects and
-        writers, alone (``dpone check``): raised as the refresh would raise it before
-        its export."""
-        require_database(self.project.clickhouse.access, table.database)
-        self._target(table, new_attempt_id())
+    def _ownership(self, table: TableConfig) -> None:
+        """The server records this project's store as the owner of its pool and of the
+        table's slot, or the run is refused (``pool_owned_elsewhere``,
+        ``slot_owned_elsewhere``), before anything is leased, claimed or exported: two
+        stores on one server would otherwise break each other's proofs."""
+        store = SqliteSnapshotStore(self.project.store)
+        claim_slots(
+            self.project.clickhouse.access,
+            store,
+            [TargetSlot(table.database, table.target)],
+            project=self.project.path,
+        )
 
-    def _target(self, table: TableConfig, attempt_id: str) -> None:
+    def writers(self, table: TableConfig) -> None:
+        """What :meth:`check` refuses about the target's database, its owner, side
+        effects and writers, alone (``dpone check``): raised as the refresh would raise
+        it before its export, and read-only (no ownership marker is made)."""
+        require_database(self.project.clickhouse.access, table.database)
+        self._target(table, new_attempt_id(), read_only=True)
+
+    def _target(self, table: TableConfig, attempt_id: str, *, read_only: bool = False) -> None:
         """The target has no side effect the publisher refuses (a view or dictionary
         reading it, a Buffer or Distributed table writing it, a writer outside the
         leases...): refused now, as prepare would refuse it after the export."""
-        parts = publication_for(self.project, table)
+        if read_only:
+            store = SqliteSnapshotStore(self.project.store)
+            slot = TargetSlot(table.database, table.target)
+            claim_slots(
+                self.project.clickhouse.access,
+                store,
+                [slot],
+                project=self.project.path,
+                create=False,
+            )
+        parts = publication_for(self.project, table, claim_ownership=not read_only)
         slot = TargetSlot(table.database, table.target)
         observation = parts.publisher.observe_settled(slot, staging_table_name(attempt_id))
         refuse_side_effects(observation)

@@ -152,8 +152,11 @@ def run_phases(
     return report
 
 
-def publication_for(project: Project, table: TableConfig) -> PublicationComponents:
-    """The publisher, store and issuer that publish into ``table``'s database."""
+def publication_for(
+    project: Project, table: TableConfig, *, claim_ownership: bool = True
+) -> PublicationComponents:
+    """The publisher, store and issuer that publish into ``table``'s database
+    (``claim_ownership=False``: a read-only check, which makes no ownership marker)."""
     return build_publication(
         PublicationConfig(
             project.clickhouse.data_dir,
@@ -161,6 +164,8 @@ def publication_for(project: Project, table: TableConfig) -> PublicationComponen
             table.limits,
             remote=project.clickhouse.remote,
             pool=project.clickhouse.access.pool,
+            project=project.path,
+            claim_ownership=claim_ownership,
             session_timeout_seconds=project.publication.session_timeout_seconds,
             session_margin_seconds=project.publication.session_margin_seconds,
             accept_ungated_ingest=project.publication.accept_ungated_ingest,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from dpone.publication.executor import (
     ClickHouseSnapshotExecutor,
 )
 from dpone.publication.lease_scope import lease_scope
+from dpone.publication.ownership import Owner, claim
 from dpone.publication.pool_verify import protected_databases, render_command
 from dpone.publication.principal_issuers import LocalPoolIssuer, observe_user_ids
 from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
@@ -93,6 +94,10 @@ class PublicationConfig:
     remote: RemoteServer | None = None
     # The project's pool on that server ([clickhouse] pool).
     pool: PoolNames = DEFAULT_POOL
+    # The project file, when the command has one: named by an ownership refusal's command.
+    project: Path | None = None
+    # False for a read-only check: ownership markers are read, never created.
+    claim_ownership: bool = True
 
     @property
     def access(self) -> ServerAccess:
@@ -200,11 +205,22 @@ def pool_remedy(access: ServerAccess, also: tuple[str, ...] = ()) -> tuple[str, 
 
 
 def build_issuer(
-    server: ServerAccess | Path, store: SqliteSnapshotStore, endpoint: Endpoint
+    server: ServerAccess | Path,
+    store: SqliteSnapshotStore,
+    endpoint: Endpoint,
+    *,
+    project: Path | None = None,
+    create: bool = True,
 ) -> LocalPoolIssuer:
-    """The pool issuer: credentials from the file, user ids observed by the operator."""
+    """The pool issuer: credentials from the file, user ids observed by the operator.
+
+    Nothing leases a principal without it, so it first makes sure the server records
+    ``store`` as the pool's owner (``pool_owned_elsewhere``: publication/ownership.py;
+    ``create=False``: only refused when another store owns it).
+    """
     access = as_access(server)
     credentials = pool_credentials(access)
+    claim_slots(access, store, (), project=project, create=create)
     operator = HttpTransport(endpoint, access.operator())
     ids = observe_user_ids(
         operator,
@@ -213,6 +229,20 @@ def build_issuer(
         deadline=time.monotonic() + REQUEST_SECONDS,
     )
     return LocalPoolIssuer(store, credentials, ids, pool=access.pool)
+
+
+def claim_slots(
+    server: ServerAccess | Path,
+    store: SqliteSnapshotStore,
+    slots: Iterable[TargetSlot],
+    *,
+    project: Path | None = None,
+    create: bool = True,
+) -> None:
+    """The server records ``store`` as the owner of the pool and of ``slots``, or this
+    refuses (``pool_owned_elsewhere``, ``slot_owned_elsewhere``) before anything is done."""
+    me = Owner.of_store(store.store_identity(), store.path)
+    claim(as_access(server), me, slots, project=project, create=create)
 
 
 def pool_protects(server: ServerAccess | Path, database: str) -> bool:
@@ -308,13 +338,18 @@ def _operator_count(server: ServerAccess | Path, where: str, what: str) -> bool:
 
 
 def issue_ingest(
-    server: ServerAccess | Path, store_path: Path, database: str, attempt_id: str
+    server: ServerAccess | Path,
+    store_path: Path,
+    database: str,
+    attempt_id: str,
+    *,
+    project: Path | None = None,
 ) -> IssuedPrincipal:
     """Lease an ingest principal for one staging attempt (its lease lives in the store)."""
     access = as_access(server)
     endpoint = access.endpoint(database)
     store = SqliteSnapshotStore(store_path)
-    return build_issuer(access, store, endpoint).issue(ROLE_INGEST, attempt_id)
+    return build_issuer(access, store, endpoint, project=project).issue(ROLE_INGEST, attempt_id)
 
 
 def build_publication(config: PublicationConfig, database: str) -> PublicationComponents:
@@ -322,7 +357,9 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
     access = config.access
     endpoint = access.endpoint(database)
     store = SqliteSnapshotStore(config.store_path, create=config.create_store)
-    issuer = build_issuer(access, store, endpoint)
+    issuer = build_issuer(
+        access, store, endpoint, project=config.project, create=config.claim_ownership
+    )
     credentials = pool_credentials(access)
     # One gate beside the store, across processes: a dispatch and a closure never
     # overlap, and a closure's end of a lease is seen by every later dispatch.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,6 +11,9 @@ from dpone.contracts import canonical_json
 from dpone.ports.composition_snapshot import StepNote
 from dpone.publication.store.connections import StoreConnections
 from dpone.publication.store.schema import decode_facts, now
+
+# The store's identity: the first note of this key (created once, never changed).
+STORE_IDENTITY_KEY = "store/identity"
 
 
 class StepNotes(StoreConnections):
@@ -34,6 +38,33 @@ class StepNotes(StoreConnections):
                 "SELECT id, key, at, facts FROM steps WHERE key = ? ORDER BY id", (key,)
             ).fetchall()
         return [StepNote(row[0], row[1], row[2], decode_facts(row[3])) for row in rows]
+
+    def store_identity(self) -> str:
+        """This store's identity: a UUID made once, when it is first asked for.
+
+        What the server's ownership markers name (:mod:`dpone.publication.ownership`):
+        a store made again at the same path is another store. Made in the write
+        transaction that checks none exists, so two processes agree on it.
+        """
+        found = self._first_identity("store_identity")
+        if found is not None:
+            return found
+        with self._write("store_identity", "store_commit_unknown") as conn:
+            row = conn.execute(
+                "SELECT facts FROM steps WHERE key = ? ORDER BY id LIMIT 1", (STORE_IDENTITY_KEY,)
+            ).fetchone()
+            if row is not None:
+                return str(decode_facts(row[0])["store"])
+            made = str(uuid.uuid4())
+            append_step(conn, STORE_IDENTITY_KEY, canonical_json.dumps({"store": made}), now())
+        return made
+
+    def _first_identity(self, operation: str) -> str | None:
+        with self._reading(operation) as conn:
+            row = conn.execute(
+                "SELECT facts FROM steps WHERE key = ? ORDER BY id LIMIT 1", (STORE_IDENTITY_KEY,)
+            ).fetchone()
+        return None if row is None else str(decode_facts(row[0])["store"])
 
 
 def append_step(conn: sqlite3.Connection, key: str, facts: bytes, at: str) -> int | None:
