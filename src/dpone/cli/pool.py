@@ -19,12 +19,13 @@ from dpone.errors import ConfigurationError
 from dpone.localserver.pool_file import DEFAULT_NETWORKS, render_pool
 from dpone.localserver.principal_pool import PoolNames
 from dpone.project.config import load_project
+from dpone.project.hand_over import hand_over_project
 from dpone.publication.pool_verify import verify_pool
 
 
 @click.group()
 def pool() -> None:
-    """dpone's principals on a ClickHouse server you run (render, verify)."""
+    """dpone's principals on a ClickHouse server (render, verify, hand-over)."""
 
 
 @pool.command()
@@ -142,6 +143,34 @@ def verify(config_path: Path, as_json: bool) -> None:
                 click.echo("the pool is installed as dpone needs it")
         if not found.ok:
             raise SystemExit(1)
+
+
+@pool.command(name="hand-over")
+@config_option
+@click.option(
+    "--from",
+    "old_store",
+    required=True,
+    help="The store that owns the pool or slots now (its id, as a refusal names it); "
+    "only what it owns is handed over.",
+)
+@json_option
+def hand_over(config_path: Path, old_store: str, as_json: bool) -> None:
+    """Give this project's store the pool and target slots another store owns.
+
+    Only for a store that is really gone (its machine or disk lost, the project moved to a
+    new store): two live stores on one pool or target break each other's proofs.
+    """
+    with reported_errors(as_json):
+        outcome = hand_over_project(load_project(config_path), old_store)
+        if as_json:
+            emit_json({"ok": True, **outcome})
+            return
+        for marker in outcome["markers"]:
+            owner = marker["owner"]
+            who = "nobody" if owner is None else f"store {owner['store']} ({owner['path']})"
+            moved = "handed over" if marker["handed_over"] else "unchanged"
+            click.echo(f"{marker['marks']} {marker['about']}: {moved}, owned by {who}")
 
 
 def _echo_problem(problem: dict[str, Any]) -> None:

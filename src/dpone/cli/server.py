@@ -28,10 +28,12 @@ from dpone.localserver import (
     stop_running,
 )
 from dpone.localserver.layout import DEFAULT_DATA_DIR, DataDirLayout
-from dpone.localserver.principal_pool import check_pool_name, managed_server_users
+from dpone.localserver.principal_pool import managed_server_users
 from dpone.localserver.protected import (
     DEFAULT_PROTECTED_DATABASE,
+    check_pools,
     databases_to_start,
+    parse_pools,
     record_protected,
     recorded_pools,
     recorded_protected,
@@ -94,10 +96,12 @@ def server() -> None:
     "--pool",
     "pools",
     multiple=True,
-    help="A named pool to declare beside the default one (repeatable), for a project "
-    "whose [clickhouse] pool names it: several projects then share this server, each with "
-    "its own principals. Recorded like --protect: without --pool the recorded pools are "
-    "declared again; given ones replace the record.",
+    metavar="NAME:DB[,DB...]",
+    help="A named pool and the databases it protects, declared beside the default pool "
+    "(repeatable), for a project whose [clickhouse] pool names it: several projects then "
+    "share this server, each with its own principals and databases. Recorded like "
+    "--protect: without --pool the recorded pools are declared again; given ones replace "
+    "the record.",
 )
 @json_option
 def start(
@@ -113,7 +117,8 @@ def start(
     """Start a server on DATA_DIR and wait until both ports accept connections."""
     with reported_errors(as_json):
         databases, recorded = databases_to_start(data_dir, protected)
-        named = tuple(check_pool_name(p) for p in pools) or recorded_pools(data_dir)
+        named = parse_pools(pools) if pools else recorded_pools(data_dir)
+        check_pools(databases, named)
         local = LocalServer(
             data_dir,
             users=managed_server_users(databases, pools=named),
@@ -125,7 +130,8 @@ def start(
         info = local.start()
         # Recorded once the server runs with them: the record is what a restart repeats.
         record_protected(data_dir, databases, named)
-        provision_protected_databases(data_dir, info.http_port, databases)
+        every = (*databases, *(d for dbs in named.values() for d in dbs))
+        provision_protected_databases(data_dir, info.http_port, every)
         replaced = recorded if recorded is not None and set(recorded) != set(databases) else None
         echo_warnings(local.warnings)
         if as_json:
@@ -173,7 +179,7 @@ def _protection(data_dir: str | Path) -> dict[str, object]:
     recorded = recorded_protected(data_dir)
     return {
         "protected_databases": list(recorded) if recorded is not None else None,
-        "pools": list(recorded_pools(data_dir)),
+        "pools": {name: list(dbs) for name, dbs in recorded_pools(data_dir).items()},
         "start_command": start_command(data_dir),
     }
 
@@ -185,9 +191,8 @@ def _echo_protected(data_dir: str | Path, replaced: tuple[str, ...] | None = Non
     else:
         where = DataDirLayout.at(data_dir).protected_file
         click.echo(f"protected databases: {', '.join(recorded)} (recorded in {where})")
-        named = recorded_pools(data_dir)
-        if named:
-            click.echo(f"pools: the default one and {', '.join(named)}")
+        for name, dbs in recorded_pools(data_dir).items():
+            click.echo(f"pool {name}: protects {', '.join(dbs)}")
     if replaced is not None:
         click.echo(
             f"the protected databases changed: they were {', '.join(replaced)}; the given "

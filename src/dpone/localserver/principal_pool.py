@@ -273,16 +273,9 @@ def managed_server_users(
     databases: Sequence[str],
     base: Sequence[ServerUser] = DEFAULT_USERS,
     *,
-    pools: Sequence[str] = (),
+    pools: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[ServerUser, ...]:
-    """The managed server's users: the administrator(s), the default pool and each
-    named pool of ``pools``, all over ``databases``."""
-    named = tuple(PoolNames(check_pool_name(p)) for p in dict.fromkeys(pools) if p)
-    return (
-        *base,
-        *(
-            user
-            for pool in (DEFAULT_POOL, *named)
-            for user in pool_users(None, databases, pool=pool)
-        ),
-    )
+    """The managed server's users: the administrator(s), the default pool over
+    ``databases``, and each named pool of ``pools`` over its own databases."""
+    named = [pool_users(None, dbs, pool=PoolNames(name)) for name, dbs in (pools or {}).items()]
+    return (*base, *pool_users(None, databases), *(user for users in named for user in users))

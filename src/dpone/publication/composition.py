@@ -183,8 +183,9 @@ def pool_credentials(server: ServerAccess | Path) -> dict[str, Credentials]:
 def _pool_command(access: ServerAccess, also: tuple[str, ...] = ()) -> str:
     """The command that gives the server its pool (over ``also`` too)."""
     if access.managed:
-        pools = (access.pool.name,) if access.pool.name else ()
-        return restart_commands(access.data_dir, also=also, pools=pools)
+        if access.pool.name:
+            return restart_commands(access.data_dir, pools={access.pool.name: also})
+        return restart_commands(access.data_dir, also=also)
     # Every database the installed pool protects now, and the new ones: a users file
     # over fewer would take the grants of the others away.
     databases = (*(protected_databases(access) or ()), *also) or ("DB",)

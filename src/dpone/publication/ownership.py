@@ -29,7 +29,7 @@ from typing import Any
 
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.contracts import canonical_json
-from dpone.errors import ConfigurationError
+from dpone.errors import ConfigurationError, DponeError
 from dpone.localserver.principal_pool import IDENTITY_DATABASE, SLOT_MARKER_PREFIX
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_errors import ClickHouseServerError
@@ -97,7 +97,7 @@ def owner_of(comment: str) -> Owner | None:
         document = canonical_json.loads(comment.encode("utf-8"), what="an ownership marker")
         found = document["owner"]
         return Owner(str(found["store"]), str(found["path"]), str(found["host"]))
-    except (ConfigurationError, KeyError, TypeError, ValueError):
+    except (DponeError, KeyError, TypeError, ValueError):
         return None
 
 
