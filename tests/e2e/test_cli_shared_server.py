@@ -7,6 +7,7 @@ a directory of its own with its own store, as two teams' jobs would be.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 
 from tests import chhttp
 from tests.e2e.test_cli_server import as_json, dpone
+from tests.integration.test_staging import export_hostile
 
 MAIN, DB_A, DB_B = "shared_main", "shared_a", "shared_b"
 
@@ -93,7 +95,7 @@ def store_id(config: Path) -> str:
             "SELECT facts FROM steps WHERE key = 'store/identity' ORDER BY id LIMIT 1"
         ).fetchone()
     conn.close()
-    return str(__import__("json").loads(facts)["store"])
+    return str(json.loads(facts)["store"])
 
 
 def leases(config: Path) -> int:
@@ -246,3 +248,44 @@ def test_two_projects_with_their_own_pools_refresh_at_once(
             users = {u for (u,) in conn.execute("SELECT DISTINCT user FROM leases")}
         conn.close()
         assert users and all(u.startswith(f"dpone_{pool}_") for u in users), users
+
+
+def test_a_stage_into_another_stores_pool_is_refused_before_its_lease(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    first = make_project(tmp_path / "one", server, {"t_staged": f"{MAIN}.t_staged"})
+    assert refresh(first, "--all")[0] == 0
+    owner = store_id(first)
+    (tmp_path / "files").mkdir()
+    path, receipt, _ = export_hostile(tmp_path / "files")
+    store = tmp_path / "other" / "store.sqlite"
+    done = dpone(
+        "stage",
+        str(path),
+        "--receipt",
+        str(receipt),
+        "--store",
+        str(store),
+        "--work-dir",
+        str(tmp_path / "other" / "work"),
+        "--database",
+        MAIN,
+        "--data-dir",
+        str(server["data_dir"]),
+        "--attempt-id",
+        "shared-1",
+        "--json",
+    )
+    assert done.returncode != 0
+    error = as_json(done)["error"]
+    assert error["code"] == "pool_owned_elsewhere" and owner in error["message"], error
+    with sqlite3.connect(store) as conn:
+        assert conn.execute("SELECT count(*) FROM leases").fetchone() == (0,)
+    conn.close()
+    assert (
+        chhttp.rows(
+            server["http_port"],
+            f"SELECT name FROM system.tables WHERE database = '{MAIN}' AND name LIKE '%shared%'",
+        )
+        == []
+    )
