@@ -16,7 +16,8 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # The editable install builds dpone's compiled parts in the tree, where it loads them: the
 # build hook (hatch_build.py) runs scripts/build_native.sh, so this stops if that fails.
-.venv/bin/python -m pip install --quiet -e ".[dev,embedded]"
+# The postgres extra (psycopg 3) is for the shared PostgreSQL store and its tests.
+.venv/bin/python -m pip install --quiet -e ".[dev,embedded,postgres]"
 # Compile dpone's bytecode now: where PYTHONDONTWRITEBYTECODE is set, every command
 # would otherwise compile each module it imports, every run (0.3 s a command, measured).
 .venv/bin/python -m compileall -q src/dpone

@@ -15,6 +15,7 @@ from dpone.localserver import LocalServer, ServerInfo, ServerUser, admin_credent
 from dpone.localserver.principal_pool import pool_names, pool_users
 from dpone.ports.clickhouse_request import Credentials
 from tests import chhttp
+from tests.postgres_cluster import PostgresCluster, postgres_cluster
 
 # Property tests draw the same examples on every run, so a green suite stays green on
 # the same code (a run that loses a submission must not depend on luck). To search
@@ -90,6 +91,32 @@ def _servers_handed_over() -> Iterator[None]:
     (chhttp.hand_over_servers), so the next test's store may own their pools."""
     yield
     chhttp.hand_over_servers()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresCluster]:
+    """The session's throwaway PostgreSQL cluster (tests/postgres_cluster.py); its
+    password file is the process's ``PGPASSFILE`` while it runs, as libpq reads it."""
+    with postgres_cluster() as cluster:
+        before = os.environ.get("PGPASSFILE")
+        os.environ.update(cluster.env())
+        try:
+            yield cluster
+        finally:
+            if before is None:
+                os.environ.pop("PGPASSFILE", None)
+            else:
+                os.environ["PGPASSFILE"] = before
+
+
+@pytest.fixture
+def postgres_store(postgres: PostgresCluster) -> str:
+    """The URL of an empty PostgreSQL store (the previous test's schema dropped)."""
+    import psycopg
+
+    with psycopg.connect(postgres.url, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA IF EXISTS dpone CASCADE")
+    return postgres.url
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ from dpone.cli.staging_options import server_options, staging_config, store_opti
 from dpone.errors import ConfigurationError, StateError
 from dpone.project.config import load_project
 from dpone.publication.composition import DEFAULT_STORE
+from dpone.publication.store import StoreLocation
 from dpone.staging.composition import build_transport
 from dpone.staging.leftovers import (
     NO_EVENTS,
@@ -70,7 +71,7 @@ def attempts() -> None:
 def attempts_list(
     work_dir: Path | None,
     show_all: bool,
-    store_path: Path | None,
+    store_path: StoreLocation | None,
     data_dir: Path,
     project_config: Path | None,
     as_json: bool,
@@ -140,8 +141,11 @@ def attempts_list(
 
 
 def _list_scope(
-    work_dir: Path | None, store_path: Path | None, data_dir: Path, project_config: Path | None
-) -> tuple[Path, Path, dict[str, object]]:
+    work_dir: Path | None,
+    store_path: StoreLocation | None,
+    data_dir: Path,
+    project_config: Path | None,
+) -> tuple[Path, StoreLocation, dict[str, object]]:
     """The attempts directory, the store and the server options ``attempts list`` uses:
     as given, else (with ``--config``) the project's, named as ``dpone status`` names
     them (a remote server by ``--config``, the managed one by its data directory)."""
@@ -156,7 +160,7 @@ def _list_scope(
     project = load_project(project_config)
     server: dict[str, object] = (
         {"project_config": project.path}
-        if project.clickhouse.remote is not None
+        if project.server_arguments()[0] == "--config"
         else {"data_dir": project.clickhouse.data_dir}
     )
     return (
@@ -195,7 +199,7 @@ def _echo_attempt(a: AttemptSummary, command: str | None) -> None:
 @server_options
 @json_option
 def attempts_cleanup(
-    attempt_id: str, work_dir: Path, store_path: Path, as_json: bool, **server: object
+    attempt_id: str, work_dir: Path, store_path: StoreLocation, as_json: bool, **server: object
 ) -> None:
     """Clean ATTEMPT_ID up when its queries' terminal state is proven; refuse otherwise.
 
@@ -226,7 +230,7 @@ def attempts_cleanup(
 @server_options
 @json_option
 def attempts_discard(
-    attempt_id: str, work_dir: Path, store_path: Path, as_json: bool, **server: object
+    attempt_id: str, work_dir: Path, store_path: StoreLocation, as_json: bool, **server: object
 ) -> None:
     """Drop the staged table of ATTEMPT_ID (never published) after verifying it is its own.
 
@@ -252,7 +256,7 @@ def attempts_discard(
 
 
 def _refuse_eventless(
-    work_dir: Path, attempt_id: str, server: Mapping[str, object], store_path: Path
+    work_dir: Path, attempt_id: str, server: Mapping[str, object], store_path: StoreLocation
 ) -> None:
     """A bad attempt id, or a journal without events (``journal_empty``, naming the
     ``attempts archive`` command with these options), refused before any server."""
@@ -274,7 +278,7 @@ def _refuse_eventless(
 def attempts_archive(
     attempt_id: str,
     work_dir: Path,
-    store_path: Path,
+    store_path: StoreLocation,
     data_dir: Path,
     project_config: Path | None,
     as_json: bool,

@@ -19,24 +19,24 @@ from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.project.leases import GONE, close_lease, close_lease_command, judge_leases
 from dpone.publication.composition import DEFAULT_STORE, PublicationConfig, build_publication
 from dpone.publication.server_access import ServerAccess
-from dpone.publication.store import SqliteSnapshotStore
+from dpone.publication.store import StoreLocation, open_store, store_exists
 
 
-def store_given(store_path: Path) -> Path | None:
+def store_given(store_path: StoreLocation) -> StoreLocation | None:
     """``store_path`` when it is not the default store (commands then repeat it)."""
     return None if store_path == DEFAULT_STORE else store_path
 
 
-def lease_ids(store_path: Path, attempt_id: str) -> set[str]:
+def lease_ids(store_path: StoreLocation, attempt_id: str) -> set[str]:
     """Ids of every lease the store has issued to ``attempt_id`` (none without a store)."""
-    if not store_path.is_file():
+    if not store_exists(store_path):
         return set()
-    store = SqliteSnapshotStore(store_path, create=False)
+    store = open_store(store_path, create=False)
     return {lease.lease_id for lease in store.leases_of(attempt_id)}
 
 
 def release_ingest_leases(
-    store_path: Path,
+    store_path: StoreLocation,
     attempt_id: str,
     server: Mapping[str, object],
     database: str,
@@ -49,9 +49,9 @@ def release_ingest_leases(
     write grant on a publication's tables (``writer_grant``). Where no closure can run
     (another server, no pool), the lease is only ended (:func:`end_ingest_leases`).
     """
-    if not store_path.is_file():
+    if not store_exists(store_path):
         return []
-    store = SqliteSnapshotStore(store_path, create=False)
+    store = open_store(store_path, create=False)
     mine = [lease for lease in store.leases_of(attempt_id) if only in (None, lease.lease_id)]
     # An ended lease whose closure was never proven (an interrupted stage, an operator's
     # end-lease) is closed too: until then its user blocks prepare as a writer.
@@ -75,16 +75,18 @@ def release_ingest_leases(
     return active
 
 
-def end_ingest_leases(store_path: Path, attempt_id: str, only: str | None = None) -> list[str]:
+def end_ingest_leases(
+    store_path: StoreLocation, attempt_id: str, only: str | None = None
+) -> list[str]:
     """End the active ingest leases of ``attempt_id`` (or just ``only``); their ids.
 
     A staged table that will never be published needs no principal: without this its
     lease stays active and the pool runs out (``pool_exhausted``). A store that does
     not exist holds no lease (and is not created).
     """
-    if not store_path.is_file():
+    if not store_exists(store_path):
         return []
-    store = SqliteSnapshotStore(store_path, create=False)
+    store = open_store(store_path, create=False)
     ended = []
     for lease in store.leases_of(attempt_id):
         if lease.active and only in (None, lease.lease_id):
@@ -95,7 +97,7 @@ def end_ingest_leases(store_path: Path, attempt_id: str, only: str | None = None
 
 def release_after_failure(
     exc: BaseException,
-    store_path: Path,
+    store_path: StoreLocation,
     attempt_id: str,
     lease_id: str,
     server: Mapping[str, object],
@@ -120,11 +122,13 @@ def release_after_failure(
     return lease_outcome(store_path, lease_id, server)
 
 
-def lease_outcome(store_path: Path, lease_id: str, server: Mapping[str, object]) -> dict[str, Any]:
+def lease_outcome(
+    store_path: StoreLocation, lease_id: str, server: Mapping[str, object]
+) -> dict[str, Any]:
     """The lease as the store has it now: ``closed`` (ended, closure proven),
     ``closure_unproven`` (ended only) or ``active``, with the command that closes it."""
     try:
-        store = SqliteSnapshotStore(store_path, create=False)
+        store = open_store(store_path, create=False)
         lease = store.get_lease(lease_id)
         proven = store.closure_proven(lease)
     except (DponeError, OSError) as exc:
@@ -144,7 +148,7 @@ def lease_outcome(store_path: Path, lease_id: str, server: Mapping[str, object])
 
 
 def close_abandoned_leases(
-    store_path: Path, attempt_id: str, work_dir: Path, access: ServerAccess
+    store_path: StoreLocation, attempt_id: str, work_dir: Path, access: ServerAccess
 ) -> list[str]:
     """Close, with a stored proof, the leases of an eventless attempt; their ids.
 
@@ -153,9 +157,9 @@ def close_abandoned_leases(
     is proven gone. Raises ``closure_unproven`` when a proof is missing: the lease
     stays listed, and the command can run again.
     """
-    if not store_path.is_file():
+    if not store_exists(store_path):
         return []
-    store = SqliteSnapshotStore(store_path, create=False)
+    store = open_store(store_path, create=False)
     mine = [
         lease
         for lease in store.leases_of(attempt_id)

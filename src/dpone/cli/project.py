@@ -16,6 +16,7 @@ from dpone.project.config import Project, TableConfig, load_project, not_a_file
 from dpone.project.refresh_checks import RefreshChecks, open_source
 from dpone.publication.composition import pool_credentials, pool_protects, pool_remedy
 from dpone.publication.pool_verify import verify_pool
+from dpone.publication.store import store_exists
 from dpone.typepolicy import column_problems, refusals
 
 EXAMPLE = """\
@@ -182,7 +183,7 @@ def target_problems(project: Project, tables: list[TableConfig]) -> list[dict[st
     project store, the leases are judged as a new store's (none), in a throwaway one."""
     problems: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="dpone-check-") as scratch:
-        if not project.store.exists():  # check creates no store of the project's
+        if not store_exists(project.store):  # check creates no store of the project's
             project = dataclasses.replace(project, store=Path(scratch) / "store.sqlite")
         for table in tables:
             try:

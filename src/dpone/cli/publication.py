@@ -21,6 +21,7 @@ import click
 from dpone.cli.connection import project_server_option, server_access
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option
+from dpone.cli.staging_options import STORE
 from dpone.contracts.composition_snapshot import (
     TERMINAL,
     SnapshotIntent,
@@ -46,7 +47,7 @@ from dpone.publication.composition import (
 )
 from dpone.publication.publisher import PublicationReceipt
 from dpone.publication.publisher.receipts import historical_receipt
-from dpone.publication.store import SqliteSnapshotStore
+from dpone.publication.store import StoreLocation, open_store
 from dpone.staging.journal import read_events
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -54,10 +55,11 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 store_option = click.option(
     "--store",
     "store_path",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=STORE,
     default=DEFAULT_STORE,
     show_default=True,
-    help="The publication store (SQLite): records, history, admissions, leases.",
+    help="The publication store: records, history, admissions, leases (a SQLite file, "
+    "or postgresql://USER@HOST:PORT/DB).",
 )
 
 
@@ -158,7 +160,7 @@ def prepare(
     target: str,
     generation_ref: str | None,
     accept_ungated_ingest: bool,
-    store_path: Path,
+    store_path: StoreLocation,
     data_dir: Path,
     project_config: Path | None,
     as_json: bool,
@@ -190,7 +192,7 @@ def prepare(
 def _call(
     verb: str,
     intent: str,
-    store_path: Path,
+    store_path: StoreLocation,
     data_dir: Path,
     as_json: bool,
     project_config: Path | None = None,
@@ -199,7 +201,7 @@ def _call(
         intent = _intent_argument(intent)
         # One read of the store (``store_missing`` when it is not there) serves both the
         # replay and the choice of the database to publish into.
-        stored = SqliteSnapshotStore(store_path, create=False).load(intent)
+        stored = open_store(store_path, create=False).load(intent)
         record = SnapshotRecord.from_bytes(stored.record_bytes)
         if verb == "publish" and record.state in TERMINAL:
             # Replay of a decided publication: the store alone answers it, so it needs
@@ -234,7 +236,11 @@ def _intent_verb(func: Callable[..., None]) -> click.Command:
 
 @_intent_verb
 def publish(
-    intent: str, store_path: Path, data_dir: Path, as_json: bool, project_config: Path | None
+    intent: str,
+    store_path: StoreLocation,
+    data_dir: Path,
+    as_json: bool,
+    project_config: Path | None,
 ) -> None:
     """Claim once, dispatch at most one EXCHANGE, then reconcile."""
     _call("publish", intent, store_path, data_dir, as_json, project_config)
@@ -242,7 +248,11 @@ def publish(
 
 @_intent_verb
 def reconcile(
-    intent: str, store_path: Path, data_dir: Path, as_json: bool, project_config: Path | None
+    intent: str,
+    store_path: StoreLocation,
+    data_dir: Path,
+    as_json: bool,
+    project_config: Path | None,
 ) -> None:
     """Close the publisher and decide the outcome from what the server shows."""
     _call("reconcile", intent, store_path, data_dir, as_json, project_config)
@@ -250,7 +260,11 @@ def reconcile(
 
 @_intent_verb
 def cancel(
-    intent: str, store_path: Path, data_dir: Path, as_json: bool, project_config: Path | None
+    intent: str,
+    store_path: StoreLocation,
+    data_dir: Path,
+    as_json: bool,
+    project_config: Path | None,
 ) -> None:
     """Cancel a PREPARED publication (NOT_PUBLISHED at revision 2); nothing is sent."""
     _call("cancel", intent, store_path, data_dir, as_json, project_config)
@@ -260,11 +274,11 @@ def cancel(
 @click.argument("intent")
 @store_option
 @json_option
-def show(intent: str, store_path: Path, as_json: bool) -> None:
+def show(intent: str, store_path: StoreLocation, as_json: bool) -> None:
     """State, revision, history, UUID pair, counts and digests of one publication."""
     with reported_errors(as_json):
         intent = _intent_argument(intent)
-        store = SqliteSnapshotStore(store_path, create=False)
+        store = open_store(store_path, create=False)
         stored = store.load(intent)
         parsed = SnapshotIntent.from_bytes(stored.intent_bytes)
         record = SnapshotRecord.from_bytes(stored.record_bytes)
@@ -297,7 +311,7 @@ def show(intent: str, store_path: Path, as_json: bool) -> None:
 @click.argument("intent")
 @store_option
 @json_option
-def verify(intent: str, store_path: Path, as_json: bool) -> None:
+def verify(intent: str, store_path: StoreLocation, as_json: bool) -> None:
     """Re-verify one publication's record chain from the exact bytes its history keeps.
 
     Exit 0 when every revision's bytes hash to their digest, name the revision before
@@ -306,7 +320,7 @@ def verify(intent: str, store_path: Path, as_json: bool) -> None:
     """
     with reported_errors(as_json):
         intent = _intent_argument(intent)
-        check = SqliteSnapshotStore(store_path, create=False).verify_chain(intent)
+        check = open_store(store_path, create=False).verify_chain(intent)
         if not check.verified:
             unverifiable = [f"revision {n} has no kept bytes" for n in check.unverifiable]
             raise StateError(
@@ -348,7 +362,9 @@ journal_dirs_option = click.option(
 @journal_dirs_option
 @data_dir_option
 @json_option
-def leases(store_path: Path, journal_dirs: tuple[Path, ...], data_dir: Path, as_json: bool) -> None:
+def leases(
+    store_path: StoreLocation, journal_dirs: tuple[Path, ...], data_dir: Path, as_json: bool
+) -> None:
     """Every active lease of the principal pool and whether its holder is gone.
 
     A lease whose holder is gone (proven from the store, the journals and the kernel)
@@ -356,7 +372,7 @@ def leases(store_path: Path, journal_dirs: tuple[Path, ...], data_dir: Path, as_
     lease is abandoned, 1 otherwise.
     """
     with reported_errors(as_json):
-        verdicts = judge_leases(SqliteSnapshotStore(store_path, create=False), journal_dirs)
+        verdicts = judge_leases(open_store(store_path, create=False), journal_dirs)
         found = []
         for verdict in verdicts:
             entry = verdict.to_dict()
@@ -373,7 +389,7 @@ def leases(store_path: Path, journal_dirs: tuple[Path, ...], data_dir: Path, as_
                 "ended_at": r.ended_at,
                 "command": close_lease_command(r.lease.lease_id, store_path, data_dir),
             }
-            for r in unproven_closures(SqliteSnapshotStore(store_path, create=False))
+            for r in unproven_closures(open_store(store_path, create=False))
         ]
         if as_json:
             emit_json({"ok": not abandoned and not unproven, "leases": found, "unproven": unproven})
@@ -404,7 +420,11 @@ def leases(store_path: Path, journal_dirs: tuple[Path, ...], data_dir: Path, as_
 @project_server_option
 @json_option
 def close_lease_verb(
-    lease_id: str, store_path: Path, data_dir: Path, project_config: Path | None, as_json: bool
+    lease_id: str,
+    store_path: StoreLocation,
+    data_dir: Path,
+    project_config: Path | None,
+    as_json: bool,
 ) -> None:
     """Prove LEASE_ID's pool user closed and quiescent, and store the proof.
 
@@ -414,7 +434,7 @@ def close_lease_verb(
     stored too and named (exit 1, ``closure_unproven`` with what was not proven).
     """
     with reported_errors(as_json):
-        store = SqliteSnapshotStore(store_path, create=False)
+        store = open_store(store_path, create=False)
         lease = store.get_lease(lease_id)
         access = server_access(data_dir, project_config)
         parts = build_publication(
@@ -451,7 +471,7 @@ def close_lease_verb(
 @journal_dirs_option
 @json_option
 def end_lease(
-    lease_id: str, store_path: Path, journal_dirs: tuple[Path, ...], as_json: bool
+    lease_id: str, store_path: StoreLocation, journal_dirs: tuple[Path, ...], as_json: bool
 ) -> None:
     """End LEASE_ID, only when its holder is proven gone; recorded in the store.
 
@@ -459,7 +479,7 @@ def end_lease(
     `lease_holder_unknown`; a lease that already ended is reported as such (exit 0).
     """
     with reported_errors(as_json):
-        store = SqliteSnapshotStore(store_path, create=False)
+        store = open_store(store_path, create=False)
         verdict, ended = end_gone_lease(store, lease_id, journal_dirs)
         lease = store.get_lease(lease_id)
         payload: dict[str, Any] = {

@@ -31,6 +31,7 @@ from dpone.cli.staging_options import (
 from dpone.errors import ConfigurationError, DponeError
 from dpone.ports.clickhouse_request import check_attempt_id
 from dpone.publication.composition import ingest_session_notes, issue_ingest, pool_protects
+from dpone.publication.store import StoreLocation
 from dpone.staging.composition import StagingConfig
 from dpone.staging.journal import read_events, verify_journal
 from dpone.staging.leftovers import NO_EVENTS, finishing_command, left_behind
@@ -41,7 +42,7 @@ def _with_principal(
     config: StagingConfig,
     principal: str,
     server: dict[str, object],
-    store_path: Path,
+    store_path: StoreLocation,
     attempt_id: str,
 ) -> tuple[StagingConfig, str | None]:
     """Stage as a leased ingest principal of the pool (and its lease id), or as the admin."""
@@ -116,7 +117,7 @@ def stage(
     work_dir: Path,
     attempt_id: str | None,
     principal: str,
-    store_path: Path,
+    store_path: StoreLocation,
     as_json: bool,
     **server: object,
 ) -> None:
@@ -183,7 +184,7 @@ def _report_stopped(
     attempt_id: str,
     work_dir: Path,
     server: Mapping[str, object],
-    store_path: Path,
+    store_path: StoreLocation,
     leases: list[dict[str, Any]],
 ) -> None:
     """Say what the failed or stopped stage left (:func:`_what_remains`).
@@ -217,7 +218,7 @@ def _what_remains(
     work_dir: Path,
     database: str,
     server: Mapping[str, object],
-    store: Path | None,
+    store: Path | str | None,
     leases: list[dict[str, Any]],
 ) -> tuple[dict[str, Any], list[str]]:
     """What a failed or stopped stage left behind and the one command that finishes it.

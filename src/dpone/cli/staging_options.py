@@ -17,6 +17,7 @@ from dpone.localserver.protected import start_command
 from dpone.ports.clickhouse_request import Endpoint
 from dpone.preparation.modes import DEFAULT_MODE, MODES, refuse_removed_mode
 from dpone.publication.composition import DEFAULT_STORE
+from dpone.publication.store import store_argument
 from dpone.staging.composition import StagingConfig
 
 existing_file = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -28,13 +29,29 @@ work_dir_option = click.option(
 )
 
 
+class StoreParam(click.ParamType):  # type: ignore[type-arg]
+    """``--store``: a SQLite file's path, or a PostgreSQL store's ``postgresql://`` URL."""
+
+    name = "store"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> Path | str:
+        if isinstance(value, Path):
+            return value
+        return store_argument(str(value))
+
+
+STORE = StoreParam()
+
 store_option = click.option(
     "--store",
     "store_path",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=STORE,
     default=DEFAULT_STORE,
     show_default=True,
-    help="The publication store holding the attempt's ingest lease.",
+    help="The publication store holding the attempt's ingest lease (a SQLite file, or "
+    "postgresql://USER@HOST:PORT/DB).",
 )
 
 

@@ -54,6 +54,8 @@ from dpone.publication.settings import (
     SETTINGS,
     PublicationSettings,
 )
+from dpone.publication.store.postgres import check_store_url, is_store_url
+from dpone.publication.store.snapshot_store import StoreLocation
 from dpone.staging.composition import TRANSPORTS
 from dpone.staging.contract import PhysicalDesign
 
@@ -168,7 +170,8 @@ class Project:
 
     path: Path
     work_dir: Path
-    store: Path
+    # A SQLite file, or a PostgreSQL database (``postgresql://...``) workers share.
+    store: StoreLocation
     keep_rollback: int
     clickhouse: ClickHouseConfig
     sources: Mapping[str, SourceConfig]
@@ -268,9 +271,7 @@ class _Reader(TomlReader):
         keys = ("work_dir", "store", "keep_rollback", "keep_exports", "jobs")
         settings = self.section(top.get("project", {}), ("project",), keys, {})
         work_dir = self.path_value(settings, ("project",), "work_dir", self.base / ".dpone/work")
-        store = self.path_value(
-            settings, ("project",), "store", self.base / ".dpone/snapshots.sqlite"
-        )
+        store = self.store(settings)
         keep = self.get(
             settings,
             ("project",),
@@ -316,6 +317,19 @@ class _Reader(TomlReader):
             publication,
             keep_exports,
             jobs,
+        )
+
+    def store(self, settings: Mapping[str, Any]) -> StoreLocation | None:
+        """A SQLite file's path (relative to the project file), or a PostgreSQL URL."""
+        raw = settings.get("store")
+        if isinstance(raw, str) and is_store_url(raw):
+            try:
+                return check_store_url(raw)
+            except ConfigurationError as exc:
+                self.problem(("project", "store"), exc.message)
+                return None
+        return self.path_value(
+            settings, ("project",), "store", self.base / ".dpone/snapshots.sqlite"
         )
 
     def named(self, top: Mapping[str, Any], key: str) -> dict[str, Any]:

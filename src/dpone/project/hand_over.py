@@ -15,13 +15,13 @@ from dpone.errors import ConfigurationError
 from dpone.ports.composition_snapshot import TargetSlot
 from dpone.project.config import Project
 from dpone.publication.ownership import Owner, hand_over
-from dpone.publication.store import SqliteSnapshotStore
+from dpone.publication.store import open_store
 
 
 def hand_over_project(project: Project, old_store: str) -> dict[str, Any]:
     """Give ``project``'s store the pool and the slots of its tables that ``old_store``
     owns; what each marker's owner is afterwards (``handed_over`` for those moved)."""
-    store = SqliteSnapshotStore(project.store)
+    store = open_store(project.store)
     me = Owner.of_store(store.store_identity(), store.path)
     if old_store == me.store:
         raise ConfigurationError(

@@ -25,7 +25,7 @@ from dpone.project.config import Project, TableConfig
 from dpone.project.status import project_status
 from dpone.project.table_run import RunReport
 from dpone.publication.composition import PublicationComponents
-from dpone.publication.store import SqliteSnapshotStore
+from dpone.publication.store import open_store, store_exists
 
 
 def account_for_interruption(
@@ -96,9 +96,9 @@ def nothing_will_publish(state: SnapshotState | None) -> bool:
 
 def _read_intent(project: Project, report: RunReport) -> None:
     """The run's intent as the store has it now (a prepare cut short may have stored it)."""
-    if not project.store.exists():
+    if not store_exists(project.store):
         return
-    store = SqliteSnapshotStore(project.store, create=False)
+    store = open_store(project.store, create=False)
     for summary in store.list_snapshots():
         intent = SnapshotIntent.from_bytes(summary.intent_bytes)
         if intent.attempt_id != report.attempt_id:

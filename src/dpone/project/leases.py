@@ -1,6 +1,6 @@
 """Leases of the principal pool whose holder is gone, proven from durable facts.
 
-A pool lease (:class:`~dpone.publication.store.SqliteSnapshotStore`)
+A pool lease (:class:`~dpone.publication.store.SnapshotStore`)
 is ended by the process that uses it, or by the step that takes the principal over
 (``prepare``'s closure, ``reconcile``, ``cancel``, ``attempts discard``). A process
 killed with SIGKILL ends nothing: its lease stays active, and four such exhaust a role
@@ -53,7 +53,7 @@ from dpone.localserver.principal_pool import ROLE_INGEST, ROLE_PUBLISHER
 from dpone.ports.composition_snapshot import ClosureProof, PrincipalRef, TargetSlot
 from dpone.publication.composition import PublicationComponents
 from dpone.publication.holder_process import Liveness, holder_liveness
-from dpone.publication.store import LeaseRecord, SqliteSnapshotStore
+from dpone.publication.store import LeaseRecord, SnapshotStore
 from dpone.staging.journal import read_events
 from dpone.staging.states import TERMINAL
 
@@ -95,7 +95,7 @@ def project_journal_dirs(work_dir: Path) -> list[Path]:
     return [work_dir / "attempts", work_dir / "rollbacks"]
 
 
-def end_lease_command(lease_id: str, store: Path, journal_dirs: Sequence[Path]) -> str:
+def end_lease_command(lease_id: str, store: Path | str, journal_dirs: Sequence[Path]) -> str:
     """The exact ``dpone snapshot end-lease`` command for ``lease_id``."""
     argv = ["dpone", "snapshot", "end-lease", lease_id, "--store", str(store)]
     for directory in journal_dirs:
@@ -104,7 +104,7 @@ def end_lease_command(lease_id: str, store: Path, journal_dirs: Sequence[Path]) 
 
 
 def close_lease_command(
-    lease_id: str, store: Path, server: Path | Sequence[str] | None = None
+    lease_id: str, store: Path | str, server: Path | Sequence[str] | None = None
 ) -> str:
     """The exact ``dpone snapshot close-lease`` command that proves ``lease_id`` closed.
 
@@ -118,7 +118,7 @@ def close_lease_command(
     return shlex.join(argv)
 
 
-def judge_leases(store: SqliteSnapshotStore, journal_dirs: Sequence[Path]) -> list[LeaseVerdict]:
+def judge_leases(store: SnapshotStore, journal_dirs: Sequence[Path]) -> list[LeaseVerdict]:
     """A verdict for every active lease of ``store``, oldest first."""
     intents = [(SnapshotIntent.from_bytes(s.intent_bytes), s.state) for s in store.list_snapshots()]
     # A PREPARED intent a newer epoch of its slot superseded can never be claimed: its
@@ -133,7 +133,7 @@ def judge_leases(store: SqliteSnapshotStore, journal_dirs: Sequence[Path]) -> li
 
 
 def end_gone_lease(
-    store: SqliteSnapshotStore, lease_id: str, journal_dirs: Sequence[Path]
+    store: SnapshotStore, lease_id: str, journal_dirs: Sequence[Path]
 ) -> tuple[LeaseVerdict | None, bool]:
     """End ``lease_id`` only if its holder is proven gone; the verdict and whether it ended.
 
@@ -227,7 +227,7 @@ def _by_process(record: LeaseRecord, evidence: dict[str, Any]) -> LeaseVerdict:
     return LeaseVerdict(record, UNKNOWN, "process_unknown", facts)
 
 
-def unproven_closures(store: SqliteSnapshotStore) -> list[LeaseRecord]:
+def unproven_closures(store: SnapshotStore) -> list[LeaseRecord]:
     """Ended leases that are their user's last and have no proven closure, oldest first.
 
     Each one's pool user blocks ``prepare`` of any table it can write
@@ -256,7 +256,7 @@ def close_attempt_leases(parts: PublicationComponents, attempt_id: str) -> list[
     back, and a user whose closure is proven may write again.
     """
     store = parts.store
-    assert isinstance(store, SqliteSnapshotStore)
+    assert isinstance(store, SnapshotStore)
     mine = [
         lease.lease_id
         for lease in store.leases_of(attempt_id)

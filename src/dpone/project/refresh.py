@@ -202,7 +202,9 @@ class RefreshService:
     def _run(self, table: TableConfig, report: TableReport, phase: Phases) -> None:
         with ExitStack() as held:
             with phase("check"):
-                held.enter_context(table_lock(self.project.work_dir, table.name))
+                held.enter_context(
+                    table_lock(self.project.work_dir, table.name, self.project.store)
+                )
                 checks = RefreshChecks(self.project, self.design_change)
                 report.design_change = checks.check(table, report.attempt_id)
                 replace = checks.replaces(table)

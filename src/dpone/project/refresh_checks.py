@@ -38,9 +38,11 @@ from dpone.project.source_secrets import resolve_secret
 from dpone.project.table_run import REQUEST_SECONDS, publication_for, snapshot_command
 from dpone.publication.composition import claim_slots, require_database, require_protected
 from dpone.publication.pool_verify import require_server_version, verify_pool
+from dpone.publication.postgres_locks import postgres_table_lock
 from dpone.publication.publisher.checks import refuse_absent_writers, refuse_side_effects
 from dpone.publication.settings import ungated_transport
-from dpone.publication.store import SqliteSnapshotStore
+from dpone.publication.store import StoreLocation, open_store, store_exists
+from dpone.publication.store.postgres import is_store_url
 from dpone.sql import quote_literal
 from dpone.staging.sink import new_attempt_id
 from dpone.typepolicy import plan_columns
@@ -104,12 +106,12 @@ class RefreshChecks:
             self._installation(table)  # the version among the rest of the installation
         require_database(access, table.database)
         require_protected(access, table.database)
-        if not self.project.store.exists():
+        if not store_exists(self.project.store):
             self._no_store_yet(table)
             return  # no publication of the slot can be waiting
         # Opened as the publication opens it: another table's refresh may be creating it
         # this very moment, and the store's own transaction settles who does.
-        store = SqliteSnapshotStore(self.project.store)
+        store = open_store(self.project.store)
         for summary in store.list_snapshots():
             unresolved = summary.state in (
                 SnapshotState.EXCHANGE_INTENT.value,
@@ -185,7 +187,7 @@ class RefreshChecks:
         table's slot, or the run is refused (``pool_owned_elsewhere``,
         ``slot_owned_elsewhere``), before anything is leased, claimed or exported: two
         stores on one server would otherwise break each other's proofs."""
-        store = SqliteSnapshotStore(self.project.store)
+        store = open_store(self.project.store)
         claim_slots(
             self.project.clickhouse.access,
             store,
@@ -205,7 +207,7 @@ class RefreshChecks:
         reading it, a Buffer or Distributed table writing it, a writer outside the
         leases...): refused now, as prepare would refuse it after the export."""
         if read_only:
-            store = SqliteSnapshotStore(self.project.store)
+            store = open_store(self.project.store)
             slot = TargetSlot(table.database, table.target)
             claim_slots(
                 self.project.clickhouse.access,
@@ -270,12 +272,34 @@ class RefreshChecks:
 
 
 @contextmanager
-def table_lock(work_dir: Path, name: str) -> Iterator[None]:
-    """One refresh of a table at a time in a work dir, from its checks to its end.
+def table_lock(work_dir: Path, name: str, store: StoreLocation | None = None) -> Iterator[None]:
+    """One refresh of a table at a time, from its checks to its end.
 
-    Released by the kernel when the process dies. A second refresh of the table is
-    refused at once (``refresh_busy``), before it exports or stages anything.
+    In a work dir (a file lock), and with a PostgreSQL ``store`` across every worker
+    that shares it (an advisory lock there). Released when the process dies. A second
+    refresh of the table is refused at once (``refresh_busy``, naming the holder),
+    before it exports or stages anything.
     """
+    if isinstance(store, str) and is_store_url(store):
+
+        def busy(holder: str) -> RefreshError:
+            return RefreshError(
+                f"another refresh or rollback of {name} runs now ({holder}); run this one "
+                "after it ends",
+                code="refresh_busy",
+                table=name,
+                holder=holder,
+            )
+
+        with _work_dir_lock(work_dir, name), postgres_table_lock(store, name, busy):
+            yield
+        return
+    with _work_dir_lock(work_dir, name):
+        yield
+
+
+@contextmanager
+def _work_dir_lock(work_dir: Path, name: str) -> Iterator[None]:
     locks = work_dir / "locks"
     private_directories(locks)
     lock = locks / f"{name}.lock"

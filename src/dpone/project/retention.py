@@ -57,7 +57,7 @@ from dpone.ports.clickhouse_request import read_query_id
 from dpone.ports.composition_snapshot import DispatchOutcome, TargetSlot
 from dpone.publication.publisher.created_target import DROP_STEP, OBSERVED_STEP
 from dpone.publication.retained import StoredIntent, stored_intents
-from dpone.publication.store import SnapshotSummary, SqliteSnapshotStore
+from dpone.publication.store import SnapshotStore, SnapshotSummary
 from dpone.staging.cleanup import drop_owned_table
 from dpone.staging.journal import ClickHouseFileAttemptJournal, read_events
 from dpone.staging.recovery import discard_attempt, summarize
@@ -101,7 +101,7 @@ class RollbackCopy:
         }
 
 
-def created_target(store: SqliteSnapshotStore, intent: SnapshotIntent) -> bool:
+def created_target(store: SnapshotStore, intent: SnapshotIntent) -> bool:
     """Whether ``intent``'s target is the empty table its own ``prepare`` created.
 
     ``prepare`` notes the CREATE (and its acknowledged answer) under the CREATE's query
@@ -130,7 +130,7 @@ def created_target(store: SqliteSnapshotStore, intent: SnapshotIntent) -> bool:
     return planned and answered and (not observed or intent.target_uuid in observed)
 
 
-def recorded_owners(store: SqliteSnapshotStore, stored: list[StoredIntent]) -> dict[str, str]:
+def recorded_owners(store: SnapshotStore, stored: list[StoredIntent]) -> dict[str, str]:
     """UUID -> the mark of every table the slot's intents record dpone as creating.
 
     A generation carries the mark of the oldest intent that staged it (later ones are
@@ -148,7 +148,7 @@ def recorded_owners(store: SqliteSnapshotStore, stored: list[StoredIntent]) -> d
     return owners
 
 
-def superseded_prepared(store: SqliteSnapshotStore, stored: list[StoredIntent]) -> set[str]:
+def superseded_prepared(store: SnapshotStore, stored: list[StoredIntent]) -> set[str]:
     """The PREPARED intents of one slot that can never be claimed: a newer epoch holds it."""
     prepared = [i for s, i in stored if s.state == SnapshotState.PREPARED.value]
     if not prepared:
@@ -158,7 +158,7 @@ def superseded_prepared(store: SqliteSnapshotStore, stored: list[StoredIntent]) 
 
 
 def unfinished_publication(
-    store: SqliteSnapshotStore, database: str, target: str
+    store: SnapshotStore, database: str, target: str
 ) -> SnapshotSummary | None:
     """The slot's oldest publication that may still move (None when every one is settled).
 
@@ -174,7 +174,7 @@ def unfinished_publication(
     return None
 
 
-def rollback_copies(store: SqliteSnapshotStore, database: str, target: str) -> list[RollbackCopy]:
+def rollback_copies(store: SnapshotStore, database: str, target: str) -> list[RollbackCopy]:
     """The slot's possible rollback copies, newest publication first (existence unchecked)."""
     stored = stored_intents(store, database, target)
     owners = recorded_owners(store, stored)
@@ -194,7 +194,7 @@ def rollback_copies(store: SqliteSnapshotStore, database: str, target: str) -> l
 
 
 def existing_copies(
-    store: SqliteSnapshotStore,
+    store: SnapshotStore,
     transport: QueryPort,
     database: str,
     target: str,
@@ -205,7 +205,7 @@ def existing_copies(
 
 
 def copies_in_database(
-    store: SqliteSnapshotStore,
+    store: SnapshotStore,
     transport: QueryPort,
     database: str,
     targets: Sequence[str],
@@ -235,7 +235,7 @@ def copies_in_database(
 
 
 def enforce_retention(
-    store: SqliteSnapshotStore,
+    store: SnapshotStore,
     transport: QueryPort,
     retention_dir: Path,
     database: str,
@@ -271,7 +271,7 @@ def enforce_retention(
 
 
 def discard_superseded(
-    store: SqliteSnapshotStore, transport: QueryPort, attempts_dir: Path, database: str, target: str
+    store: SnapshotStore, transport: QueryPort, attempts_dir: Path, database: str, target: str
 ) -> list[str]:
     """Discard the staged generations of the slot's intents that will never be published.
 

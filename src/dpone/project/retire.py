@@ -61,7 +61,7 @@ from dpone.project.retention import (
     unfinished_publication,
 )
 from dpone.publication.retained import stored_intents
-from dpone.publication.store import SqliteSnapshotStore
+from dpone.publication.store import SnapshotStore, open_store
 from dpone.staging.journal import read_events
 from dpone.staging.recovery import discard_attempt, survey_attempts
 from dpone.staging.sink import new_attempt_id
@@ -150,13 +150,13 @@ def retire_command(project: Project, name: str) -> str:
     return shlex.join(["dpone", "retire", name, "--config", str(project.path), "--yes"])
 
 
-def known_slots(store: SqliteSnapshotStore) -> list[TargetSlot]:
+def known_slots(store: SnapshotStore) -> list[TargetSlot]:
     """Every slot the store holds an intent of, in the order first published into."""
     seen = dict.fromkeys(TargetSlot(s.database, s.target_table) for s in store.list_snapshots())
     return list(seen)
 
 
-def resolve_slot(project: Project, store: SqliteSnapshotStore, name: str) -> SlotName:
+def resolve_slot(project: Project, store: SnapshotStore, name: str) -> SlotName:
     """``name``: a table of the project file, or a target ``DATABASE.TABLE`` the store knows."""
     declared = project.tables.get(name)
     if declared is not None:
@@ -186,7 +186,7 @@ def resolve_slot(project: Project, store: SqliteSnapshotStore, name: str) -> Slo
     return SlotName(slot, owner)
 
 
-def refuse_unfinished(project: Project, store: SqliteSnapshotStore, slot: TargetSlot) -> None:
+def refuse_unfinished(project: Project, store: SnapshotStore, slot: TargetSlot) -> None:
     """``publication_unfinished`` naming the command that resolves it, or nothing."""
     summary = unfinished_publication(store, slot.database, slot.table)
     if summary is None:
@@ -214,7 +214,7 @@ def refuse_unfinished(project: Project, store: SqliteSnapshotStore, slot: Target
     )
 
 
-def plan(store: SqliteSnapshotStore, transport: QueryPort, slot: TargetSlot) -> list[PlannedTable]:
+def plan(store: SnapshotStore, transport: QueryPort, slot: TargetSlot) -> list[PlannedTable]:
     """The slot's tables that exist now (target first, then copies newest first)."""
     owners = recorded_owners(store, stored_intents(store, slot.database, slot.table))
     names: dict[str, tuple[str, str | None]] = {slot.table: (TARGET, None)}
@@ -245,16 +245,16 @@ def retire(project: Project, name: str, *, confirmed: bool) -> RetireReport:
     A table still declared is retired under its refresh lock (``refresh_busy`` while a
     refresh of it runs), so no refresh exports and stages for a slot being retired.
     """
-    store = SqliteSnapshotStore(project.store, create=False)
+    store = open_store(project.store, create=False)
     named = resolve_slot(project, store, name)
     with ExitStack() as held:
         if named.table is not None:
-            held.enter_context(table_lock(project.work_dir, named.table))
+            held.enter_context(table_lock(project.work_dir, named.table, project.store))
         return _retire(project, store, named, name, confirmed=confirmed)
 
 
 def _retire(
-    project: Project, store: SqliteSnapshotStore, named: SlotName, name: str, *, confirmed: bool
+    project: Project, store: SnapshotStore, named: SlotName, name: str, *, confirmed: bool
 ) -> RetireReport:
     slot = named.slot
     report = RetireReport(named.target, named.table)

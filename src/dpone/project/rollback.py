@@ -72,7 +72,7 @@ from dpone.project.table_run import (
     run_phases,
 )
 from dpone.publication.composition import PublicationComponents, require_database
-from dpone.publication.store import SqliteSnapshotStore
+from dpone.publication.store import SnapshotStore
 from dpone.staging.journal import (
     ClickHouseFileAttemptJournal,
     JournalEvent,
@@ -125,7 +125,7 @@ class RollbackReport(RunReport):
 
 
 def find_rollback_source(
-    store: SqliteSnapshotStore, attempts_dir: Path, database: str, target: str
+    store: SnapshotStore, attempts_dir: Path, database: str, target: str
 ) -> RollbackSource:
     """The copy the slot's last publication left and the journal that staged its content."""
     mine = [s for s in store.list_snapshots() if (s.database, s.target_table) == (database, target)]
@@ -262,7 +262,9 @@ class RollbackService:
         with ExitStack() as held:
             with phase("check"):
                 # One refresh or rollback of a table at a time (``refresh_busy``).
-                held.enter_context(table_lock(self.project.work_dir, table.name))
+                held.enter_context(
+                    table_lock(self.project.work_dir, table.name, self.project.store)
+                )
                 try:
                     require_rollback_database(self.project, table)
                 except RollbackError as exc:

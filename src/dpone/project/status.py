@@ -42,7 +42,7 @@ from dpone.project.retention import copies_in_database, superseded_prepared
 from dpone.project.retire import known_slots, retire_command, retired_slot
 from dpone.publication.retained import stored_intents
 from dpone.publication.server_access import REACH_SECONDS, reach_failure
-from dpone.publication.store import SnapshotSummary, SqliteSnapshotStore
+from dpone.publication.store import SnapshotStore, SnapshotSummary, open_store, store_exists
 from dpone.publication.store.retirement import RETIRED
 from dpone.staging.recovery import finishing_command, list_attempts
 
@@ -75,7 +75,7 @@ def project_status(project: Project) -> ProjectStatus:
     """Read the store, the journals and (if it runs) the server."""
     status = ProjectStatus()
     # Status never creates a store: a project that never ran has none yet.
-    store = SqliteSnapshotStore(project.store, create=False) if project.store.exists() else None
+    store = open_store(project.store, create=False) if store_exists(project.store) else None
     summaries = store.list_snapshots() if store is not None else []
     failure = reach_failure(project.clickhouse.access)
     running = failure is None
@@ -219,7 +219,7 @@ def _publication_item(
 
 
 def _last_publication(
-    project: Project, store: SqliteSnapshotStore, last: SnapshotSummary
+    project: Project, store: SnapshotStore, last: SnapshotSummary
 ) -> dict[str, Any]:
     intent = SnapshotIntent.from_bytes(last.intent_bytes)
     record = SnapshotRecord.from_bytes(store.load(last.intent_sha256).record_bytes)
@@ -347,7 +347,7 @@ def _targets_without_store(project: Project, status: ProjectStatus) -> None:
 
 
 def _leases(
-    project: Project, status: ProjectStatus, store: SqliteSnapshotStore, finishing: set[str]
+    project: Project, status: ProjectStatus, store: SnapshotStore, finishing: set[str]
 ) -> None:
     """``finishing``: attempts listed with their cleanup or discard, which ends the
     attempt's ingest lease in this store once its journal is terminal (no second item)."""
@@ -397,7 +397,7 @@ def _operator(project: Project, database: str) -> HttpTransport:
 
 
 def _copies(
-    store: SqliteSnapshotStore, project: Project, slots: Sequence[TargetSlot]
+    store: SnapshotStore, project: Project, slots: Sequence[TargetSlot]
 ) -> dict[TargetSlot, list[dict[str, Any]] | None]:
     """Each slot's rollback copies that exist now, one observation per database (None:
     unobservable now, which status says rather than guess)."""
@@ -419,7 +419,7 @@ def _copies(
 def _attempts(
     project: Project,
     status: ProjectStatus,
-    store: SqliteSnapshotStore | None,
+    store: SnapshotStore | None,
     superseded: set[str],
 ) -> set[str]:
     """List the attempts that need a person; the ids listed with a finishing command.

@@ -74,7 +74,7 @@ from dpone.ports.composition_snapshot import (
     SnapshotRunRegistry,
     SourceEvidence,
 )
-from dpone.publication.dispatch_gate import DispatchGate
+from dpone.publication.dispatch_gate import Gate
 from dpone.publication.executor import (
     SESSION_MARGIN_SECONDS,
     SESSION_TIMEOUT_SECONDS,
@@ -122,7 +122,7 @@ class SnapshotAuthority:
         endpoint: Endpoint,
         probe_credentials: Callable[[str], Credentials],
         scope_of: Callable[[PrincipalRef], LeaseScope],
-        dispatch_gate: DispatchGate,
+        dispatch_gate: Gate,
         policy: ClosurePolicy | None = None,
         transport_factory: TransportFactory = HttpTransport,
         clock: Callable[[], float] = time.monotonic,

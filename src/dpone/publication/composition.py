@@ -47,7 +47,7 @@ from dpone.ports.composition_snapshot import IssuedPrincipal, TargetSlot
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
 from dpone.publication.catalog import ClickHouseSnapshotCatalog
 from dpone.publication.catalog.allowance import lease_allowance
-from dpone.publication.dispatch_gate import DispatchGate, gate_path
+from dpone.publication.dispatch_gate import gate_for
 from dpone.publication.dispatch_notes import DispatchGuard
 from dpone.publication.executor import (
     SESSION_MARGIN_SECONDS,
@@ -61,7 +61,7 @@ from dpone.publication.principal_issuers import LocalPoolIssuer, observe_user_id
 from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
 from dpone.publication.retained import recorded_table_uuids, recorded_target_names
 from dpone.publication.server_access import RemoteServer, ServerAccess
-from dpone.publication.store import SqliteSnapshotStore, lease_step_key
+from dpone.publication.store import SnapshotStore, StoreLocation, lease_step_key, open_store
 from dpone.sql import quote_identifier, quote_literal
 from dpone.staging.contract import StagingPolicy
 from dpone.staging.ingest_session import SessionNotes
@@ -82,7 +82,7 @@ class PublicationConfig:
     """
 
     data_dir: Path
-    store_path: Path = DEFAULT_STORE
+    store_path: StoreLocation = DEFAULT_STORE
     limits: SnapshotLimits = DEFAULT_LIMITS
     claim_wait_seconds: float = 30.0
     create_store: bool = True
@@ -110,7 +110,7 @@ class PublicationComponents:
     """The publisher and the parts a command may need beside it."""
 
     publisher: ClickHouseAtomicSnapshotPublisher
-    store: SqliteSnapshotStore
+    store: SnapshotStore
     issuer: LocalPoolIssuer
     endpoint: Endpoint
 
@@ -137,7 +137,7 @@ def staging_policy(
     )
 
 
-def ingest_session_notes(store_path: Path, lease_id: str) -> SessionNotes:
+def ingest_session_notes(store_path: StoreLocation, lease_id: str) -> SessionNotes:
     """Where staging's drain gate notes its session: the ingest lease's step notes.
 
     Pass it as :attr:`~dpone.staging.composition.StagingConfig.session_notes` of the
@@ -145,7 +145,7 @@ def ingest_session_notes(store_path: Path, lease_id: str) -> SessionNotes:
     (:func:`~dpone.publication.lease_scope.lease_scope`).
     """
     key = lease_step_key(lease_id)
-    store = SqliteSnapshotStore(store_path, create=False)
+    store = open_store(store_path, create=False)
 
     def note(facts: Mapping[str, Any]) -> None:
         store.note_step(key, facts)
@@ -207,7 +207,7 @@ def pool_remedy(access: ServerAccess, also: tuple[str, ...] = ()) -> tuple[str, 
 
 def build_issuer(
     server: ServerAccess | Path,
-    store: SqliteSnapshotStore,
+    store: SnapshotStore,
     endpoint: Endpoint,
     *,
     project: Path | None = None,
@@ -234,7 +234,7 @@ def build_issuer(
 
 def claim_slots(
     server: ServerAccess | Path,
-    store: SqliteSnapshotStore,
+    store: SnapshotStore,
     slots: Iterable[TargetSlot],
     *,
     project: Path | None = None,
@@ -340,7 +340,7 @@ def _operator_count(server: ServerAccess | Path, where: str, what: str) -> bool:
 
 def issue_ingest(
     server: ServerAccess | Path,
-    store_path: Path,
+    store_path: StoreLocation,
     database: str,
     attempt_id: str,
     *,
@@ -349,7 +349,7 @@ def issue_ingest(
     """Lease an ingest principal for one staging attempt (its lease lives in the store)."""
     access = as_access(server)
     endpoint = access.endpoint(database)
-    store = SqliteSnapshotStore(store_path)
+    store = open_store(store_path)
     return build_issuer(access, store, endpoint, project=project).issue(ROLE_INGEST, attempt_id)
 
 
@@ -357,14 +357,14 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
     """Assemble the publisher for ``database`` on the configured server."""
     access = config.access
     endpoint = access.endpoint(database)
-    store = SqliteSnapshotStore(config.store_path, create=config.create_store)
+    store = open_store(config.store_path, create=config.create_store)
     issuer = build_issuer(
         access, store, endpoint, project=config.project, create=config.claim_ownership
     )
     credentials = pool_credentials(access)
     # One gate beside the store, across processes: a dispatch and a closure never
     # overlap, and a closure's end of a lease is seen by every later dispatch.
-    gate = DispatchGate(gate_path(config.store_path))
+    gate = gate_for(config.store_path)
     policy = ClosurePolicy(
         session_timeout=config.session_timeout_seconds,
         session_margin_seconds=config.session_margin_seconds,

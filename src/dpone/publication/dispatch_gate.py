@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from dpone.errors import StateError
+from dpone.publication.store.postgres import is_store_url
 
 GATE_WAIT_SECONDS = 120.0
 _POLL_SECONDS = 0.01
@@ -55,8 +56,50 @@ def gate_path(store_path: Path) -> Path:
     return store_path.with_name(store_path.name + ".dispatch.lock")
 
 
-class DispatchGate:
-    """Exclusive, cross-process locks, one file per principal (see the module doc)."""
+def gate_for(store: Path | str) -> Gate:
+    """The gates of the store at ``store``: files beside a SQLite store, advisory locks
+    in a PostgreSQL store's database (:mod:`dpone.publication.postgres_locks`)."""
+    if isinstance(store, str) and is_store_url(store):
+        from dpone.publication.postgres_locks import PostgresDispatchGate
+
+        return PostgresDispatchGate(store)
+    return DispatchGate(gate_path(Path(store)))
+
+
+class Gate:
+    """Exclusive locks across processes, one per principal and per slot: what a dispatch
+    and a closure hold (see the module doc). :meth:`held` is the backend's."""
+
+    wait_seconds: float = GATE_WAIT_SECONDS
+
+    def held(self, user: str) -> contextlib.AbstractContextManager[None]:
+        """Hold ``user``'s gate for the ``with`` block (``dispatch_gate_busy`` after the wait)."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def held_for_slot(self, database: str, table: str, user: str) -> Iterator[None]:
+        """Hold the slot's gate, then ``user``'s: what a dispatch that changes the target
+        ``database.table`` holds (its CREATE, the DROP of a table it created, its EXCHANGE).
+
+        Two attempts of one slot publish under different principals; the slot's gate keeps
+        one's check-then-DROP of the empty target it created from interleaving with the
+        other's EXCHANGE into that name. Always the slot first, then the principal, and a
+        closure or a verification never takes a slot's: no two holders wait on each other.
+        """
+        with self.held(f"slot {database}.{table}"), self.held(user):
+            yield
+
+    @contextlib.contextmanager
+    def held_for_all(self, users: Iterable[str]) -> Iterator[None]:
+        """Hold the gate of every one of ``users``, taken in sorted order."""
+        with contextlib.ExitStack() as stack:
+            for user in sorted(set(users)):
+                stack.enter_context(self.held(user))
+            yield
+
+
+class DispatchGate(Gate):
+    """The gates as files beside a SQLite store: one ``flock`` per principal and slot."""
 
     def __init__(
         self,
@@ -75,19 +118,6 @@ class DispatchGate:
         """The lock file of ``user``'s gate (a name that is not a plain token is hashed)."""
         token = user if _TOKEN.fullmatch(user) else hashlib.sha256(user.encode()).hexdigest()
         return self.path.with_name(f"{self.path.name}.{token}")
-
-    @contextlib.contextmanager
-    def held_for_slot(self, database: str, table: str, user: str) -> Iterator[None]:
-        """Hold the slot's gate, then ``user``'s: what a dispatch that changes the target
-        ``database.table`` holds (its CREATE, the DROP of a table it created, its EXCHANGE).
-
-        Two attempts of one slot publish under different principals; the slot's gate keeps
-        one's check-then-DROP of the empty target it created from interleaving with the
-        other's EXCHANGE into that name. Always the slot first, then the principal, and a
-        closure or a verification never takes a slot's: no two holders wait on each other.
-        """
-        with self.held(f"slot {database}.{table}"), self.held(user):
-            yield
 
     @contextlib.contextmanager
     def held(self, user: str) -> Iterator[None]:
@@ -112,11 +142,3 @@ class DispatchGate:
             yield
         finally:
             os.close(fd)  # closing the description releases the lock
-
-    @contextlib.contextmanager
-    def held_for_all(self, users: Iterable[str]) -> Iterator[None]:
-        """Hold the gate of every one of ``users``, taken in sorted order."""
-        with contextlib.ExitStack() as stack:
-            for user in sorted(set(users)):
-                stack.enter_context(self.held(user))
-            yield

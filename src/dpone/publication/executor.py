@@ -72,7 +72,7 @@ from dpone.ports.composition_snapshot import (
     IssuedPrincipal,
     TargetSlot,
 )
-from dpone.publication.dispatch_gate import DispatchGate
+from dpone.publication.dispatch_gate import Gate
 from dpone.publication.dispatch_notes import (
     BEFORE_EXCHANGE,
     BEFORE_SESSION,
@@ -160,7 +160,7 @@ class ClickHouseSnapshotExecutor:
         self,
         endpoint: Endpoint,
         *,
-        dispatch_gate: DispatchGate,
+        dispatch_gate: Gate,
         guard: DispatchGuard,
         transport_factory: TransportFactory = HttpTransport,
         session_timeout: int = SESSION_TIMEOUT_SECONDS,

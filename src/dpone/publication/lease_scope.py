@@ -44,7 +44,7 @@ from dpone.publication.dispatch_notes import (
     session_ids,
     session_use,
 )
-from dpone.publication.store import SqliteSnapshotStore, lease_step_key
+from dpone.publication.store import SnapshotStore, lease_step_key
 from dpone.staging.ingest_session import ingest_session_id
 
 STAGING_QUERY_ID_PREFIX = "dpone-b02"
@@ -80,7 +80,7 @@ def micros(at: str) -> int:
     return int(parsed.timestamp()) * 1_000_000 + parsed.microsecond
 
 
-def lease_scope(store: SqliteSnapshotStore, principal: PrincipalRef) -> LeaseScope:
+def lease_scope(store: SnapshotStore, principal: PrincipalRef) -> LeaseScope:
     """The scope of ``principal``'s lease as the store holds it now."""
     found = store.lease_record(principal.lease_id)
     if found is None:

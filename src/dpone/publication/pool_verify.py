@@ -37,7 +37,7 @@ from dpone.localserver.pool_file import remote_grants, remote_role, remote_users
 from dpone.localserver.principal_pool import DEFAULT_POOL, PoolNames
 from dpone.ports.clickhouse_errors import NotSubmitted, TransportDeadline
 from dpone.ports.clickhouse_request import Credentials, read
-from dpone.publication.dispatch_gate import DispatchGate, gate_path
+from dpone.publication.dispatch_gate import gate_for
 from dpone.publication.server_access import ServerAccess
 from dpone.sql import quote_literal
 
@@ -186,7 +186,7 @@ def parse_version(text: str) -> tuple[int, int]:
 
 
 def verify_pool(
-    access: ServerAccess, databases: Sequence[str], store: Path | None = None
+    access: ServerAccess, databases: Sequence[str], store: Path | str | None = None
 ) -> PoolVerification:
     """Check the installation of the pool over ``databases`` on ``access``'s server.
 
@@ -197,8 +197,9 @@ def verify_pool(
     """
     if store is None:
         return _verify(access, databases)
-    private_directories(store.parent)
-    with DispatchGate(gate_path(store)).held_for_all(remote_users(access.pool)):
+    if isinstance(store, Path):
+        private_directories(store.parent)
+    with gate_for(store).held_for_all(remote_users(access.pool)):
         return _verify(access, databases)
 
 

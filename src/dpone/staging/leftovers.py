@@ -90,7 +90,7 @@ def finishing_command(
     database: str,
     server: Mapping[str, object] | None = None,
     *,
-    store: Path | None = None,
+    store: Path | str | None = None,
 ) -> str | None:
     """The command that finishes what an attempt in ``state`` left (None: nothing to do).
 

@@ -38,7 +38,7 @@ from dpone.publication.publisher.checks import refuse_side_effects
 from dpone.publication.publisher.ports import PublisherPorts
 from dpone.publication.publisher.receipts import SnapshotPublicationError
 from dpone.publication.publisher.records import dispatch_facts
-from dpone.publication.store import SqliteSnapshotStore
+from dpone.publication.store import SnapshotStore
 
 OBSERVED_STEP = "create_target_observed"
 DROP_STEP = "drop_created_target"
@@ -164,7 +164,7 @@ class CreatedTarget(PublisherPorts):
         """
         if exc.code in _KEEP_AFTER:
             return exc.code
-        if not isinstance(self.store, SqliteSnapshotStore):
+        if not isinstance(self.store, SnapshotStore):
             return "intents_unlisted"  # which intents name it cannot be read: keep it
         try:
             for summary in self.store.list_snapshots():

@@ -25,7 +25,7 @@ from dpone.ports.composition_snapshot import (
 from dpone.publication.holder_process import Liveness, current_process, holder_liveness
 from dpone.publication.publisher.receipts import SnapshotPublicationError, utc_now
 from dpone.publication.publisher.records import principal_ref
-from dpone.publication.store import SqliteSnapshotStore
+from dpone.publication.store import SnapshotStore
 
 # How long a caller that lost the claim waits for the winner's outcome, and how often
 # it looks. The wait only delays the loser's answer; it never changes what happens.
@@ -45,7 +45,7 @@ def closing_elsewhere(store: object) -> bool:
     That holder is closing it now (a refresh ends its lease, then proves it quiescent
     and stores the proof); a holder that is gone or unknown will prove nothing.
     """
-    if not isinstance(store, SqliteSnapshotStore):
+    if not isinstance(store, SnapshotStore):
         return False
     last = {record.lease.user: record for record in store.last_lease_records()}
     here = current_process().pid
@@ -62,7 +62,7 @@ def closing_elsewhere(store: object) -> bool:
 def allowance_inputs(store: object) -> frozenset[tuple[str, str, bool, bool]]:
     """Each pool user's last lease as a writer allowance decides by it: (user, lease,
     active, closure proven). It changes when a lease is issued, ends or is proven."""
-    if not isinstance(store, SqliteSnapshotStore):
+    if not isinstance(store, SnapshotStore):
         return frozenset()
     last = {record.lease.user: record.lease for record in store.last_lease_records()}
     return frozenset(

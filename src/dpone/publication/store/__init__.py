@@ -68,7 +68,15 @@ from dpone.publication.store.errors import SnapshotStoreError
 from dpone.publication.store.leases import LeaseRecord, lease_step_key
 from dpone.publication.store.records import SnapshotSummary
 from dpone.publication.store.schema import APPLICATION_ID, SCHEMA_VERSION
-from dpone.publication.store.snapshot_store import SqliteSnapshotStore
+from dpone.publication.store.snapshot_store import (
+    PostgresSnapshotStore,
+    SnapshotStore,
+    SqliteSnapshotStore,
+    StoreLocation,
+    open_store,
+    store_argument,
+    store_exists,
+)
 
 __all__ = [
     "APPLICATION_ID",
@@ -76,8 +84,14 @@ __all__ = [
     "SCHEMA_VERSION",
     "UNRESOLVED_STATES",
     "LeaseRecord",
+    "PostgresSnapshotStore",
+    "SnapshotStore",
     "SnapshotStoreError",
     "SnapshotSummary",
     "SqliteSnapshotStore",
+    "StoreLocation",
     "lease_step_key",
+    "open_store",
+    "store_argument",
+    "store_exists",
 ]

@@ -10,7 +10,6 @@ PREPARED attempt stays publishable until a newer one is PREPARED.
 
 from __future__ import annotations
 
-import sqlite3
 import uuid
 
 from dpone.contracts.composition_snapshot import SnapshotState
@@ -21,7 +20,7 @@ from dpone.ports.composition_snapshot import (
     ParentAuthority,
     TargetSlot,
 )
-from dpone.publication.store.connections import StoreConnections
+from dpone.publication.store.connections import StoreConnection, StoreConnections
 from dpone.publication.store.errors import SnapshotStoreError
 from dpone.publication.store.schema import now
 
@@ -98,7 +97,7 @@ class RunAdmission(StoreConnections):
             )
 
 
-def _refuse_a_blocked_slot(conn: sqlite3.Connection, slot: TargetSlot, attempt_id: str) -> None:
+def _refuse_a_blocked_slot(conn: StoreConnection, slot: TargetSlot, attempt_id: str) -> None:
     """``slot_blocked`` while a record of ``slot`` holds an unresolved durable claim."""
     blocking = conn.execute(
         "SELECT r.intent_sha256, r.state FROM records r JOIN intents i"
@@ -117,7 +116,7 @@ def _refuse_a_blocked_slot(conn: sqlite3.Connection, slot: TargetSlot, attempt_i
         )
 
 
-def _admit_new_run(conn: sqlite3.Connection, slot: TargetSlot, attempt_id: str) -> Admission:
+def _admit_new_run(conn: StoreConnection, slot: TargetSlot, attempt_id: str) -> Admission:
     """Insert the run with the slot's next epoch reserved (taken later by :func:`activate`)."""
     epoch = slot_epoch(conn, slot) + 1
     number = conn.execute("SELECT coalesce(max(attempt_epoch), 0) + 1 FROM runs")
@@ -145,7 +144,7 @@ def _admit_new_run(conn: sqlite3.Connection, slot: TargetSlot, attempt_id: str) 
     return admission
 
 
-def activate(conn: sqlite3.Connection, run: Admission) -> None:
+def activate(conn: StoreConnection, run: Admission) -> None:
     """The run takes its reserved slot epoch; every other ACTIVE run of the slot retires.
 
     Called in the transaction that stores the run's PREPARED intent, after the authority
@@ -173,7 +172,7 @@ def activate(conn: sqlite3.Connection, run: Admission) -> None:
     conn.execute("UPDATE runs SET activated = 1 WHERE parent_request = ?", (run.parent_request,))
 
 
-def slot_epoch(conn: sqlite3.Connection, slot: TargetSlot) -> int:
+def slot_epoch(conn: StoreConnection, slot: TargetSlot) -> int:
     """The slot's epoch as stored in ``conn``'s transaction (0 before any admission)."""
     row = conn.execute(
         "SELECT epoch FROM slots WHERE database = ? AND target_table = ?",
@@ -182,7 +181,7 @@ def slot_epoch(conn: sqlite3.Connection, slot: TargetSlot) -> int:
     return 0 if row is None else int(row[0])
 
 
-def admission_row(conn: sqlite3.Connection, column: str, value: str) -> Admission | None:
+def admission_row(conn: StoreConnection, column: str, value: str) -> Admission | None:
     """The run whose ``column`` (``attempt_id`` or ``parent_request``) is ``value``, if any."""
     assert column in ("attempt_id", "parent_request")
     row = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE {column} = ?", (value,)).fetchone()
@@ -199,7 +198,7 @@ def admission_row(conn: sqlite3.Connection, column: str, value: str) -> Admissio
 
 
 def authority_problem(
-    conn: sqlite3.Connection,
+    conn: StoreConnection,
     authority: ParentAuthority,
     *,
     allow_retiring: bool,

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
+from typing import Any, Protocol
 
 from dpone.publication.store.errors import (
     SnapshotStoreError,
@@ -23,6 +24,27 @@ from dpone.publication.store.errors import (
 from dpone.publication.store.schema import check_identity, create_schema, migrate, open_file
 
 BUSY_TIMEOUT_SECONDS = 10.0
+
+
+class StoreCursor(Protocol):
+    """What the store's parts read from a statement (sqlite3's cursor, or psycopg's
+    behind :mod:`~dpone.publication.store.postgres`)."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    @property
+    def lastrowid(self) -> int | None: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class StoreConnection(Protocol):
+    """A connection inside a store transaction: statements with ``?`` parameters."""
+
+    def execute(self, sql: str, parameters: Any = (), /) -> StoreCursor: ...
 
 
 class _UnitOfWork:
@@ -122,9 +144,8 @@ class StoreConnections:
         """Create the file ``0600`` if needed, refuse a foreign one, set WAL, create the schema."""
         open_file(self.path, create)
         with self._reading("open") as conn:
-            identity = check_identity(
-                conn, self.path
-            )  # before anything could modify a foreign file
+            assert isinstance(conn, sqlite3.Connection)  # this class's own connections
+            identity = check_identity(conn, self.path)  # before anything could modify it
         fresh = identity == "fresh"
         if fresh and not create:
             raise store_missing(self.path, "the file holds no store yet")
@@ -138,6 +159,7 @@ class StoreConnections:
         if identity == "current":
             return
         with self._write("open", "store_commit_unknown") as work:
+            assert isinstance(work, sqlite3.Connection)
             # Checked again inside the transaction: another process may have created or
             # upgraded it meanwhile.
             if check_identity(work, self.path) == "fresh":
@@ -194,8 +216,24 @@ class StoreConnections:
             exc, path=self.path, operation=operation, committing=False, uncertain=None
         )
 
+    @property
+    def location(self) -> str:
+        """Where the store is, for messages and ownership markers (never a secret)."""
+        return str(self.path.absolute())
+
     @contextmanager
-    def _reading(self, operation: str) -> Iterator[sqlite3.Connection]:
+    def _fresh(self, operation: str) -> Iterator[StoreConnection]:
+        """A new connection of its own, outside any transaction (an independent read)."""
+        conn = self._connect(operation)
+        try:
+            yield conn
+        except sqlite3.Error as exc:
+            raise self._error(exc, operation) from exc
+        finally:
+            conn.close()
+
+    @contextmanager
+    def _reading(self, operation: str) -> Iterator[StoreConnection]:
         """A read-only snapshot on a fresh connection (``BEGIN`` ... ``ROLLBACK``)."""
         conn = self._connect(operation)
         try:
@@ -208,7 +246,7 @@ class StoreConnections:
             conn.close()  # closing ends the read transaction
 
     @contextmanager
-    def _write(self, operation: str, uncertain: str) -> Iterator[sqlite3.Connection]:
+    def _write(self, operation: str, uncertain: str) -> Iterator[StoreConnection]:
         """One unit of work: yields the connection, commits when the block succeeds."""
         work = _UnitOfWork(self, operation, uncertain)
         with work as conn:

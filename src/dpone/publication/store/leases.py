@@ -12,7 +12,6 @@ from the last closure note.
 
 from __future__ import annotations
 
-import sqlite3
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,12 +20,12 @@ from typing import Any
 from dpone.contracts import canonical_json
 from dpone.ports.composition_snapshot import Lease
 from dpone.publication.holder_process import HolderProcess, current_process
-from dpone.publication.store.connections import StoreConnections
+from dpone.publication.store.connections import StoreConnection, StoreConnections
 from dpone.publication.store.errors import SnapshotStoreError
 from dpone.publication.store.schema import decode_facts, now
 from dpone.publication.store.steps import append_step
 
-_LEASE_COLUMNS = "lease_id, user, role, attempt_id, active"  # the order _lease reads
+_LEASE_COLUMNS = 'lease_id, "user", role, attempt_id, active'  # the order _lease reads
 # The step of a closure's proof under the lease's key (see the module doc).
 CLOSURE_STEP = "closure"
 _LEASE_KEY_PREFIX = "lease/"
@@ -55,7 +54,7 @@ class PrincipalLeases(StoreConnections):
         with self._write("lease", "store_commit_unknown") as conn:
             busy = {
                 row[0]
-                for row in conn.execute("SELECT user FROM leases WHERE active = 1").fetchall()
+                for row in conn.execute('SELECT "user" FROM leases WHERE active = 1').fetchall()
             }
             # A user whose last lease ended without a proven closure is not leased again:
             # a request of that lease may still arrive, and a new lease would hide it.
@@ -134,7 +133,7 @@ class PrincipalLeases(StoreConnections):
         What a writer allowance and a closure check decide by; read without the rest of
         the history, so its cost does not grow with every lease the store ever issued.
         """
-        where = " WHERE l.rowid IN (SELECT max(rowid) FROM leases GROUP BY user)"
+        where = ' WHERE l.rowid IN (SELECT max(rowid) FROM leases GROUP BY "user")'
         return self._records("last_lease_records", where)
 
     def lease_record(self, lease_id: str) -> tuple[LeaseRecord, bool] | None:
@@ -145,7 +144,7 @@ class PrincipalLeases(StoreConnections):
             return None
         with self._reading("lease_record") as conn:
             later = conn.execute(
-                "SELECT 1 FROM leases WHERE user = ? AND rowid > "
+                'SELECT 1 FROM leases WHERE "user" = ? AND rowid > '
                 "(SELECT rowid FROM leases WHERE lease_id = ?) LIMIT 1",
                 (found[0].lease.user, lease_id),
             ).fetchone()
@@ -215,7 +214,7 @@ def _lease(row: tuple[Any, ...]) -> Lease:
     return Lease(row[0], row[1], row[2], row[3], bool(row[4]))
 
 
-def _lease_row(conn: sqlite3.Connection, lease_id: str) -> Lease:
+def _lease_row(conn: StoreConnection, lease_id: str) -> Lease:
     row = conn.execute(
         f"SELECT {_LEASE_COLUMNS} FROM leases WHERE lease_id = ?", (lease_id,)
     ).fetchone()
@@ -226,7 +225,7 @@ def _lease_row(conn: sqlite3.Connection, lease_id: str) -> Lease:
     return _lease(row)
 
 
-def _closure_proven(conn: sqlite3.Connection, lease_id: str) -> bool:
+def _closure_proven(conn: StoreConnection, lease_id: str) -> bool:
     """Whether the last closure noted for ``lease_id`` was proven (False: none noted)."""
     rows = conn.execute(
         "SELECT facts FROM steps WHERE key = ? ORDER BY id", (lease_step_key(lease_id),)
@@ -235,10 +234,10 @@ def _closure_proven(conn: sqlite3.Connection, lease_id: str) -> bool:
     return bool(closures) and closures[-1].get("proven") is True
 
 
-def _unproven_last_lease(conn: sqlite3.Connection, user: str) -> str | None:
+def _unproven_last_lease(conn: StoreConnection, user: str) -> str | None:
     """The user's last lease when it ended without a proven closure, else None."""
     row = conn.execute(
-        "SELECT lease_id, active FROM leases WHERE user = ? ORDER BY rowid DESC LIMIT 1",
+        'SELECT lease_id, active FROM leases WHERE "user" = ? ORDER BY rowid DESC LIMIT 1',
         (user,),
     ).fetchone()
     if row is None or row[1] == 1 or _closure_proven(conn, row[0]):

@@ -9,7 +9,6 @@ a fresh connection.
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,7 @@ from dpone.publication.store.admission import (
     authority_problem,
 )
 from dpone.publication.store.chain import ChainCheck, verify_chain
-from dpone.publication.store.connections import StoreConnections
+from dpone.publication.store.connections import StoreConnection, StoreConnections
 from dpone.publication.store.errors import SnapshotStoreError
 from dpone.publication.store.schema import decode_facts, now
 
@@ -183,15 +182,10 @@ class SnapshotRecords(StoreConnections):
 
     def read_back(self, intent_sha256: str) -> bytes:
         """The current record bytes through a fresh, independent connection."""
-        conn = self._connect("read_back")
-        try:
+        with self._fresh("read_back") as conn:
             row = conn.execute(
                 "SELECT record_bytes FROM records WHERE intent_sha256 = ?", (intent_sha256,)
             ).fetchone()
-        except sqlite3.Error as exc:
-            raise self._error(exc, "read_back") from exc
-        finally:
-            conn.close()
         data = self._after_read_back(intent_sha256, None if row is None else bytes(row[0]))
         if data is None:
             raise _not_found(intent_sha256)
@@ -226,7 +220,7 @@ class SnapshotRecords(StoreConnections):
             return _history_of(conn, intent_sha256)
 
 
-def _history_of(conn: sqlite3.Connection, intent_sha256: str) -> list[HistoryEntry]:
+def _history_of(conn: StoreConnection, intent_sha256: str) -> list[HistoryEntry]:
     if not conn.execute(
         "SELECT 1 FROM intents WHERE intent_sha256 = ?", (intent_sha256,)
     ).fetchone():
@@ -251,7 +245,7 @@ def _history_of(conn: sqlite3.Connection, intent_sha256: str) -> list[HistoryEnt
 
 
 def _refuse_a_second_intent(
-    conn: sqlite3.Connection, intent_sha256: str, authority: ParentAuthority
+    conn: StoreConnection, intent_sha256: str, authority: ParentAuthority
 ) -> None:
     """``intent_exists`` for a stored intent, ``attempt_used`` for a run that has one."""
     if conn.execute("SELECT 1 FROM intents WHERE intent_sha256 = ?", (intent_sha256,)).fetchone():
@@ -310,7 +304,7 @@ def _not_found(intent_sha256: str) -> SnapshotStoreError:
 
 
 def _append_history(
-    conn: sqlite3.Connection,
+    conn: StoreConnection,
     intent_sha256: str,
     revision: int,
     state: str,

@@ -23,7 +23,6 @@ the same target later is admitted as usual and starts a new life of the slot.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,7 +30,7 @@ from dpone.contracts import canonical_json
 from dpone.contracts.composition_snapshot import SnapshotState
 from dpone.ports.composition_snapshot import OwnershipState, StepNote, TargetSlot
 from dpone.publication.store.admission import UNRESOLVED_STATES, slot_epoch
-from dpone.publication.store.connections import StoreConnections
+from dpone.publication.store.connections import StoreConnection, StoreConnections
 from dpone.publication.store.errors import SnapshotStoreError
 from dpone.publication.store.schema import decode_facts, now
 from dpone.publication.store.steps import append_step
@@ -122,7 +121,7 @@ class SlotRetirement(StoreConnections):
         return found
 
 
-def _refuse_unfinished(conn: sqlite3.Connection, slot: TargetSlot) -> None:
+def _refuse_unfinished(conn: StoreConnection, slot: TargetSlot) -> None:
     """``slot_blocked`` / ``publication_unfinished``: a publication of the slot may move."""
     rows = conn.execute(
         "SELECT r.intent_sha256, r.state, u.slot_epoch FROM records r"
@@ -144,7 +143,7 @@ def _refuse_unfinished(conn: sqlite3.Connection, slot: TargetSlot) -> None:
             )
 
 
-def _last_note(conn: sqlite3.Connection, slot: TargetSlot) -> StepNote | None:
+def _last_note(conn: StoreConnection, slot: TargetSlot) -> StepNote | None:
     row = conn.execute(
         "SELECT id, key, at, facts FROM steps WHERE key = ? ORDER BY id DESC LIMIT 1",
         (retirement_key(slot),),
@@ -152,7 +151,7 @@ def _last_note(conn: sqlite3.Connection, slot: TargetSlot) -> StepNote | None:
     return None if row is None else StepNote(row[0], row[1], row[2], decode_facts(row[3]))
 
 
-def _note(conn: sqlite3.Connection, slot: TargetSlot, facts: Mapping[str, Any]) -> StepNote:
+def _note(conn: StoreConnection, slot: TargetSlot, facts: Mapping[str, Any]) -> StepNote:
     document = {**facts, "database": slot.database, "table": slot.table}
     data = canonical_json.dumps(document)
     at = now()

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import sqlite3
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from dpone.contracts import canonical_json
 from dpone.ports.composition_snapshot import StepNote
-from dpone.publication.store.connections import StoreConnections
+from dpone.publication.store.connections import StoreConnection, StoreConnections
 from dpone.publication.store.schema import decode_facts, now
 
 # The store's identity: the first note of this key (created once, never changed).
@@ -67,7 +66,7 @@ class StepNotes(StoreConnections):
         return None if row is None else str(decode_facts(row[0])["store"])
 
 
-def append_step(conn: sqlite3.Connection, key: str, facts: bytes, at: str) -> int | None:
+def append_step(conn: StoreConnection, key: str, facts: bytes, at: str) -> int | None:
     """Append one note in ``conn``'s transaction; returns its sequence number."""
     cursor = conn.execute("INSERT INTO steps (key, facts, at) VALUES (?, ?, ?)", (key, facts, at))
     return cursor.lastrowid

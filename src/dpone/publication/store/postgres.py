@@ -1,0 +1,408 @@
+"""The snapshot store on PostgreSQL: one store that the workers of a project share.
+
+``[project] store = "postgresql://USER@HOST:PORT/DB"`` keeps everything the SQLite
+store keeps (the exact bytes of every revision, the history, the run registry, leases,
+step notes, retirement) in the schema ``dpone`` of that database. The store's parts run
+their statements unchanged through :class:`_Connection`, which gives psycopg the
+SQLite store's ``?`` parameters as its own. The semantics are the SQLite store's:
+
+- a write is one unit of work that first takes a transaction-scoped advisory lock of
+  the store (what SQLite's ``BEGIN IMMEDIATE`` gives: one writer at a time, each
+  reading every earlier commit), then checks and writes, then commits; anything else
+  rolls back, and an error while committing leaves the outcome unknown;
+- a read is one ``REPEATABLE READ`` snapshot; ``read_back`` opens a connection of its
+  own, independent of the writer's;
+- triggers refuse what SQL can: intents never change, history and steps are
+  append-only, records move only to their next revision, ownership only forward.
+
+The password never appears in the URL, argv, a report or an error: libpq reads it from
+``PGPASSFILE`` or ``~/.pgpass``, and a URL that carries one is refused. ``sslmode`` and
+the other libpq parameters of the URL are honoured as libpq honours them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from dpone.errors import ConfigurationError
+from dpone.publication.store.connections import (
+    BUSY_TIMEOUT_SECONDS,
+    StoreConnection,
+    StoreConnections,
+    StoreCursor,
+)
+from dpone.publication.store.errors import SnapshotStoreError
+from dpone.publication.store.schema import APPLICATION_ID, SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    import psycopg
+
+SCHEMA = "dpone"
+URL_SCHEMES = ("postgresql", "postgres")
+# The advisory lock every write takes first (one bigint key: the store's; the dispatch
+# gate and the table lock use the two-int key space, which never overlaps it).
+WRITE_LOCK_KEY = APPLICATION_ID
+CONNECT_SECONDS = 10
+
+_SCHEMA_SQL = """
+CREATE TABLE store_identity (
+    application_id BIGINT NOT NULL, schema_version INTEGER NOT NULL
+);
+CREATE TABLE intents (
+    intent_sha256 TEXT PRIMARY KEY, intent_bytes BYTEA NOT NULL, created_at TEXT NOT NULL,
+    parent_request TEXT NOT NULL, database TEXT NOT NULL, target_table TEXT NOT NULL
+);
+CREATE TABLE records (
+    intent_sha256 TEXT PRIMARY KEY REFERENCES intents (intent_sha256),
+    record_bytes BYTEA NOT NULL, revision INTEGER NOT NULL CHECK (revision >= 1),
+    state TEXT NOT NULL
+);
+CREATE TABLE history (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    intent_sha256 TEXT NOT NULL REFERENCES intents (intent_sha256),
+    revision INTEGER NOT NULL, state TEXT NOT NULL, record_sha256 TEXT,
+    at TEXT NOT NULL, facts BYTEA NOT NULL, record_bytes BYTEA
+);
+CREATE INDEX history_of_intent ON history (intent_sha256, id);
+CREATE TABLE slots (
+    database TEXT NOT NULL, target_table TEXT NOT NULL, epoch BIGINT NOT NULL,
+    PRIMARY KEY (database, target_table)
+);
+CREATE TABLE runs (
+    parent_request TEXT PRIMARY KEY, database TEXT NOT NULL, target_table TEXT NOT NULL,
+    attempt_id TEXT NOT NULL UNIQUE, slot_epoch BIGINT NOT NULL,
+    attempt_epoch BIGINT NOT NULL UNIQUE,
+    ownership TEXT NOT NULL CHECK (ownership IN ('active', 'retiring', 'retired')),
+    admitted_at TEXT NOT NULL,
+    activated INTEGER NOT NULL DEFAULT 1 CHECK (activated IN (0, 1))
+);
+CREATE TABLE leases (
+    lease_id TEXT PRIMARY KEY, "user" TEXT NOT NULL, role TEXT NOT NULL,
+    attempt_id TEXT NOT NULL, active INTEGER NOT NULL CHECK (active IN (0, 1)),
+    issued_at TEXT NOT NULL, ended_at TEXT,
+    rowid BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE
+);
+CREATE UNIQUE INDEX one_active_lease_per_user ON leases ("user") WHERE active = 1;
+CREATE TABLE steps (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, key TEXT NOT NULL,
+    facts BYTEA NOT NULL, at TEXT NOT NULL
+);
+CREATE INDEX steps_of_key ON steps (key, id);
+CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN RAISE EXCEPTION '%', TG_ARGV[0]; END $$;
+CREATE TRIGGER intents_immutable BEFORE UPDATE OR DELETE ON intents
+    FOR EACH ROW EXECUTE FUNCTION refuse('intents are immutable');
+CREATE TRIGGER records_next_revision BEFORE UPDATE ON records FOR EACH ROW
+    WHEN (NEW.revision != OLD.revision + 1 OR NEW.intent_sha256 != OLD.intent_sha256)
+    EXECUTE FUNCTION refuse('a record changes only to its next revision');
+CREATE TRIGGER records_kept BEFORE DELETE ON records
+    FOR EACH ROW EXECUTE FUNCTION refuse('records are never deleted');
+CREATE TRIGGER history_append_only BEFORE UPDATE OR DELETE ON history
+    FOR EACH ROW EXECUTE FUNCTION refuse('history is append-only');
+CREATE TRIGGER steps_append_only BEFORE UPDATE OR DELETE ON steps
+    FOR EACH ROW EXECUTE FUNCTION refuse('steps are append-only');
+CREATE TRIGGER kept_intents BEFORE TRUNCATE ON intents
+    FOR EACH STATEMENT EXECUTE FUNCTION refuse('intents are immutable');
+CREATE TRIGGER kept_records BEFORE TRUNCATE ON records
+    FOR EACH STATEMENT EXECUTE FUNCTION refuse('records are never deleted');
+CREATE TRIGGER kept_history BEFORE TRUNCATE ON history
+    FOR EACH STATEMENT EXECUTE FUNCTION refuse('history is append-only');
+CREATE TRIGGER kept_steps BEFORE TRUNCATE ON steps
+    FOR EACH STATEMENT EXECUTE FUNCTION refuse('steps are append-only');
+CREATE TRIGGER ownership_forward BEFORE UPDATE OF ownership ON runs FOR EACH ROW
+    WHEN (NEW.ownership != OLD.ownership AND NOT (
+        (OLD.ownership = 'active' AND NEW.ownership = 'retiring')
+        OR (OLD.ownership = 'retiring' AND NEW.ownership = 'retired')))
+    EXECUTE FUNCTION refuse('ownership only moves forward');
+CREATE TRIGGER activation_forward BEFORE UPDATE OF activated ON runs FOR EACH ROW
+    WHEN (OLD.activated = 1 AND NEW.activated != 1)
+    EXECUTE FUNCTION refuse('an activated run stays activated');
+"""
+
+
+def is_store_url(location: str | os.PathLike[str]) -> bool:
+    """Whether ``location`` names a PostgreSQL store (``postgresql://...``)."""
+    return isinstance(location, str) and location.split("://", 1)[0] in URL_SCHEMES
+
+
+def check_store_url(url: str) -> str:
+    """``url`` when it names a database without a password (``store_url_invalid``)."""
+    parts = urlsplit(url)
+    if parts.password is not None:
+        # Never echoed: the URL holds a secret.
+        raise ConfigurationError(
+            "the PostgreSQL store's URL carries a password: remove it and give the password "
+            "in a libpq password file (PGPASSFILE or ~/.pgpass)",
+            code="store_url_invalid",
+        )
+    if parts.scheme not in URL_SCHEMES or not parts.hostname or len(parts.path) < 2:
+        raise ConfigurationError(
+            f"{url!r} is not a PostgreSQL store: postgresql://USER@HOST:PORT/DATABASE",
+            code="store_url_invalid",
+            url=url,
+        )
+    return url
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise ConfigurationError(
+            "a PostgreSQL store needs psycopg: `pip install 'dpone[postgres]'`",
+            code="postgres_not_installed",
+        ) from exc
+    return psycopg
+
+
+_PLACEHOLDER = re.compile(r"\?")
+
+
+class _Cursor:
+    """A psycopg cursor as the store's parts read it (with ``lastrowid``)."""
+
+    def __init__(self, cursor: psycopg.Cursor[Any], lastrowid: int | None) -> None:
+        self._cursor = cursor
+        self._lastrowid = lastrowid
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cursor.rowcount)
+
+    @property
+    def lastrowid(self) -> int | None:
+        return self._lastrowid
+
+    def fetchone(self) -> Any:
+        return self._cursor.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return list(self._cursor.fetchall())
+
+
+class _Connection:
+    """A psycopg connection that runs the store's SQLite-style statements."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, parameters: Any = (), /) -> StoreCursor:
+        text = _PLACEHOLDER.sub("%s", sql.replace("%", "%%"))
+        returning = text.lstrip().upper().startswith("INSERT INTO STEPS")
+        if returning:
+            text += " RETURNING id"
+        cursor = self.conn.execute(text, tuple(parameters))
+        lastrowid = None
+        if returning:
+            row = cursor.fetchone()
+            assert row is not None  # INSERT ... RETURNING gives its row
+            lastrowid = int(row[0])
+        return _Cursor(cursor, lastrowid)
+
+    @property
+    def in_transaction(self) -> bool:
+        status = self.conn.info.transaction_status
+        return bool(status != _psycopg().pq.TransactionStatus.IDLE)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class _UnitOfWork:
+    """Advisory write lock, checks and writes, :meth:`commit`; rolled back unless committed."""
+
+    def __init__(self, store: PostgresConnections, operation: str, uncertain: str) -> None:
+        self.store, self.operation, self.uncertain = store, operation, uncertain
+        self.committing = self.committed = False
+
+    def __enter__(self) -> _Connection:
+        self.conn = self.store._connect(self.operation)
+        try:
+            self.conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            timeout_ms = int(self.store.busy_timeout * 1000)
+            self.conn.execute(f"SET LOCAL lock_timeout = {timeout_ms}")
+            self.conn.execute(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
+        except BaseException as exc:
+            self.conn.close()
+            if isinstance(exc, _psycopg().Error):
+                raise self._mapped(exc) from exc
+            raise
+        return self.conn
+
+    def commit(self) -> None:
+        self.committing = True
+        self.store._before_commit(self.operation)
+        self.conn.execute("COMMIT")
+        self.store._after_commit(self.operation)
+        self.committed = True
+
+    def _mapped(self, exc: BaseException) -> SnapshotStoreError:
+        return self.store._mapped(exc, self.operation, self.committing, self.uncertain)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        psycopg = _psycopg()
+        try:
+            if not self.committed and not self.conn.conn.closed and self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+        except psycopg.Error as cleanup:
+            if exc is not None:
+                exc.add_note(f"the rollback failed too: {cleanup}")
+        finally:
+            self.conn.close()
+        mappable = isinstance(exc, psycopg.Error) or (
+            self.committing and isinstance(exc, Exception)
+        )
+        if exc is not None and mappable and not isinstance(exc, SnapshotStoreError):
+            raise self._mapped(exc) from exc
+
+
+class PostgresConnections(StoreConnections):
+    """The store's schema in a PostgreSQL database, with its reads and units of work."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+        create: bool = True,
+    ) -> None:
+        """Open (``create``: and create if missing) the store in the database ``url`` names.
+
+        With ``create=False`` a database without the store's schema is ``store_missing``
+        and nothing is created.
+        """
+        self.url = check_store_url(url)
+        # Only for messages of the shared parts; a PostgreSQL store has no file.
+        self.path = Path(self.url.replace("://", "/"))
+        self.busy_timeout = busy_timeout
+        self._open(create)
+
+    @property
+    def location(self) -> str:
+        return self.url
+
+    def _connect(self, operation: str) -> _Connection:  # type: ignore[override]
+        psycopg = _psycopg()
+        try:
+            conn = psycopg.connect(
+                self.url,
+                autocommit=True,
+                connect_timeout=CONNECT_SECONDS,
+                application_name=f"dpone {socket.gethostname()} {os.getpid()}",
+                options=f"-c search_path={SCHEMA}",
+            )
+        except psycopg.Error as exc:
+            raise self._error(exc, operation) from exc
+        return _Connection(conn)
+
+    def _error(self, exc: BaseException, operation: str) -> SnapshotStoreError:
+        return self._mapped(exc, operation, False, None)
+
+    def _mapped(
+        self, exc: BaseException, operation: str, committing: bool, uncertain: str | None
+    ) -> SnapshotStoreError:
+        """The one mapping of a PostgreSQL failure to a typed error (outcome known or not)."""
+        psycopg = _psycopg()
+        busy = isinstance(exc, psycopg.errors.LockNotAvailable)
+        where = {"store": self.url, "operation": operation}
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if uncertain is not None and (committing or busy):
+            phase = "while committing" if committing else "while the store was busy"
+            return SnapshotStoreError(
+                f"{operation} on {self.url} failed {phase}; whether it was written is "
+                f"unknown: {text}",
+                code=uncertain,
+                **where,
+            )
+        return SnapshotStoreError(
+            f"{operation} on {self.url} failed: {text}", code="store_unavailable", **where
+        )
+
+    def _open(self, create: bool) -> None:
+        """Refuse a foreign schema, create the store's when missing (``create``)."""
+        with self._reading("open") as conn:
+            identity = _identity(conn, self.url)
+        if identity == "current":
+            return
+        if not create:
+            raise SnapshotStoreError(
+                f"no snapshot store in {self.url} (the database has no {SCHEMA} schema yet); "
+                "check the project's store",
+                code="store_missing",
+                store=self.url,
+            )
+        with self._write("open", "store_commit_unknown") as work:
+            # Checked again under the write lock: another worker may have created it.
+            if _identity(work, self.url) == "fresh":
+                work.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+                for statement in _statements(_SCHEMA_SQL):
+                    work.execute(statement)
+                work.execute(
+                    "INSERT INTO store_identity VALUES (?, ?)", (APPLICATION_ID, SCHEMA_VERSION)
+                )
+
+    @contextmanager
+    def _fresh(self, operation: str) -> Iterator[StoreConnection]:
+        conn = self._connect(operation)
+        try:
+            yield conn
+        except _psycopg().Error as exc:
+            raise self._error(exc, operation) from exc
+        finally:
+            conn.close()
+
+    @contextmanager
+    def _reading(self, operation: str) -> Iterator[StoreConnection]:
+        conn = self._connect(operation)
+        try:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield conn
+        except _psycopg().Error as exc:
+            raise self._error(exc, operation) from exc
+        finally:
+            conn.close()  # closing ends the read transaction
+
+    @contextmanager
+    def _write(self, operation: str, uncertain: str) -> Iterator[StoreConnection]:
+        work = _UnitOfWork(self, operation, uncertain)
+        with work as conn:
+            yield conn
+            work.commit()
+
+
+def _identity(conn: StoreConnection, url: str) -> str:
+    """``fresh`` (no store schema) or ``current``; anything else is refused."""
+    found = conn.execute("SELECT to_regclass(?)", (f"{SCHEMA}.store_identity",)).fetchone()
+    if found is None or found[0] is None:
+        return "fresh"
+    rows = conn.execute(f"SELECT application_id, schema_version FROM {SCHEMA}.store_identity")
+    stamped = rows.fetchall()
+    if stamped != [(APPLICATION_ID, SCHEMA_VERSION)]:
+        raise SnapshotStoreError(
+            f"the {SCHEMA} schema of {url} is not a dpone snapshot store of schema version "
+            f"{SCHEMA_VERSION} (found {stamped})",
+            code="store_schema_mismatch",
+            store=url,
+        )
+    return "current"
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The schema's statements (a function body's ``$$`` ... ``$$`` kept whole)."""
+    buffer = ""
+    for line in script.strip().splitlines(keepends=True):
+        buffer += line
+        quoted = buffer.count("$$") % 2 == 1
+        if buffer.rstrip().endswith(";") and not quoted:
+            yield buffer.strip().rstrip(";")
+            buffer = ""
