@@ -11,12 +11,18 @@ import json
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from dpone.localserver.principal_pool import PoolNames
+from dpone.ports.composition_snapshot import TargetSlot
+from dpone.publication.ownership import OwnedElsewhere, Owner, claim
+from dpone.publication.server_access import ServerAccess
 from tests import chhttp
 from tests.e2e.test_cli_server import as_json, dpone
 from tests.integration.test_staging import export_hostile
@@ -142,8 +148,9 @@ def test_a_second_store_on_one_pool_is_refused_before_its_export(
     table = report["tables"][0]
     assert (table["phase"], table["error"]["code"]) == ("check", "pool_owned_elsewhere"), table
     message = table["error"]["message"]
-    refused = store_id(second)
-    assert owner in message and refused in message, message
+    # Refused before its store was even made: nothing of the second project exists yet.
+    assert owner in message and "not made yet" in message, message
+    assert not (second.parent / "store.sqlite").exists()
     command = table["error"]["details"]["next_command"]
     assert command.split()[:3] == ["dpone", "pool", "hand-over"] and owner in command
     # Nothing was leased, exported or created for the refused store.
@@ -178,7 +185,6 @@ def test_a_slot_another_store_publishes_is_refused_before_its_export(
     # A new store takes the pool over (the old one "gone"), but not the old store's slot:
     # its project names only another table.
     second = make_project(tmp_path / "two", server, {"t_new": f"{MAIN}.t_new"})
-    dpone("check", "--config", str(second))  # makes the second store's identity
     handed = dpone("pool", "hand-over", "--config", str(second), "--from", owner, "--json")
     assert handed.returncode == 0, handed.stdout + handed.stderr
     assert refresh(second, "--all")[0] == 0
@@ -289,3 +295,34 @@ def test_a_stage_into_another_stores_pool_is_refused_before_its_lease(
         )
         == []
     )
+
+
+def test_stores_claiming_at_once_leave_one_owner_of_the_pool_and_its_slots(
+    server: dict[str, Any],
+) -> None:
+    """Four stores' first runs at once, ten times over: one owns the pool and every slot
+    it asked for; the others are refused and made no marker (a store refused the pool
+    claims no slot)."""
+    port = server["http_port"]
+    access = ServerAccess(server["data_dir"], pool=PoolNames("b"))
+    slots = [TargetSlot(DB_B, "raced_1"), TargetSlot(DB_B, "raced_2")]
+    for round_ in range(10):
+        owners = [Owner(f"store-{round_}-{n}", f"/tmp/s{n}", "host") for n in range(4)]
+        go = threading.Barrier(len(owners))
+
+        def run(me: Owner, go: threading.Barrier = go) -> str:
+            go.wait(timeout=60)
+            try:
+                claim(access, me, slots, project=None)
+            except OwnedElsewhere as exc:
+                return exc.code
+            return "owner"
+
+        with ThreadPoolExecutor(len(owners)) as pool:
+            outcomes = list(pool.map(run, owners))
+        assert outcomes.count("owner") == 1, outcomes
+        assert set(outcomes) == {"owner", "pool_owned_elsewhere"}, outcomes
+        winner = owners[outcomes.index("owner")]
+        found = markers(port)
+        assert len(found) == 3 and all(winner.store in m["comment"] for m in found), found
+        chhttp.hand_over_servers()

@@ -20,6 +20,7 @@ from dpone.localserver.pool_file import DEFAULT_NETWORKS, render_pool
 from dpone.localserver.principal_pool import PoolNames
 from dpone.project.config import load_project
 from dpone.project.hand_over import hand_over_project
+from dpone.publication.composition import check_ownership
 from dpone.publication.pool_verify import verify_pool
 
 
@@ -124,6 +125,8 @@ def verify(config_path: Path, as_json: bool) -> None:
                 "itself; `dpone pool verify` is for a server named with host",
                 code="not_remote",
             )
+        # Another store's pool: nothing signs in as its principals, not even to verify.
+        check_ownership(project.clickhouse.access, project.store, project=project.path)
         found = verify_pool(project.clickhouse.access, project.databases, project.store)
         if as_json:
             emit_json(found.to_dict())
@@ -170,7 +173,8 @@ def hand_over(config_path: Path, old_store: str, as_json: bool) -> None:
             owner = marker["owner"]
             who = "nobody" if owner is None else f"store {owner['store']} ({owner['path']})"
             moved = "handed over" if marker["handed_over"] else "unchanged"
-            click.echo(f"{marker['marks']} {marker['about']}: {moved}, owned by {who}")
+            what = marker["about"] if marker["marks"] == "pool" else f"slot {marker['about']}"
+            click.echo(f"{what}: {moved}, owned by {who}")
 
 
 def _echo_problem(problem: dict[str, Any]) -> None:

@@ -14,7 +14,12 @@ from dpone.cli.output import config_option, emit_json, json_option, reported_err
 from dpone.errors import ConfigurationError, DponeError, PolicyError
 from dpone.project.config import Project, TableConfig, load_project, not_a_file
 from dpone.project.refresh_checks import RefreshChecks, open_source
-from dpone.publication.composition import pool_credentials, pool_protects, pool_remedy
+from dpone.publication.composition import (
+    check_ownership,
+    pool_credentials,
+    pool_protects,
+    pool_remedy,
+)
 from dpone.publication.pool_verify import verify_pool
 from dpone.publication.store import store_exists
 from dpone.typepolicy import column_problems, refusals
@@ -149,6 +154,8 @@ def reachability(project: Project) -> list[dict[str, Any]]:
     key = "clickhouse.data_dir" if access.managed else "clickhouse.host"
     try:
         pool_credentials(access)
+        # Another store's pool: nothing signs in as its principals, not even to verify.
+        check_ownership(access, project.store, project=project.path)
         if not access.managed:
             found = verify_pool(access, project.databases, project.store)
             problems += [{"key": key, **p} for p in found.problems]

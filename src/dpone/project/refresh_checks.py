@@ -36,7 +36,12 @@ from dpone.project.config import Project, SourceConfig, TableConfig
 from dpone.project.design_change import column_changes, describe_change
 from dpone.project.source_secrets import resolve_secret
 from dpone.project.table_run import REQUEST_SECONDS, publication_for, snapshot_command
-from dpone.publication.composition import claim_slots, require_database, require_protected
+from dpone.publication.composition import (
+    check_ownership,
+    claim_slots,
+    require_database,
+    require_protected,
+)
 from dpone.publication.pool_verify import require_server_version, verify_pool
 from dpone.publication.postgres_locks import postgres_table_lock
 from dpone.publication.publisher.checks import refuse_absent_writers, refuse_side_effects
@@ -100,6 +105,14 @@ class RefreshChecks:
                 f"{self.project.path}: clickhouse.transport {why}", code="ingest_ungated"
             )
         access = self.project.clickhouse.access
+        # Another store's pool or target is refused before anything signs in as the
+        # pool's principals (a remote pool's verification does, as every one of them).
+        check_ownership(
+            access,
+            self.project.store,
+            [TargetSlot(table.database, table.target)],
+            project=self.project.path,
+        )
         if access.managed:
             require_server_version(access)
         else:

@@ -61,7 +61,13 @@ from dpone.publication.principal_issuers import LocalPoolIssuer, observe_user_id
 from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
 from dpone.publication.retained import recorded_table_uuids, recorded_target_names
 from dpone.publication.server_access import RemoteServer, ServerAccess
-from dpone.publication.store import SnapshotStore, StoreLocation, lease_step_key, open_store
+from dpone.publication.store import (
+    SnapshotStore,
+    StoreLocation,
+    lease_step_key,
+    open_store,
+    store_exists,
+)
 from dpone.sql import quote_identifier, quote_literal
 from dpone.staging.contract import StagingPolicy
 from dpone.staging.ingest_session import SessionNotes
@@ -242,8 +248,25 @@ def claim_slots(
 ) -> None:
     """The server records ``store`` as the owner of the pool and of ``slots``, or this
     refuses (``pool_owned_elsewhere``, ``slot_owned_elsewhere``) before anything is done."""
-    me = Owner.of_store(store.store_identity(), store.path)
+    me = Owner.of_store(store.store_identity(), store.location)
     claim(as_access(server), me, slots, project=project, create=create)
+
+
+def check_ownership(
+    server: ServerAccess | Path,
+    location: StoreLocation,
+    slots: Iterable[TargetSlot] = (),
+    *,
+    project: Path | None = None,
+) -> None:
+    """Refuse when another store owns the pool or one of ``slots``; read-only: it makes
+    no store and no marker (a project whose store is not made yet owns nothing). Asked
+    before anything signs in as the pool's principals."""
+    me = None
+    if store_exists(location):
+        store = open_store(location, create=False)
+        me = Owner.of_store(store.store_identity(), store.location)
+    claim(as_access(server), me, slots, project=project, create=False)
 
 
 def pool_protects(server: ServerAccess | Path, database: str) -> bool:

@@ -59,9 +59,9 @@ class Owner:
     host: str
 
     @classmethod
-    def of_store(cls, identity: str, path: Path) -> Owner:
-        """The owner this process's store is."""
-        return cls(identity, str(Path(path).absolute()), socket.gethostname())
+    def of_store(cls, identity: str, location: str) -> Owner:
+        """The owner this process's store is (``location``: its file or URL)."""
+        return cls(identity, location, socket.gethostname())
 
     def describe(self) -> str:
         """``store <id> (<path> on <host>)``."""
@@ -103,7 +103,7 @@ def owner_of(comment: str) -> Owner | None:
 
 def claim(
     access: ServerAccess,
-    me: Owner,
+    me: Owner | None,
     slots: Iterable[TargetSlot] = (),
     *,
     project: Path | None,
@@ -111,25 +111,26 @@ def claim(
 ) -> None:
     """Own the access's pool and ``slots`` for ``me``, or refuse (``*_owned_elsewhere``).
 
-    One read of the markers; each missing one is created (the first store to create it
-    owns it) and read again. Refused before anything else is done: the caller has not
-    leased, claimed, exported or sent anything yet. ``create=False`` (a read-only
-    check) creates nothing: only another store's marker is refused.
+    One read of the markers. The pool comes first: a store refused the pool claims no
+    slot (two first runs at once never end with one owning the pool and the other a
+    slot). Each missing marker is created (the first store to create it owns it) and
+    read again. Refused before anything else is done: the caller has not leased,
+    claimed, exported or sent anything yet. ``create=False`` (a read-only check)
+    creates nothing, and ``me`` None (a project whose store is not made yet) owns
+    nothing: any marker there is another store's.
     """
     markers = [Marker(access.pool.marker, "pool", access.pool.describe())]
     markers += [Marker.of_slot(s) for s in dict.fromkeys(slots)]
     operator = HttpTransport(access.endpoint("system"), access.operator())
     owners = _read(operator, markers)
-    missing = [m for m in markers if m.name not in owners]
-    if create and missing:
-        for marker in missing:
-            _create(operator, marker, me)
-        owners = _read(operator, markers)
     for marker in markers:
-        if marker.name not in owners and not create:
-            continue
+        if marker.name not in owners:
+            if not create or me is None:
+                continue
+            _create(operator, marker, me)
+            owners.update(_read(operator, [marker]))
         found = owners.get(marker.name)
-        if found is None or found.store != me.store:
+        if me is None or found is None or found.store != me.store:
             raise _elsewhere(access, marker, me, found, project)
 
 
@@ -208,20 +209,25 @@ def _create(operator: QueryPort, marker: Marker, me: Owner) -> None:
 
 
 def _elsewhere(
-    access: ServerAccess, marker: Marker, me: Owner, found: Owner | None, project: Path | None
+    access: ServerAccess,
+    marker: Marker,
+    me: Owner | None,
+    found: Owner | None,
+    project: Path | None,
 ) -> OwnedElsewhere:
     other = found.describe() if found is not None else "no store dpone can name"
     command = hand_over_command(project, found)
+    mine = me.describe() if me is not None else "store (not made yet)"
     details: Mapping[str, Any] = {
         "marker": marker.name,
         "owner": found.to_dict() if found is not None else None,
-        "this_store": me.to_dict(),
+        "this_store": me.to_dict() if me is not None else None,
         "next_command": command,
     }
     if marker.what == "pool":
         return OwnedElsewhere(
             f"{access.pool.describe()} on {access.describe()} belongs to {other}, not to this "
-            f"project's {me.describe()}: two stores leasing one pool would break each other's "
+            f"project's {mine}: two stores leasing one pool would break each other's "
             f"proofs. Give this project a pool of its own ([clickhouse] pool), or, if that "
             f"store is really gone, hand the pool over: `{command}`",
             code="pool_owned_elsewhere",
@@ -229,7 +235,7 @@ def _elsewhere(
         )
     return OwnedElsewhere(
         f"{marker.about} on {access.describe()} is published by {other}, not by this "
-        f"project's {me.describe()}: two stores publishing one target would each reconcile "
+        f"project's {mine}: two stores publishing one target would each reconcile "
         f"against a target the other changed. Publish into another target, or, if that store "
         f"is really gone, hand the slot over: `{command}`",
         code="slot_owned_elsewhere",
