@@ -264,7 +264,9 @@ def check_ownership(
     before anything signs in as the pool's principals."""
     me = None
     if store_exists(location):
-        store = open_store(location, create=False)
+        # Opened as the publication opens it: another of the project's refreshes may be
+        # creating it this very moment, and the store's own transaction settles who does.
+        store = open_store(location)
         me = Owner.of_store(store.store_identity(), store.location)
     claim(as_access(server), me, slots, project=project, create=False)
 
