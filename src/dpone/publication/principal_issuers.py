@@ -44,11 +44,17 @@ from dpone.ports.composition_snapshot import (
     PrincipalRef,
     SnapshotRunRegistry,
 )
+from dpone.publication.holder_process import Liveness, holder_liveness
 from dpone.sql import quote_identifier, quote_literal
 
 ISSUABLE_ROLES = (ROLE_INGEST, ROLE_PUBLISHER)
 REQUEST_SECONDS = 30.0
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+# How long a lease request waits for a principal another attempt gives back.
+LEASE_WAIT_SECONDS = 300.0
+LEASE_POLL_SECONDS = 0.2
 
 
 class PrincipalError(StateError):
@@ -144,8 +150,13 @@ class LocalPoolIssuer:
         user_ids: Mapping[str, str],
         *,
         pool: PoolNames = DEFAULT_POOL,
+        lease_wait_seconds: float = LEASE_WAIT_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._registry = registry
+        self.lease_wait_seconds = lease_wait_seconds
+        self._clock, self._sleep = clock, sleep
         self._candidates = {ROLE_INGEST: pool.ingest(), ROLE_PUBLISHER: pool.publishers()}
         members = {u for users in self._candidates.values() for u in users}
         missing = sorted(members - set(credentials)) + sorted(members - set(user_ids))
@@ -158,10 +169,43 @@ class LocalPoolIssuer:
         self._user_ids = dict(user_ids)
 
     def issue(self, role: str, attempt_id: str) -> IssuedPrincipal:
-        """Lease the first free pool user of ``role`` (``pool_exhausted`` when none is)."""
+        """Lease the first free pool user of ``role``.
+
+        While none is free and a holder of their last leases runs (another worker, or
+        another table of ``--jobs``, staging, publishing or proving a closure: its
+        process is alive, or on another host), it waits for one to be given back, up to
+        ``lease_wait_seconds``. Then, or at once when every holder is gone (leases and
+        closures an operator ends or proves, which status names), ``pool_exhausted``.
+        """
         _check_role(role)
-        lease = self._registry.lease(role, self._candidates[role], attempt_id)
-        return self._issued(PrincipalRef(lease.user, self._user_ids[lease.user], lease.lease_id))
+        candidates = self._candidates[role]
+        deadline = self._clock() + self.lease_wait_seconds
+        while True:
+            try:
+                lease = self._registry.lease(role, candidates, attempt_id)
+            except StateError as exc:
+                if exc.code != "pool_exhausted" or not self._holder_runs(candidates):
+                    raise
+                if self._clock() >= deadline:
+                    raise
+                self._sleep(LEASE_POLL_SECONDS)
+                continue
+            return self._issued(
+                PrincipalRef(lease.user, self._user_ids[lease.user], lease.lease_id)
+            )
+
+    def _holder_runs(self, users: Sequence[str]) -> bool:
+        """Whether a holder of ``users``' last leases may still give one back: a running
+        attempt, or one proving its closure now (an ended lease whose proof is not yet
+        stored). Held only by gone holders, the pool needs an operator, not a wait."""
+        records = getattr(self._registry, "last_lease_records", None)
+        if records is None:
+            return False  # a registry that names no holders: nothing to wait for
+        return any(
+            holder_liveness(r.holder)[0] is not Liveness.GONE
+            for r in records()
+            if r.lease.user in users
+        )
 
     def credentials(self, ref: PrincipalRef) -> IssuedPrincipal:
         """The pool user's credentials while ``ref``'s lease is active and its id matches."""
