@@ -94,6 +94,7 @@ def test_server_lifecycle_through_the_cli(tmp_path: Path) -> None:
         "error": {"code": "server_not_running", "message": "no server is running", "details": {}},
         # The data directory remembers what it protects, and how to start it as it was.
         "protected_databases": ["dpone_demo"],
+        "pools": {},
         "start_command": f"dpone server start --data-dir {data} --protect dpone_demo",
     }
     missing = dpone("server", "stop", "--data-dir", data)

@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from dpone.errors import StateError
 from dpone.publication.postgres_locks import postgres_table_lock
 from dpone.publication.store import store_exists
 from tests import chhttp
@@ -118,8 +119,8 @@ def test_three_workers_share_one_store_and_a_killed_one_is_resolved_from_another
     assert all((c.parent / "work" / "attempts").is_dir() for c in configs)
 
     # A table another worker holds is refused at once, naming the holder.
-    def busy(holder: str) -> RuntimeError:
-        return RuntimeError(holder)
+    def busy(holder: str) -> StateError:
+        return StateError(holder)
 
     with postgres_table_lock(postgres_store, "t00", busy):
         code, report = _refresh(configs[1], "t00")

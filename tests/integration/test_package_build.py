@@ -294,9 +294,10 @@ def check_stage_on_a_remote_server(user: Path, outside: Path, root: Path) -> Non
 
 def check_refresh_without_the_engine(user: Path, outside: Path, server: dict[str, Any]) -> None:
     """Without the `embedded` extra: check and refresh on the remote server work, and
-    a managed server start is refused naming the extra (issue 35, item 7)."""
+    a managed server start is refused naming the extra (issue 35, item 7). The project's
+    store is the one the stage used: the server records it as the pool's owner."""
     (outside / "dpone.toml").write_text(
-        '[project]\nwork_dir = "work"\nstore = "refresh.sqlite"\n'
+        '[project]\nwork_dir = "work"\nstore = "store.sqlite"\n'
         + server["clickhouse_toml"]
         + '[sources.shop]\nkind = "sqlite"\npath = "shop.db"\n'
         '[tables.items]\nsource = "shop"\ntable = "items"\ntarget = "pkg_db.items"\n'
