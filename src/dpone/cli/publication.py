@@ -43,6 +43,7 @@ from dpone.publication.composition import (
     DEFAULT_STORE,
     PublicationConfig,
     build_publication,
+    check_ownership,
     claim_slots,
 )
 from dpone.publication.publisher import PublicationReceipt
@@ -208,8 +209,12 @@ def _call(
             # no running server (reconcile and cancel still need authority).
             _answer(historical_receipt(record), as_json, verb)
             return
-        database = SnapshotIntent.from_bytes(stored.intent_bytes).database
+        loaded = SnapshotIntent.from_bytes(stored.intent_bytes)
+        database = loaded.database
         access = server_access(data_dir, project_config)
+        # Another store's target: refused before anything is closed or sent.
+        slot = TargetSlot(loaded.database, loaded.target_table)
+        check_ownership(access, store_path, [slot], project=project_config)
         config = PublicationConfig(
             access.data_dir, store_path, create_store=False, remote=access.remote, pool=access.pool
         )

@@ -60,6 +60,7 @@ from dpone.project.retention import (
     rollback_copies,
     unfinished_publication,
 )
+from dpone.publication.composition import check_ownership
 from dpone.publication.retained import stored_intents
 from dpone.publication.store import SnapshotStore, open_store
 from dpone.staging.journal import read_events
@@ -247,6 +248,8 @@ def retire(project: Project, name: str, *, confirmed: bool) -> RetireReport:
     """
     store = open_store(project.store, create=False)
     named = resolve_slot(project, store, name)
+    # Another store's target is not this project's to retire (ownership.py).
+    check_ownership(project.clickhouse.access, project.store, [named.slot], project=project.path)
     with ExitStack() as held:
         if named.table is not None:
             held.enter_context(table_lock(project.work_dir, named.table, project.store))

@@ -71,7 +71,7 @@ from dpone.project.table_run import (
     publication_for,
     run_phases,
 )
-from dpone.publication.composition import PublicationComponents, require_database
+from dpone.publication.composition import PublicationComponents, check_ownership, require_database
 from dpone.publication.store import SnapshotStore
 from dpone.staging.journal import (
     ClickHouseFileAttemptJournal,
@@ -264,6 +264,13 @@ class RollbackService:
                 # One refresh or rollback of a table at a time (``refresh_busy``).
                 held.enter_context(
                     table_lock(self.project.work_dir, table.name, self.project.store)
+                )
+                # A rollback publishes: the slot must be this store's (ownership.py).
+                check_ownership(
+                    self.project.clickhouse.access,
+                    self.project.store,
+                    [TargetSlot(table.database, table.target)],
+                    project=self.project.path,
                 )
                 try:
                     require_rollback_database(self.project, table)
