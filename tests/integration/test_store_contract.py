@@ -136,8 +136,9 @@ def test_history_records_and_steps_cannot_be_rewritten_in_sql(location: StoreLoc
     assert store.read_back(sha) == PREPARED and len(store.step_notes("k")) == 1
 
 
-def _race_claim(location: StoreLocation, sha: str, authority: ParentAuthority, me: int,
-                go: Any, out: Any) -> None:  # fmt: skip
+def _race_claim(
+    location: StoreLocation, sha: str, authority: ParentAuthority, me: int, go: Any, out: Any
+) -> None:
     store = open_store(location, create=False)
     go.wait(timeout=120)
     try:
