@@ -145,6 +145,12 @@ def test_three_workers_share_one_store_and_a_killed_one_is_resolved_from_another
     assert status.returncode == 1, status.stdout
     needs = as_json(status)["needs_person"]
     assert [n["kind"] for n in needs] == ["exchange_intent"], needs
+    # Its publisher lease is listed with the worker whose files the attempt needs.
+    leased = {e["attempt_id"]: e for e in as_json(status)["active_leases"]}
+    victims = [e for e in leased.values() if e["worker"]["pid"] == victim.pid]
+    assert len(victims) == 1, leased
+    journal = Path(victims[0]["worker"]["journal"])
+    assert journal.parent == configs[0].parent / "work" / "attempts" and journal.is_dir()
     command = needs[0]["command"].split()
     assert command[:3] == ["dpone", "snapshot", "reconcile"] and postgres_store in command
     done = as_json(dpone(*command[1:], "--json"))

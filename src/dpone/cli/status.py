@@ -73,6 +73,12 @@ def status(config_path: Path, as_json: bool) -> None:
                 click.echo(f"NEEDS A PERSON: {item['kind']} {what}")
                 if item.get("message"):
                     click.echo(f"  {item['message']}")
+                worker = item.get("worker")
+                if worker:
+                    click.echo(
+                        f"  ran on {worker['host']} (pid {worker['pid']}), journal "
+                        f"{worker['journal']}"
+                    )
                 if item.get("command"):
                     click.echo(f"  run: {item['command']}")
         if not found.server_running:

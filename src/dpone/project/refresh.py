@@ -76,6 +76,7 @@ from dpone.project.table_run import (
     run_phases,
     snapshot_command,
 )
+from dpone.project.workers import register_attempt
 from dpone.publication.catalog import ClickHouseSnapshotCatalog
 from dpone.publication.composition import (
     PublicationComponents,
@@ -224,6 +225,8 @@ class RefreshService:
             admin = HttpTransport(parts.endpoint, admin_login)
             design = self._design(admin, table, report.attempt_id)
             headroom = self._headroom(table, parts, report.attempt_id)  # before any lease
+            # Whose files the attempt needs, for status on any worker sharing the store.
+            register_attempt(parts.store, report.attempt_id, project.work_dir / "attempts")
             ingest = parts.issuer.issue(ROLE_INGEST, report.attempt_id)
             staged = self._stage(table, ingest, design, exported, report, parts, headroom)
         report.journal = str(staged.journal_path)

@@ -40,6 +40,7 @@ from dpone.project.leases import (
 )
 from dpone.project.retention import copies_in_database, superseded_prepared
 from dpone.project.retire import known_slots, retire_command, retired_slot
+from dpone.project.workers import attempt_worker
 from dpone.publication.retained import stored_intents
 from dpone.publication.server_access import REACH_SECONDS, reach_failure
 from dpone.publication.store import SnapshotStore, SnapshotSummary, open_store, store_exists
@@ -353,7 +354,9 @@ def _leases(
     attempt's ingest lease in this store once its journal is terminal (no second item)."""
     dirs = project_journal_dirs(project.work_dir)
     for verdict in judge_leases(store, dirs):
-        status.active_leases.append(verdict.to_dict())
+        # Which worker's files the attempt needs (workers sharing a PostgreSQL store).
+        worker = attempt_worker(store, verdict.record.lease.attempt_id)
+        status.active_leases.append({**verdict.to_dict(), "worker": worker})
         if verdict.holder != GONE or verdict.record.lease.attempt_id in finishing:
             continue
         lease = verdict.record.lease
@@ -365,6 +368,7 @@ def _leases(
                 "role": lease.role,
                 "attempt_id": lease.attempt_id,
                 "reason": verdict.reason,
+                "worker": worker,
                 "command": end_lease_command(lease.lease_id, project.store, dirs),
             }
         )
@@ -383,6 +387,7 @@ def _leases(
                 "role": lease.role,
                 "attempt_id": lease.attempt_id,
                 "reason": "lease_ended_unproven",
+                "worker": attempt_worker(store, lease.attempt_id),
                 "command": close_lease_command(
                     lease.lease_id, project.store, project.server_arguments()
                 ),

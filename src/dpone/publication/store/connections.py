@@ -47,8 +47,10 @@ class StoreConnection(Protocol):
     def execute(self, sql: str, parameters: Any = (), /) -> StoreCursor: ...
 
 
-class _UnitOfWork:
-    """``BEGIN IMMEDIATE`` ... :meth:`commit`; rolled back unless committed."""
+class UnitOfWork:
+    """A write: the backend's begin (SQLite's ``BEGIN IMMEDIATE``), the checks and the
+    writes, :meth:`commit`; rolled back unless committed. An error while committing (a
+    commit hook's included) leaves the outcome unknown."""
 
     def __init__(self, store: StoreConnections, operation: str, uncertain: str) -> None:
         self.store = store
@@ -57,13 +59,13 @@ class _UnitOfWork:
         self.committing = False
         self.committed = False
 
-    def __enter__(self) -> sqlite3.Connection:
+    def __enter__(self) -> Any:
         self.conn = self.store._connect(self.operation)
         try:
-            self.conn.execute("BEGIN IMMEDIATE")
+            self.store._begin_write(self.conn)
         except BaseException as exc:
             self.conn.close()
-            if isinstance(exc, sqlite3.Error):
+            if isinstance(exc, self.store._storage_errors()):
                 raise self._mapped(exc) from exc
             raise
         return self.conn
@@ -76,29 +78,21 @@ class _UnitOfWork:
         self.committed = True
 
     def _mapped(self, exc: BaseException) -> SnapshotStoreError:
-        return store_error(
-            exc,
-            path=self.store.path,
-            operation=self.operation,
-            committing=self.committing,
-            uncertain=self.uncertain,
-        )
+        return self.store._write_error(exc, self.operation, self.committing, self.uncertain)
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        errors = self.store._storage_errors()
         try:
             if not self.committed and self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
-        except sqlite3.Error as cleanup:
+        except errors as cleanup:
             if exc is not None:
                 exc.add_note(f"the rollback failed too: {cleanup}")
         finally:
             self.conn.close()
-        # An exception raised by a commit hook is part of the commit: the outcome is unknown.
-        mappable = isinstance(exc, sqlite3.Error) or (
-            self.committing and isinstance(exc, Exception)
-        )
+        mappable = isinstance(exc, errors) or (self.committing and isinstance(exc, Exception))
         if exc is not None and mappable and not isinstance(exc, SnapshotStoreError):
             raise self._mapped(exc) from exc
 
@@ -190,6 +184,22 @@ class StoreConnections:
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
 
+    def _begin_write(self, conn: Any) -> None:
+        """Begin a write transaction: one writer at a time, each seeing every commit."""
+        conn.execute("BEGIN IMMEDIATE")
+
+    def _storage_errors(self) -> tuple[type[BaseException], ...]:
+        """The exceptions of this backend that :meth:`_write_error` maps."""
+        return (sqlite3.Error,)
+
+    def _write_error(
+        self, exc: BaseException, operation: str, committing: bool, uncertain: str | None
+    ) -> SnapshotStoreError:
+        """The one mapping of this backend's failure to a typed error."""
+        return store_error(
+            exc, path=self.path, operation=operation, committing=committing, uncertain=uncertain
+        )
+
     def _connect(self, operation: str) -> sqlite3.Connection:
         """A new connection in autocommit mode; transactions are explicit."""
         try:
@@ -248,7 +258,7 @@ class StoreConnections:
     @contextmanager
     def _write(self, operation: str, uncertain: str) -> Iterator[StoreConnection]:
         """One unit of work: yields the connection, commits when the block succeeds."""
-        work = _UnitOfWork(self, operation, uncertain)
+        work = UnitOfWork(self, operation, uncertain)
         with work as conn:
             yield conn
             work.commit()

@@ -28,7 +28,6 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -216,56 +215,6 @@ class _Connection:
         self.conn.close()
 
 
-class _UnitOfWork:
-    """Advisory write lock, checks and writes, :meth:`commit`; rolled back unless committed."""
-
-    def __init__(self, store: PostgresConnections, operation: str, uncertain: str) -> None:
-        self.store, self.operation, self.uncertain = store, operation, uncertain
-        self.committing = self.committed = False
-
-    def __enter__(self) -> _Connection:
-        self.conn = self.store._connect(self.operation)
-        try:
-            self.conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-            timeout_ms = int(self.store.busy_timeout * 1000)
-            self.conn.execute(f"SET LOCAL lock_timeout = {timeout_ms}")
-            self.conn.execute(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
-        except BaseException as exc:
-            self.conn.close()
-            if isinstance(exc, _psycopg().Error):
-                raise self._mapped(exc) from exc
-            raise
-        return self.conn
-
-    def commit(self) -> None:
-        self.committing = True
-        self.store._before_commit(self.operation)
-        self.conn.execute("COMMIT")
-        self.store._after_commit(self.operation)
-        self.committed = True
-
-    def _mapped(self, exc: BaseException) -> SnapshotStoreError:
-        return self.store._mapped(exc, self.operation, self.committing, self.uncertain)
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        psycopg = _psycopg()
-        try:
-            if not self.committed and not self.conn.conn.closed and self.conn.in_transaction:
-                self.conn.execute("ROLLBACK")
-        except psycopg.Error as cleanup:
-            if exc is not None:
-                exc.add_note(f"the rollback failed too: {cleanup}")
-        finally:
-            self.conn.close()
-        mappable = isinstance(exc, psycopg.Error) or (
-            self.committing and isinstance(exc, Exception)
-        )
-        if exc is not None and mappable and not isinstance(exc, SnapshotStoreError):
-            raise self._mapped(exc) from exc
-
-
 class PostgresConnections(StoreConnections):
     """The store's schema in a PostgreSQL database, with its reads and units of work."""
 
@@ -305,10 +254,19 @@ class PostgresConnections(StoreConnections):
             raise self._error(exc, operation) from exc
         return _Connection(conn)
 
-    def _error(self, exc: BaseException, operation: str) -> SnapshotStoreError:
-        return self._mapped(exc, operation, False, None)
+    def _begin_write(self, conn: Any) -> None:
+        """The SQLite store's ``BEGIN IMMEDIATE``: the store's advisory lock, first."""
+        conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        conn.execute(f"SET LOCAL lock_timeout = {int(self.busy_timeout * 1000)}")
+        conn.execute(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
 
-    def _mapped(
+    def _storage_errors(self) -> tuple[type[BaseException], ...]:
+        return (_psycopg().Error,)
+
+    def _error(self, exc: BaseException, operation: str) -> SnapshotStoreError:
+        return self._write_error(exc, operation, False, None)
+
+    def _write_error(
         self, exc: BaseException, operation: str, committing: bool, uncertain: str | None
     ) -> SnapshotStoreError:
         """The one mapping of a PostgreSQL failure to a typed error (outcome known or not)."""
@@ -371,13 +329,6 @@ class PostgresConnections(StoreConnections):
             raise self._error(exc, operation) from exc
         finally:
             conn.close()  # closing ends the read transaction
-
-    @contextmanager
-    def _write(self, operation: str, uncertain: str) -> Iterator[StoreConnection]:
-        work = _UnitOfWork(self, operation, uncertain)
-        with work as conn:
-            yield conn
-            work.commit()
 
 
 def _identity(conn: StoreConnection, url: str) -> str:
