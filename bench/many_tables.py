@@ -27,32 +27,21 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench import compile_bytecode
-from bench.refresh import DATABASE, _post, dpone, generate
+from bench.projects import generate_tables, in_work_dir, many_tables_project
+from bench.refresh import DATABASE, _post, dpone
 from dpone.localserver.credentials import admin_credentials
 
 
 def _project(work: Path, data_dir: Path, tables: int, rows: int) -> Path:
-    text = (
-        '[project]\nwork_dir = "work"\nstore = "store.sqlite"\n'
-        f'[clickhouse]\ndata_dir = "{data_dir}"\n'
-        '[sources.src]\nkind = "sqlite"\npath = "many.db"\n'
+    generate_tables(work / "many.db", tables, rows)
+    return many_tables_project(
+        work, data_dir, tables, source=work / "many.db", database=DATABASE, target="many_"
     )
-    (work / "many.db").unlink(missing_ok=True)
-    for n in range(tables):
-        generate(work / "many.db", rows, seed=n, table=f"t{n:02d}")
-        text += (
-            f'[tables.t{n:02d}]\nsource = "src"\ntable = "t{n:02d}"\n'
-            f'target = "{DATABASE}.many_{n:02d}"\norder_by = "id"\n'
-        )
-    config = work / "dpone.toml"
-    config.write_text(text)
-    return config
 
 
 def _timed(argv: list[str], tables: int) -> float:
@@ -145,12 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep", type=Path, help="Work here and keep it (default: a temp dir).")
     args = parser.parse_args(argv)
     compile_bytecode()
-    if args.keep is not None:
-        args.keep.mkdir(parents=True, exist_ok=True)
-        measure(args.keep, args)
-        return
-    with tempfile.TemporaryDirectory(prefix="dpone-bench-many-") as work:
-        measure(Path(work), args)
+    in_work_dir(measure, args, "dpone-bench-many-")
 
 
 if __name__ == "__main__":

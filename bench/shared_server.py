@@ -26,13 +26,13 @@ import sqlite3
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench import compile_bytecode
-from bench.refresh import dpone, generate
+from bench.projects import generate_tables, in_work_dir, many_tables_project
+from bench.refresh import dpone
 from dpone.localserver.credentials import admin_credentials
 
 POOLS = {"a": "bench_a", "b": "bench_b"}
@@ -40,21 +40,10 @@ POOLS = {"a": "bench_a", "b": "bench_b"}
 
 def _project(work: Path, data_dir: Path, pool: str, tables: int, rows: int) -> Path:
     work.mkdir(parents=True, exist_ok=True)
-    text = (
-        '[project]\nwork_dir = "work"\nstore = "store.sqlite"\n'
-        f'[clickhouse]\ndata_dir = "{data_dir}"\npool = "{pool}"\n'
-        '[sources.src]\nkind = "sqlite"\npath = "many.db"\n'
+    generate_tables(work / "many.db", tables, rows)
+    return many_tables_project(
+        work, data_dir, tables, source=work / "many.db", database=POOLS[pool], pool=pool
     )
-    (work / "many.db").unlink(missing_ok=True)
-    for n in range(tables):
-        generate(work / "many.db", rows, seed=n, table=f"t{n:02d}")
-        text += (
-            f'[tables.t{n:02d}]\nsource = "src"\ntable = "t{n:02d}"\n'
-            f'target = "{POOLS[pool]}.t{n:02d}"\norder_by = "id"\n'
-        )
-    config = work / "dpone.toml"
-    config.write_text(text)
-    return config
 
 
 def _run_all(configs: list[Path], jobs: int, tables: int) -> float:
@@ -146,12 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--keep", type=Path, help="Work here and keep it (default: a temp dir).")
     args = parser.parse_args(argv)
-    if args.keep is not None:
-        args.keep.mkdir(parents=True, exist_ok=True)
-        measure(args.keep, args)
-        return
-    with tempfile.TemporaryDirectory(prefix="dpone-bench-shared-") as scratch:
-        measure(Path(scratch), args)
+    in_work_dir(measure, args, "dpone-bench-shared-")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,27 +30,10 @@ from typing import Any
 from tests.postgres_cluster import postgres_cluster
 
 from bench import compile_bytecode
-from bench.refresh import dpone, generate
+from bench.projects import generate_tables, in_work_dir, many_tables_project
+from bench.refresh import dpone
 
 WORKERS = 3
-
-
-def _project(home: Path, data_dir: Path, store: str, pool: str, database: str, tables: int) -> Path:
-    home.mkdir(parents=True, exist_ok=True)
-    text = (
-        f'[project]\nwork_dir = "work"\nstore = "{store}"\n'
-        f'[clickhouse]\ndata_dir = "{data_dir}"\n'
-        + (f'pool = "{pool}"\n' if pool else "")
-        + f'[sources.src]\nkind = "sqlite"\npath = "{home.parent / "many.db"}"\n'
-    )
-    for n in range(tables):
-        text += (
-            f'[tables.t{n:02d}]\nsource = "src"\ntable = "t{n:02d}"\n'
-            f'target = "{database}.t{n:02d}"\norder_by = "id"\n'
-        )
-    config = home / "dpone.toml"
-    config.write_text(text)
-    return config
 
 
 def _run(argvs: list[list[str]], tables: int) -> float:
@@ -76,9 +58,8 @@ def _run(argvs: list[list[str]], tables: int) -> float:
 def measure(work: Path, args: argparse.Namespace) -> None:
     """Start the servers, create the targets, time each run; print the table."""
     tables = args.tables
-    (work / "many.db").unlink(missing_ok=True)
-    for n in range(tables):
-        generate(work / "many.db", args.rows, seed=n, table=f"t{n:02d}")
+    source = work / "many.db"
+    generate_tables(source, tables, args.rows)
     data_dir = work / "ch"
     started = subprocess.run(
         dpone(
@@ -99,11 +80,19 @@ def measure(work: Path, args: argparse.Namespace) -> None:
     try:
         with postgres_cluster() as cluster:
             os.environ.update(cluster.env())
-            one = _project(
-                work / "one", data_dir, str(work / "one" / "store.sqlite"), "", "bench_one", tables
+            one = many_tables_project(
+                work / "one", data_dir, tables, source=source, database="bench_one"
             )
             shared = [
-                _project(work / f"worker{n}", data_dir, cluster.url, "w", "bench_w", tables)
+                many_tables_project(
+                    work / f"worker{n}",
+                    data_dir,
+                    tables,
+                    source=source,
+                    database="bench_w",
+                    store=cluster.url,
+                    pool="w",
+                )
                 for n in range(WORKERS)
             ]
             names = [f"t{n:02d}" for n in range(tables)]
@@ -143,12 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="Work here and keep it (default: a temp dir).")
     args = parser.parse_args(argv)
-    if args.keep is not None:
-        args.keep.mkdir(parents=True, exist_ok=True)
-        measure(args.keep, args)
-        return
-    with tempfile.TemporaryDirectory(prefix="dpone-bench-workers-") as scratch:
-        measure(Path(scratch), args)
+    in_work_dir(measure, args, "dpone-bench-workers-")
 
 
 if __name__ == "__main__":
