@@ -353,7 +353,9 @@ def problem_fix(
         f"again (`{render}`) and install it",
         "principal_grants_differ": f"the server gives {user} other grants than its role's: "
         "install the users file exactly as `dpone pool render` wrote it (or render again: "
-        f"`{render}`) and revoke any grant given to {user} beside it",
+        f"`{render}`) and revoke any grant given to {user} beside it; a users file "
+        "rendered by an older dpone lacks grants this one needs (the keeper's ownership "
+        "markers): render again and install it, a rotation",
         "database_not_protected": "render the pool with every database it protects "
         f"(`{render_command((*protected, str(database)), pool)}`), install the users file, then "
         "point [clickhouse] credentials_file at the new credentials file",
