@@ -25,6 +25,8 @@ from __future__ import annotations
 import os
 import re
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -187,11 +189,23 @@ class _Cursor:
         return list(self._cursor.fetchall())
 
 
+# Idle connections kept per store URL in this process: a new PostgreSQL session costs a
+# TCP connection and a SCRAM sign-in (about 6 ms here), and a refresh makes hundreds of
+# store calls. A connection goes back only outside any transaction and unbroken.
+_IDLE: dict[str, list[tuple[psycopg.Connection[Any], float]]] = {}
+_IDLE_LOCK = threading.Lock()
+_IDLE_PER_URL = 4
+# A connection idle longer than this is asked ``SELECT 1`` before it is used again (the
+# server may have ended the session meanwhile).
+_IDLE_CHECK_SECONDS = 5.0
+
+
 class _Connection:
     """A psycopg connection that runs the store's SQLite-style statements."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], url: str | None = None) -> None:
         self.conn = conn
+        self.url = url  # kept for reuse on close (None: closed for good)
 
     def execute(self, sql: str, parameters: Any = (), /) -> StoreCursor:
         text = _PLACEHOLDER.sub("%s", sql.replace("%", "%%"))
@@ -212,7 +226,33 @@ class _Connection:
         return bool(status != _psycopg().pq.TransactionStatus.IDLE)
 
     def close(self) -> None:
-        self.conn.close()
+        conn, url = self.conn, self.url
+        reusable = (
+            url is not None
+            and not conn.closed
+            and conn.info.transaction_status == _psycopg().pq.TransactionStatus.IDLE
+        )
+        if reusable and url is not None:
+            with _IDLE_LOCK:
+                idle = _IDLE.setdefault(url, [])
+                if len(idle) < _IDLE_PER_URL:
+                    idle.append((conn, time.monotonic()))
+                    return
+        conn.close()
+
+
+def _usable(conn: psycopg.Connection[Any], since: float) -> bool:
+    """Whether a kept connection still works (asked only after a long idle)."""
+    if conn.closed:
+        return False
+    if time.monotonic() - since < _IDLE_CHECK_SECONDS:
+        return True
+    try:
+        conn.execute("SELECT 1")
+    except _psycopg().Error:
+        conn.close()
+        return False
+    return True
 
 
 class PostgresConnections(StoreConnections):
@@ -241,6 +281,14 @@ class PostgresConnections(StoreConnections):
         return self.url
 
     def _connect(self, operation: str) -> _Connection:  # type: ignore[override]
+        with _IDLE_LOCK:
+            idle = _IDLE.get(self.url, [])
+            kept, since = idle.pop() if idle else (None, 0.0)
+        if kept is not None and _usable(kept, since):
+            return _Connection(kept, self.url)
+        return self._new_connection(operation, keep=True)
+
+    def _new_connection(self, operation: str, *, keep: bool) -> _Connection:
         psycopg = _psycopg()
         try:
             conn = psycopg.connect(
@@ -252,7 +300,7 @@ class PostgresConnections(StoreConnections):
             )
         except psycopg.Error as exc:
             raise self._error(exc, operation) from exc
-        return _Connection(conn)
+        return _Connection(conn, self.url if keep else None)
 
     def _begin_write(self, conn: Any) -> None:
         """The SQLite store's ``BEGIN IMMEDIATE``: the store's advisory lock, first."""
@@ -311,7 +359,8 @@ class PostgresConnections(StoreConnections):
 
     @contextmanager
     def _fresh(self, operation: str) -> Iterator[StoreConnection]:
-        conn = self._connect(operation)
+        # A session of its own, never a kept one: the read-back is independent.
+        conn = self._new_connection(operation, keep=False)
         try:
             yield conn
         except _psycopg().Error as exc:
@@ -322,13 +371,15 @@ class PostgresConnections(StoreConnections):
     @contextmanager
     def _reading(self, operation: str) -> Iterator[StoreConnection]:
         conn = self._connect(operation)
+        psycopg = _psycopg()
         try:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             yield conn
-        except _psycopg().Error as exc:
+            conn.execute("ROLLBACK")  # ends the snapshot: the connection may be kept
+        except psycopg.Error as exc:
             raise self._error(exc, operation) from exc
         finally:
-            conn.close()  # closing ends the read transaction
+            conn.close()  # kept only outside a transaction (else closed, which ends it)
 
 
 def _identity(conn: StoreConnection, url: str) -> str:
