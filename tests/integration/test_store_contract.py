@@ -333,3 +333,17 @@ def test_a_foreign_dpone_schema_is_refused_untouched(postgres_store: str) -> Non
             "SELECT table_name FROM information_schema.tables WHERE table_schema = 'dpone'"
         ).fetchall()
     assert tables == [("store_identity",)]
+
+
+def _race_open(location: StoreLocation, me: int, go: Any, out: Any) -> None:
+    go.wait(timeout=120)
+    try:
+        out.put((me, open_store(location).store_identity()))
+    except SnapshotStoreError as exc:
+        out.put((me, exc.code))
+
+
+def test_racing_processes_create_one_store(location: StoreLocation) -> None:
+    """Workers of a new project start at once: one creates the store, all use it."""
+    identities = race(_race_open, (location,), RACERS)
+    assert len(set(identities)) == 1 and len(identities[0]) == 36, identities

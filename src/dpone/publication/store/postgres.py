@@ -384,8 +384,14 @@ class PostgresConnections(StoreConnections):
 
 def _identity(conn: StoreConnection, url: str) -> str:
     """``fresh`` (no store schema) or ``current``; anything else is refused."""
-    found = conn.execute("SELECT to_regclass(?)", (f"{SCHEMA}.store_identity",)).fetchone()
-    if found is None or found[0] is None:
+    # A plain read of the catalog, in the statement's snapshot: it sees a schema another
+    # worker committed while this one waited for the write lock (to_regclass reads the
+    # session's catalog cache, which that wait does not refresh).
+    found = conn.execute(
+        "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = ? AND tablename = ?",
+        (SCHEMA, "store_identity"),
+    ).fetchone()
+    if found is None:
         return "fresh"
     rows = conn.execute(f"SELECT application_id, schema_version FROM {SCHEMA}.store_identity")
     stamped = rows.fetchall()
