@@ -326,3 +326,35 @@ def test_stores_claiming_at_once_leave_one_owner_of_the_pool_and_its_slots(
         found = markers(port)
         assert len(found) == 3 and all(winner.store in m["comment"] for m in found), found
         chhttp.hand_over_servers()
+
+
+def test_a_snapshot_prepare_from_another_store_is_refused_before_its_lease(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    """A generation staged with the store that owns the pool, then prepared with another
+    store: refused before that store leases a publisher or claims the slot."""
+    port, data_dir = server["http_port"], str(server["data_dir"])
+    (tmp_path / "files").mkdir()
+    path, receipt, _ = export_hostile(tmp_path / "files")
+    owner_store = tmp_path / "owner" / "store.sqlite"
+    staged = dpone(
+        *("stage", str(path), "--receipt", str(receipt), "--store", str(owner_store)),
+        *("--work-dir", str(tmp_path / "work"), "--database", MAIN, "--data-dir", data_dir),
+        *("--attempt-id", "prep-1", "--json"),
+    )
+    assert staged.returncode == 0, staged.stdout + staged.stderr
+    journal = as_json(staged)["journal"]
+    other = tmp_path / "other" / "store.sqlite"
+    done = dpone(
+        *("snapshot", "prepare", "--journal", journal, "--target", f"{MAIN}.t_prepared"),
+        *("--store", str(other), "--data-dir", data_dir, "--json"),
+    )
+    assert done.returncode != 0
+    error = as_json(done)["error"]
+    assert error["code"] == "pool_owned_elsewhere", error
+    with sqlite3.connect(other) as conn:
+        assert conn.execute("SELECT count(*) FROM leases").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+    conn.close()
+    assert markers(port)[0]["name"] == "owner_pool"
+    assert len(markers(port)) == 1  # no slot marker for the refused store
