@@ -18,12 +18,20 @@ import pytest
 
 from dpone.errors import StateError
 from dpone.publication.dispatch_gate import DispatchGateBusy
-from dpone.publication.postgres_locks import PostgresDispatchGate, postgres_table_lock
+from dpone.publication.postgres_locks import (
+    AdvisoryLockLost,
+    PostgresDispatchGate,
+    postgres_table_lock,
+)
 
 HOLD = """
 import os, signal, sys
 from dpone.errors import StateError
-from dpone.publication.postgres_locks import PostgresDispatchGate, postgres_table_lock
+from dpone.publication.postgres_locks import (
+    AdvisoryLockLost,
+    PostgresDispatchGate,
+    postgres_table_lock,
+)
 url, kind, name = sys.argv[1:4]
 lock = (PostgresDispatchGate(url).held(name) if kind == "gate"
         else postgres_table_lock(url, name, StateError))
@@ -111,3 +119,28 @@ def test_a_table_held_by_another_worker_is_busy_at_once_naming_it(
     with psycopg.connect(postgres_store, autocommit=True) as conn:
         held = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
         assert held.fetchone() == (0,)
+
+
+def test_a_gate_whose_session_was_ended_under_it_says_so(postgres_store: str) -> None:
+    gate = PostgresDispatchGate(postgres_store, wait_seconds=1.0)
+    with (
+        pytest.raises(AdvisoryLockLost) as lost,
+        gate.held("dpone_publisher_3"),
+        psycopg.connect(postgres_store, autocommit=True) as conn,
+    ):
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name LIKE 'dpone pid % gate %'"
+        )
+    assert lost.value.code == "advisory_lock_lost"
+
+
+def test_an_unreachable_store_is_a_typed_error_for_the_gate_and_the_lock(
+    postgres_store: str,
+) -> None:
+    nowhere = "postgresql://dpone@127.0.0.1:1/dpone_store"
+    with pytest.raises(StateError) as gate, PostgresDispatchGate(nowhere).held("u"):
+        pass
+    with pytest.raises(StateError) as table, postgres_table_lock(nowhere, "t", StateError):
+        pass
+    assert gate.value.code == table.value.code == "store_unavailable"

@@ -3,26 +3,29 @@
 Workers on several machines share one PostgreSQL store, so what the SQLite store keeps
 as files beside it (:mod:`dpone.publication.dispatch_gate`, and the table lock of
 :func:`dpone.project.refresh_checks.table_lock`) is held on that server instead: a
-session-level advisory lock on a connection of its own, taken for the ``with`` block
-and released when the connection closes. A worker that dies releases it with its
-connection; one that is only stopped (SIGSTOP) keeps it, and a waiter gives up after
-its wait (``dispatch_gate_busy``) or at once (the table lock: ``refresh_busy``, naming
-the holder's host and process). Each lock is scoped to one principal, one slot or one
-table, never to the store: a stalled publisher holds up nothing but its own.
+session-level advisory lock on a session of its own (no idle or statement timeout,
+TCP keepalives), taken for the ``with`` block and released when the session ends. A
+worker that dies releases it with its session; one that is only stopped (SIGSTOP)
+keeps it, and a waiter gives up after its wait (``dispatch_gate_busy``) or at once
+(the table lock: ``refresh_busy``, naming the holder's process and host). Each lock is
+scoped to one principal, one slot or one table, never to the store: a stalled
+publisher holds up nothing but its own. A lock found gone when its block ends (its
+session was ended under it) is ``advisory_lock_lost``: the exclusion it promised did
+not hold, and the caller must not read its work as exclusive.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from dpone.errors import StateError
 from dpone.publication.dispatch_gate import GATE_WAIT_SECONDS, DispatchGateBusy, Gate
-from dpone.publication.store.postgres import CONNECT_SECONDS, check_store_url
+from dpone.publication.store.errors import SnapshotStoreError
+from dpone.publication.store.postgres import check_store_url, connect
 
 # The two-int advisory key space: the first int names what is locked (gate or table),
 # the second the key's hash (the store's write lock uses the one-bigint space).
@@ -30,20 +33,59 @@ _GATE_SPACE = 0x64706701
 _TABLE_SPACE = 0x64707401
 
 
+class AdvisoryLockLost(StateError):
+    """A held advisory lock was gone when its block ended (its session was ended)."""
+
+    code = "advisory_lock_lost"
+
+
 def _key(space: int, name: str) -> tuple[int, int]:
     digest = int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:4], "big")
-    return space - 2**31 if space >= 2**31 else space, digest - 2**31
+    return space, digest - 2**31
 
 
-def _connect(url: str, purpose: str) -> Any:
+def _session(url: str, purpose: str) -> Any:
+    """A session for one lock (``store_unavailable`` when the server cannot be reached)."""
     import psycopg  # the postgres extra: a PostgreSQL store was opened before this
 
-    return psycopg.connect(
-        url,
-        autocommit=True,
-        connect_timeout=CONNECT_SECONDS,
-        application_name=f"dpone {purpose} {socket.gethostname()} pid {os.getpid()}",
-    )
+    try:
+        return connect(url, f"{purpose} {socket.gethostname()}")
+    except psycopg.Error as exc:
+        raise SnapshotStoreError(
+            f"cannot reach the store {url} for its {purpose}: {str(exc).strip()}",
+            code="store_unavailable",
+            store=url,
+        ) from exc
+
+
+def _still_held(conn: Any, key: tuple[int, int]) -> bool:
+    found = conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'"
+        " AND granted AND classid = %s AND objid = %s AND objsubid = 2",
+        (key[0] & 0xFFFFFFFF, key[1] & 0xFFFFFFFF),
+    ).fetchone()
+    return bool(found and found[0] == 1)
+
+
+@contextlib.contextmanager
+def _held_until_end(conn: Any, key: tuple[int, int], what: str) -> Iterator[None]:
+    """Yield while ``key`` is held on ``conn``; then check it still was, and end it."""
+    import psycopg
+
+    try:
+        yield
+        try:
+            held = _still_held(conn, key)
+        except psycopg.Error:
+            held = False
+        if not held:
+            raise AdvisoryLockLost(
+                f"the lock of {what} was lost while held (its session was ended): another "
+                "worker may have taken it meanwhile",
+                lock=what,
+            )
+    finally:
+        conn.close()  # the session ends: the lock is released
 
 
 class PostgresDispatchGate(Gate):
@@ -58,38 +100,63 @@ class PostgresDispatchGate(Gate):
         """Hold ``user``'s gate for the ``with`` block (``dispatch_gate_busy`` after the wait)."""
         import psycopg
 
-        conn = _connect(self.url, "gate")
+        conn = _session(self.url, "gate")
+        key = _key(_GATE_SPACE, user)
         try:
             conn.execute(f"SET lock_timeout = {max(int(self.wait_seconds * 1000), 1)}")
-            try:
-                conn.execute("SELECT pg_advisory_lock(%s, %s)", _key(_GATE_SPACE, user))
-            except psycopg.errors.LockNotAvailable as exc:
-                raise DispatchGateBusy(
-                    f"the dispatch gate of {user} (in the store's database) stayed held for "
-                    f"{self.wait_seconds:g} s",
-                    user=user,
-                ) from exc
+            conn.execute("SELECT pg_advisory_lock(%s, %s)", key)
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
+            conn.close()
+            raise DispatchGateBusy(
+                f"the dispatch gate of {user} (in the store's database) stayed held for "
+                f"{self.wait_seconds:g} s",
+                user=user,
+            ) from exc
+        except psycopg.Error as exc:
+            conn.close()
+            raise SnapshotStoreError(
+                f"the dispatch gate of {user} could not be taken: {str(exc).strip()}",
+                code="store_unavailable",
+                store=self.url,
+            ) from exc
+        with _held_until_end(conn, key, f"the dispatch gate of {user}"):
             yield
-        finally:
-            conn.close()  # the session ends: the lock is released
 
 
 @contextlib.contextmanager
 def postgres_table_lock(url: str, name: str, busy: Callable[[str], StateError]) -> Iterator[None]:
     """Hold table ``name``'s lock in the store's database, or raise ``busy(holder)`` at
-    once when another worker holds it (``holder``: its host and process)."""
-    conn = _connect(check_store_url(url), f"table {name}")
+    once when another worker holds it (``holder``: its process and host)."""
+    import psycopg
+
+    conn = _session(check_store_url(url), f"table {name}")
+    key = _key(_TABLE_SPACE, name)
     try:
-        key = _key(_TABLE_SPACE, name)
         taken = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", key).fetchone()[0]
-        if not taken:
-            row = conn.execute(
-                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a "
-                "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
-                "AND l.classid = %s AND l.objid = %s AND l.objsubid = 2",
-                (key[0] & 0xFFFFFFFF, key[1] & 0xFFFFFFFF),
-            ).fetchone()
-            raise busy(str(row[0]) if row is not None else "another worker")
-        yield
-    finally:
+        holder = None if taken else _holder(conn, key)
+    except psycopg.Error as exc:
         conn.close()
+        raise SnapshotStoreError(
+            f"the lock of table {name} could not be taken: {str(exc).strip()}",
+            code="store_unavailable",
+            store=url,
+        ) from exc
+    if holder is not None:
+        conn.close()
+        raise busy(holder)
+    with _held_until_end(conn, key, f"table {name}"):
+        yield
+
+
+def _holder(conn: Any, key: tuple[int, int]) -> str:
+    """Who holds ``key`` in this database: its session's name (``dpone pid N ...``)."""
+    row = conn.execute(
+        "SELECT a.application_name, a.client_addr FROM pg_locks l JOIN pg_stat_activity a "
+        "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
+        "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        "AND l.classid = %s AND l.objid = %s AND l.objsubid = 2",
+        (key[0] & 0xFFFFFFFF, key[1] & 0xFFFFFFFF),
+    ).fetchone()
+    if row is None:
+        return "another worker"
+    return f"{row[0]} from {row[1]}" if row[1] is not None else str(row[0])

@@ -55,6 +55,7 @@ _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 # How long a lease request waits for a principal another attempt gives back.
 LEASE_WAIT_SECONDS = 300.0
 LEASE_POLL_SECONDS = 0.2
+LEASE_POLL_MAX_SECONDS = 2.0
 
 
 class PrincipalError(StateError):
@@ -180,31 +181,34 @@ class LocalPoolIssuer:
         _check_role(role)
         candidates = self._candidates[role]
         deadline = self._clock() + self.lease_wait_seconds
+        pause = LEASE_POLL_SECONDS
         while True:
             try:
                 lease = self._registry.lease(role, candidates, attempt_id)
             except StateError as exc:
-                if exc.code != "pool_exhausted" or not self._holder_runs(candidates):
+                if exc.code != "pool_exhausted" or not self._holder_runs(candidates, attempt_id):
                     raise
                 if self._clock() >= deadline:
                     raise
-                self._sleep(LEASE_POLL_SECONDS)
+                self._sleep(pause)
+                pause = min(pause * 1.5, LEASE_POLL_MAX_SECONDS)  # each try takes the write lock
                 continue
             return self._issued(
                 PrincipalRef(lease.user, self._user_ids[lease.user], lease.lease_id)
             )
 
-    def _holder_runs(self, users: Sequence[str]) -> bool:
-        """Whether a holder of ``users``' last leases may still give one back: a running
-        attempt, or one proving its closure now (an ended lease whose proof is not yet
-        stored). Held only by gone holders, the pool needs an operator, not a wait."""
+    def _holder_runs(self, users: Sequence[str], attempt_id: str) -> bool:
+        """Whether a holder of ``users``' last leases may still give one back: another
+        running attempt, or one proving its closure now (an ended lease whose proof is
+        not yet stored). Held only by gone holders, or by this attempt's own leases
+        (which it will not give back while it waits), the pool needs an operator."""
         records = getattr(self._registry, "last_lease_records", None)
         if records is None:
             return False  # a registry that names no holders: nothing to wait for
         return any(
             holder_liveness(r.holder)[0] is not Liveness.GONE
             for r in records()
-            if r.lease.user in users
+            if r.lease.user in users and r.lease.attempt_id != attempt_id
         )
 
     def credentials(self, ref: PrincipalRef) -> IssuedPrincipal:

@@ -27,11 +27,11 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from dpone.errors import ConfigurationError
 from dpone.publication.store.connections import (
@@ -52,6 +52,8 @@ URL_SCHEMES = ("postgresql", "postgres")
 # gate and the table lock use the two-int key space, which never overlaps it).
 WRITE_LOCK_KEY = APPLICATION_ID
 CONNECT_SECONDS = 10
+# A writer idle inside its transaction this long is ended by the server (its lock freed).
+WRITE_IDLE_SECONDS = 60.0
 
 _SCHEMA_SQL = """
 CREATE TABLE store_identity (
@@ -130,27 +132,54 @@ CREATE TRIGGER activation_forward BEFORE UPDATE OF activated ON runs FOR EACH RO
 
 
 def is_store_url(location: str | os.PathLike[str]) -> bool:
-    """Whether ``location`` names a PostgreSQL store (``postgresql://...``)."""
-    return isinstance(location, str) and location.split("://", 1)[0] in URL_SCHEMES
+    """Whether ``location`` names a PostgreSQL store (``postgresql://...``, any case)."""
+    return isinstance(location, str) and location.split("://", 1)[0].lower() in URL_SCHEMES
+
+
+# libpq parameters that carry a secret: never in the URL, wherever they appear.
+_SECRET_PARAMETERS = ("password", "sslpassword")
 
 
 def check_store_url(url: str) -> str:
     """``url`` when it names a database without a password (``store_url_invalid``)."""
     parts = urlsplit(url)
-    if parts.password is not None:
+    query = {key.lower() for key in parse_qs(parts.query, keep_blank_values=True)}
+    if parts.password is not None or query & set(_SECRET_PARAMETERS):
         # Never echoed: the URL holds a secret.
         raise ConfigurationError(
             "the PostgreSQL store's URL carries a password: remove it and give the password "
             "in a libpq password file (PGPASSFILE or ~/.pgpass)",
             code="store_url_invalid",
         )
-    if parts.scheme not in URL_SCHEMES or not parts.hostname or len(parts.path) < 2:
+    if parts.scheme.lower() not in URL_SCHEMES or not parts.hostname or len(parts.path) < 2:
         raise ConfigurationError(
             f"{url!r} is not a PostgreSQL store: postgresql://USER@HOST:PORT/DATABASE",
             code="store_url_invalid",
             url=url,
         )
     return url
+
+
+def connect(url: str, purpose: str, *, search_path: str | None = None) -> Any:
+    """A new autocommit session to ``url`` (the password from libpq's password file),
+    with TCP keepalives, so that a lost host's session ends in about half a minute,
+    and none of the role's idle or statement timeouts, which would end a held lock's
+    session without a word. ``purpose`` leads the session's name (``pg_stat_activity``)."""
+    psycopg = _psycopg()
+    options = "-c idle_session_timeout=0 -c statement_timeout=0"
+    if search_path is not None:
+        options += f" -c search_path={search_path}"
+    return psycopg.connect(
+        url,
+        autocommit=True,
+        connect_timeout=CONNECT_SECONDS,
+        application_name=f"dpone pid {os.getpid()} {purpose}"[:63],
+        keepalives=1,
+        keepalives_idle=10,
+        keepalives_interval=5,
+        keepalives_count=3,
+        options=options,
+    )
 
 
 def _psycopg() -> Any:
@@ -195,6 +224,17 @@ class _Cursor:
 _IDLE: dict[str, list[tuple[psycopg.Connection[Any], float]]] = {}
 _IDLE_LOCK = threading.Lock()
 _IDLE_PER_URL = 4
+
+
+def _forget_kept_sessions() -> None:
+    """In a forked child: the parent's sessions are the parent's (never closed here,
+    which would end them for the parent too), and its lock may have been held."""
+    global _IDLE_LOCK
+    _IDLE.clear()
+    _IDLE_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_kept_sessions)
 # A connection idle longer than this is asked ``SELECT 1`` before it is used again (the
 # server may have ended the session meanwhile).
 _IDLE_CHECK_SECONDS = 5.0
@@ -203,16 +243,33 @@ _IDLE_CHECK_SECONDS = 5.0
 class _Connection:
     """A psycopg connection that runs the store's SQLite-style statements."""
 
-    def __init__(self, conn: psycopg.Connection[Any], url: str | None = None) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        url: str | None = None,
+        reopen: Callable[[], psycopg.Connection[Any]] | None = None,
+    ) -> None:
         self.conn = conn
         self.url = url  # kept for reuse on close (None: closed for good)
+        # A kept session the server may have ended while idle: until its first statement
+        # succeeds, a broken session is replaced once (nothing was sent through it yet).
+        self._reopen = reopen
 
     def execute(self, sql: str, parameters: Any = (), /) -> StoreCursor:
         text = _PLACEHOLDER.sub("%s", sql.replace("%", "%%"))
         returning = text.lstrip().upper().startswith("INSERT INTO STEPS")
         if returning:
             text += " RETURNING id"
-        cursor = self.conn.execute(text, tuple(parameters))
+        try:
+            cursor = self.conn.execute(text, tuple(parameters))
+        except _psycopg().OperationalError:
+            if self._reopen is None:
+                raise
+            self.conn.close()
+            self.conn = self._reopen()
+            self._reopen = None
+            cursor = self.conn.execute(text, tuple(parameters))
+        self._reopen = None
         lastrowid = None
         if returning:
             row = cursor.fetchone()
@@ -285,28 +342,46 @@ class PostgresConnections(StoreConnections):
             idle = _IDLE.get(self.url, [])
             kept, since = idle.pop() if idle else (None, 0.0)
         if kept is not None and _usable(kept, since):
-            return _Connection(kept, self.url)
+            return _Connection(kept, self.url, self._reopen)
         return self._new_connection(operation, keep=True)
 
     def _new_connection(self, operation: str, *, keep: bool) -> _Connection:
         psycopg = _psycopg()
         try:
-            conn = psycopg.connect(
-                self.url,
-                autocommit=True,
-                connect_timeout=CONNECT_SECONDS,
-                application_name=f"dpone {socket.gethostname()} {os.getpid()}",
-                options=f"-c search_path={SCHEMA}",
-            )
+            conn = connect(self.url, f"store {socket.gethostname()}", search_path=SCHEMA)
         except psycopg.Error as exc:
             raise self._error(exc, operation) from exc
-        return _Connection(conn, self.url if keep else None)
+        return _Connection(conn, self.url if keep else None, self._reopen if keep else None)
+
+    def _reopen(self) -> psycopg.Connection[Any]:
+        """A new session for a kept one the server ended while it was idle."""
+        conn: psycopg.Connection[Any] = connect(
+            self.url, f"store {socket.gethostname()}", search_path=SCHEMA
+        )
+        return conn
 
     def _begin_write(self, conn: Any) -> None:
-        """The SQLite store's ``BEGIN IMMEDIATE``: the store's advisory lock, first."""
+        """The SQLite store's ``BEGIN IMMEDIATE``: the store's advisory lock, first.
+
+        A wait for the lock that runs out wrote nothing: ``store_busy``, definite. A
+        writer that stalls inside its transaction (stopped, or its host lost) is ended
+        by the server after :data:`WRITE_IDLE_SECONDS`, so it holds the others up no
+        longer than that.
+        """
         conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-        conn.execute(f"SET LOCAL lock_timeout = {int(self.busy_timeout * 1000)}")
-        conn.execute(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
+        conn.execute(f"SET LOCAL lock_timeout = {max(int(self.busy_timeout * 1000), 1)}")
+        conn.execute(
+            f"SET LOCAL idle_in_transaction_session_timeout = {int(WRITE_IDLE_SECONDS * 1000)}"
+        )
+        try:
+            conn.execute(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
+        except _psycopg().errors.LockNotAvailable as exc:
+            raise SnapshotStoreError(
+                f"the store {self.url} stayed locked by another writer for "
+                f"{self.busy_timeout:g} s; nothing was written: run it again",
+                code="store_busy",
+                store=self.url,
+            ) from exc
 
     def _storage_errors(self) -> tuple[type[BaseException], ...]:
         return (_psycopg().Error,)
