@@ -194,9 +194,12 @@ def swapped(
     """Let ``build_publication`` assemble these test-side classes instead of the real ones."""
     with contextlib.ExitStack() as stack:
         if store is not None:
-            stack.enter_context(
-                mock.patch.object(snapshot_composition, "SqliteSnapshotStore", store)
-            )
+            kind = store
+
+            def opened(location: Any, **options: Any) -> SqliteSnapshotStore:
+                return kind(Path(location), **options)
+
+            stack.enter_context(mock.patch.object(snapshot_composition, "open_store", opened))
         if executor is not None:
             stack.enter_context(
                 mock.patch.object(snapshot_composition, "ClickHouseSnapshotExecutor", executor)

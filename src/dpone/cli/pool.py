@@ -15,12 +15,13 @@ import click
 
 from dpone.cli.output import config_option, emit_json, json_option, reported_errors
 from dpone.durable_files import atomic_outputs
-from dpone.errors import ConfigurationError
+from dpone.errors import ConfigurationError, DponeError
 from dpone.localserver.pool_file import DEFAULT_NETWORKS, render_pool
 from dpone.localserver.principal_pool import PoolNames
 from dpone.project.config import load_project
 from dpone.project.hand_over import hand_over_project
 from dpone.publication.composition import check_ownership
+from dpone.publication.ownership import OwnedElsewhere
 from dpone.publication.pool_verify import verify_pool
 
 
@@ -126,7 +127,12 @@ def verify(config_path: Path, as_json: bool) -> None:
                 code="not_remote",
             )
         # Another store's pool: nothing signs in as its principals, not even to verify.
-        check_ownership(project.clickhouse.access, project.store, project=project.path)
+        try:
+            check_ownership(project.clickhouse.access, project.store, project=project.path)
+        except OwnedElsewhere:
+            raise
+        except DponeError:
+            pass  # unread: the verification names why (TLS, a refused sign-in)
         found = verify_pool(project.clickhouse.access, project.databases, project.store)
         if as_json:
             emit_json(found.to_dict())

@@ -20,6 +20,7 @@ from dpone.publication.composition import (
     pool_protects,
     pool_remedy,
 )
+from dpone.publication.ownership import OwnedElsewhere
 from dpone.publication.pool_verify import verify_pool
 from dpone.publication.store import store_exists
 from dpone.typepolicy import column_problems, refusals
@@ -155,7 +156,14 @@ def reachability(project: Project) -> list[dict[str, Any]]:
     try:
         pool_credentials(access)
         # Another store's pool: nothing signs in as its principals, not even to verify.
-        check_ownership(access, project.store, project=project.path)
+        try:
+            check_ownership(access, project.store, project=project.path)
+        except OwnedElsewhere:
+            raise
+        except DponeError:
+            if access.managed:
+                raise
+            # Unread: the verification below names why (TLS, a refused sign-in).
         if not access.managed:
             found = verify_pool(access, project.databases, project.store)
             problems += [{"key": key, **p} for p in found.problems]

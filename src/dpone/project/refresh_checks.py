@@ -42,6 +42,7 @@ from dpone.publication.composition import (
     require_database,
     require_protected,
 )
+from dpone.publication.ownership import OwnedElsewhere
 from dpone.publication.pool_verify import require_server_version, verify_pool
 from dpone.publication.postgres_locks import postgres_table_lock
 from dpone.publication.publisher.checks import refuse_absent_writers, refuse_side_effects
@@ -107,12 +108,22 @@ class RefreshChecks:
         access = self.project.clickhouse.access
         # Another store's pool or target is refused before anything signs in as the
         # pool's principals (a remote pool's verification does, as every one of them).
-        check_ownership(
-            access,
-            self.project.store,
-            [TargetSlot(table.database, table.target)],
-            project=self.project.path,
-        )
+        try:
+            check_ownership(
+                access,
+                self.project.store,
+                [TargetSlot(table.database, table.target)],
+                project=self.project.path,
+            )
+        except OwnedElsewhere:
+            raise
+        except DponeError:
+            if access.managed:
+                raise
+            # The server could not be read: the installation's check names why (TLS, a
+            # refused sign-in) without signing in as the pool, as `dpone pool verify` does.
+            self._installation(table)
+            raise
         if access.managed:
             require_server_version(access)
         else:

@@ -55,7 +55,7 @@ from dpone.publication.executor import (
     ClickHouseSnapshotExecutor,
 )
 from dpone.publication.lease_scope import lease_scope
-from dpone.publication.ownership import Owner, claim
+from dpone.publication.ownership import OwnedElsewhere, Owner, claim
 from dpone.publication.pool_verify import protected_databases, render_command
 from dpone.publication.principal_issuers import LocalPoolIssuer, observe_user_ids
 from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
@@ -268,7 +268,25 @@ def check_ownership(
         # creating it this very moment, and the store's own transaction settles who does.
         store = open_store(location)
         me = Owner.of_store(store.store_identity(), store.location)
-    claim(as_access(server), me, slots, project=project, create=False)
+    try:
+        claim(as_access(server), me, slots, project=project, create=False)
+    except OwnedElsewhere as exc:
+        owner = exc.details.get("owner") or {}
+        here = location if isinstance(location, str) else str(Path(location).absolute())
+        if me is not None or owner.get("path") != here:
+            raise
+        # The owner is a store at this very location that is not there any more: moved
+        # or lost, not another project's.
+        raise ConfigurationError(
+            f"the server records the store {owner.get('store')} at {here} as the owner of "
+            f"what this project publishes, but there is no store at {here}: point `store` "
+            "in [project] at the store its refreshes used; if that store is lost, start a "
+            f"new one and hand over: `{exc.details.get('next_command')}`",
+            code="store_missing",
+            store=here,
+            owner=owner,
+            next_command=exc.details.get("next_command"),
+        ) from exc
 
 
 def pool_protects(server: ServerAccess | Path, database: str) -> bool:
