@@ -22,7 +22,7 @@ def hand_over_project(project: Project, old_store: str) -> dict[str, Any]:
     """Give ``project``'s store the pool and the slots of its tables that ``old_store``
     owns; what each marker's owner is afterwards (``handed_over`` for those moved)."""
     store = open_store(project.store)
-    me = Owner.of_store(store.store_identity(), store.location)
+    me = Owner.of_store(store)
     if old_store == me.store:
         raise ConfigurationError(
             f"{old_store} is this project's own store ({project.store}); name the store "

@@ -230,18 +230,11 @@ class RefreshChecks:
         """The target has no side effect the publisher refuses (a view or dictionary
         reading it, a Buffer or Distributed table writing it, a writer outside the
         leases...): refused now, as prepare would refuse it after the export."""
-        if read_only:
-            store = open_store(self.project.store)
-            slot = TargetSlot(table.database, table.target)
-            claim_slots(
-                self.project.clickhouse.access,
-                store,
-                [slot],
-                project=self.project.path,
-                create=False,
-            )
-        parts = publication_for(self.project, table, claim_ownership=not read_only)
         slot = TargetSlot(table.database, table.target)
+        if read_only:  # another store's pool or target, said without making a marker
+            access = self.project.clickhouse.access
+            check_ownership(access, self.project.store, [slot], project=self.project.path)
+        parts = publication_for(self.project, table, claim_ownership=not read_only)
         observation = parts.publisher.observe_settled(slot, staging_table_name(attempt_id))
         refuse_side_effects(observation)
         # The generation does not exist yet (nor, before a first publication, the

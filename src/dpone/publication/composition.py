@@ -248,7 +248,7 @@ def claim_slots(
 ) -> None:
     """The server records ``store`` as the owner of the pool and of ``slots``, or this
     refuses (``pool_owned_elsewhere``, ``slot_owned_elsewhere``) before anything is done."""
-    me = Owner.of_store(store.store_identity(), store.location)
+    me = Owner.of_store(store)
     claim(as_access(server), me, slots, project=project, create=create)
 
 
@@ -267,7 +267,7 @@ def check_ownership(
         # Opened as the publication opens it: another of the project's refreshes may be
         # creating it this very moment, and the store's own transaction settles who does.
         store = open_store(location)
-        me = Owner.of_store(store.store_identity(), store.location)
+        me = Owner.of_store(store)
     try:
         claim(as_access(server), me, slots, project=project, create=False)
     except OwnedElsewhere as exc:

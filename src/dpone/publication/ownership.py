@@ -36,6 +36,7 @@ from dpone.ports.clickhouse_errors import ClickHouseServerError
 from dpone.ports.clickhouse_request import mutation, read
 from dpone.ports.composition_snapshot import TargetSlot
 from dpone.publication.server_access import ServerAccess
+from dpone.publication.store import SnapshotStore
 from dpone.sql import quote_identifier, quote_literal
 
 REQUEST_SECONDS = 30.0
@@ -59,9 +60,9 @@ class Owner:
     host: str
 
     @classmethod
-    def of_store(cls, identity: str, location: str) -> Owner:
-        """The owner this process's store is (``location``: its file or URL)."""
-        return cls(identity, location, socket.gethostname())
+    def of_store(cls, store: SnapshotStore) -> Owner:
+        """The owner ``store`` is: its identity, its file or URL, this host."""
+        return cls(store.store_identity(), store.location, socket.gethostname())
 
     def describe(self) -> str:
         """``store <id> (<path> on <host>)``."""

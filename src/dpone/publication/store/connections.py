@@ -46,6 +46,8 @@ class StoreConnection(Protocol):
 
     def execute(self, sql: str, parameters: Any = (), /) -> StoreCursor: ...
 
+    def close(self) -> None: ...
+
 
 class UnitOfWork:
     """A write: the backend's begin (SQLite's ``BEGIN IMMEDIATE``), the checks and the
@@ -231,13 +233,17 @@ class StoreConnections:
         """Where the store is, for messages and ownership markers (never a secret)."""
         return str(self.path.absolute())
 
+    def _independent_connection(self, operation: str) -> StoreConnection:
+        """A connection shared with no other store call (SQLite's are all new)."""
+        return self._connect(operation)
+
     @contextmanager
     def _fresh(self, operation: str) -> Iterator[StoreConnection]:
         """A new connection of its own, outside any transaction (an independent read)."""
-        conn = self._connect(operation)
+        conn = self._independent_connection(operation)
         try:
             yield conn
-        except sqlite3.Error as exc:
+        except self._storage_errors() as exc:
             raise self._error(exc, operation) from exc
         finally:
             conn.close()

@@ -432,16 +432,9 @@ class PostgresConnections(StoreConnections):
                     "INSERT INTO store_identity VALUES (?, ?)", (APPLICATION_ID, SCHEMA_VERSION)
                 )
 
-    @contextmanager
-    def _fresh(self, operation: str) -> Iterator[StoreConnection]:
+    def _independent_connection(self, operation: str) -> StoreConnection:
         # A session of its own, never a kept one: the read-back is independent.
-        conn = self._new_connection(operation, keep=False)
-        try:
-            yield conn
-        except _psycopg().Error as exc:
-            raise self._error(exc, operation) from exc
-        finally:
-            conn.close()
+        return self._new_connection(operation, keep=False)
 
     @contextmanager
     def _reading(self, operation: str) -> Iterator[StoreConnection]:
