@@ -148,7 +148,7 @@ def test_an_observation_batched_equals_one_read_at_a_time(
     )
     assert one.target is not None and one.generation is not None  # type: ignore[attr-defined]
     assert [b.reason for b in one.target.blockers] == ["incoming_mv"]  # type: ignore[attr-defined]
-    assert (batched_requests, alone_requests) == (4, 29)
+    assert (batched_requests, alone_requests) == (3, 29)
 
 
 def test_ownerships_of_many_names_in_two_reads(server: ServerInfo, odd_table: str) -> None:

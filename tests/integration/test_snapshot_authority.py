@@ -18,6 +18,7 @@ from dpone.contracts.schema import SourceColumn, SourceSchema
 from dpone.errors import DponeError
 from dpone.localserver import ServerInfo
 from dpone.localserver.principal_pool import CLOSER_USER, ROLE_INGEST
+from dpone.ports.clickhouse_errors import OutcomeUnknown
 from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials
 from dpone.ports.clickhouse_result import QueryResult
 from dpone.ports.composition_snapshot import (
@@ -345,14 +346,13 @@ class ScriptedCloser:
     def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
         sql = request.statement
         rows: list[dict[str, Any]] = []
-        if "uptime()" in sql:
-            rows = [{"us": self.process_started_us}]
+        if "uptime()" in sql:  # the account: the process's start, and the query log's rows
+            logged = [{"query_id": q, "starts": 1, "ends": 0, "last": 10} for q in self.unfinished]
+            rows = [{"us": self.process_started_us, "rows": [json.dumps(r) for r in logged]}]
         elif "FROM system.processes" in sql:  # a sample: the clock and the queries listed
             rows = [{"us": 1_000, "queries": self.samples.pop(0) if self.samples else []}]
         elif "now64" in sql:
             rows = [{"us": 1_000}]
-        elif "FROM system.query_log" in sql:
-            rows = [{"query_id": q, "starts": 1, "ends": 0, "last": 10} for q in self.unfinished]
         output = b"".join(json.dumps(r).encode() + b"\n" for r in rows)
         return QueryResult(request.query_id, output, None, None, self.name, None)
 
@@ -383,6 +383,42 @@ def test_one_empty_sample_is_never_proof(
     proof = authority.close_principal(ingest)
     assert not proof.proven and reason in proof.facts["unproven"]
     assert proof.facts["samples"][0]["queries"] == []
+
+
+class MalformedAccount(ScriptedCloser):
+    """A closer whose query-log account answers ``row`` (a shape no server sends)."""
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        super().__init__([[], [], []])
+        self.row = row
+
+    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
+        if "uptime()" not in request.statement:
+            return super().execute(request, deadline=deadline)
+        output = json.dumps(self.row).encode() + b"\n"
+        return QueryResult(request.query_id, output, None, None, self.name, None)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [{"us": "1", "rows": []}, {"us": 1}, {"us": 1, "rows": ["not json"]}, {"us": 1, "rows": ["1"]}],
+)
+def test_an_account_of_another_shape_is_never_proof(pool: Pool, row: dict[str, Any]) -> None:
+    ingest = pool.issuer.issue(ROLE_INGEST, "malformed").ref
+    authority = SnapshotAuthority(
+        registry=pool.registry,
+        issuer=pool.issuer,
+        closer=MalformedAccount(row),
+        endpoint=pool.endpoint(),
+        probe_credentials=pool.issuer.role_credentials,
+        scope_of=lambda ref: scope_with(ref.lease_id, []),
+        dispatch_gate=new_gate(),
+        policy=ClosurePolicy(samples=3, sample_spacing_seconds=0.0),
+        sleep=lambda s: None,
+    )
+    with pytest.raises(OutcomeUnknown) as caught:
+        authority.close_principal(ingest)
+    assert caught.value.code == "closure_account_malformed"
 
 
 def test_a_start_cut_by_an_earlier_server_process_is_settled_by_the_restart(pool: Pool) -> None:

@@ -403,7 +403,12 @@ class WithoutMember:
 
 @pytest.mark.parametrize(
     ("suffix", "member"),
-    [("-server", "id"), ("-identity", "uuid"), ("-database", "uuid"), ("-database", "engine")],
+    [
+        ("-endpoint", "id"),
+        ("-endpoint", "identity"),
+        ("-endpoint", "database_uuid"),
+        ("-endpoint", "database_engine"),
+    ],
 )
 def test_a_control_row_without_a_member_is_a_named_error(
     clickhouse: ServerInfo, suffix: str, member: str
@@ -420,6 +425,41 @@ def test_a_control_row_without_a_member_is_a_named_error(
     assert error.details == {"query_id": f"ident-member{suffix}", "member": member}
     assert f"ident-member{suffix}" in error.message and repr(member) in error.message
     assert isinstance(error.__cause__, KeyError)
+
+
+class WithMember(WithoutMember):
+    """The real transport, with ``member`` of the rows of queries ending in ``suffix``
+    replaced by ``value``: a control row of the wrong shape."""
+
+    def __init__(self, inner: QueryPort, suffix: str, member: str, value: object) -> None:
+        super().__init__(inner, suffix, member)
+        self.value = value
+
+    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
+        result = self.inner.execute(request, deadline=deadline)
+        if not request.query_id.endswith(self.suffix):
+            return result
+        rows = [{**row, self.member: self.value} for row in result.json_rows()]
+        output = b"".join(json.dumps(row).encode() + b"\n" for row in rows)
+        return dataclasses.replace(result, output=output)
+
+
+@pytest.mark.parametrize(
+    ("member", "value"),
+    [("id", 7), ("identity", "x"), ("database_uuid", [1]), ("database_engine", None)],
+)
+def test_an_endpoint_row_of_the_wrong_shape_is_a_named_error(
+    clickhouse: ServerInfo, member: str, value: object
+) -> None:
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    chhttp.query(
+        clickhouse.http_port, "CREATE DATABASE IF NOT EXISTS _dpone_identity ENGINE = Atomic"
+    )
+    t = WithMember(make_transport("http", clickhouse), "-endpoint", member, value)
+    with pytest.raises(EndpointIdentityError) as caught:
+        observe_identity(t, DB, probe_prefix="ident-shape", deadline=soon())
+    assert caught.value.code == "identity_unobservable"
+    assert caught.value.details == {"query_id": "ident-shape-endpoint", "member": member}
 
 
 @pytest.mark.parametrize(

@@ -124,44 +124,89 @@ def observe_identity(
 
     Also proves the target database exists and is ``Atomic`` (EXCHANGE TABLES needs it).
     """
-    statement = "SELECT toString(serverUUID()) AS id"
-    row = _one(transport, statement, f"{probe_prefix}-server", deadline, "id")
-    server_id, source = str(row["id"]), SOURCE_SERVER_UUID
+    # The server's identity, the identity database's and the target database's rows in
+    # one request: one round trip, and one moment of the server for all three.
+    query_id = f"{probe_prefix}-endpoint"
+    row = _one(transport, _endpoint_sql(database), query_id, deadline, *_ENDPOINT_MEMBERS)
+    identities, uuids, engines = (_texts(row, m, query_id) for m in _ENDPOINT_MEMBERS[1:])
+    server_id, source = _text(row, "id", query_id), SOURCE_SERVER_UUID
     if server_id == NIL_UUID:
         server_id, source = (
-            _dpone_identity(transport, probe_prefix, deadline, establish),
+            _dpone_identity(transport, identities, probe_prefix, deadline, establish),
             SOURCE_DPONE_TABLE,
         )
-    query_id = f"{probe_prefix}-database"
-    dbs = _rows(
-        transport,
-        f"SELECT toString(uuid) AS uuid, engine FROM system.databases WHERE name = {quote_literal(database)}",
-        query_id,
-        deadline,
-    )
-    if not dbs:
+    if not uuids:
         raise EndpointIdentityError(
             f"database {database!r} does not exist (or this user may not see it); "
             f"create it with CREATE DATABASE {database} ENGINE = Atomic",
             code="database_missing",
             database=database,
         )
-    db = _one_row(dbs, f"database {database!r}", query_id, "uuid", "engine")
-    if db["uuid"] == NIL_UUID:
+    if len(uuids) != 1 or len(engines) != 1:
+        raise EndpointIdentityError(
+            f"database {database!r}: expected one row from query {query_id}, got {len(uuids)}",
+            code="identity_unobservable",
+            query_id=query_id,
+        )
+    if uuids[0] == NIL_UUID:
         raise EndpointIdentityError(
             f"database {database!r} has the Nil UUID", code="nil_database_uuid"
         )
-    if db["engine"] != "Atomic":
+    if engines[0] != "Atomic":
         raise EndpointIdentityError(
-            f"database {database!r} has engine {db['engine']}, dpone needs Atomic",
+            f"database {database!r} has engine {engines[0]}, dpone needs Atomic",
             code="database_not_atomic",
-            engine=db["engine"],
+            engine=engines[0],
         )
-    return EndpointIdentity(server_id, source, database, str(db["uuid"]), str(db["engine"]))
+    return EndpointIdentity(server_id, source, database, uuids[0], engines[0])
+
+
+_ENDPOINT_MEMBERS = ("id", "identity", "database_uuid", "database_engine")
+_IDENTITY_SQL = (
+    "SELECT toString(uuid) AS uuid FROM system.databases "
+    f"WHERE name = {quote_literal(IDENTITY_DATABASE)}"
+)
+
+
+def _endpoint_sql(database: str) -> str:
+    """serverUUID(), and as arrays (empty: no such database) the identity database's
+    UUID and the target database's UUID and engine."""
+    named = f"FROM system.databases WHERE name = {quote_literal(database)}"
+    return (
+        "SELECT toString(serverUUID()) AS id, "
+        f"(SELECT groupArray(uuid) FROM ({_IDENTITY_SQL})) AS identity, "
+        f"(SELECT groupArray(toString(uuid)) {named}) AS database_uuid, "
+        f"(SELECT groupArray(engine) {named}) AS database_engine"
+    )
+
+
+def _text(row: dict[str, Any], member: str, query_id: str) -> str:
+    value = row[member]
+    if not isinstance(value, str):
+        raise EndpointIdentityError(
+            f"the row from query {query_id} has {member} {value!r:.100}, not a text",
+            code="identity_unobservable",
+            query_id=query_id,
+            member=member,
+        )
+    return value
+
+
+def _texts(row: dict[str, Any], member: str, query_id: str) -> list[str]:
+    value = row[member]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise EndpointIdentityError(
+            f"the row from query {query_id} has {member} {value!r:.100}, not a list of texts",
+            code="identity_unobservable",
+            query_id=query_id,
+            member=member,
+        )
+    return value
 
 
 def _dpone_identity(
     transport: QueryPort,
+    identities: list[str],
     probe_prefix: str,
     deadline: float,
     establish: Callable[[str], object] | None,
@@ -169,12 +214,8 @@ def _dpone_identity(
     # The database's own UUID, assigned by the server at creation and persisted with
     # it, is the identity: it needs no data rows. It is created only when missing, so
     # a user without CREATE DATABASE can stage once an administrator created it.
-    statement = (
-        "SELECT toString(uuid) AS uuid FROM system.databases "
-        f"WHERE name = {quote_literal(IDENTITY_DATABASE)}"
-    )
-    query_id = f"{probe_prefix}-identity"
-    rows = _rows(transport, statement, query_id, deadline)
+    rows = [{"uuid": uuid} for uuid in identities]
+    query_id = f"{probe_prefix}-endpoint"
     if not rows and establish is not None:
         try:
             establish(IDENTITY_CREATE)
@@ -185,7 +226,7 @@ def _dpone_identity(
                 code="identity_unavailable",
             ) from exc
         query_id = f"{probe_prefix}-identity-created"
-        rows = _rows(transport, statement, query_id, deadline)
+        rows = _rows(transport, _IDENTITY_SQL, query_id, deadline)
     if not rows:
         raise EndpointIdentityError(
             f"this server reports a Nil serverUUID() and its dpone identity database "

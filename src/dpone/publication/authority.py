@@ -48,6 +48,7 @@ proof is appended to the store under the lease's step key
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -514,7 +515,7 @@ class SnapshotAuthority:
             ended = scope.ended_at_us if scope.ended_at_us is not None else started_us
             marked = _marked(scope) if scope.marks else "0"
             owned += f" AND (({marked}) OR first <= {int(ended)})"
-        rows = self._rows(
+        account = (
             "SELECT query_id, countIf(type = 'QueryStart') AS starts, "
             "countIf(type IN ('QueryFinish', 'ExceptionWhileProcessing')) AS ends, "
             "maxIf(toUnixTimestamp64Micro(event_time_microseconds), type = 'QueryStart') AS last, "
@@ -522,14 +523,14 @@ class SnapshotAuthority:
             f"FROM system.query_log WHERE user = {quote_literal(user)} "
             f"AND query_id NOT IN ({excluded}) GROUP BY query_id "
             f"HAVING starts > 0 AND {owned} AND (starts != ends OR last >= {int(started_us)}) "
-            "ORDER BY query_id FORMAT JSONEachRow",
-            "account",
+            "ORDER BY query_id"
         )
         # A start without a finish from before the server's current process began was
         # cut by a stop or crash: the process that ran it is gone, so nothing of it can
         # still run or write. The bound is a second early (uptime() counts whole
         # seconds), so a query cut in the old process's last second stays unfinished.
-        restarted_us = self._process_started_before_us()
+        # Asked with the account, in one request.
+        restarted_us, rows = self._account_rows(account)
         cut = [
             str(r["query_id"])
             for r in rows
@@ -547,14 +548,30 @@ class SnapshotAuthority:
             "started_after_closure": [str(r["query_id"]) for r in rows if r["last"] >= started_us],
         }
 
-    def _process_started_before_us(self) -> int:
-        """A time (server clock, microseconds) before the server's current process began."""
+    def _account_rows(self, account: str) -> tuple[int, list[dict[str, Any]]]:
+        """A time (server clock, microseconds) before the server's current process
+        began, and the rows of ``account`` (each row as its own JSON line)."""
         rows = self._rows(
-            "SELECT toUnixTimestamp64Micro(now64(6)) - (toUInt64(uptime()) + 1) * 1000000 AS us "
-            "FORMAT JSONEachRow",
-            "uptime",
+            "SELECT toUnixTimestamp64Micro(now64(6)) - (toUInt64(uptime()) + 1) * 1000000 AS us, "
+            f"(SELECT groupArray(formatRowNoNewline('JSONEachRow', *)) FROM ({account})) AS rows "
+            # As for a sample: a profile's setting must not turn "none" into no row.
+            "SETTINGS empty_result_for_aggregation_by_empty_set = 0 FORMAT JSONEachRow",
+            "account",
         )
-        return int(rows[0]["us"])
+        row = rows[0] if len(rows) == 1 else {}
+        at_us, lines = row.get("us"), row.get("rows")
+        try:
+            if not isinstance(at_us, int) or not isinstance(lines, list):
+                raise ValueError(row)
+            found = [json.loads(line) for line in lines]
+            if not all(isinstance(r, dict) for r in found):
+                raise ValueError(found)
+        except ValueError as exc:
+            raise OutcomeUnknown(
+                f"the closure's query-log account answered {rows!r:.200}",
+                code="closure_account_malformed",
+            ) from exc
+        return at_us, found
 
     def _rows(self, sql: str, purpose: str) -> list[dict[str, Any]]:
         return self.closer.execute(

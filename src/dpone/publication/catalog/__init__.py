@@ -20,7 +20,7 @@ untrusted writers (:mod:`.grants`) and which principals are allowed per observat
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -160,20 +160,18 @@ class ClickHouseSnapshotCatalog:
                 code="catalog_unobservable",
                 table=slot.table,
             )
-        around = self._around(reads, slot, names)
+        # Both names' designs and parts and the retained storage are asked with the
+        # database and the names in one request (a name that is not there answers
+        # nothing), then both contents (their columns come from the designs) in another.
+        designs_read = [
+            *(read for name in names for read in table_reads(slot.database, name).items()),
+            *self._retained_reads(slot, generation_table),
+        ]
+        around = self._around(reads, slot, names, also=designs_read)
         if around is None:
             return CatalogObservation(None, None, 0, _now())
         db_engine, db_uuid, tables, side = around
         present = [name for name in names if name in tables]
-        # Both tables' designs and parts and the retained storage in one request, then
-        # both contents (their columns come from the designs) in another.
-        reads.prefetch(
-            "designs",
-            [
-                *(read for name in present for read in table_reads(slot.database, name).items()),
-                *self._retained_reads(slot, generation_table),
-            ],
-        )
         designs = {name: read_design(reads, slot.database, name, tables[name]) for name in present}
         parts_sql = {name: table_reads(slot.database, name)["parts"] for name in present}
         parts = {name: read_parts(reads, parts_sql[name]) for name in present}
@@ -332,10 +330,12 @@ class ClickHouseSnapshotCatalog:
         slot: TargetSlot,
         names: tuple[str, str],
         allowed: frozenset[str] | None = None,
+        also: Sequence[Read] = (),
     ) -> tuple[str, str, dict[str, dict[str, Any]], SideEffects] | None:
         """The database's engine, both names' system.tables rows and the side effects
-        around them, in one request (None: no such database). ``allowed``: the users
-        whose write grants are accepted (default: this observation's allowance)."""
+        around them, in one request with the reads ``also`` asks for (None: no such
+        database). ``allowed``: the users whose write grants are accepted (default:
+        this observation's allowance)."""
         db = quote_literal(slot.database)
         database_read = (
             "database",
@@ -343,7 +343,8 @@ class ClickHouseSnapshotCatalog:
         )
         tables_read = ("tables", _TABLES_SQL.format(db=db, names=in_list(names)))
         reads.prefetch(
-            "observe", [database_read, tables_read, *SideEffects.reads(slot.database, names)]
+            "observe",
+            [database_read, tables_read, *SideEffects.reads(slot.database, names), *also],
         )
         databases = reads.rows(*database_read)
         if not databases:
