@@ -223,7 +223,23 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
             found.problems.append({**mismatch, "fix": problem_fix(mismatch, databases, pool)})
             return found
         # Otherwise reached: the keeper's own login is judged with the others below.
-    signed = _sign_in_all(access, credentials, found)
+    # The keeper's reads of the server run beside the sign-ins (a round trip or two of
+    # their own, not added after them); their problems are taken after the sign-ins'.
+    keeper_found = PoolVerification(found.server)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpone-keeper") as beside:
+        keeper = (
+            beside.submit(
+                _keeper_checks,
+                keeper_found,
+                HttpTransport(access.endpoint("system"), credentials[pool.keeper]),
+                databases,
+            )
+            if pool.keeper in credentials
+            else None
+        )
+        signed = _sign_in_all(access, credentials, found)
+        if keeper is not None:
+            keeper.result()
     protected = _protected_by({user: grants for user, (_, grants) in signed.items()}, pool)
     for database in databases:
         if protected is not None and database not in protected:
@@ -271,10 +287,9 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
                 }
             )
     _query_log_settings(found, {user: rows for user, (rows, _) in signed.items()})
-    if pool.keeper in credentials:
-        _keeper_checks(
-            found, HttpTransport(access.endpoint("system"), credentials[pool.keeper]), databases
-        )
+    found.version, found.server_uuid = keeper_found.version, keeper_found.server_uuid
+    found.identity = keeper_found.identity
+    found.problems.extend(keeper_found.problems)
     for problem in found.problems:
         problem.setdefault("fix", problem_fix(problem, over, pool))
     return found
@@ -424,16 +439,22 @@ def _query_log_readable(found: PoolVerification, keeper: HttpTransport) -> None:
 
 def _server_facts(found: PoolVerification, keeper: HttpTransport) -> None:
     try:
-        row = _rows(keeper, "SELECT version() AS v, toString(serverUUID()) AS u", "server")[0]
-        found.version, found.server_uuid = str(row["v"]), str(row["u"])
-        identity = _rows(
+        # The version, serverUUID() and the identity database's UUID (if any), at once.
+        row = _rows(
             keeper,
-            "SELECT toString(uuid) AS u FROM system.databases "
-            f"WHERE name = {quote_literal(IDENTITY_DATABASE)}",
-            "identity",
-        )
+            "SELECT version() AS v, toString(serverUUID()) AS u, (SELECT groupArray("
+            "toString(uuid)) FROM system.databases WHERE name = "
+            f"{quote_literal(IDENTITY_DATABASE)}) AS identity",
+            "server",
+        )[0]
+        found.version, found.server_uuid = str(row["v"]), str(row["u"])
+        identity = [str(uuid) for uuid in row["identity"]]
     except DponeError as exc:
         found.problems.append({"code": "server_unreadable", "message": exc.message})
+        return
+    except (IndexError, KeyError, TypeError) as exc:  # an answer of another shape
+        message = f"the server's version and identity answered another shape ({exc!r:.200})"
+        found.problems.append({"code": "server_unreadable", "message": message})
         return
     if parse_version(found.version) < MIN_SERVER_VERSION:
         found.problems.append(
@@ -446,7 +467,7 @@ def _server_facts(found: PoolVerification, keeper: HttpTransport) -> None:
     if found.server_uuid != NIL_UUID:
         found.identity = f"serverUUID {found.server_uuid}"
     elif identity:
-        found.identity = f"database {IDENTITY_DATABASE} {identity[0]['u']}"
+        found.identity = f"database {IDENTITY_DATABASE} {identity[0]}"
     else:
         found.problems.append(
             {
