@@ -209,10 +209,18 @@ class RefreshService:
                 checks = RefreshChecks(self.project, self.design_change)
                 report.design_change = checks.check(table, report.attempt_id)
                 replace = checks.replaces(table)
-            self._run_locked(table, report, phase, replace)
+                # The check built the publication's parts (its claims and the pool's
+                # ids read): the run goes on with them rather than read them again.
+                parts = checks.parts or publication_for(self.project, table)
+            self._run_locked(table, report, phase, replace, parts)
 
     def _run_locked(
-        self, table: TableConfig, report: TableReport, phase: Phases, replace: bool
+        self,
+        table: TableConfig,
+        report: TableReport,
+        phase: Phases,
+        replace: bool,
+        parts: PublicationComponents,
     ) -> None:
         project = self.project
         with phase("export"):
@@ -220,7 +228,6 @@ class RefreshService:
         report.file_bytes = exported.receipt.artifact_size
         report.rows = exported.receipt.rows_validated
         with phase("stage"):
-            parts = publication_for(project, table)
             admin_login = project.clickhouse.access.operator()
             admin = HttpTransport(parts.endpoint, admin_login)
             design = self._design(admin, table, report.attempt_id)

@@ -37,6 +37,7 @@ from dpone.project.design_change import column_changes, describe_change
 from dpone.project.source_secrets import resolve_secret
 from dpone.project.table_run import REQUEST_SECONDS, publication_for, snapshot_command
 from dpone.publication.composition import (
+    PublicationComponents,
     check_ownership,
     claim_slots,
     require_database,
@@ -79,6 +80,8 @@ class RefreshChecks:
     def __init__(self, project: Project, design_change: str | None = None) -> None:
         self.project = project
         self.design_change = design_change
+        # What the check built to observe the target, for the rest of the same run.
+        self.parts: PublicationComponents | None = None
 
     def replaces(self, table: TableConfig) -> bool:
         """Whether this run publishes a new design rather than refuse it."""
@@ -235,6 +238,8 @@ class RefreshChecks:
             access = self.project.clickhouse.access
             check_ownership(access, self.project.store, [slot], project=self.project.path)
         parts = publication_for(self.project, table, claim_ownership=not read_only)
+        if not read_only:
+            self.parts = parts
         observation = parts.publisher.observe_settled(slot, staging_table_name(attempt_id))
         refuse_side_effects(observation)
         # The generation does not exist yet (nor, before a first publication, the
