@@ -16,7 +16,7 @@ import click
 from dpone.cli.output import config_option, emit_json, json_option, reported_errors
 from dpone.durable_files import atomic_outputs
 from dpone.errors import ConfigurationError, DponeError
-from dpone.localserver.pool_file import DEFAULT_NETWORKS, render_pool
+from dpone.localserver.pool_file import DEFAULT_NETWORKS, render_pool, retire_principal
 from dpone.localserver.principal_pool import PoolNames
 from dpone.project.config import load_project
 from dpone.project.hand_over import hand_over_project
@@ -66,6 +66,21 @@ def pool() -> None:
     "dpone_sales_ingest_1...; the project names it with [clickhouse] pool. Default: "
     "the default pool (dpone_ingest_1...).",
 )
+@click.option(
+    "--format",
+    "form",
+    type=click.Choice(["xml", "sql"]),
+    default="xml",
+    show_default=True,
+    help="xml: a users file for users.d; sql: CREATE USER / GRANT statements for a server "
+    "whose users are managed by SQL (run them as its administrator).",
+)
+@click.option(
+    "--retired",
+    multiple=True,
+    help="A principal retired with `dpone pool retire` (repeat): left out of the users "
+    "file, dropped by the SQL, kept retired in the credentials file.",
+)
 @click.option("--force", is_flag=True, help="Replace existing files (a rotation).")
 @json_option
 def render(
@@ -74,10 +89,12 @@ def render(
     credentials: Path,
     networks: tuple[str, ...],
     pool_name: str,
+    form: str,
+    retired: tuple[str, ...],
     force: bool,
     as_json: bool,
 ) -> None:
-    """Write a new pool: the server's users file and dpone's credentials file.
+    """Write a new pool: the server's users file (or SQL) and dpone's credentials file.
 
     Both appear together or not at all; new passwords are generated each time, so a
     render with --force is a rotation (install the users file, then use the new
@@ -85,10 +102,14 @@ def render(
     """
     with reported_errors(as_json):
         rendered = render_pool(
-            databases, networks=networks or DEFAULT_NETWORKS, pool=PoolNames(pool_name)
+            databases,
+            networks=networks or DEFAULT_NETWORKS,
+            pool=PoolNames(pool_name),
+            retired=retired,
         )
+        server_text = rendered.users_sql if form == "sql" else rendered.users_xml
         with atomic_outputs([out, credentials], force=force) as (users_stream, secret_stream):
-            users_stream.write(rendered.users_xml.encode("utf-8"))
+            users_stream.write(server_text.encode("utf-8"))
             secret_stream.write(rendered.credentials_json.encode("utf-8"))
         if as_json:
             emit_json(
@@ -99,16 +120,22 @@ def render(
                     "users": list(rendered.users),
                     "databases": list(databases),
                     "pool": pool_name,
+                    "format": form,
+                    "retired": list(rendered.retired),
                 }
             )
         else:
-            click.echo(f"users file: {out} ({len(rendered.users)} principals, hashes only)")
+            what = "SQL file" if form == "sql" else "users file"
+            click.echo(f"{what}: {out} ({len(rendered.users)} principals, hashes only)")
             click.echo(f"credentials file: {credentials} (0600; keep it on dpone's host only)")
             if pool_name:
                 click.echo(f'the project names it in [clickhouse]: pool = "{pool_name}"')
             click.echo(
-                "next: install the users file in the server's users.d directory (the server "
-                "reads it by itself), then run `dpone pool verify`"
+                f"next: run {out} as the server's administrator (clickhouse-client "
+                f"--multiquery < {out}), then run `dpone pool verify`"
+                if form == "sql"
+                else "next: install the users file in the server's users.d directory (the "
+                "server reads it by itself), then run `dpone pool verify`"
             )
 
 
@@ -140,7 +167,8 @@ def verify(config_path: Path, as_json: bool) -> None:
             click.echo(f"{found.server}: ClickHouse {found.version}, identity {found.identity}")
             for entry in found.principals:
                 ok = entry.get("authenticated") and entry.get("grants_exact")
-                click.echo(f"  {entry['user']} ({entry['role']}): {'ok' if ok else 'NOT OK'}")
+                state = "retired" if entry.get("retired") else "ok" if ok else "NOT OK"
+                click.echo(f"  {entry['user']} ({entry['role']}): {state}")
             for problem in found.problems:
                 _echo_problem(problem)
             if found.problems:
@@ -152,6 +180,52 @@ def verify(config_path: Path, as_json: bool) -> None:
                 click.echo("the pool is installed as dpone needs it")
         if not found.ok:
             raise SystemExit(1)
+
+
+@pool.command()
+@click.argument("user")
+@config_option
+@json_option
+def retire(user: str, config_path: Path, as_json: bool) -> None:
+    """Retire one principal (a compromised one): dpone never leases or uses it again.
+
+    Its password is removed from the credentials file at once. The server still accepts
+    it until the operator installs a render with `--retired USER` (which leaves it out);
+    until then dpone counts the principal's write grants as a writer outside the pool.
+    """
+    with reported_errors(as_json):
+        project = load_project(config_path)
+        remote = project.clickhouse.remote
+        if remote is None:
+            raise ConfigurationError(
+                f"{config_path} names the managed local server, whose pool dpone declares "
+                "itself; `dpone pool retire` is for a server named with host",
+                code="not_remote",
+            )
+        pool_names = PoolNames(project.clickhouse.pool)
+        retired = retire_principal(remote.credentials_file, user, pool_names)
+        again = shlex.join(
+            [
+                "dpone",
+                "pool",
+                "render",
+                *(a for d in project.databases for a in ("--protect", d)),
+                *(("--pool", pool_names.name) if pool_names.name else ()),
+                *(a for r in retired for a in ("--retired", r)),
+                "--out",
+                "dpone-users.xml",
+                "--credentials",
+                "NEW_FILE",
+            ]
+        )
+        if as_json:
+            emit_json({"ok": True, "retired": list(retired), "next_command": again})
+            return
+        click.echo(f"{user} is retired: dpone no longer leases or uses it")
+        click.echo(
+            "the server still accepts its password: render the pool without it "
+            f"(`{again}`), install it, then use the new credentials file"
+        )
 
 
 @pool.command(name="hand-over")

@@ -100,7 +100,7 @@ def protected_databases(access: ServerAccess) -> tuple[str, ...] | None:
     the narrower ones subsumed); None when no publisher can sign in."""
     credentials = access.known_credentials()
     read_grants: dict[str, list[str]] = {}
-    for user in access.pool.publishers():
+    for user in (u for u in access.pool.publishers() if u in credentials):
         with contextlib.suppress(DponeError):
             read_grants[user] = _grants(
                 HttpTransport(access.endpoint("system"), credentials[user]), user
@@ -239,11 +239,17 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
     # Each role's grants are judged over what the installation protects, which may be
     # more databases than this project publishes into.
     over = protected if protected else tuple(databases)
+    retired = access.retired()
     for user in remote_users(pool):
         role = remote_role(user, pool)
         assert role is not None
         entry: dict[str, Any] = {"user": user, "role": role}
         found.principals.append(entry)
+        if user in retired:
+            # No password left to sign in with; whether it can still write is the
+            # catalog's to judge (an outside writer until a render leaves it out).
+            entry["retired"] = True
+            continue
         if user not in signed:
             entry["authenticated"] = False
             continue
@@ -289,7 +295,7 @@ def _sign_in_all(
     one after another), and their findings are taken in the users' order.
     """
     signed: dict[str, tuple[list[dict[str, Any]], list[str]]] = {}
-    users = remote_users(access.pool)
+    users = [u for u in remote_users(access.pool) if u in credentials]
     with ThreadPoolExecutor(max_workers=len(users), thread_name_prefix="dpone-sign-in") as run:
         answers = [run.submit(_sign_in, access, credentials, user) for user in users]
         for user, answer in zip(users, answers, strict=True):

@@ -24,7 +24,7 @@ from dpone.errors import DponeError
 from dpone.localserver import find_running
 from dpone.localserver.credentials import admin_credentials, load_credentials
 from dpone.localserver.errors import ServerNotRunning
-from dpone.localserver.pool_file import load_pool_credentials
+from dpone.localserver.pool_file import load_pool_credentials, read_pool_file
 from dpone.localserver.principal_pool import DEFAULT_POOL, PoolNames
 from dpone.localserver.protected import start_command
 from dpone.ports.clickhouse_request import Credentials, Endpoint, read
@@ -101,6 +101,18 @@ class ServerAccess:
         if self.remote is not None:
             return load_pool_credentials(self.remote.credentials_file, self.pool)
         return load_credentials(self.data_dir)
+
+    def retired(self) -> frozenset[str]:
+        """The pool's principals retired with ``dpone pool retire`` (a remote server's
+        credentials file marks them; the managed server's pool has none)."""
+        if self.remote is None:
+            return frozenset()
+        return read_pool_file(self.remote.credentials_file, self.pool).retired
+
+    def members_in_use(self) -> tuple[str, ...]:
+        """The pool's members dpone leases and trusts: all but the retired ones."""
+        retired = self.retired()
+        return tuple(user for user in self.pool.members() if user not in retired)
 
     def trusted_writers(self) -> frozenset[str]:
         """Users besides the pool whose write grants the catalog accepts: the operator
