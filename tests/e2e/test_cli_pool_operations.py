@@ -237,3 +237,73 @@ def test_a_retired_principal_is_never_leased_again_and_the_pool_publishes(
         assert not {"dpone_ingest_1", "dpone_publisher_1"} & set(later), later
     finally:
         operated.stop()
+
+
+def signs_in(port: int, user: str, password: str) -> bool:
+    answer = chhttp.post(port, "SELECT 1", user=user, password=password)
+    assert answer.status == 200 or answer.exception_code == "516", answer.text
+    return answer.status == 200
+
+
+def test_a_rotation_overlaps_until_the_old_passwords_are_removed(tmp_path: Path) -> None:
+    """Before: a new render changed every password at once, and a run between the install
+    and the switch of credentials_file failed (issue 35, item 6)."""
+    out, old_secret, _ = render(tmp_path, "pool")
+    old = passwords_of(old_secret)
+    operated = OperatedServer(tmp_path, [DATABASE])
+    server = operated.start(out.read_text(), old_secret)
+    new_out, new_secret, rotated = render(tmp_path, "pool-new", "--rotate-from", str(old_secret))
+    try:
+        refresh_exactly(tmp_path, project(tmp_path, server), server["http_port"], 3)
+        assert rotated["rotation"] is True
+        assert stat.S_IMODE(os.stat(new_secret).st_mode) == 0o600
+        entries = json.loads(new_secret.read_text())["users"]
+        assert {u["user"]: u["previous_password"] for u in entries} == old
+        new = passwords_of(new_secret)
+        assert not set(new.values()) & set(old.values())
+        # Rendered, not installed: the project already names the new file, and dpone
+        # signs in with the previous passwords the server still takes.
+        config = project(tmp_path, server, new_secret)
+        verified = as_json(dpone("pool", "verify", "--config", str(config), "--json"))
+        assert verified["ok"], verified
+        refresh_exactly(tmp_path, config, server["http_port"], 4)
+        early = dpone("pool", "finish-rotation", "--config", str(config), "--json")
+        assert early.returncode == 1 and as_json(early)["error"]["code"] == (
+            "rotation_not_installed"
+        ), early.stdout
+        assert json.loads(new_secret.read_text())["users"] == entries  # unchanged
+    finally:
+        operated.stop()
+    server = operated.start(new_out.read_text(), new_secret)  # the operator's install
+    try:
+        port = server["http_port"]
+        assert not signs_in(port, "dpone_catalog", old["dpone_catalog"])
+        assert signs_in(port, "dpone_catalog", new["dpone_catalog"])
+        config = project(tmp_path, server, new_secret)
+        refresh_exactly(tmp_path, config, port, 5)
+        sql_out = tmp_path / "remove-old.sql"
+        done = dpone(
+            "pool", "finish-rotation", "--config", str(config), "--sql-out", str(sql_out), "--json"
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert as_json(done)["users"] == list(remote_users())
+        assert all(
+            "previous_password" not in u for u in json.loads(new_secret.read_text())["users"]
+        )
+        assert passwords_of(new_secret) == new
+        removal = [s.rstrip(";") for s in sql_out.read_text().splitlines() if s[:2] != "--"]
+        assert removal == [
+            f"ALTER USER `{u}` IDENTIFIED WITH sha256_hash BY "
+            f"'{hashlib.sha256(new[u].encode()).hexdigest()}'"
+            for u in remote_users()
+        ]
+        step_one = render(
+            tmp_path, "pool-sql", "--rotate-from", str(new_secret), "--format", "sql"
+        )[0].read_text()
+        adds = [s.rstrip(";") for s in step_one.splitlines() if s[:2] != "--"]
+        assert len(adds) == 11 and all(" ADD IDENTIFIED WITH sha256_hash BY '" in s for s in adds)
+        for statement in (*removal, *adds):  # the server's parser takes each as it is
+            assert chhttp.query(port, f"SELECT formatQuery({quote_literal(statement)})")
+        refresh_exactly(tmp_path, config, port, 6)
+    finally:
+        operated.stop()

@@ -14,14 +14,20 @@ from typing import Any
 import click
 
 from dpone.cli.output import config_option, emit_json, json_option, reported_errors
-from dpone.durable_files import atomic_outputs
+from dpone.durable_files import atomic_outputs, check_outputs
 from dpone.errors import ConfigurationError, DponeError
-from dpone.localserver.pool_file import DEFAULT_NETWORKS, render_pool, retire_principal
+from dpone.localserver.pool_file import (
+    DEFAULT_NETWORKS,
+    read_pool_file,
+    render_pool,
+    retire_principal,
+)
 from dpone.localserver.principal_pool import PoolNames
 from dpone.project.config import load_project
 from dpone.project.hand_over import hand_over_project
 from dpone.publication.composition import check_ownership
 from dpone.publication.ownership import OwnedElsewhere
+from dpone.publication.pool_rotation import finish_rotation
 from dpone.publication.pool_verify import verify_pool
 
 
@@ -81,6 +87,14 @@ def pool() -> None:
     help="A principal retired with `dpone pool retire` (repeat): left out of the users "
     "file, dropped by the SQL, kept retired in the credentials file.",
 )
+@click.option(
+    "--rotate-from",
+    "rotate_from",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="A rotation with overlap: the credentials file in use now. The new file keeps "
+    "each old password beside the new one (dpone takes the new as soon as the server "
+    "does); with --format sql the statements add the new passwords beside the old.",
+)
 @click.option("--force", is_flag=True, help="Replace existing files (a rotation).")
 @json_option
 def render(
@@ -91,6 +105,7 @@ def render(
     pool_name: str,
     form: str,
     retired: tuple[str, ...],
+    rotate_from: Path | None,
     force: bool,
     as_json: bool,
 ) -> None:
@@ -101,13 +116,18 @@ def render(
     credentials file).
     """
     with reported_errors(as_json):
+        names = PoolNames(pool_name)
+        current = None if rotate_from is None else read_pool_file(rotate_from, names)
         rendered = render_pool(
             databases,
             networks=networks or DEFAULT_NETWORKS,
-            pool=PoolNames(pool_name),
-            retired=retired,
+            pool=names,
+            retired=(*sorted(current.retired if current else ()), *retired),
+            previous=None if current is None else current.passwords,
         )
-        server_text = rendered.users_sql if form == "sql" else rendered.users_xml
+        server_text = rendered.users_xml
+        if form == "sql":
+            server_text = rendered.users_sql if current is None else rendered.rotation_sql
         with atomic_outputs([out, credentials], force=force) as (users_stream, secret_stream):
             users_stream.write(server_text.encode("utf-8"))
             secret_stream.write(rendered.credentials_json.encode("utf-8"))
@@ -122,6 +142,7 @@ def render(
                     "pool": pool_name,
                     "format": form,
                     "retired": list(rendered.retired),
+                    "rotation": current is not None,
                 }
             )
         else:
@@ -130,6 +151,12 @@ def render(
             click.echo(f"credentials file: {credentials} (0600; keep it on dpone's host only)")
             if pool_name:
                 click.echo(f'the project names it in [clickhouse]: pool = "{pool_name}"')
+            if current is not None:
+                click.echo(
+                    "a rotation: the credentials file keeps the old passwords beside the new; "
+                    "dpone signs in with the new ones as soon as the server takes them, then "
+                    "`dpone pool finish-rotation --config dpone.toml` drops the old ones"
+                )
             click.echo(
                 f"next: run {out} as the server's administrator (clickhouse-client "
                 f"--multiquery < {out}), then run `dpone pool verify`"
@@ -226,6 +253,45 @@ def retire(user: str, config_path: Path, as_json: bool) -> None:
             "the server still accepts its password: render the pool without it "
             f"(`{again}`), install it, then use the new credentials file"
         )
+
+
+@pool.command(name="finish-rotation")
+@config_option
+@click.option(
+    "--sql-out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write the SQL that leaves each principal with its new password only (a server "
+    "whose users are managed by SQL; 0600).",
+)
+@json_option
+def finish_rotation_command(config_path: Path, sql_out: Path | None, as_json: bool) -> None:
+    """End a rotation: once the server takes every new password, drop the previous ones.
+
+    Nothing changes while the server refuses a new password (`rotation_not_installed`).
+    """
+    with reported_errors(as_json):
+        project = load_project(config_path)
+        if sql_out is not None:  # refused before the credentials file changes
+            check_outputs([sql_out])
+        finished = finish_rotation(project.clickhouse.access)
+        if sql_out is not None and finished.users:
+            with atomic_outputs([sql_out]) as (stream,):
+                stream.write(finished.remove_old_sql.encode("utf-8"))
+        if as_json:
+            emit_json(
+                {
+                    "ok": True,
+                    "users": list(finished.users),
+                    "sql_file": str(sql_out) if sql_out and finished.users else None,
+                }
+            )
+            return
+        if not finished.users:
+            click.echo("no rotation to finish: the credentials file holds one password each")
+            return
+        click.echo(f"dpone now signs in with the new passwords only ({len(finished.users)})")
+        if sql_out is not None:
+            click.echo(f"run {sql_out} as the server's administrator to remove the old ones")
 
 
 @pool.command(name="hand-over")

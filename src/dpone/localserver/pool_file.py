@@ -31,7 +31,7 @@ from dpone.errors import ConfigurationError
 from dpone.localserver.config import ServerUser
 from dpone.localserver.credentials import generate_password
 from dpone.localserver.pool_credentials import PoolCredentials, read_pool_credentials
-from dpone.localserver.pool_sql import users_sql
+from dpone.localserver.pool_sql import rotation_sql, users_sql
 from dpone.localserver.principal_pool import (
     DEFAULT_POOL,
     IDENTITY_DATABASE,
@@ -62,6 +62,8 @@ class RenderedPool:
     users: tuple[str, ...]
     users_sql: str = ""
     retired: tuple[str, ...] = ()
+    # A rotation's step 1 (the new passwords added beside the old), when rotating.
+    rotation_sql: str = ""
 
 
 def remote_users(pool: PoolNames = DEFAULT_POOL) -> tuple[str, ...]:
@@ -118,6 +120,7 @@ def render_pool(
     pool: PoolNames = DEFAULT_POOL,
     passwords: Mapping[str, str] | None = None,
     retired: Sequence[str] = (),
+    previous: Mapping[str, str] | None = None,
 ) -> RenderedPool:
     """The users file (and its SQL form) and the credentials file of a new ``pool``
     over ``databases``.
@@ -125,6 +128,8 @@ def render_pool(
     ``passwords`` (every principal's, for a test) defaults to freshly generated ones.
     ``retired`` principals (see :func:`check_retired`) are left out of the users file,
     dropped by the SQL and marked retired, without a password, in the credentials file.
+    ``previous`` (a rotation: the passwords in use now) are kept beside the new ones in
+    the credentials file, and ``rotation_sql`` adds the new ones beside them.
     """
     dbs = check_databases(databases)
     nets = check_networks(networks)
@@ -145,10 +150,11 @@ def render_pool(
     ]
     return RenderedPool(
         users_xml=_users_xml(users, dbs),
-        credentials_json=credentials_json(chosen, names, retired=gone),
+        credentials_json=credentials_json(chosen, names, retired=gone, previous=previous),
         users=names,
         users_sql=users_sql(users, dbs, gone),
         retired=gone,
+        rotation_sql=rotation_sql([u for u in users if previous and u.name in previous]),
     )
 
 
