@@ -225,17 +225,7 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
         # Otherwise reached: the keeper's own login is judged with the others below.
     signed = _sign_in_all(access, credentials, found)
     protected = _protected_by({user: grants for user, (_, grants) in signed.items()}, pool)
-    for database in databases:
-        if protected is not None and database not in protected:
-            found.problems.append(
-                {
-                    "code": "database_not_protected",
-                    "database": database,
-                    "message": f"the pool installed on {access.describe()} does not protect "
-                    f"{database}: render it again with every database it protects and this "
-                    f"one (`{render_command((*protected, database), pool)}`) and install it",
-                }
-            )
+    _unprotected(found, access, databases, protected)
     # Each role's grants are judged over what the installation protects, which may be
     # more databases than this project publishes into.
     over = protected if protected else tuple(databases)
@@ -284,6 +274,27 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
     for problem in found.problems:
         problem.setdefault("fix", problem_fix(problem, over, pool))
     return found
+
+
+def _unprotected(
+    found: PoolVerification,
+    access: ServerAccess,
+    databases: Sequence[str],
+    protected: tuple[str, ...] | None,
+) -> None:
+    """A problem for each of ``databases`` the installed pool does not protect."""
+    for database in databases:
+        if protected is not None and database not in protected:
+            found.problems.append(
+                {
+                    "code": "database_not_protected",
+                    "database": database,
+                    "message": f"the pool installed on {access.describe()} does not protect "
+                    f"{database}: render it again with every database it protects and this "
+                    f"one (`{render_command((*protected, database), access.pool)}`) and "
+                    "install it",
+                }
+            )
 
 
 def _sign_in_all(
