@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dpone.localserver.pool_file import remote_grants, remote_role, remote_users, render_pool
+from dpone.publication.store import open_store
 from dpone.sql import quote_literal
 from tests import chhttp
 from tests.e2e.test_cli_refresh import make_source, rows_of
@@ -195,6 +196,15 @@ def test_a_retired_principal_is_never_leased_again_and_the_pool_publishes(
         refresh_exactly(tmp_path, config, server["http_port"], 3)
         first = _leased_users(tmp_path / "store.sqlite")
         assert {"dpone_ingest_1", "dpone_publisher_1"} <= set(first), first
+        # A principal whose lease is active is not retired: its closure needs its password.
+        held = open_store(tmp_path / "store.sqlite").lease("ingest", ("dpone_ingest_3",), "a1")
+        refused = dpone("pool", "retire", "dpone_ingest_3", "--config", str(config), "--json")
+        error = as_json(refused)["error"]
+        assert (refused.returncode, error["code"]) == (1, "principal_leased"), error
+        assert error["details"]["next_command"].startswith(
+            f"dpone snapshot close-lease {held.lease_id} --store "
+        )
+        assert "dpone_ingest_3" in passwords_of(secret)
         for user in ("dpone_ingest_1", "dpone_publisher_1"):
             done = dpone("pool", "retire", user, "--config", str(config), "--json")
             assert done.returncode == 0, done.stdout + done.stderr
@@ -233,7 +243,7 @@ def test_a_retired_principal_is_never_leased_again_and_the_pool_publishes(
         for count in (5, 6):
             refresh_exactly(tmp_path, config, server["http_port"], count)
         later = _leased_users(tmp_path / "store.sqlite")[before:]
-        assert len(later) == 4, later
+        assert len(later) == 4, later  # dpone_ingest_3 is held throughout
         assert not {"dpone_ingest_1", "dpone_publisher_1"} & set(later), later
     finally:
         operated.stop()

@@ -15,7 +15,7 @@ import click
 
 from dpone.cli.output import config_option, emit_json, json_option, reported_errors
 from dpone.durable_files import atomic_outputs, check_outputs
-from dpone.errors import ConfigurationError, DponeError
+from dpone.errors import ConfigurationError, DponeError, StateError
 from dpone.localserver.pool_file import (
     DEFAULT_NETWORKS,
     read_pool_file,
@@ -29,6 +29,7 @@ from dpone.publication.composition import check_ownership
 from dpone.publication.ownership import OwnedElsewhere
 from dpone.publication.pool_rotation import finish_rotation
 from dpone.publication.pool_verify import verify_pool
+from dpone.publication.store import StoreLocation, open_store, store_exists
 
 
 @click.group()
@@ -230,6 +231,7 @@ def retire(user: str, config_path: Path, as_json: bool) -> None:
                 code="not_remote",
             )
         pool_names = PoolNames(project.clickhouse.pool)
+        _refuse_held(project.store, user, config_path)
         retired = retire_principal(remote.credentials_file, user, pool_names)
         again = shlex.join(
             [
@@ -321,6 +323,35 @@ def hand_over(config_path: Path, old_store: str, as_json: bool) -> None:
             moved = "handed over" if marker["handed_over"] else "unchanged"
             what = marker["about"] if marker["marks"] == "pool" else f"slot {marker['about']}"
             click.echo(f"{what}: {moved}, owned by {who}")
+
+
+def _refuse_held(store_location: StoreLocation, user: str, config_path: Path) -> None:
+    """Refuse to retire ``user`` while its last lease is active or its closure unproven:
+    the closure signs in as the principal (to close its sessions), which needs the
+    password retiring removes (``principal_leased``, naming the command that ends it)."""
+    if not store_exists(store_location):
+        return
+    store = open_store(store_location, create=False)
+    for record in store.last_lease_records():
+        lease = record.lease
+        if lease.user != user:
+            continue
+        if lease.active or not store.closure_proven(lease):
+            command = shlex.join(
+                [
+                    *("dpone", "snapshot", "close-lease", lease.lease_id),
+                    *("--store", str(store_location), "--config", str(config_path)),
+                ]
+            )
+            raise StateError(
+                f"{user} holds lease {lease.lease_id} "
+                f"({'active' if lease.active else 'ended, closure not proven'}): its closure "
+                f"signs in as {user}; end and close it first (`{command}`), then retire it",
+                code="principal_leased",
+                user=user,
+                lease_id=lease.lease_id,
+                next_command=command,
+            )
 
 
 def _echo_problem(problem: dict[str, Any]) -> None:

@@ -66,10 +66,13 @@ def _entry(path: Path, ordinal: int, entry: Any) -> str:
     """The user of one well-formed entry (``credentials_corrupt`` otherwise)."""
     user = entry.get("user") if isinstance(entry, dict) else None
     if isinstance(entry, dict) and isinstance(user, str):
-        if entry.get("retired") is True and "password" not in entry:
-            return user
-        secrets = [entry.get("password"), entry.get("previous_password", "x")]
-        if all(isinstance(s, str) and s for s in secrets):
+        if "retired" in entry:  # retired: no password of it is kept at all
+            if entry["retired"] is True and not {"password", "previous_password"} & set(entry):
+                return user
+        elif all(
+            isinstance(s, str) and s
+            for s in (entry.get("password"), entry.get("previous_password", "x"))
+        ):
             return user
     raise CredentialsCorrupt(
         f"credentials file {path}: entry {ordinal} needs a 'user' and a non-empty "
