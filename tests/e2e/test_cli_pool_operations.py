@@ -154,8 +154,11 @@ def test_the_sql_render_is_the_users_files_pool_and_publishes(tmp_path: Path) ->
         assert len(statements) == 1 + 11 + sum(len(u["grants"]) for u in as_xml.values())
         for statement in statements:  # each is one the server's parser takes as it is
             assert chhttp.query(port, f"SELECT formatQuery({quote_literal(statement)})")
-        # The administrator, with access management, installs it through SQL: this
-        # engine (clickhouse-local) keeps users in its users files only.
+        # The administrator, with access management (without it the refusal is 497,
+        # ACCESS_DENIED), installs it through SQL: this engine (clickhouse-local) keeps
+        # users in its users files only.
+        grants = chhttp.query(port, "SHOW GRANTS")
+        assert "CREATE USER" in grants and "CREATE SETTINGS PROFILE" in grants
         refused = chhttp.post(port, statements[0])
         assert refused.exception_code == "514", refused.text
         assert "no writeable access storage" in refused.text
@@ -276,6 +279,7 @@ def test_a_rotation_overlaps_until_the_old_passwords_are_removed(tmp_path: Path)
         config = project(tmp_path, server, new_secret)
         verified = as_json(dpone("pool", "verify", "--config", str(config), "--json"))
         assert verified["ok"], verified
+        assert {p["password"] for p in verified["principals"]} == {"previous"}
         refresh_exactly(tmp_path, config, server["http_port"], 4)
         early = dpone("pool", "finish-rotation", "--config", str(config), "--json")
         assert early.returncode == 1 and as_json(early)["error"]["code"] == (
@@ -290,6 +294,8 @@ def test_a_rotation_overlaps_until_the_old_passwords_are_removed(tmp_path: Path)
         assert not signs_in(port, "dpone_catalog", old["dpone_catalog"])
         assert signs_in(port, "dpone_catalog", new["dpone_catalog"])
         config = project(tmp_path, server, new_secret)
+        verified = as_json(dpone("pool", "verify", "--config", str(config), "--json"))
+        assert {p["password"] for p in verified["principals"]} == {"new"}, verified
         refresh_exactly(tmp_path, config, port, 5)
         sql_out = tmp_path / "remove-old.sql"
         done = dpone(

@@ -33,6 +33,7 @@ def test_the_credentials_file_keeps_retired_and_previous_apart(tmp_path: Path) -
     assert "dpone_publisher_3" not in rendered.users_xml
     assert "DROP USER IF EXISTS `dpone_publisher_3`;" in rendered.users_sql
     assert rendered.rotation_sql.count("ADD IDENTIFIED WITH sha256_hash") == 10
+    assert rendered.rotation_sql.endswith("DROP USER IF EXISTS `dpone_publisher_3`;\n")
     path = tmp_path / "c.json"
     path.write_text(rendered.credentials_json)
     found = read_pool_credentials(path)

@@ -154,7 +154,9 @@ def render_pool(
         users=names,
         users_sql=users_sql(users, dbs, gone),
         retired=gone,
-        rotation_sql=rotation_sql([u for u in users if previous and u.name in previous]),
+        rotation_sql=rotation_sql(
+            [u for u in users if previous and u.name in previous], gone if previous else ()
+        ),
     )
 
 

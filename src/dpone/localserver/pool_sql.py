@@ -48,9 +48,10 @@ def users_sql(
     return "\n".join(lines) + "\n"
 
 
-def rotation_sql(users: Sequence[ServerUser]) -> str:
+def rotation_sql(users: Sequence[ServerUser], retired: Collection[str] = ()) -> str:
     """Each principal's new password added beside its old one (both valid until
-    :func:`retire_old_sql` runs); grants and the rest are left as they are."""
+    :func:`retire_old_sql` runs); grants and the rest are left as they are. Each
+    ``retired`` principal is dropped."""
     lines = [
         "-- dpone's rotation, step 1: the new passwords beside the old ones "
         "(`dpone pool render --rotate-from ... --format sql`)"
@@ -60,6 +61,7 @@ def rotation_sql(users: Sequence[ServerUser]) -> str:
         f"{quote_literal(u.password_sha256_hex)};"
         for u in users
     )
+    lines.extend(f"DROP USER IF EXISTS {quote_identifier(name)};" for name in sorted(retired))
     return "\n".join(lines) + "\n"
 
 

@@ -33,7 +33,7 @@ from dpone.connectors.endpoint_identity import IDENTITY_CREATE, IDENTITY_DATABAS
 from dpone.connectors.tls_probe import PLAIN_TO_TLS, TLS_PORT_FIX, plain_http_to_tls
 from dpone.durable_files import private_directories
 from dpone.errors import ConfigurationError, DponeError
-from dpone.localserver.pool_file import remote_grants, remote_role, remote_users
+from dpone.localserver.pool_file import read_pool_file, remote_grants, remote_role, remote_users
 from dpone.localserver.principal_pool import DEFAULT_POOL, PoolNames
 from dpone.ports.clickhouse_errors import NotSubmitted, TransportDeadline
 from dpone.ports.clickhouse_request import Credentials, read
@@ -230,6 +230,7 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
     # more databases than this project publishes into.
     over = protected if protected else tuple(databases)
     retired = access.retired()
+    rotating = _rotating(access, credentials)
     for user in remote_users(pool):
         role = remote_role(user, pool)
         assert role is not None
@@ -240,6 +241,8 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
             # catalog's to judge (an outside writer until a render leaves it out).
             entry["retired"] = True
             continue
+        if user in rotating:  # which password signed in, while a rotation overlaps
+            entry["password"] = rotating[user]
         if user not in signed:
             entry["authenticated"] = False
             continue
@@ -274,6 +277,19 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
     for problem in found.problems:
         problem.setdefault("fix", problem_fix(problem, over, pool))
     return found
+
+
+def _rotating(access: ServerAccess, credentials: Mapping[str, Credentials]) -> dict[str, str]:
+    """During a rotation, for each principal with a previous password: ``new`` when
+    dpone signs in with the new one (the server takes it), else ``previous``."""
+    if access.remote is None:
+        return {}
+    found = read_pool_file(access.remote.credentials_file, access.pool)
+    return {
+        user: "new" if credentials[user].password == found.passwords[user] else "previous"
+        for user in found.previous
+        if user in credentials
+    }
 
 
 def _unprotected(
