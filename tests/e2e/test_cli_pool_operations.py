@@ -281,6 +281,21 @@ def test_a_rotation_overlaps_until_the_old_passwords_are_removed(tmp_path: Path)
         assert verified["ok"], verified
         assert {p["password"] for p in verified["principals"]} == {"previous"}
         refresh_exactly(tmp_path, config, server["http_port"], 4)
+        again = dpone(
+            "pool",
+            "render",
+            "--protect",
+            DATABASE,
+            "--rotate-from",
+            str(new_secret),
+            "--out",
+            str(tmp_path / "x.xml"),
+            "--credentials",
+            str(tmp_path / "x.json"),
+            "--json",
+        )  # from a rotation not finished: its previous passwords would be lost
+        assert as_json(again)["error"]["code"] == "rotation_pending", again.stdout
+        assert not (tmp_path / "x.json").exists()
         early = dpone("pool", "finish-rotation", "--config", str(config), "--json")
         assert early.returncode == 1 and as_json(early)["error"]["code"] == (
             "rotation_not_installed"

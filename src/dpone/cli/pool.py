@@ -112,13 +112,22 @@ def render(
 ) -> None:
     """Write a new pool: the server's users file (or SQL) and dpone's credentials file.
 
-    Both appear together or not at all; new passwords are generated each time, so a
-    render with --force is a rotation (install the users file, then use the new
-    credentials file).
+    Both appear together or not at all; new passwords are generated each time. A
+    rotation names the credentials file in use with --rotate-from: old and new
+    passwords overlap until `dpone pool finish-rotation`.
     """
     with reported_errors(as_json):
         names = PoolNames(pool_name)
         current = None if rotate_from is None else read_pool_file(rotate_from, names)
+        if current is not None and current.previous:
+            # Its previous passwords may be the only ones the server takes: keep them.
+            raise StateError(
+                f"{rotate_from} is in a rotation not finished yet: run `dpone pool "
+                "finish-rotation --config dpone.toml` once the server takes its new "
+                "passwords, then rotate again",
+                code="rotation_pending",
+                path=str(rotate_from),
+            )
         rendered = render_pool(
             databases,
             networks=networks or DEFAULT_NETWORKS,

@@ -1,13 +1,16 @@
 """The principal pool as an operator installs it on a ClickHouse server dpone does not run.
 
-:func:`render_pool` gives two texts from one set of generated passwords:
+:func:`render_pool` gives, from one set of generated passwords:
 
 - the server's users file in ``users.d`` format: each principal with its password's
   SHA-256 hash (never the clear text), the networks it may connect from, a profile of
   dpone's own (``dpone_pool``: every insert synchronous) and exactly the grants its
   role has on the managed server (:func:`~dpone.localserver.principal_pool.role_grants`);
-- the credentials file dpone's host reads (0600, the managed server's own format:
-  ``{"users": [{"user": ..., "password": ...}]}``), the only place the passwords exist.
+- the same as SQL statements, for a server whose users are managed by SQL
+  (:mod:`dpone.localserver.pool_sql`);
+- the credentials file dpone's host reads (0600, ``{"users": [{"user": ...,
+  "password": ...}]}``, see :mod:`dpone.localserver.pool_credentials` for a retired
+  principal and a rotation's previous password), the only place the passwords exist.
 
 Besides the pool, a remote server needs the administrator's two jobs done by a
 principal with only what they need: ``dpone_keeper`` reads what status, the checks and
@@ -43,7 +46,6 @@ from dpone.localserver.principal_pool import (
     check_databases,
     role_grants,
 )
-from dpone.ports.clickhouse_request import Credentials
 from dpone.sql import quote_identifier
 
 KEEPER_USER = DEFAULT_POOL.keeper
@@ -183,13 +185,6 @@ def check_retired(retired: Sequence[str], pool: PoolNames = DEFAULT_POOL) -> tup
     return gone
 
 
-def load_pool_credentials(path: Path, pool: PoolNames = DEFAULT_POOL) -> dict[str, Credentials]:
-    """Every principal's credentials from the credentials file ``render_pool`` wrote,
-    retired principals left out (see :func:`read_pool_file`)."""
-    found = read_pool_file(path, pool)
-    return {user: Credentials(user, password) for user, password in found.passwords.items()}
-
-
 def read_pool_file(path: Path, pool: PoolNames = DEFAULT_POOL) -> PoolCredentials:
     """The credentials file ``render_pool`` wrote, checked.
 
@@ -310,7 +305,6 @@ __all__ = [
     "check_networks",
     "check_retired",
     "credentials_json",
-    "load_pool_credentials",
     "read_pool_file",
     "remote_grants",
     "remote_role",
