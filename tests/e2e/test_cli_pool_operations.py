@@ -338,3 +338,22 @@ def test_a_rotation_overlaps_until_the_old_passwords_are_removed(tmp_path: Path)
         refresh_exactly(tmp_path, config, port, 6)
     finally:
         operated.stop()
+
+
+def test_a_users_file_takes_one_password_per_user(tmp_path: Path) -> None:
+    """Why a users-file rotation cannot overlap on the server: of two password hashes
+    given one user, the server takes the first and ignores the second."""
+    first, second = (hashlib.sha256(p.encode()).hexdigest() for p in ("pw-one", "pw-two"))
+    users = (
+        f"<clickhouse><users><u2><password_sha256_hex>{first}</password_sha256_hex>"
+        f"<password_sha256_hex>{second}</password_sha256_hex>"
+        "<networks><ip>::/0</ip></networks><profile>default</profile>"
+        "<quota>default</quota></u2></users></clickhouse>\n"
+    )
+    operated = OperatedServer(tmp_path, [DATABASE])
+    server = operated.start(users, tmp_path / "unused.json")
+    try:
+        assert signs_in(server["http_port"], "u2", "pw-one")
+        assert not signs_in(server["http_port"], "u2", "pw-two")
+    finally:
+        operated.stop()
