@@ -94,3 +94,67 @@ def remote_server(
         }
     finally:
         server.stop()
+
+
+# The administrator with SQL access management, and a writable user directory: what a
+# server whose users are managed by SQL has. The engine merges both at start.
+SQL_ACCESS_RUN_FILES = {
+    "users.d/admin-access.xml": (
+        "<clickhouse><users><dpone_admin>"
+        "<access_management>1</access_management>"
+        "</dpone_admin></users></clickhouse>\n"
+    ),
+    "config.d/access.xml": (
+        "<clickhouse><user_directories><local_directory><path>access/</path>"
+        "</local_directory></user_directories></clickhouse>\n"
+    ),
+}
+
+
+class OperatedServer:
+    """The server of :func:`remote_server`, stopped and started again by its operator
+    (this engine reads users files at start only: an install is a restart)."""
+
+    def __init__(self, root: Path, databases: Sequence[str]) -> None:
+        self.root = root
+        self.databases = tuple(databases)
+        self.data_dir = root / "server"
+        self.users_d = self.data_dir / "run" / "users.d"
+        self.users_d.mkdir(parents=True)
+        os.chmod(self.data_dir / "run", 0o700)
+        self._server: LocalServer | None = None
+
+    def start(
+        self, users_file: str, credentials: Path, run_files: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Install ``users_file`` (and ``run_files`` under ``run/``), start, create the
+        databases; returns what a project names (as :func:`remote_server` yields)."""
+        (self.users_d / POOL_FILE).write_text(users_file)
+        for relative, text in (run_files or {}).items():
+            path = self.data_dir / "run" / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        self._server = LocalServer(self.data_dir, users=())
+        info = self._server.start()
+        chhttp.register_server(info.http_port, self.data_dir)
+        for name in ("_dpone_identity", *self.databases):
+            chhttp.query(info.http_port, f"CREATE DATABASE IF NOT EXISTS {name} ENGINE = Atomic")
+        return {
+            "http_port": info.http_port,
+            "tcp_port": info.tcp_port,
+            "credentials_file": credentials,
+            "clickhouse_toml": (
+                "[clickhouse]\n"
+                'host = "127.0.0.1"\n'
+                f"http_port = {info.http_port}\n"
+                f"tcp_port = {info.tcp_port}\n"
+                f'credentials_file = "{credentials}"\n'
+                'trusted_writers = ["dpone_admin"]\n'
+            ),
+        }
+
+    def stop(self) -> None:
+        """Stop the server when it runs."""
+        if self._server is not None:
+            self._server.stop()
+            self._server = None

@@ -1,13 +1,16 @@
 """The principal pool as an operator installs it on a ClickHouse server dpone does not run.
 
-:func:`render_pool` gives two texts from one set of generated passwords:
+:func:`render_pool` gives, from one set of generated passwords:
 
 - the server's users file in ``users.d`` format: each principal with its password's
   SHA-256 hash (never the clear text), the networks it may connect from, a profile of
   dpone's own (``dpone_pool``: every insert synchronous) and exactly the grants its
   role has on the managed server (:func:`~dpone.localserver.principal_pool.role_grants`);
-- the credentials file dpone's host reads (0600, the managed server's own format:
-  ``{"users": [{"user": ..., "password": ...}]}``), the only place the passwords exist.
+- the same as SQL statements, for a server whose users are managed by SQL
+  (:mod:`dpone.localserver.pool_sql`);
+- the credentials file dpone's host reads (0600, ``{"users": [{"user": ...,
+  "password": ...}]}``, see :mod:`dpone.localserver.pool_credentials` for a retired
+  principal and a rotation's previous password), the only place the passwords exist.
 
 Besides the pool, a remote server needs the administrator's two jobs done by a
 principal with only what they need: ``dpone_keeper`` reads what status, the checks and
@@ -26,19 +29,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape
 
+from dpone.durable_files import atomic_write_bytes
 from dpone.errors import ConfigurationError
 from dpone.localserver.config import ServerUser
-from dpone.localserver.credentials import generate_password, read_credentials_file
+from dpone.localserver.credentials import generate_password
+from dpone.localserver.pool_credentials import PoolCredentials, read_pool_credentials
+from dpone.localserver.pool_sql import rotation_sql, users_sql
 from dpone.localserver.principal_pool import (
     DEFAULT_POOL,
     IDENTITY_DATABASE,
     ROLE_CATALOG,
+    ROLE_INGEST,
+    ROLE_PUBLISHER,
     SLOT_MARKER_PREFIX,
     PoolNames,
     check_databases,
     role_grants,
 )
-from dpone.ports.clickhouse_request import Credentials
 from dpone.sql import quote_identifier
 
 KEEPER_USER = DEFAULT_POOL.keeper
@@ -55,6 +62,10 @@ class RenderedPool:
     users_xml: str
     credentials_json: str
     users: tuple[str, ...]
+    users_sql: str = ""
+    retired: tuple[str, ...] = ()
+    # A rotation's step 1 (the new passwords added beside the old), when rotating.
+    rotation_sql: str = ""
 
 
 def remote_users(pool: PoolNames = DEFAULT_POOL) -> tuple[str, ...]:
@@ -110,14 +121,22 @@ def render_pool(
     networks: Sequence[str] = DEFAULT_NETWORKS,
     pool: PoolNames = DEFAULT_POOL,
     passwords: Mapping[str, str] | None = None,
+    retired: Sequence[str] = (),
+    previous: Mapping[str, str] | None = None,
 ) -> RenderedPool:
-    """The users file and the credentials file of a new ``pool`` over ``databases``.
+    """The users file (and its SQL form) and the credentials file of a new ``pool``
+    over ``databases``.
 
     ``passwords`` (every principal's, for a test) defaults to freshly generated ones.
+    ``retired`` principals (see :func:`check_retired`) are left out of the users file,
+    dropped by the SQL and marked retired, without a password, in the credentials file.
+    ``previous`` (a rotation: the passwords in use now) are kept beside the new ones in
+    the credentials file, and ``rotation_sql`` adds the new ones beside them.
     """
     dbs = check_databases(databases)
     nets = check_networks(networks)
-    names = remote_users(pool)
+    gone = check_retired(retired, pool)
+    names = tuple(n for n in remote_users(pool) if n not in gone)
     chosen = dict(passwords) if passwords is not None else {n: generate_password() for n in names}
     if sorted(chosen) != sorted(names):
         raise ConfigurationError("a password is needed for every principal", code="pool_passwords")
@@ -133,16 +152,45 @@ def render_pool(
     ]
     return RenderedPool(
         users_xml=_users_xml(users, dbs),
-        credentials_json=_credentials_json(chosen, names),
+        credentials_json=credentials_json(chosen, names, retired=gone, previous=previous),
         users=names,
+        users_sql=users_sql(users, dbs, gone),
+        retired=gone,
+        rotation_sql=rotation_sql(
+            [u for u in users if previous and u.name in previous], gone if previous else ()
+        ),
     )
 
 
-def load_pool_credentials(path: Path, pool: PoolNames = DEFAULT_POOL) -> dict[str, Credentials]:
-    """Every principal's credentials from the credentials file ``render_pool`` wrote.
+def check_retired(retired: Sequence[str], pool: PoolNames = DEFAULT_POOL) -> tuple[str, ...]:
+    """``retired`` when each is an ingest or publisher principal of ``pool`` and each
+    role keeps at least one (``principal_not_retirable`` otherwise): the catalog, the
+    closer and the keeper are one each, and dpone cannot work without them."""
+    gone = tuple(dict.fromkeys(retired))
+    for user in gone:
+        if pool.role_of(user) not in (ROLE_INGEST, ROLE_PUBLISHER):
+            raise ConfigurationError(
+                f"{user} is not an ingest or publisher principal of {pool.describe()}: only "
+                "those can be retired (the catalog, the closer and the keeper are one each)",
+                code="principal_not_retirable",
+                user=user,
+            )
+    for role, members in ((ROLE_INGEST, pool.ingest()), (ROLE_PUBLISHER, pool.publishers())):
+        if set(members) <= set(gone):
+            raise ConfigurationError(
+                f"retiring every {role} principal of {pool.describe()} leaves none to lease",
+                code="principal_not_retirable",
+                role=role,
+            )
+    return gone
+
+
+def read_pool_file(path: Path, pool: PoolNames = DEFAULT_POOL) -> PoolCredentials:
+    """The credentials file ``render_pool`` wrote, checked.
 
     Refused: a file others may read (``credentials_file_exposed``), one that lacks a
-    principal (``credentials_file_incomplete``); errors never quote the content.
+    principal (``credentials_file_incomplete``; a retired one is marked, not missing);
+    errors never quote the content.
     """
     try:
         mode = os.stat(path).st_mode
@@ -159,12 +207,12 @@ def load_pool_credentials(path: Path, pool: PoolNames = DEFAULT_POOL) -> dict[st
             code="credentials_file_exposed",
             path=str(path),
         )
-    passwords = read_credentials_file(path)
-    if passwords is None:
+    found = read_pool_credentials(path)
+    if found is None:
         raise ConfigurationError(
             f"no credentials file at {path}", code="credentials_file_unreadable", path=str(path)
         )
-    missing = [n for n in remote_users(pool) if n not in passwords]
+    missing = [n for n in remote_users(pool) if n not in found.passwords and n not in found.retired]
     if missing:
         raise ConfigurationError(
             f"the credentials file {path} lacks {', '.join(missing)} ({pool.describe()}): "
@@ -173,7 +221,23 @@ def load_pool_credentials(path: Path, pool: PoolNames = DEFAULT_POOL) -> dict[st
             path=str(path),
             missing=missing,
         )
-    return {user: Credentials(user, password) for user, password in passwords.items()}
+    return found
+
+
+def retire_principal(path: Path, user: str, pool: PoolNames = DEFAULT_POOL) -> tuple[str, ...]:
+    """Mark ``user`` retired in the credentials file at ``path``, its password (and a
+    rotation's previous one) removed from dpone's host; returns every retired principal.
+
+    The file is replaced atomically (a private temporary file renamed over it, 0600), so
+    it is never seen half written. Retiring a retired principal again changes nothing.
+    """
+    found = read_pool_file(path, pool)
+    gone = check_retired((*sorted(found.retired), user), pool)
+    names = [n for n in remote_users(pool) if n in found.passwords and n not in gone]
+    previous = {n: p for n, p in found.previous.items() if n in names}
+    text = credentials_json(found.passwords, names, retired=gone, previous=previous)
+    atomic_write_bytes(path, text.encode("utf-8"))
+    return gone
 
 
 def _known_role(name: str, pool: PoolNames) -> str:
@@ -213,8 +277,22 @@ def _user_xml(user: ServerUser) -> str:
     )
 
 
-def _credentials_json(passwords: Mapping[str, str], names: Sequence[str]) -> str:
-    users = [{"user": n, "password": passwords[n]} for n in names]
+def credentials_json(
+    passwords: Mapping[str, str],
+    names: Sequence[str],
+    *,
+    retired: Sequence[str] = (),
+    previous: Mapping[str, str] | None = None,
+) -> str:
+    """The credentials file's text: each principal's password (and, during a rotation,
+    its ``previous_password``), then each retired principal, marked, with none."""
+    users: list[dict[str, object]] = []
+    for name in names:
+        entry: dict[str, object] = {"user": name, "password": passwords[name]}
+        if previous and name in previous:
+            entry["previous_password"] = previous[name]
+        users.append(entry)
+    users.extend({"user": name, "retired": True} for name in retired)
     return json.dumps({"users": users}, indent=2) + "\n"
 
 
@@ -225,9 +303,12 @@ __all__ = [
     "ROLE_KEEPER",
     "RenderedPool",
     "check_networks",
-    "load_pool_credentials",
+    "check_retired",
+    "credentials_json",
+    "read_pool_file",
     "remote_grants",
     "remote_role",
     "remote_users",
     "render_pool",
+    "retire_principal",
 ]

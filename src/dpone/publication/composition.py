@@ -173,7 +173,7 @@ def pool_credentials(server: ServerAccess | Path) -> dict[str, Credentials]:
     """Credentials of every pool user on the server (``pool_missing``)."""
     access = as_access(server)
     known = access.known_credentials()
-    missing = [name for name in access.pool.members() if name not in known]
+    missing = [name for name in access.members_in_use() if name not in known]
     if missing:
         remedy, command = pool_remedy(access)
         raise ConfigurationError(
@@ -229,13 +229,14 @@ def build_issuer(
     credentials = pool_credentials(access)
     claim_slots(access, store, (), project=project, create=create)
     operator = HttpTransport(endpoint, access.operator())
+    in_use = access.members_in_use()  # a retired principal is never leased again
     ids = observe_user_ids(
         operator,
-        access.pool.members(),
+        in_use,
         query_id=f"dpone-s00-pool-ids-{time.time_ns()}",
         deadline=time.monotonic() + REQUEST_SECONDS,
     )
-    return LocalPoolIssuer(store, credentials, ids, pool=access.pool)
+    return LocalPoolIssuer(store, credentials, ids, pool=access.pool, members=in_use)
 
 
 def claim_slots(
@@ -298,10 +299,12 @@ def pool_protects(server: ServerAccess | Path, database: str) -> bool:
     access = as_access(server)
     if access.pool.catalog not in access.known_credentials():
         return False
+    # The first ingest principal in use: a retired one may be gone from the server.
+    ingest = next(u for u in access.pool.ingest() if u in access.members_in_use())
     return _operator_count(
         access,
         "system.grants WHERE user_name = "
-        f"{quote_literal(access.pool.ingest()[0])} AND database = {quote_literal(database)}",
+        f"{quote_literal(ingest)} AND database = {quote_literal(database)}",
         "pool-grants",
     )
 
@@ -426,20 +429,23 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
     )
     # The pool is not trusted as a whole: a pool user may hold a write grant only while
     # it holds a lease, once its last lease's closure is proven, or when it was never
-    # leased (catalog/allowance.py). Retained storage counts every table whose UUID the
-    # store recorded (publication/retained.py).
+    # leased (catalog/allowance.py); a retired principal is none of these: its password
+    # may be in other hands, so its grants are an outside writer's until the operator's
+    # render leaves it out. Retained storage counts every table whose UUID the store
+    # recorded (publication/retained.py).
     pool = access.pool
+    in_use = access.members_in_use()
     catalog = ClickHouseSnapshotCatalog(
         HttpTransport(endpoint, credentials[pool.catalog]),
         trusted_users=access.trusted_writers() | {pool.catalog, pool.closer},
         allowed_writers=lease_allowance(
             lambda: [r.lease for r in store.last_lease_records()],
             closure_proven=store.closure_proven,
-            pool=pool.members(),
+            pool=in_use,
         ),
         recorded_uuids=recorded_table_uuids(store),
         live_targets=recorded_target_names(store),
-        pool_members=frozenset(pool.members()),
+        pool_members=frozenset(in_use),
     )
     executor = ClickHouseSnapshotExecutor(
         endpoint,

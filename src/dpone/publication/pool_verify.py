@@ -33,7 +33,7 @@ from dpone.connectors.endpoint_identity import IDENTITY_CREATE, IDENTITY_DATABAS
 from dpone.connectors.tls_probe import PLAIN_TO_TLS, TLS_PORT_FIX, plain_http_to_tls
 from dpone.durable_files import private_directories
 from dpone.errors import ConfigurationError, DponeError
-from dpone.localserver.pool_file import remote_grants, remote_role, remote_users
+from dpone.localserver.pool_file import read_pool_file, remote_grants, remote_role, remote_users
 from dpone.localserver.principal_pool import DEFAULT_POOL, PoolNames
 from dpone.ports.clickhouse_errors import NotSubmitted, TransportDeadline
 from dpone.ports.clickhouse_request import Credentials, read
@@ -100,7 +100,7 @@ def protected_databases(access: ServerAccess) -> tuple[str, ...] | None:
     the narrower ones subsumed); None when no publisher can sign in."""
     credentials = access.known_credentials()
     read_grants: dict[str, list[str]] = {}
-    for user in access.pool.publishers():
+    for user in (u for u in access.pool.publishers() if u in credentials):
         with contextlib.suppress(DponeError):
             read_grants[user] = _grants(
                 HttpTransport(access.endpoint("system"), credentials[user]), user
@@ -241,25 +241,24 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
         if keeper is not None:
             keeper.result()
     protected = _protected_by({user: grants for user, (_, grants) in signed.items()}, pool)
-    for database in databases:
-        if protected is not None and database not in protected:
-            found.problems.append(
-                {
-                    "code": "database_not_protected",
-                    "database": database,
-                    "message": f"the pool installed on {access.describe()} does not protect "
-                    f"{database}: render it again with every database it protects and this "
-                    f"one (`{render_command((*protected, database), pool)}`) and install it",
-                }
-            )
+    _unprotected(found, access, databases, protected)
     # Each role's grants are judged over what the installation protects, which may be
     # more databases than this project publishes into.
     over = protected if protected else tuple(databases)
+    retired = access.retired()
+    rotating = _rotating(access, credentials)
     for user in remote_users(pool):
         role = remote_role(user, pool)
         assert role is not None
         entry: dict[str, Any] = {"user": user, "role": role}
         found.principals.append(entry)
+        if user in retired:
+            # No password left to sign in with; whether it can still write is the
+            # catalog's to judge (an outside writer until a render leaves it out).
+            entry["retired"] = True
+            continue
+        if user in rotating:  # which password signed in, while a rotation overlaps
+            entry["password"] = rotating[user]
         if user not in signed:
             entry["authenticated"] = False
             continue
@@ -295,6 +294,40 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
     return found
 
 
+def _rotating(access: ServerAccess, credentials: Mapping[str, Credentials]) -> dict[str, str]:
+    """During a rotation, for each principal with a previous password: ``new`` when
+    dpone signs in with the new one (the server takes it), else ``previous``."""
+    if access.remote is None:
+        return {}
+    found = read_pool_file(access.remote.credentials_file, access.pool)
+    return {
+        user: "new" if credentials[user].password == found.passwords[user] else "previous"
+        for user in found.previous
+        if user in credentials
+    }
+
+
+def _unprotected(
+    found: PoolVerification,
+    access: ServerAccess,
+    databases: Sequence[str],
+    protected: tuple[str, ...] | None,
+) -> None:
+    """A problem for each of ``databases`` the installed pool does not protect."""
+    for database in databases:
+        if protected is not None and database not in protected:
+            found.problems.append(
+                {
+                    "code": "database_not_protected",
+                    "database": database,
+                    "message": f"the pool installed on {access.describe()} does not protect "
+                    f"{database}: render it again with every database it protects and this "
+                    f"one (`{render_command((*protected, database), access.pool)}`) and "
+                    "install it",
+                }
+            )
+
+
 def _sign_in_all(
     access: ServerAccess, credentials: Mapping[str, Credentials], found: PoolVerification
 ) -> dict[str, tuple[list[dict[str, Any]], list[str]]]:
@@ -304,7 +337,7 @@ def _sign_in_all(
     one after another), and their findings are taken in the users' order.
     """
     signed: dict[str, tuple[list[dict[str, Any]], list[str]]] = {}
-    users = remote_users(access.pool)
+    users = [u for u in remote_users(access.pool) if u in credentials]
     with ThreadPoolExecutor(max_workers=len(users), thread_name_prefix="dpone-sign-in") as run:
         answers = [run.submit(_sign_in, access, credentials, user) for user in users]
         for user, answer in zip(users, answers, strict=True):

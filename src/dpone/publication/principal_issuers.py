@@ -151,6 +151,7 @@ class LocalPoolIssuer:
         user_ids: Mapping[str, str],
         *,
         pool: PoolNames = DEFAULT_POOL,
+        members: Sequence[str] | None = None,
         lease_wait_seconds: float = LEASE_WAIT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
@@ -158,9 +159,14 @@ class LocalPoolIssuer:
         self._registry = registry
         self.lease_wait_seconds = lease_wait_seconds
         self._clock, self._sleep = clock, sleep
-        self._candidates = {ROLE_INGEST: pool.ingest(), ROLE_PUBLISHER: pool.publishers()}
-        members = {u for users in self._candidates.values() for u in users}
-        missing = sorted(members - set(credentials)) + sorted(members - set(user_ids))
+        # ``members``: the pool's principals in use (a retired one is never leased again).
+        use = set(pool.members() if members is None else members)
+        self._candidates = {
+            role: tuple(u for u in users if u in use)
+            for role, users in ((ROLE_INGEST, pool.ingest()), (ROLE_PUBLISHER, pool.publishers()))
+        }
+        leased = {u for users in self._candidates.values() for u in users}
+        missing = sorted(leased - set(credentials)) + sorted(leased - set(user_ids))
         if missing:
             raise ConfigurationError(
                 f"pool users without credentials or ids: {sorted(set(missing))}",

@@ -24,7 +24,8 @@ from dpone.errors import DponeError
 from dpone.localserver import find_running
 from dpone.localserver.credentials import admin_credentials, load_credentials
 from dpone.localserver.errors import ServerNotRunning
-from dpone.localserver.pool_file import load_pool_credentials
+from dpone.localserver.pool_credentials import PoolCredentials
+from dpone.localserver.pool_file import read_pool_file
 from dpone.localserver.principal_pool import DEFAULT_POOL, PoolNames
 from dpone.localserver.protected import start_command
 from dpone.ports.clickhouse_request import Credentials, Endpoint, read
@@ -97,10 +98,27 @@ class ServerAccess:
         return Endpoint("127.0.0.1", info.http_port, info.tcp_port, database)
 
     def known_credentials(self) -> dict[str, Credentials]:
-        """Every login dpone holds for this server, by user name."""
+        """Every login dpone holds for this server, by user name. During a rotation a
+        principal's new password as soon as the server takes it, its previous one until
+        then (see :func:`rotated_credentials`)."""
         if self.remote is not None:
-            return load_pool_credentials(self.remote.credentials_file, self.pool)
+            found = read_pool_file(self.remote.credentials_file, self.pool)
+            if found.previous:
+                return rotated_credentials(self, found)
+            return {user: Credentials(user, pw) for user, pw in found.passwords.items()}
         return load_credentials(self.data_dir)
+
+    def retired(self) -> frozenset[str]:
+        """The pool's principals retired with ``dpone pool retire`` (a remote server's
+        credentials file marks them; the managed server's pool has none)."""
+        if self.remote is None:
+            return frozenset()
+        return read_pool_file(self.remote.credentials_file, self.pool).retired
+
+    def members_in_use(self) -> tuple[str, ...]:
+        """The pool's members dpone leases and trusts: all but the retired ones."""
+        retired = self.retired()
+        return tuple(user for user in self.pool.members() if user not in retired)
 
     def trusted_writers(self) -> frozenset[str]:
         """Users besides the pool whose write grants the catalog accepts: the operator
@@ -114,6 +132,51 @@ class ServerAccess:
         if self.remote is not None:
             return self.known_credentials()[self.pool.keeper]
         return admin_credentials(self.data_dir)
+
+
+# Users whose new password a server took, by (credentials file, host, port): once taken
+# it stays in use. A principal still on its previous password is tried again after
+# ROTATION_RETRY_SECONDS, not at every read of the credentials.
+_NEW_TAKEN: dict[tuple[str, str, int], set[str]] = {}
+_OLD_UNTIL: dict[tuple[str, str, int, str], float] = {}
+ROTATION_RETRY_SECONDS = 5.0
+
+
+def rotated_credentials(access: ServerAccess, found: PoolCredentials) -> dict[str, Credentials]:
+    """The login of each principal during a rotation: the new password once the server
+    takes it (a ``SELECT 1`` signed in with it), the previous one while the server
+    refuses the new one's sign-in (the operator has not installed it yet)."""
+    assert access.remote is not None
+    remote = access.remote
+    key = (str(remote.credentials_file), remote.host, remote.http_port)
+    taken = _NEW_TAKEN.setdefault(key, set())
+    chosen = {}
+    for user, password in found.passwords.items():
+        old = found.previous.get(user)
+        if old is not None and user not in taken:
+            if _OLD_UNTIL.get((*key, user), 0.0) > time.monotonic():
+                chosen[user] = Credentials(user, old)
+                continue
+            if not new_password_taken(access, Credentials(user, password)):
+                _OLD_UNTIL[(*key, user)] = time.monotonic() + ROTATION_RETRY_SECONDS
+                chosen[user] = Credentials(user, old)
+                continue
+            taken.add(user)
+        chosen[user] = Credentials(user, password)
+    return chosen
+
+
+def new_password_taken(access: ServerAccess, login: Credentials) -> bool:
+    """Whether the server takes ``login``: False only for a refused sign-in; any other
+    failure is the request's own, said by the request that meets it."""
+    try:
+        HttpTransport(access.endpoint("system"), login).execute(
+            read("SELECT 1", f"dpone-pool-rotation-{time.time_ns()}"),
+            deadline=time.monotonic() + REACH_SECONDS,
+        )
+    except DponeError as exc:
+        return exc.code != "authentication_refused"
+    return True
 
 
 def server_reachable(access: ServerAccess) -> bool:

@@ -1,0 +1,94 @@
+"""The principal pool as SQL, for a server whose users are managed by SQL.
+
+The statements are the users file's equivalent (:mod:`dpone.localserver.pool_file`):
+the same principals, each with its password's SHA-256 (``IDENTIFIED WITH sha256_hash``,
+never the clear text), the same networks (``HOST IP``), the same settings profile
+(``dpone_pool``: ``async_insert = 0``) and exactly the same grants, each ``GRANT ...
+TO`` its principal. The users file's ``<quota>default</quota>`` has no SQL
+counterpart: a stock server's ``default`` quota limits nothing, and a user created by
+SQL has no quota, which limits nothing either.
+
+A principal is replaced whole (``CREATE USER OR REPLACE`` drops its old grants), so
+running the file again, or a newer render, leaves exactly what it declares. A retired
+principal is dropped (``DROP USER IF EXISTS``).
+
+A rotation with overlap (:func:`rotation_sql`) adds the new password beside the old one
+(``ALTER USER ... ADD IDENTIFIED``: a server that manages users by SQL accepts several
+authentication methods per user, ClickHouse 24.9 and later), and
+:func:`retire_old_sql` keeps only the new one (``ALTER USER ... IDENTIFIED`` replaces
+every method).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from dpone.localserver.config import ServerUser
+from dpone.sql import quote_identifier, quote_literal
+
+POOL_PROFILE = "dpone_pool"
+
+
+def users_sql(
+    users: Sequence[ServerUser], databases: Sequence[str], retired: Collection[str] = ()
+) -> str:
+    """The ``CREATE USER`` / ``GRANT`` statements of ``users``, then the ``DROP USER``
+    of each ``retired`` principal; one statement per line, each ending with ``;``."""
+    lines = [
+        f"-- dpone's principals over {', '.join(databases)}: written by "
+        "`dpone pool render --format sql`; run it as the server's administrator",
+        f"CREATE SETTINGS PROFILE OR REPLACE {quote_identifier(POOL_PROFILE)} "
+        "SETTINGS async_insert = 0;",
+    ]
+    for user in users:
+        lines.append(_create_user(user))
+        name = quote_identifier(user.name)
+        lines.extend(f"{grant} TO {name};" for grant in user.grants or ())
+    lines.extend(f"DROP USER IF EXISTS {quote_identifier(name)};" for name in sorted(retired))
+    return "\n".join(lines) + "\n"
+
+
+def rotation_sql(users: Sequence[ServerUser], retired: Collection[str] = ()) -> str:
+    """Each principal's new password added beside its old one (both valid until
+    :func:`retire_old_sql` runs); grants and the rest are left as they are. Each
+    ``retired`` principal is dropped."""
+    lines = [
+        "-- dpone's rotation, step 1: the new passwords beside the old ones "
+        "(`dpone pool render --rotate-from ... --format sql`)"
+    ]
+    lines.extend(
+        f"ALTER USER {quote_identifier(u.name)} ADD IDENTIFIED WITH sha256_hash BY "
+        f"{quote_literal(u.password_sha256_hex)};"
+        for u in users
+    )
+    lines.extend(f"DROP USER IF EXISTS {quote_identifier(name)};" for name in sorted(retired))
+    return "\n".join(lines) + "\n"
+
+
+def retire_old_sql(users: Sequence[ServerUser]) -> str:
+    """Each principal left with its new password only (the old ones removed)."""
+    lines = ["-- dpone's rotation, step 2: only the new passwords remain"]
+    lines.extend(
+        f"ALTER USER {quote_identifier(u.name)} IDENTIFIED WITH sha256_hash BY "
+        f"{quote_literal(u.password_sha256_hex)};"
+        for u in users
+    )
+    return "\n".join(lines) + "\n"
+
+
+def statements(text: str) -> list[str]:
+    """The statements of a rendered SQL file, comments left out, without the ``;``."""
+    return [
+        line.rstrip(";")
+        for line in text.splitlines()
+        if line.strip() and not line.lstrip().startswith("--")
+    ]
+
+
+def _create_user(user: ServerUser) -> str:
+    hosts = ", ".join(f"IP {quote_literal(n)}" for n in user.networks)
+    return (
+        f"CREATE USER OR REPLACE {quote_identifier(user.name)} "
+        f"IDENTIFIED WITH sha256_hash BY {quote_literal(user.password_sha256_hex)} "
+        f"HOST {hosts} SETTINGS PROFILE {quote_literal(user.profile)};"
+    )
