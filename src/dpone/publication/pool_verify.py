@@ -245,46 +245,7 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
     # Each role's grants are judged over what the installation protects, which may be
     # more databases than this project publishes into.
     over = protected if protected else tuple(databases)
-    retired = access.retired()
-    rotating = _rotating(access, credentials)
-    for user in remote_users(pool):
-        role = remote_role(user, pool)
-        assert role is not None
-        entry: dict[str, Any] = {"user": user, "role": role}
-        found.principals.append(entry)
-        if user in retired:
-            # No password left to sign in with; whether it can still write is the
-            # catalog's to judge (an outside writer until a render leaves it out).
-            entry["retired"] = True
-            continue
-        if user in rotating:  # which password signed in, while a rotation overlaps
-            entry["password"] = rotating[user]
-        if user not in signed:
-            entry["authenticated"] = False
-            continue
-        rows, grants = signed[user]
-        entry["authenticated"] = [r.get("who") for r in rows] == [user]
-        if not entry["authenticated"]:
-            found.problems.append(
-                {
-                    "code": "principal_login_failed",
-                    "user": user,
-                    "message": f"signed in as {user}, the server says the user is "
-                    f"{[r.get('who') for r in rows]}",
-                }
-            )
-        have, want = grant_pairs(grants), grant_pairs(remote_grants(role, over, pool))
-        entry["grants_exact"] = have == want
-        if have != want:
-            found.problems.append(
-                {
-                    "code": "principal_grants_differ",
-                    "user": user,
-                    "message": f"{user}'s grants are not its role's ({role})",
-                    "missing": sorted(" ON ".join(p) for p in want - have),
-                    "extra": sorted(" ON ".join(p) for p in have - want),
-                }
-            )
+    _judge_principals(found, access, credentials, signed, over)
     _query_log_settings(found, {user: rows for user, (rows, _) in signed.items()})
     found.version, found.server_uuid = keeper_found.version, keeper_found.server_uuid
     found.identity = keeper_found.identity
@@ -324,6 +285,58 @@ def _unprotected(
                     f"{database}: render it again with every database it protects and this "
                     f"one (`{render_command((*protected, database), access.pool)}`) and "
                     "install it",
+                }
+            )
+
+
+def _judge_principals(
+    found: PoolVerification,
+    access: ServerAccess,
+    credentials: Mapping[str, Credentials],
+    signed: dict[str, tuple[list[dict[str, Any]], list[str]]],
+    over: Sequence[str],
+) -> None:
+    """Each principal's entry: retired, signed in as itself, with its role's grants
+    over the databases ``over`` (what the installation protects)."""
+    pool = access.pool
+    retired = access.retired()
+    rotating = _rotating(access, credentials)
+    for user in remote_users(pool):
+        role = remote_role(user, pool)
+        assert role is not None
+        entry: dict[str, Any] = {"user": user, "role": role}
+        found.principals.append(entry)
+        if user in retired:
+            # No password left to sign in with; whether it can still write is the
+            # catalog's to judge (an outside writer until a render leaves it out).
+            entry["retired"] = True
+            continue
+        if user in rotating:  # which password signed in, while a rotation overlaps
+            entry["password"] = rotating[user]
+        if user not in signed:
+            entry["authenticated"] = False
+            continue
+        rows, grants = signed[user]
+        entry["authenticated"] = [r.get("who") for r in rows] == [user]
+        if not entry["authenticated"]:
+            found.problems.append(
+                {
+                    "code": "principal_login_failed",
+                    "user": user,
+                    "message": f"signed in as {user}, the server says the user is "
+                    f"{[r.get('who') for r in rows]}",
+                }
+            )
+        have, want = grant_pairs(grants), grant_pairs(remote_grants(role, over, pool))
+        entry["grants_exact"] = have == want
+        if have != want:
+            found.problems.append(
+                {
+                    "code": "principal_grants_differ",
+                    "user": user,
+                    "message": f"{user}'s grants are not its role's ({role})",
+                    "missing": sorted(" ON ".join(p) for p in want - have),
+                    "extra": sorted(" ON ".join(p) for p in have - want),
                 }
             )
 
