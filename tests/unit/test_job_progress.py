@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dpone.cli.refresh_jobs import JobProgress, describe_progress
+from dpone.cli.refresh import describe_progress
+from dpone.project.jobs import JobProgress
 
 
 def test_the_file_says_the_phase_counts_and_seconds(tmp_path: Path) -> None:

@@ -16,13 +16,14 @@ from typing import Any
 
 import click
 
-from dpone.cli.connection import project_server_option, server_access
-from dpone.cli.ingest_leases import close_abandoned_leases, release_ingest_leases, store_given
+from dpone.cli.connection import project_server_option
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option
 from dpone.cli.staging_options import server_options, staging_config, store_option, work_dir_option
 from dpone.errors import ConfigurationError, StateError
 from dpone.project.config import load_project
+from dpone.project.ingest_leases import close_abandoned_leases, release_ingest_leases, store_given
+from dpone.project.server import server_access
 from dpone.publication.composition import DEFAULT_STORE
 from dpone.publication.store import StoreLocation
 from dpone.staging.composition import build_transport

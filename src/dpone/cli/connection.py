@@ -17,8 +17,6 @@ import click
 
 from dpone.localserver import admin_credentials
 from dpone.ports.clickhouse_request import Credentials
-from dpone.project.config import load_project
-from dpone.publication.server_access import ServerAccess
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,10 +50,3 @@ def project_server_option(func: F) -> F:
         default=None,
         help="A project file whose [clickhouse] server to use instead of --data-dir.",
     )(func)
-
-
-def server_access(data_dir: Path, project_config: Path | None) -> ServerAccess:
-    """The managed server on ``data_dir``, or the server ``project_config`` names."""
-    if project_config is None:
-        return ServerAccess(data_dir)
-    return load_project(project_config).clickhouse.access

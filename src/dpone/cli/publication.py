@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from dpone.cli.connection import project_server_option, server_access
+from dpone.cli.connection import project_server_option
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.server import data_dir_option
 from dpone.cli.staging_options import STORE
@@ -39,6 +39,7 @@ from dpone.project.leases import (
     judge_leases,
     unproven_closures,
 )
+from dpone.project.server import server_access
 from dpone.publication.composition import (
     DEFAULT_STORE,
     PublicationConfig,

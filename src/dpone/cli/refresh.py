@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import click
 
 from dpone.cli.output import (
+    MIN_RATE_SECONDS,
     TerminalProgress,
     config_option,
     echo_warnings,
@@ -25,10 +26,10 @@ from dpone.cli.output import (
     reported_errors,
     status_line,
 )
-from dpone.cli.refresh_jobs import JobProgress, run_jobs
 from dpone.errors import ConfigurationError, stopping_signals_held
 from dpone.project.config import DESIGN_CHANGES, MAX_JOBS, Project, TableConfig, load_project
 from dpone.project.design_change import describe_change
+from dpone.project.jobs import JobProgress, Running, run_jobs
 from dpone.project.refresh import RefreshService, TableReport
 from dpone.project.table_run import RunReport
 from dpone.publication.composition import pool_credentials
@@ -111,7 +112,7 @@ def preflight(project: Project, tables: list[TableConfig]) -> None:
 )
 @json_option
 # A `--jobs` run's worker: the tables come one per line on standard input, and each
-# report is printed as one line `{"report": ...}` as its table ends (cli/refresh_jobs.py).
+# report is printed as one line `{"report": ...}` as its table ends (project/jobs.py).
 @click.option("--worker", is_flag=True, hidden=True)
 def refresh(
     names: tuple[str, ...],
@@ -209,8 +210,9 @@ def _refresh_jobs(
 
     shown = [""]
 
-    def changed(running: list[str], done: int, waiting: int) -> None:
-        line = f"{'; '.join(running) or '-'} ({done} done, {waiting} waiting)"
+    def changed(running: list[Running], done: int, waiting: int) -> None:
+        described = [describe_progress(name, progress) for name, progress in running]
+        line = f"{'; '.join(described) or '-'} ({done} done, {waiting} waiting)"
         if on_terminal and line != shown[0]:
             shown[0] = line
             status_line(line)
@@ -318,3 +320,16 @@ def echo_evidence(report: RunReport) -> None:
         click.echo(f"  left: {item.get('kind')} {what}")
     for command in report.next_commands:
         click.echo(f"  next: {command}")
+
+
+def describe_progress(name: str, progress: dict[str, Any] | None) -> str:
+    """``name: phase, rows, rate`` for one running table (the rate after half a second)."""
+    if not progress:
+        return f"{name}: starting"
+    parts = [str(progress.get("phase"))]
+    rows, seconds = int(progress.get("rows") or 0), float(progress.get("seconds") or 0)
+    if rows > 0:
+        parts.append(f"{rows:,} rows")
+        if seconds >= MIN_RATE_SECONDS:
+            parts.append(f"{rows / seconds:,.0f} rows/s")
+    return f"{name}: {', '.join(parts)}"

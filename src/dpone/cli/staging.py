@@ -17,8 +17,6 @@ from typing import Any
 import click
 
 from dpone.cli.attempts import attempts as attempts  # the command group main.py looks up here
-from dpone.cli.connection import server_access
-from dpone.cli.ingest_leases import lease_ids, release_after_failure, store_given
 from dpone.cli.interruptions import is_interruption, report_interruption
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.staging_options import (
@@ -30,6 +28,8 @@ from dpone.cli.staging_options import (
 )
 from dpone.errors import ConfigurationError, DponeError
 from dpone.ports.clickhouse_request import check_attempt_id
+from dpone.project.ingest_leases import lease_ids, release_after_failure, store_given
+from dpone.project.server import server_access
 from dpone.publication.composition import ingest_session_notes, issue_ingest, pool_protects
 from dpone.publication.store import StoreLocation
 from dpone.staging.composition import StagingConfig

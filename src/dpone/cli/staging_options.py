@@ -9,13 +9,14 @@ from typing import Any, TypeVar
 
 import click
 
-from dpone.cli.connection import managed_credentials, project_server_option, server_access
+from dpone.cli.connection import managed_credentials, project_server_option
 from dpone.cli.server import data_dir_option
 from dpone.errors import ConfigurationError
 from dpone.localserver import find_running
 from dpone.localserver.protected import start_command
 from dpone.ports.clickhouse_request import Endpoint
 from dpone.preparation.modes import DEFAULT_MODE, MODES, refuse_removed_mode
+from dpone.project.server import server_access
 from dpone.publication.composition import DEFAULT_STORE
 from dpone.publication.store import store_argument
 from dpone.staging.composition import StagingConfig

@@ -1,4 +1,4 @@
-"""``dpone refresh --jobs N``: N tables at once, in N worker processes.
+"""``dpone refresh --jobs N``: N tables at once, in N worker processes (the scheduler).
 
 Each worker is one ``dpone refresh --worker`` process that refreshes the tables this
 process hands it, one at a time, named on its standard input; it prints one report
@@ -32,12 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from dpone.cli.output import MIN_RATE_SECONDS
 from dpone.errors import STOPPING_SIGNALS, interruption_signal, stopping_signals_held
 from dpone.project.config import TableConfig
 from dpone.project.refresh import TableReport
 
 POLL_SECONDS = 0.05
+# A running table's name and the progress its process last wrote (None: none yet).
+Running = tuple[str, dict[str, Any] | None]
 # The file a table's process writes its phase and counts to, for the parent's line.
 JOB_PROGRESS_ENV = "DPONE_JOB_PROGRESS"
 _WRITE_SECONDS = 0.2
@@ -78,20 +79,7 @@ class JobProgress:
         """Nothing to close: the file is the parent's to remove."""
 
 
-def describe_progress(name: str, progress: dict[str, Any] | None) -> str:
-    """``name: phase, rows, rate`` for one running table (the rate after half a second)."""
-    if not progress:
-        return f"{name}: starting"
-    parts = [str(progress.get("phase"))]
-    rows, seconds = int(progress.get("rows") or 0), float(progress.get("seconds") or 0)
-    if rows > 0:
-        parts.append(f"{rows:,} rows")
-        if seconds >= MIN_RATE_SECONDS:
-            parts.append(f"{rows / seconds:,.0f} rows/s")
-    return f"{name}: {', '.join(parts)}"
-
-
-def _read_progress(path: Path) -> dict[str, Any] | None:
+def read_progress(path: Path) -> dict[str, Any] | None:
     try:
         found = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -152,14 +140,14 @@ def run_jobs(
     options: list[str],
     fail_fast: bool,
     on_report: Callable[[dict[str, Any]], None],
-    on_change: Callable[[list[str], int, int], None] | None = None,
+    on_change: Callable[[list[Running], int, int], None] | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Refresh ``tables``, ``jobs`` at a time; one report per table, in the given order,
     and the signal that stopped the run (None when none did).
 
     ``on_report`` sees each report as its table ends; ``on_change(running, done,
-    waiting)`` is called as they run, ``running`` describing each running table's
-    phase, rows and rate (a terminal's status line).
+    waiting)`` is called as they run, ``running`` naming each running table with the
+    progress its process last wrote (:class:`JobProgress`; None before the first).
     """
     with tempfile.TemporaryDirectory(prefix="dpone-jobs-") as progress_dir:  # 0700
         run = _Run(config_path, options, Path(progress_dir), on_report)
@@ -190,7 +178,7 @@ class _Run:
         waiting: deque[TableConfig],
         jobs: int,
         fail_fast: bool,
-        on_change: Callable[[list[str], int, int], None] | None,
+        on_change: Callable[[list[Running], int, int], None] | None,
     ) -> signal.Signals | None:
         """Hand out ``waiting`` until every table is reported (or the run stops)."""
         while waiting or self.workers:
@@ -303,18 +291,14 @@ def _unblock_signals() -> None:
 
 
 def _changed(
-    on_change: Callable[[list[str], int, int], None] | None,
+    on_change: Callable[[list[Running], int, int], None] | None,
     workers: list[_Worker],
     reports: dict[str, dict[str, Any]],
     waiting: deque[TableConfig],
 ) -> None:
     if on_change is not None:
-        described = [
-            describe_progress(w.table.name, _read_progress(w.progress))
-            for w in workers
-            if w.table is not None
-        ]
-        on_change(described, len(reports), len(waiting))
+        running = [(w.table.name, read_progress(w.progress)) for w in workers if w.table]
+        on_change(running, len(reports), len(waiting))
 
 
 def _no_report(worker: _Worker, err: str) -> dict[str, Any]:
