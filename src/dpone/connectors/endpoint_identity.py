@@ -124,14 +124,9 @@ def observe_identity(
 
     Also proves the target database exists and is ``Atomic`` (EXCHANGE TABLES needs it).
     """
-    statement = "SELECT toString(serverUUID()) AS id"
-    row = _one(transport, statement, f"{probe_prefix}-server", deadline, "id")
-    server_id, source = str(row["id"]), SOURCE_SERVER_UUID
-    if server_id == NIL_UUID:
-        server_id, source = (
-            _dpone_identity(transport, probe_prefix, deadline, establish),
-            SOURCE_DPONE_TABLE,
-        )
+    server_id, source = observe_server_id(
+        transport, probe_prefix=probe_prefix, deadline=deadline, establish=establish
+    )
     query_id = f"{probe_prefix}-database"
     dbs = _rows(
         transport,
@@ -158,6 +153,21 @@ def observe_identity(
             engine=db["engine"],
         )
     return EndpointIdentity(server_id, source, database, str(db["uuid"]), str(db["engine"]))
+
+
+def observe_server_id(
+    transport: QueryPort,
+    *,
+    probe_prefix: str,
+    deadline: float,
+    establish: Callable[[str], object] | None = None,
+) -> tuple[str, str]:
+    """The server's identity and where it came from (see :func:`observe_identity`)."""
+    statement = "SELECT toString(serverUUID()) AS id"
+    row = _one(transport, statement, f"{probe_prefix}-server", deadline, "id")
+    if str(row["id"]) != NIL_UUID:
+        return str(row["id"]), SOURCE_SERVER_UUID
+    return _dpone_identity(transport, probe_prefix, deadline, establish), SOURCE_DPONE_TABLE
 
 
 def _dpone_identity(

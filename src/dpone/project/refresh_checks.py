@@ -25,7 +25,6 @@ from dpone.connectors.clickhouse_tables import (
     ownership_comment,
     staging_table_name,
 )
-from dpone.contracts.composition_snapshot import SnapshotState
 from dpone.durable_files import PRIVATE_FILE_MODE, private_directories
 from dpone.errors import ConfigurationError, DponeError, StateError
 from dpone.exporters.sources import Source, SqliteSource, SqlServerSource
@@ -137,11 +136,7 @@ class RefreshChecks:
         # this very moment, and the store's own transaction settles who does.
         store = open_store(self.project.store)
         for summary in store.list_snapshots():
-            unresolved = summary.state in (
-                SnapshotState.EXCHANGE_INTENT.value,
-                SnapshotState.COMMIT_UNKNOWN.value,
-            )
-            if unresolved and (summary.database, summary.target_table) == (
+            if summary.blocking and (summary.database, summary.target_table) == (
                 table.database,
                 table.target,
             ):

@@ -443,6 +443,9 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
         recorded_uuids=recorded_table_uuids(store),
         live_targets=recorded_target_names(store),
         pool_members=frozenset(pool.members()),
+        # Whether a replaced database's tables are anywhere: read by who sees every
+        # database, in one that always exists (the recorded one may be gone).
+        operator=HttpTransport(access.endpoint("system"), access.operator()),
     )
     executor = ClickHouseSnapshotExecutor(
         endpoint,

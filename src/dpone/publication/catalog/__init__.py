@@ -20,10 +20,12 @@ untrusted writers (:mod:`.grants`) and which principals are allowed per observat
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from dpone.connectors.endpoint_identity import observe_server_id
 from dpone.contracts import canonical_json
 from dpone.errors import DponeError
 from dpone.ports.clickhouse import QueryPort
@@ -31,6 +33,7 @@ from dpone.ports.composition_snapshot import (
     Blocker,
     CatalogObservation,
     ExchangeEvent,
+    RecordedPresence,
     TableObservation,
     TargetSlot,
 )
@@ -138,8 +141,12 @@ class ClickHouseSnapshotCatalog:
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         pool_members: frozenset[str] = frozenset(),
+        operator: QueryPort | None = None,
     ) -> None:
+        """``operator``: a transport, in a database that always exists, of one who sees
+        every database (the server's administrator), for :meth:`recorded_presence`."""
         self._transport = transport
+        self._operator = operator
         self.trusted_users = frozenset(trusted_users)
         # The pool's principals: the last look before an EXCHANGE leaves their grants to
         # the observation, which waits for a closure in progress (observe_settled).
@@ -288,6 +295,53 @@ class ClickHouseSnapshotCatalog:
             f"WHERE name = {quote_literal(database)}",
         )
         return text_field(rows[0], "uuid", reads) if rows else None
+
+    def recorded_presence(
+        self, database: str, database_uuid: str, table_uuids: tuple[str, ...]
+    ) -> RecordedPresence:
+        """Whether a database and tables of these UUIDs exist on the server now, under any
+        name, and the server's identity: read as the operator, who sees every database
+        (the catalog's own principal sees only the protected names, so a database renamed
+        away would look gone). Raises ``catalog_unobservable`` when it cannot be read."""
+        if self._operator is None:
+            raise CatalogUnobservable(
+                "this catalog has no operator transport to look for recorded UUIDs",
+                code="catalog_unobservable",
+            )
+        reads = CatalogReads(self._operator, self._clock() + self._timeout, self._clock)
+        try:
+            server_id, _ = observe_server_id(
+                self._operator,
+                probe_prefix=catalog_query_id(uuid.uuid4().hex[:16], "server", 1),
+                deadline=self._clock() + self._timeout,
+            )
+        except DponeError as exc:
+            raise CatalogUnobservable(
+                f"the server's identity could not be read: {exc.message}", cause=exc.code
+            ) from exc
+        named = reads.rows(
+            "named_database",
+            "SELECT toString(uuid) AS uuid FROM system.databases "
+            f"WHERE name = {quote_literal(database)}",
+        )
+        databases = reads.rows(
+            "recorded_database",
+            "SELECT count() AS n FROM system.databases "
+            f"WHERE uuid = toUUIDOrZero({quote_literal(database_uuid)})",
+        )
+        tables = reads.rows(
+            "recorded_tables",
+            "SELECT toString(uuid) AS uuid FROM system.tables WHERE toString(uuid) IN "
+            f"{in_list(table_uuids)}",
+        )
+        if len(databases) != 1:
+            raise reads.malformed("recorded_database", databases)
+        return RecordedPresence(
+            server_id,
+            text_field(named[0], "uuid", reads) if named else None,
+            count_field(databases[0], "n", reads) > 0,
+            tuple(sorted({text_field(row, "uuid", reads) for row in tables})),
+        )
 
     def retained_bytes(self, slot: TargetSlot, generation_table: str) -> int:
         """What the slot's database retains now: the target's bytes plus the retained.
