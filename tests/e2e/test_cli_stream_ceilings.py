@@ -30,6 +30,8 @@ from tests.e2e.test_cli_refresh import (
 from tests.e2e.test_cli_server import dpone
 
 ROWS = 2_000  # about 40 KB of RowBinary: over every ceiling set below
+TINY = 3
+STORED = 300  # under what three rows store on the server, over their wire bytes
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +39,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     yield from protected_server(tmp_path_factory, DATABASE, "ceilings-ch")
 
 
-@pytest.fixture(scope="module")
-def export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("ceilings-export")
-    make_source(root / "shop.db", rows_of(ROWS))
+def _export(root: Path, rows: int) -> tuple[Path, Path]:
+    make_source(root / "shop.db", rows_of(rows))
     out, receipt = root / "items.tsv", root / "items.receipt.json"
     done = dpone(
         "export",
@@ -49,6 +49,17 @@ def export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return out, receipt
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return _export(tmp_path_factory.mktemp("ceilings-export"), ROWS)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Three rows: about 60 bytes of RowBinary, several hundred stored (a part's files)."""
+    return _export(tmp_path_factory.mktemp("ceilings-tiny"), TINY)
 
 
 def staged_tables(server: dict[str, Any]) -> list[str]:
@@ -69,6 +80,24 @@ CEILINGS = [
 ]
 
 
+def stage_over(
+    tmp_path: Path, server: dict[str, Any], export: tuple[Path, Path], ceiling: str, limit: int
+) -> tuple[Path, str, dict[str, Any]]:
+    """``dpone stage`` of ``export`` under ``--limit ceiling=limit``, refused: its work
+    dir, attempt id and error."""
+    work, attempt = tmp_path / "work", f"ceil-{ceiling.replace('_', '-')}"
+    before = staged_tables(server)
+    done = dpone(
+        *("stage", str(export[0]), "--receipt", str(export[1]), "--work-dir", str(work)),
+        *("--database", DATABASE, "--data-dir", str(server["data_dir"])),
+        *("--principal", "pool", "--store", str(tmp_path / "store.sqlite")),
+        *("--attempt-id", attempt, "--limit", f"{ceiling}={limit}", "--json"),
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert staged_tables(server) == before  # no staged table is left
+    return work, attempt, json.loads(done.stdout)["error"]
+
+
 @pytest.mark.parametrize(("ceiling", "limit", "cause"), CEILINGS)
 def test_dpone_stage_stops_the_stream_at_a_publication_ceiling(
     tmp_path: Path,
@@ -78,15 +107,7 @@ def test_dpone_stage_stops_the_stream_at_a_publication_ceiling(
     limit: int,
     cause: str,
 ) -> None:
-    work, attempt = tmp_path / "work", f"ceil-{ceiling.replace('_', '-')}"
-    done = dpone(
-        *("stage", str(export[0]), "--receipt", str(export[1]), "--work-dir", str(work)),
-        *("--database", DATABASE, "--data-dir", str(server["data_dir"])),
-        *("--principal", "pool", "--store", str(tmp_path / "store.sqlite")),
-        *("--attempt-id", attempt, "--limit", f"{ceiling}={limit}", "--json"),
-    )
-    assert done.returncode == 1, done.stdout + done.stderr
-    error = json.loads(done.stdout)["error"]
+    work, attempt, error = stage_over(tmp_path, server, export, ceiling, limit)
     assert error["code"] == "limit_exceeded", error
     details = error["details"]
     assert (details["ceiling"], details["limit"], details["cause"]) == (ceiling, limit, cause)
@@ -97,7 +118,6 @@ def test_dpone_stage_stops_the_stream_at_a_publication_ceiling(
     last = read_events(work / attempt)[-1].document
     assert (last["state"], last["error_code"]) == ("failed_cleaned", cause)
     assert details["next_command"] is None
-    assert staged_tables(server) == []
 
 
 def test_dpone_stage_under_its_ceilings_stages(
@@ -124,6 +144,7 @@ def test_dpone_stage_under_its_ceilings_stages(
 def test_a_refresh_stops_the_stream_at_the_generation_storage_ceiling(
     tmp_path: Path, server: dict[str, Any]
 ) -> None:
+    before = staged_tables(server)
     make_source(tmp_path / "shop.db", rows_of(ROWS))
     extra = "[tables.items.limits]\ngeneration_storage_bytes = 20000\n"
     config = project(tmp_path, server, "t_gen", extra)
@@ -142,10 +163,54 @@ def test_a_refresh_stops_the_stream_at_the_generation_storage_ceiling(
     assert "tables.items.limits.generation_storage_bytes" in error["message"]
     last = read_events(Path(report["journal"]))[-1].document
     assert last["state"] == "failed_cleaned"
-    assert staged_tables(server) == []
+    assert staged_tables(server) == before
     # Raised to what the generation needs, the same refresh publishes.
     config.write_text(config.read_text().replace("= 20000", "= 100000000"))
     code, done = refresh(config, "items")
     assert code == 0, done
     count = chhttp.query(server["http_port"], f"SELECT count() FROM {DATABASE}.t_gen")
     assert count == f"{ROWS}\n"
+
+
+def test_dpone_stage_drops_a_table_that_stores_more_than_its_ceiling(
+    tmp_path: Path, server: dict[str, Any], tiny: tuple[Path, Path]
+) -> None:
+    """Under the wire bound, over the stored one: refused before it counts as staged,
+    and its table dropped (before: staged, then refused at prepare, the table left)."""
+    work, attempt, error = stage_over(tmp_path, server, tiny, "generation_storage_bytes", STORED)
+    assert error["code"] == "limit_exceeded", error
+    details = error["details"]
+    assert (details["ceiling"], details["limit"], details["cause"]) == (
+        "generation_storage_bytes",
+        STORED,
+        "storage_budget_exceeded",
+    )
+    assert details["key"] == "--limit generation_storage_bytes=N"
+    events = [e.document for e in read_events(work / attempt)]
+    assert "loading" in {e["state"] for e in events}  # its rows were in
+    assert (events[-1]["state"], events[-1]["error_code"]) == (
+        "failed_cleaned",
+        "storage_budget_exceeded",
+    )
+
+
+def test_a_refresh_drops_a_generation_that_stores_more_than_its_ceiling(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    before = staged_tables(server)
+    make_source(tmp_path / "shop.db", rows_of(TINY))
+    extra = f"[tables.items.limits]\ngeneration_storage_bytes = {STORED}\n"
+    code, refused = refresh(project(tmp_path, server, "t_stored", extra), "items")
+    report = refused["tables"][0]
+    assert code == 1 and report["phase"] == "stage", report
+    assert report["error"]["code"] == "limit_exceeded", report["error"]
+    details = report["error"]["details"]
+    assert (details["ceiling"], details["limit"], details["cause"]) == (
+        "generation_storage_bytes",
+        STORED,
+        "storage_budget_exceeded",
+    )
+    assert details["key"] == "tables.items.limits.generation_storage_bytes"
+    assert details["observed"] > STORED
+    assert read_events(Path(report["journal"]))[-1].document["state"] == "failed_cleaned"
+    assert report["next_commands"] == [] and staged_tables(server) == before

@@ -68,7 +68,7 @@ from dpone.publication.store import (
     open_store,
     store_exists,
 )
-from dpone.publication.stream_ceilings import stream_bytes_bound
+from dpone.publication.stream_ceilings import stored_bytes_bound, stream_bytes_bound
 from dpone.sql import quote_identifier, quote_literal
 from dpone.staging.contract import StagingPolicy
 from dpone.staging.ingest_session import SessionNotes
@@ -132,9 +132,10 @@ def staging_policy(
 
     Source rows bound the preparation's record count, source bytes every verification
     scan of the file, and the smallest of wire bytes, generation storage and total
-    transient storage the spool as it is written and the INSERT body as it is sent
-    (:mod:`dpone.publication.stream_ceilings`); the final values are checked again at
-    ``prepare``. The ingest drain
+    transient storage the spool as it is written and the INSERT body as it is sent,
+    and the smallest of the two storage ceilings what the staged table holds before
+    it is recorded staged (:mod:`dpone.publication.stream_ceilings`); the final values
+    are checked again at ``prepare``. The ingest drain
     gate's T is the publication's (``[publication]`` ``session_timeout_seconds``).
     """
     return dataclasses.replace(
@@ -142,6 +143,7 @@ def staging_policy(
         max_rows=max(limits.source_rows, 1),
         max_scan_bytes=max(limits.source_bytes, 1),
         max_spool_bytes=stream_bytes_bound(limits),
+        max_stored_bytes=stored_bytes_bound(limits),
         session_timeout_seconds=session_timeout_seconds,
     )
 
