@@ -20,12 +20,10 @@ untrusted writers (:mod:`.grants`) and which principals are allowed per observat
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from dpone.connectors.endpoint_identity import observe_server_id
 from dpone.contracts import canonical_json
 from dpone.errors import DponeError
 from dpone.ports.clickhouse import QueryPort
@@ -56,6 +54,7 @@ from dpone.publication.catalog.grants import (
     writer_grant_blockers,
     writer_privileges,
 )
+from dpone.publication.catalog.presence import read_presence
 from dpone.publication.catalog.reads import (
     ByteObservationMissing,
     CatalogReads,
@@ -300,47 +299,17 @@ class ClickHouseSnapshotCatalog:
         self, database: str, database_uuid: str, table_uuids: tuple[str, ...]
     ) -> RecordedPresence:
         """Whether a database and tables of these UUIDs exist on the server now, under any
-        name, and the server's identity: read as the operator, who sees every database
-        (the catalog's own principal sees only the protected names, so a database renamed
-        away would look gone). Raises ``catalog_unobservable`` when it cannot be read."""
+        name, and the server's identity (:func:`~.presence.read_presence`), read as the
+        operator: the catalog's own principal sees only the protected names, so a
+        database renamed away would look gone. ``catalog_unobservable`` without one."""
         if self._operator is None:
             raise CatalogUnobservable(
                 "this catalog has no operator transport to look for recorded UUIDs",
                 code="catalog_unobservable",
             )
-        reads = CatalogReads(self._operator, self._clock() + self._timeout, self._clock)
-        try:
-            server_id, _ = observe_server_id(
-                self._operator,
-                probe_prefix=catalog_query_id(uuid.uuid4().hex[:16], "server", 1),
-                deadline=self._clock() + self._timeout,
-            )
-        except DponeError as exc:
-            raise CatalogUnobservable(
-                f"the server's identity could not be read: {exc.message}", cause=exc.code
-            ) from exc
-        named = reads.rows(
-            "named_database",
-            "SELECT toString(uuid) AS uuid FROM system.databases "
-            f"WHERE name = {quote_literal(database)}",
-        )
-        databases = reads.rows(
-            "recorded_database",
-            "SELECT count() AS n FROM system.databases "
-            f"WHERE uuid = toUUIDOrZero({quote_literal(database_uuid)})",
-        )
-        tables = reads.rows(
-            "recorded_tables",
-            "SELECT toString(uuid) AS uuid FROM system.tables WHERE toString(uuid) IN "
-            f"{in_list(table_uuids)}",
-        )
-        if len(databases) != 1:
-            raise reads.malformed("recorded_database", databases)
-        return RecordedPresence(
-            server_id,
-            text_field(named[0], "uuid", reads) if named else None,
-            count_field(databases[0], "n", reads) > 0,
-            tuple(sorted({text_field(row, "uuid", reads) for row in tables})),
+        deadline = self._clock() + self._timeout
+        return read_presence(
+            self._operator, deadline, self._clock, database, database_uuid, table_uuids
         )
 
     def retained_bytes(self, slot: TargetSlot, generation_table: str) -> int:
