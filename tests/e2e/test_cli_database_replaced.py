@@ -154,7 +154,9 @@ def test_abandon_refuses_while_the_recorded_database_still_exists(
             *("--data-dir", str(server["data_dir"]), "--json"),
         )
         assert done.returncode == 1, done.stdout + done.stderr
-        assert json.loads(done.stdout)["error"]["code"] == "database_mismatch"
+        error = json.loads(done.stdout)["error"]
+        assert error["code"] == "database_not_replaced", error
+        assert "renamed" in error["message"]
         opened = SqliteSnapshotStore(store, create=False)
         assert SnapshotRecord.from_bytes(opened.load(intent).record_bytes).revision == 2
         assert opened.step_notes(f"abandoned/{intent}") == []

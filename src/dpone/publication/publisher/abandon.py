@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dpone.contracts.composition_snapshot import SnapshotState
+from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState
 from dpone.ports.composition_snapshot import OwnershipState, StepNote
 from dpone.publication.publisher.receipts import SnapshotPublicationError
 from dpone.publication.publisher.reconcile import ReconcilePath
@@ -76,32 +76,19 @@ class AbandonPath(ReconcilePath):
                 intent_sha256=intent_sha256,
                 ownership=ownership.value,
             )
-        if loaded.record.state is P.EXCHANGE_INTENT:
-            self.reconcile(intent_sha256)  # closes the publisher; the outcome is read below
-        loaded = self._load(intent_sha256)
-        intent, record = loaded.intent, loaded.record
-        if record.state is not P.COMMIT_UNKNOWN:
-            raise SnapshotPublicationError(
-                f"{intent_sha256} is {record.state.value}@{record.revision}: only a "
-                "commit_unknown record whose database was dropped is abandoned",
-                code="not_abandonable",
-                intent_sha256=intent_sha256,
-                state=record.state.value,
-            )
+        intent = loaded.intent
+        if loaded.record.state not in (P.EXCHANGE_INTENT, P.COMMIT_UNKNOWN):
+            raise _not_abandonable(intent_sha256, loaded.record.state, loaded.record.revision)
+        # Proven before anything is closed or moved: a claim whose database is not
+        # proven dropped is left exactly as it was (reconcile is its way).
         replaced = self.replaced_database(intent)
         if replaced is None:
-            raise SnapshotPublicationError(
-                f"the database {intent.database} of {intent_sha256} (UUID "
-                f"{intent.database_uuid}) is not proven dropped on the server it was staged "
-                "on: the server reached is another one, a database of that UUID still "
-                "exists (renamed), one of its tables exists somewhere, or this could not "
-                "be read. Nothing was noted; restore what is missing and run `dpone "
-                "snapshot reconcile`",
-                code="database_not_replaced",
-                intent_sha256=intent_sha256,
-                database=intent.database,
-                recorded_uuid=intent.database_uuid,
-            )
+            raise _not_replaced(intent)
+        if loaded.record.state is P.EXCHANGE_INTENT:
+            self.reconcile(intent_sha256)  # closes the publisher: COMMIT_UNKNOWN, read below
+        record = self._load(intent_sha256).record
+        if record.state is not P.COMMIT_UNKNOWN:
+            raise _not_abandonable(intent_sha256, record.state, record.revision)
         closure = self._close_publisher(intent)
         if closure is None or not closure.proven:
             raise SnapshotPublicationError(
@@ -120,3 +107,27 @@ class AbandonPath(ReconcilePath):
         self.store.observe(intent_sha256, facts)  # the record's own history says it too
         note = self.store.note_step(key, {**facts, "intent_sha256": intent_sha256})
         return Abandonment(intent_sha256, record.state, record.revision, note, False)
+
+
+def _not_replaced(intent: SnapshotIntent) -> Exception:
+    return SnapshotPublicationError(
+        f"the database {intent.database} of {intent.sha256} (UUID {intent.database_uuid}) "
+        "is not proven dropped on the server it was staged on: the server reached is "
+        "another one, a database of that UUID still exists (renamed), one of its tables "
+        "exists somewhere, or this could not be read. Nothing was changed; restore what "
+        "is missing and run `dpone snapshot reconcile`",
+        code="database_not_replaced",
+        intent_sha256=intent.sha256,
+        database=intent.database,
+        recorded_uuid=intent.database_uuid,
+    )
+
+
+def _not_abandonable(intent_sha256: str, state: SnapshotState, revision: int) -> Exception:
+    return SnapshotPublicationError(
+        f"{intent_sha256} is {state.value}@{revision}: only an unresolved claim "
+        "(exchange_intent, commit_unknown) whose database was dropped is abandoned",
+        code="not_abandonable",
+        intent_sha256=intent_sha256,
+        state=state.value,
+    )
