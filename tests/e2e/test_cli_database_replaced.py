@@ -80,6 +80,17 @@ def test_a_claim_whose_database_was_dropped_and_created_again_is_abandoned(
     # The publisher principal of the claim is still leased.
     assert [role for _, role in _active_leases(store)] == ["publisher"]
 
+    # A refresh is refused before its export, naming the same one command.
+    code, blocked = refresh(config, "items")
+    error = blocked["tables"][0]["error"]
+    assert (code, error["code"]) == (1, "slot_blocked"), blocked
+    assert shlex.split(error["details"]["next_command"])[:4] == [
+        "dpone",
+        "snapshot",
+        "abandon",
+        intent,
+    ]
+
     # Status names the one command that resolves it.
     status = dpone("status", "--config", str(config), "--json")
     assert status.returncode == 1, status.stdout + status.stderr

@@ -367,6 +367,14 @@ def require_database(server: ServerAccess | Path, database: str) -> None:
     )
 
 
+def database_replaced(server: ServerAccess | Path, database: str, recorded_uuid: str) -> bool:
+    """Whether ``database`` now has another UUID than ``recorded_uuid``, or none (dropped,
+    perhaps created again): what an intent recorded there is gone with it."""
+    named = f"system.databases WHERE name = {quote_literal(database)}"
+    kept = f"{named} AND uuid = toUUIDOrZero({quote_literal(recorded_uuid)})"
+    return not _operator_count(server, kept, "database")
+
+
 def _operator_count(server: ServerAccess | Path, where: str, what: str) -> bool:
     """Whether ``SELECT count() FROM <where>`` is not zero, asked as the operator."""
     access = as_access(server)
