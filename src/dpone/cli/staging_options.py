@@ -59,7 +59,8 @@ store_option = click.option(
 
 def _limits(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> SnapshotLimits:
     """``--limit CEILING=N`` (repeatable) over the publication's defaults."""
-    names = DEFAULT_LIMITS.to_document()
+    # Retained storage is what the database holds besides the stream: no stream crosses it.
+    names = [name for name in DEFAULT_LIMITS.to_document() if name != "retained_storage_bytes"]
     given: dict[str, int] = {}
     for value in values:
         name, sep, number = value.partition("=")
