@@ -48,6 +48,7 @@ from dpone.ports.composition_snapshot import (
     ParentAuthority,
     PrincipalRef,
     PublicationEvidence,
+    RecordedPresence,
     SourceEvidence,
     StepNote,
     StoredSnapshot,
@@ -122,6 +123,12 @@ class FakeCatalog:
     def database_uuid(self, database: str) -> str | None:
         """Unknown to this double: the recorded-database check is the real catalog's."""
         raise FakeError("no database UUIDs here", code="catalog_unobservable")
+
+    def recorded_presence(
+        self, database: str, database_uuid: str, table_uuids: tuple[str, ...]
+    ) -> RecordedPresence:
+        """Unknown to this double, like the database UUIDs."""
+        raise FakeError("no recorded presence here", code="catalog_unobservable")
 
     def _table(self, name: str) -> TableObservation | None:
         table = self.tables.get(name)

@@ -18,6 +18,7 @@ from dpone.ports.composition_snapshot import (
     Blocker,
     CatalogObservation,
     ExchangeEvent,
+    RecordedPresence,
     TableObservation,
     TargetSlot,
 )
@@ -69,6 +70,11 @@ class LeaseEndsWhileObserving:
 
     def database_uuid(self, database: str) -> str | None:
         raise AssertionError("observe_settled reads no database")
+
+    def recorded_presence(
+        self, database: str, database_uuid: str, table_uuids: tuple[str, ...]
+    ) -> RecordedPresence:
+        raise AssertionError("observe_settled looks for no recorded UUID")
 
 
 def test_a_lease_that_ends_and_is_proven_during_the_observation_is_observed_again(

@@ -18,8 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotRecord, SnapshotState
 from dpone.errors import DponeError
+from dpone.publication.catalog import ClickHouseSnapshotCatalog
+from dpone.publication.composition import pool_credentials
+from dpone.publication.server_access import ServerAccess
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.service import StagedTable
 from tests import chhttp
@@ -136,3 +140,38 @@ def _active(store: SqliteSnapshotStore, role: str, attempt_id: str) -> bool:
         r.lease.active and r.lease.role == role and r.lease.attempt_id == attempt_id
         for r in store.lease_records(active_only=False)
     )
+
+
+def test_only_a_reader_that_sees_every_database_tells_a_dropped_one(rig: Rig) -> None:
+    """What reconcile and abandon (issue 37, item 6) rest on: where the recorded database
+    and tables are now, read by one who sees every database. A database renamed away
+    keeps its UUID and its tables (not dropped); a reader that sees only the protected
+    names would miss it there, so it is refused as unobservable."""
+    original = Namesake(rig).database_uuid()
+    staged, a_uuid = _target(rig, "t_sight")
+    recorded = (a_uuid, staged.uuid)
+    catalog = rig.components().publisher.catalog
+    here = catalog.recorded_presence(DB, original, recorded)
+    assert (here.named_uuid, here.database_found, here.tables_found) == (
+        original,
+        True,
+        tuple(sorted(recorded)),
+    )
+    with Namesake(rig) as namesake:
+        aside = catalog.recorded_presence(DB, original, recorded)
+        assert (aside.named_uuid, aside.database_found, aside.tables_found) == (
+            namesake,
+            True,
+            tuple(sorted(recorded)),
+        )
+        assert aside.server_id == here.server_id
+        access = ServerAccess(rig.data_dir)
+        narrow = pool_credentials(access)[access.pool.catalog]
+        blind = ClickHouseSnapshotCatalog(
+            HttpTransport(access.endpoint(DB), narrow),
+            operator=HttpTransport(access.endpoint("system"), narrow),
+        )
+        with pytest.raises(DponeError) as caught:
+            blind.recorded_presence(DB, original, recorded)
+        assert caught.value.code == "catalog_unobservable"
+        assert "every database" in caught.value.message

@@ -30,6 +30,7 @@ from dpone.publication.store import (
     SnapshotStoreError,
     SqliteSnapshotStore,
     StoreLocation,
+    abandoned_key,
     open_store,
     store_exists,
 )
@@ -210,6 +211,26 @@ def test_admission_fences_older_runs_and_ownership_only_moves_forward(
     with pytest.raises(SnapshotStoreError):
         store.set_ownership(second.parent_request, OwnershipState.ACTIVE)
     assert store.load(sha).revision == 1
+
+
+def test_an_abandoned_claim_holds_its_slot_no_more(location: StoreLocation) -> None:
+    """An unresolved claim blocks new attempts (``slot_blocked``) until its abandonment
+    is noted (``dpone snapshot abandon``, issue 37 item 6); its record stays as it was."""
+    store = open_store(location)
+    authority, sha = prepare(store)
+    store.compare_and_set(
+        sha, expected=PREPARED, replacement=CLAIMED, authority=authority, facts={}
+    )
+    with pytest.raises(SnapshotStoreError) as blocked:
+        store.admit(SLOT, "attempt-2")
+    assert blocked.value.code == "slot_blocked"
+    [listed] = store.list_snapshots()
+    assert (listed.abandoned, listed.blocking) == (False, True)
+    store.note_step(abandoned_key(sha), {"step": "abandon"})
+    [listed] = store.list_snapshots()
+    assert (listed.state, listed.abandoned, listed.blocking) == ("exchange_intent", True, False)
+    assert store.admit(SLOT, "attempt-2").attempt_id == "attempt-2"
+    assert store.load(sha).record_bytes == CLAIMED
 
 
 def test_leases_take_the_first_free_user_and_end_once(location: StoreLocation) -> None:

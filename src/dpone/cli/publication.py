@@ -48,6 +48,7 @@ from dpone.publication.composition import (
     claim_slots,
 )
 from dpone.publication.publisher import PublicationReceipt
+from dpone.publication.publisher.abandon import Abandonment
 from dpone.publication.publisher.receipts import historical_receipt
 from dpone.publication.store import StoreLocation, open_store
 from dpone.staging.journal import read_events
@@ -220,6 +221,9 @@ def _call(
             access.data_dir, store_path, create_store=False, remote=access.remote, pool=access.pool
         )
         publisher = build_publication(config, database).publisher
+        if verb == "abandon":
+            _abandoned(publisher.abandon(intent), as_json)
+            return
         calls = {
             "publish": publisher.publish,
             "reconcile": publisher.reconcile,
@@ -231,7 +235,8 @@ def _call(
 def _intent_verb(func: Callable[..., None]) -> click.Command:
     """A ``snapshot`` command on one stored INTENT, with ``--store``, ``--data-dir``, ``--json``.
 
-    The one argument and option set of ``publish``, ``reconcile`` and ``cancel``.
+    The one argument and option set of ``publish``, ``reconcile``, ``cancel`` and
+    ``abandon``.
     """
     return snapshot.command()(
         click.argument("intent")(
@@ -274,6 +279,36 @@ def cancel(
 ) -> None:
     """Cancel a PREPARED publication (NOT_PUBLISHED at revision 2); nothing is sent."""
     _call("cancel", intent, store_path, data_dir, as_json, project_config)
+
+
+@_intent_verb
+def abandon(
+    intent: str,
+    store_path: StoreLocation,
+    data_dir: Path,
+    as_json: bool,
+    project_config: Path | None,
+) -> None:
+    """Free the target of a publication whose database was dropped on this server.
+
+    Its tables went with the database, so no outcome can be proven: the record ends
+    (or stays) commit_unknown with its publisher closed, and a note in the store stops
+    it from blocking the target. Refused unless the database and both tables are
+    proven gone from the server the publication was staged on.
+    """
+    _call("abandon", intent, store_path, data_dir, as_json, project_config)
+
+
+def _abandoned(done: Abandonment, as_json: bool) -> None:
+    if as_json:
+        emit_json({"ok": True, **done.to_document()})
+        return
+    click.echo(f"intent {done.intent_sha256}")
+    click.echo(
+        f"state {done.state.value} (revision {done.revision}), abandoned at {done.note.at}"
+        + (" [earlier]" if done.historical else "")
+    )
+    click.echo("its database was dropped: the target is free for a new publication")
 
 
 @snapshot.command()

@@ -21,17 +21,25 @@ from dpone.cli.interruptions import is_interruption, report_interruption
 from dpone.cli.output import emit_json, json_option, reported_errors
 from dpone.cli.staging_options import (
     existing_file,
+    limit_option,
     server_options,
     staging_config,
     store_option,
     work_dir_option,
 )
+from dpone.contracts.composition_snapshot import SnapshotLimits
 from dpone.errors import ConfigurationError, DponeError
 from dpone.ports.clickhouse_request import check_attempt_id
 from dpone.project.ingest_leases import lease_ids, release_after_failure, store_given
 from dpone.project.server import server_access
-from dpone.publication.composition import ingest_session_notes, issue_ingest, pool_protects
+from dpone.publication.composition import (
+    ingest_session_notes,
+    issue_ingest,
+    pool_protects,
+    staging_policy,
+)
 from dpone.publication.store import StoreLocation
+from dpone.publication.stream_ceilings import stream_refusal
 from dpone.staging.composition import StagingConfig
 from dpone.staging.journal import read_events, verify_journal
 from dpone.staging.leftovers import NO_EVENTS, finishing_command, left_behind
@@ -108,6 +116,7 @@ class TerminalProgress:
     help="Who stages: a leased ingest user of the publication pool (needed to publish), "
     "or the administrator; auto = the pool when the managed server declares it.",
 )
+@limit_option
 @store_option
 @server_options
 @json_option
@@ -117,6 +126,7 @@ def stage(
     work_dir: Path,
     attempt_id: str | None,
     principal: str,
+    limits: SnapshotLimits,
     store_path: StoreLocation,
     as_json: bool,
     **server: object,
@@ -127,6 +137,13 @@ def stage(
         # before any server is asked.
         attempt_id = new_attempt_id() if attempt_id is None else check_attempt_id(attempt_id)
         config = staging_config(work_dir=work_dir, **server)  # type: ignore[arg-type]
+        # The publication's ceilings bound the stream (a generation over one could
+        # never be prepared): stopped where it crosses one, not after.
+        session = config.policy.session_timeout_seconds
+        config = replace(
+            config,
+            policy=staging_policy(limits, config.policy, session_timeout_seconds=session),
+        )
         progress = None if as_json or not sys.stderr.isatty() else TerminalProgress()
         database = config.endpoint.database
         journal_dir = work_dir / attempt_id
@@ -139,9 +156,10 @@ def stage(
             staged = ClickHouseSink(config, progress=progress).stage_validated_file(
                 file, receipt_path, attempt_id=attempt_id
             )
-        except BaseException as exc:  # SIGTERM and Ctrl-C too: say what remains
+        except BaseException as caught:  # SIGTERM and Ctrl-C too: say what remains
             if progress is not None:
                 progress.finish()
+            exc = _as_ceiling(caught, limits, config)
             # Cut short while leasing, the lease may be stored without its id returned.
             taken = [lease_id] if lease_id else sorted(lease_ids(store_path, attempt_id) - earlier)
             leases = [
@@ -150,7 +168,9 @@ def stage(
             ]
             journal = None if existed else journal_dir
             _report_stopped(exc, as_json, journal, attempt_id, work_dir, server, store_path, leases)
-            raise
+            if exc is caught:
+                raise
+            raise exc from caught
         if progress is not None:
             progress.finish()
         payload = {
@@ -175,6 +195,18 @@ def stage(
             click.echo(
                 f"journal head {staged.journal_head} (dpone journal verify --head checks it)"
             )
+
+
+def _as_ceiling(exc: BaseException, limits: SnapshotLimits, config: StagingConfig) -> BaseException:
+    """``exc``, or the publication ceiling (``limit_exceeded``) whose bound stopped it,
+    with what staging said about the attempt (its journal, its last event)."""
+    if not isinstance(exc, DponeError):
+        return exc
+    refusal = stream_refusal(limits, config.policy, exc, lambda ceiling: f"--limit {ceiling}=N")
+    if refusal is None:
+        return exc
+    refusal.add_details(**{k: v for k, v in exc.details.items() if k not in refusal.details})
+    return refusal
 
 
 def _report_stopped(

@@ -3,6 +3,7 @@ they make (the endpoint, its credentials, the transport, the converter)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -11,6 +12,7 @@ import click
 
 from dpone.cli.connection import managed_credentials, project_server_option
 from dpone.cli.server import data_dir_option
+from dpone.contracts.composition_snapshot import DEFAULT_LIMITS, SnapshotLimits
 from dpone.errors import ConfigurationError
 from dpone.localserver import find_running
 from dpone.localserver.protected import start_command
@@ -53,6 +55,37 @@ store_option = click.option(
     show_default=True,
     help="The publication store holding the attempt's ingest lease (a SQLite file, or "
     "postgresql://USER@HOST:PORT/DB).",
+)
+
+
+def _limits(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> SnapshotLimits:
+    """``--limit CEILING=N`` (repeatable) over the publication's defaults."""
+    # Retained storage is what the database holds besides the stream: no stream crosses it.
+    names = [name for name in DEFAULT_LIMITS.to_document() if name != "retained_storage_bytes"]
+    given: dict[str, int] = {}
+    for value in values:
+        name, sep, number = value.partition("=")
+        if not sep or name not in names or not number.isdigit() or int(number) < 1:
+            raise click.BadParameter(
+                f"{value!r} is not CEILING=N with N a positive integer and CEILING one of "
+                f"{', '.join(names)}",
+                ctx,
+                param,
+            )
+        given[name] = int(number)
+    return dataclasses.replace(DEFAULT_LIMITS, **given)
+
+
+limit_option = click.option(
+    "--limit",
+    "limits",
+    multiple=True,
+    metavar="CEILING=N",
+    callback=_limits,
+    help="A publication ceiling the stream must stay under (repeatable): source_rows, "
+    "source_bytes, wire_bytes, generation_storage_bytes, total_transient_storage_bytes "
+    "(default: the publication's, DEFAULT_LIMITS). A stream that would cross one is "
+    "stopped: limit_exceeded.",
 )
 
 

@@ -204,6 +204,29 @@ def _texts(row: dict[str, Any], member: str, query_id: str) -> list[str]:
     return value
 
 
+def observe_server_id(
+    transport: QueryPort,
+    *,
+    probe_prefix: str,
+    deadline: float,
+    establish: Callable[[str], object] | None = None,
+) -> tuple[str, str]:
+    """The server's identity and where it came from (see :func:`observe_identity`)."""
+    query_id = f"{probe_prefix}-server"
+    statement = (
+        f"SELECT toString(serverUUID()) AS id, (SELECT groupArray(uuid) FROM ({_IDENTITY_SQL})) "
+        "AS identity"
+    )
+    row = _one(transport, statement, query_id, deadline, "id", "identity")
+    server_id = _text(row, "id", query_id)
+    if server_id != NIL_UUID:
+        return server_id, SOURCE_SERVER_UUID
+    identities = _texts(row, "identity", query_id)
+    return _dpone_identity(transport, identities, probe_prefix, deadline, establish), (
+        SOURCE_DPONE_TABLE
+    )
+
+
 def _dpone_identity(
     transport: QueryPort,
     identities: list[str],

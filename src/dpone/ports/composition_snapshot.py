@@ -429,6 +429,22 @@ class SnapshotPublicationStore(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class RecordedPresence:
+    """Where the server reached now holds what an intent recorded, by UUID, under any name.
+
+    ``server_id``: the server's identity now (as staging records it). ``named_uuid``: the
+    UUID of the database under the recorded name now (None: there is none).
+    ``database_found``: a database with the recorded UUID exists (under any name).
+    ``tables_found``: which of the recorded table UUIDs (A, B) some database holds.
+    """
+
+    server_id: str
+    named_uuid: str | None
+    database_found: bool
+    tables_found: tuple[str, ...]
+
+
 class ClickHouseSnapshotCatalog(Protocol):
     """A fresh observation of the publication's two names; never partial, never cached."""
 
@@ -442,6 +458,14 @@ class ClickHouseSnapshotCatalog(Protocol):
 
     def database_uuid(self, database: str) -> str | None:
         """The UUID of ``database`` on this server now (None: it does not exist)."""
+        ...
+
+    def recorded_presence(
+        self, database: str, database_uuid: str, table_uuids: tuple[str, ...]
+    ) -> RecordedPresence:
+        """What the server holds now of ``database`` (its UUID under that name) and whether
+        a database and tables of the recorded UUIDs exist anywhere on it, as one who sees
+        every database sees it; raises when that is unobservable."""
         ...
 
 

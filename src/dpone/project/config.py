@@ -163,6 +163,10 @@ class TableConfig:
     def qualified_target(self) -> str:
         return f"{self.database}.{self.target}"
 
+    def limit_key(self, ceiling: str) -> str:
+        """The key of ``dpone.toml`` that sets ``ceiling`` for this table."""
+        return f"tables.{self.name}.limits.{ceiling}"
+
 
 @dataclass(frozen=True)
 class Project:

@@ -84,6 +84,7 @@ from dpone.publication.composition import (
     staging_policy,
 )
 from dpone.publication.retained import headroom_policy, headroom_refusal
+from dpone.publication.stream_ceilings import stream_refusal
 from dpone.staging.composition import StagingConfig
 from dpone.staging.contract import PhysicalDesign, StagingPolicy
 from dpone.staging.journal import read_events
@@ -373,8 +374,11 @@ class RefreshService:
                 exc.add_details(ingest_release_failed=close_exc.code)
             if "journal" in exc.details:
                 report.journal = str(exc.details["journal"])
-            refusal = headroom_refusal(table.limits, headroom.retained_bytes, headroom.policy, exc)
+            refusal = headroom_refusal(
+                table.limits, headroom.retained_bytes, headroom.policy, exc
+            ) or stream_refusal(table.limits, headroom.policy, exc, table.limit_key)
             if refusal is not None:
+                refusal.add_details(key=table.limit_key(str(refusal.details["ceiling"])))
                 kept = ("journal", "ingest_release_failed")  # what the staging error told
                 refusal.add_details(**{k: exc.details[k] for k in kept if k in exc.details})
                 raise refusal from exc

@@ -25,7 +25,7 @@ from dpone.connectors.clickhouse_tables import (
     ownership_comment,
     staging_table_name,
 )
-from dpone.contracts.composition_snapshot import SnapshotState
+from dpone.contracts.composition_snapshot import SnapshotIntent
 from dpone.durable_files import PRIVATE_FILE_MODE, private_directories
 from dpone.errors import ConfigurationError, DponeError, StateError
 from dpone.exporters.sources import Source, SqliteSource, SqlServerSource
@@ -40,6 +40,7 @@ from dpone.publication.composition import (
     PublicationComponents,
     check_ownership,
     claim_slots,
+    database_replaced,
     require_database,
     require_protected,
 )
@@ -140,19 +141,25 @@ class RefreshChecks:
         # this very moment, and the store's own transaction settles who does.
         store = open_store(self.project.store)
         for summary in store.list_snapshots():
-            unresolved = summary.state in (
-                SnapshotState.EXCHANGE_INTENT.value,
-                SnapshotState.COMMIT_UNKNOWN.value,
-            )
-            if unresolved and (summary.database, summary.target_table) == (
+            if summary.blocking and (summary.database, summary.target_table) == (
                 table.database,
                 table.target,
             ):
-                command = snapshot_command(self.project, "reconcile", summary.intent_sha256)
+                # Its database dropped (and maybe created again): reconcile can prove
+                # nothing there any more, abandon frees the target.
+                recorded = SnapshotIntent.from_bytes(summary.intent_bytes).database_uuid
+                dropped = database_replaced(access, table.database, recorded)
+                verb = "abandon" if dropped else "reconcile"
+                command = snapshot_command(self.project, verb, summary.intent_sha256)
                 raise RefreshError(
                     f"{table.qualified_target} has a publication whose outcome is not yet "
                     f"known ({summary.state}, intent {summary.intent_sha256}); nothing is "
-                    f"exported until it is reconciled: `{command}`",
+                    + (
+                        f"exported until it is abandoned (its database {table.database} was "
+                        f"dropped since): `{command}`"
+                        if dropped
+                        else f"exported until it is reconciled: `{command}`"
+                    ),
                     code="slot_blocked",
                     intent_sha256=summary.intent_sha256,
                     state=summary.state,

@@ -169,6 +169,8 @@ def unfinished_publication(
     stored = stored_intents(store, database, target)
     superseded = superseded_prepared(store, stored)
     for summary, intent in stored:
+        if summary.abandoned:
+            continue  # its database was dropped: nothing of it can move any more
         if SnapshotState(summary.state) not in TERMINAL and intent.sha256 not in superseded:
             return summary
     return None

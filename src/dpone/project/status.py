@@ -28,6 +28,7 @@ from dpone.connectors.clickhouse_tables import observe_ownership
 from dpone.connectors.tls_probe import TLS_PORT_FIX, plain_http_to_tls
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotRecord, SnapshotState
 from dpone.errors import DeadlineError, DponeError
+from dpone.ports.clickhouse_request import read
 from dpone.ports.composition_snapshot import StepNote, TargetSlot
 from dpone.project.config import Project
 from dpone.project.leases import (
@@ -88,6 +89,7 @@ def project_status(project: Project) -> ProjectStatus:
     declared = {TargetSlot(t.database, t.target): t.name for t in project.tables.values()}
     removed = [s for s in (known_slots(store) if store is not None else []) if s not in declared]
     superseded: set[str] = set()
+    databases: dict[str, str] | None = None  # read once, when a claim is unresolved
     copies = _copies(store, project, [*declared, *removed]) if running and store else {}
     for slot in [*declared, *removed]:
         mine = [s for s in summaries if (s.database, s.target_table) == (slot.database, slot.table)]
@@ -124,7 +126,9 @@ def project_status(project: Project) -> ProjectStatus:
                 }
             )
         for summary in mine:
-            _publication_item(status, summary, entry["target"], superseded, tail)
+            if summary.blocking and running and databases is None:
+                databases = _database_uuids(project)
+            _publication_item(status, summary, entry["target"], superseded, tail, databases)
     finishing = _attempts(project, status, store, superseded)
     _retire_journals(project, status)
     if store is not None:
@@ -200,11 +204,23 @@ def _publication_item(
     target: str,
     superseded: set[str],
     tail: list[str],
+    databases: dict[str, str] | None,
 ) -> None:
-    """The item of a publication that needs a person (reconcile or cancel), if any."""
+    """The item of a publication that needs a person (reconcile, abandon or cancel).
+
+    An unresolved claim whose database now has another UUID than the intent recorded,
+    or none (``databases``: name -> UUID on the server now), was dropped with its
+    tables: no reconcile can prove an outcome, ``abandon`` frees the target (it
+    refuses unless the server is the same one and the tables are gone everywhere).
+    """
     state = SnapshotState(summary.state)
-    if state in (SnapshotState.EXCHANGE_INTENT, SnapshotState.COMMIT_UNKNOWN):
+    if summary.abandoned:
+        return  # its database was dropped and an operator freed the target
+    if summary.blocking:
         verb, kind = "reconcile", state.value
+        recorded = SnapshotIntent.from_bytes(summary.intent_bytes).database_uuid
+        if databases is not None and databases.get(summary.database) != recorded:
+            verb, kind = "abandon", "database_replaced"
     elif state is SnapshotState.PREPARED and summary.intent_sha256 not in superseded:
         verb, kind = "cancel", "prepared"
     else:
@@ -215,8 +231,33 @@ def _publication_item(
             "target": target,
             "intent_sha256": summary.intent_sha256,
             "command": shlex.join(["dpone", "snapshot", verb, summary.intent_sha256, *tail]),
+            **(
+                {
+                    "message": f"the database {summary.database} was dropped (its UUID is not "
+                    "the one the publication recorded): its tables went with it, so no "
+                    "outcome can be proven; abandon frees the target"
+                }
+                if kind == "database_replaced"
+                else {}
+            ),
         }
     )
+
+
+def _database_uuids(project: Project) -> dict[str, str] | None:
+    """name -> UUID of every database on the server now, read as its operator (None:
+    unreadable; the unresolved claims are then named with reconcile, as always)."""
+    try:
+        rows = _operator(project, "system").execute(
+            read(
+                "SELECT name, toString(uuid) AS uuid FROM system.databases FORMAT JSONEachRow",
+                f"dpone-status-{time.time_ns()}-databases",
+            ),
+            deadline=time.monotonic() + 30,
+        )
+        return {str(row["name"]): str(row["uuid"]) for row in rows.json_rows()}
+    except (DponeError, KeyError):
+        return None
 
 
 def _last_publication(

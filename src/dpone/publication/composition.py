@@ -68,6 +68,7 @@ from dpone.publication.store import (
     open_store,
     store_exists,
 )
+from dpone.publication.stream_ceilings import stored_bytes_bound, stream_bytes_bound
 from dpone.sql import quote_identifier, quote_literal
 from dpone.staging.contract import StagingPolicy
 from dpone.staging.ingest_session import SessionNotes
@@ -130,15 +131,19 @@ def staging_policy(
     """The staging bounds that enforce a publication's ceilings while data streams.
 
     Source rows bound the preparation's record count, source bytes every verification
-    scan of the file, wire bytes the spool as it is written and the INSERT body as it
-    is sent; the final values are checked again at ``prepare``. The ingest drain
+    scan of the file, and the smallest of wire bytes, generation storage and total
+    transient storage the spool as it is written and the INSERT body as it is sent,
+    and the smallest of the two storage ceilings what the staged table holds before
+    it is recorded staged (:mod:`dpone.publication.stream_ceilings`); the final values
+    are checked again at ``prepare``. The ingest drain
     gate's T is the publication's (``[publication]`` ``session_timeout_seconds``).
     """
     return dataclasses.replace(
         base or StagingPolicy(),
         max_rows=max(limits.source_rows, 1),
         max_scan_bytes=max(limits.source_bytes, 1),
-        max_spool_bytes=max(limits.wire_bytes, 1),
+        max_spool_bytes=stream_bytes_bound(limits),
+        max_stored_bytes=stored_bytes_bound(limits),
         session_timeout_seconds=session_timeout_seconds,
     )
 
@@ -365,6 +370,14 @@ def require_database(server: ServerAccess | Path, database: str) -> None:
     )
 
 
+def database_replaced(server: ServerAccess | Path, database: str, recorded_uuid: str) -> bool:
+    """Whether ``database`` now has another UUID than ``recorded_uuid``, or none (dropped,
+    perhaps created again): what an intent recorded there is gone with it."""
+    named = f"system.databases WHERE name = {quote_literal(database)}"
+    kept = f"{named} AND uuid = toUUIDOrZero({quote_literal(recorded_uuid)})"
+    return not _operator_count(server, kept, "database")
+
+
 def _operator_count(server: ServerAccess | Path, where: str, what: str) -> bool:
     """Whether ``SELECT count() FROM <where>`` is not zero, asked as the operator."""
     access = as_access(server)
@@ -446,6 +459,9 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
         recorded_uuids=recorded_table_uuids(store),
         live_targets=recorded_target_names(store),
         pool_members=frozenset(in_use),
+        # Whether a replaced database's tables are anywhere: read by who sees every
+        # database, in one that always exists (the recorded one may be gone).
+        operator=HttpTransport(access.endpoint("system"), access.operator()),
     )
     executor = ClickHouseSnapshotExecutor(
         endpoint,

@@ -26,6 +26,7 @@ from dpone.errors import DponeError
 from dpone.publication.publisher.checks import ceiling_exceeded
 from dpone.publication.publisher.receipts import SnapshotPublicationError
 from dpone.publication.store import SnapshotSummary
+from dpone.publication.stream_ceilings import STORED_CODE
 from dpone.staging.contract import StagingPolicy
 
 RETAINED_CEILING = "retained_storage_bytes"
@@ -86,12 +87,13 @@ def recorded_table_uuids(store: SnapshotListing) -> Callable[[str], frozenset[st
 def headroom_policy(
     limits: SnapshotLimits, retained_now: int, base: StagingPolicy
 ) -> StagingPolicy:
-    """``base`` with its streaming byte bound narrowed to the storage headroom left now.
+    """``base`` with its byte bounds narrowed to the storage headroom left now.
 
     ``retained_now`` is what the slot's database retains now (the target and every
     retained table, the catalog's count). The headroom is the total transient ceiling
-    less that; the bound becomes ``min(base.max_spool_bytes, headroom)``, where the
-    base is normally already the wire-bytes ceiling.
+    less that; the streaming bound becomes ``min(base.max_spool_bytes, headroom)``,
+    where the base is normally already the wire-bytes ceiling, and the bound of what
+    the staged table stores ``min(base.max_stored_bytes, headroom)``.
 
     Why wire bytes: while the INSERT streams, the producer knows only the bytes it
     writes into the spool and sends as the body (``max_spool_bytes`` bounds both);
@@ -111,7 +113,12 @@ def headroom_policy(
         raise ceiling_exceeded(
             TRANSIENT_CEILING, retained_now, limits.total_transient_storage_bytes
         )
-    return dataclasses.replace(base, max_spool_bytes=min(base.max_spool_bytes, headroom))
+    return dataclasses.replace(
+        base,
+        max_spool_bytes=min(base.max_spool_bytes, headroom),
+        # What the staged table stores, once its rows are in, is held to it too.
+        max_stored_bytes=min(base.max_stored_bytes, headroom),
+    )
 
 
 def headroom_refusal(
@@ -124,7 +131,8 @@ def headroom_refusal(
     a stop at the wire-bytes ceiling stays staging's own error.
     """
     headroom = limits.total_transient_storage_bytes - retained_now
-    if exc.code not in STREAM_BOUND_CODES or policy.max_spool_bytes != headroom:
+    bound = policy.max_stored_bytes if exc.code == STORED_CODE else policy.max_spool_bytes
+    if exc.code not in (*STREAM_BOUND_CODES, STORED_CODE) or bound != headroom:
         return None
     limit = limits.total_transient_storage_bytes
     return SnapshotPublicationError(

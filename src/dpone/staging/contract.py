@@ -69,6 +69,10 @@ class StagingPolicy:
     max_spool_bytes: int = 64 * 1024**3
     free_space_reserve_bytes: int = 256 * 1024 * 1024
     max_scan_bytes: int = 256 * 1024**3
+    # What the staged table may hold on the server (``system.tables.total_bytes``),
+    # checked once its rows are in and before it is recorded staged: over it, the
+    # attempt fails and its table is dropped like any failure's.
+    max_stored_bytes: int = 64 * 1024**3
     # T of the ingest drain-gate session (HTTP only, :mod:`dpone.staging.ingest_session`):
     # a write arriving T after the last request in it ended fails with 372. The
     # publication's closure waits T plus its margin, so it is kept short (the

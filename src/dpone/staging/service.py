@@ -383,8 +383,7 @@ class ClickHouseValidatedFileService:
         deadline: float,
     ) -> int:
         """Everything after the INSERT, under the verification deadline."""
-        # The endpoint first: through another server, the table would look missing and
-        # "missing" would read as "nothing was created".
+        # The endpoint first: elsewhere, a missing table would read as "never created".
         self._check_endpoint(run, deadline, "after the INSERT")
         checks = self._checks(run)
         again = checks.identity(table, comment, prepared.identity.target_schema, deadline)
@@ -402,6 +401,7 @@ class ClickHouseValidatedFileService:
                 code="count_mismatch",
                 observed=count,
             )
+        checks.within_storage(table, self.policy.max_stored_bytes, deadline)
         # Completion re-scans the source: it belongs to this deadline, not preparation's.
         attempt.complete(
             count, FileVerificationBudget(deadline, self.policy.max_scan_bytes, self.clock)

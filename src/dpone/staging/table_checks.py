@@ -184,3 +184,31 @@ class StagingTableChecks:
                 code="count_unobservable",
             )
         return value
+
+    def within_storage(self, table: str, limit: int, deadline: float) -> int:
+        """``table``'s stored bytes (``total_bytes``), refused over ``limit``.
+
+        ``storage_budget_exceeded`` over it; a missing counter is
+        ``stored_bytes_unobservable``, never zero.
+        """
+        rows = self._control_rows(
+            "SELECT total_bytes AS b FROM system.tables "
+            f"WHERE database = {quote_literal(self.database)} AND name = {quote_literal(table)}",
+            "stored_bytes",
+            ("b",),
+            deadline,
+        )
+        value = rows[0]["b"] if len(rows) == 1 else None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise StagingError(
+                f"the stored size of {table} is not observable ({rows!r:.200})",
+                code="stored_bytes_unobservable",
+            )
+        if value > limit:
+            raise StagingError(
+                f"staging table {table} holds {value} bytes on the server, over the bound {limit}",
+                code="storage_budget_exceeded",
+                observed=value,
+                limit=limit,
+            )
+        return value

@@ -31,6 +31,7 @@ from dpone.ports.composition_snapshot import (
     Blocker,
     CatalogObservation,
     ExchangeEvent,
+    RecordedPresence,
     TableObservation,
     TargetSlot,
 )
@@ -53,6 +54,7 @@ from dpone.publication.catalog.grants import (
     writer_grant_blockers,
     writer_privileges,
 )
+from dpone.publication.catalog.presence import read_presence
 from dpone.publication.catalog.reads import (
     ByteObservationMissing,
     CatalogReads,
@@ -138,8 +140,12 @@ class ClickHouseSnapshotCatalog:
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         pool_members: frozenset[str] = frozenset(),
+        operator: QueryPort | None = None,
     ) -> None:
+        """``operator``: a transport, in a database that always exists, of one who sees
+        every database (the server's administrator), for :meth:`recorded_presence`."""
         self._transport = transport
+        self._operator = operator
         self.trusted_users = frozenset(trusted_users)
         # The pool's principals: the last look before an EXCHANGE leaves their grants to
         # the observation, which waits for a closure in progress (observe_settled).
@@ -286,6 +292,23 @@ class ClickHouseSnapshotCatalog:
             f"WHERE name = {quote_literal(database)}",
         )
         return text_field(rows[0], "uuid", reads) if rows else None
+
+    def recorded_presence(
+        self, database: str, database_uuid: str, table_uuids: tuple[str, ...]
+    ) -> RecordedPresence:
+        """Whether a database and tables of these UUIDs exist on the server now, under any
+        name, and the server's identity (:func:`~.presence.read_presence`), read as the
+        operator: the catalog's own principal sees only the protected names, so a
+        database renamed away would look gone. ``catalog_unobservable`` without one."""
+        if self._operator is None:
+            raise CatalogUnobservable(
+                "this catalog has no operator transport to look for recorded UUIDs",
+                code="catalog_unobservable",
+            )
+        deadline = self._clock() + self._timeout
+        return read_presence(
+            self._operator, deadline, self._clock, database, database_uuid, table_uuids
+        )
 
     def retained_bytes(self, slot: TargetSlot, generation_table: str) -> int:
         """What the slot's database retains now: the target's bytes plus the retained.

@@ -18,6 +18,8 @@ one module a path:
   names, the query log and B's content, and moves the record only along an allowed
   edge. It never issues credentials and never calls the executor.
 - ``cancel`` (here): PREPARED@1 -> NOT_PUBLISHED@2, then the unused publisher is closed.
+- ``abandon`` (:mod:`.abandon`): a claim whose database was dropped on this server
+  ends COMMIT_UNKNOWN with its publisher closed, and an operator's note frees its slot.
 
 The publisher retains A: it never drops a table, advances a checkpoint or releases a
 fence.
@@ -26,6 +28,7 @@ fence.
 from __future__ import annotations
 
 from dpone.contracts.composition_snapshot import CANCELLED, SnapshotState
+from dpone.publication.publisher.abandon import AbandonPath
 from dpone.publication.publisher.ports import CLAIM_POLL_SECONDS, CLAIM_WAIT_SECONDS
 from dpone.publication.publisher.prepare import PreparePath
 from dpone.publication.publisher.publish import PublishPath
@@ -50,7 +53,7 @@ __all__ = [
 P = SnapshotState
 
 
-class ClickHouseAtomicSnapshotPublisher(PreparePath, PublishPath):
+class ClickHouseAtomicSnapshotPublisher(PreparePath, PublishPath, AbandonPath):
     """Publishes one complete, sealed generation with a single EXCHANGE (seed 000).
 
     Constructed with keyword arguments ``authority``, ``store``, ``catalog``,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from dpone.contracts.composition_snapshot import (
     DEFAULT_LIMITS,
@@ -169,6 +170,40 @@ class PublisherPorts:
                 recorded_uuid=recorded_uuid,
                 found_uuid=found,
             )
+
+    def replaced_database(self, intent: SnapshotIntent) -> dict[str, Any] | None:
+        """The facts proving the intent's database was dropped on this very server, or None.
+
+        Proven when, read now as the operator (who sees every database): the server is
+        the one the intent recorded, its database name holds another UUID or none, no
+        database has the recorded UUID under any name, and neither A nor B exists in
+        any database. Then nothing the intent names can ever be observed again (a
+        database renamed away still has its UUID, another server another identity:
+        both stay ``database_mismatch``). None when any of it is not so or unreadable.
+        """
+        try:
+            presence = self.catalog.recorded_presence(
+                intent.database,
+                intent.database_uuid,
+                (intent.target_uuid, intent.generation_uuid),
+            )
+        except DponeError:
+            return None
+        if (
+            presence.server_id != intent.server_id
+            or presence.named_uuid == intent.database_uuid
+            or presence.database_found
+            or presence.tables_found
+        ):
+            return None
+        return {
+            "database": intent.database,
+            "recorded_uuid": intent.database_uuid,
+            "found_uuid": presence.named_uuid,
+            "server_id": presence.server_id,
+            "tables": [intent.target_uuid, intent.generation_uuid],
+            "tables_found": [],
+        }
 
     def _load(self, intent_sha256: str) -> LoadedIntent:
         stored = self.store.load(intent_sha256)

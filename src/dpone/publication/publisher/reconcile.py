@@ -8,6 +8,9 @@ credentials and never calls the executor.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from dpone.contracts.composition_snapshot import (
     TERMINAL,
     ReconcileFacts,
@@ -43,6 +46,9 @@ from dpone.publication.publisher.records import (
 )
 
 P = SnapshotState
+# A COMMIT_UNKNOWN record's reason when its database was dropped on this server (with
+# its publisher closed): only `dpone snapshot abandon` ends what it blocks.
+DATABASE_REPLACED = "database_replaced"
 _RETAINED = frozenset({OwnershipState.ACTIVE, OwnershipState.RETIRING})
 
 
@@ -67,10 +73,29 @@ class ReconcilePath(PublisherPorts):
             )
         if record.state in TERMINAL or record.state is P.PREPARED:
             return self._report(intent, record)
-        self.require_recorded_database(
-            intent.database, intent.database_uuid, f"the intent {intent_sha256}"
-        )
-        return self._reconcile_claimed(intent, record, None)
+        # A database dropped (and maybe created again) on this same server took A and B
+        # with it: the claim can only end unknown, but its publisher is still closed
+        # here, on this server's evidence. Any other database under the name refuses.
+        # The proof is asked only when the database's UUID is not the recorded one: one
+        # read in the usual case, as before.
+        replaced = None
+        if self._database_changed(intent):
+            replaced = self.replaced_database(intent)
+            if replaced is None:
+                self.require_recorded_database(
+                    intent.database, intent.database_uuid, f"the intent {intent_sha256}"
+                )
+        return self._reconcile_claimed(intent, record, None, replaced=replaced)
+
+    def _database_changed(self, intent: SnapshotIntent) -> bool:
+        """Whether the intent's database now has another UUID or none (an unreadable
+        one is left to the observations that follow, which refuse)."""
+        if not intent.database_uuid:
+            return False  # nothing recorded to compare (the evidence checks refuse that)
+        try:
+            return self.catalog.database_uuid(intent.database) != intent.database_uuid
+        except DponeError:
+            return False
 
     def _report(self, intent: SnapshotIntent, record: SnapshotRecord) -> PublicationReceipt:
         facts = self._facts(intent, closure=None, dispatch=None)
@@ -78,11 +103,18 @@ class ReconcilePath(PublisherPorts):
         return receipt_observed(record, facts)
 
     def _reconcile_claimed(
-        self, intent: SnapshotIntent, record: SnapshotRecord, dispatch: DispatchResult | None
+        self,
+        intent: SnapshotIntent,
+        record: SnapshotRecord,
+        dispatch: DispatchResult | None,
+        *,
+        replaced: Mapping[str, Any] | None = None,
     ) -> PublicationReceipt:
+        """``replaced``: the proof the intent's database is gone (:meth:`replaced_database`);
+        its names then denote other tables or none, and are not observed."""
         closure = self._close_publisher(intent)
         known = record_dispatch(dispatch) if dispatch is not None else record.dispatch
-        facts = self._facts(intent, closure=closure, dispatch=known)
+        facts = self._facts(intent, closure=closure, dispatch=known, tables=replaced is None)
         decided = decide_reconcile(intent, facts)
         history = {
             "step": "reconcile",
@@ -91,6 +123,7 @@ class ReconcilePath(PublisherPorts):
             # Why this call's dispatch ended as it did (None when it made none).
             "dispatch_reason": None if dispatch is None else dispatch.error_code,
             "closure": None if closure is None else closure_document(closure),
+            "database_replaced": None if replaced is None else dict(replaced),
         }
         if decided is P.COMMIT_UNKNOWN and record.state is P.COMMIT_UNKNOWN:
             # Staying unknown is not a transition: same revision, one more observation.
@@ -102,7 +135,9 @@ class ReconcilePath(PublisherPorts):
             observation=facts.observation(),
             dispatch=known,
             closure=None if closure is None else record_closure(closure),
-            reason=_reason(intent, decided, facts, dispatch),
+            reason=DATABASE_REPLACED
+            if replaced is not None and decided is P.COMMIT_UNKNOWN and facts.closure_proven
+            else _reason(intent, decided, facts, dispatch),
         )
         try:
             self.store.compare_and_set(
@@ -135,11 +170,12 @@ class ReconcilePath(PublisherPorts):
         *,
         closure: ClosureProof | None,
         dispatch: RecordDispatch | None,
+        tables: bool = True,
     ) -> ReconcileFacts:
+        observation: CatalogObservation | None = None
         try:
-            observation: CatalogObservation | None = self.catalog.observe(
-                intent_slot(intent), intent.generation_table
-            )
+            if tables:
+                observation = self.catalog.observe(intent_slot(intent), intent.generation_table)
         except DponeError:
             observation = None
         try:

@@ -62,7 +62,7 @@ The parts, one concern each, joined in :mod:`~dpone.publication.store.snapshot_s
 :mod:`~dpone.publication.store.errors` (the one error type).
 """
 
-from dpone.publication.store.admission import UNRESOLVED_STATES
+from dpone.publication.store.admission import UNRESOLVED_STATES, abandoned_key
 from dpone.publication.store.connections import BUSY_TIMEOUT_SECONDS
 from dpone.publication.store.errors import SnapshotStoreError
 from dpone.publication.store.leases import LeaseRecord, lease_step_key
@@ -90,6 +90,7 @@ __all__ = [
     "SnapshotSummary",
     "SqliteSnapshotStore",
     "StoreLocation",
+    "abandoned_key",
     "lease_step_key",
     "open_store",
     "store_argument",

@@ -27,6 +27,23 @@ from dpone.publication.store.schema import now
 # A durable claim not yet resolved: it blocks new admissions to its slot, and RETIRING
 # ownership (still retained) may resolve it.
 UNRESOLVED_STATES = (SnapshotState.EXCHANGE_INTENT.value, SnapshotState.COMMIT_UNKNOWN.value)
+
+# The ``steps`` key under which an operator's abandonment of an intent is noted: a
+# COMMIT_UNKNOWN record whose database was dropped, its publisher closed (``dpone
+# snapshot abandon``). The record keeps its state (no edge leaves COMMIT_UNKNOWN but to
+# a proven outcome); the note only stops it from holding its slot.
+ABANDONED_PREFIX = "abandoned/"
+# SQL: the record ``r`` has no abandonment note (SQLite and PostgreSQL alike).
+NOT_ABANDONED = (
+    f"NOT EXISTS (SELECT 1 FROM steps s WHERE s.key = '{ABANDONED_PREFIX}' || r.intent_sha256)"
+)
+
+
+def abandoned_key(intent_sha256: str) -> str:
+    """The ``steps`` key of the abandonment of ``intent_sha256``."""
+    return f"{ABANDONED_PREFIX}{intent_sha256}"
+
+
 _OWNERSHIP_NEXT = {
     OwnershipState.ACTIVE: OwnershipState.RETIRING,
     OwnershipState.RETIRING: OwnershipState.RETIRED,
@@ -98,12 +115,13 @@ class RunAdmission(StoreConnections):
 
 
 def _refuse_a_blocked_slot(conn: StoreConnection, slot: TargetSlot, attempt_id: str) -> None:
-    """``slot_blocked`` while a record of ``slot`` holds an unresolved durable claim."""
+    """``slot_blocked`` while a record of ``slot`` holds an unresolved durable claim
+    (one abandoned, :data:`ABANDONED_PREFIX`, holds nothing)."""
     blocking = conn.execute(
         "SELECT r.intent_sha256, r.state FROM records r JOIN intents i"
         " USING (intent_sha256) WHERE i.database = ? AND i.target_table = ?"
         f" AND r.state IN ({', '.join('?' for _ in UNRESOLVED_STATES)})"
-        " ORDER BY r.intent_sha256",
+        f" AND {NOT_ABANDONED} ORDER BY r.intent_sha256",
         (slot.database, slot.table, *UNRESOLVED_STATES),
     ).fetchall()
     if blocking:

@@ -18,6 +18,7 @@ from dpone.contracts.composition_snapshot import SnapshotState, check_transition
 from dpone.contracts.fields import DocumentError, check_type
 from dpone.ports.composition_snapshot import HistoryEntry, ParentAuthority, StoredSnapshot
 from dpone.publication.store.admission import (
+    NOT_ABANDONED,
     UNRESOLVED_STATES,
     activate,
     admission_row,
@@ -40,6 +41,14 @@ class SnapshotSummary:
     state: str
     revision: int
     intent_bytes: bytes
+    # An operator abandoned it (``dpone snapshot abandon``): its database was dropped, its
+    # publisher closed; it keeps its state but holds its slot no more.
+    abandoned: bool = False
+
+    @property
+    def blocking(self) -> bool:
+        """Whether it holds its slot unresolved (EXCHANGE_INTENT or COMMIT_UNKNOWN)."""
+        return self.state in UNRESOLVED_STATES and not self.abandoned
 
 
 class SnapshotRecords(StoreConnections):
@@ -107,11 +116,14 @@ class SnapshotRecords(StoreConnections):
         with self._reading("list") as conn:
             rows = conn.execute(
                 "SELECT i.intent_sha256, i.database, i.target_table, i.created_at, r.state,"
-                " r.revision, i.intent_bytes FROM intents i JOIN records r USING (intent_sha256)"
+                f" r.revision, i.intent_bytes, CASE WHEN {NOT_ABANDONED} THEN 0 ELSE 1 END"
+                " FROM intents i JOIN records r USING (intent_sha256)"
                 " ORDER BY i.created_at, i.intent_sha256"
             ).fetchall()
         return [
-            SnapshotSummary(row[0], row[1], row[2], row[3], row[4], row[5], bytes(row[6]))
+            SnapshotSummary(
+                row[0], row[1], row[2], row[3], row[4], row[5], bytes(row[6]), row[7] == 1
+            )
             for row in rows
         ]
 

@@ -29,7 +29,7 @@ from typing import Any
 from dpone.contracts import canonical_json
 from dpone.contracts.composition_snapshot import SnapshotState
 from dpone.ports.composition_snapshot import OwnershipState, StepNote, TargetSlot
-from dpone.publication.store.admission import UNRESOLVED_STATES, slot_epoch
+from dpone.publication.store.admission import NOT_ABANDONED, UNRESOLVED_STATES, slot_epoch
 from dpone.publication.store.connections import StoreConnection, StoreConnections
 from dpone.publication.store.errors import SnapshotStoreError
 from dpone.publication.store.schema import decode_facts, now
@@ -127,7 +127,7 @@ def _refuse_unfinished(conn: StoreConnection, slot: TargetSlot) -> None:
         "SELECT r.intent_sha256, r.state, u.slot_epoch FROM records r"
         " JOIN intents i USING (intent_sha256) JOIN runs u USING (parent_request)"
         " WHERE i.database = ? AND i.target_table = ? AND r.state IN (?, ?, ?)"
-        " ORDER BY i.created_at",
+        f" AND {NOT_ABANDONED} ORDER BY i.created_at",
         (slot.database, slot.table, *UNRESOLVED_STATES, SnapshotState.PREPARED.value),
     ).fetchall()
     current = slot_epoch(conn, slot)

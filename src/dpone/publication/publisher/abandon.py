@@ -1,0 +1,133 @@
+"""``abandon``: end what a claim blocks once its database is proven gone.
+
+A claimed record (EXCHANGE_INTENT, COMMIT_UNKNOWN) blocks its slot until reconcile
+proves an outcome. When its database was dropped (and maybe created again) on the same
+server, A and B went with it: no observation can ever prove PUBLISHED (B under the
+target name with full parity) or NOT_PUBLISHED (A and B still under their names), so
+by the seed the record stays COMMIT_UNKNOWN ("altered, missing or unavailable tables
+remain unknown"). That is the honest state, and the seed allows no other edge out of
+it. ``abandon`` is the operator's way out: it reconciles a still open claim (closing
+the publisher and moving EXCHANGE_INTENT to COMMIT_UNKNOWN), proves again, fresh, that
+the database and both tables are gone from this server, proves the publisher closed,
+and notes the abandonment in the store. The record keeps its state and history; the
+note only stops it from holding the slot, so a new attempt can publish there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState
+from dpone.ports.composition_snapshot import OwnershipState, StepNote
+from dpone.publication.publisher.receipts import SnapshotPublicationError
+from dpone.publication.publisher.reconcile import ReconcilePath
+from dpone.publication.publisher.records import closure_document
+from dpone.publication.store.admission import abandoned_key
+
+P = SnapshotState
+_RETAINED = frozenset({OwnershipState.ACTIVE, OwnershipState.RETIRING})
+
+
+@dataclass(frozen=True)
+class Abandonment:
+    """An abandoned intent: its record (state, revision) and the note that frees its slot."""
+
+    intent_sha256: str
+    state: SnapshotState
+    revision: int
+    note: StepNote
+    historical: bool  # abandoned before this call: the note is the earlier one
+
+    def to_document(self) -> dict[str, Any]:
+        """A JSON-ready description."""
+        return {
+            "intent_sha256": self.intent_sha256,
+            "state": self.state.value,
+            "revision": self.revision,
+            "abandoned_at": self.note.at,
+            "database_replaced": self.note.facts.get("database_replaced"),
+            "historical": self.historical,
+        }
+
+
+class AbandonPath(ReconcilePath):
+    """``abandon``: see the module doc."""
+
+    def abandon(self, intent_sha256: str) -> Abandonment:
+        """Free the slot of a claim whose database was dropped on this server.
+
+        Refuses (nothing noted) unless the record is, or reconciles to, COMMIT_UNKNOWN;
+        the database and A and B are proven gone from the server the intent recorded
+        (``database_not_replaced`` otherwise: reconcile or restore instead); and the
+        publisher's closure is proven (``closure_unproven``).
+        """
+        key = abandoned_key(intent_sha256)
+        earlier = self.store.step_notes(key)
+        loaded = self._load(intent_sha256)
+        if earlier:
+            record = loaded.record
+            return Abandonment(intent_sha256, record.state, record.revision, earlier[0], True)
+        ownership = self.authority.ownership(loaded.intent)
+        if ownership not in _RETAINED:
+            raise SnapshotPublicationError(
+                f"the run of {intent_sha256} no longer retains its slot ({ownership.value})",
+                code="ownership_not_retained",
+                intent_sha256=intent_sha256,
+                ownership=ownership.value,
+            )
+        intent = loaded.intent
+        if loaded.record.state not in (P.EXCHANGE_INTENT, P.COMMIT_UNKNOWN):
+            raise _not_abandonable(intent_sha256, loaded.record.state, loaded.record.revision)
+        # Proven before anything is closed or moved: a claim whose database is not
+        # proven dropped is left exactly as it was (reconcile is its way).
+        replaced = self.replaced_database(intent)
+        if replaced is None:
+            raise _not_replaced(intent)
+        if loaded.record.state is P.EXCHANGE_INTENT:
+            self.reconcile(intent_sha256)  # closes the publisher: COMMIT_UNKNOWN, read below
+        record = self._load(intent_sha256).record
+        if record.state is not P.COMMIT_UNKNOWN:
+            raise _not_abandonable(intent_sha256, record.state, record.revision)
+        closure = self._close_publisher(intent)
+        if closure is None or not closure.proven:
+            raise SnapshotPublicationError(
+                f"the publisher of {intent_sha256} could not be proven closed; nothing was "
+                "noted. Run the command again once the server answers",
+                code="closure_unproven",
+                intent_sha256=intent_sha256,
+            )
+        facts = {
+            "step": "abandon",
+            "database_replaced": replaced,
+            "closure": closure_document(closure),
+            "state": record.state.value,
+            "revision": record.revision,
+        }
+        self.store.observe(intent_sha256, facts)  # the record's own history says it too
+        note = self.store.note_step(key, {**facts, "intent_sha256": intent_sha256})
+        return Abandonment(intent_sha256, record.state, record.revision, note, False)
+
+
+def _not_replaced(intent: SnapshotIntent) -> Exception:
+    return SnapshotPublicationError(
+        f"the database {intent.database} of {intent.sha256} (UUID {intent.database_uuid}) "
+        "is not proven dropped on the server it was staged on: the server reached is "
+        "another one, a database of that UUID still exists (renamed), one of its tables "
+        "exists somewhere, or this could not be read. Nothing was changed; restore what "
+        "is missing and run `dpone snapshot reconcile`",
+        code="database_not_replaced",
+        intent_sha256=intent.sha256,
+        database=intent.database,
+        recorded_uuid=intent.database_uuid,
+    )
+
+
+def _not_abandonable(intent_sha256: str, state: SnapshotState, revision: int) -> Exception:
+    return SnapshotPublicationError(
+        f"{intent_sha256} is {state.value}@{revision}: only an unresolved claim "
+        "(exchange_intent, commit_unknown) whose database was dropped is abandoned",
+        code="not_abandonable",
+        intent_sha256=intent_sha256,
+        state=state.value,
+    )
