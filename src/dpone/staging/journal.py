@@ -48,6 +48,7 @@ from dpone.durable_files import OutputError, private_directories
 from dpone.errors import JournalError
 from dpone.ports.attempt_journal import ClickHouseFileJournalResource, JournalEvent
 from dpone.staging.contract import StagingPolicy
+from dpone.staging.journal_storage import StoragePreflightService
 
 __all__ = [
     "ClickHouseFileAttemptJournal",
@@ -79,8 +80,17 @@ def _close_all(fds: list[int]) -> None:
 class ClickHouseFileAttemptJournal:
     """Writes the events of one attempt; refuses to reuse an existing attempt."""
 
-    def __init__(self, work_dir: str | os.PathLike[str], attempt_id: str) -> None:
+    def __init__(
+        self,
+        work_dir: str | os.PathLike[str],
+        attempt_id: str,
+        *,
+        storage: StoragePreflightService | None = None,
+    ) -> None:
+        """``storage`` checks the file system before each write (default: room for the
+        write itself, no reserve; :func:`file_journals` binds the policy's reserve)."""
         self.work_dir = Path(work_dir)
+        self.storage = storage or StoragePreflightService()
         self.attempt_id = attempt_id
         self.attempt_dir = self.work_dir / attempt_id
         self.events_dir = self.attempt_dir / "events"
@@ -110,6 +120,7 @@ class ClickHouseFileAttemptJournal:
         except OSError as exc:
             raise self._failed("the work directory cannot be opened", exc) from exc
         try:
+            self.storage.before_open(work_fd, self.work_dir, self.attempt_id)
             try:
                 os.mkdir(self.attempt_id, 0o700, dir_fd=work_fd)
             except FileExistsError as exc:
@@ -212,6 +223,7 @@ class ClickHouseFileAttemptJournal:
             "previous_sha256": self.last_sha256,
         }
         data = canonical_json.dumps(document)
+        self.storage.before_record(events_fd, self.events_dir, self.attempt_id, len(data))
         self._publish(events_fd, sequence, data)
         digest = hashlib.sha256(data).hexdigest()
         self.sequence = sequence
@@ -337,18 +349,20 @@ class ClickHouseFileAttemptJournal:
 
 def file_journals(
     work_dir: str | os.PathLike[str],
-    journal: Callable[[Path, str], ClickHouseFileAttemptJournal] = ClickHouseFileAttemptJournal,
+    journal: Callable[..., ClickHouseFileAttemptJournal] = ClickHouseFileAttemptJournal,
 ) -> Callable[[StagingPolicy, str], ClickHouseFileAttemptJournal]:
     """The service's ``journal_factory(policy, attempt_id)``: file journals in ``work_dir``.
 
-    The storage is bound here (the work directory); the policy is offered to every
-    factory, and the file journal needs nothing of it. ``journal`` builds one journal
-    from ``(work_dir, attempt_id)`` (a subclass, for a test that injects a fault).
+    The storage is bound here: the work directory, and its preflight, which opens an
+    attempt only with the policy's ``free_space_reserve_bytes`` free
+    (:class:`StoragePreflightService`). ``journal`` builds one journal from ``(work_dir,
+    attempt_id, storage=...)`` (a subclass, for a test that injects a fault).
     """
     bound = Path(work_dir)
 
     def factory(policy: StagingPolicy, attempt_id: str) -> ClickHouseFileAttemptJournal:
-        return journal(bound, attempt_id)
+        storage = StoragePreflightService(admission_reserve_bytes=policy.free_space_reserve_bytes)
+        return journal(bound, attempt_id, storage=storage)
 
     return factory
 
