@@ -27,6 +27,7 @@ from dpone.durable_files import temporary_siblings
 from dpone.publication.store import SqliteSnapshotStore
 from tests.e2e.test_cli_refresh import (
     SERVER_KINDS,
+    confirmed,
     make_source,
     project,
     protected_server,
@@ -48,6 +49,8 @@ def server(
 def _journal_states(attempts: Path) -> list[str]:
     states = []
     for event in attempts.glob("*/events/*/attempt.json"):
+        if not confirmed(event):
+            continue  # not an event (yet)
         try:
             states.append(str(json.loads(event.read_bytes())["state"]))
         except (OSError, ValueError):
@@ -105,7 +108,7 @@ def _interrupt(config: Path, ready: Callable[[], bool], signum: signal.Signals) 
 
 
 def _last_state(attempt: Path) -> str:
-    events = sorted(attempt.glob("events/*/attempt.json"))
+    events = [e for e in sorted(attempt.glob("events/*/attempt.json")) if confirmed(e)]
     return str(json.loads(events[-1].read_bytes())["state"])
 
 

@@ -98,7 +98,8 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
 
 
 def _journaled(attempt_dir: Path, events: int) -> Callable[[], bool]:
-    return lambda: len(list(attempt_dir.glob("events/*"))) >= events
+    # Confirmed events: a file its writer has not confirmed is not an event yet.
+    return lambda: len(list(attempt_dir.glob("events/*/confirmed"))) >= events
 
 
 def _stage_argv(

@@ -327,13 +327,19 @@ def _store_states(store: Path) -> list[str]:
         return []
 
 
+def confirmed(event: Path) -> bool:
+    """Whether the journal event file ``event`` was confirmed by its writer."""
+    return (event.parent / "confirmed").exists()
+
+
 def converting(attempt: Path) -> bool:
     """The attempt is admitted and converts its rows (a spool directory): nothing sent yet.
 
     A kill here leaves nothing whose fate needs proof (a kill between a durable INSERT
     intent and its send would leave cleanup refusing until the dispatch window ends).
     """
-    events = sorted(attempt.glob("events/*/attempt.json"))
+    # Confirmed events only: a file its writer has not confirmed is not an event yet.
+    events = [e for e in sorted(attempt.glob("events/*/attempt.json")) if confirmed(e)]
     try:
         admitted = bool(events) and json.loads(events[-1].read_bytes())["state"] == "checking"
     except (OSError, ValueError):

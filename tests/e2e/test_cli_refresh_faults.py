@@ -104,11 +104,13 @@ def _new_attempt(tmp_path: Path, before: set[str]) -> Path | None:
 
 
 def _journal_state(attempt: Path | None) -> str | None:
-    """``state/outcome`` of the last complete event of a staging journal (None: none yet)."""
+    """``state/outcome`` of the last confirmed event of a staging journal (None: none yet)."""
     if attempt is None:
         return None
     events = sorted((attempt / "events").glob("*"))
     for event in reversed(events):
+        if not (event / "confirmed").exists():
+            continue  # not an event (yet): its writer has not confirmed it
         try:
             doc = json.loads((event / "attempt.json").read_bytes())
         except (OSError, ValueError):

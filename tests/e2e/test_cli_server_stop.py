@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests import chhttp
-from tests.e2e.test_cli_refresh import make_source, project, rows_of, target_rows
+from tests.e2e.test_cli_refresh import confirmed, make_source, project, rows_of, target_rows
 from tests.e2e.test_cli_server import as_json, dpone
 
 DATABASE = "refresh_db"  # test_cli_refresh.project() targets this database
@@ -43,6 +43,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 def _loading(attempts: Path) -> bool:
     """An attempt journaled ``loading``: its INSERT is being sent (where the issue stopped)."""
     for event in attempts.glob("*/events/*/attempt.json"):
+        if not confirmed(event):
+            continue  # not an event (yet)
         try:
             if json.loads(event.read_bytes())["state"] == "loading":
                 return True

@@ -15,6 +15,7 @@ import pytest
 from dpone.errors import JournalError, StateError
 from dpone.staging.journal import (
     ClickHouseFileAttemptJournal,
+    pending_publication,
     read_events,
     verify_journal,
 )
@@ -132,7 +133,7 @@ def test_failing_fsync_does_not_advance_and_the_next_event_repairs(
     ]
 
 
-def test_failure_after_the_link_takes_the_event_back(
+def test_failure_after_the_link_leaves_a_file_no_reader_adopts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     journal = journal_with(tmp_path, 1)
@@ -142,23 +143,32 @@ def test_failure_after_the_link_takes_the_event_back(
         journal.record({"state": "checking", "outcome": "unconfirmed"})
     monkeypatch.undo()
     assert caught.value.code == "journal_write_failed"
-    # The link had made the event visible; its writer failed, so it was taken back.
-    assert not (journal.events_dir / "000002" / "attempt.json").exists()
+    # The link made the file visible; its writer failed, so it carries no mark and no
+    # reader takes it for an event.
+    written = journal.events_dir / "000002" / "attempt.json"
+    assert written.exists() and not (written.parent / "confirmed").exists()
     assert len(read_events(journal.attempt_dir)) == 1
+    assert pending_publication(journal.attempt_dir, read_events(journal.attempt_dir)) == {
+        "sequence": 2,
+        "written": True,
+        "path": str(written.parent),
+    }
+    size = written.stat().st_size
     event = journal.record({"state": "checking", "outcome": "next"})
-    assert event.document["journal_repair"]["torn_publication"]["found"] == {}
-    assert [e.sequence for e in read_events(journal.attempt_dir)] == [1, 2]
+    assert event.document["journal_repair"]["torn_publication"]["found"] == {"attempt.json": size}
+    assert [e.document["outcome"] for e in read_events(journal.attempt_dir)] == ["step-0", "next"]
 
 
-def test_an_event_that_could_not_be_taken_back_is_never_adopted(
+def test_a_mark_that_could_not_be_taken_back_stops_the_journal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     journal = journal_with(tmp_path, 1)
-    monkeypatch.setattr("dpone.staging.journal.os.fsync", failing_once(os.fsync, 2))
+    # fsync 4 is the sequence directory's again, after the mark was created.
+    monkeypatch.setattr("dpone.staging.journal.os.fsync", failing_once(os.fsync, 4))
     real_unlink = os.unlink
 
     def unlink(path: Any, *, dir_fd: int | None = None) -> None:
-        if path == "attempt.json":
+        if path == "confirmed":
             raise OSError(30, "Read-only file system (simulated)")
         real_unlink(path, dir_fd=dir_fd)
 
@@ -169,7 +179,7 @@ def test_an_event_that_could_not_be_taken_back_is_never_adopted(
     assert caught.value.code == "journal_write_failed"
     assert "could not be removed" in "".join(getattr(caught.value.__cause__, "__notes__", []))
     assert journal.sequence == 1  # never advanced on an unconfirmed write
-    # The visible file is not an event: the journal records nothing after it.
+    # Its writer cannot vouch for it: the journal records nothing after it.
     with pytest.raises(JournalError) as refused:
         journal.record({"state": "cleanup", "outcome": "next"})
     assert refused.value.code == "journal_unconfirmed_event"
@@ -177,6 +187,19 @@ def test_an_event_that_could_not_be_taken_back_is_never_adopted(
     assert refused.value.details["event"].endswith("events/000002/attempt.json")
     assert sorted(p.name for p in journal.events_dir.iterdir()) == ["000001", "000002"]
     assert journal.sequence == 1
+
+
+def test_a_mark_whose_sync_failed_is_taken_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = journal_with(tmp_path, 1)
+    monkeypatch.setattr("dpone.staging.journal.os.fsync", failing_once(os.fsync, 4))
+    with pytest.raises(JournalError):
+        journal.record({"state": "checking", "outcome": "unconfirmed"})
+    monkeypatch.undo()
+    assert not (journal.events_dir / "000002" / "confirmed").exists()
+    assert len(read_events(journal.attempt_dir)) == 1
+    assert journal.record({"state": "checking", "outcome": "next"}).sequence == 2
 
 
 def test_events_go_to_the_directory_opened_not_the_path(tmp_path: Path) -> None:
@@ -209,8 +232,10 @@ def test_an_event_is_synced_file_and_directories(
     synced = synced_inodes(monkeypatch)
     event = journal.record({"state": "checking", "outcome": "synced"})
     monkeypatch.undo()
-    expected = [event.path.stat().st_ino, event.path.parent.stat().st_ino]
-    assert synced == [*expected, journal.events_dir.stat().st_ino]
+    file, directory = event.path.stat().st_ino, event.path.parent.stat().st_ino
+    # The event file, its directory, the events directory; then the mark's entry.
+    assert synced == [file, directory, journal.events_dir.stat().st_ino, directory]
+    assert (event.path.parent / "confirmed").stat().st_size == 0
 
 
 def test_the_spool_entry_is_synced_and_released(

@@ -174,6 +174,13 @@ def _list_scope(
 def _echo_attempt(a: AttemptSummary, command: str | None) -> None:
     """One attempt of ``attempts list``, as text, with the command that finishes it."""
     click.echo(f"{a.attempt_id}: {a.state} (event {a.last_sequence}, error {a.error_code})")
+    if a.unconfirmed is not None:
+        click.echo(
+            f"  event {a.unconfirmed['sequence']} was "
+            + ("written but never confirmed" if a.unconfirmed["written"] else "torn")
+            + f" by its writer: not adopted; the attempt is {a.state} "
+            "(the next command moves it aside)"
+        )
     if a.state == NO_EVENTS:
         click.echo(
             "  no journal event: nothing was sent and no table was created; "

@@ -36,6 +36,7 @@ from dpone.connectors.clickhouse_file_response import (
 from dpone.connectors.http_connections import (
     POOL,
     SEND_CHUNK_BYTES,
+    ConnectionFactory,
     ConnectionKey,
     KeepAlive,
     PinnedConnection,
@@ -108,8 +109,14 @@ class HttpTransport:
         clock: Callable[[], float] = time.monotonic,
         metadata_budget: int = METADATA_BUDGET,
         body_budget: int = BODY_BUDGET,
+        connection_factory: ConnectionFactory = PinnedConnection,
     ) -> None:
+        """``connection_factory`` makes each request's connection (default: a
+        :class:`PinnedConnection`); connections of an injected factory are never kept
+        for another request, so what it makes serves only this transport's requests."""
         self.endpoint = endpoint
+        self._connection_factory = connection_factory
+        self._keeps = connection_factory is PinnedConnection
         self._credentials = credentials
         self._resolver = resolver
         self._clock = clock
@@ -152,14 +159,14 @@ class HttpTransport:
         # new connection: one that fails before its first byte left is then NotSubmitted,
         # never an unknown outcome to be proven.
         plain_read = request.kind is RequestKind.READ and not request.session_parameters()
-        kept = POOL.take(self._key) if plain_read else None
+        kept = POOL.take(self._key) if plain_read and self._keeps else None
         served = 0
         if kept is not None:
             reused, served = kept
             assert isinstance(reused, PinnedConnection)
             conn = reused
         else:
-            conn = PinnedConnection(
+            conn = self._connection_factory(
                 self.address,
                 self.endpoint.http_port,
                 self.endpoint.host,
@@ -181,7 +188,7 @@ class HttpTransport:
             raise
         # Cleanup runs before completion is recorded; if it fails there is no success. The
         # connection is kept only once this response is acknowledged as its request's.
-        offer = _offer(exchange.response, request)
+        offer = _offer(exchange.response, request) if self._keeps else None
         failures = _cleanup(exchange.response, None if offer else conn, spool)
         try:
             if failures:

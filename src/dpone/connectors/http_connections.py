@@ -225,6 +225,15 @@ class PinnedConnection(http.client.HTTPConnection):
             self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._host_header)
 
 
+ConnectionFactory = Callable[[str, int, str, float, ssl.SSLContext | None], PinnedConnection]
+"""Makes the connection of one request: ``(address, port, host_header, timeout, tls)``.
+
+The HTTP transport's default is :class:`PinnedConnection`; a test or an embedding
+program injects another (a subclass that produces a fault, a proxy's) and keeps
+everything else: the pinned address, the response class the transport sets on it,
+the deadline and the framing rules."""
+
+
 def tls_context(endpoint: Endpoint) -> ssl.SSLContext | None:
     """The verifying TLS context of a ``secure`` endpoint (None for plain HTTP).
 

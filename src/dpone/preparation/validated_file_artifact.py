@@ -1,8 +1,13 @@
 """``ContractValidatedFileArtifact``: a source file bound to its genuine receipt.
 
 ``file_validation_attempt(attempt_id, verification_budget=None)`` binds a freshly
-verified receipt for one attempt. A busy entry (another attempt active) is refused
-and cannot reset the active one. The receipt is re-read and must be byte-identical
+verified receipt for one attempt. The busy guard holds per attempt: an attempt id is
+active at most once in the process, whichever artifact object (and file) it entered
+through, so a second entry of an active attempt is refused (``attempt_busy``) and
+cannot reset it; other attempts, through other artifact objects of the same file, run
+beside it. One artifact object carries one active attempt (its ``active`` and latest
+summary): another attempt entering through it while it is active is refused
+(``artifact_busy``) and cannot reset the active one either. The receipt is re-read and must be byte-identical
 during the attempt: replacing it, also during verification, is rejected. ``complete``
 accepts one exact, non-boolean count equal to the receipt's rows while active. An
 exceptional exit resets the latest summary. This grants no terminal source authority.
@@ -86,6 +91,33 @@ class FileAttempt:
         return self.completed
 
 
+# The attempts active in this process: an attempt's id names its staging table and
+# its query ids, so two entries of one attempt would share them whatever their files.
+_ACTIVE_ATTEMPTS: dict[str, Path] = {}
+_ACTIVE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _attempt_guard(attempt_id: str, path: Path) -> Iterator[None]:
+    """Hold ``attempt_id`` active for the ``with`` block; refuse it if it already is."""
+    with _ACTIVE_LOCK:
+        holder = _ACTIVE_ATTEMPTS.get(attempt_id)
+        if holder is not None:
+            raise StateError(
+                f"attempt {attempt_id} is already active (on {holder}); an attempt runs once: "
+                "let it end, or start another attempt with a new attempt id",
+                code="attempt_busy",
+                attempt_id=attempt_id,
+                active_on=str(holder),
+            )
+        _ACTIVE_ATTEMPTS[attempt_id] = path
+    try:
+        yield
+    finally:
+        with _ACTIVE_LOCK:
+            del _ACTIVE_ATTEMPTS[attempt_id]
+
+
 class ContractValidatedFileArtifact:
     """A bulk text file and the path of its receipt."""
 
@@ -113,10 +145,29 @@ class ContractValidatedFileArtifact:
     def file_validation_attempt(
         self, attempt_id: str, *, verification_budget: FileVerificationBudget | None = None
     ) -> Iterator[FileAttempt]:
-        """Bind a freshly verified receipt to ``attempt_id`` for the ``with`` block."""
+        """Bind a freshly verified receipt to ``attempt_id`` for the ``with`` block.
+
+        Refused, changing nothing, while ``attempt_id`` is active anywhere in the process
+        (``attempt_busy``) or another attempt is active on this object (``artifact_busy``).
+        """
+        with (
+            _attempt_guard(attempt_id, self.path),
+            self._entered(attempt_id, verification_budget) as attempt,
+        ):
+            yield attempt
+
+    @contextlib.contextmanager
+    def _entered(
+        self, attempt_id: str, verification_budget: FileVerificationBudget | None
+    ) -> Iterator[FileAttempt]:
         if not self._lock.acquire(blocking=False):
             busy = self.active.attempt_id if self.active else "another attempt"
-            raise StateError(f"{self.path} is busy with {busy}", code="artifact_busy")
+            raise StateError(
+                f"{self.path} is busy with attempt {busy}",
+                code="artifact_busy",
+                attempt_id=attempt_id,
+                active_attempt=busy,
+            )
         try:
             try:
                 receipt_bytes = self.receipt_path.read_bytes()

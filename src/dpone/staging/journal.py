@@ -11,10 +11,17 @@ directories are fsynced. The sequence and the previous event's SHA-256 advance o
 after all of that succeeded. The spool directory's entry in the attempt directory is
 made durable too (``spool_prepared``) before an event names the spool.
 
-A visible file whose writer failed is not an event. Its writer takes it back; if the
-take-back fails too, the journal refuses every later record
-(``journal_unconfirmed_event``): the next record must not read and adopt it, and the
-attempt, ending without a terminal state, asks an operator to look.
+An event is confirmed by its writer: once the event file and both directories are
+synced, the writer creates an empty ``events/<n>/confirmed`` (create-only, through the
+events directory, so a sequence directory moved aside meanwhile is never confirmed)
+and syncs the sequence directory again. Readers adopt only confirmed events
+(:func:`read_events`); an ``attempt.json`` without its mark is a visible file whose
+writer failed (or died before confirming), never an event: it is where the journal
+ends for every reader, :func:`pending_publication` names it, and the next ``record``
+moves it aside like a torn publication. Only a mark whose own sync failed is taken
+back; if that fails too, the journal refuses every later record
+(``journal_unconfirmed_event``) and the attempt asks an operator to look. Events of
+journal version 1 (written before the mark existed) need none.
 
 A publication that did not complete (a crash, a failed write) leaves a torn
 ``events/<n>/`` directory without ``attempt.json``. ``verify`` and ``read_events``
@@ -41,18 +48,21 @@ from dpone.durable_files import OutputError, private_directories
 from dpone.errors import JournalError
 from dpone.ports.attempt_journal import ClickHouseFileJournalResource, JournalEvent
 from dpone.staging.contract import StagingPolicy
+from dpone.staging.journal_storage import StoragePreflightService
 
 __all__ = [
     "ClickHouseFileAttemptJournal",
     "ClickHouseFileJournalResource",
     "JournalEvent",
     "file_journals",
+    "pending_publication",
     "read_events",
     "verify_journal",
 ]
 
-JOURNAL_VERSION = 1
+JOURNAL_VERSION = 2
 EVENT_FILE = "attempt.json"
+CONFIRMED = "confirmed"  # the writer's durable confirmation of the event beside it
 PARTIAL_FILE = ".attempt.json.partial"
 TORN_DIR = "torn"
 SPOOL_DIR = "spool"
@@ -70,8 +80,17 @@ def _close_all(fds: list[int]) -> None:
 class ClickHouseFileAttemptJournal:
     """Writes the events of one attempt; refuses to reuse an existing attempt."""
 
-    def __init__(self, work_dir: str | os.PathLike[str], attempt_id: str) -> None:
+    def __init__(
+        self,
+        work_dir: str | os.PathLike[str],
+        attempt_id: str,
+        *,
+        storage: StoragePreflightService | None = None,
+    ) -> None:
+        """``storage`` checks the file system before each write (default: room for the
+        write itself, no reserve; :func:`file_journals` binds the policy's reserve)."""
         self.work_dir = Path(work_dir)
+        self.storage = storage or StoragePreflightService()
         self.attempt_id = attempt_id
         self.attempt_dir = self.work_dir / attempt_id
         self.events_dir = self.attempt_dir / "events"
@@ -101,6 +120,7 @@ class ClickHouseFileAttemptJournal:
         except OSError as exc:
             raise self._failed("the work directory cannot be opened", exc) from exc
         try:
+            self.storage.before_open(work_fd, self.work_dir, self.attempt_id)
             try:
                 os.mkdir(self.attempt_id, 0o700, dir_fd=work_fd)
             except FileExistsError as exc:
@@ -203,6 +223,7 @@ class ClickHouseFileAttemptJournal:
             "previous_sha256": self.last_sha256,
         }
         data = canonical_json.dumps(document)
+        self.storage.before_record(events_fd, self.events_dir, self.attempt_id, len(data))
         self._publish(events_fd, sequence, data)
         digest = hashlib.sha256(data).hexdigest()
         self.sequence = sequence
@@ -212,9 +233,11 @@ class ClickHouseFileAttemptJournal:
         )
 
     def _publish(self, events_fd: int, sequence: int, data: bytes) -> None:
-        """Create ``events/<sequence>/attempt.json`` with ``data``, durably, or raise."""
+        """Create ``events/<sequence>/attempt.json`` with ``data``, durably, and confirm
+        it (``confirmed``), or raise: an event without its mark is never adopted."""
         name = f"{sequence:06d}"
         directory: int | None = None
+        marked = False
         try:
             os.mkdir(name, 0o700, dir_fd=events_fd)
             directory = os.open(name, _DIRECTORY, dir_fd=events_fd)
@@ -223,8 +246,13 @@ class ClickHouseFileAttemptJournal:
             os.unlink(PARTIAL_FILE, dir_fd=directory)
             os.fsync(directory)
             os.fsync(events_fd)
+            # Through the events directory: a sequence directory another writer moved
+            # aside meanwhile is not confirmed (ENOENT), its writer fails.
+            os.close(_create(f"{name}/{CONFIRMED}", events_fd))
+            marked = True
+            os.fsync(directory)
         except OSError as exc:
-            if directory is not None:
+            if marked and directory is not None:
                 self._take_back(directory, sequence, exc)
             raise JournalError(
                 f"event {sequence} of attempt {self.attempt_id} was not published: {exc}",
@@ -237,15 +265,12 @@ class ClickHouseFileAttemptJournal:
                 os.close(directory)
 
     def _take_back(self, directory: int, sequence: int, exc: OSError) -> None:
-        """A visible file whose writer failed is not an event: remove it, or stop here."""
+        """A mark whose sync failed does not confirm: remove it, or stop here."""
         try:
-            try:
-                os.unlink(EVENT_FILE, dir_fd=directory)
-            except FileNotFoundError:
-                return  # never linked: nothing visible to take back
+            os.unlink(CONFIRMED, dir_fd=directory)
             os.fsync(directory)
         except OSError as cleanup:
-            exc.add_note(f"the unconfirmed event file could not be removed: {cleanup}")
+            exc.add_note(f"the unconfirmed event's mark could not be removed: {cleanup}")
             self._unconfirmed = {
                 "sequence": sequence,
                 "event": str(self.events_dir / f"{sequence:06d}" / EVENT_FILE),
@@ -262,9 +287,9 @@ class ClickHouseFileAttemptJournal:
             found = {e.name: e.stat(follow_symlinks=False).st_size for e in os.scandir(directory)}
         finally:
             os.close(directory)
-        if EVENT_FILE in found:
-            # Never adopted: this journal did not confirm it (another writer's, or one
-            # read back by a stale resume).
+        if CONFIRMED in found:
+            # A confirmed event this journal did not publish (another writer's, or one
+            # read back by a stale resume): never replaced, never adopted.
             raise JournalError(
                 f"{self.events_dir / name} holds an event this journal did not publish",
                 code="journal_diverged",
@@ -324,30 +349,37 @@ class ClickHouseFileAttemptJournal:
 
 def file_journals(
     work_dir: str | os.PathLike[str],
-    journal: Callable[[Path, str], ClickHouseFileAttemptJournal] = ClickHouseFileAttemptJournal,
+    journal: Callable[..., ClickHouseFileAttemptJournal] = ClickHouseFileAttemptJournal,
 ) -> Callable[[StagingPolicy, str], ClickHouseFileAttemptJournal]:
     """The service's ``journal_factory(policy, attempt_id)``: file journals in ``work_dir``.
 
-    The storage is bound here (the work directory); the policy is offered to every
-    factory, and the file journal needs nothing of it. ``journal`` builds one journal
-    from ``(work_dir, attempt_id)`` (a subclass, for a test that injects a fault).
+    The storage is bound here: the work directory, and its preflight, which opens an
+    attempt only with the policy's ``free_space_reserve_bytes`` free
+    (:class:`StoragePreflightService`). ``journal`` builds one journal from ``(work_dir,
+    attempt_id, storage=...)`` (a subclass, for a test that injects a fault).
     """
     bound = Path(work_dir)
 
     def factory(policy: StagingPolicy, attempt_id: str) -> ClickHouseFileAttemptJournal:
-        return journal(bound, attempt_id)
+        storage = StoragePreflightService(admission_reserve_bytes=policy.free_space_reserve_bytes)
+        return journal(bound, attempt_id, storage=storage)
 
     return factory
 
 
-def _write_synced(directory: int, name: str, data: bytes) -> None:
-    """Create ``name`` in ``directory`` exclusively with ``data``, fsynced."""
-    fd = os.open(
+def _create(name: str, directory: int) -> int:
+    """Create ``name`` (relative to ``directory``) exclusively, private; its descriptor."""
+    return os.open(
         name,
         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
         0o600,
         dir_fd=directory,
     )
+
+
+def _write_synced(directory: int, name: str, data: bytes) -> None:
+    """Create ``name`` in ``directory`` exclusively with ``data``, fsynced."""
+    fd = _create(name, directory)
     try:
         view = memoryview(data)
         while view:
@@ -420,14 +452,25 @@ def read_events(attempt_dir: str | os.PathLike[str]) -> list[JournalEvent]:
             raise JournalError(
                 f"{path} is missing", code="journal_sequence_gap", event=str(path)
             ) from exc
+        confirmed = (where / CONFIRMED).exists()
         try:
             document = canonical_json.loads(data, what=str(path))
-        except JournalError:
-            raise
         except Exception as exc:
+            if not confirmed and expected == len(names):
+                break  # not confirmed: not an event, whatever it holds
+            if isinstance(exc, JournalError):
+                raise
             raise JournalError(
                 f"{path}: {exc}", code="journal_noncanonical", event=str(path)
             ) from exc
+        if not confirmed and not _legacy(document):
+            if expected == len(names):
+                break  # written, never confirmed by its writer: not an event
+            raise JournalError(
+                f"{path} was never confirmed by its writer, yet events follow it",
+                code="journal_unconfirmed_event",
+                event=str(path),
+            )
         if not isinstance(document, dict) or any(k not in document for k in ENVELOPE):
             raise JournalError(
                 f"{path} lacks the event envelope", code="journal_invalid", event=str(path)
@@ -455,3 +498,27 @@ def read_events(attempt_dir: str | os.PathLike[str]) -> list[JournalEvent]:
         previous = hashlib.sha256(data).hexdigest()
         events.append(JournalEvent(expected, document, previous, path))
     return events
+
+
+def _legacy(document: object) -> bool:
+    """An event of journal version 1, written before events carried their mark."""
+    return isinstance(document, dict) and document.get("journal_version") == 1
+
+
+def pending_publication(
+    attempt_dir: str | os.PathLike[str], events: list[JournalEvent]
+) -> dict[str, Any] | None:
+    """What follows the last confirmed event of ``events`` (read from ``attempt_dir``):
+    None, or the publication that no writer confirmed (``sequence``; ``written``: its
+    event file is visible, its writer failed or died before confirming it; else it was
+    torn before that). It is not an event: the attempt is what ``events`` say, and the
+    next record of the journal moves it aside."""
+    sequence = len(events) + 1
+    where = Path(attempt_dir) / "events" / f"{sequence:06d}"
+    if not where.is_dir():
+        return None
+    return {
+        "sequence": sequence,
+        "written": (where / EVENT_FILE).exists(),
+        "path": str(where),
+    }

@@ -55,6 +55,7 @@ from dpone.staging.cleanup import (
 from dpone.staging.journal import (
     ClickHouseFileAttemptJournal,
     JournalEvent,
+    pending_publication,
     read_events,
 )
 from dpone.staging.leftovers import NO_EVENTS as NO_EVENTS
@@ -115,6 +116,9 @@ class AttemptSummary:
     # The server and database the attempt worked on, as its journal bound them (None:
     # its events record none, e.g. a retention drop's).
     endpoint_identity: dict[str, Any] | None = None
+    # A publication after the last event that its writer never confirmed (see
+    # ``pending_publication``): not an event, so not the attempt's state.
+    unconfirmed: dict[str, Any] | None = None
 
     @property
     def sent_mutations(self) -> tuple[str, ...]:
@@ -146,6 +150,7 @@ class AttemptSummary:
             "error_code": self.error_code,
             "inventory": self.inventory,
             "endpoint_identity": self.endpoint_identity,
+            "unconfirmed_publication": self.unconfirmed,
             "needs_operator": self.needs_operator,
             "recovery_steps": list(RECOVERY_STEPS) if self.needs_operator else [],
         }
@@ -206,6 +211,7 @@ def summarize(attempt_dir: Path, events: list[JournalEvent]) -> AttemptSummary:
         inventory=dict(doc.get("cleanup_inventory") or {}),
         rollback_copy=copy if isinstance(copy, dict) else None,
         endpoint_identity=bound,
+        unconfirmed=pending_publication(attempt_dir, events),
     )
 
 
