@@ -24,6 +24,20 @@ from tests import chhttp
 POOL_FILE = "dpone-users.xml"
 
 
+def clickhouse_toml(http_port: int, tcp_port: int, credentials: Path) -> str:
+    """The ``[clickhouse]`` section of a project that reaches the server only by host,
+    ports and credentials file."""
+    return (
+        "[clickhouse]\n"
+        'host = "127.0.0.1"\n'
+        f"http_port = {http_port}\n"
+        f"tcp_port = {tcp_port}\n"
+        f'credentials_file = "{credentials}"\n'
+        # The server's own administrator, vouched for as an operator would.
+        'trusted_writers = ["dpone_admin"]\n'
+    )
+
+
 def render_pool(databases: Sequence[str], out: Path, credentials: Path) -> None:
     """``dpone pool render`` as an operator runs it."""
     protect = [arg for d in databases for arg in ("--protect", d)]
@@ -82,15 +96,7 @@ def remote_server(
             "tcp_port": info.tcp_port,
             "credentials_file": credentials,
             "server_dir": data_dir,
-            "clickhouse_toml": (
-                "[clickhouse]\n"
-                'host = "127.0.0.1"\n'
-                f"http_port = {info.http_port}\n"
-                f"tcp_port = {info.tcp_port}\n"
-                f'credentials_file = "{credentials}"\n'
-                # The server's own administrator, vouched for as an operator would.
-                'trusted_writers = ["dpone_admin"]\n'
-            ),
+            "clickhouse_toml": clickhouse_toml(info.http_port, info.tcp_port, credentials),
         }
     finally:
         server.stop()
@@ -143,14 +149,7 @@ class OperatedServer:
             "http_port": info.http_port,
             "tcp_port": info.tcp_port,
             "credentials_file": credentials,
-            "clickhouse_toml": (
-                "[clickhouse]\n"
-                'host = "127.0.0.1"\n'
-                f"http_port = {info.http_port}\n"
-                f"tcp_port = {info.tcp_port}\n"
-                f'credentials_file = "{credentials}"\n'
-                'trusted_writers = ["dpone_admin"]\n'
-            ),
+            "clickhouse_toml": clickhouse_toml(info.http_port, info.tcp_port, credentials),
         }
 
     def stop(self) -> None:

@@ -18,6 +18,7 @@ from dpone.contracts.schema import SourceColumn, SourceSchema
 from dpone.errors import DponeError
 from dpone.localserver import ServerInfo
 from dpone.localserver.principal_pool import CLOSER_USER, ROLE_INGEST
+from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_errors import OutcomeUnknown
 from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials
 from dpone.ports.clickhouse_result import QueryResult
@@ -328,6 +329,22 @@ def test_closure_kills_a_running_query_then_proves_quiescence(
         authority.principal_credentials(ingest)
 
 
+def scripted_authority(pool: Pool, closer: QueryPort) -> SnapshotAuthority:
+    """An authority over ``pool`` whose closer answers from a script, sampling without
+    waiting, each lease's scope empty."""
+    return SnapshotAuthority(
+        registry=pool.registry,
+        issuer=pool.issuer,
+        closer=closer,
+        endpoint=pool.endpoint(),
+        probe_credentials=pool.issuer.role_credentials,
+        scope_of=lambda ref: scope_with(ref.lease_id, []),
+        dispatch_gate=new_gate(),
+        policy=ClosurePolicy(samples=3, sample_spacing_seconds=0.0),
+        sleep=lambda s: None,
+    )
+
+
 class ScriptedCloser:
     """A closer port answering from a script (faults the real server cannot stage on cue)."""
 
@@ -369,17 +386,7 @@ def test_one_empty_sample_is_never_proof(
     pool: Pool, samples: list[list[str]], unfinished: list[str], reason: str
 ) -> None:
     ingest = pool.issuer.issue(ROLE_INGEST, "scripted").ref
-    authority = SnapshotAuthority(
-        registry=pool.registry,
-        issuer=pool.issuer,
-        closer=ScriptedCloser(samples, unfinished),
-        endpoint=pool.endpoint(),
-        probe_credentials=pool.issuer.role_credentials,
-        scope_of=lambda ref: scope_with(ref.lease_id, []),
-        dispatch_gate=new_gate(),
-        policy=ClosurePolicy(samples=3, sample_spacing_seconds=0.0),
-        sleep=lambda s: None,
-    )
+    authority = scripted_authority(pool, ScriptedCloser(samples, unfinished))
     proof = authority.close_principal(ingest)
     assert not proof.proven and reason in proof.facts["unproven"]
     assert proof.facts["samples"][0]["queries"] == []
@@ -405,17 +412,7 @@ class MalformedAccount(ScriptedCloser):
 )
 def test_an_account_of_another_shape_is_never_proof(pool: Pool, row: dict[str, Any]) -> None:
     ingest = pool.issuer.issue(ROLE_INGEST, "malformed").ref
-    authority = SnapshotAuthority(
-        registry=pool.registry,
-        issuer=pool.issuer,
-        closer=MalformedAccount(row),
-        endpoint=pool.endpoint(),
-        probe_credentials=pool.issuer.role_credentials,
-        scope_of=lambda ref: scope_with(ref.lease_id, []),
-        dispatch_gate=new_gate(),
-        policy=ClosurePolicy(samples=3, sample_spacing_seconds=0.0),
-        sleep=lambda s: None,
-    )
+    authority = scripted_authority(pool, MalformedAccount(row))
     with pytest.raises(OutcomeUnknown) as caught:
         authority.close_principal(ingest)
     assert caught.value.code == "closure_account_malformed"
@@ -426,16 +423,8 @@ def test_a_start_cut_by_an_earlier_server_process_is_settled_by_the_restart(pool
 
     def close(process_started_us: int) -> Any:
         ingest = pool.issuer.issue(ROLE_INGEST, f"restart-{process_started_us}").ref
-        authority = SnapshotAuthority(
-            registry=pool.registry,
-            issuer=pool.issuer,
-            closer=ScriptedCloser([[], [], []], ["cut-q"], process_started_us),
-            endpoint=pool.endpoint(),
-            probe_credentials=pool.issuer.role_credentials,
-            scope_of=lambda ref: scope_with(ref.lease_id, []),
-            dispatch_gate=new_gate(),
-            policy=ClosurePolicy(samples=3, sample_spacing_seconds=0.0),
-            sleep=lambda s: None,
+        authority = scripted_authority(
+            pool, ScriptedCloser([[], [], []], ["cut-q"], process_started_us)
         )
         return authority.close_principal(ingest)
 

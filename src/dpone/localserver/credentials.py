@@ -27,6 +27,7 @@ import os
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from dpone.localserver.config import ADMIN_USER, ENGINE_USER, ServerUser
 from dpone.localserver.errors import CredentialsCorrupt, CredentialsMissing
@@ -132,10 +133,9 @@ def _write(path: Path, passwords: dict[str, str]) -> None:
     write_private_file(path, json.dumps({"users": users}, indent=2) + "\n")
 
 
-def read_credentials_file(path: Path) -> dict[str, str] | None:
-    """A credentials file's passwords by user, None when it does not exist.
-
-    Errors name the file, never its content: a broken file may still hold secrets.
+def credential_entries(path: Path) -> list[Any] | None:
+    """The ``users`` entries of the credentials file at ``path``, None when it does not
+    exist. Errors name the file, never its content: a broken file may still hold secrets.
     """
     try:
         text = path.read_text(encoding="utf-8")
@@ -154,6 +154,17 @@ def read_credentials_file(path: Path) -> dict[str, str] | None:
     entries = document.get("users") if isinstance(document, dict) else None
     if not isinstance(entries, list):
         raise CredentialsCorrupt(f"credentials file {path} has no 'users' list", path=str(path))
+    return entries
+
+
+def read_credentials_file(path: Path) -> dict[str, str] | None:
+    """A credentials file's passwords by user, None when it does not exist.
+
+    Errors name the file, never its content: a broken file may still hold secrets.
+    """
+    entries = credential_entries(path)
+    if entries is None:
+        return None
     passwords: dict[str, str] = {}
     for ordinal, entry in enumerate(entries):
         user = entry.get("user") if isinstance(entry, dict) else None

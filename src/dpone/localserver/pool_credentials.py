@@ -9,11 +9,11 @@ Errors name the file, never its content: a broken file may still hold secrets.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpone.localserver.credentials import credential_entries
 from dpone.localserver.errors import CredentialsCorrupt
 
 
@@ -28,23 +28,9 @@ class PoolCredentials:
 
 def read_pool_credentials(path: Path) -> PoolCredentials | None:
     """The credentials file at ``path``, None when it does not exist."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    entries = credential_entries(path)
+    if entries is None:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CredentialsCorrupt(f"cannot read credentials file {path}", path=str(path)) from exc
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
-        # Not chained: the decode error carries the whole document (its ``doc``).
-        raise CredentialsCorrupt(
-            f"credentials file {path} is not JSON (line {exc.lineno}, column {exc.colno})",
-            path=str(path),
-        ) from None
-    entries = document.get("users") if isinstance(document, dict) else None
-    if not isinstance(entries, list):
-        raise CredentialsCorrupt(f"credentials file {path} has no 'users' list", path=str(path))
     found = PoolCredentials({}, {}, frozenset())
     retired: set[str] = set()
     for ordinal, entry in enumerate(entries):

@@ -19,14 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState
-from dpone.ports.composition_snapshot import OwnershipState, StepNote
+from dpone.ports.composition_snapshot import StepNote
 from dpone.publication.publisher.receipts import SnapshotPublicationError
 from dpone.publication.publisher.reconcile import ReconcilePath
 from dpone.publication.publisher.records import closure_document
 from dpone.publication.store.admission import abandoned_key
 
 P = SnapshotState
-_RETAINED = frozenset({OwnershipState.ACTIVE, OwnershipState.RETIRING})
 
 
 @dataclass(frozen=True)
@@ -68,14 +67,7 @@ class AbandonPath(ReconcilePath):
         if earlier:
             record = loaded.record
             return Abandonment(intent_sha256, record.state, record.revision, earlier[0], True)
-        ownership = self.authority.ownership(loaded.intent)
-        if ownership not in _RETAINED:
-            raise SnapshotPublicationError(
-                f"the run of {intent_sha256} no longer retains its slot ({ownership.value})",
-                code="ownership_not_retained",
-                intent_sha256=intent_sha256,
-                ownership=ownership.value,
-            )
+        self._require_retained(loaded.intent)
         intent = loaded.intent
         if loaded.record.state not in (P.EXCHANGE_INTENT, P.COMMIT_UNKNOWN):
             raise _not_abandonable(intent_sha256, loaded.record.state, loaded.record.revision)

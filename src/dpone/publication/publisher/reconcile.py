@@ -63,14 +63,7 @@ class ReconcilePath(PublisherPorts):
         """
         loaded = self._load(intent_sha256)
         intent, record = loaded.intent, loaded.record
-        ownership = self.authority.ownership(intent)
-        if ownership not in _RETAINED:
-            raise SnapshotPublicationError(
-                f"the run of {intent_sha256} no longer retains its slot ({ownership.value})",
-                code="ownership_not_retained",
-                intent_sha256=intent_sha256,
-                ownership=ownership.value,
-            )
+        self._require_retained(intent)
         if record.state in TERMINAL or record.state is P.PREPARED:
             return self._report(intent, record)
         # A database dropped (and maybe created again) on this same server took A and B
@@ -86,6 +79,18 @@ class ReconcilePath(PublisherPorts):
                     intent.database, intent.database_uuid, f"the intent {intent_sha256}"
                 )
         return self._reconcile_claimed(intent, record, None, replaced=replaced)
+
+    def _require_retained(self, intent: SnapshotIntent) -> None:
+        """Refuse (``ownership_not_retained``) unless the intent's run still retains its
+        slot (ACTIVE or RETIRING): only such a run may close its publisher and decide."""
+        ownership = self.authority.ownership(intent)
+        if ownership not in _RETAINED:
+            raise SnapshotPublicationError(
+                f"the run of {intent.sha256} no longer retains its slot ({ownership.value})",
+                code="ownership_not_retained",
+                intent_sha256=intent.sha256,
+                ownership=ownership.value,
+            )
 
     def _database_changed(self, intent: SnapshotIntent) -> bool:
         """Whether the intent's database now has another UUID or none (an unreadable
