@@ -46,7 +46,7 @@ from dpone.ports.clickhouse_request import Credentials, Endpoint, read
 from dpone.ports.composition_snapshot import IssuedPrincipal, TargetSlot
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
 from dpone.publication.catalog import ClickHouseSnapshotCatalog
-from dpone.publication.catalog.allowance import lease_allowance
+from dpone.publication.catalog.allowance import idle_pool_users, lease_allowance
 from dpone.publication.dispatch_gate import gate_for
 from dpone.publication.dispatch_notes import DispatchGuard
 from dpone.publication.executor import (
@@ -54,7 +54,7 @@ from dpone.publication.executor import (
     SESSION_TIMEOUT_SECONDS,
     ClickHouseSnapshotExecutor,
 )
-from dpone.publication.lease_scope import lease_scope
+from dpone.publication.lease_scope import lease_scope, micros
 from dpone.publication.ownership import OwnedElsewhere, Owner, claim
 from dpone.publication.pool_verify import protected_databases, render_command
 from dpone.publication.principal_issuers import LocalPoolIssuer, observe_user_ids
@@ -426,8 +426,9 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
     )
     # The pool is not trusted as a whole: a pool user may hold a write grant only while
     # it holds a lease, once its last lease's closure is proven, or when it was never
-    # leased (catalog/allowance.py). Retained storage counts every table whose UUID the
-    # store recorded (publication/retained.py).
+    # leased (catalog/allowance.py); what a user without an active lease ran against
+    # either table blocks (catalog/pool_queries.py). Retained storage counts every
+    # table whose UUID the store recorded (publication/retained.py).
     pool = access.pool
     catalog = ClickHouseSnapshotCatalog(
         HttpTransport(endpoint, credentials[pool.catalog]),
@@ -440,6 +441,14 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
         recorded_uuids=recorded_table_uuids(store),
         live_targets=recorded_target_names(store),
         pool_members=frozenset(pool.members()),
+        # Every pool user without an active lease is accounted for by what it ran.
+        idle_pool=lambda: idle_pool_users(
+            [
+                (r.lease, None if r.ended_at is None else micros(r.ended_at))
+                for r in store.last_lease_records()
+            ],
+            pool.members(),
+        ),
     )
     executor = ClickHouseSnapshotExecutor(
         endpoint,

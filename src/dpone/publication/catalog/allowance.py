@@ -20,16 +20,24 @@ decided by each pool user's last lease:
 - never leased: allowed. No credential of it was handed out, so nothing of dpone's
   runs as it (its password is in the same 0600 file as the administrator's; that file
   is the custody either way).
+
+A grant allowed is not a write allowed: every pool user without an active lease (never
+leased, or its last lease ended) is accounted for at each observation by what it ran
+against the generation and the target (:mod:`.pool_queries`); :func:`idle_pool_users`
+says who they are and since when.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from dpone.ports.composition_snapshot import Lease, TargetSlot
 
 # (slot, generation table) -> the principals whose write grants are allowed right now.
 AllowedWriters = Callable[[TargetSlot, str], Collection[str]]
+# The pool's users without an active lease -> when their last lease ended (Unix
+# microseconds; 0: never leased), read once per observation.
+IdlePool = Callable[[], Mapping[str, int]]
 
 
 def allowed_pool_users(
@@ -70,3 +78,22 @@ def lease_allowance(
         return allowed_pool_users(leases(), closure_proven, members)
 
     return allowed
+
+
+def idle_pool_users(
+    last: Sequence[tuple[Lease, int | None]], pool: Collection[str]
+) -> dict[str, int]:
+    """Each pool user without an active lease, and when its last lease ended (0: never
+    leased). ``last`` holds each user's last lease with its end (Unix microseconds,
+    None while active), oldest first; the last one seen of each user decides."""
+    latest: dict[str, tuple[Lease, int | None]] = {}
+    for lease, ended_us in last:
+        latest[lease.user] = (lease, ended_us)
+    idle = {}
+    for user in pool:
+        found = latest.get(user)
+        if found is None:
+            idle[user] = 0
+        elif not found[0].active:
+            idle[user] = found[1] or 0
+    return idle
