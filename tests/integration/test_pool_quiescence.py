@@ -14,6 +14,8 @@ import contextlib
 import socket
 import threading
 import urllib.parse
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
@@ -158,7 +160,7 @@ class HeldBody:
         return int(answer.split(b" ", 2)[1])
 
 
-def closures(on: Rig, lease_id: str) -> list[dict[str, object]]:
+def closures(on: Rig, lease_id: str) -> list[Mapping[str, Any]]:
     store = SqliteSnapshotStore(on.store_path, create=False)
     return [
         n.facts

@@ -238,9 +238,7 @@ class ServerAccess:
 
     def writers_of(self, database: str, table: str) -> frozenset[str]:
         """Every user (trusted or not) whose grants let it write ``database.table``."""
-        return frozenset(
-            writer_vias(self.grants, self.role_grants, self.writers, database, table)
-        )
+        return frozenset(writer_vias(self.grants, self.role_grants, self.writers, database, table))
 
     def blockers(self, trusted: frozenset[str], database: str, table: str) -> list[Blocker]:
         """One ``writer_grant`` blocker per untrusted user that can write ``database.table``."""

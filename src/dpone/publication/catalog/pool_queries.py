@@ -128,8 +128,7 @@ def pool_query_blockers(
         blockers.append(
             Blocker(
                 POOL_QUERY_REASON,
-                f"pool user {query.user} ({lease}) {what} {query.query_id} on "
-                f"{database}.{name}",
+                f"pool user {query.user} ({lease}) {what} {query.query_id} on {database}.{name}",
             )
         )
     return blockers
