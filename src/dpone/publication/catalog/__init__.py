@@ -372,7 +372,8 @@ class ClickHouseSnapshotCatalog:
         if self._idle_pool is None:
             return {}
         try:
-            return dict(self._idle_pool())
+            idle = self._idle_pool()
+            return {u: t for u, t in idle.items() if u not in self.trusted_users}
         except DponeError as exc:
             raise CatalogUnobservable(
                 f"the pool's leases could not be read for {slot.database}.{slot.table}: "

@@ -7,8 +7,8 @@ allowed (:mod:`.allowance`); what it *did* is read, in the observation's one bat
 request (:meth:`~dpone.publication.catalog.reads.CatalogReads.prefetch`), from the
 server itself:
 
-- ``system.processes``: every query of such a user whose text names B or the target,
-  running now;
+- ``system.processes``: every query of such a user whose text names B or the target
+  (as a whole word), running now;
 - ``system.query_log``: every query other than a SELECT of such a user that started
   against B or the target (its ``tables``) since B was created (the newer
   ``metadata_modification_time`` of the two names, a lower bound of B's sealing) and
@@ -26,6 +26,7 @@ wrote, and a write into B that finished in between shows in B's content digest.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
@@ -39,8 +40,9 @@ LOGGED = "logged"
 _SQL = (
     "SELECT 'running' AS seen, user, query_id, '' AS kind, "
     "toInt64(0) AS at_us, "
-    "arrayFilter(n -> position(query, n) > 0, {names}) AS names "
-    "FROM system.processes WHERE user IN {users} AND multiSearchAny(query, {names}) "
+    "arrayFilter((n, p) -> match(query, p), {names}, {words}) AS names "
+    "FROM system.processes WHERE user IN {users} "
+    "AND arrayExists(p -> match(query, p), {words}) "
     "UNION ALL "
     "SELECT 'logged' AS seen, user, query_id, toString(query_kind) AS kind, "
     "toInt64(toUnixTimestamp64Micro(event_time_microseconds)) AS at_us, "
@@ -75,8 +77,11 @@ def pool_queries_read(database: str, names: tuple[str, str], pool: Collection[st
     qualified = "[" + ", ".join(quote_literal(f"{database}.{n}") for n in names) + "]"
     since = _SINCE.format(db=db, names_tuple=in_list(names))
     users = in_list(sorted(pool)) if pool else "('')"
+    # A running query names a table as a whole word of its text (a short target name
+    # is not found inside every other word).
+    words = "[" + ", ".join(quote_literal(rf"\b{re.escape(n)}\b") for n in names) + "]"
     return "pool_queries", _SQL.format(
-        names=array, users=users, db=db, since=since, qualified=qualified
+        names=array, words=words, users=users, db=db, since=since, qualified=qualified
     )
 
 
