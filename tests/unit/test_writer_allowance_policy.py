@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dpone.ports.composition_snapshot import Lease
-from dpone.publication.catalog.allowance import allowed_pool_users, idle_pool_users
+from dpone.publication.catalog.allowance import Idle, allowed_pool_users, idle_pool_users
 from dpone.publication.catalog.pool_queries import LOGGED, RUNNING, PoolQuery, pool_query_blockers
 
 POOL = ("ingest_1", "ingest_2", "ingest_3", "publisher_1")
@@ -45,7 +45,12 @@ def test_every_pool_user_without_an_active_lease_is_idle_since_its_lease_ended()
         (lease("b", "ingest_1", True), None),  # leased again: in custody
         (lease("c", "ingest_2", False), 200),
     ]
-    assert idle_pool_users(last, POOL) == {"ingest_2": 200, "ingest_3": 0, "publisher_1": 0}
+    # Never leased: from when the store was made (what ran before is another store's).
+    assert idle_pool_users(last, POOL, store_made_us=50) == {
+        "ingest_2": Idle(200, leased=True),
+        "ingest_3": Idle(50, leased=False),
+        "publisher_1": Idle(50, leased=False),
+    }
 
 
 def test_an_idle_pool_users_query_blocks_from_its_lease_end_on() -> None:
@@ -55,8 +60,13 @@ def test_an_idle_pool_users_query_blocks_from_its_lease_end_on() -> None:
         PoolQuery(RUNNING, "ingest_3", "now", "", 0, ("b", "t")),
         PoolQuery(LOGGED, "ingest_1", "leased", "Insert", 300, ("b",)),  # active: custody
         PoolQuery(LOGGED, "publisher_1", "no-grant", "Insert", 300, ("b",)),
+        PoolQuery(LOGGED, "ingest_3", "before-the-store", "Insert", 40, ("b",)),
     ]
-    idle = {"ingest_2": 200, "ingest_3": 0, "publisher_1": 0}
+    idle = {
+        "ingest_2": Idle(200, leased=True),
+        "ingest_3": Idle(50, leased=False),
+        "publisher_1": Idle(50, leased=False),
+    }
     writers = {"b": {"ingest_1", "ingest_2", "ingest_3"}, "t": {"publisher_1"}}
     blockers = pool_query_blockers(found, idle, writers.__getitem__, "db", "b")
     assert [(b.reason, b.detail) for b in blockers] == [

@@ -68,6 +68,7 @@ from dpone.publication.store import (
     open_store,
     store_exists,
 )
+from dpone.publication.store.steps import STORE_IDENTITY_KEY
 from dpone.sql import quote_identifier, quote_literal
 from dpone.staging.contract import StagingPolicy
 from dpone.staging.ingest_session import SessionNotes
@@ -448,6 +449,7 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
                 for r in store.last_lease_records()
             ],
             pool.members(),
+            store_made_us(store),
         ),
     )
     executor = ClickHouseSnapshotExecutor(
@@ -472,6 +474,12 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
         accept_ungated_ingest=config.accept_ungated_ingest,
     )
     return PublicationComponents(publisher, store, issuer, endpoint)
+
+
+def store_made_us(store: SnapshotStore) -> int:
+    """When the store's identity was made (Unix microseconds; 0: not yet)."""
+    notes = store.step_notes(STORE_IDENTITY_KEY)
+    return micros(notes[0].at) if notes else 0
 
 
 def provision_protected_databases(

@@ -36,6 +36,7 @@ from dpone.ports.composition_snapshot import (
 )
 from dpone.publication.catalog.allowance import (
     AllowedWriters,
+    Idle,
     IdlePool,
     allowed_pool_users,
     idle_pool_users,
@@ -81,6 +82,7 @@ __all__ = [
     "CatalogUnobservable",
     "ClickHouseSnapshotCatalog",
     "GrantRow",
+    "Idle",
     "IdlePool",
     "RecordedUuids",
     "allowed_pool_users",
@@ -367,7 +369,7 @@ class ClickHouseSnapshotCatalog:
         side = SideEffects.read(reads, slot.database, names, allowed, idle)
         return db_engine, db_uuid, tables, side
 
-    def _idle(self, slot: TargetSlot) -> dict[str, int]:
+    def _idle(self, slot: TargetSlot) -> dict[str, Idle]:
         """The pool's users without an active lease now (none without ``idle_pool``)."""
         if self._idle_pool is None:
             return {}

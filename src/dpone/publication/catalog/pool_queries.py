@@ -10,10 +10,11 @@ server itself:
 - ``system.processes``: every query of such a user whose text names B or the target
   (as a whole word), running now;
 - ``system.query_log``: every query other than a SELECT of such a user that started
-  against B or the target (its ``tables``) since B was created (the newer
-  ``metadata_modification_time`` of the two names, a lower bound of B's sealing) and
-  after the user's last lease ended (what ran inside a lease is that lease's, and
-  its closure accounted for it).
+  against B or the target (its ``tables``) since B was created (its
+  ``metadata_modification_time``, a lower bound of B's sealing; with no B under the
+  name, nothing is read from the log) and after the user's last lease ended (what ran
+  inside a lease is that lease's, and its closure accounted for it) or, for a user
+  never leased, after the store was made.
 
 Each one found, for a user whose grants let it write that table, is a
 ``pool_writer_query`` blocker naming the user, the query and the table. The read
@@ -31,6 +32,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from dpone.ports.composition_snapshot import Blocker
+from dpone.publication.catalog.allowance import Idle
 from dpone.publication.catalog.reads import CatalogReads, Read, count_field, text_field
 from dpone.sql import in_list, quote_literal
 
@@ -48,13 +50,14 @@ _SQL = (
     "toInt64(toUnixTimestamp64Micro(event_time_microseconds)) AS at_us, "
     "arrayFilter(n -> has(tables, concat({db}, '.', n)), {names}) AS names "
     "FROM system.query_log WHERE user IN {users} AND type = 'QueryStart' "
-    "AND query_kind != 'Select' AND event_date >= toDate(({since})) "
-    "AND event_time >= ({since}) AND hasAny(tables, {qualified})"
+    "AND query_kind != 'Select' AND ({since}) > toDateTime(0) "
+    "AND event_date >= toDate(({since})) AND event_time >= ({since}) "
+    "AND hasAny(tables, {qualified})"
 )
-# B's creation (or the target's, whichever is newer): the window's lower bound.
+# B's creation: the window's lower bound (the epoch when there is no B: nothing read).
 _SINCE = (
     "SELECT max(metadata_modification_time) FROM system.tables "
-    "WHERE database = {db} AND name IN {names_tuple}"
+    "WHERE database = {db} AND name = {generation}"
 )
 
 
@@ -75,7 +78,7 @@ def pool_queries_read(database: str, names: tuple[str, str], pool: Collection[st
     db = quote_literal(database)
     array = "[" + ", ".join(quote_literal(n) for n in names) + "]"
     qualified = "[" + ", ".join(quote_literal(f"{database}.{n}") for n in names) + "]"
-    since = _SINCE.format(db=db, names_tuple=in_list(names))
+    since = _SINCE.format(db=db, generation=quote_literal(names[1]))
     users = in_list(sorted(pool)) if pool else "('')"
     # A running query names a table as a whole word of its text (a short target name
     # is not found inside every other word).
@@ -109,27 +112,26 @@ def read_pool_queries(reads: CatalogReads, read: Read) -> list[PoolQuery]:
 
 def pool_query_blockers(
     found: Collection[PoolQuery],
-    idle_since: Mapping[str, int],
+    idle_since: Mapping[str, Idle],
     writers_of: Callable[[str], Collection[str]],
     database: str,
     name: str,
 ) -> list[Blocker]:
     """One blocker per query of an idle pool user able to write ``database.name``.
 
-    ``idle_since``: each pool user with no active lease, and the time (Unix
-    microseconds) its last lease ended (0: never leased). A logged query counts only
-    from then on; a running one always does.
+    ``idle_since``: each pool user with no active lease (:func:`.allowance.idle_pool_users`).
+    A logged query counts only from its ``since_us`` on; a running one always does.
     """
     writers = set(writers_of(name))
     blockers = []
     for query in found:
-        since = idle_since.get(query.user)
-        if since is None or query.user not in writers or name not in query.names:
+        idle = idle_since.get(query.user)
+        if idle is None or query.user not in writers or name not in query.names:
             continue
-        if query.seen == LOGGED and query.at_us < since:
-            continue  # inside its last lease: that lease's closure accounted for it
+        if query.seen == LOGGED and query.at_us < idle.since_us:
+            continue  # inside its last lease (its closure accounted for it), or no store's
         what = "is running" if query.seen == RUNNING else f"ran {query.kind or 'a query'}"
-        lease = "never leased by this store" if since == 0 else "its lease ended"
+        lease = "its lease ended" if idle.leased else "never leased by this store"
         blockers.append(
             Blocker(
                 POOL_QUERY_REASON,

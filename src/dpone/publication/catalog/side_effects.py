@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpone.ports.composition_snapshot import Blocker
+from dpone.publication.catalog.allowance import Idle
 from dpone.publication.catalog.grants import ServerAccess
 from dpone.publication.catalog.pool_queries import (
     PoolQuery,
@@ -37,9 +38,9 @@ class SideEffects:
     access: ServerAccess
     trusted: frozenset[str]
     # The pool's idle principals' queries against both names (:mod:`.pool_queries`),
-    # and when each of those users' last lease ended (0: never leased).
+    # and since when what each of those users runs is no lease's.
     pool_queries: list[PoolQuery] = field(default_factory=list)
-    idle_since: Mapping[str, int] = field(default_factory=dict)
+    idle_since: Mapping[str, Idle] = field(default_factory=dict)
 
     @staticmethod
     def reads(
@@ -78,7 +79,7 @@ class SideEffects:
         database: str,
         names: tuple[str, str],
         trusted: frozenset[str],
-        idle_since: Mapping[str, int] | None = None,
+        idle_since: Mapping[str, Idle] | None = None,
     ) -> SideEffects:
         """Read the facts for both names, in one fixed order of queries.
 
