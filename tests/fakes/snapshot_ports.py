@@ -267,6 +267,7 @@ class FakeAuthority:
         }
         self.closure_proven = True
         self.closure_raises = False
+        self.closure_facts: dict[str, Any] = {"samples": 3}
         self.closed: list[str] = []  # lease ids, in order
         self.lock = threading.Lock()
 
@@ -324,7 +325,7 @@ class FakeAuthority:
         if self.closure_raises:
             raise FakeError("closure could not be observed", code="closure_unproven")
         return ClosureProof(
-            principal, self.closure_proven, ClosureStrength.CUSTODIAL, {"samples": 3}
+            principal, self.closure_proven, ClosureStrength.CUSTODIAL, dict(self.closure_facts)
         )
 
     def principal_credentials(self, principal: PrincipalRef) -> IssuedPrincipal:

@@ -19,7 +19,7 @@ from dpone.errors import DponeError
 from dpone.localserver import ServerInfo
 from dpone.localserver.principal_pool import CLOSER_USER, ROLE_INGEST
 from dpone.ports.clickhouse import QueryPort
-from dpone.ports.clickhouse_errors import OutcomeUnknown
+from dpone.ports.clickhouse_errors import ClickHouseServerError, OutcomeUnknown
 from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials
 from dpone.ports.clickhouse_result import QueryResult
 from dpone.ports.composition_snapshot import (
@@ -355,17 +355,32 @@ class ScriptedCloser:
         samples: list[list[str]],
         unfinished: list[str] | None = None,
         process_started_us: int = 0,
+        logins: list[int | None] | None = None,
     ) -> None:
         self.samples = samples
         self.unfinished = unfinished or []
         self.process_started_us = process_started_us  # the unfinished ones started at 10
+        # The open sign-ins each read answers (None: no session log); then 0.
+        self.logins = logins or []
+        self.login_reads = 0
 
     def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
         sql = request.statement
         rows: list[dict[str, Any]] = []
-        if "uptime()" in sql:  # the account: the process's start, and the query log's rows
-            logged = [{"query_id": q, "starts": 1, "ends": 0, "last": 10} for q in self.unfinished]
-            rows = [{"us": self.process_started_us, "rows": [json.dumps(r) for r in logged]}]
+        if "uptime()" in sql:  # the server's start, open sign-ins, the query log's rows
+            row: dict[str, Any] = {"us": self.process_started_us}
+            if "session_log" in sql:
+                self.login_reads += 1
+                count = self.logins.pop(0) if self.logins else 0
+                if count is None:
+                    raise ClickHouseServerError("no session log", clickhouse_code=60)
+                row["open_logins"] = count
+            if "query_log" in sql:
+                logged = [
+                    {"query_id": q, "starts": 1, "ends": 0, "last": 10} for q in self.unfinished
+                ]
+                row["rows"] = [json.dumps(r) for r in logged]
+            rows = [row]
         elif "FROM system.processes" in sql:  # a sample: the clock and the queries listed
             rows = [{"us": 1_000, "queries": self.samples.pop(0) if self.samples else []}]
         elif "now64" in sql:
@@ -408,7 +423,12 @@ class MalformedAccount(ScriptedCloser):
 
 @pytest.mark.parametrize(
     "row",
-    [{"us": "1", "rows": []}, {"us": 1}, {"us": 1, "rows": ["not json"]}, {"us": 1, "rows": ["1"]}],
+    [
+        {"us": 1, "open_logins": 0},
+        {"us": 1, "open_logins": 0, "rows": "x"},
+        {"us": 1, "open_logins": 0, "rows": ["not json"]},
+        {"us": 1, "open_logins": 0, "rows": ["1"]},
+    ],
 )
 def test_an_account_of_another_shape_is_never_proof(pool: Pool, row: dict[str, Any]) -> None:
     ingest = pool.issuer.issue(ROLE_INGEST, "malformed").ref
@@ -449,3 +469,36 @@ def test_a_closers_profile_cannot_turn_an_empty_sample_into_an_error(pool: Pool)
     proof = authority.close_principal(ingest)
     assert proof.proven, proof.facts["unproven"]
     assert all(s["queries"] == [] for s in proof.facts["samples"])
+
+
+@pytest.mark.parametrize(
+    ("logins", "proven", "facts"),
+    [
+        # A logout logged a moment after its answer: read again, settled.
+        ([1, 0], True, {"observed": True, "open": 0, "reads": 2}),
+        # A request held open: read again up to the sample count, then refused.
+        ([1, 1, 1, 1, 1], False, {"observed": True, "open": 1, "reads": 4}),
+        # No session log: said, not assumed (prepare then refuses the ingest closure).
+        ([None], True, {"observed": False, "open": None, "reads": 1}),
+    ],
+)
+def test_open_sign_ins_are_read_again_then_refused(
+    pool: Pool, logins: list[int | None], proven: bool, facts: dict[str, Any]
+) -> None:
+    ingest = pool.issuer.issue(ROLE_INGEST, f"logins-{len(logins)}-{proven}").ref
+    closer = ScriptedCloser([[], [], []], logins=logins)
+    authority = SnapshotAuthority(
+        registry=pool.registry,
+        issuer=pool.issuer,
+        closer=closer,
+        endpoint=pool.endpoint(),
+        probe_credentials=pool.issuer.role_credentials,
+        scope_of=lambda ref: scope_with(ref.lease_id, []),
+        dispatch_gate=new_gate(),
+        policy=ClosurePolicy(samples=3, sample_spacing_seconds=0.0),
+        sleep=lambda s: None,
+    )
+    proof = authority.close_principal(ingest)
+    assert proof.proven is proven
+    assert proof.facts["logins"] == facts
+    assert ("logins_open" in proof.facts["unproven"]) is not proven

@@ -112,6 +112,19 @@ def test_prepare_refuses_an_unproven_ingest_closure(world: World) -> None:
     assert world.store.entries == {}
 
 
+def test_prepare_refuses_an_ingest_closure_that_could_not_count_sign_ins(world: World) -> None:
+    """A server without a session log: a held request outside the session is unseen, so
+    prepare refuses unless the caller accepts the closure on samples and the log alone."""
+    world.authority.closure_facts = {"logins": {"observed": False, "open": None, "reads": 1}}
+    with pytest.raises(DponeError) as exc:
+        publisher(world).prepare(world.attempt, world.generation_ref)
+    assert error_code(exc) == "ingest_logins_unobservable"
+    assert "<session_log>" in exc.value.message and "accept_ungated_ingest" in exc.value.message
+    assert world.store.entries == {}
+    accepted = publisher(world, accept_ungated_ingest=True)
+    assert accepted.prepare(world.attempt, world.generation_ref).state.value == "prepared"
+
+
 def test_prepare_accepts_only_the_original_generation_record(world: World) -> None:
     with pytest.raises(DponeError) as exc:
         publisher(world).prepare(world.attempt, "f" * 64)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dpone.ports.composition_snapshot import Lease
-from dpone.publication.catalog.allowance import allowed_pool_users
+from dpone.publication.catalog.allowance import Idle, allowed_pool_users, idle_pool_users
+from dpone.publication.catalog.pool_queries import LOGGED, RUNNING, PoolQuery, pool_query_blockers
 
 POOL = ("ingest_1", "ingest_2", "ingest_3", "publisher_1")
 
@@ -36,3 +37,47 @@ def test_an_ended_unproven_lease_blocks_even_after_an_older_proof() -> None:
 
 def test_never_leased_users_are_allowed() -> None:
     assert allowed_pool_users([], lambda _: False, POOL) == frozenset(POOL)
+
+
+def test_every_pool_user_without_an_active_lease_is_idle_since_its_lease_ended() -> None:
+    last = [
+        (lease("a", "ingest_1", False), 100),
+        (lease("b", "ingest_1", True), None),  # leased again: in custody
+        (lease("c", "ingest_2", False), 200),
+    ]
+    # Never leased: from when the store was made (what ran before is another store's).
+    assert idle_pool_users(last, POOL, store_made_us=50) == {
+        "ingest_2": Idle(200, leased=True),
+        "ingest_3": Idle(50, leased=False),
+        "publisher_1": Idle(50, leased=False),
+    }
+
+
+def test_an_idle_pool_users_query_blocks_from_its_lease_end_on() -> None:
+    found = [
+        PoolQuery(LOGGED, "ingest_2", "inside-lease", "Insert", 150, ("b",)),
+        PoolQuery(LOGGED, "ingest_2", "after-lease", "Insert", 250, ("b",)),
+        PoolQuery(RUNNING, "ingest_3", "now", "", 0, ("b", "t")),
+        PoolQuery(LOGGED, "ingest_1", "leased", "Insert", 300, ("b",)),  # active: custody
+        PoolQuery(LOGGED, "publisher_1", "no-grant", "Insert", 300, ("b",)),
+        PoolQuery(LOGGED, "ingest_3", "before-the-store", "Insert", 40, ("b",)),
+    ]
+    idle = {
+        "ingest_2": Idle(200, leased=True),
+        "ingest_3": Idle(50, leased=False),
+        "publisher_1": Idle(50, leased=False),
+    }
+    writers = {"b": {"ingest_1", "ingest_2", "ingest_3"}, "t": {"publisher_1"}}
+    blockers = pool_query_blockers(found, idle, writers.__getitem__, "db", "b")
+    assert [(b.reason, b.detail) for b in blockers] == [
+        (
+            "pool_writer_query",
+            "pool user ingest_2 (its lease ended) ran Insert after-lease on db.b",
+        ),
+        (
+            "pool_writer_query",
+            "pool user ingest_3 (never leased by this store) is running now on db.b",
+        ),
+    ]
+    # ingest_3's running query names t too, but it cannot write t.
+    assert pool_query_blockers(found, idle, writers.__getitem__, "db", "t") == []

@@ -112,6 +112,11 @@ def render_config_xml(*, http_port: int, tcp_port: int, log_dir: str, users_file
     <table>query_log</table>
     <flush_interval_milliseconds>1000</flush_interval_milliseconds>
   </query_log>
+  <session_log>
+    <database>system</database>
+    <table>session_log</table>
+    <flush_interval_milliseconds>1000</flush_interval_milliseconds>
+  </session_log>
   <logger>
     <level>information</level>
     <log>{escape(log_dir)}/server.log</log>

@@ -214,10 +214,13 @@ def role_grants(role: str, databases: Sequence[str]) -> tuple[Grant, ...]:
             Grant("TABLE ENGINE", "MergeTree"),
         )
     if role == ROLE_CLOSER:
+        # The session log: a closure counts the user's open sign-ins
+        # (dpone.publication.login_account).
         return (
             Grant("KILL QUERY", "*.*"),
             Grant("SELECT", "system.processes"),
             Grant("SELECT", "system.query_log"),
+            Grant("SELECT", "system.session_log"),
             flush,
         )
     if role == ROLE_CATALOG:

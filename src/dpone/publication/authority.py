@@ -34,7 +34,11 @@ revoked while the server runs) acts on one lease, never on a bare user name (its
    started after the closure began. Queries from before the lease are not the lease's;
    a start without a finish from before the server's current process began (an INSERT
    cut by a server stop or crash) is settled by the restart: the process that ran it
-   is gone (``facts["query_log"]["settled_by_restart"]``).
+   is gone (``facts["query_log"]["settled_by_restart"]``);
+6. while the lease is the user's latest, the user's open sign-ins
+   (:mod:`dpone.publication.login_account`): a request of any shape the server has
+   authenticated and not ended, such as an INSERT without the session parameters
+   whose body is held open, which no sample or query log shows yet.
 
 The proof is ``proven`` only when every step held; ``facts`` record all of it. The
 sessions of step 4 are the publisher's EXCHANGE session and the ingest lease's
@@ -48,7 +52,6 @@ proof is appended to the store under the lease's step key
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -89,6 +92,7 @@ from dpone.publication.journal_evidence import (
     unverified,
 )
 from dpone.publication.lease_scope import LeaseScope
+from dpone.publication.login_account import settle_logins, started_and_logins
 from dpone.publication.principal_issuers import PrincipalIssuer
 from dpone.publication.session_drain import CLOSED, SESSION_NOT_FOUND, SessionDrain
 from dpone.publication.store.leases import CLOSURE_STEP, lease_step_key
@@ -432,6 +436,9 @@ class SnapshotAuthority:
             unproven.append("query_log_unfinished")
         if account["started_after_closure"]:
             unproven.append("query_log_late_start")
+        logins = self._logins(user, scope, account.pop("open_logins"))
+        if logins["open"]:
+            unproven.append("logins_open")
         facts = {
             "user": user,
             "lease_id": principal.lease_id,
@@ -447,6 +454,7 @@ class SnapshotAuthority:
             "samples": samples,
             "sessions": gates,
             "query_log": account,
+            "logins": logins,
             "unproven": unproven,
         }
         if scope.role == ROLE_INGEST:
@@ -529,8 +537,8 @@ class SnapshotAuthority:
         # cut by a stop or crash: the process that ran it is gone, so nothing of it can
         # still run or write. The bound is a second early (uptime() counts whole
         # seconds), so a query cut in the old process's last second stays unfinished.
-        # Asked with the account, in one request.
-        restarted_us, rows = self._account_rows(account)
+        # Asked with the account and the user's open sign-ins, in one request.
+        restarted_us, open_logins, rows = self._started_and_logins(user, account)
         cut = [
             str(r["query_id"])
             for r in rows
@@ -546,32 +554,30 @@ class SnapshotAuthority:
             "settled_by_restart": cut,
             "server_started_before_us": restarted_us,
             "started_after_closure": [str(r["query_id"]) for r in rows if r["last"] >= started_us],
+            "open_logins": open_logins,
         }
 
-    def _account_rows(self, account: str) -> tuple[int, list[dict[str, Any]]]:
-        """A time (server clock, microseconds) before the server's current process
-        began, and the rows of ``account`` (each row as its own JSON line)."""
-        rows = self._rows(
-            "SELECT toUnixTimestamp64Micro(now64(6)) - (toUInt64(uptime()) + 1) * 1000000 AS us, "
-            f"(SELECT groupArray(formatRowNoNewline('JSONEachRow', *)) FROM ({account})) AS rows "
-            # As for a sample: a profile's setting must not turn "none" into no row.
-            "SETTINGS empty_result_for_aggregation_by_empty_set = 0 FORMAT JSONEachRow",
-            "account",
+    def _started_and_logins(
+        self, user: str, account: str | None = None
+    ) -> tuple[int, int | None, list[dict[str, Any]]]:
+        return started_and_logins(self._rows, user, account)
+
+    def _logins(self, user: str, scope: LeaseScope, first: int | None) -> dict[str, Any]:
+        """The user's open sign-ins, read again while some are open (see
+        :mod:`dpone.publication.login_account`); not judged once the user was leased
+        again (the new lease's requests are its own)."""
+        if scope.relet:
+            return {"observed": False, "open": None, "reads": 0, "skipped": "relet"}
+
+        def again() -> int | None:
+            self.closer.execute(
+                read("SYSTEM FLUSH LOGS", self._next_id("flush")), deadline=self._deadline()
+            )
+            return self._started_and_logins(user)[1]
+
+        return settle_logins(
+            first, again, self._sleep, self.policy.samples, self.policy.sample_spacing_seconds
         )
-        row = rows[0] if len(rows) == 1 else {}
-        at_us, lines = row.get("us"), row.get("rows")
-        try:
-            if not isinstance(at_us, int) or not isinstance(lines, list):
-                raise ValueError(row)
-            found = [json.loads(line) for line in lines]
-            if not all(isinstance(r, dict) for r in found):
-                raise ValueError(found)
-        except ValueError as exc:
-            raise OutcomeUnknown(
-                f"the closure's query-log account answered {rows!r:.200}",
-                code="closure_account_malformed",
-            ) from exc
-        return at_us, found
 
     def _rows(self, sql: str, purpose: str) -> list[dict[str, Any]]:
         return self.closer.execute(

@@ -46,7 +46,7 @@ from dpone.ports.clickhouse_request import Credentials, Endpoint, read
 from dpone.ports.composition_snapshot import IssuedPrincipal, TargetSlot
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
 from dpone.publication.catalog import ClickHouseSnapshotCatalog
-from dpone.publication.catalog.allowance import lease_allowance
+from dpone.publication.catalog.allowance import idle_pool_users, lease_allowance
 from dpone.publication.dispatch_gate import gate_for
 from dpone.publication.dispatch_notes import DispatchGuard
 from dpone.publication.executor import (
@@ -54,7 +54,7 @@ from dpone.publication.executor import (
     SESSION_TIMEOUT_SECONDS,
     ClickHouseSnapshotExecutor,
 )
-from dpone.publication.lease_scope import lease_scope
+from dpone.publication.lease_scope import lease_scope, micros
 from dpone.publication.ownership import OwnedElsewhere, Owner, claim
 from dpone.publication.pool_verify import protected_databases, render_command
 from dpone.publication.principal_issuers import LocalPoolIssuer, observe_user_ids
@@ -68,6 +68,7 @@ from dpone.publication.store import (
     open_store,
     store_exists,
 )
+from dpone.publication.store.steps import STORE_IDENTITY_KEY
 from dpone.publication.stream_ceilings import stored_bytes_bound, stream_bytes_bound
 from dpone.sql import quote_identifier, quote_literal
 from dpone.staging.contract import StagingPolicy
@@ -440,29 +441,7 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
         policy=policy,
         note_step=store.note_step,
     )
-    # The pool is not trusted as a whole: a pool user may hold a write grant only while
-    # it holds a lease, once its last lease's closure is proven, or when it was never
-    # leased (catalog/allowance.py); a retired principal is none of these: its password
-    # may be in other hands, so its grants are an outside writer's until the operator's
-    # render leaves it out. Retained storage counts every table whose UUID the store
-    # recorded (publication/retained.py).
-    pool = access.pool
-    in_use = access.members_in_use()
-    catalog = ClickHouseSnapshotCatalog(
-        HttpTransport(endpoint, credentials[pool.catalog]),
-        trusted_users=access.trusted_writers() | {pool.catalog, pool.closer},
-        allowed_writers=lease_allowance(
-            lambda: [r.lease for r in store.last_lease_records()],
-            closure_proven=store.closure_proven,
-            pool=in_use,
-        ),
-        recorded_uuids=recorded_table_uuids(store),
-        live_targets=recorded_target_names(store),
-        pool_members=frozenset(in_use),
-        # Whether a replaced database's tables are anywhere: read by who sees every
-        # database, in one that always exists (the recorded one may be gone).
-        operator=HttpTransport(access.endpoint("system"), access.operator()),
-    )
+    catalog = _catalog(access, store, endpoint, credentials)
     executor = ClickHouseSnapshotExecutor(
         endpoint,
         dispatch_gate=gate,
@@ -485,6 +464,55 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
         accept_ungated_ingest=config.accept_ungated_ingest,
     )
     return PublicationComponents(publisher, store, issuer, endpoint)
+
+
+def _catalog(
+    access: ServerAccess,
+    store: SnapshotStore,
+    endpoint: Endpoint,
+    credentials: Mapping[str, Credentials],
+) -> ClickHouseSnapshotCatalog:
+    """The catalog of a publication: what it trusts, allows and accounts for."""
+    # The pool is not trusted as a whole: a pool user may hold a write grant only while
+    # it holds a lease, once its last lease's closure is proven, or when it was never
+    # leased (catalog/allowance.py); a retired principal is none of these: its password
+    # may be in other hands, so its grants are an outside writer's until the operator's
+    # render leaves it out. What a user without an active lease ran against either
+    # table blocks (catalog/pool_queries.py). Retained storage counts every table whose
+    # UUID the store recorded (publication/retained.py).
+    pool = access.pool
+    in_use = access.members_in_use()
+    return ClickHouseSnapshotCatalog(
+        HttpTransport(endpoint, credentials[pool.catalog]),
+        trusted_users=access.trusted_writers() | {pool.catalog, pool.closer},
+        allowed_writers=lease_allowance(
+            lambda: [r.lease for r in store.last_lease_records()],
+            closure_proven=store.closure_proven,
+            pool=in_use,
+        ),
+        recorded_uuids=recorded_table_uuids(store),
+        live_targets=recorded_target_names(store),
+        pool_members=frozenset(in_use),
+        # Whether a replaced database's tables are anywhere: read by who sees every
+        # database, in one that always exists (the recorded one may be gone).
+        operator=HttpTransport(access.endpoint("system"), access.operator()),
+        # Every pool user without an active lease (a retired one too) is accounted for
+        # by what it ran.
+        idle_pool=lambda: idle_pool_users(
+            [
+                (r.lease, None if r.ended_at is None else micros(r.ended_at))
+                for r in store.last_lease_records()
+            ],
+            pool.members(),
+            store_made_us(store),
+        ),
+    )
+
+
+def store_made_us(store: SnapshotStore) -> int:
+    """When the store's identity was made (Unix microseconds; 0: not yet)."""
+    notes = store.step_notes(STORE_IDENTITY_KEY)
+    return micros(notes[0].at) if notes else 0
 
 
 def provision_protected_databases(

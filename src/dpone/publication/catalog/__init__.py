@@ -37,7 +37,10 @@ from dpone.ports.composition_snapshot import (
 )
 from dpone.publication.catalog.allowance import (
     AllowedWriters,
+    Idle,
+    IdlePool,
     allowed_pool_users,
+    idle_pool_users,
     lease_allowance,
 )
 from dpone.publication.catalog.contents import (
@@ -81,6 +84,8 @@ __all__ = [
     "CatalogUnobservable",
     "ClickHouseSnapshotCatalog",
     "GrantRow",
+    "Idle",
+    "IdlePool",
     "RecordedUuids",
     "allowed_pool_users",
     "catalog_query_id",
@@ -88,6 +93,7 @@ __all__ = [
     "column_ttls",
     "design_sha256",
     "engine_clauses",
+    "idle_pool_users",
     "lease_allowance",
     "writer_grant_blockers",
     "writer_privileges",
@@ -127,6 +133,9 @@ class ClickHouseSnapshotCatalog:
     per observation: every table holding one counts toward the retained bytes, except
     a table under a name ``live_targets`` answers (another slot's live target,
     :func:`dpone.publication.retained.recorded_target_names`), which is that slot's A.
+    ``idle_pool``, when given, answers per observation the pool's users without an
+    active lease (:func:`idle_pool_users`): what they ran against either table is
+    read in the observation's batch and blocks (:mod:`.pool_queries`).
     """
 
     def __init__(
@@ -141,6 +150,7 @@ class ClickHouseSnapshotCatalog:
         clock: Callable[[], float] = time.monotonic,
         pool_members: frozenset[str] = frozenset(),
         operator: QueryPort | None = None,
+        idle_pool: IdlePool | None = None,
     ) -> None:
         """``operator``: a transport, in a database that always exists, of one who sees
         every database (the server's administrator), for :meth:`recorded_presence`."""
@@ -151,6 +161,7 @@ class ClickHouseSnapshotCatalog:
         # the observation, which waits for a closure in progress (observe_settled).
         self.pool_members = frozenset(pool_members)
         self._allowed_writers = allowed_writers
+        self._idle_pool = idle_pool
         self._recorded_uuids = recorded_uuids
         self._live_targets = live_targets
         self._timeout = timeout_seconds
@@ -365,9 +376,10 @@ class ClickHouseSnapshotCatalog:
             f"SELECT engine, toString(uuid) AS uuid FROM system.databases WHERE name = {db}",
         )
         tables_read = ("tables", _TABLES_SQL.format(db=db, names=in_list(names)))
+        idle = self._idle(slot)
         reads.prefetch(
             "observe",
-            [database_read, tables_read, *SideEffects.reads(slot.database, names), *also],
+            [database_read, tables_read, *SideEffects.reads(slot.database, names, idle), *also],
         )
         databases = reads.rows(*database_read)
         if not databases:
@@ -377,8 +389,24 @@ class ClickHouseSnapshotCatalog:
         tables = {text_field(r, "name", reads): r for r in reads.rows(*tables_read)}
         if allowed is None:
             allowed = self._allowed(slot, names[1])
-        side = SideEffects.read(reads, slot.database, names, allowed)
+        side = SideEffects.read(reads, slot.database, names, allowed, idle)
         return db_engine, db_uuid, tables, side
+
+    def _idle(self, slot: TargetSlot) -> dict[str, Idle]:
+        """The pool's users without an active lease now (none without ``idle_pool``)."""
+        if self._idle_pool is None:
+            return {}
+        try:
+            idle = self._idle_pool()
+            return {u: t for u, t in idle.items() if u not in self.trusted_users}
+        except DponeError as exc:
+            raise CatalogUnobservable(
+                f"the pool's leases could not be read for {slot.database}.{slot.table}: "
+                f"{exc.message}",
+                database=slot.database,
+                table=slot.table,
+                cause=exc.code,
+            ) from exc
 
     @staticmethod
     def _recheck_read(slot: TargetSlot, names: tuple[str, str]) -> Read:

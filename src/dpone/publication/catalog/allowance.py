@@ -20,16 +20,35 @@ decided by each pool user's last lease:
 - never leased: allowed. No credential of it was handed out, so nothing of dpone's
   runs as it (its password is in the same 0600 file as the administrator's; that file
   is the custody either way).
+
+A grant allowed is not a write allowed: every pool user without an active lease (never
+leased, or its last lease ended) is accounted for at each observation by what it ran
+against the generation and the target (:mod:`.pool_queries`); :func:`idle_pool_users`
+says who they are and since when.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 from dpone.ports.composition_snapshot import Lease, TargetSlot
 
 # (slot, generation table) -> the principals whose write grants are allowed right now.
 AllowedWriters = Callable[[TargetSlot, str], Collection[str]]
+
+
+@dataclass(frozen=True)
+class Idle:
+    """A pool user without an active lease: what it ran from ``since_us`` (Unix
+    microseconds) on is not any lease's; ``leased``: whether this store ever leased it."""
+
+    since_us: int
+    leased: bool
+
+
+# The pool's users without an active lease, read once per observation.
+IdlePool = Callable[[], Mapping[str, Idle]]
 
 
 def allowed_pool_users(
@@ -70,3 +89,27 @@ def lease_allowance(
         return allowed_pool_users(leases(), closure_proven, members)
 
     return allowed
+
+
+def idle_pool_users(
+    last: Sequence[tuple[Lease, int | None]], pool: Collection[str], store_made_us: int = 0
+) -> dict[str, Idle]:
+    """Each pool user without an active lease, and since when what it runs is no
+    lease's: its last lease's end, or (never leased) when the store was made
+    (``store_made_us``; 0 when unknown): what ran before this store existed, under
+    another store the pool was handed over from, is not this store's to account for.
+
+    ``last`` holds each user's last lease with its end (Unix microseconds, None while
+    active), oldest first; the last one seen of each user decides.
+    """
+    latest: dict[str, tuple[Lease, int | None]] = {}
+    for lease, ended_us in last:
+        latest[lease.user] = (lease, ended_us)
+    idle = {}
+    for user in pool:
+        found = latest.get(user)
+        if found is None:
+            idle[user] = Idle(store_made_us, leased=False)
+        elif not found[0].active:
+            idle[user] = Idle(found[1] or 0, leased=True)
+    return idle

@@ -104,6 +104,24 @@ def writer_grant_blockers(
     roles are followed. Partial revokes are not subtracted: a revoke that narrows a
     broader grant still leaves the broader grant reported (conservative, never silent).
     """
+    reported = writer_vias(grants, role_grants, writers, database, table)
+    return [
+        Blocker(
+            "writer_grant", f"user {user} can write {database}.{table}: {'; '.join(sorted(vias))}"
+        )
+        for user, vias in sorted(reported.items())
+        if user not in trusted_users
+    ]
+
+
+def writer_vias(
+    grants: Iterable[GrantRow],
+    role_grants: Iterable[RoleGrant],
+    writers: frozenset[str],
+    database: str,
+    table: str,
+) -> dict[str, list[str]]:
+    """Every user that can write ``database.table``, with the grants it can through."""
     holders: dict[str, set[str]] = {}  # role -> users holding it, directly or through roles
     members: dict[str, set[str]] = {}  # role -> roles that hold it
     for user, role, granted in role_grants:
@@ -137,14 +155,9 @@ def writer_grant_blockers(
             via += f" through role {grant.role_name}"
         else:
             users = set()
-        for user in sorted(users - trusted_users):
+        for user in users:
             reported.setdefault(user, []).append(via)
-    return [
-        Blocker(
-            "writer_grant", f"user {user} can write {database}.{table}: {'; '.join(sorted(vias))}"
-        )
-        for user, vias in sorted(reported.items())
-    ]
+    return reported
 
 
 def _grant_object(grant: GrantRow) -> str:
@@ -222,6 +235,10 @@ class ServerAccess:
         if not tree:
             raise reads.malformed("privileges", [])
         return cls(grants, role_grants, writer_privileges(tree))
+
+    def writers_of(self, database: str, table: str) -> frozenset[str]:
+        """Every user (trusted or not) whose grants let it write ``database.table``."""
+        return frozenset(writer_vias(self.grants, self.role_grants, self.writers, database, table))
 
     def blockers(self, trusted: frozenset[str], database: str, table: str) -> list[Blocker]:
         """One ``writer_grant`` blocker per untrusted user that can write ``database.table``."""

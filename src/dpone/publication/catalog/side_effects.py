@@ -8,12 +8,19 @@ dictionaries reading from it, mutations in flight, row policies, and untrusted w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from dpone.ports.composition_snapshot import Blocker
+from dpone.publication.catalog.allowance import Idle
 from dpone.publication.catalog.grants import ServerAccess
+from dpone.publication.catalog.pool_queries import (
+    PoolQuery,
+    pool_queries_read,
+    pool_query_blockers,
+    read_pool_queries,
+)
 from dpone.publication.catalog.reads import CatalogReads, Read, text_field
 from dpone.publication.catalog.writers import WriterTables
 from dpone.sql import in_list, quote_literal
@@ -30,10 +37,17 @@ class SideEffects:
     policies: list[dict[str, Any]]
     access: ServerAccess
     trusted: frozenset[str]
+    # The pool's idle principals' queries against both names (:mod:`.pool_queries`),
+    # and since when what each of those users runs is no lease's.
+    pool_queries: list[PoolQuery] = field(default_factory=list)
+    idle_since: Mapping[str, Idle] = field(default_factory=dict)
 
     @staticmethod
-    def reads(database: str, names: tuple[str, str]) -> list[Read]:
-        """The reads of :meth:`read` that depend on no other answer, in its order."""
+    def reads(
+        database: str, names: tuple[str, str], pool: Collection[str] = frozenset()
+    ) -> list[Read]:
+        """The reads of :meth:`read` that depend on no other answer, in its order
+        (the pool's queries only for a nonempty ``pool``)."""
         db = quote_literal(database)
         return [
             (
@@ -55,14 +69,26 @@ class SideEffects:
                 f"database IN ({db}, '') AND table IN ({in_list(names)[1:-1]}, '')",
             ),
             *ServerAccess.reads(database),
+            *([pool_queries_read(database, names, pool)] if pool else []),
         ]
 
     @classmethod
     def read(
-        cls, reads: CatalogReads, database: str, names: tuple[str, str], trusted: frozenset[str]
+        cls,
+        reads: CatalogReads,
+        database: str,
+        names: tuple[str, str],
+        trusted: frozenset[str],
+        idle_since: Mapping[str, Idle] | None = None,
     ) -> SideEffects:
-        """Read the facts for both names, in one fixed order of queries."""
-        sql = dict(cls.reads(database, names))
+        """Read the facts for both names, in one fixed order of queries.
+
+        ``idle_since``: the pool's users with no active lease (see
+        :func:`~dpone.publication.catalog.pool_queries.pool_query_blockers`); their
+        queries against both names are read too (none given: not read).
+        """
+        idle = dict(idle_since or {})
+        sql = dict(cls.reads(database, names, idle))
         incoming = reads.rows("incoming_views", sql["incoming_views"])
         writer_tables = WriterTables.read(reads, database, names)
         refreshable = frozenset(
@@ -71,14 +97,10 @@ class SideEffects:
         )
         mutations = reads.rows("mutations", sql["mutations"])
         policies = reads.rows("row_policies", sql["row_policies"])
+        access = ServerAccess.read(reads, database)
+        found = read_pool_queries(reads, ("pool_queries", sql["pool_queries"])) if idle else []
         return cls(
-            incoming,
-            writer_tables,
-            refreshable,
-            mutations,
-            policies,
-            ServerAccess.read(reads, database),
-            trusted,
+            incoming, writer_tables, refreshable, mutations, policies, access, trusted, found, idle
         )
 
     @classmethod
@@ -104,7 +126,18 @@ class SideEffects:
         return [
             *self.writer_tables.blockers(name),
             *self.access.blockers(self.trusted, database, name),
+            *self._pool_blockers(database, name),
         ]
+
+    def _pool_blockers(self, database: str, name: str) -> list[Blocker]:
+        """The queries of the pool's idle principals that can write ``name``."""
+        return pool_query_blockers(
+            self.pool_queries,
+            self.idle_since,
+            lambda table: self.access.writers_of(database, table),
+            database,
+            name,
+        )
 
     def blockers(
         self, database: str, name: str, row: Mapping[str, Any], reads: CatalogReads
@@ -153,4 +186,5 @@ class SideEffects:
                     Blocker("row_policy", f"row policy {text_field(policy, 'name', reads)}")
                 )
         found.extend(self.access.blockers(self.trusted, database, name))
+        found.extend(self._pool_blockers(database, name))
         return found

@@ -184,7 +184,11 @@ def exchange_precheck(
     if (target.uuid, generation.uuid) != (intent.target_uuid, intent.generation_uuid):
         return DispatchRefusal("uuid_pair_changed", {})
     if target.blockers or generation.blockers:
-        return DispatchRefusal("side_effect_present", {})
+        # Named in the intent's history (dispatch_refused), each with what it is.
+        found = [*target.blockers, *generation.blockers]
+        return DispatchRefusal(
+            "side_effect_present", {"blockers": [f"{b.reason}: {b.detail}" for b in found]}
+        )
     # The target keeps the design it had at prepare: its own, or the one a decided
     # design change replaces; the generation keeps the design the intent publishes.
     if target.design_sha256 != (replaced_design or intent.design_sha256):

@@ -149,6 +149,19 @@ class PreparePath(CreatedTarget):
                 code="ingest_ungated",
                 user=evidence.ingest.user,
             )
+        logins = closure.facts.get("logins", {})
+        unobserved = logins.get("observed") is False and "skipped" not in logins
+        if unobserved and not self.accept_ungated_ingest:
+            raise SnapshotPublicationError(
+                f"the server keeps no session log, so a request of {evidence.ingest.user} "
+                "that it authenticated but has not registered as a query (an INSERT whose "
+                "body is held open) cannot be seen by the closure: add the <session_log> "
+                "section to the server's configuration (docs/remote.md), or accept the "
+                "closure on process samples and the query log alone ([publication] "
+                "accept_ungated_ingest = true, or --accept-ungated-ingest)",
+                code="ingest_logins_unobservable",
+                user=evidence.ingest.user,
+            )
 
     def _note_design_change(
         self, intent_sha256: str, target: TableObservation, generation: TableObservation
