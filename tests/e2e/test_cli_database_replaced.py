@@ -27,6 +27,7 @@ from dpone.publication.store import SqliteSnapshotStore
 from tests import chhttp
 from tests.e2e.test_cli_refresh import (
     DATABASE,
+    SERVER_KINDS,
     _killed_in,
     _store_states,
     make_source,
@@ -39,9 +40,13 @@ from tests.e2e.test_cli_refresh import (
 from tests.e2e.test_cli_server import as_json, dpone
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    yield from protected_server(tmp_path_factory, DATABASE, "replaced-ch")
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """The managed server, and one reached only by host, ports and credentials file
+    (where the keeper's global SHOW TABLES proves the database dropped)."""
+    yield from protected_server(tmp_path_factory, DATABASE, "replaced-ch", request.param)
 
 
 def _active_leases(store: Path) -> list[tuple[str, str]]:
@@ -162,7 +167,7 @@ def test_abandon_refuses_while_the_recorded_database_still_exists(
     try:
         done = dpone(
             *("snapshot", "abandon", intent, "--store", str(store)),
-            *("--data-dir", str(server["data_dir"]), "--json"),
+            *("--config", str(config), "--json"),
         )
         assert done.returncode == 1, done.stdout + done.stderr
         error = json.loads(done.stdout)["error"]
@@ -176,6 +181,6 @@ def test_abandon_refuses_while_the_recorded_database_still_exists(
         chhttp.query(port, f"RENAME DATABASE {aside} TO {DATABASE}")
     reconciled = dpone(
         *("snapshot", "reconcile", intent, "--store", str(store)),
-        *("--data-dir", str(server["data_dir"]), "--json"),
+        *("--config", str(config), "--json"),
     )
     assert json.loads(reconciled.stdout)["state"] in ("published", "not_published")

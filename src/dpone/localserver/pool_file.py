@@ -84,7 +84,10 @@ def remote_grants(
     """The grant statements of ``role`` over the protected ``databases``.
 
     The keeper also claims ownership for its store: it creates (and, handing ownership
-    over, drops) its pool's marker and the slots' markers in the identity database.
+    over, drops) its pool's marker and the slots' markers in the identity database. It
+    sees every database's tables (a global ``SHOW TABLES``, no data): reconcile proves
+    a publication's database dropped, rather than renamed out of sight, as the keeper
+    (publication/catalog/presence.py).
     """
     if role == ROLE_KEEPER:
         reads = role_grants(ROLE_CATALOG, databases)
@@ -94,6 +97,7 @@ def remote_grants(
             f"GRANT CREATE TABLE, DROP TABLE ON {identity}.{quote_identifier(pool.marker)}",
             f"GRANT CREATE TABLE, DROP TABLE ON {identity}.{SLOT_MARKER_PREFIX}*",
             "GRANT TABLE ENGINE ON Memory",
+            "GRANT SHOW TABLES ON *.*",
         )
         return (*(g.statement() for g in reads), *drops, *markers)
     return tuple(g.statement() for g in role_grants(role, databases))
