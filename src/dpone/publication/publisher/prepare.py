@@ -153,12 +153,16 @@ class PreparePath(CreatedTarget):
         unobserved = logins.get("observed") is False and "skipped" not in logins
         if unobserved and not self.accept_ungated_ingest:
             raise SnapshotPublicationError(
-                f"the server keeps no session log, so a request of {evidence.ingest.user} "
-                "that it authenticated but has not registered as a query (an INSERT whose "
-                "body is held open) cannot be seen by the closure: add the <session_log> "
-                "section to the server's configuration (docs/remote.md), or accept the "
-                "closure on process samples and the query log alone ([publication] "
-                "accept_ungated_ingest = true, or --accept-ungated-ingest)",
+                f"the closer cannot read the server's session log, so a request of "
+                f"{evidence.ingest.user} that the server authenticated but has not "
+                "registered as a query (an INSERT whose body is held open) cannot be seen "
+                "by the closure: add the <session_log> section to the server's "
+                "configuration (docs/remote.md; a managed server started by an older dpone: "
+                "`dpone server stop`, then `dpone server start`), give the closer its SELECT "
+                "on system.session_log (a pool rendered by an older dpone: render it again "
+                "and install it), or accept the closure on process samples and the query "
+                "log alone ([publication] accept_ungated_ingest = true, or "
+                "--accept-ungated-ingest)",
                 code="ingest_logins_unobservable",
                 user=evidence.ingest.user,
             )
