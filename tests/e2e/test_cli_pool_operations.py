@@ -214,6 +214,10 @@ def test_a_retired_principal_is_never_leased_again_and_the_pool_publishes(
         retired = as_json(done)
         assert retired["retired"] == ["dpone_ingest_1", "dpone_publisher_1"]
         assert "--retired dpone_ingest_1 --retired dpone_publisher_1" in retired["next_command"]
+        # A rotation from the file in use (no password changes at once), and a reminder
+        # of what the command cannot know: the networks and the form rendered with.
+        assert f"--rotate-from {secret}" in retired["next_command"]
+        assert "--network" in retired["note"]
         entries = {u["user"]: u for u in json.loads(secret.read_text())["users"]}
         assert entries["dpone_ingest_1"] == {"user": "dpone_ingest_1", "retired": True}
         assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600

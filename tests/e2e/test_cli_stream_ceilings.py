@@ -214,3 +214,23 @@ def test_a_refresh_drops_a_generation_that_stores_more_than_its_ceiling(
     assert details["observed"] > STORED
     assert read_events(Path(report["journal"]))[-1].document["state"] == "failed_cleaned"
     assert report["next_commands"] == [] and staged_tables(server) == before
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["wire_bytes=\u00b2", "wire_bytes=9223372036854775808", "wire_bytes=0", "nothing=5", "x"],
+)
+def test_a_limit_that_is_not_a_ceiling_and_a_count_is_a_usage_error(
+    tmp_path: Path, given: str
+) -> None:
+    # The file and its receipt exist (click checks them first): only the limit is wrong.
+    (tmp_path / "none.bin").write_bytes(b"")
+    (tmp_path / "none.json").write_text("{}")
+    done = dpone(
+        *("stage", str(tmp_path / "none.bin"), "--receipt", str(tmp_path / "none.json")),
+        *("--database", "db", "--work-dir", str(tmp_path / "w"), "--limit", given),
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "internal_error" not in done.stderr
+    assert "is not CEILING=N with N an integer from 1 to 9223372036854775807" in done.stderr
+    assert not (tmp_path / "w").exists()

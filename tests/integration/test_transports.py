@@ -22,6 +22,7 @@ from dpone.connectors.endpoint_identity import (
     EndpointIdentityError,
     observe_identity,
     observe_principal,
+    observe_server_id,
     observe_server_start,
     observe_user_uuid,
 )
@@ -50,6 +51,7 @@ from dpone.ports.clickhouse_request import (
 from dpone.ports.clickhouse_result import QueryResult
 from tests import chhttp
 from tests.conftest import READER_PASSWORD, TEST_DATABASE
+from tests.profile_settings import ProfileSettings
 
 Factory = Callable[..., Any]
 DB = "transport_db"
@@ -382,6 +384,26 @@ def test_endpoint_identity_on_the_managed_server(clickhouse: ServerInfo) -> None
     with pytest.raises(EndpointIdentityError) as missing:
         observe_identity(t, "no_such_db", probe_prefix="ident-4", deadline=soon())
     assert missing.value.code == "database_missing"
+
+
+def test_a_profile_cannot_turn_a_missing_database_into_a_server_error(
+    clickhouse: ServerInfo,
+) -> None:
+    """empty_result_for_aggregation_by_empty_set = 1 in the user's profile: the endpoint's
+    one request still answers an empty array for a database that does not exist."""
+    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
+    chhttp.query(
+        clickhouse.http_port, "CREATE DATABASE IF NOT EXISTS _dpone_identity ENGINE = Atomic"
+    )
+    http = make_transport("http", clickhouse)
+    assert isinstance(http, HttpTransport)
+    t = ProfileSettings(http, empty_result_for_aggregation_by_empty_set="1")
+    with pytest.raises(EndpointIdentityError) as missing:
+        observe_identity(t, "no_such_db", probe_prefix="ident-profiled", deadline=soon())
+    assert missing.value.code == "database_missing"
+    assert observe_server_id(t, probe_prefix="ident-profiled-2", deadline=soon())[1] == (
+        "dpone_identity_table"
+    )
 
 
 class WithoutMember:

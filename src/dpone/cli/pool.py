@@ -250,19 +250,23 @@ def retire(user: str, config_path: Path, as_json: bool) -> None:
                 *(a for d in project.databases for a in ("--protect", d)),
                 *(("--pool", pool_names.name) if pool_names.name else ()),
                 *(a for r in retired for a in ("--retired", r)),
+                # A rotation: the others keep their passwords valid until it is finished.
+                *("--rotate-from", str(remote.credentials_file)),
                 "--out",
                 "dpone-users.xml",
                 "--credentials",
                 "NEW_FILE",
             ]
         )
+        # Not known here: the networks and the form the pool was rendered with.
+        same = "repeat the --network options (and --format sql) the pool was rendered with"
         if as_json:
-            emit_json({"ok": True, "retired": list(retired), "next_command": again})
+            emit_json({"ok": True, "retired": list(retired), "next_command": again, "note": same})
             return
         click.echo(f"{user} is retired: dpone no longer leases or uses it")
         click.echo(
             "the server still accepts its password: render the pool without it "
-            f"(`{again}`), install it, then use the new credentials file"
+            f"(`{again}`; {same}), install it, then use the new credentials file"
         )
 
 

@@ -4,6 +4,7 @@ they make (the endpoint, its credentials, the transport, the converter)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -58,6 +59,10 @@ store_option = click.option(
 )
 
 
+# The largest ceiling: a signed 64-bit count, as the store and the server hold it.
+_MAX_CEILING = 2**63 - 1
+
+
 def _limits(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> SnapshotLimits:
     """``--limit CEILING=N`` (repeatable) over the publication's defaults."""
     # Retained storage is what the database holds besides the stream: no stream crosses it.
@@ -65,10 +70,15 @@ def _limits(ctx: click.Context, param: click.Parameter, values: tuple[str, ...])
     given: dict[str, int] = {}
     for value in values:
         name, sep, number = value.partition("=")
-        if not sep or name not in names or not number.isdigit() or int(number) < 1:
+        if (
+            not sep
+            or name not in names
+            or re.fullmatch(r"[0-9]{1,19}", number) is None
+            or not 1 <= int(number) <= _MAX_CEILING
+        ):
             raise click.BadParameter(
-                f"{value!r} is not CEILING=N with N a positive integer and CEILING one of "
-                f"{', '.join(names)}",
+                f"{value!r} is not CEILING=N with N an integer from 1 to {_MAX_CEILING} and "
+                f"CEILING one of {', '.join(names)}",
                 ctx,
                 param,
             )

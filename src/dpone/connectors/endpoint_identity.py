@@ -162,6 +162,10 @@ def observe_identity(
 
 
 _ENDPOINT_MEMBERS = ("id", "identity", "database_uuid", "database_engine")
+# An aggregate over nothing (a database that does not exist) answers an empty array,
+# whatever a user's profile sets (empty_result_for_aggregation_by_empty_set = 1 would
+# make the scalar subquery an error).
+EMPTY_SET_ANSWERS = " SETTINGS empty_result_for_aggregation_by_empty_set = 0"
 _IDENTITY_SQL = (
     "SELECT toString(uuid) AS uuid FROM system.databases "
     f"WHERE name = {quote_literal(IDENTITY_DATABASE)}"
@@ -176,7 +180,7 @@ def _endpoint_sql(database: str) -> str:
         "SELECT toString(serverUUID()) AS id, "
         f"(SELECT groupArray(uuid) FROM ({_IDENTITY_SQL})) AS identity, "
         f"(SELECT groupArray(toString(uuid)) {named}) AS database_uuid, "
-        f"(SELECT groupArray(engine) {named}) AS database_engine"
+        f"(SELECT groupArray(engine) {named}) AS database_engine{EMPTY_SET_ANSWERS}"
     )
 
 
@@ -215,7 +219,7 @@ def observe_server_id(
     query_id = f"{probe_prefix}-server"
     statement = (
         f"SELECT toString(serverUUID()) AS id, (SELECT groupArray(uuid) FROM ({_IDENTITY_SQL})) "
-        "AS identity"
+        f"AS identity{EMPTY_SET_ANSWERS}"
     )
     row = _one(transport, statement, query_id, deadline, "id", "identity")
     server_id = _text(row, "id", query_id)

@@ -11,17 +11,15 @@ with its new password only, for a server whose users are managed by SQL.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
-from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.durable_files import atomic_write_bytes
 from dpone.errors import ConfigurationError, DponeError, StateError
 from dpone.localserver.config import ServerUser
 from dpone.localserver.pool_file import credentials_json, read_pool_file, remote_users
 from dpone.localserver.pool_sql import retire_old_sql
-from dpone.ports.clickhouse_request import Credentials, read
-from dpone.publication.server_access import REACH_SECONDS, ServerAccess
+from dpone.ports.clickhouse_request import Credentials
+from dpone.publication.server_access import ServerAccess, sign_in
 
 
 @dataclass(frozen=True)
@@ -64,10 +62,7 @@ def finish_rotation(access: ServerAccess) -> FinishedRotation:
 def _signs_in(access: ServerAccess, login: Credentials) -> bool:
     """Whether ``login`` signs in: False for a refused sign-in, any other error raised."""
     try:
-        HttpTransport(access.endpoint("system"), login).execute(
-            read("SELECT 1", f"dpone-pool-rotation-{time.time_ns()}"),
-            deadline=time.monotonic() + REACH_SECONDS,
-        )
+        sign_in(access, login)
     except DponeError as exc:
         if exc.code == "authentication_refused":
             return False

@@ -29,7 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.connectors.endpoint_identity import IDENTITY_CREATE, IDENTITY_DATABASE, NIL_UUID
+from dpone.connectors.endpoint_identity import (
+    EMPTY_SET_ANSWERS,
+    IDENTITY_CREATE,
+    IDENTITY_DATABASE,
+    NIL_UUID,
+)
 from dpone.connectors.tls_probe import PLAIN_TO_TLS, TLS_PORT_FIX, plain_http_to_tls
 from dpone.durable_files import private_directories
 from dpone.errors import ConfigurationError, DponeError
@@ -490,7 +495,7 @@ def _server_facts(found: PoolVerification, keeper: HttpTransport) -> None:
             keeper,
             "SELECT version() AS v, toString(serverUUID()) AS u, (SELECT groupArray("
             "toString(uuid)) FROM system.databases WHERE name = "
-            f"{quote_literal(IDENTITY_DATABASE)}) AS identity",
+            f"{quote_literal(IDENTITY_DATABASE)}) AS identity{EMPTY_SET_ANSWERS}",
             "server",
         )[0]
         found.version, found.server_uuid = str(row["v"]), str(row["u"])

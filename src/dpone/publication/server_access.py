@@ -157,7 +157,9 @@ def rotated_credentials(access: ServerAccess, found: PoolCredentials) -> dict[st
             if _OLD_UNTIL.get((*key, user), 0.0) > time.monotonic():
                 chosen[user] = Credentials(user, old)
                 continue
-            if not new_password_taken(access, Credentials(user, password)):
+            if new_password_taken(access, Credentials(user, password)) is not True:
+                # Refused, or not known (no answer): the old one for now, tried again
+                # later; only a sign-in the server took is kept for good.
                 _OLD_UNTIL[(*key, user)] = time.monotonic() + ROTATION_RETRY_SECONDS
                 chosen[user] = Credentials(user, old)
                 continue
@@ -166,17 +168,23 @@ def rotated_credentials(access: ServerAccess, found: PoolCredentials) -> dict[st
     return chosen
 
 
-def new_password_taken(access: ServerAccess, login: Credentials) -> bool:
-    """Whether the server takes ``login``: False only for a refused sign-in; any other
-    failure is the request's own, said by the request that meets it."""
+def new_password_taken(access: ServerAccess, login: Credentials) -> bool | None:
+    """Whether the server takes ``login``: True once a sign-in with it answered, False
+    when the server refused it, None when neither is known (no answer: the requests
+    that follow meet that failure themselves)."""
     try:
-        HttpTransport(access.endpoint("system"), login).execute(
-            read("SELECT 1", f"dpone-pool-rotation-{time.time_ns()}"),
-            deadline=time.monotonic() + REACH_SECONDS,
-        )
+        sign_in(access, login)
     except DponeError as exc:
-        return exc.code != "authentication_refused"
+        return False if exc.code == "authentication_refused" else None
     return True
+
+
+def sign_in(access: ServerAccess, login: Credentials) -> None:
+    """``SELECT 1`` signed in as ``login`` (a refusal is ``authentication_refused``)."""
+    HttpTransport(access.endpoint("system"), login).execute(
+        read("SELECT 1", f"dpone-pool-rotation-{time.time_ns()}"),
+        deadline=time.monotonic() + REACH_SECONDS,
+    )
 
 
 def server_reachable(access: ServerAccess) -> bool:
