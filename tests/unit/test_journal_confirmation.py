@@ -100,3 +100,21 @@ def test_an_unconfirmed_event_followed_by_others_breaks_the_journal(tmp_path: Pa
     [], [broken] = survey_attempts(tmp_path)
     assert broken.error.code == "journal_unconfirmed_event"
     assert "000002" in broken.error.message
+
+
+def test_a_mark_that_is_a_link_or_a_directory_confirms_nothing(tmp_path: Path) -> None:
+    """Only a regular file confirms an event: a symbolic link to one (followed, it would
+    say yes) or a directory of that name is not its writer's mark."""
+    journal = ClickHouseFileAttemptJournal(tmp_path, "a1")
+    journal.open()
+    for n in range(2):
+        journal.record({**VERIFYING, "outcome": f"step-{n}"})
+    last = journal.events_dir / "000002" / "confirmed"
+    elsewhere = tmp_path / "a-file"
+    elsewhere.write_bytes(b"")
+    last.unlink()
+    last.symlink_to(elsewhere)
+    assert [e.sequence for e in read_events(tmp_path / "a1")] == [1]
+    last.unlink()
+    last.mkdir()
+    assert [e.sequence for e in read_events(tmp_path / "a1")] == [1]

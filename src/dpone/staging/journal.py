@@ -38,6 +38,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -452,7 +453,7 @@ def read_events(attempt_dir: str | os.PathLike[str]) -> list[JournalEvent]:
             raise JournalError(
                 f"{path} is missing", code="journal_sequence_gap", event=str(path)
             ) from exc
-        confirmed = (where / CONFIRMED).exists()
+        confirmed = _is_mark(where / CONFIRMED)
         try:
             document = canonical_json.loads(data, what=str(path))
         except Exception as exc:
@@ -522,3 +523,12 @@ def pending_publication(
         "written": (where / EVENT_FILE).exists(),
         "path": str(where),
     }
+
+
+def _is_mark(path: Path) -> bool:
+    """Whether ``path`` is a confirmation mark: a regular file, never a link followed to
+    one, nor a directory of that name."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False

@@ -46,7 +46,8 @@ class StoragePreflightService:
     def _check(self, fd: int, where: Path, attempt_id: str, size: int, reserve: int) -> None:
         try:
             stats = os.fstatvfs(fd)
-            writable = os.access(f"/proc/self/fd/{fd}", os.W_OK)
+            # Through the descriptor itself (no /proc needed): may this process write in it.
+            writable = os.access(".", os.W_OK, dir_fd=fd)
         except OSError as exc:
             raise JournalError(
                 f"the journal's storage at {where} cannot be examined: {exc.strerror or exc}; "
@@ -66,7 +67,7 @@ class StoragePreflightService:
             )
         block = stats.f_frsize or stats.f_bsize or 4096
         need = size + _ENTRIES * block + reserve
-        free = stats.f_bavail * stats.f_frsize
+        free = stats.f_bavail * block
         # A file system that reports no inode count (f_files == 0) has no inode limit.
         inodes_short = stats.f_files > 0 and stats.f_favail < _ENTRIES
         if free < need or inodes_short:
