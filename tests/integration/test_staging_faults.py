@@ -4,9 +4,9 @@ pre-flight refusals, identity and receipt checks, credentials and the principal.
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -640,13 +640,20 @@ def test_a_failure_at_admission_is_recorded_as_the_attempts_end(
     assert caught.value.details["journal"] == str(tmp_path / "work" / "admission-1")
 
 
+def _to_main_thread(signum: int) -> None:
+    """``signum`` to the main thread, which holds it while an intent is journaled: a
+    test process may keep threads of earlier tests, and a signal sent to the process
+    could reach one of those instead (a dpone command has no such thread then)."""
+    signal.pthread_kill(threading.main_thread().ident or 0, signum)
+
+
 class SignalledAtTheInsertIntent(ClickHouseFileAttemptJournal):
     """SIGTERM reaches the process the moment the INSERT's intent is journaled."""
 
     def record(self, fields: Any) -> Any:
         event = super().record(fields)
         if fields.get("query", {}).get("kind") == "insert" and fields.get("outcome") == "intent":
-            os.kill(os.getpid(), signal.SIGTERM)
+            _to_main_thread(signal.SIGTERM)
         return event
 
 
@@ -687,7 +694,7 @@ class SignalledAtTheDropIntent(ClickHouseFileAttemptJournal):
     def record(self, fields: Any) -> Any:
         event = super().record(fields)
         if fields.get("outcome") == "drop_intent":
-            os.kill(os.getpid(), signal.SIGTERM)
+            _to_main_thread(signal.SIGTERM)
         return event
 
 
