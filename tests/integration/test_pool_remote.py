@@ -269,7 +269,12 @@ def test_verify_names_a_query_log_that_does_not_log_the_pool(tmp_path: Path) -> 
         assert problem["code"] == "query_log_off", problem
         users = [p["user"] for p in found["principals"]]
         assert problem["users"] == sorted(users) and len(users) == 11
-        assert problem["settings"]["dpone_closer"] == {"log_queries": 0, "probability": 1}
+        assert problem["settings"]["dpone_closer"] == {
+            "log_queries": 0,
+            "probability": 1,
+            "min_type": "QUERY_START",
+            "min_ms": 0,
+        }
         assert "system.query_log" in problem["message"] and "log_queries" in problem["fix"]
         text = dpone("pool", "verify", "--config", str(config))
         assert text.returncode == 1
@@ -284,3 +289,26 @@ def test_verify_names_a_query_log_that_does_not_log_the_pool(tmp_path: Path) -> 
         refused = dpone("refresh", "--all", "--config", str(config), "--json")
         table = json.loads(refused.stdout)["tables"][0]
         assert (table["phase"], table["error"]["code"]) == ("check", "query_log_off"), table
+
+
+def _starts_unlogged(text: str) -> str:
+    # A busy server's setting: only queries of 100 ms or more are logged, and those
+    # without their QueryStart row.
+    return text.replace(
+        "<async_insert>0</async_insert>",
+        "<async_insert>0</async_insert>"
+        "<log_queries_min_query_duration_ms>100</log_queries_min_query_duration_ms>",
+    )
+
+
+def test_verify_names_a_query_log_that_logs_no_query_start(tmp_path: Path) -> None:
+    for server in remote_server(tmp_path, ["qstart_db"], tamper=_starts_unlogged):
+        config = project_for(tmp_path, server, ["qstart_db"])
+        done = dpone("pool", "verify", "--config", str(config), "--json")
+        found = json.loads(done.stdout)
+        assert done.returncode == 1 and not found["ok"]
+        (problem,) = found["problems"]
+        assert problem["code"] == "query_log_off", problem
+        assert len(problem["users"]) == 11
+        assert problem["settings"]["dpone_closer"]["min_ms"] == 100
+        assert "log_queries_min_query_duration_ms" in problem["fix"]

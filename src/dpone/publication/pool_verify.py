@@ -56,8 +56,13 @@ _VERSION = "SELECT version() AS v"
 # Who the server says a principal is, and whether it logs every query of theirs.
 _WHO = (
     "SELECT currentUser() AS who, toUInt8(getSetting('log_queries')) AS log_queries, "
-    "toFloat64(getSetting('log_queries_probability')) AS sampled"
+    "toFloat64(getSetting('log_queries_probability')) AS sampled, "
+    "toString(getSetting('log_queries_min_type')) AS min_type, "
+    "toUInt64(getSetting('log_queries_min_query_duration_ms')) AS min_ms"
 )
+# What every logged query of a principal needs: its QueryStart row (closure and the
+# idle users' check read them), so no minimum type above it and no minimum duration.
+_LOGGED = {"log_queries": 1, "sampled": 1, "min_type": "QUERY_START", "min_ms": 0}
 _GRANT = re.compile(
     r"^GRANT (?P<privileges>.+) ON (?P<on>\S+) TO \S+(?P<option> WITH GRANT OPTION)?$"
 )
@@ -436,9 +441,11 @@ def problem_fix(
         "identity_missing": f"as the server's administrator: `{IDENTITY_CREATE}`",
         "server_unreadable": f"{keeper} must read the server's system tables: install "
         f"the users file as rendered (its role's grants), or render again (`{render}`)",
-        "query_log_off": "remove what sets log_queries to 0 or log_queries_probability "
-        "below 1 for these users: a setting in the dpone_pool profile of the installed users "
-        "file, or in the server's configuration (the server's default is 1 for both)",
+        "query_log_off": "remove what sets log_queries to 0, log_queries_probability "
+        "below 1, log_queries_min_type above QUERY_START or log_queries_min_query_duration_ms "
+        "above 0 for these users: a setting in the dpone_pool profile of the installed users "
+        "file, or in the server's configuration (the server's defaults are 1, 1, QUERY_START "
+        "and 0)",
         "query_log_unreadable": "turn the server's query log on: its configuration needs "
         "the <query_log> section (ClickHouse's default config.xml has it; a config.d file may "
         f"remove it), and {keeper} keeps its rendered SELECT on system.*",
@@ -447,13 +454,15 @@ def problem_fix(
 
 
 def _query_log_settings(found: PoolVerification, signed: dict[str, list[dict[str, Any]]]) -> None:
-    """``query_log_off``: the principals whose queries the server does not log (every
-    one of them: ``log_queries`` 1, ``log_queries_probability`` 1), whose closure could
-    then never be proven from ``system.query_log``."""
+    """``query_log_off``: the principals whose queries the server does not log from
+    their start (every one of them: ``log_queries`` 1, ``log_queries_probability`` 1,
+    ``log_queries_min_type`` ``QUERY_START``, ``log_queries_min_query_duration_ms`` 0),
+    whose closure could then never be proven from ``system.query_log``."""
+    names = {"sampled": "probability"}
     off = {
-        user: {"log_queries": rows[0].get("log_queries"), "probability": rows[0].get("sampled")}
+        user: {names.get(k, k): rows[0].get(k) for k in _LOGGED}
         for user, rows in signed.items()
-        if rows and (rows[0].get("log_queries") != 1 or rows[0].get("sampled") != 1)
+        if rows and any(rows[0].get(k) != want for k, want in _LOGGED.items())
     }
     if off:
         found.problems.append(
@@ -462,8 +471,10 @@ def _query_log_settings(found: PoolVerification, signed: dict[str, list[dict[str
                 "users": sorted(off),
                 "settings": off,
                 "message": f"the server does not log every query of {', '.join(sorted(off))} "
-                "(log_queries must be 1 and log_queries_probability 1 for each): closure reads "
-                "system.query_log to prove a lease's queries ended, and cannot",
+                "from its start (log_queries must be 1, log_queries_probability 1, "
+                "log_queries_min_type QUERY_START and log_queries_min_query_duration_ms 0 "
+                "for each): closure reads each query's start in system.query_log to prove "
+                "a lease's queries ended, and cannot",
             }
         )
 
