@@ -204,7 +204,9 @@ def test_retire_refuses_while_a_publication_is_unfinished(
 def killed(args: list[str], ready: Callable[[], bool]) -> bool:
     """Run ``dpone ARGS``, SIGSTOP it once ``ready()`` holds, then SIGKILL it.
 
-    False when the command ended before ``ready()`` was seen to hold.
+    False when the command ended before ``ready()`` was seen to hold, or was frozen a
+    moment late, when ``ready()`` no longer held: then it is let go on (SIGCONT) to end
+    as it would, a missed try, never killed where the test did not mean to.
     """
     env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
     process = subprocess.Popen(
@@ -218,7 +220,13 @@ def killed(args: list[str], ready: Callable[[], bool]) -> bool:
         while not ready() and process.poll() is None and time.monotonic() < deadline:
             pass  # no sleep: the states waited for last milliseconds
         process.send_signal(signal.SIGSTOP)
-        return process.poll() is None
+        if process.poll() is not None:
+            return False
+        if not ready():
+            process.send_signal(signal.SIGCONT)
+            process.wait(timeout=120)
+            return False
+        return True
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
