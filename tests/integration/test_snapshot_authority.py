@@ -489,17 +489,7 @@ def test_open_sign_ins_are_read_again_then_refused(
 ) -> None:
     ingest = pool.issuer.issue(ROLE_INGEST, f"logins-{len(logins)}-{proven}").ref
     closer = ScriptedCloser([[], [], []], logins=logins)
-    authority = SnapshotAuthority(
-        registry=pool.registry,
-        issuer=pool.issuer,
-        closer=closer,
-        endpoint=pool.endpoint(),
-        probe_credentials=pool.issuer.role_credentials,
-        scope_of=lambda ref: scope_with(ref.lease_id, []),
-        dispatch_gate=new_gate(),
-        policy=ClosurePolicy(samples=3, sample_spacing_seconds=0.0),
-        sleep=lambda s: None,
-    )
+    authority = scripted_authority(pool, closer)
     proof = authority.close_principal(ingest)
     assert proof.proven is proven
     assert proof.facts["logins"] == facts

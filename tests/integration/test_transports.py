@@ -418,9 +418,13 @@ class WithoutMember:
         result = self.inner.execute(request, deadline=deadline)
         if not request.query_id.endswith(self.suffix):
             return result
-        rows = [{k: v for k, v in row.items() if k != self.member} for row in result.json_rows()]
+        rows = [self.rewrite(row) for row in result.json_rows()]
         output = b"".join(json.dumps(row).encode() + b"\n" for row in rows)
         return dataclasses.replace(result, output=output)
+
+    def rewrite(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The row as this port hands it on: without ``member``."""
+        return {k: v for k, v in row.items() if k != self.member}
 
 
 @pytest.mark.parametrize(
@@ -457,13 +461,9 @@ class WithMember(WithoutMember):
         super().__init__(inner, suffix, member)
         self.value = value
 
-    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
-        result = self.inner.execute(request, deadline=deadline)
-        if not request.query_id.endswith(self.suffix):
-            return result
-        rows = [{**row, self.member: self.value} for row in result.json_rows()]
-        output = b"".join(json.dumps(row).encode() + b"\n" for row in rows)
-        return dataclasses.replace(result, output=output)
+    def rewrite(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The row with ``member`` set to ``value``."""
+        return {**row, self.member: self.value}
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from dpone.contracts import canonical_json
 from dpone.errors import DponeError
@@ -344,18 +344,14 @@ class ClickHouseSnapshotCatalog:
 
     def _allowed(self, slot: TargetSlot, generation_table: str) -> frozenset[str]:
         """The trusted users and the principals the caller allows for this observation."""
-        if self._allowed_writers is None:
+        writers = self._allowed_writers
+        if writers is None:
             return self.trusted_users
-        try:
-            allowed = frozenset(self._allowed_writers(slot, generation_table))
-        except DponeError as exc:
-            raise CatalogUnobservable(
-                f"the principals allowed to write {slot.database}.{slot.table} could not be"
-                f" read: {exc.message}",
-                database=slot.database,
-                table=slot.table,
-                cause=exc.code,
-            ) from exc
+        allowed = _read_for(
+            slot,
+            f"the principals allowed to write {slot.database}.{slot.table}",
+            lambda: frozenset(writers(slot, generation_table)),
+        )
         return self.trusted_users | allowed
 
     def _around(
@@ -396,17 +392,10 @@ class ClickHouseSnapshotCatalog:
         """The pool's users without an active lease now (none without ``idle_pool``)."""
         if self._idle_pool is None:
             return {}
-        try:
-            idle = self._idle_pool()
-            return {u: t for u, t in idle.items() if u not in self.trusted_users}
-        except DponeError as exc:
-            raise CatalogUnobservable(
-                f"the pool's leases could not be read for {slot.database}.{slot.table}: "
-                f"{exc.message}",
-                database=slot.database,
-                table=slot.table,
-                cause=exc.code,
-            ) from exc
+        idle = _read_for(
+            slot, f"the pool's leases for {slot.database}.{slot.table}", self._idle_pool
+        )
+        return {u: t for u, t in idle.items() if u not in self.trusted_users}
 
     @staticmethod
     def _recheck_read(slot: TargetSlot, names: tuple[str, str]) -> Read:
@@ -563,3 +552,20 @@ def _absent_writers(
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+T = TypeVar("T")
+
+
+def _read_for(slot: TargetSlot, what: str, read: Callable[[], T]) -> T:
+    """``read()``, what the store answers an observation of ``slot``; its failure is
+    ``catalog_unobservable`` naming ``what`` (nothing is assumed instead)."""
+    try:
+        return read()
+    except DponeError as exc:
+        raise CatalogUnobservable(
+            f"{what} could not be read: {exc.message}",
+            database=slot.database,
+            table=slot.table,
+            cause=exc.code,
+        ) from exc
