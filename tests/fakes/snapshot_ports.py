@@ -120,6 +120,10 @@ class FakeCatalog:
                 observed_at=AT,
             )
 
+    def identities(self, slot: TargetSlot, generation_table: str) -> CatalogObservation:
+        """The same tables as :meth:`observe` (this double has no side effects to skip)."""
+        return self.observe(slot, generation_table)
+
     def database_uuid(self, database: str) -> str | None:
         """Unknown to this double: the recorded-database check is the real catalog's."""
         raise FakeError("no database UUIDs here", code="catalog_unobservable")

@@ -148,7 +148,7 @@ def test_an_observation_batched_equals_one_read_at_a_time(
     )
     assert one.target is not None and one.generation is not None  # type: ignore[attr-defined]
     assert [b.reason for b in one.target.blockers] == ["incoming_mv"]  # type: ignore[attr-defined]
-    assert (batched_requests, alone_requests) == (3, 29)
+    assert (batched_requests, alone_requests) == (3, 23)
 
 
 def test_ownerships_of_many_names_in_two_reads(server: ServerInfo, odd_table: str) -> None:
@@ -353,3 +353,68 @@ def test_a_profile_applying_mutations_on_the_fly_never_changes_a_kept_digest(
         assert asked == 0 and contents(settled) == contents(first)
     finally:
         sql(server, f"SYSTEM START MERGES {DB}.{generation}")
+
+
+def identity(observation: CatalogObservation) -> list[tuple[object, ...]]:
+    tables = (observation.target, observation.generation)
+    return [
+        (t.name, t.uuid, t.rows, t.content_digest, t.design_sha256, t.parts, t.total_bytes)
+        for t in tables
+        if t is not None
+    ]
+
+
+def test_identities_answer_what_an_observation_answers_but_side_effects(
+    server: ServerInfo, pair_of_tables: tuple[str, str]
+) -> None:
+    target, generation = pair_of_tables
+    sql(
+        server,
+        f"CREATE MATERIALIZED VIEW {DB}.mv_{target} TO {DB}.{target} AS "
+        f"SELECT id, s FROM {DB}.{generation}",
+    )
+    slot = TargetSlot(DB, target)
+    catalog = ClickHouseSnapshotCatalog(observer(server), trusted_users=TRUSTED)
+    asked, full = digests_asked(lambda: catalog.observe(slot, generation))
+    assert asked == 2 and full.target is not None
+    assert [b.reason for b in full.target.blockers] == ["incoming_mv"]
+    # The MV writes the target and reads the generation: neither digest was kept by the
+    # observation; identities ask both, keep them (their parts show every write) and
+    # take them next time.
+    asked, light = digests_asked(lambda: catalog.identities(slot, generation))
+    assert asked == 2
+    asked, again = digests_asked(lambda: catalog.identities(slot, generation))
+    assert asked == 0 and identity(again) == identity(light)
+    assert identity(light) == identity(full) and len(identity(light)) == 2
+    assert light.target is not None and light.target.blockers == ()
+    assert light.retained_bytes == 0 and light.absent_writers == ()
+    # A name that is not there is absent, as in an observation.
+    gone = catalog.identities(slot, f"none_{uuid.uuid4().hex[:8]}")
+    assert gone.generation is None and identity(gone)[0] == identity(full)[0]
+
+
+def test_identities_never_take_a_kept_digest_of_a_table_with_a_mutation_in_flight(
+    server: ServerInfo, pair_of_tables: tuple[str, str]
+) -> None:
+    """A mutation in flight may be applied on the fly by reads while the parts stay: the
+    digest is asked again, as an observation asks it (it sees the mutation as a blocker)."""
+    target, generation = pair_of_tables
+    slot = TargetSlot(DB, target)
+    catalog = ClickHouseSnapshotCatalog(observer(server), trusted_users=TRUSTED)
+    asked, _ = digests_asked(lambda: catalog.observe(slot, generation))
+    assert asked == 2
+    asked, _ = digests_asked(lambda: catalog.identities(slot, generation))
+    assert asked == 0  # both kept
+    # A mutation that fails on every try stays in flight and leaves the parts as they are.
+    sql(
+        server,
+        f"ALTER TABLE {DB}.{target} UPDATE s = toString(throwIf(id > 0)) WHERE 1 "
+        "SETTINGS mutations_sync = 0",
+    )
+    try:
+        asked, light = digests_asked(lambda: catalog.identities(slot, generation))
+        assert asked == 1 and light.target is not None and light.target.rows == 2
+        asked, _ = digests_asked(lambda: catalog.identities(slot, generation))
+        assert asked == 1  # never kept while the mutation is in flight
+    finally:
+        sql(server, f"KILL MUTATION WHERE database = '{DB}' AND table = '{target}' SYNC")

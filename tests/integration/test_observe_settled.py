@@ -65,6 +65,9 @@ class LeaseEndsWhileObserving:
         blockers = (Blocker("writer_grant", "user u1 can write it"),) if stale else ()
         return CatalogObservation(_table(generation_table, blockers), None, 1, "now")
 
+    def identities(self, slot: TargetSlot, generation_table: str) -> CatalogObservation:
+        raise AssertionError("observe_settled observes everything, never identities alone")
+
     def exchange_events(self, query_id: str) -> list[ExchangeEvent]:
         raise AssertionError("observe_settled reads no query log")
 

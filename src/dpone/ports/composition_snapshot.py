@@ -452,6 +452,11 @@ class ClickHouseSnapshotCatalog(Protocol):
         """Names, UUIDs, full physical design, side effects, B's content, byte counters."""
         ...
 
+    def identities(self, slot: TargetSlot, generation_table: str) -> CatalogObservation:
+        """What a reconcile decides by (names, UUIDs, designs, rows, content digests),
+        read as :meth:`observe` reads them; side effects and byte counters not observed."""
+        ...
+
     def exchange_events(self, query_id: str) -> list[ExchangeEvent]:
         """Every query-log row of ``query_id`` (after a log flush); raises if unobservable."""
         ...

@@ -20,7 +20,7 @@ untrusted writers (:mod:`.grants`) and which principals are allowed per observat
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -50,7 +50,7 @@ from dpone.publication.catalog.contents import (
     content_key,
     read_parts,
 )
-from dpone.publication.catalog.design import design_blockers, read_design, table_reads
+from dpone.publication.catalog.design import design_blockers, read_designs, table_reads
 from dpone.publication.catalog.grants import (
     WRITER_ROOTS,
     GrantRow,
@@ -66,6 +66,15 @@ from dpone.publication.catalog.reads import (
     catalog_query_id,
     count_field,
     text_field,
+)
+from dpone.publication.catalog.retained_storage import (
+    OWNERSHIP_MARK,
+    STAGE_PREFIX,
+    RecordedUuids,
+    recorded_for,
+    retained_bytes,
+    retained_reads,
+    total_bytes,
 )
 from dpone.publication.catalog.side_effects import SideEffects
 from dpone.publication.catalog.sql import column_elements, column_ttls, engine_clauses
@@ -99,15 +108,7 @@ __all__ = [
     "writer_privileges",
 ]
 
-# Staging's private tables are named ``dpone_stage_<attempt>`` and carry the ownership
-# comment ``dpone-owned attempt=... semantic=...`` on their first column (see
-# dpone.staging.service); a staged generation with no intent yet is recognised by both,
-# every other retained table by the UUID the store recorded (docs/publication-storage.md).
-STAGE_PREFIX = "dpone_stage_"
-OWNERSHIP_MARK = "dpone-owned "
 DEFAULT_TIMEOUT_SECONDS = 60.0
-# database -> the UUIDs of the tables the store recorded there (targets and generations).
-RecordedUuids = Callable[[str], Collection[str]]
 EVENT_TYPES = ("QueryStart", "QueryFinish", "ExceptionBeforeStart", "ExceptionWhileProcessing")
 NIL_UUID = "00000000-0000-0000-0000-000000000000"
 # Both names' system.tables rows: the design, the outgoing dependents and the byte counter.
@@ -169,53 +170,68 @@ class ClickHouseSnapshotCatalog:
 
     def observe(self, slot: TargetSlot, generation_table: str) -> CatalogObservation:
         """Names, UUIDs, design, side effects, content and byte counters of both tables."""
+        return self._observe(slot, generation_table, side_effects=True)
+
+    def identities(self, slot: TargetSlot, generation_table: str) -> CatalogObservation:
+        """What a reconcile decides by: both names' UUIDs, designs, rows and content
+        digests, read as :meth:`observe` reads them, without the side effects around
+        the tables or the retained storage (about a third of its reads).
+
+        Nothing of those is observed: every table's ``blockers`` is empty,
+        ``absent_writers`` too, and ``retained_bytes`` is 0. A digest is still taken
+        from the kept ones only for a plain MergeTree table with no mutation in flight
+        and no row policy (read in the same request), as :meth:`observe` takes it.
+        """
+        return self._observe(slot, generation_table, side_effects=False)
+
+    def _observe(
+        self, slot: TargetSlot, generation_table: str, *, side_effects: bool
+    ) -> CatalogObservation:
         reads = CatalogReads(self._transport, self._clock() + self._timeout, self._clock)
-        names = (slot.table, generation_table)
-        if slot.table == generation_table:
-            raise CatalogUnobservable(
-                "the target and the generation are the same name",
-                code="catalog_unobservable",
-                table=slot.table,
-            )
-        # Both names' designs and parts and the retained storage are asked with the
+        names = _two_names(slot, generation_table)
+        # Both names' designs and parts and the retained storage (or, for identities
+        # alone, what changes rows with no part to show it) are asked with the
         # database and the names in one request (a name that is not there answers
         # nothing), then both contents (their columns come from the designs) in another.
+        also = retained_reads(slot, generation_table) if side_effects else []
         designs_read = [
-            *(read for name in names for read in table_reads(slot.database, name).items()),
-            *self._retained_reads(slot, generation_table),
+            *table_reads(slot.database, names).items(),
+            *(also or SideEffects.content_effect_reads(slot.database, names)),
         ]
-        around = self._around(reads, slot, names, also=designs_read)
+        around = self._around(reads, slot, names, also=designs_read, side_effects=side_effects)
         if around is None:
             return CatalogObservation(None, None, 0, _now())
         db_engine, db_uuid, tables, side = around
         present = [name for name in names if name in tables]
-        designs = {name: read_design(reads, slot.database, name, tables[name]) for name in present}
-        parts_sql = {name: table_reads(slot.database, name)["parts"] for name in present}
-        parts = {name: read_parts(reads, parts_sql[name]) for name in present}
+        designs = read_designs(reads, slot.database, names, {n: tables[n] for n in present})
+        # The parts SQL asked with the designs (both names): read again at the recheck.
+        parts_sql = table_reads(slot.database, names)["parts"]
+        parts = read_parts(reads, parts_sql, names)
+        # Identities alone: a table whose rows can change with no part to show it.
+        with_effects = SideEffects.tables_with_content_effects
+        effects = set() if side else with_effects(reads, slot.database, names)
         blockers = {
             name: [
                 *design_blockers(designs[name], db_engine),
-                *side.blockers(slot.database, name, tables[name], reads),
+                *(side.blockers(slot.database, name, tables[name], reads) if side else []),
             ]
             for name in present
         }
         # A digest of a table whose UUID, design and parts are unchanged proves nothing new.
+        keys = {
+            name: None
+            if name in effects
+            else content_key(
+                (db_uuid, text_field(tables[name], "uuid", reads)),
+                designs[name],
+                design_sha256(designs[name]),
+                parts[name],
+                blockers[name],
+            )
+            for name in present
+        }
         contents = ObservedContents(
-            reads,
-            slot.database,
-            {
-                name: (
-                    content_key(
-                        (db_uuid, text_field(tables[name], "uuid", reads)),
-                        designs[name],
-                        design_sha256(designs[name]),
-                        parts[name],
-                        blockers[name],
-                    ),
-                    designs[name],
-                )
-                for name in present
-            },
+            reads, slot.database, {name: (keys[name], designs[name]) for name in present}
         )
         answered = contents.read()
         observed = {
@@ -224,18 +240,18 @@ class ClickHouseSnapshotCatalog:
                 (slot.database, name),
                 tables[name],
                 designs[name],
-                (answered[name], parts[name], blockers[name]),
+                (answered[name], parts[name], blockers[name] if side else []),
             )
             for name in present
         }
-        retained = self._retained_bytes(reads, slot, generation_table)
-        target_bytes = observed[slot.table].total_bytes if slot.table in observed else 0
+        retained = self._retained_bytes(reads, slot, generation_table) if side else 0
+        target_bytes = observed[slot.table].total_bytes if side and slot.table in observed else 0
         # The observation spans several queries: both names must still be what they were,
         # and the parts read again say whether each digest belongs to the parts read before.
         self._recheck(reads, slot, names, observed, parts_sql)
         contents.settle(
             answered,
-            {name: read_parts(reads, parts_sql[name]) for name in present},
+            read_parts(reads, parts_sql, names),
             SideEffects.tables_with_content_effects(reads, slot.database, names),
         )
         return CatalogObservation(
@@ -243,7 +259,7 @@ class ClickHouseSnapshotCatalog:
             generation=observed.get(generation_table),
             retained_bytes=target_bytes + retained,
             observed_at=_now(),
-            absent_writers=_absent_writers(side, slot.database, names, tables),
+            absent_writers=_absent_writers(side, slot.database, names, tables) if side else (),
         )
 
     def side_effects_now(self, slot: TargetSlot, generation_table: str) -> tuple[Blocker, ...]:
@@ -259,6 +275,8 @@ class ClickHouseSnapshotCatalog:
         if around is None:
             return (Blocker("database_missing", f"no database {slot.database}"),)
         _, _, tables, side = around
+        if side is None:  # read whenever side_effects is asked, as here: never
+            raise CatalogUnobservable("the side effects were not read", database=slot.database)
         found: list[Blocker] = []
         for name in names:
             if name not in tables:
@@ -335,9 +353,9 @@ class ClickHouseSnapshotCatalog:
             "SELECT total_bytes FROM system.tables WHERE "
             f"database = {quote_literal(slot.database)} AND name = {quote_literal(slot.table)}",
         )
-        reads.prefetch("retained", [target_read, *self._retained_reads(slot, generation_table)])
+        reads.prefetch("retained", [target_read, *retained_reads(slot, generation_table)])
         rows = reads.rows(*target_read)
-        target = _total_bytes(rows[0], reads, slot.database, slot.table) if rows else 0
+        target = total_bytes(rows[0], reads, slot.database, slot.table) if rows else 0
         return target + self._retained_bytes(reads, slot, generation_table)
 
     # ------------------------------------------------------------------ internals
@@ -361,7 +379,9 @@ class ClickHouseSnapshotCatalog:
         names: tuple[str, str],
         allowed: frozenset[str] | None = None,
         also: Sequence[Read] = (),
-    ) -> tuple[str, str, dict[str, dict[str, Any]], SideEffects] | None:
+        *,
+        side_effects: bool = True,
+    ) -> tuple[str, str, dict[str, dict[str, Any]], SideEffects | None] | None:
         """The database's engine, both names' system.tables rows and the side effects
         around them, in one request with the reads ``also`` asks for (None: no such
         database). ``allowed``: the users whose write grants are accepted (default:
@@ -372,17 +392,17 @@ class ClickHouseSnapshotCatalog:
             f"SELECT engine, toString(uuid) AS uuid FROM system.databases WHERE name = {db}",
         )
         tables_read = ("tables", _TABLES_SQL.format(db=db, names=in_list(names)))
-        idle = self._idle(slot)
-        reads.prefetch(
-            "observe",
-            [database_read, tables_read, *SideEffects.reads(slot.database, names, idle), *also],
-        )
+        idle = self._idle(slot) if side_effects else {}
+        around = SideEffects.reads(slot.database, names, idle) if side_effects else []
+        reads.prefetch("observe", [database_read, tables_read, *around, *also])
         databases = reads.rows(*database_read)
         if not databases:
             return None
         db_engine = text_field(databases[0], "engine", reads)
         db_uuid = text_field(databases[0], "uuid", reads)
         tables = {text_field(r, "name", reads): r for r in reads.rows(*tables_read)}
+        if not side_effects:
+            return db_engine, db_uuid, tables, None
         if allowed is None:
             allowed = self._allowed(slot, names[1])
         side = SideEffects.read(reads, slot.database, names, allowed, idle)
@@ -411,7 +431,7 @@ class ClickHouseSnapshotCatalog:
         slot: TargetSlot,
         names: tuple[str, str],
         observed: Mapping[str, TableObservation],
-        parts_sql: Mapping[str, str],
+        parts_sql: str,
     ) -> None:
         """Both names still hold the tables (UUIDs) the observation read, or it raises.
 
@@ -422,7 +442,7 @@ class ClickHouseSnapshotCatalog:
             "recheck",
             [
                 self._recheck_read(slot, names),
-                *(("parts", sql) for sql in parts_sql.values()),
+                ("parts", parts_sql),
                 *SideEffects.content_effect_reads(slot.database, names),
             ],
         )
@@ -436,6 +456,12 @@ class ClickHouseSnapshotCatalog:
                 code="catalog_unobservable",
                 database=slot.database,
             )
+
+    def _retained_bytes(self, reads: CatalogReads, slot: TargetSlot, generation_table: str) -> int:
+        """Bytes of every retained table of the slot's database (:func:`retained_bytes`)."""
+        recorded = recorded_for(self._recorded_uuids, slot.database, "tables")
+        live = recorded_for(self._live_targets, slot.database, "targets")
+        return retained_bytes(reads, slot, generation_table, recorded, live)
 
     def _table(
         self,
@@ -455,73 +481,10 @@ class ClickHouseSnapshotCatalog:
             design_sha256=design_sha256(design),
             rows=count_field(content, "rows", reads),
             content_digest=str(content["digest"]),
-            total_bytes=_total_bytes(row, reads, database, name),
+            total_bytes=total_bytes(row, reads, database, name),
             parts=parts.count,
             blockers=tuple(blockers),
         )
-
-    @staticmethod
-    def _recorded(source: RecordedUuids | None, database: str, what: str) -> frozenset[str]:
-        """What ``source`` answers for ``database`` now (nothing without a source)."""
-        if source is None:
-            return frozenset()
-        try:
-            return frozenset(source(database))
-        except DponeError as exc:
-            raise CatalogUnobservable(
-                f"the {what} recorded for {database} could not be read: {exc.message}",
-                database=database,
-                cause=exc.code,
-            ) from exc
-
-    @staticmethod
-    def _retained_reads(slot: TargetSlot, generation_table: str) -> list[Read]:
-        """The two reads of :meth:`_retained_bytes`: the other tables and staging's marks."""
-        db = quote_literal(slot.database)
-        return [
-            (
-                "retained",
-                f"SELECT name, toString(uuid) AS uuid, total_bytes FROM system.tables WHERE "
-                f"database = {db} AND name NOT IN {in_list((slot.table, generation_table))}",
-            ),
-            (
-                "retained_marks",
-                f"SELECT table, comment FROM system.columns WHERE database = {db} AND "
-                f"startsWith(table, {quote_literal(STAGE_PREFIX)}) AND position = 1",
-            ),
-        ]
-
-    def _retained_bytes(self, reads: CatalogReads, slot: TargetSlot, generation_table: str) -> int:
-        """Bytes of every retained table of the slot's database, each counted once.
-
-        Retained: a table whose UUID the store recorded (a previous target or a
-        generation of any intent of the database, wherever it sits now), or a
-        ``dpone_stage_*`` table with staging's ownership mark (a staged generation with
-        no intent yet). The target (counted as A by the caller) and the generation
-        are not. A recorded UUID no longer present was dropped: nothing to count.
-        """
-        recorded = self._recorded(self._recorded_uuids, slot.database, "tables")
-        # Other slots' live targets hold recorded generation UUIDs: they are those
-        # slots' A, never this one's retained storage.
-        live = self._recorded(self._live_targets, slot.database, "targets")
-        tables_read, marks_read = self._retained_reads(slot, generation_table)
-        tables = reads.rows(*tables_read)
-        marks = {
-            text_field(r, "table", reads): text_field(r, "comment", reads)
-            for r in reads.rows(*marks_read)
-        }
-        total = 0
-        for row in tables:
-            name = text_field(row, "name", reads)
-            if name in live:
-                continue
-            marked = name.startswith(STAGE_PREFIX) and marks.get(name, "").startswith(
-                OWNERSHIP_MARK
-            )
-            if not marked and text_field(row, "uuid", reads) not in recorded:
-                continue  # neither recorded nor staged by dpone: not retained
-            total += _total_bytes(row, reads, slot.database, name, "retained table ")
-        return total
 
 
 def design_sha256(design: Mapping[str, Any]) -> str:
@@ -529,25 +492,22 @@ def design_sha256(design: Mapping[str, Any]) -> str:
     return canonical_json.sha256_hex(design)
 
 
-def _total_bytes(
-    row: Mapping[str, Any], reads: CatalogReads, database: str, name: str, what: str = ""
-) -> int:
-    """A table's ``total_bytes``; NULL is a missing observation, never 0."""
-    if row.get("total_bytes") is None:
-        raise ByteObservationMissing(
-            f"total_bytes of {what}{database}.{name} is NULL: the byte observation is missing",
-            database=database,
-            table=name,
-            query_id=reads.last_query_id,
-        )
-    return count_field(row, "total_bytes", reads)
-
-
 def _absent_writers(
     side: SideEffects, database: str, names: tuple[str, str], tables: Mapping[str, Any]
 ) -> tuple[Blocker, ...]:
     """Who could write each of ``names`` that does not exist (yet)."""
     return tuple(b for name in names if name not in tables for b in side.writers(database, name))
+
+
+def _two_names(slot: TargetSlot, generation_table: str) -> tuple[str, str]:
+    """The slot's target and its generation, two names, or ``catalog_unobservable``."""
+    if slot.table == generation_table:
+        raise CatalogUnobservable(
+            "the target and the generation are the same name",
+            code="catalog_unobservable",
+            table=slot.table,
+        )
+    return slot.table, generation_table
 
 
 def _now() -> str:

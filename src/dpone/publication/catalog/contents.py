@@ -20,6 +20,7 @@ its recheck is refused. Nothing else is kept, and nothing is kept across process
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 from collections import OrderedDict
@@ -42,11 +43,14 @@ STORED_KINDS = ("", "DEFAULT")  # the columns RowBinary carries, hence the conte
 
 # Kept digests per process: a run observes a few tables at a time.
 MEMO_ENTRIES = 256
+# Each table's active parts: a table with none (or no parts at all) answers no row.
 PARTS_SQL = (
-    "SELECT count() AS parts, lower(hex(SHA256(arrayStringConcat(arraySort(groupArray("
+    "SELECT table, count() AS parts, lower(hex(SHA256(arrayStringConcat(arraySort(groupArray("
     "concat(name, ' ', hash_of_all_files))), '\\n')))) AS signature FROM system.parts "
-    "WHERE {where} AND active"
+    "WHERE {where} AND active GROUP BY table"
 )
+# The signature of no parts, as the server computes it (SHA-256 of the empty string).
+NO_PARTS_SIGNATURE = hashlib.sha256(b"").hexdigest()
 
 
 @dataclass(frozen=True)
@@ -57,11 +61,16 @@ class Parts:
     signature: str
 
 
-def read_parts(reads: CatalogReads, sql: str) -> Parts:
-    """The ``parts`` read (:data:`PARTS_SQL`): exactly one row, both fields typed."""
-    rows = reads.rows("parts", sql)
-    row = rows[0] if len(rows) == 1 else {}
-    return Parts(count_field(row, "parts", reads), text_field(row, "signature", reads))
+def read_parts(reads: CatalogReads, sql: str, names: Collection[str]) -> dict[str, Parts]:
+    """The ``parts`` read (:data:`PARTS_SQL`) of ``names``: at most one row each, both
+    fields typed; a name with no row has no active part."""
+    found: dict[str, Parts] = {}
+    for row in reads.rows("parts", sql):
+        name = text_field(row, "table", reads)
+        if name not in names or name in found:
+            raise reads.malformed("parts", row)
+        found[name] = Parts(count_field(row, "parts", reads), text_field(row, "signature", reads))
+    return {name: found.get(name, Parts(0, NO_PARTS_SIGNATURE)) for name in names}
 
 
 @dataclass(frozen=True)

@@ -8,45 +8,79 @@ columns, computed by the server. See docs/publication-catalog.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpone.ports.composition_snapshot import Blocker
 from dpone.publication.catalog.contents import PARTS_SQL
 from dpone.publication.catalog.reads import CatalogReads, text_field
 from dpone.publication.catalog.sql import column_ttls, engine_clauses
-from dpone.sql import quote_literal
+from dpone.sql import in_list, quote_literal
 
 
-def table_filter(database: str, name: str) -> str:
-    """The WHERE condition that picks one table's rows out of a system table."""
-    return f"database = {quote_literal(database)} AND table = {quote_literal(name)}"
+def tables_filter(database: str, names: Sequence[str]) -> str:
+    """The WHERE condition that picks the rows of ``names`` out of a system table."""
+    return f"database = {quote_literal(database)} AND table IN {in_list(names)}"
 
 
-def table_reads(database: str, name: str) -> dict[str, str]:
-    """The reads of one table's design and active parts, by purpose (SQL without FORMAT)."""
-    in_table = table_filter(database, name)
+def table_reads(database: str, names: Sequence[str]) -> dict[str, str]:
+    """The reads of the designs and active parts of ``names``, by purpose (SQL without
+    FORMAT): one read of each system table for every name (a subquery costs the server
+    1 to 3 ms of CPU however little it reads), each row naming its table."""
+    in_tables = tables_filter(database, names)
     return {
-        "columns": "SELECT name, type, default_kind, default_expression, compression_codec FROM "
-        f"system.columns WHERE {in_table} ORDER BY position",
-        "indices": "SELECT name, type_full, expr, granularity FROM system.data_skipping_indices "
-        f"WHERE {in_table} ORDER BY name",
-        "projections": f"SELECT name, type, query FROM system.projections WHERE {in_table} "
-        "ORDER BY name",
-        "constraints": "SELECT name, toString(type) AS type, expression FROM system.constraints "
-        f"WHERE {in_table} ORDER BY name",
-        "parts": PARTS_SQL.format(where=in_table),
+        "columns": "SELECT table, name, type, default_kind, default_expression, "
+        f"compression_codec FROM system.columns WHERE {in_tables} ORDER BY table, position",
+        "indices": "SELECT table, name, type_full, expr, granularity FROM "
+        f"system.data_skipping_indices WHERE {in_tables} ORDER BY table, name",
+        "projections": f"SELECT table, name, type, query FROM system.projections WHERE {in_tables} "
+        "ORDER BY table, name",
+        "constraints": "SELECT table, name, toString(type) AS type, expression FROM "
+        f"system.constraints WHERE {in_tables} ORDER BY table, name",
+        "parts": PARTS_SQL.format(where=in_tables),
     }
 
 
-def read_design(
-    reads: CatalogReads, database: str, name: str, row: Mapping[str, Any]
+def read_designs(
+    reads: CatalogReads,
+    database: str,
+    names: Sequence[str],
+    rows: Mapping[str, Mapping[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """The design of each table of ``rows`` (its name to its system.tables row), from
+    those rows and the four reads of :func:`table_reads` asked for ``names``."""
+    sql = table_reads(database, names)
+    found = {
+        kind: _by_table(reads, kind, reads.rows(kind, sql[kind]))
+        for kind in ("columns", "indices", "projections", "constraints")
+    }
+    return {
+        name: _design(reads, name, row, {kind: per.get(name, []) for kind, per in found.items()})
+        for name, row in rows.items()
+    }
+
+
+def _by_table(
+    reads: CatalogReads, purpose: str, rows: Sequence[Mapping[str, Any]]
+) -> dict[str, list[dict[str, Any]]]:
+    """``rows`` grouped by their ``table`` field, which each loses (the order kept)."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        rest = {k: v for k, v in row.items() if k != "table"}
+        grouped.setdefault(text_field(row, "table", reads), []).append(rest)
+    return grouped
+
+
+def _design(
+    reads: CatalogReads,
+    name: str,
+    row: Mapping[str, Any],
+    found: Mapping[str, list[dict[str, Any]]],
 ) -> dict[str, Any]:
-    """The design of ``database.name`` from its system.tables ``row`` and four more reads."""
+    """One table's design from its system.tables ``row`` and its rows of the four reads."""
     engine = text_field(row, "engine", reads)
     create = text_field(row, "create_table_query", reads)
-    sql = table_reads(database, name)
-    columns = reads.rows("columns", sql["columns"])
+    columns = found["columns"]
     if not columns:
         raise reads.malformed("columns", {"table": name})
     ttls = column_ttls(create)
@@ -61,9 +95,9 @@ def read_design(
         "sampling_key": text_field(row, "sampling_key", reads),
         "ttl": table_ttl,
         "settings": settings,
-        "skipping_indices": reads.rows("indices", sql["indices"]),
-        "projections": reads.rows("projections", sql["projections"]),
-        "constraints": reads.rows("constraints", sql["constraints"]),
+        "skipping_indices": found["indices"],
+        "projections": found["projections"],
+        "constraints": found["constraints"],
     }
 
 

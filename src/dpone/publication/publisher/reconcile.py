@@ -180,7 +180,7 @@ class ReconcilePath(PublisherPorts):
         observation: CatalogObservation | None = None
         try:
             if tables:
-                observation = self.catalog.observe(intent_slot(intent), intent.generation_table)
+                observation = self.catalog.identities(intent_slot(intent), intent.generation_table)
         except DponeError:
             observation = None
         try:
