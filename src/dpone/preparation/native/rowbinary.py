@@ -23,7 +23,6 @@ from dpone.connectors.bulk_text_codec import ColumnKind
 from dpone.errors import DponeError
 from dpone.preparation.modes import MODE_NATIVE
 from dpone.typepolicy import ColumnPlan
-from dpone.typepolicy.policy import target_of
 
 __all__ = [
     "MODE_NATIVE",
@@ -133,14 +132,16 @@ def column_spec(plans: tuple[ColumnPlan, ...]) -> ctypes.Array[ctypes.c_int32] |
     (the reference's own limit of an Int64 of ticks), a parameter outside the C
     side's 32-bit integers (a huge FixedString width), a type family or column kind
     the C side does not know (a family added to the policy before the C side learns
-    it), and any pairing of column kind and type the policy does not produce (or no
+    it), a plan without a resolved target type, and any pairing of column kind and type the policy does not produce (or no
     columns at all).
     """
     if not plans:
         return None
     values: list[int] = []
     for plan in plans:
-        target = target_of(plan)
+        target = plan.target
+        if target is None:
+            return None  # no target to describe: the reference converts with the plan alone
         family, params = target.family, target.params
         textual = family in ("string", "lowcardinality", "fixed")
         if textual == (plan.kind is ColumnKind.RAW):
