@@ -85,14 +85,20 @@ def sql_as_users_file(sql: str) -> str:
     """The SQL's principals, hashes, hosts, profile and grants, as a users.d file: the
     only form in which this engine takes users (it refuses them by SQL)."""
     users: dict[str, dict[str, Any]] = {}
-    profile = ""
+    profile, pinned = "", []
     for statement in (s.rstrip(";") for s in sql.splitlines() if s and not s.startswith("--")):
         if statement.startswith("CREATE SETTINGS PROFILE"):
             found = re.fullmatch(
-                r"CREATE SETTINGS PROFILE OR REPLACE `(\w+)` SETTINGS async_insert = 0", statement
+                r"CREATE SETTINGS PROFILE OR REPLACE `(\w+)` SETTINGS (.+)", statement
             )
             assert found, statement
             profile = found.group(1)
+            # Each setting made constant: a principal's query cannot change it.
+            settings = [
+                re.fullmatch(r"(\w+) = '?(\w+)'? CONST", s) for s in found.group(2).split(", ")
+            ]
+            assert all(settings), statement
+            pinned = [(m.group(1), m.group(2)) for m in settings if m]
         elif (created := _CREATE.fullmatch(statement)) is not None:
             name, digest, hosts, used = created.groups()
             ips = re.findall(r"IP '([^']+)'", hosts)
@@ -109,10 +115,23 @@ def sql_as_users_file(sql: str) -> str:
         + f"</grants></{n}>"
         for n, u in users.items()
     )
+    values = "".join(f"<{n}>{v}</{n}>" for n, v in pinned)
+    constraints = "".join(f"<{n}><const/></{n}>" for n, _ in pinned)
     return (
-        f"<clickhouse><profiles><{profile}><async_insert>0</async_insert></{profile}>"
-        f"</profiles><users>{body}</users></clickhouse>\n"
+        f"<clickhouse><profiles><{profile}>{values}<constraints>{constraints}</constraints>"
+        f"</{profile}></profiles><users>{body}</users></clickhouse>\n"
     )
+
+
+def profile_of(text: str) -> dict[str, Any]:
+    """The dpone_pool profile's settings and the constant ones, as the server reads them."""
+    (profile,) = ET.fromstring(text).iter("dpone_pool")
+    constraints = profile.find("constraints")
+    assert constraints is not None
+    return {
+        "values": {e.tag: e.text for e in profile if e.tag != "constraints"},
+        "const": sorted(e.tag for e in constraints if e.find("const") is not None),
+    }
 
 
 def xml_users(text: str) -> dict[str, dict[str, Any]]:
@@ -140,6 +159,9 @@ def test_the_sql_render_is_the_users_files_pool_and_publishes(tmp_path: Path) ->
     # grants as the XML rendered from the same passwords.
     as_xml = xml_users(render_pool([DATABASE], passwords=passwords).users_xml)
     assert xml_users(sql_as_users_file(sql)) == as_xml
+    assert profile_of(sql_as_users_file(sql)) == profile_of(
+        render_pool([DATABASE], passwords=passwords).users_xml
+    )
     assert list(as_xml) == list(remote_users())
     for user, entry in as_xml.items():
         assert entry["hash"] == hashlib.sha256(passwords[user].encode()).hexdigest()
@@ -154,6 +176,14 @@ def test_the_sql_render_is_the_users_files_pool_and_publishes(tmp_path: Path) ->
         assert len(statements) == 1 + 11 + sum(len(u["grants"]) for u in as_xml.values())
         for statement in statements:  # each is one the server's parser takes as it is
             assert chhttp.query(port, f"SELECT formatQuery({quote_literal(statement)})")
+        # The profile makes every setting the proofs read constant, as the server parses it.
+        profile = chhttp.query(port, f"SELECT formatQuery({quote_literal(statements[0])})")
+        assert profile.strip() == (
+            "CREATE SETTINGS PROFILE OR REPLACE `dpone_pool` SETTINGS async_insert = 0 CONST, "
+            "log_queries = 1 CONST, log_queries_probability = 1 CONST, "
+            "log_queries_min_type = \\'QUERY_START\\' CONST, "
+            "log_queries_min_query_duration_ms = 0 CONST"
+        ), profile
         # The administrator, with access management (without it the refusal is 497,
         # ACCESS_DENIED), installs it through SQL: this engine (clickhouse-local) keeps
         # users in its users files only.

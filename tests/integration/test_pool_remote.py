@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from dpone.errors import ConfigurationError
+from dpone.localserver.pool_sql import POOL_SETTINGS
 from dpone.publication.pool_verify import MIN_SERVER_VERSION, require_server_version
 from dpone.publication.server_access import RemoteServer, ServerAccess
 from tests import chhttp
@@ -252,10 +253,7 @@ def test_every_refresh_proves_the_installation_again(tmp_path: Path) -> None:
 
 def _queries_unlogged(text: str) -> str:
     # An operator's mistake: the pool's profile stops the query log for its users.
-    return text.replace(
-        "<async_insert>0</async_insert>",
-        "<async_insert>0</async_insert><log_queries>0</log_queries>",
-    )
+    return text.replace("<log_queries>1</log_queries>", "<log_queries>0</log_queries>")
 
 
 def test_verify_names_a_query_log_that_does_not_log_the_pool(tmp_path: Path) -> None:
@@ -295,8 +293,7 @@ def _starts_unlogged(text: str) -> str:
     # A busy server's setting: only queries of 100 ms or more are logged, and those
     # without their QueryStart row.
     return text.replace(
-        "<async_insert>0</async_insert>",
-        "<async_insert>0</async_insert>"
+        "<log_queries_min_query_duration_ms>0</log_queries_min_query_duration_ms>",
         "<log_queries_min_query_duration_ms>100</log_queries_min_query_duration_ms>",
     )
 
@@ -312,3 +309,83 @@ def test_verify_names_a_query_log_that_logs_no_query_start(tmp_path: Path) -> No
         assert len(problem["users"]) == 11
         assert problem["settings"]["dpone_closer"]["min_ms"] == 100
         assert "log_queries_min_query_duration_ms" in problem["fix"]
+
+
+# Another value than the profile's for each setting it pins.
+_OTHER = {
+    "async_insert": "1",
+    "log_queries": "0",
+    "log_queries_probability": "0.5",
+    "log_queries_min_type": "'EXCEPTION_WHILE_PROCESSING'",
+    "log_queries_min_query_duration_ms": "100",
+}
+
+
+def test_no_principal_can_change_what_the_proofs_read_for_its_query(tmp_path: Path) -> None:
+    """Before: the profile set async_insert only and pinned nothing, so a principal's
+    query with SETTINGS log_queries = 0 ran, missing from the query log (issue 37)."""
+    for server in remote_server(tmp_path, ["pin_db"]):
+        port = server["http_port"]
+        passwords = {
+            u["user"]: u["password"]
+            for u in json.loads(server["credentials_file"].read_text())["users"]
+        }
+        assert [name for name, _ in POOL_SETTINGS] == list(_OTHER)
+        for user, password in passwords.items():
+            for name, value in _OTHER.items():
+                for sql in (f"SELECT 1 SETTINGS {name} = {value}", f"SET {name} = {value}"):
+                    refused = chhttp.post(port, sql, user=user, password=password)
+                    assert refused.exception_code == "452", (user, sql, refused.text)
+                    assert "SETTING_CONSTRAINT_VIOLATION" in refused.text
+                    assert f"Setting {name} should not be changed" in refused.text
+            # The profile's own values, which dpone's requests send, are taken.
+            same = ", ".join(f"{name} = {_literal(value)}" for name, value in POOL_SETTINGS)
+            taken = chhttp.post(port, f"SELECT 1 SETTINGS {same}", user=user, password=password)
+            assert (taken.status, taken.text) == (200, "1\n"), taken.text
+        admin = chhttp.post(port, "SELECT 1 SETTINGS log_queries = 0")  # not a pool user
+        assert admin.status == 200
+
+
+def _literal(value: int | str) -> str:
+    return str(value) if isinstance(value, int) else f"'{value}'"
+
+
+def _unpinned(text: str) -> str:
+    # A pool rendered before the profile made its settings constant.
+    start = text.index("      <constraints>")
+    return text[:start] + text[text.index("</constraints>\n") + len("</constraints>\n") :]
+
+
+def test_verify_refuses_a_profile_that_lets_the_pool_change_its_logging(tmp_path: Path) -> None:
+    """Before: verify read the values only, so a profile without the constraints (an
+    older render) passed, and any principal could turn its own query's logging off."""
+    for server in remote_server(tmp_path, ["unpin_db"], tamper=_unpinned):
+        port = server["http_port"]
+        (catalog,) = [
+            u["password"]
+            for u in json.loads(server["credentials_file"].read_text())["users"]
+            if u["user"] == "dpone_catalog"
+        ]
+        sneaked = chhttp.post(
+            port, "SELECT 1 SETTINGS log_queries = 0", user="dpone_catalog", password=catalog
+        )
+        assert sneaked.status == 200  # what the constraint stops
+        config = project_for(tmp_path, server, ["unpin_db"])
+        done = dpone("pool", "verify", "--config", str(config), "--json")
+        found = json.loads(done.stdout)
+        assert done.returncode == 1 and not found["ok"]
+        (problem,) = found["problems"]  # the values are right; only the constraints lack
+        assert problem["code"] == "pool_settings_changeable", problem
+        assert len(problem["users"]) == 11
+        assert all(s == list(_OTHER) for s in problem["settings"].values()), problem
+        assert "log_queries = 0" in problem["message"]
+        assert "dpone pool render --protect unpin_db" in problem["fix"]
+        assert "constant" in problem["fix"]
+        # Every refresh proves it too: refused at check, before any export.
+        with sqlite3.connect(tmp_path / "shop.db") as conn:
+            conn.execute("CREATE TABLE items (id bigint NOT NULL)")
+        conn.close()
+        config.write_text(config.read_text() + 'order_by = "id"\n')
+        refused = dpone("refresh", "--all", "--config", str(config), "--json")
+        table = json.loads(refused.stdout)["tables"][0]
+        assert (table["phase"], table["error"]["code"]) == ("check", "pool_settings_changeable")

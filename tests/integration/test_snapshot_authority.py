@@ -17,7 +17,7 @@ from dpone.contracts.receipt import FileReceipt
 from dpone.contracts.schema import SourceColumn, SourceSchema
 from dpone.errors import DponeError
 from dpone.localserver import ServerInfo
-from dpone.localserver.principal_pool import CLOSER_USER, ROLE_INGEST
+from dpone.localserver.principal_pool import CLOSER_USER, ROLE_INGEST, ROLE_PUBLISHER
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_errors import ClickHouseServerError, OutcomeUnknown
 from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials
@@ -478,10 +478,10 @@ def test_a_closers_profile_cannot_turn_an_empty_sample_into_an_error(pool: Pool)
         ([1, 0], True, {"observed": True, "open": 0, "reads": 2}),
         # A request held open: read again up to the sample count, then refused.
         ([1, 1, 1, 1, 1], False, {"observed": True, "open": 1, "reads": 4}),
-        # No session log: said, not assumed (prepare then refuses the ingest closure).
-        ([None], True, {"observed": False, "open": None, "reads": 1}),
+        # No session log: said, not assumed, and not proven (logins_unobservable).
+        ([None], False, {"observed": False, "open": None, "reads": 1}),
         # More logouts than logins: the log lost rows, the count proves nothing.
-        ([-1], True, {"observed": False, "open": None, "reads": 1}),
+        ([-1], False, {"observed": False, "open": None, "reads": 1}),
     ],
 )
 def test_open_sign_ins_are_read_again_then_refused(
@@ -493,4 +493,37 @@ def test_open_sign_ins_are_read_again_then_refused(
     proof = authority.close_principal(ingest)
     assert proof.proven is proven
     assert proof.facts["logins"] == facts
-    assert ("logins_open" in proof.facts["unproven"]) is not proven
+    open_or_unseen = {"logins_open", "logins_unobservable"} & set(proof.facts["unproven"])
+    assert bool(open_or_unseen) is not proven
+
+
+def test_a_publisher_closure_blind_to_the_session_log_is_not_proven(pool: Pool) -> None:
+    """Before: a closure that could not read the session log was proven all the same,
+    and only the ingest's prepare refused it; a publisher's request held open outside
+    its session (an INSERT into the target with its body held) went unseen (issue 37)."""
+    publisher = pool.issuer.issue(ROLE_PUBLISHER, "blind-closer").ref
+    # A closer without SELECT on system.session_log, on the real server: an ingest
+    # principal reads the processes and the query log and flushes the logs, no more.
+    blind = sorted(u for u in pool.credentials if u.startswith("dpone_ingest_"))[-1]
+
+    def closing(accept: bool) -> SnapshotAuthority:
+        return SnapshotAuthority(
+            registry=pool.registry,
+            issuer=pool.issuer,
+            closer=HttpTransport(pool.endpoint(), pool.credentials[blind]),
+            endpoint=pool.endpoint(),
+            probe_credentials=pool.issuer.role_credentials,
+            scope_of=lambda ref: scope_with(ref.lease_id, []),
+            dispatch_gate=new_gate(),
+            policy=ClosurePolicy(
+                samples=3, sample_spacing_seconds=0.0, accept_unobserved_logins=accept
+            ),
+        )
+
+    proof = closing(False).close_principal(publisher)
+    assert proof.facts["logins"] == {"observed": False, "open": None, "reads": 1}
+    assert not proof.proven and proof.facts["unproven"] == ["logins_unobservable"]
+    # Accepted by the operator ([publication] accept_ungated_ingest): proven on the
+    # process samples and the query log alone, as before.
+    accepted = closing(True).close_principal(publisher)
+    assert accepted.proven and accepted.facts["unproven"] == [], accepted.facts["unproven"]

@@ -611,3 +611,22 @@ def test_cancel_after_a_claim_is_refused(world: World) -> None:
         publisher(world).cancel(sha)
     assert error_code(exc) == "claim_exists"
     assert record_of(world, sha).state is P.EXCHANGE_INTENT
+
+
+def test_a_publisher_closure_blind_to_sign_ins_keeps_the_record_unknown(world: World) -> None:
+    """The publisher's closure could not read the session log (issue 37): reconcile
+    leaves COMMIT_UNKNOWN and says why, with its own reason, until it can."""
+    sha = prepared(world)
+    swap(world)  # the EXCHANGE ran
+    claim_directly(world, sha)
+    world.authority.closure_proven = False
+    world.authority.closure_facts = {
+        "logins": {"observed": False, "open": None, "reads": 1},
+        "unproven": ["logins_unobservable"],
+    }
+    assert publisher(world).reconcile(sha).state is P.COMMIT_UNKNOWN
+    assert record_of(world, sha).reason == "publisher_logins_unobservable"
+    world.authority.closure_proven = True
+    world.authority.closure_facts = {"unproven": []}
+    receipt = publisher(world).reconcile(sha)
+    assert (receipt.state, receipt.revision) == (P.PUBLISHED, 4)

@@ -4,8 +4,9 @@
 
 - the server's users file in ``users.d`` format: each principal with its password's
   SHA-256 hash (never the clear text), the networks it may connect from, a profile of
-  dpone's own (``dpone_pool``: every insert synchronous) and exactly the grants its
-  role has on the managed server (:func:`~dpone.localserver.principal_pool.role_grants`);
+  dpone's own (``dpone_pool``: every insert synchronous and every query logged from
+  its start, each setting constant, :data:`~dpone.localserver.pool_sql.POOL_SETTINGS`)
+  and exactly the grants its role has on the managed server (:func:`~dpone.localserver.principal_pool.role_grants`);
 - the same as SQL statements, for a server whose users are managed by SQL
   (:mod:`dpone.localserver.pool_sql`);
 - the credentials file dpone's host reads (0600, ``{"users": [{"user": ...,
@@ -34,7 +35,7 @@ from dpone.errors import ConfigurationError
 from dpone.localserver.config import ServerUser
 from dpone.localserver.credentials import generate_password
 from dpone.localserver.pool_credentials import PoolCredentials, read_pool_credentials
-from dpone.localserver.pool_sql import rotation_sql, users_sql
+from dpone.localserver.pool_sql import POOL_SETTINGS, rotation_sql, users_sql
 from dpone.localserver.principal_pool import (
     DEFAULT_POOL,
     IDENTITY_DATABASE,
@@ -260,10 +261,21 @@ def _users_xml(users: Sequence[ServerUser], databases: Sequence[str]) -> str:
     return (
         header
         + "<clickhouse>\n  <profiles>\n"
-        + f"    <{POOL_PROFILE}><async_insert>0</async_insert></{POOL_PROFILE}>\n"
+        + _profile_xml()
         + "  </profiles>\n  <users>\n"
         + body
         + "  </users>\n</clickhouse>\n"
+    )
+
+
+def _profile_xml() -> str:
+    """The ``dpone_pool`` profile: its settings, then each made constant."""
+    values = "".join(f"<{name}>{value}</{name}>" for name, value in POOL_SETTINGS)
+    pinned = "".join(f"<{name}><const/></{name}>" for name, _ in POOL_SETTINGS)
+    return (
+        f"    <{POOL_PROFILE}>{values}\n"
+        f"      <constraints>{pinned}</constraints>\n"
+        f"    </{POOL_PROFILE}>\n"
     )
 
 

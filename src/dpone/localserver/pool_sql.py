@@ -3,7 +3,7 @@
 The statements are the users file's equivalent (:mod:`dpone.localserver.pool_file`):
 the same principals, each with its password's SHA-256 (``IDENTIFIED WITH sha256_hash``,
 never the clear text), the same networks (``HOST IP``), the same settings profile
-(``dpone_pool``: ``async_insert = 0``) and exactly the same grants, each ``GRANT ...
+(``dpone_pool``: :data:`POOL_SETTINGS`, each ``CONST``) and exactly the same grants, each ``GRANT ...
 TO`` its principal. The users file's ``<quota>default</quota>`` has no SQL
 counterpart: a stock server's ``default`` quota limits nothing, and a user created by
 SQL has no quota, which limits nothing either.
@@ -27,6 +27,18 @@ from dpone.localserver.config import ServerUser
 from dpone.sql import quote_identifier, quote_literal
 
 POOL_PROFILE = "dpone_pool"
+# The profile's settings, each constant (a principal's query cannot change them, the
+# server answers 452 SETTING_CONSTRAINT_VIOLATION): every insert synchronous, and every
+# query logged from its start, which closure's query-log account and the idle users'
+# check read. Without CONST, whoever holds a password could hide a query with
+# ``SETTINGS log_queries = 0``.
+POOL_SETTINGS: tuple[tuple[str, int | str], ...] = (
+    ("async_insert", 0),
+    ("log_queries", 1),
+    ("log_queries_probability", 1),
+    ("log_queries_min_type", "QUERY_START"),
+    ("log_queries_min_query_duration_ms", 0),
+)
 
 
 def users_sql(
@@ -37,8 +49,9 @@ def users_sql(
     lines = [
         f"-- dpone's principals over {', '.join(databases)}: written by "
         "`dpone pool render --format sql`; run it as the server's administrator",
-        f"CREATE SETTINGS PROFILE OR REPLACE {quote_identifier(POOL_PROFILE)} "
-        "SETTINGS async_insert = 0;",
+        f"CREATE SETTINGS PROFILE OR REPLACE {quote_identifier(POOL_PROFILE)} SETTINGS "
+        + ", ".join(f"{name} = {_literal(value)} CONST" for name, value in POOL_SETTINGS)
+        + ";",
     ]
     for user in users:
         lines.append(_create_user(user))
@@ -83,6 +96,10 @@ def statements(text: str) -> list[str]:
         for line in text.splitlines()
         if line.strip() and not line.lstrip().startswith("--")
     ]
+
+
+def _literal(value: int | str) -> str:
+    return str(value) if isinstance(value, int) else quote_literal(value)
 
 
 def _create_user(user: ServerUser) -> str:

@@ -428,6 +428,7 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
     policy = ClosurePolicy(
         session_timeout=config.session_timeout_seconds,
         session_margin_seconds=config.session_margin_seconds,
+        accept_unobserved_logins=config.accept_ungated_ingest,
     )
 
     authority = SnapshotAuthority(

@@ -21,9 +21,17 @@ the closure counts them, for the user, since the server's current process began:
 - no ``system.session_log`` (a server whose configuration lacks the ``<session_log>``
   section; ClickHouse's default config.xml has it commented out), or a closer
   without its grant on it (a pool rendered before it): the count is
-  ``None``, the closure says so (``facts["logins"]["observed"]``) and prepare refuses
-  the ingest closure unless the caller accepts a closure on samples and the query log
-  alone (``accept_ungated_ingest``).
+  ``None``, the closure says so (``facts["logins"]["observed"]``) and is not proven
+  (:data:`LOGINS_UNOBSERVABLE`, for the ingest's lease and the publisher's alike)
+  unless the operator accepts a closure on samples and the query log alone
+  (``accept_ungated_ingest``). Prepare names it ``ingest_logins_unobservable``,
+  reconcile leaves the record ``commit_unknown`` with reason
+  ``publisher_logins_unobservable`` and abandon refuses with that code.
+- a user leased again (``relet``) is not counted for an earlier lease's closure (the
+  new lease's requests are its own, and the log cannot tell them apart): nothing of
+  the earlier lease is missed, because the store never leases a user again before its
+  last lease's closure is proven, and that proof, made while the lease was the
+  user's latest, counted the user's open sign-ins (or accepted them unobserved).
 
 The count is read in the request the closure already makes for the server's start
 time and its query-log account, so it costs no request when nothing is open.
@@ -53,6 +61,9 @@ _TAIL = " SETTINGS empty_result_for_aggregation_by_empty_set = 0 FORMAT JSONEach
 # ClickHouse's UNKNOWN_TABLE (the server keeps no session log) and ACCESS_DENIED (a
 # pool rendered before the closer's grant on it): the count is not observed.
 UNOBSERVED_CODES = (60, 497)
+# The closure's finding when the count is not observed and the operator did not accept
+# a closure without it: the closure is not proven.
+LOGINS_UNOBSERVABLE = "logins_unobservable"
 
 
 # A closure's read: (SQL, purpose) -> the JSON rows, as the closer.
@@ -145,3 +156,14 @@ def settle_logins(
             return {"observed": False, "open": None, "reads": reads}
         count = found
     return {"observed": True, "open": count, "reads": reads}
+
+
+def login_findings(logins: dict[str, Any], accept_unobserved: bool) -> list[str]:
+    """Why ``logins`` (:func:`settle_logins`' facts) leave a closure unproven: a sign-in
+    still open (``logins_open``), or none could be counted (:data:`LOGINS_UNOBSERVABLE`)
+    unless ``accept_unobserved`` (the operator's [publication] accept_ungated_ingest);
+    a count skipped for a relet user is no finding (see the module doc)."""
+    if logins["open"]:
+        return ["logins_open"]
+    unobserved = logins["observed"] is False and "skipped" not in logins
+    return [LOGINS_UNOBSERVABLE] if unobserved and not accept_unobserved else []

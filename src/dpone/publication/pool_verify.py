@@ -9,6 +9,8 @@ the server itself:
   account for);
 - each protected database exists and is ``Atomic`` (``EXCHANGE TABLES`` needs it);
 - the server's version is one dpone supports (:data:`MIN_SERVER_VERSION`);
+- every principal's queries are logged from their start, and it cannot change that
+  (:mod:`dpone.publication.pool_logging`);
 - its identity: ``serverUUID()``, or where a server reports the Nil UUID (the
   embedded engine), the ``_dpone_identity`` database, whose one ``CREATE`` statement
   the report names when it is missing.
@@ -43,6 +45,12 @@ from dpone.localserver.principal_pool import DEFAULT_POOL, PoolNames
 from dpone.ports.clickhouse_errors import NotSubmitted, TransportDeadline
 from dpone.ports.clickhouse_request import Credentials, read
 from dpone.publication.dispatch_gate import gate_for
+from dpone.publication.pool_logging import (
+    QUERY_LOG_OFF_FIX,
+    WHO,
+    changeable_fix,
+    query_log_problems,
+)
 from dpone.publication.server_access import ServerAccess
 from dpone.sql import quote_literal
 
@@ -53,16 +61,6 @@ from dpone.sql import quote_literal
 MIN_SERVER_VERSION = (26, 3)
 REQUEST_SECONDS = 30.0
 _VERSION = "SELECT version() AS v"
-# Who the server says a principal is, and whether it logs every query of theirs.
-_WHO = (
-    "SELECT currentUser() AS who, toUInt8(getSetting('log_queries')) AS log_queries, "
-    "toFloat64(getSetting('log_queries_probability')) AS sampled, "
-    "toString(getSetting('log_queries_min_type')) AS min_type, "
-    "toUInt64(getSetting('log_queries_min_query_duration_ms')) AS min_ms"
-)
-# What every logged query of a principal needs: its QueryStart row (closure and the
-# idle users' check read them), so no minimum type above it and no minimum duration.
-_LOGGED = {"log_queries": 1, "sampled": 1, "min_type": "QUERY_START", "min_ms": 0}
 _GRANT = re.compile(
     r"^GRANT (?P<privileges>.+) ON (?P<on>\S+) TO \S+(?P<option> WITH GRANT OPTION)?$"
 )
@@ -256,7 +254,7 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
     # more databases than this project publishes into.
     over = protected if protected else tuple(databases)
     _judge_principals(found, access, credentials, signed, over)
-    _query_log_settings(found, {user: rows for user, (rows, _) in signed.items()})
+    found.problems.extend(query_log_problems({user: rows for user, (rows, _) in signed.items()}))
     found.version, found.server_uuid = keeper_found.version, keeper_found.server_uuid
     found.identity = keeper_found.identity
     found.problems.extend(keeper_found.problems)
@@ -380,7 +378,7 @@ def _sign_in(
     """``user``'s identity and grants as it sees them, or the error of its sign-in."""
     transport = HttpTransport(access.endpoint("system"), credentials[user])
     try:
-        return _rows(transport, _WHO, f"who-{user}"), _grants(transport, user)
+        return _rows(transport, WHO, f"who-{user}"), _grants(transport, user)
     except DponeError as exc:
         return exc
 
@@ -441,42 +439,13 @@ def problem_fix(
         "identity_missing": f"as the server's administrator: `{IDENTITY_CREATE}`",
         "server_unreadable": f"{keeper} must read the server's system tables: install "
         f"the users file as rendered (its role's grants), or render again (`{render}`)",
-        "query_log_off": "remove what sets log_queries to 0, log_queries_probability "
-        "below 1, log_queries_min_type above QUERY_START or log_queries_min_query_duration_ms "
-        "above 0 for these users: a setting in the dpone_pool profile of the installed users "
-        "file, or in the server's configuration (the server's defaults are 1, 1, QUERY_START "
-        "and 0)",
+        "query_log_off": QUERY_LOG_OFF_FIX,
+        "pool_settings_changeable": changeable_fix(render),
         "query_log_unreadable": "turn the server's query log on: its configuration needs "
         "the <query_log> section (ClickHouse's default config.xml has it; a config.d file may "
         f"remove it), and {keeper} keeps its rendered SELECT on system.*",
     }
     return fixes.get(str(problem.get("code")), "see docs/remote.md")
-
-
-def _query_log_settings(found: PoolVerification, signed: dict[str, list[dict[str, Any]]]) -> None:
-    """``query_log_off``: the principals whose queries the server does not log from
-    their start (every one of them: ``log_queries`` 1, ``log_queries_probability`` 1,
-    ``log_queries_min_type`` ``QUERY_START``, ``log_queries_min_query_duration_ms`` 0),
-    whose closure could then never be proven from ``system.query_log``."""
-    names = {"sampled": "probability"}
-    off = {
-        user: {names.get(k, k): rows[0].get(k) for k in _LOGGED}
-        for user, rows in signed.items()
-        if rows and any(rows[0].get(k) != want for k, want in _LOGGED.items())
-    }
-    if off:
-        found.problems.append(
-            {
-                "code": "query_log_off",
-                "users": sorted(off),
-                "settings": off,
-                "message": f"the server does not log every query of {', '.join(sorted(off))} "
-                "from its start (log_queries must be 1, log_queries_probability 1, "
-                "log_queries_min_type QUERY_START and log_queries_min_query_duration_ms 0 "
-                "for each): closure reads each query's start in system.query_log to prove "
-                "a lease's queries ended, and cannot",
-            }
-        )
 
 
 def _query_log_readable(found: PoolVerification, keeper: HttpTransport) -> None:

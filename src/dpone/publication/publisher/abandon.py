@@ -18,10 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState
+from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState, exchange_query_id
 from dpone.ports.composition_snapshot import StepNote
+from dpone.publication.login_account import LOGINS_UNOBSERVABLE
 from dpone.publication.publisher.receipts import SnapshotPublicationError
-from dpone.publication.publisher.reconcile import ReconcilePath
+from dpone.publication.publisher.reconcile import PUBLISHER_LOGINS_UNOBSERVABLE, ReconcilePath
 from dpone.publication.publisher.records import closure_document
 from dpone.publication.store.admission import abandoned_key
 
@@ -82,6 +83,8 @@ class AbandonPath(ReconcilePath):
         if record.state is not P.COMMIT_UNKNOWN:
             raise _not_abandonable(intent_sha256, record.state, record.revision)
         closure = self._close_publisher(intent)
+        if closure is not None and LOGINS_UNOBSERVABLE in closure.facts.get("unproven", ()):
+            raise _logins_unobservable(intent)
         if closure is None or not closure.proven:
             raise SnapshotPublicationError(
                 f"the publisher of {intent_sha256} could not be proven closed; nothing was "
@@ -99,6 +102,23 @@ class AbandonPath(ReconcilePath):
         self.store.observe(intent_sha256, facts)  # the record's own history says it too
         note = self.store.note_step(key, {**facts, "intent_sha256": intent_sha256})
         return Abandonment(intent_sha256, record.state, record.revision, note, False)
+
+
+def _logins_unobservable(intent: SnapshotIntent) -> Exception:
+    user = intent.publisher.user
+    return SnapshotPublicationError(
+        f"the closer cannot read the server's session log, so a request of {user} (the "
+        f"publisher of {intent.sha256}, whose EXCHANGE ran as query "
+        f"{exchange_query_id(intent.sha256)}) held open outside its session cannot be "
+        "seen; nothing was noted. Add the <session_log> section to the server's "
+        "configuration, give the closer its SELECT on system.session_log (render the pool "
+        "again), or accept the closure on process samples and the query log alone "
+        "([publication] accept_ungated_ingest = true), then run the command again",
+        code=PUBLISHER_LOGINS_UNOBSERVABLE,
+        intent_sha256=intent.sha256,
+        user=user,
+        query_id=exchange_query_id(intent.sha256),
+    )
 
 
 def _not_replaced(intent: SnapshotIntent) -> Exception:

@@ -128,6 +128,24 @@ class PreparePath(CreatedTarget):
         """Prove the ingest principal closed and quiescent, or refuse the prepare; and
         refuse a generation staged without a drain gate unless the caller accepts it."""
         closure = self.authority.close_principal(evidence.ingest)
+        # Named before the closure's other findings: it has its own ways out.
+        logins = closure.facts.get("logins", {})
+        unobserved = logins.get("observed") is False and "skipped" not in logins
+        if unobserved and not self.accept_ungated_ingest:
+            raise SnapshotPublicationError(
+                f"the closer cannot read the server's session log, so a request of "
+                f"{evidence.ingest.user} that the server authenticated but has not "
+                "registered as a query (an INSERT whose body is held open) cannot be seen "
+                "by the closure: add the <session_log> section to the server's "
+                "configuration (docs/remote.md; a managed server started by an older dpone: "
+                "`dpone server stop`, then `dpone server start`), give the closer its SELECT "
+                "on system.session_log (a pool rendered by an older dpone: render it again "
+                "and install it), or accept the closure on process samples and the query "
+                "log alone ([publication] accept_ungated_ingest = true, or "
+                "--accept-ungated-ingest)",
+                code="ingest_logins_unobservable",
+                user=evidence.ingest.user,
+            )
         if not closure.proven:
             raise SnapshotPublicationError(
                 f"the ingest principal {evidence.ingest.user} is not proven closed and quiescent",
@@ -147,23 +165,6 @@ class PreparePath(CreatedTarget):
                 "samples and the query log alone ([publication] accept_ungated_ingest = "
                 "true, or --accept-ungated-ingest)",
                 code="ingest_ungated",
-                user=evidence.ingest.user,
-            )
-        logins = closure.facts.get("logins", {})
-        unobserved = logins.get("observed") is False and "skipped" not in logins
-        if unobserved and not self.accept_ungated_ingest:
-            raise SnapshotPublicationError(
-                f"the closer cannot read the server's session log, so a request of "
-                f"{evidence.ingest.user} that the server authenticated but has not "
-                "registered as a query (an INSERT whose body is held open) cannot be seen "
-                "by the closure: add the <session_log> section to the server's "
-                "configuration (docs/remote.md; a managed server started by an older dpone: "
-                "`dpone server stop`, then `dpone server start`), give the closer its SELECT "
-                "on system.session_log (a pool rendered by an older dpone: render it again "
-                "and install it), or accept the closure on process samples and the query "
-                "log alone ([publication] accept_ungated_ingest = true, or "
-                "--accept-ungated-ingest)",
-                code="ingest_logins_unobservable",
                 user=evidence.ingest.user,
             )
 

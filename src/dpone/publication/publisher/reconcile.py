@@ -29,6 +29,7 @@ from dpone.ports.composition_snapshot import (
     DispatchResult,
     OwnershipState,
 )
+from dpone.publication.login_account import LOGINS_UNOBSERVABLE
 from dpone.publication.publisher.ports import PublisherPorts
 from dpone.publication.publisher.receipts import (
     PublicationReceipt,
@@ -50,6 +51,9 @@ P = SnapshotState
 # its publisher closed): only `dpone snapshot abandon` ends what it blocks.
 DATABASE_REPLACED = "database_replaced"
 _RETAINED = frozenset({OwnershipState.ACTIVE, OwnershipState.RETIRING})
+
+# A publisher's closure that cannot read the server's session log: not proven.
+PUBLISHER_LOGINS_UNOBSERVABLE = "publisher_logins_unobservable"
 
 
 class ReconcilePath(PublisherPorts):
@@ -142,7 +146,7 @@ class ReconcilePath(PublisherPorts):
             closure=None if closure is None else record_closure(closure),
             reason=DATABASE_REPLACED
             if replaced is not None and decided is P.COMMIT_UNKNOWN and facts.closure_proven
-            else _reason(intent, decided, facts, dispatch),
+            else _reason(intent, decided, facts, dispatch, closure),
         )
         try:
             self.store.compare_and_set(
@@ -207,8 +211,18 @@ def _reason(
     decided: SnapshotState,
     facts: ReconcileFacts,
     dispatch: DispatchResult | None,
+    closure: ClosureProof | None = None,
 ) -> str | None:
-    """The record's reason: a dispatch this call did not send keeps why it was not sent."""
+    """The record's reason: a dispatch this call did not send keeps why it was not sent;
+    a publisher closure blind to the server's session log says so (the operator's way
+    out differs: the log, the closer's grant, or accepting it)."""
+    if (
+        decided is P.COMMIT_UNKNOWN
+        and closure is not None
+        and not closure.proven
+        and LOGINS_UNOBSERVABLE in closure.facts.get("unproven", ())
+    ):
+        return PUBLISHER_LOGINS_UNOBSERVABLE
     if (
         decided is P.NOT_PUBLISHED
         and dispatch is not None
