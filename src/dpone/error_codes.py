@@ -275,6 +275,7 @@ publication_error: a publication step was refused or its outcome is unknown (the
 publication_exchange_intent: the publication stopped at its claim EXCHANGE_INTENT; reconcile it
 publication_not_published: the publication ended NOT_PUBLISHED; the target is unchanged
 publication_unfinished: the slot has an unfinished publication; resolve it first
+publisher_logins_unobservable: the session log cannot be read to prove the publisher's sign-ins
 query_id_mismatch: the response names another query id than the one sent
 query_log_restore_failed: the saved query log of the managed server cannot be restored
 readback_mismatch: the claim reads back different bytes; nothing was dispatched

@@ -93,9 +93,27 @@ def _class_default(node: ast.ClassDef) -> Iterator[str]:
             yield from _literals(value)
 
 
+def _constants(trees: dict[Path, ast.Module]) -> dict[str, str]:
+    """Module-level ``NAME = "text"`` constants, by name (a code raised as ``code=NAME``)."""
+    found: dict[str, str] = {}
+    for tree in trees.values():
+        for node in tree.body:
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id.isupper()
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
+                found[node.targets[0].id] = node.value.value
+    return found
+
+
 def raised(trees: dict[Path, ast.Module]) -> tuple[dict[str, list[str]], list[str]]:
     """Every code raised, with where; and the ``code=f"..."`` templates, as regexes."""
     helpers = _helpers(trees)
+    constants = _constants(trees)
     codes: dict[str, list[str]] = {}
     templates: list[str] = []
     for path, tree in trees.items():
@@ -105,6 +123,8 @@ def raised(trees: dict[Path, ast.Module]) -> tuple[dict[str, list[str]], list[st
                 for keyword in node.keywords:
                     if keyword.arg == "code":
                         found += _literals(keyword.value)
+                        if isinstance(keyword.value, ast.Name) and keyword.value.id in constants:
+                            found.append(constants[keyword.value.id])
                         if isinstance(keyword.value, ast.JoinedStr):
                             templates.append(_pattern(keyword.value))
                 func = node.func
@@ -187,6 +207,7 @@ def test_docs_errors_md_lists_the_registry() -> None:
 def test_the_collection_sees_each_form() -> None:
     source = "\n".join(
         [
+            "NAMED = 'module_constant'",
             "class E(Exception):",
             "    code = 'class_default'",
             "def _error(self, code, message): ...",
@@ -195,6 +216,7 @@ def test_the_collection_sees_each_form() -> None:
             "    raise self._error('helper_argument', 'm')",
             "    code, why = ('tuple_first', 'a') if x else ('tuple_second', 'b')",
             "    raise E('m', code=f'composed_{x}')",
+            "    raise E('m', code=NAMED)",
         ]
     )
     codes, templates = raised({PACKAGE / "example.py": ast.parse(source)})
@@ -202,6 +224,7 @@ def test_the_collection_sees_each_form() -> None:
         "class_default",
         "helper_argument",
         "keyword",
+        "module_constant",
         "other_branch",
         "tuple_first",
         "tuple_second",
