@@ -23,11 +23,13 @@ the figures are one run's, not a controlled measurement.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import statistics
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from bench import compile_bytecode
 from bench.projects import generate_tables, in_work_dir, many_tables_project
 from bench.refresh import DATABASE, _post, dpone
 from dpone.localserver.credentials import admin_credentials
+from dpone.ports.clickhouse_request import Credentials
 
 
 def _project(work: Path, data_dir: Path, tables: int, rows: int) -> Path:
@@ -42,6 +45,45 @@ def _project(work: Path, data_dir: Path, tables: int, rows: int) -> Path:
     return many_tables_project(
         work, data_dir, tables, source=work / "many.db", database=DATABASE, target="many_"
     )
+
+
+def _server_query(port: int, query: str, credentials: Credentials) -> list[dict[str, Any]]:
+    """The JSON rows ``query`` answers, as the managed server's administrator."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    headers = {"X-ClickHouse-User": credentials.user, "X-ClickHouse-Key": credentials.password}
+    conn.request("POST", "/?" + urllib.parse.urlencode({"query": query}), b"", headers)
+    response = conn.getresponse()
+    body = response.read().decode()
+    conn.close()
+    if response.status != 200:
+        sys.exit(f"the server refused a bench query: {body[:300]}")
+    return [json.loads(line) for line in body.splitlines() if line]
+
+
+# dpone's own principals: the administrator is left out (dlt and the bench use it too).
+_CPU_BY_ROLE = """
+SELECT multiIf(user = 'dpone_catalog', 'catalog', user = 'dpone_closer', 'closer',
+               'pool principals') AS role,
+       sum(ProfileEvents['UserTimeMicroseconds'] + ProfileEvents['SystemTimeMicroseconds'])
+           AS cpu_us,
+       count() AS queries
+FROM system.query_log
+WHERE event_time_microseconds >= toDateTime64({since}, 6) AND type != 'QueryStart'
+  AND (user IN ('dpone_catalog', 'dpone_closer') OR startsWith(user, 'dpone_ingest_')
+       OR startsWith(user, 'dpone_publisher_'))
+GROUP BY role ORDER BY role FORMAT JSONEachRow
+"""
+
+
+def _server_cpu(port: int, credentials: Credentials, since: str, tables: int) -> None:
+    """Print the server's CPU (user + system) and queries per table, by dpone's role,
+    from its query log since ``since`` (dpone's ``--all`` runs only)."""
+    _server_query(port, "SYSTEM FLUSH LOGS", credentials)
+    rows = _server_query(port, _CPU_BY_ROLE.format(since=since), credentials)
+    print(f"server CPU per table in the --all runs ({tables} table refreshes in all):")
+    for row in rows:
+        cpu_ms = int(row["cpu_us"]) / 1000 / tables
+        print(f"  {row['role']}: {cpu_ms:.0f} ms, {int(row['queries']) / tables:.1f} queries")
 
 
 def _timed(argv: list[str], tables: int) -> float:
@@ -97,11 +139,15 @@ def measure(work: Path, args: argparse.Namespace) -> None:
         if peer is not None:
             peer.once(tables)  # creates its targets
         one = [_timed([*refresh, "t00"], 1) for _ in range(args.runs)]
+        credentials = admin_credentials(data_dir)
+        now = "SELECT toString(toUnixTimestamp64Micro(now64(6)) / 1e6) AS t FORMAT JSONEachRow"
+        since = _server_query(info["http_port"], now, credentials)[0]["t"]
         many, theirs = [], []
         for _ in range(args.runs):  # alternating, so both see the same machine
             many.append(_timed(every, tables))
             if peer is not None:
                 theirs.append(peer.once(tables))
+        _server_cpu(info["http_port"], credentials, since, tables * args.runs)
         serial = [_timed([*refresh, "--all", "--jobs", "1"], tables)] if args.sequential else []
     finally:
         subprocess.run(dpone("server", "stop", "--data-dir", str(data_dir)), check=False)

@@ -1,0 +1,111 @@
+"""The SQLite store keeps idle connections for its next calls, on a real file.
+
+A kept connection must behave as a new one would: every read a fresh snapshot (it sees
+another process's commit), never left read-only or inside a transaction, never a
+connection to another file than the one the path holds now.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpone.publication.store import SnapshotStoreError, SqliteSnapshotStore
+from dpone.publication.store import connections as kept
+
+_LEASE_ELSEWHERE = """
+import sys
+from dpone.publication.store import SnapshotStoreError, SqliteSnapshotStore
+SqliteSnapshotStore(sys.argv[1]).lease("ingest", ("u2",), "attempt-other")
+"""
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The paths of the new SQLite connections the store opens, from a clean pool."""
+    kept.discard_kept_connections()
+    paths: list[str] = []
+    real = sqlite3.connect
+
+    def counting(database: str, *args: Any, **kwargs: Any) -> sqlite3.Connection:
+        paths.append(database)
+        conn: sqlite3.Connection = real(database, *args, **kwargs)
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", counting)
+    yield paths
+    kept.discard_kept_connections()
+
+
+def test_store_calls_reuse_one_connection(tmp_path: Path, opened: list[str]) -> None:
+    store = SqliteSnapshotStore(tmp_path / "store.sqlite")
+    before = len(opened)
+    lease = store.lease("ingest", ("u1",), "attempt-1")
+    for _ in range(20):
+        assert store.get_lease(lease.lease_id).active
+    store.end_lease(lease.lease_id)
+    assert not store.get_lease(lease.lease_id).active
+    assert len(opened) - before <= 1  # at most one new: the one the opening left is kept
+
+
+def test_a_kept_connection_reads_a_fresh_snapshot(tmp_path: Path, opened: list[str]) -> None:
+    path = tmp_path / "store.sqlite"
+    store = SqliteSnapshotStore(path)
+    mine = store.lease("ingest", ("u1",), "attempt-1")
+    assert store.get_lease(mine.lease_id).active  # the connection is idle and kept now
+    subprocess.run([sys.executable, "-c", _LEASE_ELSEWHERE, str(path)], check=True)
+    before = len(opened)
+    # Another process's commit is seen by the kept connection's next read: u2 is taken.
+    with pytest.raises(SnapshotStoreError) as exhausted:
+        store.lease("ingest", ("u2",), "attempt-2")
+    assert exhausted.value.code == "pool_exhausted"
+    assert len(opened) == before
+
+
+def test_a_kept_connection_is_writable_after_a_read(tmp_path: Path, opened: list[str]) -> None:
+    store = SqliteSnapshotStore(tmp_path / "store.sqlite")
+    store.list_snapshots()  # a read: query_only on, then off again before it is kept
+    (conn,) = [c for idle in kept._IDLE.values() for c in idle]
+    assert not conn.in_transaction
+    assert conn.execute("PRAGMA query_only").fetchone()[0] == 0
+    lease = store.lease("ingest", ("u1",), "attempt-1")  # a write on that same connection
+    assert store.get_lease(lease.lease_id).user == "u1"
+
+
+def test_a_failed_write_leaves_a_clean_kept_connection(tmp_path: Path, opened: list[str]) -> None:
+    store = SqliteSnapshotStore(tmp_path / "store.sqlite")
+
+    def stopped_inside() -> None:
+        with store._write("probe", "store_commit_unknown") as conn:
+            conn.execute("INSERT INTO steps (key, facts, at) VALUES ('k', x'7b7d', 'now')")
+            raise RuntimeError("stop inside the unit of work")
+
+    with pytest.raises(RuntimeError):
+        stopped_inside()
+    (kept_conn,) = [c for idle in kept._IDLE.values() for c in idle]
+    assert not kept_conn.in_transaction
+    count = kept_conn.execute("SELECT count(*) FROM steps WHERE key = 'k'").fetchone()[0]
+    assert count == 0  # rolled back, not committed by a later use
+
+
+def test_a_file_replaced_under_the_path_is_never_read_through_a_kept_connection(
+    tmp_path: Path, opened: list[str]
+) -> None:
+    path = tmp_path / "store.sqlite"
+    first = SqliteSnapshotStore(path)
+    first.lease("ingest", ("u1",), "attempt-1")
+    assert first.get_lease(first.lease("ingest", ("u2",), "attempt-2").lease_id).active
+    for suffix in ("", "-wal", "-shm"):
+        moved = Path(f"{path}{suffix}")
+        if moved.exists():
+            moved.rename(tmp_path / f"old{suffix}")
+    second = SqliteSnapshotStore(path)  # a new store file at the same path
+    lease = second.lease("ingest", ("u1",), "attempt-3")  # u1 is free in this one
+    assert lease.user == "u1"
+    assert SqliteSnapshotStore(tmp_path / "old").lease("ingest", ("u1", "u3"), "a").user == "u3"
