@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from dpone.ports.composition_snapshot import Lease
+from dpone.connectors.clickhouse_tables import staging_table_name
+from dpone.ports.composition_snapshot import (
+    Admission,
+    AttemptEpochs,
+    Lease,
+    OwnershipState,
+    TargetSlot,
+)
 from dpone.publication.catalog.allowance import Idle, accounted_pool_users, allowed_pool_users
 from dpone.publication.catalog.pool_queries import LOGGED, RUNNING, PoolQuery, pool_query_blockers
+from dpone.publication.composition import is_slots_own_lease
 
 POOL = ("ingest_1", "ingest_2", "ingest_3", "publisher_1")
 
@@ -118,3 +126,24 @@ def test_an_idle_pool_users_query_blocks_from_its_lease_end_on() -> None:
     ]
     # ingest_3's running query names t too, but it cannot write t.
     assert pool_query_blockers(found, idle, writers.__getitem__, "db", "t") == []
+
+
+def test_the_slots_own_leases_are_its_generations_attempt_and_its_other_publishers() -> None:
+    slot, elsewhere = TargetSlot("db", "t"), TargetSlot("db", "u")
+    admitted = {
+        "a-1": Admission("r1", slot, "a-1", AttemptEpochs(1, 1), OwnershipState.ACTIVE),
+        "a-2": Admission("r2", slot, "a-2", AttemptEpochs(2, 2), OwnershipState.ACTIVE),
+        "a-3": Admission("r3", elsewhere, "a-3", AttemptEpochs(1, 3), OwnershipState.ACTIVE),
+    }
+
+    def own(attempt: str, role: str) -> bool:
+        lease = Lease("l", "u", role, attempt, True)
+        return is_slots_own_lease(lease, slot, staging_table_name("a-1"), admitted.get)
+
+    # The generation's own attempt, either role (its ingest is leased before admission).
+    assert own("a-1", "ingest") and own("a-1", "publisher")
+    # Another attempt of the same slot: its publisher only.
+    assert own("a-2", "publisher") and not own("a-2", "ingest")
+    # Another slot's run, an attempt never admitted, an attempt id that names no table.
+    assert not own("a-3", "publisher") and not own("a-9", "publisher")
+    assert not own("a b", "publisher")

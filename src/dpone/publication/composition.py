@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,12 +39,13 @@ from dpone.localserver.principal_pool import (
     DEFAULT_POOL,
     IDENTITY_DATABASE,
     ROLE_INGEST,
+    ROLE_PUBLISHER,
     PoolNames,
     check_databases,
 )
 from dpone.localserver.protected import restart_commands
 from dpone.ports.clickhouse_request import Credentials, Endpoint, read
-from dpone.ports.composition_snapshot import IssuedPrincipal, Lease, TargetSlot
+from dpone.ports.composition_snapshot import Admission, IssuedPrincipal, Lease, TargetSlot
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
 from dpone.publication.catalog import ClickHouseSnapshotCatalog
 from dpone.publication.catalog.allowance import accounted_pool_users, lease_allowance
@@ -508,22 +509,39 @@ def _catalog(
             ],
             pool.members(),
             store_made_us(store),
-            own=lambda lease: is_own_lease(lease, generation_table),
+            own=lambda lease: is_slots_own_lease(lease, slot, generation_table, store.admission),
             ended_us={u: micros(at) for u, at in store.last_lease_ends().items()},
         ),
     )
 
 
-def is_own_lease(lease: Lease, generation_table: str) -> bool:
-    """Whether ``lease`` is the publication of ``generation_table``'s own: a lease of the
-    attempt that staged it (its ingest) and publishes it (its publisher; prepare runs
-    as the staging attempt). Staging names its table after its attempt, one name per
-    attempt id (``staging_table_name``); an attempt id that names no table is no
-    publication's."""
+def is_slots_own_lease(
+    lease: Lease,
+    slot: TargetSlot,
+    generation_table: str,
+    admission_of: Callable[[str], Admission | None],
+) -> bool:
+    """Whether the observation of ``generation_table`` for ``slot`` leaves ``lease``'s
+    user unaccounted: a lease of the attempt that staged the generation (its ingest)
+    and publishes it (its publisher: prepare runs as the staging attempt), or the
+    publisher of another attempt admitted for the same slot.
+
+    Staging names its table after its attempt, one name per attempt id
+    (``staging_table_name``); an attempt id that names no table is no publication's.
+    Two attempts of one slot may prepare at once (the newer fences the older when its
+    intent is stored): what their publishers send to the target (a first
+    publication's CREATE, the EXCHANGE) is decided between them by the slot's epochs,
+    its one claim and the target UUID each intent binds, not by this account.
+    """
     try:
-        return staging_table_name(lease.attempt_id) == generation_table
+        if staging_table_name(lease.attempt_id) == generation_table:
+            return True
     except DponeError:
         return False
+    if lease.role != ROLE_PUBLISHER:
+        return False
+    admitted = admission_of(lease.attempt_id)
+    return admitted is not None and admitted.slot == slot
 
 
 def store_made_us(store: SnapshotStore) -> int:

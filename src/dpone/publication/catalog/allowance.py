@@ -117,7 +117,9 @@ def accounted_pool_users(
       is still accounted, and what its current lease runs is another run's, which
       never writes this publication's tables;
     - an active lease ``own`` accepts (the observed publication's own ingest or
-      publisher): not accounted; its closure is proven before anything is published.
+      publisher, or another attempt's publisher of the same slot): not accounted; the
+      own closures are proven before anything is published, and between attempts of
+      one slot its epochs, claim and bound UUIDs decide.
 
     ``last`` holds each user's last lease with its end (Unix microseconds, None while
     active), oldest first; the last one seen of each user decides.
