@@ -1,9 +1,10 @@
 """Every pool principal accounted for, every request shape of the ingest user closed
 (issue 37, items 3 and 4), on the real managed server.
 
-Item 3: a pool principal this store never leased holds write grants the catalog
-allows; what it ran against B or the target is read in the observation and blocks,
-naming it. Item 4: an INSERT as the ingest user without the drain gate's session
+Item 3: a pool principal this store never leased, or one another run's active lease
+holds, has write grants the catalog allows; what it ran against B or the target is
+read in the observation and blocks, naming it. The observed publication's own ingest
+and publisher are not accounted. Item 4: an INSERT as the ingest user without the drain gate's session
 parameters is in no process sample or query log while the server still reads its body;
 the closure counts the user's open sign-ins and refuses while one is open.
 """
@@ -19,12 +20,14 @@ from typing import Any
 
 import pytest
 
+from dpone.contracts.composition_snapshot import SnapshotIntent
 from dpone.errors import DponeError
 from dpone.ports.clickhouse_request import Credentials
+from dpone.ports.composition_snapshot import TargetSlot
 from dpone.publication.composition import pool_credentials
 from dpone.publication.store import SqliteSnapshotStore, lease_step_key
 from tests import chhttp
-from tests.integration.test_ingest_drain_gate import ROWS, prepare, stage
+from tests.integration.test_ingest_drain_gate import ROWS, Leased, prepare, stage
 from tests.integration.test_publication_faults import (  # noqa: F401 (fixtures)
     DB,
     Case,
@@ -130,6 +133,153 @@ def test_a_never_leased_publisher_writing_the_target_stops_the_publish(case: Cas
     lead = f"pool_writer_query: pool user {other.user} (never leased by this store) ran Insert "
     assert named and all(b.startswith(lead) for b in named)
     assert any(f"on {DB}.{case.target}" in b and other.user in b for b in refused["blockers"])
+
+
+def logged_query_ids(on: Rig, user: str, table: str) -> list[str]:
+    """The query ids of ``user``'s logged queries (QueryStart) that name ``table``."""
+    on.admin("SYSTEM FLUSH LOGS")
+    found = chhttp.rows(
+        on.http_port,
+        "SELECT query_id FROM system.query_log WHERE type = 'QueryStart' "
+        f"AND user = '{user}' AND has(tables, '{DB}.{table}') ORDER BY event_time_microseconds",
+    )
+    return [str(r["query_id"]) for r in found]
+
+
+def as_user(on: Rig, who: Credentials, sql: str) -> None:
+    answer = chhttp.post(on.http_port, sql, user=who.user, password=who.password)
+    assert answer.status == 200, answer.text
+
+
+def test_an_ingest_user_another_run_holds_writing_b_is_named_and_refuses_prepare(
+    rig: Rig,  # noqa: F811
+) -> None:
+    """Another table's staging holds an ingest user (its lease active); that user
+    writes this generation after it was sealed. Before: its active lease made it dpone's
+    own custody, nothing read what it ran, and ``prepared``."""
+    leased = stage(rig, "held-b")
+    rig.existing_target(leased.staged, "t_held_b", [(7, "a", 7)])
+    other: Leased = stage(rig, "held-other")  # another table's attempt: its lease stays
+    assert other.credentials.user != leased.credentials.user
+    # Its own table is not this slot's: that write is not named.
+    as_user(rig, other.credentials, f"INSERT INTO {DB}.{other.staged.table} VALUES (8, 'o', 8)")
+    as_user(rig, other.credentials, f"INSERT INTO {DB}.{leased.staged.table} VALUES (9, 'x', 9)")
+    with pytest.raises(DponeError) as refused:
+        prepare(rig, leased.staged, "t_held_b")
+    assert refused.value.code == "side_effect_present"
+    assert "pool_writer_query" in refused.value.details["blockers"]
+    (query_id,) = logged_query_ids(rig, other.credentials.user, leased.staged.table)
+    named = [d for d in refused.value.details["details"] if other.credentials.user in d]
+    assert named == [
+        f"pool user {other.credentials.user} (leased to another run, "
+        f"attempt held-other) ran Insert {query_id} on {DB}.{leased.staged.table}"
+    ]
+    # This publication's own ingest user (closed by the prepare) is not named for its
+    # staging INSERT into B, which ran inside its lease.
+    assert not any(leased.credentials.user in d for d in refused.value.details["details"])
+    assert SqliteSnapshotStore(rig.store_path, create=False).list_snapshots() == []
+
+
+def publisher_of(case: Case) -> Credentials:  # noqa: F811
+    """The credentials of the publisher ``case``'s intent binds (its lease active)."""
+    intent = SnapshotIntent.from_bytes(case.store().load(case.intent).intent_bytes)
+    return pool_credentials(case.rig.data_dir)[intent.publisher.user]
+
+
+def test_a_publisher_another_run_holds_writing_the_target_stops_the_publish(
+    case: Case,  # noqa: F811
+) -> None:
+    """Another slot's prepared publication holds a publisher (its lease active): what it
+    ran against its own target does not block this slot; its write into this slot's
+    target after B was sealed is named, and no EXCHANGE is sent. Before: nothing named,
+    ``published@3``."""
+    on = case.rig
+    other = Case(on, f"{case.target}_other")
+    held = publisher_of(other)
+    assert held.user != publisher_of(case).user
+    slot, generation = TargetSlot(DB, case.target), case.b.table
+    as_user(on, held, f"INSERT INTO {DB}.{other.target} VALUES (6, 'own', 6)")
+    on.admin("SYSTEM FLUSH LOGS")
+    observed = on.components().publisher.catalog.observe(slot, generation)
+    assert observed.target is not None and observed.generation is not None
+    assert (observed.target.blockers, observed.generation.blockers) == ((), ())
+    as_user(on, held, f"INSERT INTO {DB}.{case.target} VALUES (5, 'by-hand', 5)")
+    on.admin("SYSTEM FLUSH LOGS")
+    published = on.components().publisher.publish(case.intent)
+    assert state_of(published) == (P.NOT_PUBLISHED, 3)
+    assert on.exchange_events(case.intent) == []  # no EXCHANGE reached the server
+    assert on.uuid_of(case.target) == case.a_uuid
+    (refused,) = [
+        h.facts
+        for h in case.store().history(case.intent)
+        if h.facts.get("step") == "dispatch_refused"
+    ]
+    (query_id,) = logged_query_ids(on, held.user, case.target)
+    assert [b for b in refused["blockers"] if held.user in b] == [
+        f"pool_writer_query: pool user {held.user} (leased to another run, attempt "
+        f"{other.target}-b) ran Insert {query_id} on {DB}.{case.target}"
+    ]
+    # The other slot is still its own run's to publish.
+    assert state_of(on.components().publisher.publish(other.intent)) == (P.PUBLISHED, 3)
+
+
+def test_a_first_publication_is_not_blocked_by_its_own_publishers_create(
+    rig: Rig,  # noqa: F811
+) -> None:
+    """A first publication's publisher creates the target (a logged CREATE against it,
+    after B was sealed) while another run holds a pool user: its own publisher is not
+    accounted, so the observation after the CREATE and publish's both pass."""
+    leased = stage(rig, "own-first")
+    other = stage(rig, "own-first-other")  # another run's lease, active throughout
+    store = SqliteSnapshotStore(rig.store_path, create=False)
+    assert [
+        r.lease.active for r in store.last_lease_records() if r.lease.user == other.credentials.user
+    ] == [True]
+    assert prepare(rig, leased.staged, "t_own_first") == "prepared"
+    (summary,) = store.list_snapshots()
+    intent = SnapshotIntent.from_bytes(summary.intent_bytes)
+    assert logged_query_ids(rig, intent.publisher.user, "t_own_first")  # its CREATE
+    published = rig.components().publisher.publish(intent.sha256)
+    assert state_of(published) == (P.PUBLISHED, 3)
+    assert rig.rows_of("t_own_first") == sorted(ROWS)
+
+
+def test_a_held_users_running_queries_that_write_nothing_here_do_not_block(
+    rig: Rig,  # noqa: F811
+) -> None:
+    """Another slot's publisher, held by its prepared run, running now: an INSERT into
+    its own target, whose text names the database (here also this slot's target's
+    name) as a qualifier, and a SELECT that reads this generation. Its grants cover
+    every table of the database, but neither query writes this slot's tables, so the
+    observation names neither (a name followed by a dot is a database's; a SELECT of a
+    user another run holds writes nothing)."""
+    leased = stage(rig, "mention-b")
+    rig.existing_target(leased.staged, DB, [(7, "a", 7)])  # named as its database
+    held = publisher_of(Case(rig, "t_mention_other"))
+    insert = SLOW.format(table=f"{DB}.t_mention_other")
+    select = (
+        f"SELECT count() FROM {DB}.{leased.staged.table} WHERE id IN "
+        "(SELECT sum(sleepEachRow(0.5)) FROM numbers(12) SETTINGS max_block_size = 1)"
+    )
+    threads = [running(rig, sql, held) for sql in (insert, select)]
+    try:
+        while len(
+            chhttp.rows(
+                rig.http_port, f"SELECT query_id FROM system.processes WHERE user = '{held.user}'"
+            )
+        ) < len(threads):
+            pass
+        observed = rig.components().publisher.catalog.observe(
+            TargetSlot(DB, DB), leased.staged.table
+        )
+        still = [thread.is_alive() for thread, _ in threads]
+    finally:
+        for thread, _ in threads:
+            thread.join()
+    assert still == [True, True]  # both ran throughout the observation
+    assert observed.target is not None and observed.generation is not None
+    assert (observed.target.blockers, observed.generation.blockers) == ((), ())
+    assert [answers[0].status for _, answers in threads] == [200, 200]
 
 
 class HeldBody:

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from dpone.ports.composition_snapshot import Lease
-from dpone.publication.catalog.allowance import Idle, allowed_pool_users, idle_pool_users
+from dpone.connectors.clickhouse_tables import staging_table_name
+from dpone.ports.composition_snapshot import (
+    Admission,
+    AttemptEpochs,
+    Lease,
+    OwnershipState,
+    TargetSlot,
+)
+from dpone.publication.catalog.allowance import Idle, accounted_pool_users, allowed_pool_users
 from dpone.publication.catalog.pool_queries import LOGGED, RUNNING, PoolQuery, pool_query_blockers
+from dpone.publication.composition import is_slots_own_lease
 
 POOL = ("ingest_1", "ingest_2", "ingest_3", "publisher_1")
 
@@ -46,11 +54,48 @@ def test_every_pool_user_without_an_active_lease_is_idle_since_its_lease_ended()
         (lease("c", "ingest_2", False), 200),
     ]
     # Never leased: from when the store was made (what ran before is another store's).
-    assert idle_pool_users(last, POOL, store_made_us=50) == {
+    # ingest_1's active lease is the observed publication's own: not accounted.
+    assert accounted_pool_users(
+        last, POOL, store_made_us=50, own=lambda _: True, ended_us={"ingest_1": 100}
+    ) == {
         "ingest_2": Idle(200, leased=True),
         "ingest_3": Idle(50, leased=False),
         "publisher_1": Idle(50, leased=False),
     }
+
+
+def test_a_pool_user_another_run_holds_is_accounted_from_its_previous_lease_end() -> None:
+    last = [
+        (lease("a", "ingest_1", False), 100),
+        (lease("b", "ingest_1", True), None),  # another run's (attempt-b)
+        (lease("c", "ingest_2", True), None),  # another run's, never leased before
+        (lease("d", "publisher_1", True), None),  # the observed publication's own
+    ]
+    accounted = accounted_pool_users(
+        last,
+        POOL,
+        store_made_us=50,
+        own=lambda x: x.attempt_id == "attempt-d",
+        ended_us={"ingest_1": 100},
+    )
+    assert accounted == {
+        # From where an idle user's window would start: its idle time before the
+        # current lease still counts, and what the other run's lease runs counts.
+        "ingest_1": Idle(100, leased=True, held_by="attempt-b"),
+        "ingest_2": Idle(50, leased=True, held_by="attempt-c"),
+        "ingest_3": Idle(50, leased=False),
+    }
+    found = [
+        PoolQuery(LOGGED, "ingest_1", "inside-old-lease", "Insert", 90, ("b",)),
+        PoolQuery(LOGGED, "ingest_1", "by-the-other-run", "Insert", 150, ("b",)),
+        PoolQuery(RUNNING, "publisher_1", "own-exchange", "", 0, ("b", "t")),
+    ]
+    writers = {"b": {"ingest_1", "publisher_1"}, "t": {"publisher_1"}}
+    blockers = pool_query_blockers(found, accounted, writers.__getitem__, "db", "b")
+    assert [b.detail for b in blockers] == [
+        "pool user ingest_1 (leased to another run, attempt attempt-b) ran Insert "
+        "by-the-other-run on db.b"
+    ]
 
 
 def test_an_idle_pool_users_query_blocks_from_its_lease_end_on() -> None:
@@ -81,3 +126,24 @@ def test_an_idle_pool_users_query_blocks_from_its_lease_end_on() -> None:
     ]
     # ingest_3's running query names t too, but it cannot write t.
     assert pool_query_blockers(found, idle, writers.__getitem__, "db", "t") == []
+
+
+def test_the_slots_own_leases_are_its_generations_attempt_and_its_other_publishers() -> None:
+    slot, elsewhere = TargetSlot("db", "t"), TargetSlot("db", "u")
+    admitted = {
+        "a-1": Admission("r1", slot, "a-1", AttemptEpochs(1, 1), OwnershipState.ACTIVE),
+        "a-2": Admission("r2", slot, "a-2", AttemptEpochs(2, 2), OwnershipState.ACTIVE),
+        "a-3": Admission("r3", elsewhere, "a-3", AttemptEpochs(1, 3), OwnershipState.ACTIVE),
+    }
+
+    def own(attempt: str, role: str) -> bool:
+        lease = Lease("l", "u", role, attempt, True)
+        return is_slots_own_lease(lease, slot, staging_table_name("a-1"), admitted.get)
+
+    # The generation's own attempt, either role (its ingest is leased before admission).
+    assert own("a-1", "ingest") and own("a-1", "publisher")
+    # Another attempt of the same slot: its publisher only.
+    assert own("a-2", "publisher") and not own("a-2", "ingest")
+    # Another slot's run, an attempt never admitted, an attempt id that names no table.
+    assert not own("a-3", "publisher") and not own("a-9", "publisher")
+    assert not own("a b", "publisher")

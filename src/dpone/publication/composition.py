@@ -21,32 +21,34 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.connectors.clickhouse_tables import staging_table_name
 from dpone.contracts.composition_snapshot import (
     DEFAULT_LIMITS,
     SnapshotLimits,
 )
-from dpone.errors import ConfigurationError
+from dpone.errors import ConfigurationError, DponeError
 from dpone.localserver.control import run_admin_sql
 from dpone.localserver.credentials import admin_credentials
 from dpone.localserver.principal_pool import (
     DEFAULT_POOL,
     IDENTITY_DATABASE,
     ROLE_INGEST,
+    ROLE_PUBLISHER,
     PoolNames,
     check_databases,
 )
 from dpone.localserver.protected import restart_commands
 from dpone.ports.clickhouse_request import Credentials, Endpoint, read
-from dpone.ports.composition_snapshot import IssuedPrincipal, TargetSlot
+from dpone.ports.composition_snapshot import Admission, IssuedPrincipal, Lease, TargetSlot
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
 from dpone.publication.catalog import ClickHouseSnapshotCatalog
-from dpone.publication.catalog.allowance import idle_pool_users, lease_allowance
+from dpone.publication.catalog.allowance import accounted_pool_users, lease_allowance
 from dpone.publication.dispatch_gate import gate_for
 from dpone.publication.dispatch_notes import DispatchGuard
 from dpone.publication.executor import (
@@ -478,9 +480,9 @@ def _catalog(
     # it holds a lease, once its last lease's closure is proven, or when it was never
     # leased (catalog/allowance.py); a retired principal is none of these: its password
     # may be in other hands, so its grants are an outside writer's until the operator's
-    # render leaves it out. What a user without an active lease ran against either
-    # table blocks (catalog/pool_queries.py). Retained storage counts every table whose
-    # UUID the store recorded (publication/retained.py).
+    # render leaves it out. What a user ran against either table blocks unless the
+    # observed publication's own lease holds it (catalog/pool_queries.py). Retained
+    # storage counts every table whose UUID the store recorded (publication/retained.py).
     pool = access.pool
     in_use = access.members_in_use()
     return ClickHouseSnapshotCatalog(
@@ -497,17 +499,49 @@ def _catalog(
         # Whether a replaced database's tables are anywhere: read by who sees every
         # database, in one that always exists (the recorded one may be gone).
         operator=HttpTransport(access.endpoint("system"), access.operator()),
-        # Every pool user without an active lease (a retired one too) is accounted for
-        # by what it ran.
-        idle_pool=lambda: idle_pool_users(
+        # Every pool user (a retired one too) but the observed publication's own ingest
+        # and publisher is accounted for by what it ran: one without an active lease,
+        # and one another run's active lease holds.
+        idle_pool=lambda slot, generation_table: accounted_pool_users(
             [
                 (r.lease, None if r.ended_at is None else micros(r.ended_at))
                 for r in store.last_lease_records()
             ],
             pool.members(),
             store_made_us(store),
+            own=lambda lease: is_slots_own_lease(lease, slot, generation_table, store.admission),
+            ended_us={u: micros(at) for u, at in store.last_lease_ends().items()},
         ),
     )
+
+
+def is_slots_own_lease(
+    lease: Lease,
+    slot: TargetSlot,
+    generation_table: str,
+    admission_of: Callable[[str], Admission | None],
+) -> bool:
+    """Whether the observation of ``generation_table`` for ``slot`` leaves ``lease``'s
+    user unaccounted: a lease of the attempt that staged the generation (its ingest)
+    and publishes it (its publisher: prepare runs as the staging attempt), or the
+    publisher of another attempt admitted for the same slot.
+
+    Staging names its table after its attempt, one name per attempt id
+    (``staging_table_name``); an attempt id that names no table is no publication's.
+    Two attempts of one slot may prepare at once (the newer fences the older when its
+    intent is stored): what their publishers send to the target (a first
+    publication's CREATE, the EXCHANGE) is decided between them by the slot's epochs,
+    its one claim and the target UUID each intent binds, not by this account.
+    """
+    try:
+        if staging_table_name(lease.attempt_id) == generation_table:
+            return True
+    except DponeError:
+        return False
+    if lease.role != ROLE_PUBLISHER:
+        return False
+    admitted = admission_of(lease.attempt_id)
+    return admitted is not None and admitted.slot == slot
 
 
 def store_made_us(store: SnapshotStore) -> int:

@@ -39,8 +39,8 @@ from dpone.publication.catalog.allowance import (
     AllowedWriters,
     Idle,
     IdlePool,
+    accounted_pool_users,
     allowed_pool_users,
-    idle_pool_users,
     lease_allowance,
 )
 from dpone.publication.catalog.contents import (
@@ -96,13 +96,13 @@ __all__ = [
     "Idle",
     "IdlePool",
     "RecordedUuids",
+    "accounted_pool_users",
     "allowed_pool_users",
     "catalog_query_id",
     "column_elements",
     "column_ttls",
     "design_sha256",
     "engine_clauses",
-    "idle_pool_users",
     "lease_allowance",
     "writer_grant_blockers",
     "writer_privileges",
@@ -134,9 +134,10 @@ class ClickHouseSnapshotCatalog:
     per observation: every table holding one counts toward the retained bytes, except
     a table under a name ``live_targets`` answers (another slot's live target,
     :func:`dpone.publication.retained.recorded_target_names`), which is that slot's A.
-    ``idle_pool``, when given, answers per observation the pool's users without an
-    active lease (:func:`idle_pool_users`): what they ran against either table is
-    read in the observation's batch and blocks (:mod:`.pool_queries`).
+    ``idle_pool``, when given, answers per observation the pool's users that no lease
+    of the observed publication holds (:func:`accounted_pool_users`: without an active
+    lease, or held by another run's): what they ran against either table is read in
+    the observation's batch and blocks (:mod:`.pool_queries`).
     """
 
     def __init__(
@@ -392,7 +393,7 @@ class ClickHouseSnapshotCatalog:
             f"SELECT engine, toString(uuid) AS uuid FROM system.databases WHERE name = {db}",
         )
         tables_read = ("tables", _TABLES_SQL.format(db=db, names=in_list(names)))
-        idle = self._idle(slot) if side_effects else {}
+        idle = self._idle(slot, names[1]) if side_effects else {}
         around = SideEffects.reads(slot.database, names, idle) if side_effects else []
         reads.prefetch("observe", [database_read, tables_read, *around, *also])
         databases = reads.rows(*database_read)
@@ -408,12 +409,16 @@ class ClickHouseSnapshotCatalog:
         side = SideEffects.read(reads, slot.database, names, allowed, idle)
         return db_engine, db_uuid, tables, side
 
-    def _idle(self, slot: TargetSlot) -> dict[str, Idle]:
-        """The pool's users without an active lease now (none without ``idle_pool``)."""
-        if self._idle_pool is None:
+    def _idle(self, slot: TargetSlot, generation_table: str) -> dict[str, Idle]:
+        """The pool's users no lease of this publication holds now (none without
+        ``idle_pool``)."""
+        pool = self._idle_pool
+        if pool is None:
             return {}
         idle = _read_for(
-            slot, f"the pool's leases for {slot.database}.{slot.table}", self._idle_pool
+            slot,
+            f"the pool's leases for {slot.database}.{slot.table}",
+            lambda: pool(slot, generation_table),
         )
         return {u: t for u, t in idle.items() if u not in self.trusted_users}
 

@@ -21,10 +21,11 @@ decided by each pool user's last lease:
   runs as it (its password is in the same 0600 file as the administrator's; that file
   is the custody either way).
 
-A grant allowed is not a write allowed: every pool user without an active lease (never
-leased, or its last lease ended) is accounted for at each observation by what it ran
-against the generation and the target (:mod:`.pool_queries`); :func:`idle_pool_users`
-says who they are and since when.
+A grant allowed is not a write allowed: every pool user that no lease of the
+observation's own publication holds (never leased, its last lease ended, or held right
+now by another run's active lease) is accounted for at each observation by what it ran
+against the generation and the target (:mod:`.pool_queries`);
+:func:`accounted_pool_users` says who they are and since when.
 """
 
 from __future__ import annotations
@@ -40,15 +41,19 @@ AllowedWriters = Callable[[TargetSlot, str], Collection[str]]
 
 @dataclass(frozen=True)
 class Idle:
-    """A pool user without an active lease: what it ran from ``since_us`` (Unix
-    microseconds) on is not any lease's; ``leased``: whether this store ever leased it."""
+    """A pool user no lease of the observed publication holds: what it ran from
+    ``since_us`` (Unix microseconds) on is accounted for; ``leased``: whether this store
+    ever leased it; ``held_by``: the attempt whose active lease holds it now (another
+    run's), empty when no lease is active."""
 
     since_us: int
     leased: bool
+    held_by: str = ""
 
 
-# The pool's users without an active lease, read once per observation.
-IdlePool = Callable[[], Mapping[str, Idle]]
+# (slot, generation table) -> the pool's users no lease of that publication holds,
+# read once per observation.
+IdlePool = Callable[[TargetSlot, str], Mapping[str, Idle]]
 
 
 def allowed_pool_users(
@@ -91,25 +96,45 @@ def lease_allowance(
     return allowed
 
 
-def idle_pool_users(
-    last: Sequence[tuple[Lease, int | None]], pool: Collection[str], store_made_us: int = 0
+def accounted_pool_users(
+    last: Sequence[tuple[Lease, int | None]],
+    pool: Collection[str],
+    store_made_us: int = 0,
+    *,
+    own: Callable[[Lease], bool],
+    ended_us: Mapping[str, int],
 ) -> dict[str, Idle]:
-    """Each pool user without an active lease, and since when what it runs is no
-    lease's: its last lease's end, or (never leased) when the store was made
-    (``store_made_us``; 0 when unknown): what ran before this store existed, under
-    another store the pool was handed over from, is not this store's to account for.
+    """Each pool user that no lease ``own`` accepts holds now, and since when what it
+    runs is no closed lease's:
+
+    - no active lease: from its last lease's end, or (never leased) from when the store
+      was made (``store_made_us``; 0 when unknown): what ran before this store existed,
+      under another store the pool was handed over from, is not this store's to
+      account for;
+    - an active lease ``own`` refuses (another run's): from where it would count had
+      it no lease, its previous lease's end (``ended_us``: each user's last ended
+      lease's end), or the store's making: a query of its idle time before this lease
+      is still accounted, and what its current lease runs is another run's, which
+      never writes this publication's tables;
+    - an active lease ``own`` accepts (the observed publication's own ingest or
+      publisher, or another attempt's publisher of the same slot): not accounted; the
+      own closures are proven before anything is published, and between attempts of
+      one slot its epochs, claim and bound UUIDs decide.
 
     ``last`` holds each user's last lease with its end (Unix microseconds, None while
     active), oldest first; the last one seen of each user decides.
     """
     latest: dict[str, tuple[Lease, int | None]] = {}
-    for lease, ended_us in last:
-        latest[lease.user] = (lease, ended_us)
-    idle = {}
+    for lease, ended in last:
+        latest[lease.user] = (lease, ended)
+    accounted = {}
     for user in pool:
         found = latest.get(user)
         if found is None:
-            idle[user] = Idle(store_made_us, leased=False)
+            accounted[user] = Idle(store_made_us, leased=False)
         elif not found[0].active:
-            idle[user] = Idle(found[1] or 0, leased=True)
-    return idle
+            accounted[user] = Idle(found[1] or 0, leased=True)
+        elif not own(found[0]):
+            since = ended_us.get(user, store_made_us)
+            accounted[user] = Idle(since, leased=True, held_by=found[0].attempt_id)
+    return accounted

@@ -1,20 +1,28 @@
-"""Queries of the pool's idle principals against a publication's tables: found, never assumed.
+"""Queries of the pool's other principals against a publication's tables: found, never assumed.
 
-A pool principal with no active lease (never leased by this store, or its last lease
-ended) holds no credential dpone handed out, so nothing of dpone's runs as it; but its
-grants still let it write the generation (B) and the target. Its write grant alone is
-allowed (:mod:`.allowance`); what it *did* is read, in the observation's one batched
-request (:meth:`~dpone.publication.catalog.reads.CatalogReads.prefetch`), from the
-server itself:
+Every pool principal but the observed publication's own (its ingest and publisher
+leases) is accounted for (:func:`.allowance.accounted_pool_users`): one with no active
+lease (never leased by this store, or its last lease ended) holds no credential dpone
+handed out, so nothing of dpone's runs as it; one held by another run's active lease
+runs that run's statements, which never touch this publication's tables (a run
+stages into its own ``dpone_stage_<attempt>`` and publishes into its own slot). Either
+way its grants still let it write the generation (B) and the target. Its write grant
+alone is allowed (:mod:`.allowance`); what it *did* is read, in the observation's one
+batched request (:meth:`~dpone.publication.catalog.reads.CatalogReads.prefetch`), from
+the server itself:
 
 - ``system.processes``: every query of such a user whose text names B or the target
-  (as a whole word), running now;
+  (as a whole word not followed by ``.``: a name qualifying another is a database's),
+  running now; for a user another run holds, not a SELECT (which writes nothing, and
+  that run's reads of its own tables may mention a word equal to the target's name);
 - ``system.query_log``: every query other than a SELECT of such a user that started
   against B or the target (its ``tables``) since B was created (its
   ``metadata_modification_time``, a lower bound of B's sealing; with no B under the
-  name, nothing is read from the log) and after the user's last lease ended (what ran
-  inside a lease is that lease's, and its closure accounted for it) or, for a user
-  never leased, after the store was made.
+  name, nothing is read from the log) and from the user's ``since_us`` on: after its
+  last lease ended (what ran inside a lease is that lease's, and its closure accounted
+  for it), for a user never leased after the store was made, and for a user another
+  run holds after its previous lease ended (its idle time before the current lease
+  counts as an idle user's would).
 
 Each one found, for a user whose grants let it write that table, is a
 ``pool_writer_query`` blocker naming the user, the query and the table. The read
@@ -44,6 +52,7 @@ _SQL = (
     "toInt64(0) AS at_us, "
     "arrayFilter((n, p) -> match(query, p), {names}, {words}) AS names "
     "FROM system.processes WHERE user IN {users} "
+    "AND NOT (query_kind = 'Select' AND user IN {held}) "
     "AND arrayExists(p -> match(query, p), {words}) "
     "UNION ALL "
     "SELECT 'logged' AS seen, user, query_id, toString(query_kind) AS kind, "
@@ -54,6 +63,8 @@ _SQL = (
     "AND event_date >= toDate(({since})) AND event_time >= ({since}) "
     "AND hasAny(tables, {qualified})"
 )
+# A name as a whole word of a query's text, not followed by a dot (see pool_queries_read).
+_WORD = r"\b{}\b[`\"]?([^.`\"]|$)"
 # B's creation: the window's lower bound (the epoch when there is no B: nothing read).
 _SINCE = (
     "SELECT max(metadata_modification_time) FROM system.tables "
@@ -73,18 +84,26 @@ class PoolQuery:
     names: tuple[str, ...]
 
 
-def pool_queries_read(database: str, names: tuple[str, str], pool: Collection[str]) -> Read:
+def pool_queries_read(database: str, names: tuple[str, str], pool: Mapping[str, Idle]) -> Read:
     """The read of every query of ``pool``'s users against ``names`` (see the module doc)."""
     db = quote_literal(database)
     array = "[" + ", ".join(quote_literal(n) for n in names) + "]"
     qualified = "[" + ", ".join(quote_literal(f"{database}.{n}") for n in names) + "]"
     since = _SINCE.format(db=db, generation=quote_literal(names[1]))
     users = in_list(sorted(pool)) if pool else "('')"
+    held = sorted(user for user, idle in pool.items() if idle.held_by)
     # A running query names a table as a whole word of its text (a short target name
-    # is not found inside every other word).
-    words = "[" + ", ".join(quote_literal(rf"\b{re.escape(n)}\b") for n in names) + "]"
+    # is not found inside every other word), not followed by a dot (closing quote or
+    # not): there it names a database, the slot's own or another that shares the name.
+    words = "[" + ", ".join(quote_literal(_WORD.format(re.escape(n))) for n in names) + "]"
     return "pool_queries", _SQL.format(
-        names=array, words=words, users=users, db=db, since=since, qualified=qualified
+        names=array,
+        words=words,
+        users=users,
+        held=in_list(held) if held else "('')",
+        db=db,
+        since=since,
+        qualified=qualified,
     )
 
 
@@ -117,9 +136,10 @@ def pool_query_blockers(
     database: str,
     name: str,
 ) -> list[Blocker]:
-    """One blocker per query of an idle pool user able to write ``database.name``.
+    """One blocker per query of an accounted pool user able to write ``database.name``.
 
-    ``idle_since``: each pool user with no active lease (:func:`.allowance.idle_pool_users`).
+    ``idle_since``: each pool user no lease of this publication holds
+    (:func:`.allowance.accounted_pool_users`).
     A logged query counts only from its ``since_us`` on; a running one always does.
     """
     writers = set(writers_of(name))
@@ -129,9 +149,15 @@ def pool_query_blockers(
         if idle is None or query.user not in writers or name not in query.names:
             continue
         if query.seen == LOGGED and query.at_us < idle.since_us:
-            continue  # inside its last lease (its closure accounted for it), or no store's
+            continue  # inside its last closed lease (its closure accounted for it), or no store's
         what = "is running" if query.seen == RUNNING else f"ran {query.kind or 'a query'}"
-        lease = "its lease ended" if idle.leased else "never leased by this store"
+        lease = (
+            f"leased to another run, attempt {idle.held_by}"
+            if idle.held_by
+            else "its lease ended"
+            if idle.leased
+            else "never leased by this store"
+        )
         blockers.append(
             Blocker(
                 POOL_QUERY_REASON,

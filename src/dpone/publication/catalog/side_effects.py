@@ -8,7 +8,7 @@ dictionaries reading from it, mutations in flight, row policies, and untrusted w
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,17 +37,18 @@ class SideEffects:
     policies: list[dict[str, Any]]
     access: ServerAccess
     trusted: frozenset[str]
-    # The pool's idle principals' queries against both names (:mod:`.pool_queries`),
-    # and since when what each of those users runs is no lease's.
+    # The pool's accounted principals' queries against both names (:mod:`.pool_queries`),
+    # and since when what each of those users runs is accounted for.
     pool_queries: list[PoolQuery] = field(default_factory=list)
     idle_since: Mapping[str, Idle] = field(default_factory=dict)
 
     @staticmethod
     def reads(
-        database: str, names: tuple[str, str], pool: Collection[str] = frozenset()
+        database: str, names: tuple[str, str], pool: Mapping[str, Idle] | None = None
     ) -> list[Read]:
         """The reads of :meth:`read` that depend on no other answer, in its order
-        (the pool's queries only for a nonempty ``pool``)."""
+        (the pool's queries only for a nonempty ``pool``: the accounted users, see
+        :func:`~dpone.publication.catalog.allowance.accounted_pool_users`)."""
         db = quote_literal(database)
         return [
             (
@@ -83,7 +84,7 @@ class SideEffects:
     ) -> SideEffects:
         """Read the facts for both names, in one fixed order of queries.
 
-        ``idle_since``: the pool's users with no active lease (see
+        ``idle_since``: the pool's users no lease of this publication holds (see
         :func:`~dpone.publication.catalog.pool_queries.pool_query_blockers`); their
         queries against both names are read too (none given: not read).
         """
@@ -130,7 +131,7 @@ class SideEffects:
         ]
 
     def _pool_blockers(self, database: str, name: str) -> list[Blocker]:
-        """The queries of the pool's idle principals that can write ``name``."""
+        """The queries of the pool's accounted principals that can write ``name``."""
         return pool_query_blockers(
             self.pool_queries,
             self.idle_since,

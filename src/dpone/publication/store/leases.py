@@ -136,6 +136,19 @@ class PrincipalLeases(StoreConnections):
         where = ' WHERE l.rowid IN (SELECT max(rowid) FROM leases GROUP BY "user")'
         return self._records("last_lease_records", where)
 
+    def last_lease_ends(self) -> dict[str, str]:
+        """When each pool user's last ended lease ended (users with none are absent).
+
+        For a user leased now, the end of the lease before the active one: from there
+        on, what it ran is accounted for by no closure but the active lease's.
+        """
+        with self._reading("last_lease_ends") as conn:
+            rows = conn.execute(
+                'SELECT "user", max(ended_at) FROM leases WHERE ended_at IS NOT NULL '
+                'GROUP BY "user"'
+            ).fetchall()
+        return {str(row[0]): str(row[1]) for row in rows}
+
     def lease_record(self, lease_id: str) -> tuple[LeaseRecord, bool] | None:
         """One lease with its holder, and whether its user was leased again after it
         (None: no such lease was issued)."""
