@@ -29,7 +29,7 @@ from dpone.sql import quote_identifier, quote_literal
 POOL_PROFILE = "dpone_pool"
 # The profile's settings, each constant (a principal's query cannot change them, the
 # server answers 452 SETTING_CONSTRAINT_VIOLATION): every insert synchronous, and every
-# query logged from its start, which closure's query-log account and the idle users'
+# query logged from its start, which closure's query-log account and the pool users'
 # check read. Without CONST, whoever holds a password could hide a query with
 # ``SETTINGS log_queries = 0``.
 POOL_SETTINGS: tuple[tuple[str, int | str], ...] = (

@@ -35,7 +35,7 @@ WHO = (
     f"WHERE name IN ({_PINNED}) AND readonly != 0) AS pinned" + EMPTY_SET_ANSWERS
 )
 # What every logged query of a principal needs: its QueryStart row (closure and the
-# idle users' check read them), so no minimum type above it and no minimum duration.
+# pool users' check read them), so no minimum type above it and no minimum duration.
 _LOGGED = {"log_queries": 1, "sampled": 1, "min_type": "QUERY_START", "min_ms": 0}
 
 QUERY_LOG_OFF_FIX = (
