@@ -418,3 +418,26 @@ def test_identities_never_take_a_kept_digest_of_a_table_with_a_mutation_in_fligh
         assert asked == 1  # never kept while the mutation is in flight
     finally:
         sql(server, f"KILL MUTATION WHERE database = '{DB}' AND table = '{target}' SYNC")
+
+
+# The design digest of GOLDEN_DDL as the catalog computed it at a086ec5 (one read per
+# table of each system table): an intent prepared then binds it, so the reads of a
+# later version must compute the same digest for the same table.
+GOLDEN_DDL = (
+    "CREATE TABLE {db}.{name} (id UInt64 CODEC(Delta, ZSTD(3)), s String DEFAULT 'x', "
+    "m UInt64 MATERIALIZED id * 2, d Date, INDEX ix s TYPE bloom_filter GRANULARITY 1, "
+    "INDEX iy id TYPE minmax GRANULARITY 2, PROJECTION p (SELECT id, s ORDER BY s), "
+    "PROJECTION q (SELECT count() GROUP BY d), CONSTRAINT c CHECK id > 0, "
+    "CONSTRAINT e ASSUME d > '2000-01-01') ENGINE = MergeTree PARTITION BY toYYYYMM(d) "
+    "ORDER BY id SETTINGS index_granularity = 1024"
+)
+GOLDEN_DESIGN_SHA256 = "c1fea68b51fe3f5fa19f98e864ccbfc4eddfc1af248a370c993f915e8cb85562"
+
+
+def test_a_designs_digest_is_the_one_earlier_versions_computed(server: ServerInfo) -> None:
+    name = f"golden_{uuid.uuid4().hex[:8]}"
+    sql(server, GOLDEN_DDL.format(db=DB, name=name))
+    catalog = ClickHouseSnapshotCatalog(observer(server), trusted_users=TRUSTED)
+    observed = catalog.observe(TargetSlot(DB, name), f"none_{uuid.uuid4().hex[:8]}")
+    assert observed.target is not None
+    assert observed.target.design_sha256 == GOLDEN_DESIGN_SHA256

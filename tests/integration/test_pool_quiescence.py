@@ -223,6 +223,37 @@ def test_a_publisher_another_run_holds_writing_the_target_stops_the_publish(
     assert state_of(on.components().publisher.publish(other.intent)) == (P.PUBLISHED, 3)
 
 
+def test_an_older_attempts_publisher_of_the_same_slot_writing_the_target_stops_the_publish(
+    case: Case,  # noqa: F811
+) -> None:
+    """A newer attempt of the same slot prepares over an older one's intent; the older
+    publisher's lease is still active. Its INSERT into the target (A, whose UUID stays)
+    is named, and no EXCHANGE is sent. Before: its whole user was left to the slot's
+    protocol, and ``published@3`` kept the written row in the rollback copy (review)."""
+    on = case.rig
+    older = publisher_of(case)
+    second = on.stage([(1, "x", 1)], f"{case.target}-second")
+    prepared = on.prepare(second, case.target)
+    newer = SnapshotIntent.from_bytes(case.store().load(prepared.intent_sha256).intent_bytes)
+    assert newer.publisher.user != older.user
+    as_user(on, older, f"INSERT INTO {DB}.{case.target} VALUES (5, 'by-hand', 5)")
+    on.admin("SYSTEM FLUSH LOGS")
+    published = on.components().publisher.publish(prepared.intent_sha256)
+    assert state_of(published) == (P.NOT_PUBLISHED, 3)
+    assert on.exchange_events(prepared.intent_sha256) == []
+    assert on.uuid_of(case.target) == case.a_uuid
+    (refused,) = [
+        h.facts
+        for h in case.store().history(prepared.intent_sha256)
+        if h.facts.get("step") == "dispatch_refused"
+    ]
+    (query_id,) = logged_query_ids(on, older.user, case.target)
+    assert [b for b in refused["blockers"] if older.user in b] == [
+        f"pool_writer_query: pool user {older.user} (publisher of another attempt of this "
+        f"slot, {case.target}-b) ran Insert {query_id} on {DB}.{case.target}"
+    ]
+
+
 def test_a_first_publication_is_not_blocked_by_its_own_publishers_create(
     rig: Rig,  # noqa: F811
 ) -> None:

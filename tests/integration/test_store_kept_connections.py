@@ -109,3 +109,11 @@ def test_a_file_replaced_under_the_path_is_never_read_through_a_kept_connection(
     lease = second.lease("ingest", ("u1",), "attempt-3")  # u1 is free in this one
     assert lease.user == "u1"
     assert SqliteSnapshotStore(tmp_path / "old").lease("ingest", ("u1", "u3"), "a").user == "u3"
+
+
+def test_a_kept_connection_has_its_stores_busy_timeout(tmp_path: Path, opened: list[str]) -> None:
+    path = tmp_path / "store.sqlite"
+    SqliteSnapshotStore(path, busy_timeout=0.05).list_snapshots()  # keeps a 50 ms one
+    patient = SqliteSnapshotStore(path)
+    with patient._reading("probe") as conn:
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 10_000

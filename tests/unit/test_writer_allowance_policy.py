@@ -12,7 +12,7 @@ from dpone.ports.composition_snapshot import (
 )
 from dpone.publication.catalog.allowance import Idle, accounted_pool_users, allowed_pool_users
 from dpone.publication.catalog.pool_queries import LOGGED, RUNNING, PoolQuery, pool_query_blockers
-from dpone.publication.composition import is_slots_own_lease
+from dpone.publication.composition import is_slot_peer_publisher, is_slots_own_lease
 
 POOL = ("ingest_1", "ingest_2", "ingest_3", "publisher_1")
 
@@ -128,7 +128,7 @@ def test_an_idle_pool_users_query_blocks_from_its_lease_end_on() -> None:
     assert pool_query_blockers(found, idle, writers.__getitem__, "db", "t") == []
 
 
-def test_the_slots_own_leases_are_its_generations_attempt_and_its_other_publishers() -> None:
+def test_the_slots_own_leases_are_its_generations_attempt_and_peers_its_publishers() -> None:
     slot, elsewhere = TargetSlot("db", "t"), TargetSlot("db", "u")
     admitted = {
         "a-1": Admission("r1", slot, "a-1", AttemptEpochs(1, 1), OwnershipState.ACTIVE),
@@ -137,13 +137,32 @@ def test_the_slots_own_leases_are_its_generations_attempt_and_its_other_publishe
     }
 
     def own(attempt: str, role: str) -> bool:
-        lease = Lease("l", "u", role, attempt, True)
-        return is_slots_own_lease(lease, slot, staging_table_name("a-1"), admitted.get)
+        return is_slots_own_lease(Lease("l", "u", role, attempt, True), staging_table_name("a-1"))
+
+    def peer(attempt: str, role: str) -> bool:
+        return is_slot_peer_publisher(Lease("l", "u", role, attempt, True), slot, admitted.get)
 
     # The generation's own attempt, either role (its ingest is leased before admission).
     assert own("a-1", "ingest") and own("a-1", "publisher")
-    # Another attempt of the same slot: its publisher only.
-    assert own("a-2", "publisher") and not own("a-2", "ingest")
+    # Another attempt of the same slot is not the publication's own; its publisher is
+    # the slot's peer (only its CREATE and EXCHANGE are left to the slot's protocol).
+    assert not own("a-2", "publisher") and not own("a-2", "ingest")
+    assert peer("a-2", "publisher") and not peer("a-2", "ingest")
     # Another slot's run, an attempt never admitted, an attempt id that names no table.
-    assert not own("a-3", "publisher") and not own("a-9", "publisher")
-    assert not own("a b", "publisher")
+    assert not peer("a-3", "publisher") and not peer("a-9", "publisher")
+    assert not own("a-3", "publisher") and not own("a b", "publisher")
+
+
+def test_a_slot_peers_insert_blocks_its_create_and_exchange_do_not() -> None:
+    idle = {"publisher_2": Idle(0, leased=True, held_by="a-2", slot_peer=True)}
+    found = [
+        PoolQuery(LOGGED, "publisher_2", f"q-{kind}", kind, 10, ("t",))
+        for kind in ("Create", "Rename", "Insert", "Drop", "Alter")
+    ]
+    blockers = pool_query_blockers(found, idle, lambda name: {"publisher_2"}, "db", "t")
+    assert [b.detail.split(" ran ")[1] for b in blockers] == [
+        "Insert q-Insert on db.t",
+        "Drop q-Drop on db.t",
+        "Alter q-Alter on db.t",
+    ]
+    assert "publisher of another attempt of this slot, a-2" in blockers[0].detail

@@ -509,35 +509,39 @@ def _catalog(
             ],
             pool.members(),
             store_made_us(store),
-            own=lambda lease: is_slots_own_lease(lease, slot, generation_table, store.admission),
+            own=lambda lease: is_slots_own_lease(lease, generation_table),
             ended_us={u: micros(at) for u, at in store.last_lease_ends().items()},
+            peer=lambda lease: is_slot_peer_publisher(lease, slot, store.admission),
         ),
     )
 
 
-def is_slots_own_lease(
-    lease: Lease,
-    slot: TargetSlot,
-    generation_table: str,
-    admission_of: Callable[[str], Admission | None],
-) -> bool:
-    """Whether the observation of ``generation_table`` for ``slot`` leaves ``lease``'s
-    user unaccounted: a lease of the attempt that staged the generation (its ingest)
-    and publishes it (its publisher: prepare runs as the staging attempt), or the
-    publisher of another attempt admitted for the same slot.
+def is_slots_own_lease(lease: Lease, generation_table: str) -> bool:
+    """Whether ``lease`` is the observed publication's own: a lease of the attempt that
+    staged ``generation_table`` (its ingest) and publishes it (its publisher: prepare
+    runs as the staging attempt). Its user is not accounted for by the observation.
 
     Staging names its table after its attempt, one name per attempt id
     (``staging_table_name``); an attempt id that names no table is no publication's.
-    Two attempts of one slot may prepare at once (the newer fences the older when its
-    intent is stored): what their publishers send to the target (a first
-    publication's CREATE, the EXCHANGE) is decided between them by the slot's epochs,
-    its one claim and the target UUID each intent binds, not by this account.
     """
     try:
-        if staging_table_name(lease.attempt_id) == generation_table:
-            return True
+        return staging_table_name(lease.attempt_id) == generation_table
     except DponeError:
         return False
+
+
+def is_slot_peer_publisher(
+    lease: Lease, slot: TargetSlot, admission_of: Callable[[str], Admission | None]
+) -> bool:
+    """Whether ``lease`` is the publisher of another attempt admitted for ``slot``.
+
+    Two attempts of one slot may prepare at once (the newer fences the older when its
+    intent is stored): what their publishers send to the target as the protocol's
+    statements (a first publication's CREATE, the EXCHANGE) is decided between them by
+    the slot's epochs, its one claim and the target UUID each intent binds; anything
+    else such a publisher writes into the slot's tables (an INSERT into A, which keeps
+    A's UUID) is a blocker like any other run's (``slot_peer``).
+    """
     if lease.role != ROLE_PUBLISHER:
         return False
     admitted = admission_of(lease.attempt_id)

@@ -49,6 +49,16 @@ class Idle:
     since_us: int
     leased: bool
     held_by: str = ""
+    # The publisher of another attempt of the same slot: the statements the slot's
+    # protocol decides between attempts (:data:`SLOT_PROTOCOL_KINDS`) are not its
+    # blockers; anything else it writes is.
+    slot_peer: bool = False
+
+
+# What a publisher of another attempt of the same slot sends that the slot's epochs,
+# its one claim and the target UUID each intent binds decide: a first publication's
+# CREATE of the target and the EXCHANGE (query_log's query_kind).
+SLOT_PROTOCOL_KINDS = frozenset({"Create", "Rename"})
 
 
 # (slot, generation table) -> the pool's users no lease of that publication holds,
@@ -103,6 +113,7 @@ def accounted_pool_users(
     *,
     own: Callable[[Lease], bool],
     ended_us: Mapping[str, int],
+    peer: Callable[[Lease], bool] = lambda lease: False,
 ) -> dict[str, Idle]:
     """Each pool user that no lease ``own`` accepts holds now, and since when what it
     runs is no closed lease's:
@@ -117,9 +128,11 @@ def accounted_pool_users(
       is still accounted, and what its current lease runs is another run's, which
       never writes this publication's tables;
     - an active lease ``own`` accepts (the observed publication's own ingest or
-      publisher, or another attempt's publisher of the same slot): not accounted; the
-      own closures are proven before anything is published, and between attempts of
-      one slot its epochs, claim and bound UUIDs decide.
+      publisher): not accounted; the own closures are proven before anything is
+      published;
+    - an active lease ``peer`` accepts (another attempt's publisher of the same slot):
+      accounted as another run's, except for the statements the slot's protocol
+      decides between attempts (``slot_peer``: its CREATE of the target, its EXCHANGE).
 
     ``last`` holds each user's last lease with its end (Unix microseconds, None while
     active), oldest first; the last one seen of each user decides.
@@ -136,5 +149,7 @@ def accounted_pool_users(
             accounted[user] = Idle(found[1] or 0, leased=True)
         elif not own(found[0]):
             since = ended_us.get(user, store_made_us)
-            accounted[user] = Idle(since, leased=True, held_by=found[0].attempt_id)
+            accounted[user] = Idle(
+                since, leased=True, held_by=found[0].attempt_id, slot_peer=peer(found[0])
+            )
     return accounted

@@ -40,7 +40,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from dpone.ports.composition_snapshot import Blocker
-from dpone.publication.catalog.allowance import Idle
+from dpone.publication.catalog.allowance import SLOT_PROTOCOL_KINDS, Idle
 from dpone.publication.catalog.reads import CatalogReads, Read, count_field, text_field
 from dpone.sql import in_list, quote_literal
 
@@ -150,9 +150,13 @@ def pool_query_blockers(
             continue
         if query.seen == LOGGED and query.at_us < idle.since_us:
             continue  # inside its last closed lease (its closure accounted for it), or no store's
+        if idle.slot_peer and query.seen == LOGGED and query.kind in SLOT_PROTOCOL_KINDS:
+            continue  # another attempt's CREATE or EXCHANGE of this slot: the claim decides
         what = "is running" if query.seen == RUNNING else f"ran {query.kind or 'a query'}"
         lease = (
-            f"leased to another run, attempt {idle.held_by}"
+            f"publisher of another attempt of this slot, {idle.held_by}"
+            if idle.slot_peer
+            else f"leased to another run, attempt {idle.held_by}"
             if idle.held_by
             else "its lease ended"
             if idle.leased

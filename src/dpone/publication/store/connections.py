@@ -58,14 +58,20 @@ class _KeptConnection(sqlite3.Connection):
     keep_to: str | None = None  # the pool's key (None: never kept)
 
     def close(self) -> None:
-        key = self.keep_to
-        if key is not None and self._reset():
-            with _IDLE_LOCK:
-                idle = _IDLE.setdefault(key, [])
-                if len(idle) < _IDLE_PER_STORE:
-                    idle.append(self)
-                    return
-        self.discard()
+        kept = False
+        try:
+            key = self.keep_to
+            if key is not None and self._reset():
+                with _IDLE_LOCK:
+                    idle = _IDLE.setdefault(key, [])
+                    if len(idle) < _IDLE_PER_STORE:
+                        idle.append(self)
+                        kept = True
+        finally:
+            # Anything short of kept (a signal's exception in the reset included) closes
+            # it: a connection nobody holds would keep its locks.
+            if not kept:
+                self.discard()
 
     def discard(self) -> None:
         """Close for good."""
@@ -311,7 +317,8 @@ class StoreConnections:
             found = os.stat(self.path)
         except OSError:
             return None
-        return f"{self._uri}\0{found.st_dev}:{found.st_ino}"
+        # The busy timeout too: it is set once, when a connection is opened.
+        return f"{self._uri}\0{found.st_dev}:{found.st_ino}\0{self.busy_timeout}"
 
     def _error(self, exc: BaseException, operation: str) -> SnapshotStoreError:
         return store_error(
