@@ -334,6 +334,7 @@ source_error: the source could not be read (the default)
 source_kind_conflict: two source modules claim one kind or one DSN scheme
 source_not_found: the SQLite source does not exist or is not a regular file
 source_read_failed: the source cannot be read (or its connection was lost while it was read)
+source_schema_changed: the source table's columns changed between its schema and its rows
 spool_budget_exceeded: the spool would exceed its byte budget
 spool_changed: the spool changed size while it was sent
 spool_exists: the spool directory already exists
@@ -380,6 +381,7 @@ unsupported_version: a document is not of the kind or version this dpone reads
 usage_error: the command's arguments contradict each other
 value_not_renderable: a driver value has no exact canonical text for its column's type
 value_not_representable: a cell the policy refuses; details name record, column and source
+value_out_of_range: a source value outside what its ClickHouse type holds; names row and column
 verification_budget_exceeded: a file verification scan passed its byte cap
 verification_deadline: a file verification's deadline expired
 work_dir_missing: the work directory is missing or was not given

@@ -30,7 +30,8 @@ def problems(section: str) -> dict[str, str]:
 
 def test_the_built_in_kinds_and_their_schemes() -> None:
     found = kinds()
-    assert {"sqlite", "sqlserver"} <= set(found)
+    assert {"sqlite", "sqlserver", "postgres"} <= set(found)
+    assert found["postgres"].schemes == ("postgresql", "postgres")
     assert found["sqlite"].schemes == ("sqlite",) and found["sqlserver"].schemes == ("mssql",)
     schemes = [s for k in found.values() for s in k.schemes]
     assert len(schemes) == len(set(schemes))
@@ -45,11 +46,31 @@ def test_describe_prints_each_kind_s_own_scheme() -> None:
         'user_env = "U"\npassword_env = "P"\n'
     )
     assert project_sources(mssql) == {"s": "mssql://h:1433/d"}
+    pg = '[sources.s]\nkind = "postgres"\nhost = "h"\ndbname = "d b"\nuser = "u"\n'
+    assert project_sources(pg) == {"s": "postgresql://u@h:5432/d%20b?sslmode=prefer"}
+    assert project_sources(pg + 'port = 6543\nsslmode = "verify-full"\n') == {
+        "s": "postgresql://u@h:6543/d%20b?sslmode=verify-full"
+    }
+
+
+def test_a_postgres_source_takes_no_password_and_libpq_s_names() -> None:
+    pg = '[sources.s]\nkind = "postgres"\nhost = "h"\nuser = "u"\n'
+    found = problems(pg + 'password = "pw"\ndatabase = "d"\nsslmode = "maybe"\n')
+    assert set(found) == {
+        "sources.s.password",
+        "sources.s.database",
+        "sources.s.dbname",
+        "sources.s.sslmode",
+    }
+    assert "PGPASSFILE" in found["sources.s.password"] and "pw" not in str(found)
+    assert "dbname" in found["sources.s.database"] and found["sources.s.dbname"] == "is required"
 
 
 def test_a_key_of_another_kind_and_an_unknown_kind_are_named() -> None:
     found = problems('[sources.s]\nkind = "sqlite"\npath = "a.db"\nhost = "h"\n')
-    assert found == {"sources.s.host": 'is for kind = "sqlserver" sources only'}
+    assert found == {
+        "sources.s.host": 'is for kind = "sqlserver" or kind = "postgres" sources only'
+    }
     found = problems('[sources.s]\nkind = "oracle"\n')
     assert list(found) == ["sources.s.kind"] and "sqlite" in found["sources.s.kind"]
     found = problems('[sources.s]\nkind = "sqlite"\npath = "a.db"\npassword = "x"\n')
