@@ -278,6 +278,15 @@ def test_rows_written_during_the_export_are_not_in_its_snapshot(
     assert identity is not None and identity["kind"] == "postgres"
     assert identity["source"] == source_of(postgres).describe()
     assert re.fullmatch(r"\d+:\d+:(\d+(,\d+)*)?", identity["snapshot"])
+    # The recorded snapshot is the rows': every exported row's writer is visible in it,
+    # the late writer is not.
+    visible = (
+        f"SELECT bool_and(pg_visible_in_snapshot(xmin::text::xid8, %s::pg_snapshot)), "
+        f"bool_or(pg_visible_in_snapshot(xmin::text::xid8, %s::pg_snapshot)) FROM {table} "
+    )
+    snap = identity["snapshot"]
+    assert conn.execute(visible + "WHERE id > 0", (snap, snap)).fetchone() == (True, True)
+    assert conn.execute(visible + "WHERE id < 0", (snap, snap)).fetchone() == (False, False)
     again = export(source_of(postgres), table, tmp_path / "b.tsv")
     assert again.receipt.rows_validated == 29_005
     assert again.receipt.source is not None
