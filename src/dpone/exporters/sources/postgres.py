@@ -147,8 +147,9 @@ def time_text(micros: int) -> str | _Outside:
     return _clock(micros) if 0 <= micros < _DAY_US else _Outside("the time 24:00:00")
 
 
-def _loaders(context: Any) -> None:
-    """Register on ``context`` the loaders that make dates, times and JSON exact text."""
+def _loaders(context: Any, outside: list[_Outside]) -> None:
+    """Register on ``context`` the loaders that make dates, times and JSON exact text
+    and refuse NaN and infinities; each value they refuse is also put in ``outside``."""
     from psycopg import pq
     from psycopg.adapt import Loader
 
@@ -157,7 +158,10 @@ def _loaders(context: Any) -> None:
             format = pq.Format.BINARY
 
             def load(self, data: Any) -> Any:
-                return decode(bytes(data))
+                value = decode(bytes(data))
+                if type(value) is _Outside:
+                    outside.append(value)
+                return value
 
         return Exact
 
@@ -177,10 +181,10 @@ def _loaders(context: Any) -> None:
     for name, decode in decoders.items():
         context.adapters.register_loader(name, loader(decode))
     for name in ("float4", "float8", "numeric"):  # the driver's loader, NaN and infinities refused
-        context.adapters.register_loader(name, _finite(context, name))
+        context.adapters.register_loader(name, _finite(context, name, outside))
 
 
-def _finite(context: Any, name: str) -> Any:
+def _finite(context: Any, name: str, found: list[_Outside]) -> Any:
     """The driver's loader of ``name``, with NaN and the infinities refused."""
     from psycopg import postgres, pq
     from psycopg.adapt import Loader
@@ -198,7 +202,10 @@ def _finite(context: Any, name: str) -> Any:
         def load(self, data: Any) -> Any:
             value = self._load(data)
             finite = value.is_finite() if name == "numeric" else math.isfinite(value)
-            return value if finite else outside
+            if finite:
+                return value
+            found.append(outside)
+            return outside
 
     return Finite
 
@@ -334,7 +341,8 @@ class PostgresSource:
         try:
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             conn.read_only = True
-            _loaders(conn)
+            outside: list[_Outside] = []  # filled by the loaders: rare, so rows are not scanned
+            _loaders(conn, outside)
             with conn.cursor() as cursor:
                 # The transaction's first statement takes its snapshot; all below read it.
                 cursor.execute("SELECT pg_current_snapshot()::text")
@@ -351,7 +359,8 @@ class PostgresSource:
             with conn.cursor(name="dpone_export", binary=True) as cursor:
                 cursor.execute(f"SELECT {names} FROM {qualified}")
                 while batch := cursor.fetchmany(FETCH_ROWS):
-                    _refuse_outside(batch, schema, read)
+                    if outside:
+                        _refuse_outside(batch, schema, read)
                     read += len(batch)
                     yield batch
             conn.rollback()  # read only: nothing to commit
