@@ -275,8 +275,10 @@ class SqliteKind:
     kind = "sqlite"
     schemes = ("sqlite",)
     keys = ("path",)
+    # The advice a project file has always had for a secret in any source.
     hints: Mapping[str, str] = {
-        k: "a SQLite source is a file read-only; it has no user or password"
+        k: "secrets never go in the file: name an environment variable with "
+        "password_env or a file with password_file"
         for k in ("password", "user", "secret")
     }
 
