@@ -113,7 +113,7 @@ dispatch_gate_busy: the dispatch gate stayed held by another holder for the whol
 dispatch_refused: a re-check under the dispatch gate refused; nothing was sent (the default)
 dispatch_unverified: the lease, claim or side effects could not be read before dispatch; not sent
 dpone_error: the root error's default code
-driver_not_installed: a SQL Server source needs the mssql extra (its driver is missing)
+driver_not_installed: a source's driver is missing: install its extra (mssql, postgres)
 drop_already_sent: the attempt already sent its DROP and the table remains
 drop_unverified: the table still exists after its DROP
 duplicate_column: a schema declares a column twice
@@ -329,10 +329,12 @@ slot_blocked: the target slot has a publication whose outcome is not yet known
 slot_owned_elsewhere: the target slot is published by another project's store
 slot_unknown: the name is neither a table of the project nor a recorded target
 snapshot_not_found: no snapshot intent of that hash is stored
-source_connect_failed: dpone cannot connect to the SQL Server source
+source_connect_failed: dpone cannot connect to the source's server (SQL Server, PostgreSQL)
 source_error: the source could not be read (the default)
+source_kind_conflict: two source modules claim one kind or one DSN scheme
 source_not_found: the SQLite source does not exist or is not a regular file
-source_read_failed: the SQLite source cannot be read
+source_read_failed: the source cannot be read (or its connection was lost while it was read)
+source_schema_changed: the source table's columns changed between its schema and its rows
 spool_budget_exceeded: the spool would exceed its byte budget
 spool_changed: the spool changed size while it was sent
 spool_exists: the spool directory already exists
@@ -379,6 +381,7 @@ unsupported_version: a document is not of the kind or version this dpone reads
 usage_error: the command's arguments contradict each other
 value_not_renderable: a driver value has no exact canonical text for its column's type
 value_not_representable: a cell the policy refuses; details name record, column and source
+value_out_of_range: a source value outside what its ClickHouse type holds; names row and column
 verification_budget_exceeded: a file verification scan passed its byte cap
 verification_deadline: a file verification's deadline expired
 work_dir_missing: the work directory is missing or was not given

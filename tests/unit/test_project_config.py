@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from dpone.errors import ConfigurationError
+from dpone.exporters.sources import SqlServerConfig
 from dpone.project.config import ProjectConfigError, parse_project
 from dpone.project.source_secrets import resolve_secret
 
@@ -44,7 +45,9 @@ def test_a_good_file_parses_with_paths_relative_to_it() -> None:
     assert (table.database, table.target, table.shrink_guard) == ("sales", "orders", 0.0)
     assert table.design.clause() == "ENGINE = MergeTree PARTITION BY toYYYYMM(created) ORDER BY id"
     assert dict(table.types) == {"amount": "Decimal(18, 4)"} and table.limits.source_rows == 5
-    assert project.sources["erp"].password_file == Path("/p/secret.txt")
+    erp = project.sources["erp"]
+    assert isinstance(erp, SqlServerConfig) and erp.describe() == "mssql://sql.example.com:1433/ERP"
+    assert erp.password_file == Path("/p/secret.txt")
     assert project.work_dir == Path("/p/.dpone/work") and project.keep_rollback == 2
 
 
@@ -52,6 +55,7 @@ def test_secrets_come_from_the_named_file_or_variable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source = parse_project(GOOD, tmp_path / "dpone.toml").sources["erp"]
+    assert isinstance(source, SqlServerConfig)
     monkeypatch.delenv("ERP_USER", raising=False)
     with pytest.raises(ConfigurationError) as missing:
         resolve_secret(source)

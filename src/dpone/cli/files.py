@@ -153,10 +153,13 @@ def verify(file: Path, receipt_path: Path, as_json: bool) -> None:
     "--source",
     "dsn",
     required=True,
-    help="sqlite:PATH (taken literally, opened read-only) or mssql://HOST[:PORT]/DATABASE "
-    "(credentials from env).",
+    help="sqlite:PATH (taken literally, opened read-only), mssql://HOST[:PORT]/DATABASE "
+    "(credentials from env) or postgresql://USER@HOST[:PORT]/DBNAME (password from "
+    "PGPASSFILE or ~/.pgpass).",
 )
-@click.option("--table", required=True, help="Table to export (schema.table for SQL Server).")
+@click.option(
+    "--table", required=True, help="Table to export (schema.table for SQL Server, PostgreSQL)."
+)
 @output_option("--out", required=True, help="The bulk text file to write.")
 @output_option("--receipt-out", help="Where to write the receipt [default: OUT.receipt.json].")
 @force_option

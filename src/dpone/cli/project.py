@@ -12,8 +12,9 @@ import click
 
 from dpone.cli.output import config_option, emit_json, json_option, reported_errors
 from dpone.errors import ConfigurationError, DponeError, PolicyError
+from dpone.exporters.sources import open_source
 from dpone.project.config import Project, TableConfig, load_project, not_a_file
-from dpone.project.refresh_checks import RefreshChecks, open_source
+from dpone.project.refresh_checks import RefreshChecks
 from dpone.publication.composition import (
     check_ownership,
     pool_credentials,

@@ -3,7 +3,9 @@
 A receipt says: a file of ``artifact_size`` bytes with SHA-256 ``artifact_sha256``
 was read by validator ``validator_version`` with codec ``codec_id`` version
 ``codec_version`` under schema ``schema`` and every one of its ``rows_validated``
-records was convertible under policy ``policy_id`` version ``policy_version``.
+records was convertible under policy ``policy_id`` version ``policy_version``; for a
+source that reads one snapshot it can name, ``source`` says which (its kind, where it
+is, and the snapshot), and is absent otherwise.
 It is not a signature: anyone can write one. It binds a file's bytes, so any change
 to the file is detected when the receipt is verified against it.
 """
@@ -11,7 +13,8 @@ to the file is detected when the receipt is verified against it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from dpone.contracts import canonical_json
@@ -37,19 +40,26 @@ class FileReceipt:
     policy_id: str
     policy_version: int
     validator_version: str = VALIDATOR_VERSION
+    # Where the rows were read, not what the file is: a file validated again has none,
+    # and is the same file.
+    source: Mapping[str, str] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if _SHA256.fullmatch(self.artifact_sha256) is None:
             raise DocumentError(
                 "receipt.artifact_sha256 must be 64 lowercase hex digits", code="invalid_digest"
             )
+        if self.source is not None and not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.source.items()
+        ):
+            raise DocumentError("receipt.source must map names to strings", where="receipt")
 
     @property
     def schema_sha256(self) -> str:
         return self.schema.sha256
 
     def to_document(self) -> dict[str, Any]:
-        return {
+        document = {
             "kind": RECEIPT_KIND,
             "receipt_version": RECEIPT_VERSION,
             "artifact_sha256": self.artifact_sha256,
@@ -63,6 +73,9 @@ class FileReceipt:
             "policy_version": self.policy_version,
             "validator_version": self.validator_version,
         }
+        if self.source is not None:
+            document["source"] = dict(self.source)
+        return document
 
     def to_bytes(self) -> bytes:
         """Canonical JSON bytes of the receipt."""
@@ -91,6 +104,8 @@ class FileReceipt:
             "policy_version": int,
             "validator_version": str,
         }
+        if isinstance(obj, dict) and "source" in obj:
+            spec["source"] = dict
         fields = members(obj, spec, where="receipt")
         if fields["kind"] != RECEIPT_KIND or fields["receipt_version"] != RECEIPT_VERSION:
             raise DocumentError(
@@ -107,6 +122,7 @@ class FileReceipt:
             policy_id=fields["policy_id"],
             policy_version=fields["policy_version"],
             validator_version=fields["validator_version"],
+            source=fields.get("source"),
         )
         if receipt.schema_sha256 != fields["schema_sha256"]:
             raise DocumentError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from contextlib import closing
@@ -14,7 +15,7 @@ from dpone.durable_files import OutputError, atomic_outputs
 from dpone.errors import ConfigurationError
 from dpone.exporters import native_render
 from dpone.exporters.records import RecordWriter
-from dpone.exporters.sources import Source, SqliteSource, row_batches
+from dpone.exporters.sources import SnapshotSource, Source, SqliteSource, row_batches
 from dpone.preparation.file_validation import validate_file
 from dpone.preparation.following_validation import FollowingValidation
 from dpone.typepolicy import plan_columns
@@ -109,6 +110,8 @@ def export_table(
             receipt = validate_file(
                 _fd_path(stream.fileno()), schema, source_name=str(path), warn=warn
             )
+        if isinstance(source, SnapshotSource):  # which snapshot the rows are, in the receipt
+            receipt = dataclasses.replace(receipt, source=source.snapshot_identity())
         receipt_stream.write(receipt.to_bytes())
     return ExportResult(path, receipt_path, receipt)
 

@@ -3,9 +3,10 @@
 Every problem is collected, not only the first: an unknown key, a missing one, a value
 of the wrong type or out of range, a table naming a source that does not exist. Each
 problem names its key path (``tables.customers.order_by``) and, when the key can be
-found in the text, its line. Secrets are never values of the file: a SQL Server
-password comes from an environment variable (``password_env``) or a file
-(``password_file``) the config names; a ``password`` key is refused.
+found in the text, its line. Each source's kind reads its own keys
+(:mod:`dpone.project.source_config`). Secrets are never values of the file: a source
+takes its password from where its kind says (a variable or file the file names,
+libpq's password file); a ``password`` key is refused.
 
 Relative paths are relative to the directory holding the project file.
 """
@@ -24,6 +25,7 @@ from typing import Any
 
 from dpone.contracts.composition_snapshot import DEFAULT_LIMITS, SnapshotLimits
 from dpone.errors import ConfigurationError
+from dpone.exporters.sources import SourceConfig  # re-exported: a project's sources
 from dpone.localserver.layout import DEFAULT_DATA_DIR
 from dpone.localserver.principal_pool import (
     DEFAULT_POOL_SIZE,
@@ -43,11 +45,11 @@ from dpone.project.config_reader import (
     Locator,
     TomlReader,
     decode_line,
-    env_name,
     kind_of,
     non_empty,
     one_of,
 )
+from dpone.project.source_config import read_source
 from dpone.publication.server_access import RemoteServer, ServerAccess
 from dpone.publication.settings import (
     REMOTE_SESSION_MARGIN_SECONDS,
@@ -118,27 +120,6 @@ class ClickHouseConfig:
     def access(self) -> ServerAccess:
         """The server and the logins dpone uses there."""
         return ServerAccess(self.data_dir, self.remote, PoolNames(self.pool))
-
-
-@dataclass(frozen=True)
-class SourceConfig:
-    """A source connection: a SQLite file or a SQL Server database."""
-
-    name: str
-    kind: str  # "sqlite" or "sqlserver"
-    path: Path | None = None
-    host: str | None = None
-    port: int = 1433
-    database: str | None = None
-    user_env: str | None = None
-    password_env: str | None = None
-    password_file: Path | None = None
-
-    def describe(self) -> str:
-        """Where the source is, without any secret."""
-        if self.kind == "sqlite":
-            return f"sqlite:{self.path}"
-        return f"mssql://{self.host}:{self.port}/{self.database}"
 
 
 @dataclass(frozen=True)
@@ -298,7 +279,7 @@ class _Reader(TomlReader):
         sources = {
             name: source
             for name, raw in self.named(top, "sources").items()
-            if (source := self.source(name, raw)) is not None
+            if (source := read_source(self, name, raw)) is not None
         }
         tables = {
             name: table
@@ -434,64 +415,6 @@ class _Reader(TomlReader):
             return DEFAULT_MODE
         mode: str = self.get(table, path, "preparation", str, DEFAULT_MODE, check=one_of(MODES))
         return mode
-
-    def source(self, name: str, raw: Any) -> SourceConfig | None:
-        path = ("sources", name)
-        known = (
-            "kind",
-            "path",
-            "host",
-            "port",
-            "database",
-            "user_env",
-            "password_env",
-            "password_file",
-        )
-        hints = {
-            k: "secrets never go in the file: name an environment variable with "
-            "password_env or a file with password_file"
-            for k in ("password", "user", "secret")
-        }
-        table = self.section(raw, path, known, hints)
-        if not table and not isinstance(raw, dict):
-            return None
-        kind = self.get(
-            table, path, "kind", str, required=True, check=one_of(("sqlite", "sqlserver"))
-        )
-        if kind == "sqlite":
-            for key in known[2:]:
-                if key in table:
-                    self.problem((*path, key), 'is for kind = "sqlserver" sources only')
-            if "path" not in table:
-                self.problem((*path, "path"), "is required for a sqlite source")
-            return SourceConfig(name, kind, path=self.path_value(table, path, "path", None))
-        if kind == "sqlserver":
-            if "path" in table:
-                self.problem((*path, "path"), 'is for kind = "sqlite" sources only')
-            env = env_name
-            source = SourceConfig(
-                name,
-                kind,
-                host=self.get(table, path, "host", str, required=True, check=non_empty),
-                port=self.get(
-                    table,
-                    path,
-                    "port",
-                    int,
-                    1433,
-                    check=lambda v: None if 0 < v < 65536 else "must be a TCP port",
-                ),
-                database=self.get(table, path, "database", str, required=True, check=non_empty),
-                user_env=self.get(table, path, "user_env", str, required=True, check=env),
-                password_env=self.get(table, path, "password_env", str, check=env),
-                password_file=self.path_value(table, path, "password_file", None),
-            )
-            if (source.password_env is None) == (source.password_file is None):
-                self.problem(
-                    (*path, "password_env"), "give exactly one of password_env and password_file"
-                )
-            return source
-        return None
 
     def table(self, name: str, raw: Any, sources: Any) -> TableConfig | None:
         path = ("tables", name)

@@ -46,6 +46,7 @@ from dpone.contracts.receipt import FileReceipt
 from dpone.durable_files import private_directories, temporary_siblings
 from dpone.errors import DponeError
 from dpone.exporters.export import export_table, receipt_path_for
+from dpone.exporters.sources import open_source
 from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import read_query_id
@@ -62,7 +63,6 @@ from dpone.project.refresh_checks import (
     RefreshChecks,
     RefreshError,
     literal,
-    open_source,
     select_rows,
     table_lock,
 )

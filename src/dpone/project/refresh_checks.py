@@ -28,13 +28,12 @@ from dpone.connectors.clickhouse_tables import (
 from dpone.contracts.composition_snapshot import SnapshotIntent
 from dpone.durable_files import PRIVATE_FILE_MODE, private_directories
 from dpone.errors import ConfigurationError, DponeError, StateError
-from dpone.exporters.sources import Source, SqliteSource, SqlServerSource
+from dpone.exporters.sources import open_source
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import read, read_query_id
 from dpone.ports.composition_snapshot import TargetSlot
-from dpone.project.config import Project, SourceConfig, TableConfig
+from dpone.project.config import Project, TableConfig
 from dpone.project.design_change import column_changes, describe_change
-from dpone.project.source_secrets import resolve_secret
 from dpone.project.table_run import REQUEST_SECONDS, publication_for, snapshot_command
 from dpone.publication.composition import (
     PublicationComponents,
@@ -62,16 +61,6 @@ class RefreshError(StateError):
     """A refresh step refused to go on (see ``code``: shrink_refused, design_unreadable)."""
 
     code = "refresh_failed"
-
-
-def open_source(source: SourceConfig) -> Source:
-    """The configured source, with SQL Server credentials read now (never stored)."""
-    if source.kind == "sqlite":
-        assert source.path is not None
-        return SqliteSource(source.path)
-    user, password = resolve_secret(source)
-    assert source.host is not None and source.database is not None
-    return SqlServerSource(source.host, source.port, source.database, user=user, password=password)
 
 
 class RefreshChecks:

@@ -1,73 +1,32 @@
-"""Sources a snapshot is exported from: SQLite (embedded default) and SQL Server.
+"""The SQLite source (``kind = "sqlite"``, ``sqlite:PATH``): the embedded default.
 
-A source gives its ordered schema (SQL Server type names) and an iterator of driver
-rows. Credentials for SQL Server come from the environment, never from the DSN.
+A local file opened read-only. Declared column types are SQL Server type names or
+SQLite's own INTEGER, REAL, TEXT and BLOB, mapped onto the policy's families.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import sqlite3
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
-from urllib.parse import urlsplit
+from typing import Any
 
 from dpone.contracts.schema import SourceColumn, SourceSchema
-from dpone.errors import ConfigurationError, DponeError, PolicyError
+from dpone.errors import ConfigurationError, PolicyError
 from dpone.exporters import native_render
-from dpone.sql.quoting import quote_literal
-from dpone.typepolicy import plan_column, refusal
+from dpone.exporters.sources.base import (
+    FETCH_ROWS,
+    Source,
+    SourceConfig,
+    SourceError,
+    SourceFields,
+)
+from dpone.typepolicy import families, plan_column, refusal
 from dpone.typepolicy.source_types import parse_source_type
-
-FETCH_ROWS = 10_000
-
-
-class SourceError(DponeError):
-    """The source could not be read."""
-
-    code = "source_error"
-
-
-class Source(Protocol):
-    """What an exporter needs from a database."""
-
-    @property
-    def local_files(self) -> tuple[Path, ...]:
-        """Files on this machine the source reads (an export must never write over them)."""
-        ...
-
-    def schema(self, table: str) -> SourceSchema:
-        """The table's ordered columns with SQL Server type names and nullability."""
-        ...
-
-    def rows(self, table: str, schema: SourceSchema) -> Iterator[tuple[Any, ...]]:
-        """Driver rows in the schema's column order."""
-        ...
-
-
-@runtime_checkable
-class BatchedSource(Source, Protocol):
-    """A source that also hands its rows as the driver fetches them, a list at a time."""
-
-    def batches(self, table: str, schema: SourceSchema) -> Iterator[list[tuple[Any, ...]]]:
-        """The rows of :meth:`rows`, in the same order, in lists of at most ``FETCH_ROWS``."""
-        ...
-
-
-def row_batches(
-    source: Source, table: str, schema: SourceSchema
-) -> Iterator[list[tuple[Any, ...]]]:
-    """The rows of ``source`` in lists: its own batches, or its rows gathered."""
-    if isinstance(source, BatchedSource):
-        yield from source.batches(table, schema)
-        return
-    rows = source.rows(table, schema)
-    while batch := list(itertools.islice(rows, FETCH_ROWS)):
-        yield batch
 
 
 def _quote_sqlite(name: str) -> str:
@@ -76,13 +35,13 @@ def _quote_sqlite(name: str) -> str:
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 
-# SQLite's own type names and the SQL Server types that hold every value SQLite
+# SQLite's own type names and the policy families that hold every value SQLite
 # stores under them: INTEGER is 64-bit, REAL is binary64, TEXT and BLOB are unbounded.
 SQLITE_TYPES = {
-    "integer": "bigint",
-    "real": "float(53)",
-    "text": "nvarchar(max)",
-    "blob": "varbinary(max)",
+    "integer": families.integer(64),
+    "real": families.float64(),
+    "text": families.text(),
+    "blob": families.binary(),
 }
 
 # Declarations that are SQL Server types but that SQLite users mean differently.
@@ -268,130 +227,6 @@ class SqliteSource:
             raise self._failed(exc) from exc
 
 
-# SQL Server types whose full precision a Python driver value cannot carry: they are
-# selected as text by CONVERT and rendered from that text, not from datetime objects.
-_AS_TEXT = {
-    "datetime2": "CONVERT(varchar(27), {col}, 121)",
-    "datetimeoffset": "CONVERT(varchar(34), {col}, 121)",
-    "time": "CONVERT(varchar(16), {col})",
-}
-
-
-class SqlServerSource:
-    """SQL Server through ``pymssql`` (extra ``dpone[mssql]``); not verified live here.
-
-    DSN ``mssql://host[:port]/database``; the user and password come from
-    ``DPONE_MSSQL_USER`` and ``DPONE_MSSQL_PASSWORD``, unless the caller gives them
-    (a project file names the variable or file they are read from).
-    """
-
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        database: str,
-        *,
-        user: str | None = None,
-        password: str | None = None,
-    ) -> None:
-        self.host, self.port, self.database = host, port, database
-        self._user, self._password = user, password
-
-    @property
-    def local_files(self) -> tuple[Path, ...]:
-        return ()
-
-    def _connect(self) -> Any:
-        try:
-            import pymssql  # type: ignore[import-not-found]
-        except ImportError as exc:
-            raise ConfigurationError(
-                "SQL Server sources need the mssql extra: pip install 'dpone[mssql]'",
-                code="driver_not_installed",
-            ) from exc
-        user = self._user or os.environ.get("DPONE_MSSQL_USER")
-        password = self._password
-        if password is None:
-            password = os.environ.get("DPONE_MSSQL_PASSWORD")
-        if not user or password is None:
-            raise ConfigurationError(
-                "set DPONE_MSSQL_USER and DPONE_MSSQL_PASSWORD for SQL Server sources",
-                code="missing_credentials",
-            )
-        try:
-            return pymssql.connect(
-                server=self.host,
-                port=self.port,
-                user=user,
-                password=password,
-                database=self.database,
-            )
-        except Exception as exc:  # the driver's own error types; never echo the password
-            raise SourceError(
-                f"cannot connect to SQL Server {self.host}:{self.port}/{self.database}: "
-                f"{type(exc).__name__}",
-                code="source_connect_failed",
-            ) from None
-
-    def schema(self, table: str) -> SourceSchema:
-        sql = (
-            "SELECT c.name, t.name, c.max_length, c.precision, c.scale, c.is_nullable "
-            "FROM sys.columns c JOIN sys.types t ON c.user_type_id = t.user_type_id "
-            f"WHERE c.object_id = OBJECT_ID({quote_literal(table)}) ORDER BY c.column_id"
-        )
-        conn = self._connect()
-        try:
-            cursor = conn.cursor()
-            cursor.execute(sql)
-            found = cursor.fetchall()
-        finally:
-            conn.close()
-        if not found:
-            raise SourceError(f"table {table!r} not found", table=table)
-        return SourceSchema.of(
-            [
-                SourceColumn(name, sqlserver_type_text(t, ml, p, s), bool(n))
-                for name, t, ml, p, s, n in found
-            ]
-        )
-
-    def rows(self, table: str, schema: SourceSchema) -> Iterator[tuple[Any, ...]]:
-        for batch in self.batches(table, schema):
-            yield from batch
-
-    def batches(self, table: str, schema: SourceSchema) -> Iterator[list[tuple[Any, ...]]]:
-        exprs = []
-        for column in schema.columns:
-            col = "[" + column.name.replace("]", "]]") + "]"
-            base = column.source_type.split("(")[0].strip().lower()
-            exprs.append(_AS_TEXT[base].format(col=col) if base in _AS_TEXT else col)
-        quoted = ".".join("[" + part.replace("]", "]]") + "]" for part in table.split("."))
-        conn = self._connect()
-        try:
-            cursor = conn.cursor()
-            cursor.execute(f"SELECT {', '.join(exprs)} FROM {quoted}")
-            while batch := cursor.fetchmany(FETCH_ROWS):
-                yield batch if isinstance(batch, list) else list(batch)
-        finally:
-            conn.close()
-
-
-def sqlserver_type_text(name: str, max_length: int, precision: int, scale: int) -> str:
-    """The declared type text from ``sys.columns`` metadata (lengths in characters)."""
-    name = name.lower()
-    if name in ("decimal", "numeric"):
-        return f"{name}({precision}, {scale})"
-    if name in ("datetime2", "datetimeoffset", "time"):
-        return f"{name}({scale})"
-    if name in ("float",):
-        return "float(24)" if precision == 24 else "float(53)"
-    if name in ("char", "varchar", "binary", "varbinary"):
-        return f"{name}(max)" if max_length == -1 else f"{name}({max_length})"
-    if name in ("nchar", "nvarchar"):
-        return f"{name}(max)" if max_length == -1 else f"{name}({max_length // 2})"
-    return name
-
-
 def sqlite_path(dsn: str) -> Path:
     """The file a ``sqlite:`` DSN names; everything after the prefix is the path, verbatim.
 
@@ -421,29 +256,40 @@ def sqlite_path(dsn: str) -> Path:
     return Path(rest)
 
 
-def open_source(dsn: str) -> Source:
-    """``sqlite:PATH``, ``sqlite:///ABS/PATH`` or ``mssql://host[:port]/db``."""
-    if dsn[: len("sqlite:")].lower() == "sqlite:":
+@dataclass(frozen=True)
+class SqliteConfig(SourceConfig):
+    """``[sources.NAME] kind = "sqlite"``: the database file (``path``)."""
+
+    path: Path
+
+    def describe(self) -> str:
+        return f"sqlite:{self.path}"
+
+    def open(self) -> Source:
+        return SqliteSource(self.path)
+
+
+class SqliteKind:
+    """The plugin of ``kind = "sqlite"``."""
+
+    kind = "sqlite"
+    schemes = ("sqlite",)
+    keys = ("path",)
+    # The advice a project file has always had for a secret in any source.
+    hints: Mapping[str, str] = {
+        k: "secrets never go in the file: name an environment variable with "
+        "password_env or a file with password_file"
+        for k in ("password", "user", "secret")
+    }
+
+    def read(self, name: str, fields: SourceFields) -> SourceConfig | None:
+        if not fields.has("path"):
+            fields.problem("path", "is required for a sqlite source")
+        path = fields.path("path")
+        return None if path is None else SqliteConfig(name, self.kind, path)
+
+    def from_dsn(self, dsn: str) -> Source:
         return SqliteSource(sqlite_path(dsn))
-    parts = urlsplit(dsn)
-    if parts.scheme == "mssql":
-        if parts.username or parts.password:
-            raise ConfigurationError(
-                "credentials do not belong in the DSN; use DPONE_MSSQL_USER and "
-                "DPONE_MSSQL_PASSWORD",
-                code="credentials_in_dsn",
-            )
-        database = parts.path.lstrip("/")
-        if not parts.hostname or not database:
-            raise ConfigurationError("mssql DSN needs a host and a database", code="invalid_dsn")
-        try:
-            port = parts.port  # urllib raises for a port that is not 0-65535
-        except ValueError as exc:
-            raise ConfigurationError(
-                f"mssql DSN {dsn!r} has an invalid port (a number from 1 to 65535)",
-                code="invalid_dsn",
-            ) from exc
-        return SqlServerSource(parts.hostname, port or 1433, database)
-    raise ConfigurationError(
-        f"unknown source scheme {parts.scheme!r} (use sqlite: or mssql:)", code="invalid_dsn"
-    )
+
+
+KIND = SqliteKind()
