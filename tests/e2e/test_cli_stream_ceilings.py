@@ -141,34 +141,32 @@ def test_dpone_stage_under_its_ceilings_stages(
     assert discard.returncode == 0, discard.stdout + discard.stderr
 
 
-def test_a_refresh_stops_the_stream_at_the_generation_storage_ceiling(
-    tmp_path: Path, server: dict[str, Any]
+@pytest.mark.parametrize(("ceiling", "limit", "cause"), CEILINGS)
+def test_a_refresh_stops_the_stream_at_each_ceiling(
+    tmp_path: Path, server: dict[str, Any], ceiling: str, limit: int, cause: str
 ) -> None:
     before = staged_tables(server)
     make_source(tmp_path / "shop.db", rows_of(ROWS))
-    extra = "[tables.items.limits]\ngeneration_storage_bytes = 20000\n"
-    config = project(tmp_path, server, "t_gen", extra)
+    target = f"t_stream_{CEILINGS.index((ceiling, limit, cause))}"
+    extra = f"[tables.items.limits]\n{ceiling} = {limit}\n"
+    config = project(tmp_path, server, target, extra)
     code, refused = refresh(config, "items")
     report = refused["tables"][0]
     assert code == 1 and report["phase"] == "stage", report
     error = report["error"]
     assert error["code"] == "limit_exceeded", error
     details = error["details"]
-    assert (details["ceiling"], details["limit"], details["cause"]) == (
-        "generation_storage_bytes",
-        20000,
-        "spool_budget_exceeded",
-    )
-    assert details["key"] == "tables.items.limits.generation_storage_bytes"
-    assert "tables.items.limits.generation_storage_bytes" in error["message"]
+    assert (details["ceiling"], details["limit"], details["cause"]) == (ceiling, limit, cause)
+    assert details["key"] == f"tables.items.limits.{ceiling}"
+    assert f"tables.items.limits.{ceiling}" in error["message"]
     last = read_events(Path(report["journal"]))[-1].document
     assert last["state"] == "failed_cleaned"
     assert staged_tables(server) == before
     # Raised to what the generation needs, the same refresh publishes.
-    config.write_text(config.read_text().replace("= 20000", "= 100000000"))
+    config.write_text(config.read_text().replace(f"= {limit}", "= 100000000"))
     code, done = refresh(config, "items")
     assert code == 0, done
-    count = chhttp.query(server["http_port"], f"SELECT count() FROM {DATABASE}.t_gen")
+    count = chhttp.query(server["http_port"], f"SELECT count() FROM {DATABASE}.{target}")
     assert count == f"{ROWS}\n"
 
 

@@ -375,10 +375,9 @@ class RefreshService:
             if "journal" in exc.details:
                 report.journal = str(exc.details["journal"])
             refusal = headroom_refusal(
-                table.limits, headroom.retained_bytes, headroom.policy, exc
+                table.limits, headroom.retained_bytes, headroom.policy, exc, table.limit_key
             ) or stream_refusal(table.limits, headroom.policy, exc, table.limit_key)
             if refusal is not None:
-                refusal.add_details(key=table.limit_key(str(refusal.details["ceiling"])))
                 kept = ("journal", "ingest_release_failed")  # what the staging error told
                 refusal.add_details(**{k: exc.details[k] for k in kept if k in exc.details})
                 raise refusal from exc

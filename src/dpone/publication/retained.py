@@ -122,13 +122,18 @@ def headroom_policy(
 
 
 def headroom_refusal(
-    limits: SnapshotLimits, retained_now: int, policy: StagingPolicy, exc: DponeError
+    limits: SnapshotLimits,
+    retained_now: int,
+    policy: StagingPolicy,
+    exc: DponeError,
+    key: Callable[[str], str] = lambda ceiling: ceiling,
 ) -> SnapshotPublicationError | None:
     """The ceiling a stream stopped by ``policy``'s byte bound ran into, or None.
 
     ``policy`` is what :func:`headroom_policy` answered for ``retained_now``. None
     unless ``exc`` is staging's streaming byte bound and that bound was the headroom:
-    a stop at the wire-bytes ceiling stays staging's own error.
+    a stop at the wire-bytes ceiling stays staging's own error. ``key(ceiling)``: where
+    the ceiling is set, named in the message and the details.
     """
     headroom = limits.total_transient_storage_bytes - retained_now
     bound = policy.max_stored_bytes if exc.code == STORED_CODE else policy.max_spool_bytes
@@ -138,10 +143,12 @@ def headroom_refusal(
     return SnapshotPublicationError(
         f"{TRANSIENT_CEILING}: {retained_now} bytes are retained now, so the generation may"
         f" add at most {headroom} under the ceiling {limit}; its stream went over"
-        f" ({exc.code}), nothing was published",
+        f" ({exc.code}), nothing was published. Raise {key(TRANSIENT_CEILING)}, or drop"
+        " rollback copies the database retains, if the table is meant to be this large",
         code="limit_exceeded",
         ceiling=TRANSIENT_CEILING,
         limit=limit,
+        key=key(TRANSIENT_CEILING),
         retained_bytes=retained_now,
         headroom_bytes=headroom,
         cause=exc.code,
