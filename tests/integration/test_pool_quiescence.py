@@ -186,6 +186,28 @@ def publisher_of(case: Case) -> Credentials:  # noqa: F811
     return pool_credentials(case.rig.data_dir)[intent.publisher.user]
 
 
+def writing_the_target_is_refused(
+    case: Case,  # noqa: F811
+    intent: str,
+    writer: Credentials,
+) -> tuple[list[str], str]:
+    """``writer`` inserts a row into ``case``'s target; publishing ``intent`` is then
+    refused with nothing sent and A kept. The refusal's blockers naming ``writer``, and
+    the query id of its INSERT."""
+    on = case.rig
+    as_user(on, writer, f"INSERT INTO {DB}.{case.target} VALUES (5, 'by-hand', 5)")
+    on.admin("SYSTEM FLUSH LOGS")
+    published = on.components().publisher.publish(intent)
+    assert state_of(published) == (P.NOT_PUBLISHED, 3)
+    assert on.exchange_events(intent) == []  # no EXCHANGE reached the server
+    assert on.uuid_of(case.target) == case.a_uuid
+    (refused,) = [
+        h.facts for h in case.store().history(intent) if h.facts.get("step") == "dispatch_refused"
+    ]
+    (query_id,) = logged_query_ids(on, writer.user, case.target)
+    return [b for b in refused["blockers"] if writer.user in b], query_id
+
+
 def test_a_publisher_another_run_holds_writing_the_target_stops_the_publish(
     case: Case,  # noqa: F811
 ) -> None:
@@ -203,19 +225,8 @@ def test_a_publisher_another_run_holds_writing_the_target_stops_the_publish(
     observed = on.components().publisher.catalog.observe(slot, generation)
     assert observed.target is not None and observed.generation is not None
     assert (observed.target.blockers, observed.generation.blockers) == ((), ())
-    as_user(on, held, f"INSERT INTO {DB}.{case.target} VALUES (5, 'by-hand', 5)")
-    on.admin("SYSTEM FLUSH LOGS")
-    published = on.components().publisher.publish(case.intent)
-    assert state_of(published) == (P.NOT_PUBLISHED, 3)
-    assert on.exchange_events(case.intent) == []  # no EXCHANGE reached the server
-    assert on.uuid_of(case.target) == case.a_uuid
-    (refused,) = [
-        h.facts
-        for h in case.store().history(case.intent)
-        if h.facts.get("step") == "dispatch_refused"
-    ]
-    (query_id,) = logged_query_ids(on, held.user, case.target)
-    assert [b for b in refused["blockers"] if held.user in b] == [
+    blockers, query_id = writing_the_target_is_refused(case, case.intent, held)
+    assert blockers == [
         f"pool_writer_query: pool user {held.user} (leased to another run, attempt "
         f"{other.target}-b) ran Insert {query_id} on {DB}.{case.target}"
     ]
@@ -236,19 +247,8 @@ def test_an_older_attempts_publisher_of_the_same_slot_writing_the_target_stops_t
     prepared = on.prepare(second, case.target)
     newer = SnapshotIntent.from_bytes(case.store().load(prepared.intent_sha256).intent_bytes)
     assert newer.publisher.user != older.user
-    as_user(on, older, f"INSERT INTO {DB}.{case.target} VALUES (5, 'by-hand', 5)")
-    on.admin("SYSTEM FLUSH LOGS")
-    published = on.components().publisher.publish(prepared.intent_sha256)
-    assert state_of(published) == (P.NOT_PUBLISHED, 3)
-    assert on.exchange_events(prepared.intent_sha256) == []
-    assert on.uuid_of(case.target) == case.a_uuid
-    (refused,) = [
-        h.facts
-        for h in case.store().history(prepared.intent_sha256)
-        if h.facts.get("step") == "dispatch_refused"
-    ]
-    (query_id,) = logged_query_ids(on, older.user, case.target)
-    assert [b for b in refused["blockers"] if older.user in b] == [
+    blockers, query_id = writing_the_target_is_refused(case, prepared.intent_sha256, older)
+    assert blockers == [
         f"pool_writer_query: pool user {older.user} (publisher of another attempt of this "
         f"slot, {case.target}-b) ran Insert {query_id} on {DB}.{case.target}"
     ]
