@@ -117,3 +117,17 @@ def test_a_kept_connection_has_its_stores_busy_timeout(tmp_path: Path, opened: l
     patient = SqliteSnapshotStore(path)
     with patient._reading("probe") as conn:
         assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 10_000
+
+
+def test_a_process_keeps_few_connections_over_many_stores(
+    tmp_path: Path, opened: list[str]
+) -> None:
+    stores = [SqliteSnapshotStore(tmp_path / f"store-{n}.sqlite") for n in range(30)]
+    for store in stores:
+        store.list_snapshots()
+    kept_now = [c for idle in kept._IDLE.values() for c in idle]
+    assert len(kept_now) == kept._IDLE_TOTAL  # the most recently used stores' only
+    newest = {str(s.path.absolute()) for s in stores[-kept._IDLE_TOTAL :]}
+    assert {
+        key.split("\0")[0].removeprefix("file://").split("?")[0] for key in kept._IDLE
+    } == newest

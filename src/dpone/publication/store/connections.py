@@ -31,6 +31,9 @@ BUSY_TIMEOUT_SECONDS = 10.0
 # only outside any transaction, its read-only switch off, unbroken; a read on it is
 # still a new snapshot (each read begins its own transaction).
 _IDLE_PER_STORE = 4
+# And at most this many over all stores: a process that opened many stores (a test
+# session, an orchestrator) keeps the most recently used, not a descriptor per store.
+_IDLE_TOTAL = 16
 _IDLE: dict[str, list[_KeptConnection]] = {}
 _IDLE_LOCK = threading.Lock()
 # In a forked child the parent's connections are never used nor closed (a close would
@@ -63,10 +66,14 @@ class _KeptConnection(sqlite3.Connection):
             key = self.keep_to
             if key is not None and self._reset():
                 with _IDLE_LOCK:
-                    idle = _IDLE.setdefault(key, [])
+                    idle = _IDLE.pop(key, [])  # put back last: the most recently used
+                    _IDLE[key] = idle
                     if len(idle) < _IDLE_PER_STORE:
                         idle.append(self)
                         kept = True
+                    evicted = _over_total()
+                for old in evicted:
+                    old.discard()
         finally:
             # Anything short of kept (a signal's exception in the reset included) closes
             # it: a connection nobody holds would keep its locks.
@@ -87,6 +94,18 @@ class _KeptConnection(sqlite3.Connection):
         except sqlite3.Error:
             return False
         return not self.in_transaction
+
+
+def _over_total() -> list[_KeptConnection]:
+    """Take out the least recently used idle connections over :data:`_IDLE_TOTAL` (the
+    caller holds the lock and closes them after)."""
+    taken: list[_KeptConnection] = []
+    while sum(len(idle) for idle in _IDLE.values()) > _IDLE_TOTAL:
+        oldest = next(iter(_IDLE))
+        taken.append(_IDLE[oldest].pop(0))
+        if not _IDLE[oldest]:
+            del _IDLE[oldest]
+    return taken
 
 
 def discard_kept_connections() -> None:
