@@ -351,3 +351,19 @@ def test_a_float_renders_as_its_repr_and_its_decimal_rule(value: float) -> None:
         assert direct is None or direct == expected
         if source_type == "float":
             assert direct == (repr(value) + "\n").encode()
+
+
+def test_a_family_the_compiled_renderer_lacks_is_written_by_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A family added to the renderer's table without a C operation is declined to the
+    Python path (the same bytes), never a ``KeyError``."""
+    rows = [(1, "a\tb"), (None, None)]
+    types = ["int", "nvarchar(10)"]
+    expected = written(types, rows, native=False)
+    monkeypatch.delitem(native_render._OPS, "integer")
+    parsed, plans = _columns(types)
+    assert native_render.ops_for(parsed, [p.codec_column for p in plans]) is None
+    assert written(types, rows, native=True) == expected
+    assert isinstance(expected, bytes)
+    assert expected.startswith(b"1\ta") and expected.endswith(b"\n\t\n")

@@ -86,7 +86,8 @@ def unavailable_reason() -> str | None:
 
 def ops_for(types: Sequence[SourceType], columns: Sequence[CodecColumn]) -> bytes | None:
     """The compiled renderer's description of these columns, or None when it takes none
-    of their rows (not available, no columns, a pairing the policy does not make)."""
+    of their rows (not available, no columns, a pairing the policy does not make, a
+    family it has no operation for: the Python renderer writes them, never an error)."""
     if _MODULE is None or not types or len(types) != len(columns):
         return None
     ops = bytearray()
@@ -94,7 +95,10 @@ def ops_for(types: Sequence[SourceType], columns: Sequence[CodecColumn]) -> byte
         family = FAMILIES.get(renderer_for(st))
         if family is None or _KINDS.get(family, ColumnKind.RAW) is not column.kind:
             return None
-        ops.append(_OPS[family])
+        op = _OPS.get(family)
+        if op is None:
+            return None
+        ops.append(op)
     return bytes(ops)
 
 

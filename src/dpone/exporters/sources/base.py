@@ -9,13 +9,14 @@ policy's families (:mod:`dpone.typepolicy.families`).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from dpone.contracts.schema import SourceSchema
-from dpone.errors import DponeError
+from dpone.contracts.schema import SourceColumn, SourceSchema
+from dpone.errors import DponeError, PolicyError
+from dpone.typepolicy import refusal
 
 FETCH_ROWS = 10_000
 
@@ -155,3 +156,25 @@ class SourceKind(Protocol):
     def from_dsn(self, dsn: str) -> Source:
         """The source a DSN of one of its schemes names."""
         ...
+
+
+# A column to map: its name, the mapping of its declared type onto the policy's
+# families (raising PolicyError when none holds it exactly), and whether it is nullable.
+ColumnMapping = tuple[str, Callable[[], str], bool]
+
+
+def mapped_schema(columns: Iterable[ColumnMapping]) -> SourceSchema:
+    """The schema of ``columns`` (each its name, the mapping of its declared type onto
+    the policy's families, and whether it is nullable); a mapping that refuses its type
+    (``PolicyError``) is collected, and every refused column is named in one error
+    (:func:`~dpone.typepolicy.refusal`), not only the first."""
+    mapped: list[SourceColumn] = []
+    refused: list[PolicyError] = []
+    for name, family, nullable in columns:
+        try:
+            mapped.append(SourceColumn(name, family(), nullable=nullable))
+        except PolicyError as exc:
+            refused.append(exc)
+    if refused:
+        raise refusal(refused)
+    return SourceSchema.of(mapped)

@@ -14,6 +14,7 @@ with ``value_out_of_range``, naming the row and the column.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import re
 import struct
@@ -23,16 +24,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from dpone.contracts.schema import SourceColumn, SourceSchema
+from dpone.contracts.schema import SourceSchema
 from dpone.errors import ConfigurationError, PolicyError
 from dpone.exporters.sources.base import (
     FETCH_ROWS,
+    ColumnMapping,
     Source,
     SourceConfig,
     SourceError,
     SourceFields,
+    mapped_schema,
 )
-from dpone.typepolicy import families, refusal
+from dpone.typepolicy import families
 
 SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 APPLICATION = "dpone"
@@ -311,22 +314,15 @@ class PostgresSource:
             raise SourceError(f"table {table!r} not found in {self.describe()}", table=table)
         oid, qualified = found
         cursor.execute(_COLUMNS_SQL, (oid,))
-        columns: list[SourceColumn] = []
-        refused: list[PolicyError] = []
+        columns: list[ColumnMapping] = []
         for name, typname, declared, typmod, notnull, typtype, category in cursor.fetchall():
             if category == "A":
                 typname = "array"
             elif typtype != "b":
                 typname = {"d": "domain", "e": "enum"}.get(typtype, "")
-            try:
-                mapped = column_type(typname, declared, typmod, column=name)
-            except PolicyError as exc:  # every refused column is named, not the first
-                refused.append(exc)
-                continue
-            columns.append(SourceColumn(name, mapped, nullable=not notnull))
-        if refused:
-            raise refusal(refused)
-        return SourceSchema.of(columns), qualified
+            family = functools.partial(column_type, typname, declared, typmod, column=name)
+            columns.append((name, family, not notnull))
+        return mapped_schema(columns), qualified
 
     def rows(self, table: str, schema: SourceSchema) -> Iterator[tuple[Any, ...]]:
         for batch in self.batches(table, schema):

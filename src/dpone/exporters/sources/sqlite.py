@@ -6,6 +6,7 @@ SQLite's own INTEGER, REAL, TEXT and BLOB, mapped onto the policy's families.
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import stat
@@ -20,12 +21,14 @@ from dpone.errors import ConfigurationError, PolicyError
 from dpone.exporters import native_render
 from dpone.exporters.sources.base import (
     FETCH_ROWS,
+    ColumnMapping,
     Source,
     SourceConfig,
     SourceError,
     SourceFields,
+    mapped_schema,
 )
-from dpone.typepolicy import families, plan_column, refusal
+from dpone.typepolicy import families, plan_column
 from dpone.typepolicy.source_types import parse_source_type
 
 
@@ -182,8 +185,7 @@ class SqliteSource:
             raise self._failed(exc) from exc
         if not info:
             raise SourceError(f"table {table!r} not found in {self.path}", table=table)
-        columns: list[SourceColumn] = []
-        refused: list[PolicyError] = []
+        columns: list[ColumnMapping] = []
         for _cid, name, declared, notnull, _default, _pk in info:
             if not declared:
                 raise SourceError(
@@ -191,15 +193,9 @@ class SqliteSource:
                     "type or one of SQLite's INTEGER, REAL, TEXT, BLOB",
                     column=name,
                 )
-            try:
-                mapped = sqlite_column_type(declared, column=name)
-            except PolicyError as exc:  # every refused column is named, not the first
-                refused.append(exc)
-                continue
-            columns.append(SourceColumn(name, mapped, nullable=not notnull))
-        if refused:
-            raise refusal(refused)
-        return SourceSchema.of(columns)
+            family = functools.partial(sqlite_column_type, declared, column=name)
+            columns.append((name, family, not notnull))
+        return mapped_schema(columns)
 
     def rows(self, table: str, schema: SourceSchema) -> Iterator[tuple[Any, ...]]:
         for batch in self.batches(table, schema):
