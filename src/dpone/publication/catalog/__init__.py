@@ -194,19 +194,22 @@ class ClickHouseSnapshotCatalog:
         # alone, what changes rows with no part to show it) are asked with the
         # database and the names in one request (a name that is not there answers
         # nothing), then both contents (their columns come from the designs) in another.
-        also = retained_reads(slot, generation_table) if side_effects else []
-        designs_read = [
-            *table_reads(slot.database, names).items(),
-            *(also or SideEffects.content_effect_reads(slot.database, names)),
-        ]
-        around = self._around(reads, slot, names, also=designs_read, side_effects=side_effects)
+        sql = table_reads(slot.database, names)
+        also = (
+            retained_reads(slot, generation_table)
+            if side_effects
+            else SideEffects.content_effect_reads(slot.database, names)
+        )
+        around = self._around(
+            reads, slot, names, also=[*sql.items(), *also], side_effects=side_effects
+        )
         if around is None:
             return CatalogObservation(None, None, 0, _now())
         db_engine, db_uuid, tables, side = around
         present = [name for name in names if name in tables]
-        designs = read_designs(reads, slot.database, names, {n: tables[n] for n in present})
+        designs = read_designs(reads, sql, {n: tables[n] for n in present})
         # The parts SQL asked with the designs (both names): read again at the recheck.
-        parts_sql = table_reads(slot.database, names)["parts"]
+        parts_sql = sql["parts"]
         parts = read_parts(reads, parts_sql, names)
         # Identities alone: a table whose rows can change with no part to show it.
         with_effects = SideEffects.tables_with_content_effects

@@ -42,16 +42,12 @@ def table_reads(database: str, names: Sequence[str]) -> dict[str, str]:
 
 
 def read_designs(
-    reads: CatalogReads,
-    database: str,
-    names: Sequence[str],
-    rows: Mapping[str, Mapping[str, Any]],
+    reads: CatalogReads, sql: Mapping[str, str], rows: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, dict[str, Any]]:
     """The design of each table of ``rows`` (its name to its system.tables row), from
-    those rows and the four reads of :func:`table_reads` asked for ``names``."""
-    sql = table_reads(database, names)
+    those rows and the four design reads of ``sql`` (:func:`table_reads`)."""
     found = {
-        kind: _by_table(reads, kind, reads.rows(kind, sql[kind]))
+        kind: _by_table(reads, reads.rows(kind, sql[kind]))
         for kind in ("columns", "indices", "projections", "constraints")
     }
     return {
@@ -61,7 +57,7 @@ def read_designs(
 
 
 def _by_table(
-    reads: CatalogReads, purpose: str, rows: Sequence[Mapping[str, Any]]
+    reads: CatalogReads, rows: Sequence[Mapping[str, Any]]
 ) -> dict[str, list[dict[str, Any]]]:
     """``rows`` grouped by their ``table`` field, which each loses (the order kept)."""
     grouped: dict[str, list[dict[str, Any]]] = {}

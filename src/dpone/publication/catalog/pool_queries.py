@@ -153,19 +153,20 @@ def pool_query_blockers(
         if idle.slot_peer and query.seen == LOGGED and query.kind in SLOT_PROTOCOL_KINDS:
             continue  # another attempt's CREATE or EXCHANGE of this slot: the claim decides
         what = "is running" if query.seen == RUNNING else f"ran {query.kind or 'a query'}"
-        lease = (
-            f"publisher of another attempt of this slot, {idle.held_by}"
-            if idle.slot_peer
-            else f"leased to another run, attempt {idle.held_by}"
-            if idle.held_by
-            else "its lease ended"
-            if idle.leased
-            else "never leased by this store"
-        )
         blockers.append(
             Blocker(
                 POOL_QUERY_REASON,
-                f"pool user {query.user} ({lease}) {what} {query.query_id} on {database}.{name}",
+                f"pool user {query.user} ({_standing(idle)}) {what} {query.query_id} on "
+                f"{database}.{name}",
             )
         )
     return blockers
+
+
+def _standing(idle: Idle) -> str:
+    """Why the user is accounted for, as a blocker says it."""
+    if idle.slot_peer:
+        return f"publisher of another attempt of this slot, {idle.held_by}"
+    if idle.held_by:
+        return f"leased to another run, attempt {idle.held_by}"
+    return "its lease ended" if idle.leased else "never leased by this store"
