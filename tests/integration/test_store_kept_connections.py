@@ -71,7 +71,7 @@ def test_a_kept_connection_reads_a_fresh_snapshot(tmp_path: Path, opened: list[s
 def test_a_kept_connection_is_writable_after_a_read(tmp_path: Path, opened: list[str]) -> None:
     store = SqliteSnapshotStore(tmp_path / "store.sqlite")
     store.list_snapshots()  # a read: query_only on, then off again before it is kept
-    (conn,) = [c for idle in kept._IDLE.values() for c in idle]
+    (conn,) = [c for _key, c in kept._KEPT.idle()]
     assert not conn.in_transaction
     assert conn.execute("PRAGMA query_only").fetchone()[0] == 0
     lease = store.lease("ingest", ("u1",), "attempt-1")  # a write on that same connection
@@ -88,7 +88,7 @@ def test_a_failed_write_leaves_a_clean_kept_connection(tmp_path: Path, opened: l
 
     with pytest.raises(RuntimeError):
         stopped_inside()
-    (kept_conn,) = [c for idle in kept._IDLE.values() for c in idle]
+    (kept_conn,) = [c for _key, c in kept._KEPT.idle()]
     assert not kept_conn.in_transaction
     count = kept_conn.execute("SELECT count(*) FROM steps WHERE key = 'k'").fetchone()[0]
     assert count == 0  # rolled back, not committed by a later use
@@ -125,9 +125,9 @@ def test_a_process_keeps_few_connections_over_many_stores(
     stores = [SqliteSnapshotStore(tmp_path / f"store-{n}.sqlite") for n in range(30)]
     for store in stores:
         store.list_snapshots()
-    kept_now = [c for idle in kept._IDLE.values() for c in idle]
-    assert len(kept_now) == kept._IDLE_TOTAL  # the most recently used stores' only
-    newest = {str(s.path.absolute()) for s in stores[-kept._IDLE_TOTAL :]}
+    kept_now = [c for _key, c in kept._KEPT.idle()]
+    assert len(kept_now) == kept._KEPT.total == 16  # the most recently used stores' only
+    newest = {str(s.path.absolute()) for s in stores[-16:]}
     assert {
-        key.split("\0")[0].removeprefix("file://").split("?")[0] for key in kept._IDLE
+        key.split("\0")[0].removeprefix("file://").split("?")[0] for key, _c in kept._KEPT.idle()
     } == newest

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from dpone.publication.store.errors import (
     SnapshotStoreError,
@@ -25,38 +25,84 @@ from dpone.publication.store.errors import (
 from dpone.publication.store.schema import check_identity, create_schema, migrate, open_file
 
 BUSY_TIMEOUT_SECONDS = 10.0
-# Idle connections kept per store file in this process: a new one costs a file open,
-# the WAL index's mapping and three PRAGMAs, and a refresh makes about 200 store calls
-# (a fifth of a small table's client CPU, measured 2026-12-07). A connection goes back
-# only outside any transaction, its read-only switch off, unbroken; a read on it is
-# still a new snapshot (each read begins its own transaction).
-_IDLE_PER_STORE = 4
-# And at most this many over all stores: a process that opened many stores (a test
-# session, an orchestrator) keeps the most recently used, not a descriptor per store.
-_IDLE_TOTAL = 16
-_IDLE: dict[str, list[_KeptConnection]] = {}
-_IDLE_LOCK = threading.Lock()
-# In a forked child the parent's connections are never used nor closed (a close would
-# touch the parent's WAL index): they are left here, unreferenced by the pool.
-_INHERITED: list[_KeptConnection] = []
+T = TypeVar("T")
 
 
-def _forget_kept_connections() -> None:
-    global _IDLE_LOCK
-    for idle in _IDLE.values():
-        for conn in idle:
-            conn.keep_to = None
-        _INHERITED.extend(idle)
-    _IDLE.clear()
-    _IDLE_LOCK = threading.Lock()
+class IdlePool(Generic[T]):
+    """Idle store connections kept in this process for the next store calls, per key
+    (a store's file or URL), at most ``per_key`` each and ``total`` over all keys (the
+    least recently used key's go first); thread-safe.
+
+    The caller decides what may go back (outside any transaction, whole) and closes
+    what :meth:`give` refuses or evicts. In a forked child the parent's connections are
+    never used nor closed (closing would end or touch them for the parent too): the
+    pool forgets them but keeps them referenced, so no collector closes them either.
+    """
+
+    def __init__(self, per_key: int, total: int | None = None) -> None:
+        self.per_key, self.total = per_key, total
+        self._idle: dict[str, list[T]] = {}
+        self._lock = threading.Lock()
+        self._inherited: list[T] = []
+        os.register_at_fork(after_in_child=self._forget)
+
+    def take(self, key: str) -> T | None:
+        """The most recently kept connection of ``key``, or None."""
+        with self._lock:
+            idle = self._idle.get(key)
+            return idle.pop() if idle else None
+
+    def give(self, key: str, conn: T) -> tuple[bool, list[T]]:
+        """Keep ``conn`` under ``key`` if there is room: whether it was kept, and the
+        least recently used connections over the total, taken out for the caller to close."""
+        with self._lock:
+            idle = self._idle.pop(key, [])  # put back last: the most recently used key
+            self._idle[key] = idle
+            kept = len(idle) < self.per_key
+            if kept:
+                idle.append(conn)
+            evicted: list[T] = []
+            while self.total is not None and self._count() > self.total:
+                oldest = next(iter(self._idle))
+                evicted.append(self._idle[oldest].pop(0))
+                if not self._idle[oldest]:
+                    del self._idle[oldest]
+            return kept, evicted
+
+    def clear(self) -> list[T]:
+        """Take out every idle connection (for the caller to close)."""
+        with self._lock:
+            taken = [conn for idle in self._idle.values() for conn in idle]
+            self._idle.clear()
+            return taken
+
+    def idle(self) -> list[tuple[str, T]]:
+        """Every idle connection with its key, a copy (what tests look at)."""
+        with self._lock:
+            return [(key, conn) for key, idle in self._idle.items() for conn in idle]
+
+    def _count(self) -> int:
+        return sum(len(idle) for idle in self._idle.values())
+
+    def _forget(self) -> None:
+        self._inherited.extend(conn for idle in self._idle.values() for conn in idle)
+        self._idle.clear()
+        self._lock = threading.Lock()  # the parent's may have been held at the fork
 
 
-os.register_at_fork(after_in_child=_forget_kept_connections)
+# Idle SQLite connections: a new one costs a file open, the WAL index's mapping and
+# three PRAGMAs, and a refresh makes about 200 store calls (a fifth of a small table's
+# client CPU, measured 2026-12-07). A connection goes back only outside any
+# transaction, its read-only switch off, unbroken; a read on it is still a new
+# snapshot (each read begins its own transaction). Four a store file and sixteen over
+# all (a process that opened many stores, a test session or an orchestrator, keeps the
+# most recently used, not descriptors for every one).
+_KEPT: IdlePool[_KeptConnection] = IdlePool(per_key=4, total=16)
 
 
 class _KeptConnection(sqlite3.Connection):
     """A store connection whose close keeps it for the next store call of this process
-    (:data:`_IDLE`), when it is idle and whole; :meth:`discard` really closes it."""
+    (:data:`_KEPT`), when it is idle and whole; :meth:`discard` really closes it."""
 
     keep_to: str | None = None  # the pool's key (None: never kept)
 
@@ -65,13 +111,7 @@ class _KeptConnection(sqlite3.Connection):
         try:
             key = self.keep_to
             if key is not None and self._reset():
-                with _IDLE_LOCK:
-                    idle = _IDLE.pop(key, [])  # put back last: the most recently used
-                    _IDLE[key] = idle
-                    if len(idle) < _IDLE_PER_STORE:
-                        idle.append(self)
-                        kept = True
-                    evicted = _over_total()
+                kept, evicted = _KEPT.give(key, self)
                 for old in evicted:
                     old.discard()
         finally:
@@ -96,24 +136,9 @@ class _KeptConnection(sqlite3.Connection):
         return not self.in_transaction
 
 
-def _over_total() -> list[_KeptConnection]:
-    """Take out the least recently used idle connections over :data:`_IDLE_TOTAL` (the
-    caller holds the lock and closes them after)."""
-    taken: list[_KeptConnection] = []
-    while sum(len(idle) for idle in _IDLE.values()) > _IDLE_TOTAL:
-        oldest = next(iter(_IDLE))
-        taken.append(_IDLE[oldest].pop(0))
-        if not _IDLE[oldest]:
-            del _IDLE[oldest]
-    return taken
-
-
 def discard_kept_connections() -> None:
     """Really close every idle connection this process keeps (its locks on the files go)."""
-    with _IDLE_LOCK:
-        idle = [conn for kept in _IDLE.values() for conn in kept]
-        _IDLE.clear()
-    for conn in idle:
+    for conn in _KEPT.clear():
         conn.discard()
 
 
@@ -297,11 +322,9 @@ class StoreConnections:
         """A connection in autocommit mode (transactions are explicit): a kept idle one
         of this store's file, or a new one (kept when closed, unless not ``keep``)."""
         key = self._kept_key() if keep else None
-        if key is not None:
-            with _IDLE_LOCK:
-                idle = _IDLE.get(key)
-                if idle:
-                    return idle.pop()
+        kept = _KEPT.take(key) if key is not None else None
+        if kept is not None:
+            return kept
         try:
             conn = sqlite3.connect(
                 self._uri,

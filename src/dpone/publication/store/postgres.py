@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,6 +35,7 @@ from urllib.parse import parse_qs, urlsplit
 from dpone.errors import ConfigurationError
 from dpone.publication.store.connections import (
     BUSY_TIMEOUT_SECONDS,
+    IdlePool,
     StoreConnection,
     StoreConnections,
     StoreCursor,
@@ -221,20 +221,8 @@ class _Cursor:
 # Idle connections kept per store URL in this process: a new PostgreSQL session costs a
 # TCP connection and a SCRAM sign-in (about 6 ms here), and a refresh makes hundreds of
 # store calls. A connection goes back only outside any transaction and unbroken.
-_IDLE: dict[str, list[tuple[psycopg.Connection[Any], float]]] = {}
-_IDLE_LOCK = threading.Lock()
-_IDLE_PER_URL = 4
-
-
-def _forget_kept_sessions() -> None:
-    """In a forked child: the parent's sessions are the parent's (never closed here,
-    which would end them for the parent too), and its lock may have been held."""
-    global _IDLE_LOCK
-    _IDLE.clear()
-    _IDLE_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_kept_sessions)
+# Each with when it went back.
+_KEPT: IdlePool[tuple[psycopg.Connection[Any], float]] = IdlePool(per_key=4)
 # A connection idle longer than this is asked ``SELECT 1`` before it is used again (the
 # server may have ended the session meanwhile).
 _IDLE_CHECK_SECONDS = 5.0
@@ -289,12 +277,8 @@ class _Connection:
             and not conn.closed
             and conn.info.transaction_status == _psycopg().pq.TransactionStatus.IDLE
         )
-        if reusable and url is not None:
-            with _IDLE_LOCK:
-                idle = _IDLE.setdefault(url, [])
-                if len(idle) < _IDLE_PER_URL:
-                    idle.append((conn, time.monotonic()))
-                    return
+        if reusable and url is not None and _KEPT.give(url, (conn, time.monotonic()))[0]:
+            return
         conn.close()
 
 
@@ -338,11 +322,9 @@ class PostgresConnections(StoreConnections):
         return self.url
 
     def _connect(self, operation: str) -> _Connection:  # type: ignore[override]
-        with _IDLE_LOCK:
-            idle = _IDLE.get(self.url, [])
-            kept, since = idle.pop() if idle else (None, 0.0)
-        if kept is not None and _usable(kept, since):
-            return _Connection(kept, self.url, self._reopen)
+        found = _KEPT.take(self.url)
+        if found is not None and _usable(*found):
+            return _Connection(found[0], self.url, self._reopen)
         return self._new_connection(operation, keep=True)
 
     def _new_connection(self, operation: str, *, keep: bool) -> _Connection:
