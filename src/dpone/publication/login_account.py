@@ -40,7 +40,7 @@ time and its query-log account, so it costs no request when nothing is open.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dpone.ports.clickhouse_errors import ClickHouseServerError, OutcomeUnknown
@@ -165,5 +165,11 @@ def login_findings(logins: dict[str, Any], accept_unobserved: bool) -> list[str]
     a count skipped for a relet user is no finding (see the module doc)."""
     if logins["open"]:
         return ["logins_open"]
-    unobserved = logins["observed"] is False and "skipped" not in logins
+    unobserved = logins_unobserved(logins)
     return [LOGINS_UNOBSERVABLE] if unobserved and not accept_unobserved else []
+
+
+def logins_unobserved(logins: Mapping[str, Any]) -> bool:
+    """Whether a closure's ``logins`` facts say no sign-in could be counted (a count
+    skipped for a relet user is not that, see the module doc)."""
+    return logins.get("observed") is False and "skipped" not in logins

@@ -24,6 +24,7 @@ from dpone.ports.composition_snapshot import (
     PublicationEvidence,
     TableObservation,
 )
+from dpone.publication.login_account import logins_unobserved
 from dpone.publication.publisher.checks import (
     both_tables,
     check_evidence,
@@ -129,9 +130,7 @@ class PreparePath(CreatedTarget):
         refuse a generation staged without a drain gate unless the caller accepts it."""
         closure = self.authority.close_principal(evidence.ingest)
         # Named before the closure's other findings: it has its own ways out.
-        logins = closure.facts.get("logins", {})
-        unobserved = logins.get("observed") is False and "skipped" not in logins
-        if unobserved and not self.accept_ungated_ingest:
+        if logins_unobserved(closure.facts.get("logins", {})) and not self.accept_ungated_ingest:
             raise SnapshotPublicationError(
                 f"the closer cannot read the server's session log, so a request of "
                 f"{evidence.ingest.user} that the server authenticated but has not "
