@@ -51,9 +51,12 @@ A run's ``parent_request`` is a random id chosen at admission; its ``attempt_epo
 is the store-wide admission number (1, 2, ...), its ``slot_epoch`` the slot's epoch
 after the admission incremented it.
 
-The parts, one concern each, joined in :mod:`~dpone.publication.store.snapshot_store`:
+The parts, one concern each, are objects that :class:`SnapshotStore`
+(:mod:`~dpone.publication.store.snapshot_store`) owns and delegates to, each given the
+store's one connections object (none inherits from another):
 :mod:`~dpone.publication.store.schema` (the file, its schema and identity),
-:mod:`~dpone.publication.store.connections` (fresh reads, units of work, fault seams),
+:mod:`~dpone.publication.store.connections` (fresh reads, units of work; SQLite's),
+:mod:`~dpone.publication.store.postgres` (the same on PostgreSQL),
 :mod:`~dpone.publication.store.records` (intents, records, compare-and-set, history),
 :mod:`~dpone.publication.store.steps` (step notes),
 :mod:`~dpone.publication.store.admission` (the run registry and the authority recheck),

@@ -54,8 +54,11 @@ _RUN_COLUMNS = (
 )
 
 
-class RunAdmission(StoreConnections):
+class RunAdmission:
     """The :class:`~dpone.ports.composition_snapshot.SnapshotRunRegistry` half of the store."""
+
+    def __init__(self, connections: StoreConnections) -> None:
+        self.connections = connections
 
     def admit(self, slot: TargetSlot, attempt_id: str) -> Admission:
         """Admit ``attempt_id`` for ``slot`` or return its existing admission.
@@ -65,7 +68,7 @@ class RunAdmission(StoreConnections):
         EXCHANGE_INTENT or COMMIT_UNKNOWN; ``admission_conflict`` if the attempt holds
         another slot.
         """
-        with self._write("admit", "store_commit_unknown") as conn:
+        with self.connections.write("admit", "store_commit_unknown") as conn:
             existing = admission_row(conn, "attempt_id", attempt_id)
             if existing is not None:
                 if existing.slot != slot:
@@ -81,17 +84,17 @@ class RunAdmission(StoreConnections):
 
     def admission(self, attempt_id: str) -> Admission | None:
         """The admission of ``attempt_id``, if any."""
-        with self._reading("admission") as conn:
+        with self.connections.reading("admission") as conn:
             return admission_row(conn, "attempt_id", attempt_id)
 
     def current_epoch(self, slot: TargetSlot) -> int:
         """The slot's current epoch (0 before any admission)."""
-        with self._reading("current_epoch") as conn:
+        with self.connections.reading("current_epoch") as conn:
             return slot_epoch(conn, slot)
 
     def set_ownership(self, parent_request: str, state: OwnershipState) -> None:
         """Move a run's ownership one step forward (setting the current one is a no-op)."""
-        with self._write("set_ownership", "store_commit_unknown") as conn:
+        with self.connections.write("set_ownership", "store_commit_unknown") as conn:
             run = admission_row(conn, "parent_request", parent_request)
             if run is None:
                 raise SnapshotStoreError(

@@ -2,6 +2,10 @@
 
 Every write is one unit of work (``BEGIN IMMEDIATE``, the checks and the writes,
 ``COMMIT``; anything else rolls back), every read a fresh connection's snapshot.
+:class:`StoreConnections` is what every part of the store receives (its own object,
+never a base class); :class:`SqliteConnections` gives it on one file,
+:class:`~dpone.publication.store.postgres.PostgresConnections` on a PostgreSQL database.
+Both call the store's fault seams (:class:`StoreHooks`) around every ``COMMIT``.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
@@ -165,6 +169,85 @@ class StoreConnection(Protocol):
     def close(self) -> None: ...
 
 
+class StoreHooks(Protocol):
+    """The fault seams of a store (:class:`~dpone.publication.store.SnapshotStore`'s,
+    which tests override): its connections call the commit hooks, its records the
+    read-back hook."""
+
+    def _before_commit(self, operation: str) -> None: ...
+
+    def _after_commit(self, operation: str) -> None: ...
+
+    def _after_read_back(self, intent_sha256: str, data: bytes | None) -> bytes | None: ...
+
+
+class NoHooks:
+    """Seams that do nothing: connections opened outside a store facade."""
+
+    def _before_commit(self, operation: str) -> None:
+        """Nothing before ``COMMIT``."""
+
+    def _after_commit(self, operation: str) -> None:
+        """Nothing after ``COMMIT``."""
+
+    def _after_read_back(self, intent_sha256: str, data: bytes | None) -> bytes | None:
+        """What was read, as it was."""
+        return data
+
+
+class StoreConnections(Protocol):
+    """One store's connections (:class:`SqliteConnections` or
+    :class:`~dpone.publication.store.postgres.PostgresConnections`): what every part of
+    the store receives to read and write, and what :class:`UnitOfWork` runs on."""
+
+    path: Path  # the file (a PostgreSQL store's only for messages)
+    busy_timeout: float
+    hooks: StoreHooks
+
+    @property
+    def location(self) -> str:
+        """Where the store is, for messages and ownership markers (never a secret)."""
+        ...
+
+    def connect(self, operation: str) -> Any:
+        """A connection in autocommit mode (a kept idle one when there is one)."""
+        ...
+
+    def begin_write(self, conn: Any) -> None:
+        """Begin a write transaction: one writer at a time, each seeing every commit."""
+        ...
+
+    def storage_errors(self) -> tuple[type[BaseException], ...]:
+        """The exceptions of this backend that :meth:`write_error` maps."""
+        ...
+
+    def write_error(
+        self, exc: BaseException, operation: str, committing: bool, uncertain: str | None
+    ) -> SnapshotStoreError:
+        """The one mapping of this backend's failure to a typed error."""
+        ...
+
+    def error(self, exc: BaseException, operation: str) -> SnapshotStoreError:
+        """A failure outside a commit: ``store_unavailable`` (or the backend's own)."""
+        ...
+
+    def independent_connection(self, operation: str) -> StoreConnection:
+        """A connection shared with no other store call: a new one, never kept."""
+        ...
+
+    def reading(self, operation: str) -> AbstractContextManager[StoreConnection]:
+        """A read-only snapshot on a fresh connection."""
+        ...
+
+    def fresh(self, operation: str) -> AbstractContextManager[StoreConnection]:
+        """A new connection of its own, outside any transaction (an independent read)."""
+        ...
+
+    def write(self, operation: str, uncertain: str) -> AbstractContextManager[StoreConnection]:
+        """One unit of work: yields the connection, commits when the block succeeds."""
+        ...
+
+
 class UnitOfWork:
     """A write: the backend's begin (SQLite's ``BEGIN IMMEDIATE``), the checks and the
     writes, :meth:`commit`; rolled back unless committed. An error while committing (a
@@ -178,30 +261,30 @@ class UnitOfWork:
         self.committed = False
 
     def __enter__(self) -> Any:
-        self.conn = self.store._connect(self.operation)
+        self.conn = self.store.connect(self.operation)
         try:
-            self.store._begin_write(self.conn)
+            self.store.begin_write(self.conn)
         except BaseException as exc:
             self.conn.close()
-            if isinstance(exc, self.store._storage_errors()):
+            if isinstance(exc, self.store.storage_errors()):
                 raise self._mapped(exc) from exc
             raise
         return self.conn
 
     def commit(self) -> None:
         self.committing = True
-        self.store._before_commit(self.operation)
+        self.store.hooks._before_commit(self.operation)
         self.conn.execute("COMMIT")
-        self.store._after_commit(self.operation)
+        self.store.hooks._after_commit(self.operation)
         self.committed = True
 
     def _mapped(self, exc: BaseException) -> SnapshotStoreError:
-        return self.store._write_error(exc, self.operation, self.committing, self.uncertain)
+        return self.store.write_error(exc, self.operation, self.committing, self.uncertain)
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        errors = self.store._storage_errors()
+        errors = self.store.storage_errors()
         try:
             if not self.committed and self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
@@ -215,11 +298,32 @@ class UnitOfWork:
             raise self._mapped(exc) from exc
 
 
-class StoreConnections:
-    """The opened store file, with its fault seams, fresh reads and units of work.
+@contextmanager
+def unit_of_work(
+    store: StoreConnections, operation: str, uncertain: str
+) -> Iterator[StoreConnection]:
+    """One unit of work on ``store``: yields the connection, commits when the block succeeds."""
+    work = UnitOfWork(store, operation, uncertain)
+    with work as conn:
+        yield conn
+        work.commit()
 
-    The base of every part of :class:`~dpone.publication.store.SqliteSnapshotStore`.
-    """
+
+@contextmanager
+def fresh_connection(store: StoreConnections, operation: str) -> Iterator[StoreConnection]:
+    """A new connection of ``store``'s own, outside any transaction (an independent read)."""
+    conn = store.independent_connection(operation)
+    try:
+        yield conn
+    except store.storage_errors() as exc:
+        raise store.error(exc, operation) from exc
+    finally:
+        conn.close()
+
+
+class SqliteConnections:
+    """The opened store file: its fresh reads and units of work
+    (:class:`StoreConnections` on SQLite)."""
 
     def __init__(
         self,
@@ -227,35 +331,24 @@ class StoreConnections:
         *,
         busy_timeout: float = BUSY_TIMEOUT_SECONDS,
         create: bool = True,
+        hooks: StoreHooks | None = None,
     ) -> None:
         """Open (``create``: and create if missing) the store at ``path``.
 
         With ``create=False`` a missing file, or one that holds no store yet, is
-        ``store_missing`` and nothing is created or written.
+        ``store_missing`` and nothing is created or written. ``hooks``: the store's
+        fault seams, called around every ``COMMIT`` (the opening's included).
         """
         self.path = Path(path)
         self.busy_timeout = busy_timeout
+        self.hooks: StoreHooks = NoHooks() if hooks is None else hooks
         self._uri = f"{self.path.absolute().as_uri()}?mode=rw"
         self._open(create)
-
-    # ------------------------------------------------------------------ fault seams
-
-    def _before_commit(self, operation: str) -> None:
-        """Called inside the transaction just before ``COMMIT`` (test seam)."""
-
-    def _after_commit(self, operation: str) -> None:
-        """Called right after ``COMMIT`` returned; raising here models a lost answer."""
-
-    def _after_read_back(self, intent_sha256: str, data: bytes | None) -> bytes | None:
-        """Called with what the fresh connection read (test seam); returns what to report."""
-        return data
-
-    # ------------------------------------------------------------------ connections
 
     def _open(self, create: bool) -> None:
         """Create the file ``0600`` if needed, refuse a foreign one, set WAL, create the schema."""
         open_file(self.path, create)
-        with self._reading("open") as conn:
+        with self.reading("open") as conn:
             assert isinstance(conn, sqlite3.Connection)  # this class's own connections
             identity = check_identity(conn, self.path)  # before anything could modify it
         fresh = identity == "fresh"
@@ -270,7 +363,7 @@ class StoreConnections:
             )
         if identity == "current":
             return
-        with self._write("open", "store_commit_unknown") as work:
+        with self.write("open", "store_commit_unknown") as work:
             assert isinstance(work, sqlite3.Connection)
             # Checked again inside the transaction: another process may have created or
             # upgraded it meanwhile.
@@ -291,26 +384,26 @@ class StoreConnections:
         deadline = time.monotonic() + self.busy_timeout
         pause = 0.005
         while True:
-            conn = self._connect("open")
+            conn = self.connect("open")
             try:
                 return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
             except sqlite3.Error as exc:
                 if not sqlite_busy(exc) or time.monotonic() + pause > deadline:
-                    raise self._error(exc, "open") from exc
+                    raise self.error(exc, "open") from exc
             finally:
                 conn.close()
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
 
-    def _begin_write(self, conn: Any) -> None:
+    def begin_write(self, conn: Any) -> None:
         """Begin a write transaction: one writer at a time, each seeing every commit."""
         conn.execute("BEGIN IMMEDIATE")
 
-    def _storage_errors(self) -> tuple[type[BaseException], ...]:
-        """The exceptions of this backend that :meth:`_write_error` maps."""
+    def storage_errors(self) -> tuple[type[BaseException], ...]:
+        """The exceptions of this backend that :meth:`write_error` maps."""
         return (sqlite3.Error,)
 
-    def _write_error(
+    def write_error(
         self, exc: BaseException, operation: str, committing: bool, uncertain: str | None
     ) -> SnapshotStoreError:
         """The one mapping of this backend's failure to a typed error."""
@@ -318,7 +411,7 @@ class StoreConnections:
             exc, path=self.path, operation=operation, committing=committing, uncertain=uncertain
         )
 
-    def _connect(self, operation: str, *, keep: bool = True) -> sqlite3.Connection:
+    def connect(self, operation: str, *, keep: bool = True) -> sqlite3.Connection:
         """A connection in autocommit mode (transactions are explicit): a kept idle one
         of this store's file, or a new one (kept when closed, unless not ``keep``)."""
         key = self._kept_key() if keep else None
@@ -335,7 +428,7 @@ class StoreConnections:
                 check_same_thread=False,  # used by one thread at a time: the pool's lock
             )
         except sqlite3.Error as exc:
-            raise self._error(exc, operation) from exc
+            raise self.error(exc, operation) from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             conn.execute("PRAGMA synchronous = FULL")
@@ -345,7 +438,7 @@ class StoreConnections:
             # the traceback that references it is gone.
             conn.close()
             if isinstance(exc, sqlite3.Error):
-                raise self._error(exc, operation) from exc
+                raise self.error(exc, operation) from exc
             raise
         # Kept only if the path held the same file before and after it was opened.
         conn.keep_to = key if key is not None and key == self._kept_key() else None
@@ -362,7 +455,8 @@ class StoreConnections:
         # The busy timeout too: it is set once, when a connection is opened.
         return f"{self._uri}\0{found.st_dev}:{found.st_ino}\0{self.busy_timeout}"
 
-    def _error(self, exc: BaseException, operation: str) -> SnapshotStoreError:
+    def error(self, exc: BaseException, operation: str) -> SnapshotStoreError:
+        """A failure outside a commit, mapped to a typed error."""
         return store_error(
             exc, path=self.path, operation=operation, committing=False, uncertain=None
         )
@@ -372,38 +466,27 @@ class StoreConnections:
         """Where the store is, for messages and ownership markers (never a secret)."""
         return str(self.path.absolute())
 
-    def _independent_connection(self, operation: str) -> StoreConnection:
+    def independent_connection(self, operation: str) -> StoreConnection:
         """A connection shared with no other store call: a new one, never kept."""
-        return self._connect(operation, keep=False)
+        return self.connect(operation, keep=False)
 
-    @contextmanager
-    def _fresh(self, operation: str) -> Iterator[StoreConnection]:
+    def fresh(self, operation: str) -> AbstractContextManager[StoreConnection]:
         """A new connection of its own, outside any transaction (an independent read)."""
-        conn = self._independent_connection(operation)
-        try:
-            yield conn
-        except self._storage_errors() as exc:
-            raise self._error(exc, operation) from exc
-        finally:
-            conn.close()
+        return fresh_connection(self, operation)
 
     @contextmanager
-    def _reading(self, operation: str) -> Iterator[StoreConnection]:
+    def reading(self, operation: str) -> Iterator[StoreConnection]:
         """A read-only snapshot on a fresh connection (``BEGIN`` ... ``ROLLBACK``)."""
-        conn = self._connect(operation)
+        conn = self.connect(operation)
         try:
             conn.execute("PRAGMA query_only = ON")
             conn.execute("BEGIN")
             yield conn
         except sqlite3.Error as exc:
-            raise self._error(exc, operation) from exc
+            raise self.error(exc, operation) from exc
         finally:
             conn.close()  # ends the read transaction (rolled back if the connection is kept)
 
-    @contextmanager
-    def _write(self, operation: str, uncertain: str) -> Iterator[StoreConnection]:
+    def write(self, operation: str, uncertain: str) -> AbstractContextManager[StoreConnection]:
         """One unit of work: yields the connection, commits when the block succeeds."""
-        work = UnitOfWork(self, operation, uncertain)
-        with work as conn:
-            yield conn
-            work.commit()
+        return unit_of_work(self, operation, uncertain)

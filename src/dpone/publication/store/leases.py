@@ -46,12 +46,15 @@ def lease_step_key(lease_id: str) -> str:
     return f"{_LEASE_KEY_PREFIX}{lease_id}"
 
 
-class PrincipalLeases(StoreConnections):
+class PrincipalLeases:
     """Leases of pool principals: issued, ended, and listed with their holders."""
+
+    def __init__(self, connections: StoreConnections) -> None:
+        self.connections = connections
 
     def lease(self, role: str, candidates: tuple[str, ...], attempt_id: str) -> Lease:
         """Lease the first candidate without an active lease (``pool_exhausted``)."""
-        with self._write("lease", "store_commit_unknown") as conn:
+        with self.connections.write("lease", "store_commit_unknown") as conn:
             busy = {
                 row[0]
                 for row in conn.execute('SELECT "user" FROM leases WHERE active = 1').fetchall()
@@ -95,7 +98,7 @@ class PrincipalLeases(StoreConnections):
 
     def end_lease(self, lease_id: str) -> Lease:
         """End a lease (idempotent); returns it as stored now."""
-        with self._write("end_lease", "store_commit_unknown") as conn:
+        with self.connections.write("end_lease", "store_commit_unknown") as conn:
             conn.execute(
                 "UPDATE leases SET active = 0, ended_at = ? WHERE lease_id = ? AND active = 1",
                 (now(), lease_id),
@@ -112,7 +115,7 @@ class PrincipalLeases(StoreConnections):
         this call ended it (False: it had already ended; nothing is written then).
         """
         note = canonical_json.dumps({"step": "ended_by_operator", **dict(facts)})
-        with self._write("end_lease_of_gone_holder", "store_commit_unknown") as conn:
+        with self.connections.write("end_lease_of_gone_holder", "store_commit_unknown") as conn:
             at = now()
             ended = conn.execute(
                 "UPDATE leases SET active = 0, ended_at = ? WHERE lease_id = ? AND active = 1",
@@ -142,7 +145,7 @@ class PrincipalLeases(StoreConnections):
         For a user leased now, the end of the lease before the active one: from there
         on, what it ran is accounted for by no closure but the active lease's.
         """
-        with self._reading("last_lease_ends") as conn:
+        with self.connections.reading("last_lease_ends") as conn:
             rows = conn.execute(
                 'SELECT "user", max(ended_at) FROM leases WHERE ended_at IS NOT NULL '
                 'GROUP BY "user"'
@@ -155,7 +158,7 @@ class PrincipalLeases(StoreConnections):
         found = self._records("lease_record", " WHERE l.lease_id = ?", (lease_id,))
         if not found:
             return None
-        with self._reading("lease_record") as conn:
+        with self.connections.reading("lease_record") as conn:
             later = conn.execute(
                 'SELECT 1 FROM leases WHERE "user" = ? AND rowid > '
                 "(SELECT rowid FROM leases WHERE lease_id = ?) LIMIT 1",
@@ -168,7 +171,7 @@ class PrincipalLeases(StoreConnections):
     ) -> list[LeaseRecord]:
         """The leases ``where`` selects, with only their own notes read (never the
         whole history's)."""
-        with self._reading(operation) as conn:
+        with self.connections.reading(operation) as conn:
             rows = conn.execute(
                 f"SELECT {_LEASE_COLUMNS}, issued_at, ended_at FROM leases l{where}"
                 " ORDER BY l.rowid",
@@ -205,17 +208,17 @@ class PrincipalLeases(StoreConnections):
         Only the last one counts: a later closure that could not prove the lease
         quiescent (a probe found its session open again) withdraws an earlier proof.
         """
-        with self._reading("closure_proven") as conn:
+        with self.connections.reading("closure_proven") as conn:
             return _closure_proven(conn, lease.lease_id)
 
     def get_lease(self, lease_id: str) -> Lease:
         """A lease as stored now (``lease_not_found``)."""
-        with self._reading("get_lease") as conn:
+        with self.connections.reading("get_lease") as conn:
             return _lease_row(conn, lease_id)
 
     def leases_of(self, attempt_id: str) -> list[Lease]:
         """Every lease ever issued to ``attempt_id``, oldest first."""
-        with self._reading("leases_of") as conn:
+        with self.connections.reading("leases_of") as conn:
             rows = conn.execute(
                 f"SELECT {_LEASE_COLUMNS} FROM leases WHERE attempt_id = ? ORDER BY rowid",
                 (attempt_id,),

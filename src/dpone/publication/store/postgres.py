@@ -27,7 +27,7 @@ import re
 import socket
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
@@ -36,9 +36,12 @@ from dpone.errors import ConfigurationError
 from dpone.publication.store.connections import (
     BUSY_TIMEOUT_SECONDS,
     IdlePool,
+    NoHooks,
     StoreConnection,
-    StoreConnections,
     StoreCursor,
+    StoreHooks,
+    fresh_connection,
+    unit_of_work,
 )
 from dpone.publication.store.errors import SnapshotStoreError
 from dpone.publication.store.schema import APPLICATION_ID, SCHEMA_VERSION
@@ -296,8 +299,9 @@ def _usable(conn: psycopg.Connection[Any], since: float) -> bool:
     return True
 
 
-class PostgresConnections(StoreConnections):
-    """The store's schema in a PostgreSQL database, with its reads and units of work."""
+class PostgresConnections:
+    """The store's schema in a PostgreSQL database, with its reads and units of work
+    (:class:`~dpone.publication.store.connections.StoreConnections` on PostgreSQL)."""
 
     def __init__(
         self,
@@ -305,23 +309,28 @@ class PostgresConnections(StoreConnections):
         *,
         busy_timeout: float = BUSY_TIMEOUT_SECONDS,
         create: bool = True,
+        hooks: StoreHooks | None = None,
     ) -> None:
         """Open (``create``: and create if missing) the store in the database ``url`` names.
 
         With ``create=False`` a database without the store's schema is ``store_missing``
-        and nothing is created.
+        and nothing is created. ``hooks``: the store's fault seams, called around every
+        ``COMMIT`` (the opening's included).
         """
         self.url = check_store_url(url)
-        # Only for messages of the shared parts; a PostgreSQL store has no file.
+        # Only for messages; a PostgreSQL store has no file.
         self.path = Path(self.url.replace("://", "/"))
         self.busy_timeout = busy_timeout
+        self.hooks: StoreHooks = NoHooks() if hooks is None else hooks
         self._open(create)
 
     @property
     def location(self) -> str:
+        """The store's URL (it never holds a password: :func:`check_store_url`)."""
         return self.url
 
-    def _connect(self, operation: str) -> _Connection:  # type: ignore[override]
+    def connect(self, operation: str) -> _Connection:
+        """A kept idle session of this store when one still works, else a new one."""
         found = _KEPT.take(self.url)
         if found is not None and _usable(*found):
             return _Connection(found[0], self.url, self._reopen)
@@ -332,7 +341,7 @@ class PostgresConnections(StoreConnections):
         try:
             conn = connect(self.url, f"store {socket.gethostname()}", search_path=SCHEMA)
         except psycopg.Error as exc:
-            raise self._error(exc, operation) from exc
+            raise self.error(exc, operation) from exc
         return _Connection(conn, self.url if keep else None, self._reopen if keep else None)
 
     def _reopen(self) -> psycopg.Connection[Any]:
@@ -342,7 +351,7 @@ class PostgresConnections(StoreConnections):
         )
         return conn
 
-    def _begin_write(self, conn: Any) -> None:
+    def begin_write(self, conn: Any) -> None:
         """The SQLite store's ``BEGIN IMMEDIATE``: the store's advisory lock, first.
 
         A wait for the lock that runs out wrote nothing: ``store_busy``, definite. A
@@ -365,13 +374,15 @@ class PostgresConnections(StoreConnections):
                 store=self.url,
             ) from exc
 
-    def _storage_errors(self) -> tuple[type[BaseException], ...]:
+    def storage_errors(self) -> tuple[type[BaseException], ...]:
+        """psycopg's errors: what :meth:`write_error` maps."""
         return (_psycopg().Error,)
 
-    def _error(self, exc: BaseException, operation: str) -> SnapshotStoreError:
-        return self._write_error(exc, operation, False, None)
+    def error(self, exc: BaseException, operation: str) -> SnapshotStoreError:
+        """A failure outside a commit: ``store_unavailable``."""
+        return self.write_error(exc, operation, False, None)
 
-    def _write_error(
+    def write_error(
         self, exc: BaseException, operation: str, committing: bool, uncertain: str | None
     ) -> SnapshotStoreError:
         """The one mapping of a PostgreSQL failure to a typed error (outcome known or not)."""
@@ -393,7 +404,7 @@ class PostgresConnections(StoreConnections):
 
     def _open(self, create: bool) -> None:
         """Refuse a foreign schema, create the store's when missing (``create``)."""
-        with self._reading("open") as conn:
+        with self.reading("open") as conn:
             identity = _identity(conn, self.url)
         if identity == "current":
             return
@@ -404,7 +415,7 @@ class PostgresConnections(StoreConnections):
                 code="store_missing",
                 store=self.url,
             )
-        with self._write("open", "store_commit_unknown") as work:
+        with self.write("open", "store_commit_unknown") as work:
             # Checked again under the write lock: another worker may have created it.
             if _identity(work, self.url) == "fresh":
                 work.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
@@ -414,20 +425,29 @@ class PostgresConnections(StoreConnections):
                     "INSERT INTO store_identity VALUES (?, ?)", (APPLICATION_ID, SCHEMA_VERSION)
                 )
 
-    def _independent_connection(self, operation: str) -> StoreConnection:
-        # A session of its own, never a kept one: the read-back is independent.
+    def independent_connection(self, operation: str) -> StoreConnection:
+        """A session of its own, never a kept one: the read-back is independent."""
         return self._new_connection(operation, keep=False)
 
+    def fresh(self, operation: str) -> AbstractContextManager[StoreConnection]:
+        """A new session of its own, outside any transaction (an independent read)."""
+        return fresh_connection(self, operation)
+
+    def write(self, operation: str, uncertain: str) -> AbstractContextManager[StoreConnection]:
+        """One unit of work: yields the connection, commits when the block succeeds."""
+        return unit_of_work(self, operation, uncertain)
+
     @contextmanager
-    def _reading(self, operation: str) -> Iterator[StoreConnection]:
-        conn = self._connect(operation)
+    def reading(self, operation: str) -> Iterator[StoreConnection]:
+        """One ``REPEATABLE READ`` read-only snapshot on a kept or new session."""
+        conn = self.connect(operation)
         psycopg = _psycopg()
         try:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             yield conn
             conn.execute("ROLLBACK")  # ends the snapshot: the connection may be kept
         except psycopg.Error as exc:
-            raise self._error(exc, operation) from exc
+            raise self.error(exc, operation) from exc
         finally:
             conn.close()  # kept only outside a transaction (else closed, which ends it)
 

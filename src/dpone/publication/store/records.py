@@ -25,7 +25,7 @@ from dpone.publication.store.admission import (
     authority_problem,
 )
 from dpone.publication.store.chain import ChainCheck, verify_chain
-from dpone.publication.store.connections import StoreConnection, StoreConnections
+from dpone.publication.store.connections import StoreConnection, StoreConnections, StoreHooks
 from dpone.publication.store.errors import SnapshotStoreError
 from dpone.publication.store.schema import decode_facts, now
 
@@ -51,8 +51,13 @@ class SnapshotSummary:
         return self.state in UNRESOLVED_STATES and not self.abandoned
 
 
-class SnapshotRecords(StoreConnections):
-    """The :class:`~dpone.ports.composition_snapshot.SnapshotPublicationStore` half."""
+class SnapshotRecords:
+    """The :class:`~dpone.ports.composition_snapshot.SnapshotPublicationStore` half, on
+    the store's connections; ``hooks`` (the store's seams) sees every read-back."""
+
+    def __init__(self, connections: StoreConnections, hooks: StoreHooks) -> None:
+        self.connections = connections
+        self.hooks = hooks
 
     def create(self, intent_bytes: bytes, record_bytes: bytes, authority: ParentAuthority) -> None:
         """Persist a new intent with its PREPARED record (``intent_exists`` if present).
@@ -68,7 +73,7 @@ class SnapshotRecords(StoreConnections):
         check_transition(None, None, state, revision)
         intent_sha256 = hashlib.sha256(intent_bytes).hexdigest()
         slot = authority.slot
-        with self._write("create", "prepare_uncertain") as conn:
+        with self.connections.write("create", "prepare_uncertain") as conn:
             _refuse_a_second_intent(conn, intent_sha256, authority)
             problem = authority_problem(conn, authority, allow_retiring=False, activating=True)
             if problem is not None:
@@ -101,7 +106,7 @@ class SnapshotRecords(StoreConnections):
 
     def load(self, intent_sha256: str) -> StoredSnapshot:
         """The stored intent and current record (``snapshot_not_found`` when absent)."""
-        with self._reading("load") as conn:
+        with self.connections.reading("load") as conn:
             row = conn.execute(
                 "SELECT i.intent_bytes, r.record_bytes, r.revision FROM intents i"
                 " JOIN records r USING (intent_sha256) WHERE intent_sha256 = ?",
@@ -113,7 +118,7 @@ class SnapshotRecords(StoreConnections):
 
     def list_snapshots(self) -> list[SnapshotSummary]:
         """Every intent with its current state, oldest first (for status and lookups)."""
-        with self._reading("list") as conn:
+        with self.connections.reading("list") as conn:
             rows = conn.execute(
                 "SELECT i.intent_sha256, i.database, i.target_table, i.created_at, r.state,"
                 f" r.revision, i.intent_bytes, CASE WHEN {NOT_ABANDONED} THEN 0 ELSE 1 END"
@@ -148,7 +153,7 @@ class SnapshotRecords(StoreConnections):
         check_transition(current, revision, target, new_revision)
         facts_bytes = canonical_json.dumps(dict(facts))
         where = {"intent_sha256": intent_sha256, "revision": revision}
-        with self._write("compare_and_set", "claim_uncertain") as conn:
+        with self.connections.write("compare_and_set", "claim_uncertain") as conn:
             row = conn.execute(
                 "SELECT record_bytes, revision FROM records WHERE intent_sha256 = ?",
                 (intent_sha256,),
@@ -194,11 +199,11 @@ class SnapshotRecords(StoreConnections):
 
     def read_back(self, intent_sha256: str) -> bytes:
         """The current record bytes through a fresh, independent connection."""
-        with self._fresh("read_back") as conn:
+        with self.connections.fresh("read_back") as conn:
             row = conn.execute(
                 "SELECT record_bytes FROM records WHERE intent_sha256 = ?", (intent_sha256,)
             ).fetchone()
-        data = self._after_read_back(intent_sha256, None if row is None else bytes(row[0]))
+        data = self.hooks._after_read_back(intent_sha256, None if row is None else bytes(row[0]))
         if data is None:
             raise _not_found(intent_sha256)
         return data
@@ -206,7 +211,7 @@ class SnapshotRecords(StoreConnections):
     def observe(self, intent_sha256: str, facts: Mapping[str, Any]) -> None:
         """Append an observation (no record change) at the record's current revision."""
         facts_bytes = canonical_json.dumps(dict(facts))
-        with self._write("observe", "store_commit_unknown") as conn:
+        with self.connections.write("observe", "store_commit_unknown") as conn:
             row = conn.execute(
                 "SELECT revision, state FROM records WHERE intent_sha256 = ?", (intent_sha256,)
             ).fetchone()
@@ -219,7 +224,7 @@ class SnapshotRecords(StoreConnections):
 
         The current record and the history are read in one snapshot.
         """
-        with self._reading("verify_chain") as conn:
+        with self.connections.reading("verify_chain") as conn:
             entries = _history_of(conn, intent_sha256)
             current = conn.execute(
                 "SELECT record_bytes FROM records WHERE intent_sha256 = ?", (intent_sha256,)
@@ -228,7 +233,7 @@ class SnapshotRecords(StoreConnections):
 
     def history(self, intent_sha256: str) -> list[HistoryEntry]:
         """The full history of one intent, oldest first (``snapshot_not_found``)."""
-        with self._reading("history") as conn:
+        with self.connections.reading("history") as conn:
             return _history_of(conn, intent_sha256)
 
 

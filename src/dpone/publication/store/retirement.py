@@ -44,8 +44,11 @@ def retirement_key(slot: TargetSlot) -> str:
     return f"{RETIREMENT_PREFIX}{slot.database}/{slot.table}"
 
 
-class SlotRetirement(StoreConnections):
+class SlotRetirement:
     """The retirement notes of slots, with the fence that makes a retirement safe."""
+
+    def __init__(self, connections: StoreConnections) -> None:
+        self.connections = connections
 
     def begin_retirement(self, slot: TargetSlot, facts: Mapping[str, Any]) -> StepNote:
         """Fence the slot and note ``retire_begun`` (or return the begun note it has).
@@ -53,7 +56,7 @@ class SlotRetirement(StoreConnections):
         A retirement already begun, or ended, with no run activated since, is returned
         as it is (nothing written). ``facts`` (what is planned) go into a new note.
         """
-        with self._write("begin_retirement", "store_commit_unknown") as conn:
+        with self.connections.write("begin_retirement", "store_commit_unknown") as conn:
             _refuse_unfinished(conn, slot)
             epoch = slot_epoch(conn, slot)
             last = _last_note(conn, slot)
@@ -79,7 +82,7 @@ class SlotRetirement(StoreConnections):
 
     def end_retirement(self, slot: TargetSlot, facts: Mapping[str, Any]) -> StepNote:
         """Note ``retired`` and retire the fenced runs (an ended retirement is returned)."""
-        with self._write("end_retirement", "store_commit_unknown") as conn:
+        with self.connections.write("end_retirement", "store_commit_unknown") as conn:
             last = _last_note(conn, slot)
             epoch = slot_epoch(conn, slot)
             if last is None or last.facts.get("epoch") != epoch:
@@ -107,7 +110,7 @@ class SlotRetirement(StoreConnections):
 
     def retirement_notes(self) -> dict[TargetSlot, list[StepNote]]:
         """Every slot's retirement notes, oldest first."""
-        with self._reading("retirement_notes") as conn:
+        with self.connections.reading("retirement_notes") as conn:
             rows = conn.execute(
                 "SELECT id, key, at, facts FROM steps WHERE substr(key, 1, ?) = ? ORDER BY id",
                 (len(RETIREMENT_PREFIX), RETIREMENT_PREFIX),

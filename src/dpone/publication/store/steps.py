@@ -15,8 +15,11 @@ from dpone.publication.store.schema import decode_facts, now
 STORE_IDENTITY_KEY = "store/identity"
 
 
-class StepNotes(StoreConnections):
+class StepNotes:
     """Steps noted before any record exists, and read back by key."""
+
+    def __init__(self, connections: StoreConnections) -> None:
+        self.connections = connections
 
     def note_step(self, key: str, facts: Mapping[str, Any]) -> StepNote:
         """Durably note a step before any record exists (e.g. a first publication's CREATE).
@@ -25,14 +28,14 @@ class StepNotes(StoreConnections):
         """
         facts_bytes = canonical_json.dumps(dict(facts))
         at = now()
-        with self._write("note_step", "store_commit_unknown") as conn:
+        with self.connections.write("note_step", "store_commit_unknown") as conn:
             sequence = append_step(conn, key, facts_bytes, at)
         assert sequence is not None
         return StepNote(sequence, key, at, decode_facts(facts_bytes))
 
     def step_notes(self, key: str) -> list[StepNote]:
         """Every note of ``key``, oldest first."""
-        with self._reading("step_notes") as conn:
+        with self.connections.reading("step_notes") as conn:
             rows = conn.execute(
                 "SELECT id, key, at, facts FROM steps WHERE key = ? ORDER BY id", (key,)
             ).fetchall()
@@ -48,7 +51,7 @@ class StepNotes(StoreConnections):
         found = self._first_identity("store_identity")
         if found is not None:
             return found
-        with self._write("store_identity", "store_commit_unknown") as conn:
+        with self.connections.write("store_identity", "store_commit_unknown") as conn:
             row = conn.execute(
                 "SELECT facts FROM steps WHERE key = ? ORDER BY id LIMIT 1", (STORE_IDENTITY_KEY,)
             ).fetchone()
@@ -59,7 +62,7 @@ class StepNotes(StoreConnections):
         return made
 
     def _first_identity(self, operation: str) -> str | None:
-        with self._reading(operation) as conn:
+        with self.connections.reading(operation) as conn:
             row = conn.execute(
                 "SELECT facts FROM steps WHERE key = ? ORDER BY id LIMIT 1", (STORE_IDENTITY_KEY,)
             ).fetchone()
