@@ -2,44 +2,68 @@
 
 The policy of seed 000 over four injected ports (:mod:`dpone.ports.composition_snapshot`);
 no I/O of its own. The decisions live in :mod:`dpone.contracts.composition_snapshot`
-(edges, record shapes, :func:`decide_reconcile`); the publisher sequences the ports,
-one module a path:
+(edges, record shapes, :func:`decide_reconcile`). The publisher is composed, never
+inherited: :class:`~.ports.PublisherPorts` holds the ports and settings (and the steps
+every path shares: ``observe_settled``, ``require_recorded_database``, ``load``), and
+one class a path receives it and the paths it calls:
 
-- ``prepare`` (:mod:`.prepare`): the authority reopens the evidence, the
-  ingest principal is closed and proven quiescent, the catalog is observed (a first
-  publication creates the empty target here, as its own noted step), design, content
-  and limits are checked (:mod:`.checks`), a publisher is issued, and the
-  intent is stored with its PREPARED record.
-- ``publish`` (:mod:`.publish`): only this call's acknowledged 1 -> 2
-  compare-and-set on the exact PREPARED bytes, read back independently, permits the one
-  EXCHANGE; then ``reconcile``. A claimed record found by any call is reconciled, never
-  dispatched again.
-- ``reconcile`` (:mod:`.reconcile`): closes the publisher, observes both
+- :class:`~.prepare.Prepare` (``prepare``, with :class:`~.created_target.CreatedTarget`
+  for a first publication's empty target): the authority reopens the evidence, the
+  ingest principal is closed and proven quiescent, the catalog is observed, the rules
+  are applied, a publisher is issued, and the intent is stored as PREPARED@1.
+- :class:`~.publish.Publish` (``publish``, with :class:`~.reconcile.Reconcile`): only
+  this call's acknowledged 1 -> 2 compare-and-set on the exact PREPARED bytes, read
+  back independently, permits the one EXCHANGE, sent only when the rules still hold;
+  then reconcile. A claimed record found by any call is reconciled, never dispatched
+  again.
+- :class:`~.reconcile.Reconcile` (``reconcile``): closes the publisher, observes both
   names, the query log and B's content, and moves the record only along an allowed
   edge. It never issues credentials and never calls the executor.
-- ``cancel`` (here): PREPARED@1 -> NOT_PUBLISHED@2, then the unused publisher is closed.
-- ``abandon`` (:mod:`.abandon`): a claim whose database was dropped on this server
-  ends COMMIT_UNKNOWN with its publisher closed, and an operator's note frees its slot.
+- :class:`~.cancel.Cancel` (``cancel``): PREPARED@1 -> NOT_PUBLISHED@2, then the unused
+  publisher is closed.
+- :class:`~.abandon.Abandon` (``abandon``, with ``Reconcile``): a claim whose database
+  was dropped on this server ends COMMIT_UNKNOWN with its publisher closed, and an
+  operator's note frees its slot.
 
-The publisher retains A: it never drops a table, advances a checkpoint or releases a
-fence.
+The catalog observes (:mod:`dpone.publication.catalog`); :mod:`.rules` judges. A new
+check before publish is one function there returning a ``Refusal``, added to
+``generation_refusal`` (prepare raises it) and ``exchange_refusal`` (dispatch returns
+its code as the NOT_SENT reason). The publisher retains A: it never drops a table,
+advances a checkpoint or releases a fence.
 """
 
 from __future__ import annotations
 
-from dpone.contracts.composition_snapshot import CANCELLED, SnapshotState
-from dpone.publication.publisher.abandon import AbandonPath
-from dpone.publication.publisher.ports import CLAIM_POLL_SECONDS, CLAIM_WAIT_SECONDS
-from dpone.publication.publisher.prepare import PreparePath
-from dpone.publication.publisher.publish import PublishPath
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dpone.contracts.composition_snapshot import DEFAULT_LIMITS, SnapshotIntent, SnapshotLimits
+from dpone.ports.composition_snapshot import (
+    AttemptRef,
+    CatalogObservation,
+    ClickHouseSnapshotCatalog,
+    ClickHouseSnapshotExecutor,
+    SnapshotPublicationAuthority,
+    SnapshotPublicationStore,
+    TargetSlot,
+)
+from dpone.publication.publisher.abandon import Abandon, Abandonment
+from dpone.publication.publisher.cancel import Cancel
+from dpone.publication.publisher.created_target import CreatedTarget
+from dpone.publication.publisher.ports import (
+    CLAIM_POLL_SECONDS,
+    CLAIM_WAIT_SECONDS,
+    PublisherPorts,
+)
+from dpone.publication.publisher.prepare import Prepare
+from dpone.publication.publisher.publish import Publish
 from dpone.publication.publisher.receipts import (
     PublicationReceipt,
     SnapshotPublicationError,
-    historical_receipt,
-    receipt_from_record,
     utc_now,
 )
-from dpone.publication.publisher.records import closure_document
+from dpone.publication.publisher.reconcile import Reconcile
 
 __all__ = [
     "CLAIM_POLL_SECONDS",
@@ -50,46 +74,121 @@ __all__ = [
     "utc_now",
 ]
 
-P = SnapshotState
 
-
-class ClickHouseAtomicSnapshotPublisher(PreparePath, PublishPath, AbandonPath):
+class ClickHouseAtomicSnapshotPublisher:
     """Publishes one complete, sealed generation with a single EXCHANGE (seed 000).
 
-    Constructed with keyword arguments ``authority``, ``store``, ``catalog``,
-    ``executor`` and optionally ``limits``, ``clock``, ``claim_wait_seconds`` and
-    ``sleep`` (see :class:`~dpone.publication.publisher.ports.PublisherPorts`).
+    Holds the ports (:class:`~dpone.publication.publisher.ports.PublisherPorts`) and
+    one object per path, each given the ports and the paths it calls; every method
+    here delegates to one of them.
     """
 
+    def __init__(
+        self,
+        *,
+        authority: SnapshotPublicationAuthority,
+        store: SnapshotPublicationStore,
+        catalog: ClickHouseSnapshotCatalog,
+        executor: ClickHouseSnapshotExecutor,
+        limits: SnapshotLimits = DEFAULT_LIMITS,
+        clock: Callable[[], str] = utc_now,
+        claim_wait_seconds: float = CLAIM_WAIT_SECONDS,
+        sleep: Callable[[float], None] = time.sleep,
+        accept_ungated_ingest: bool = False,
+    ) -> None:
+        """The four ports and the settings of :class:`PublisherPorts` (which see)."""
+        self.ports = PublisherPorts(
+            authority=authority,
+            store=store,
+            catalog=catalog,
+            executor=executor,
+            limits=limits,
+            clock=clock,
+            claim_wait_seconds=claim_wait_seconds,
+            sleep=sleep,
+            accept_ungated_ingest=accept_ungated_ingest,
+        )
+        self.reconcile_path = Reconcile(self.ports)
+        self.prepare_path = Prepare(self.ports, CreatedTarget(self.ports))
+        self.publish_path = Publish(self.ports, self.reconcile_path)
+        self.cancel_path = Cancel(self.ports)
+        self.abandon_path = Abandon(self.ports, self.reconcile_path)
+
+    @property
+    def authority(self) -> SnapshotPublicationAuthority:
+        """The authority port: evidence, fences, principals and their credentials."""
+        return self.ports.authority
+
+    @property
+    def store(self) -> SnapshotPublicationStore:
+        """The store port: intents, records and their history."""
+        return self.ports.store
+
+    @property
+    def catalog(self) -> ClickHouseSnapshotCatalog:
+        """The catalog port: what the server shows."""
+        return self.ports.catalog
+
+    @property
+    def executor(self) -> ClickHouseSnapshotExecutor:
+        """The executor port: the CREATE, DROP and EXCHANGE it sends."""
+        return self.ports.executor
+
+    @property
+    def limits(self) -> SnapshotLimits:
+        """The ceilings prepare binds into each intent."""
+        return self.ports.limits
+
+    @property
+    def clock(self) -> Callable[[], str]:
+        """What records are stamped with (UTC, microseconds)."""
+        return self.ports.clock
+
+    @property
+    def claim_wait_seconds(self) -> float:
+        """How long a caller that lost the claim waits for the winner's outcome."""
+        return self.ports.claim_wait_seconds
+
+    @property
+    def sleep(self) -> Callable[[float], None]:
+        """How the bounded waits pause."""
+        return self.ports.sleep
+
+    @property
+    def accept_ungated_ingest(self) -> bool:
+        """Whether prepare accepts a generation staged without a drain gate."""
+        return self.ports.accept_ungated_ingest
+
+    def prepare(
+        self, attempt: AttemptRef, generation_ref: str, *, design_change: bool = False
+    ) -> PublicationReceipt:
+        """See :meth:`.prepare.Prepare.prepare`."""
+        return self.prepare_path.prepare(attempt, generation_ref, design_change=design_change)
+
+    def publish(self, intent_sha256: str) -> PublicationReceipt:
+        """See :meth:`.publish.Publish.publish`."""
+        return self.publish_path.publish(intent_sha256)
+
+    def reconcile(self, intent_sha256: str) -> PublicationReceipt:
+        """See :meth:`.reconcile.Reconcile.reconcile`."""
+        return self.reconcile_path.reconcile(intent_sha256)
+
     def cancel(self, intent_sha256: str) -> PublicationReceipt:
-        """PREPARED@1 -> NOT_PUBLISHED@2 (no claim was ever made); then close the publisher."""
-        loaded = self._load(intent_sha256)
-        intent, record = loaded.intent, loaded.record
-        if record.state is P.NOT_PUBLISHED and record.reason == CANCELLED:
-            return historical_receipt(record)
-        if record.state is not P.PREPARED:
-            raise SnapshotPublicationError(
-                f"{intent_sha256} is {record.state.value}@{record.revision}: only a PREPARED"
-                " record can be cancelled",
-                code="claim_exists",
-                intent_sha256=intent_sha256,
-                state=record.state.value,
-            )
-        cancelled = record.successor(P.NOT_PUBLISHED, at=self.clock(), reason=CANCELLED)
-        self.store.compare_and_set(
-            intent_sha256,
-            expected=record.raw,
-            replacement=cancelled.raw,
-            authority=self.authority.recheck(intent),
-            facts={"step": "cancel"},
-        )
-        # Only now, with no claim possible any more, is closing the publisher safe.
-        closure = self._close_publisher(intent)
-        self.store.observe(
-            intent_sha256,
-            {
-                "step": "cancel_closure",
-                "closure": None if closure is None else closure_document(closure),
-            },
-        )
-        return receipt_from_record(cancelled, historical=False)
+        """See :meth:`.cancel.Cancel.cancel`."""
+        return self.cancel_path.cancel(intent_sha256)
+
+    def abandon(self, intent_sha256: str) -> Abandonment:
+        """See :meth:`.abandon.Abandon.abandon`."""
+        return self.abandon_path.abandon(intent_sha256)
+
+    def observe_settled(self, slot: TargetSlot, generation_table: str) -> CatalogObservation:
+        """See :meth:`.ports.PublisherPorts.observe_settled`."""
+        return self.ports.observe_settled(slot, generation_table)
+
+    def require_recorded_database(self, database: str, recorded_uuid: str, what: str) -> None:
+        """See :meth:`.ports.PublisherPorts.require_recorded_database`."""
+        self.ports.require_recorded_database(database, recorded_uuid, what)
+
+    def replaced_database(self, intent: SnapshotIntent) -> dict[str, Any] | None:
+        """See :meth:`.ports.PublisherPorts.replaced_database`."""
+        return self.ports.replaced_database(intent)

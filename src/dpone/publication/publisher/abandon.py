@@ -21,8 +21,9 @@ from typing import Any
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState, exchange_query_id
 from dpone.ports.composition_snapshot import StepNote
 from dpone.publication.login_account import LOGINS_UNOBSERVABLE
+from dpone.publication.publisher.ports import PublisherPorts
 from dpone.publication.publisher.receipts import SnapshotPublicationError
-from dpone.publication.publisher.reconcile import PUBLISHER_LOGINS_UNOBSERVABLE, ReconcilePath
+from dpone.publication.publisher.reconcile import PUBLISHER_LOGINS_UNOBSERVABLE, Reconcile
 from dpone.publication.publisher.records import closure_document
 from dpone.publication.store.admission import abandoned_key
 
@@ -51,8 +52,13 @@ class Abandonment:
         }
 
 
-class AbandonPath(ReconcilePath):
+class Abandon:
     """``abandon``: see the module doc."""
+
+    def __init__(self, ports: PublisherPorts, reconciler: Reconcile) -> None:
+        """Over the publisher's ports; ``reconciler`` resolves a still open claim first."""
+        self.ports = ports
+        self.reconciler = reconciler
 
     def abandon(self, intent_sha256: str) -> Abandonment:
         """Free the slot of a claim whose database was dropped on this server.
@@ -63,26 +69,28 @@ class AbandonPath(ReconcilePath):
         publisher's closure is proven (``closure_unproven``).
         """
         key = abandoned_key(intent_sha256)
-        earlier = self.store.step_notes(key)
-        loaded = self._load(intent_sha256)
+        earlier = self.ports.store.step_notes(key)
+        loaded = self.ports.load(intent_sha256)
         if earlier:
             record = loaded.record
             return Abandonment(intent_sha256, record.state, record.revision, earlier[0], True)
-        self._require_retained(loaded.intent)
+        self.reconciler.require_retained(loaded.intent)
         intent = loaded.intent
         if loaded.record.state not in (P.EXCHANGE_INTENT, P.COMMIT_UNKNOWN):
             raise _not_abandonable(intent_sha256, loaded.record.state, loaded.record.revision)
         # Proven before anything is closed or moved: a claim whose database is not
         # proven dropped is left exactly as it was (reconcile is its way).
-        replaced = self.replaced_database(intent)
+        replaced = self.ports.replaced_database(intent)
         if replaced is None:
             raise _not_replaced(intent)
         if loaded.record.state is P.EXCHANGE_INTENT:
-            self.reconcile(intent_sha256)  # closes the publisher: COMMIT_UNKNOWN, read below
-        record = self._load(intent_sha256).record
+            self.reconciler.reconcile(
+                intent_sha256
+            )  # closes the publisher: COMMIT_UNKNOWN, read below
+        record = self.ports.load(intent_sha256).record
         if record.state is not P.COMMIT_UNKNOWN:
             raise _not_abandonable(intent_sha256, record.state, record.revision)
-        closure = self._close_publisher(intent)
+        closure = self.ports.close_publisher(intent)
         if closure is not None and LOGINS_UNOBSERVABLE in closure.facts.get("unproven", ()):
             raise _logins_unobservable(intent)
         if closure is None or not closure.proven:
@@ -99,8 +107,8 @@ class AbandonPath(ReconcilePath):
             "state": record.state.value,
             "revision": record.revision,
         }
-        self.store.observe(intent_sha256, facts)  # the record's own history says it too
-        note = self.store.note_step(key, {**facts, "intent_sha256": intent_sha256})
+        self.ports.store.observe(intent_sha256, facts)  # the record's own history says it too
+        note = self.ports.store.note_step(key, {**facts, "intent_sha256": intent_sha256})
         return Abandonment(intent_sha256, record.state, record.revision, note, False)
 
 

@@ -34,10 +34,10 @@ from dpone.ports.composition_snapshot import (
     PrincipalRef,
     PublicationEvidence,
 )
-from dpone.publication.publisher.checks import refuse_side_effects
 from dpone.publication.publisher.ports import PublisherPorts
 from dpone.publication.publisher.receipts import SnapshotPublicationError
 from dpone.publication.publisher.records import dispatch_facts
+from dpone.publication.publisher.rules import raise_refusal, side_effects
 from dpone.publication.store import SnapshotStore
 
 OBSERVED_STEP = "create_target_observed"
@@ -48,10 +48,14 @@ _KEEP_AFTER = frozenset(
 )
 
 
-class CreatedTarget(PublisherPorts):
+class CreatedTarget:
     """The CREATE of a first publication's empty target, and its DROP after a refusal."""
 
-    def _create_target(
+    def __init__(self, ports: PublisherPorts) -> None:
+        """Over the publisher's ports."""
+        self.ports = ports
+
+    def create(
         self,
         evidence: PublicationEvidence,
         generation_ref: str,
@@ -66,7 +70,7 @@ class CreatedTarget(PublisherPorts):
         """
         query_id = create_target_query_id(generation_ref)
         slot = evidence.slot
-        self.store.note_step(
+        self.ports.store.note_step(
             query_id,
             {
                 "step": "create_target",
@@ -78,9 +82,13 @@ class CreatedTarget(PublisherPorts):
                 "publisher": publisher.user,
             },
         )
-        issued = self.authority.principal_credentials(publisher)
-        result = self.executor.create_target(slot, evidence.generation.table, query_id, issued)
-        self.store.note_step(query_id, {"step": "create_target_answer", **dispatch_facts(result)})
+        issued = self.ports.authority.principal_credentials(publisher)
+        result = self.ports.executor.create_target(
+            slot, evidence.generation.table, query_id, issued
+        )
+        self.ports.store.note_step(
+            query_id, {"step": "create_target_answer", **dispatch_facts(result)}
+        )
         if result.outcome is not DispatchOutcome.ACKNOWLEDGED:
             why = f": {result.error_code}" if result.error_code else ""
             raise SnapshotPublicationError(
@@ -92,21 +100,21 @@ class CreatedTarget(PublisherPorts):
                 clickhouse_code=result.clickhouse_code,
                 reason=result.error_code,
             )
-        observation = self.observe_settled(evidence.slot, evidence.generation.table)
+        observation = self.ports.observe_settled(evidence.slot, evidence.generation.table)
         if observation.target is None:
             raise SnapshotPublicationError(
                 f"the created target {slot.database}.{slot.table} is not visible",
                 code="catalog_unobservable",
                 query_id=query_id,
             )
-        self.store.note_step(
+        self.ports.store.note_step(
             query_id, {"step": OBSERVED_STEP, "table_uuid": observation.target.uuid}
         )
         created_uuid.append(observation.target.uuid)
-        refuse_side_effects(observation)
+        raise_refusal(side_effects(observation))
         return observation
 
-    def _drop_created(
+    def drop(
         self,
         evidence: PublicationEvidence,
         generation_ref: str,
@@ -131,15 +139,15 @@ class CreatedTarget(PublisherPorts):
         drop_id = drop_created_target_query_id(generation_ref)
         facts = {"query_id": drop_id, "table_uuid": table_uuid, "refusal": exc.code}
         try:
-            self.store.note_step(create_id, {"step": DROP_STEP, **facts})
-            issued = self.authority.principal_credentials(publisher)
+            self.ports.store.note_step(create_id, {"step": DROP_STEP, **facts})
+            issued = self.ports.authority.principal_credentials(publisher)
         except DponeError as drop_exc:  # nothing was sent
             exc.add_details(created_target="left", created_target_drop=drop_exc.code)
             return
-        result = self.executor.drop_created_target(evidence.slot, table_uuid, drop_id, issued)
+        result = self.ports.executor.drop_created_target(evidence.slot, table_uuid, drop_id, issued)
         try:
             answer = {"step": f"{DROP_STEP}_answer", **dispatch_facts(result)}
-            self.store.note_step(create_id, answer)
+            self.ports.store.note_step(create_id, answer)
         except DponeError as note_exc:  # the answer stands; its note is missing
             exc.add_details(created_target_note_failed=note_exc.code)
         outcome = {
@@ -164,13 +172,13 @@ class CreatedTarget(PublisherPorts):
         """
         if exc.code in _KEEP_AFTER:
             return exc.code
-        if not isinstance(self.store, SnapshotStore):
+        if not isinstance(self.ports.store, SnapshotStore):
             return "intents_unlisted"  # which intents name it cannot be read: keep it
         try:
-            for summary in self.store.list_snapshots():
+            for summary in self.ports.store.list_snapshots():
                 if SnapshotIntent.from_bytes(summary.intent_bytes).target_uuid == table_uuid:
                     return "named_by_an_intent"
-            observation = self.observe_settled(evidence.slot, evidence.generation.table)
+            observation = self.ports.observe_settled(evidence.slot, evidence.generation.table)
         except DponeError as read_exc:
             return read_exc.code
         target = observation.target

@@ -205,7 +205,8 @@ class PublisherPorts:
             "tables_found": [],
         }
 
-    def _load(self, intent_sha256: str) -> LoadedIntent:
+    def load(self, intent_sha256: str) -> LoadedIntent:
+        """The stored intent and its current record, checked to belong together."""
         stored = self.store.load(intent_sha256)
         intent = SnapshotIntent.from_bytes(stored.intent_bytes)
         record = SnapshotRecord.from_bytes(stored.record_bytes)
@@ -223,7 +224,8 @@ class PublisherPorts:
             )
         return LoadedIntent(intent, record)
 
-    def _close_publisher(self, intent: SnapshotIntent) -> ClosureProof | None:
+    def close_publisher(self, intent: SnapshotIntent) -> ClosureProof | None:
+        """Close the intent's publisher: its proof, or None when the closure failed."""
         try:
             return self.authority.close_principal(principal_ref(intent.publisher))
         except DponeError:

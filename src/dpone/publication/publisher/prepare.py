@@ -25,15 +25,8 @@ from dpone.ports.composition_snapshot import (
     TableObservation,
 )
 from dpone.publication.login_account import logins_unobserved
-from dpone.publication.publisher.checks import (
-    both_tables,
-    check_evidence,
-    check_generation,
-    generation_of,
-    refuse_side_effects,
-    storage_observed,
-)
 from dpone.publication.publisher.created_target import CreatedTarget
+from dpone.publication.publisher.ports import PublisherPorts
 from dpone.publication.publisher.receipts import (
     PublicationReceipt,
     SnapshotPublicationError,
@@ -43,10 +36,24 @@ from dpone.publication.publisher.records import (
     DESIGN_CHANGE_STEP,
     intent_principal,
 )
+from dpone.publication.publisher.rules import (
+    evidence_observed,
+    generation_refusal,
+    raise_refusal,
+    reopened_evidence,
+    side_effects,
+    staged_generation,
+    target_visible,
+)
 
 
-class PreparePath(CreatedTarget):
+class Prepare:
     """``prepare``: check everything, issue a publisher, store the intent as PREPARED@1."""
+
+    def __init__(self, ports: PublisherPorts, created: CreatedTarget) -> None:
+        """Over the publisher's ports; ``created`` creates (and drops) a first target."""
+        self.ports = ports
+        self.created = created
 
     def prepare(
         self, attempt: AttemptRef, generation_ref: str, *, design_change: bool = False
@@ -58,16 +65,16 @@ class PreparePath(CreatedTarget):
         one). The replaced design is noted in the intent's history, and publish sends
         the EXCHANGE only while the target still has exactly that design.
         """
-        evidence = self.authority.reopen(attempt, generation_ref)
-        check_evidence(evidence, generation_ref)
-        self.require_recorded_database(
+        evidence = self.ports.authority.reopen(attempt, generation_ref)
+        raise_refusal(reopened_evidence(evidence, generation_ref))
+        self.ports.require_recorded_database(
             evidence.slot.database,
             str(evidence.endpoint.get("database_uuid", "")),
             f"the staged generation {evidence.generation.table}",
         )
         self._close_ingest(evidence)
         observation = self._observe_checked(evidence)
-        staged = generation_of(observation, evidence)  # B must be there before any CREATE
+        staged = _staged(observation, evidence)  # B must be there before any CREATE
         publisher: PrincipalRef | None = None
         created = observation.target is None
         created_uuid: list[str] = []  # the created target's UUID, once observed
@@ -76,43 +83,46 @@ class PreparePath(CreatedTarget):
             # rows, digest and the limits are checked first (the new target takes B's
             # design, which the check after the CREATE compares), so a refused prepare
             # leaves no table behind.
-            check_generation(self.limits, evidence, observation, staged, staged)
+            raise_refusal(
+                generation_refusal(self.ports.limits, evidence, observation, staged, staged)
+            )
         try:
             if created:
-                publisher = self.authority.issue_publisher(evidence)
-                observation = self._create_target(evidence, generation_ref, publisher, created_uuid)
-            target, generation = both_tables(observation, evidence)
-            check_generation(self.limits, evidence, observation, target, generation, design_change)
+                publisher = self.ports.authority.issue_publisher(evidence)
+                observation = self.created.create(evidence, generation_ref, publisher, created_uuid)
+            target, generation = _both(observation, evidence)
+            raise_refusal(
+                generation_refusal(
+                    self.ports.limits, evidence, observation, target, generation, design_change
+                )
+            )
             if publisher is None:
-                publisher = self.authority.issue_publisher(evidence)
-            intent = seal_intent(evidence, target, generation, publisher, self.limits, self.clock())
-            record = SnapshotRecord.prepared(intent.sha256, at=self.clock())
-            self.store.create(intent.raw, record.raw, self.authority.recheck(intent))
+                publisher = self.ports.authority.issue_publisher(evidence)
+            intent = seal_intent(
+                evidence, target, generation, publisher, self.ports.limits, self.ports.clock()
+            )
+            record = SnapshotRecord.prepared(intent.sha256, at=self.ports.clock())
+            self.ports.store.create(intent.raw, record.raw, self.ports.authority.recheck(intent))
         except DponeError as exc:
             # An uncertain create may have stored the intent: its target and publisher stay.
             if exc.code != "prepare_uncertain":
                 if publisher is not None and created_uuid:
-                    self._drop_created(evidence, generation_ref, created_uuid[0], publisher, exc)
+                    self.created.drop(evidence, generation_ref, created_uuid[0], publisher, exc)
                 if publisher is not None:
                     self._release_unused(publisher, exc)
             raise
         if created:  # link the pre-intent step note into the intent's own history
-            self.store.observe(
+            self.ports.store.observe(
                 intent.sha256,
                 {"step": "create_target", "query_id": create_target_query_id(generation_ref)},
             )
         self._note_design_change(intent.sha256, target, generation)
         # The final observations the ceilings were checked against, kept with the intent.
-        self.store.observe(
+        self.ports.store.observe(
             intent.sha256,
             {
                 "step": "limits_checked",
-                "observed": {
-                    "source_rows": evidence.source.rows,
-                    "source_bytes": evidence.source.bytes,
-                    "wire_bytes": evidence.generation.rowbinary_bytes,
-                    **storage_observed(observation, generation),
-                },
+                "observed": evidence_observed(evidence, observation, generation),
                 "observed_at": observation.observed_at,
             },
         )
@@ -128,9 +138,12 @@ class PreparePath(CreatedTarget):
     def _close_ingest(self, evidence: PublicationEvidence) -> None:
         """Prove the ingest principal closed and quiescent, or refuse the prepare; and
         refuse a generation staged without a drain gate unless the caller accepts it."""
-        closure = self.authority.close_principal(evidence.ingest)
+        closure = self.ports.authority.close_principal(evidence.ingest)
         # Named before the closure's other findings: it has its own ways out.
-        if logins_unobserved(closure.facts.get("logins", {})) and not self.accept_ungated_ingest:
+        if (
+            logins_unobserved(closure.facts.get("logins", {}))
+            and not self.ports.accept_ungated_ingest
+        ):
             raise SnapshotPublicationError(
                 f"the closer cannot read the server's session log, so a request of "
                 f"{evidence.ingest.user} that the server authenticated but has not "
@@ -155,7 +168,7 @@ class PreparePath(CreatedTarget):
         ungated = evidence.ingest_gated is False or (
             evidence.ingest_gated is None and evidence.ingest_transport == "client"
         )
-        if ungated and not self.accept_ungated_ingest:
+        if ungated and not self.ports.accept_ungated_ingest:
             raise SnapshotPublicationError(
                 f"the generation was staged without a drain gate (its journal names transport "
                 f"{evidence.ingest_transport!r} and no drain-gate session; the client "
@@ -172,7 +185,7 @@ class PreparePath(CreatedTarget):
     ) -> None:
         """Bind a decided design change to its intent: publish reads it before it sends."""
         if target.design_sha256 != generation.design_sha256:
-            self.store.observe(
+            self.ports.store.observe(
                 intent_sha256,
                 {
                     "step": DESIGN_CHANGE_STEP,
@@ -182,16 +195,39 @@ class PreparePath(CreatedTarget):
             )
 
     def _observe_checked(self, evidence: PublicationEvidence) -> CatalogObservation:
-        observation = self.observe_settled(evidence.slot, evidence.generation.table)
-        refuse_side_effects(observation)
+        observation = self.ports.observe_settled(evidence.slot, evidence.generation.table)
+        raise_refusal(side_effects(observation))
         return observation
 
     def _release_unused(self, publisher: PrincipalRef, exc: DponeError) -> None:
         # No intent names this publisher, so no other caller can be using it.
         try:
-            self.authority.close_principal(publisher)
+            self.ports.authority.close_principal(publisher)
         except DponeError as close_exc:
             exc.add_details(publisher_release_failed=close_exc.code)
+
+
+def _staged(observation: CatalogObservation, evidence: PublicationEvidence) -> TableObservation:
+    """The observed generation, refused unless it is the staged table itself."""
+    raise_refusal(staged_generation(observation, evidence))
+    return _present(observation.generation)
+
+
+def _both(
+    observation: CatalogObservation, evidence: PublicationEvidence
+) -> tuple[TableObservation, TableObservation]:
+    """The observed target and generation: a visible target and the staged table."""
+    generation = _staged(observation, evidence)
+    raise_refusal(target_visible(observation, evidence))
+    return _present(observation.target), generation
+
+
+def _present(table: TableObservation | None) -> TableObservation:
+    if table is None:  # never: the rule just applied refuses an unobserved table
+        raise SnapshotPublicationError(
+            "a table checked present is not", code="catalog_unobservable"
+        )
+    return table
 
 
 def seal_intent(

@@ -56,8 +56,12 @@ _RETAINED = frozenset({OwnershipState.ACTIVE, OwnershipState.RETIRING})
 PUBLISHER_LOGINS_UNOBSERVABLE = "publisher_logins_unobservable"
 
 
-class ReconcilePath(PublisherPorts):
+class Reconcile:
     """``reconcile``: observe, decide, and compare-and-set along an allowed edge."""
+
+    def __init__(self, ports: PublisherPorts) -> None:
+        """Over the publisher's ports."""
+        self.ports = ports
 
     def reconcile(self, intent_sha256: str) -> PublicationReceipt:
         """Close the publisher, observe, and move a claimed record to what is proven.
@@ -65,9 +69,9 @@ class ReconcilePath(PublisherPorts):
         Needs retained ownership (ACTIVE or RETIRING). A terminal record is observed and
         reported but never rewritten; a PREPARED one has no publisher in use to close.
         """
-        loaded = self._load(intent_sha256)
+        loaded = self.ports.load(intent_sha256)
         intent, record = loaded.intent, loaded.record
-        self._require_retained(intent)
+        self.require_retained(intent)
         if record.state in TERMINAL or record.state is P.PREPARED:
             return self._report(intent, record)
         # A database dropped (and maybe created again) on this same server took A and B
@@ -77,17 +81,17 @@ class ReconcilePath(PublisherPorts):
         # read in the usual case, as before.
         replaced = None
         if self._database_changed(intent):
-            replaced = self.replaced_database(intent)
+            replaced = self.ports.replaced_database(intent)
             if replaced is None:
-                self.require_recorded_database(
+                self.ports.require_recorded_database(
                     intent.database, intent.database_uuid, f"the intent {intent_sha256}"
                 )
-        return self._reconcile_claimed(intent, record, None, replaced=replaced)
+        return self.claimed(intent, record, None, replaced=replaced)
 
-    def _require_retained(self, intent: SnapshotIntent) -> None:
+    def require_retained(self, intent: SnapshotIntent) -> None:
         """Refuse (``ownership_not_retained``) unless the intent's run still retains its
         slot (ACTIVE or RETIRING): only such a run may close its publisher and decide."""
-        ownership = self.authority.ownership(intent)
+        ownership = self.ports.authority.ownership(intent)
         if ownership not in _RETAINED:
             raise SnapshotPublicationError(
                 f"the run of {intent.sha256} no longer retains its slot ({ownership.value})",
@@ -102,16 +106,16 @@ class ReconcilePath(PublisherPorts):
         if not intent.database_uuid:
             return False  # nothing recorded to compare (the evidence checks refuse that)
         try:
-            return self.catalog.database_uuid(intent.database) != intent.database_uuid
+            return self.ports.catalog.database_uuid(intent.database) != intent.database_uuid
         except DponeError:
             return False
 
     def _report(self, intent: SnapshotIntent, record: SnapshotRecord) -> PublicationReceipt:
         facts = self._facts(intent, closure=None, dispatch=None)
-        self.store.observe(intent.sha256, {"step": "observe", **facts_document(facts)})
+        self.ports.store.observe(intent.sha256, {"step": "observe", **facts_document(facts)})
         return receipt_observed(record, facts)
 
-    def _reconcile_claimed(
+    def claimed(
         self,
         intent: SnapshotIntent,
         record: SnapshotRecord,
@@ -121,7 +125,7 @@ class ReconcilePath(PublisherPorts):
     ) -> PublicationReceipt:
         """``replaced``: the proof the intent's database is gone (:meth:`replaced_database`);
         its names then denote other tables or none, and are not observed."""
-        closure = self._close_publisher(intent)
+        closure = self.ports.close_publisher(intent)
         known = record_dispatch(dispatch) if dispatch is not None else record.dispatch
         facts = self._facts(intent, closure=closure, dispatch=known, tables=replaced is None)
         decided = decide_reconcile(intent, facts)
@@ -136,11 +140,11 @@ class ReconcilePath(PublisherPorts):
         }
         if decided is P.COMMIT_UNKNOWN and record.state is P.COMMIT_UNKNOWN:
             # Staying unknown is not a transition: same revision, one more observation.
-            self.store.observe(intent.sha256, history)
+            self.ports.store.observe(intent.sha256, history)
             return receipt_observed(record, facts)
         successor = record.successor(
             decided,
-            at=self.clock(),
+            at=self.ports.clock(),
             observation=facts.observation(),
             dispatch=known,
             closure=None if closure is None else record_closure(closure),
@@ -149,7 +153,7 @@ class ReconcilePath(PublisherPorts):
             else _reason(intent, decided, facts, dispatch, closure),
         )
         try:
-            self.store.compare_and_set(
+            self.ports.store.compare_and_set(
                 intent.sha256,
                 expected=record.raw,
                 replacement=successor.raw,
@@ -161,8 +165,8 @@ class ReconcilePath(PublisherPorts):
                 raise
             # A concurrent reconcile moved the record first: keep what this call saw
             # (its closure and observation) in the history, then report what it wrote.
-            current = self._load(intent.sha256).record
-            self.store.observe(
+            current = self.ports.load(intent.sha256).record
+            self.ports.store.observe(
                 intent.sha256,
                 {
                     **history,
@@ -184,11 +188,13 @@ class ReconcilePath(PublisherPorts):
         observation: CatalogObservation | None = None
         try:
             if tables:
-                observation = self.catalog.identities(intent_slot(intent), intent.generation_table)
+                observation = self.ports.catalog.identities(
+                    intent_slot(intent), intent.generation_table
+                )
         except DponeError:
             observation = None
         try:
-            events = self.catalog.exchange_events(exchange_query_id(intent.sha256))
+            events = self.ports.catalog.exchange_events(exchange_query_id(intent.sha256))
             finishes: int | None = sum(1 for e in events if e.type == "QueryFinish")
         except DponeError:
             finishes = None
