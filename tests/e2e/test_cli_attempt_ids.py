@@ -23,7 +23,7 @@ from dpone.errors import DponeError
 from dpone.ports.clickhouse_request import Credentials, Endpoint, check_attempt_id
 from dpone.staging.journal import ClickHouseFileAttemptJournal
 from dpone.staging.recovery import cleanup_attempt, discard_attempt
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
 
 DB = "stg"
 

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
 
 
 def make_table(path: Path, rows: int, *, bad_at: int | None = None) -> None:

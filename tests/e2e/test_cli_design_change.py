@@ -20,7 +20,7 @@ import pytest
 
 from tests import chhttp
 from tests.e2e.test_cli_refresh import SERVER_KINDS, make_source, project, protected_server, refresh
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
 
 DATABASE = "refresh_db"  # test_cli_refresh.project() targets this database
 

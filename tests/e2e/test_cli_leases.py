@@ -31,7 +31,7 @@ from tests.e2e.test_cli_refresh import (
     protected_server,
     rows_of,
 )
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
 
 DATABASE = "refresh_db"  # test_cli_refresh.project() targets this database
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from tests import chhttp
 from tests.e2e.test_cli_refresh import make_source, rows_of
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
 
 PROTECTED = ("pm_db", "pm_other")
 PLAIN = "pm_plain"  # exists on the server, never protected

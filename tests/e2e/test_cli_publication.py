@@ -23,7 +23,7 @@ import pytest
 
 from tests import chhttp
 from tests.e2e.test_cli_refresh import SERVER_KINDS
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
 from tests.remote_server import remote_server
 
 DB = "pubdb"

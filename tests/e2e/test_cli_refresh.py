@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests import chhttp
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
 from tests.remote_server import remote_server
 
 DATABASE = "refresh_db"

@@ -43,7 +43,7 @@ from tests.e2e.test_cli_refresh import (
     rows_of,
     target_rows,
 )
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
 
 # Big enough that export, validation and staging each take a good part of a second.
 ROWS = 50_000

@@ -27,7 +27,7 @@ from dpone.publication.store import SqliteSnapshotStore
 from tests import chhttp
 from tests.e2e.test_cli_boundary import _run_on_terminal
 from tests.e2e.test_cli_refresh import SERVER_KINDS, clickhouse_section, protected_server
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
 
 DATABASE = "jobs_db"
 

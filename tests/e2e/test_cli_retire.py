@@ -38,7 +38,7 @@ from tests.e2e.test_cli_refresh import (
     target_rows,
 )
 from tests.e2e.test_cli_refresh_faults import _journal_state
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
 
 
 @pytest.fixture(scope="module", params=SERVER_KINDS)

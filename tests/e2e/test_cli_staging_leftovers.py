@@ -44,7 +44,7 @@ from tests.e2e.test_cli_refresh import (
     protected_server,
     rows_of,
 )
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
 
 SLOW = {"DPONE_NATIVE": "0"}  # the Python reference: phases last seconds, not milliseconds
 

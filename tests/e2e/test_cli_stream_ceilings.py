@@ -27,7 +27,7 @@ from tests.e2e.test_cli_refresh import (
     refresh,
     rows_of,
 )
-from tests.e2e.test_cli_server import dpone
+from tests.plugins.cli import dpone
 
 ROWS = 2_000  # about 40 KB of RowBinary: over every ceiling set below
 TINY = 3

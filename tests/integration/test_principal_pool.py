@@ -42,8 +42,8 @@ from dpone.publication.principal_issuers import (
     render_grant,
 )
 from tests import chhttp
-from tests.conftest import POOL_DATABASE, POOL_PASSWORDS, TEST_DATABASE
 from tests.fakes.registry import MemoryRunRegistry
+from tests.plugins.managed_server import POOL_DATABASE, POOL_PASSWORDS, TEST_DATABASE
 
 INGEST = ingest_users()[0]
 PUBLISHER = publisher_users()[0]

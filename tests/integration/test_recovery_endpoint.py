@@ -28,7 +28,6 @@ from dpone.staging.recovery import cleanup_attempt, discard_attempt
 from dpone.staging.service import StagedTable
 from tests import chhttp
 from tests.e2e.test_cli_attempt_ids import attempts_command
-from tests.e2e.test_cli_server import as_json
 from tests.integration.test_staging import (
     DB,
     config,
@@ -37,6 +36,7 @@ from tests.integration.test_staging import (
     staging_database,
     table_exists,
 )
+from tests.plugins.cli import as_json
 
 __all__ = ["staging_database"]  # the databases on server A, for every test here
 

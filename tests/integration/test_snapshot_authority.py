@@ -32,7 +32,6 @@ from dpone.ports.composition_snapshot import (
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
 from dpone.publication.journal_evidence import AuthorityError
 from dpone.staging.journal import ClickHouseFileAttemptJournal, JournalEvent
-from tests.conftest import POOL_PASSWORDS
 from tests.integration.test_principal_pool import RunningQuery
 from tests.integration.test_snapshot_executor import (
     DB,
@@ -43,6 +42,7 @@ from tests.integration.test_snapshot_executor import (
     new_gate,
     scope_with,
 )
+from tests.plugins.managed_server import POOL_PASSWORDS
 from tests.profile_settings import ProfileSettings
 
 DIGEST = "0123456789abcdef" * 2

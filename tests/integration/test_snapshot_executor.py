@@ -42,8 +42,8 @@ from dpone.publication.executor import ClickHouseSnapshotExecutor, ExecutorError
 from dpone.publication.lease_scope import LeaseScope
 from dpone.publication.principal_issuers import LocalPoolIssuer
 from tests import chhttp
-from tests.conftest import POOL_DATABASE
 from tests.fakes.registry import MemoryRunRegistry
+from tests.plugins.managed_server import POOL_DATABASE
 
 DB = POOL_DATABASE
 

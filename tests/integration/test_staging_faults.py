@@ -29,7 +29,6 @@ from dpone.staging.journal import ClickHouseFileAttemptJournal, file_journals, r
 from dpone.staging.recovery import list_attempts
 from dpone.staging.service import ClickHouseValidatedFileService
 from tests import chhttp
-from tests.conftest import STAGER_PASSWORD
 from tests.integration.test_staging import (
     DB,
     Interfering,
@@ -42,6 +41,7 @@ from tests.integration.test_staging import (
     states,
     table_exists,
 )
+from tests.plugins.managed_server import STAGER_PASSWORD
 
 __all__ = ["staging_database"]  # the databases, for every test here
 WRONG_COUNT = fake_count(b'{"n":1}\n')  # the primary failure: count_mismatch, after INSERT

@@ -28,7 +28,6 @@ from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials, Endpo
 from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
 from dpone.staging.composition import build_transport
 from dpone.staging.recovery import cleanup_attempt
-from tests.conftest import STAGER_PASSWORD
 from tests.integration.test_staging import (
     DB,
     config,
@@ -37,6 +36,7 @@ from tests.integration.test_staging import (
     table_exists,
 )
 from tests.integration.test_staging_faults import documents, wrapped_service
+from tests.plugins.managed_server import STAGER_PASSWORD
 
 __all__ = ["staging_database"]  # the databases, for every test here
 

@@ -50,7 +50,7 @@ from dpone.ports.clickhouse_request import (
 )
 from dpone.ports.clickhouse_result import QueryResult
 from tests import chhttp
-from tests.conftest import READER_PASSWORD, TEST_DATABASE
+from tests.plugins.managed_server import READER_PASSWORD, TEST_DATABASE
 from tests.profile_settings import ProfileSettings
 
 Factory = Callable[..., Any]
