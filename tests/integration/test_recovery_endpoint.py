@@ -27,7 +27,6 @@ from dpone.staging.journal import read_events
 from dpone.staging.recovery import cleanup_attempt, discard_attempt
 from dpone.staging.service import StagedTable
 from tests import chhttp
-from tests.e2e.test_cli_attempt_ids import attempts_command
 from tests.integration.test_staging import (
     DB,
     config,
@@ -36,7 +35,7 @@ from tests.integration.test_staging import (
     staging_database,
     table_exists,
 )
-from tests.plugins.cli import as_json
+from tests.plugins.cli import as_json, attempts_command
 
 __all__ = ["staging_database"]  # the databases on server A, for every test here
 
