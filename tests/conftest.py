@@ -37,6 +37,8 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 pytest_plugins = [
     "tests.plugins.cli",
     "tests.plugins.managed_server",
+    "tests.plugins.refresh",
+    "tests.plugins.staging",
 ]
 
 

@@ -38,7 +38,7 @@ from dpone.preparation.spool import MODE_PYTHON, prepare_rowbinary
 from dpone.typepolicy import ColumnPlan, plan_column, plan_columns
 from dpone.typepolicy.converters import shortest_float32
 from tests.hostile_values import HOSTILE_BINARY, HOSTILE_TEXT
-from tests.integration.test_export_validate import make_hostile_db
+from tests.plugins.staging import make_hostile_db
 from tests.unit import test_type_policy as tp
 
 
