@@ -37,8 +37,12 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 pytest_plugins = [
     "tests.plugins.cli",
     "tests.plugins.managed_server",
+    "tests.plugins.publication_pool",
+    "tests.plugins.raw_http",
     "tests.plugins.refresh",
     "tests.plugins.staging",
+    "tests.plugins.transports",
+    "tests.plugins.type_samples",
 ]
 
 
