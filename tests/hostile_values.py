@@ -55,3 +55,20 @@ HOSTILE_BINARY: list[bytes] = [
     b"\xab" * 16383,
     b"\xcd" * 16384,
 ]
+
+
+# Identifiers and literals that quoting must carry through unchanged.
+HOSTILE_NAMES = [
+    "plain",
+    "with space",
+    "back`tick",
+    "quote'd",
+    'double"q',
+    "back\\slash",
+    "new\nline",
+    "tab\there",
+    "nul\0byte",
+    "semi;DROP TABLE x;--",
+    "ünïcødé ✓ 表",
+    "\x01\x1f\x7f",
+]

@@ -10,7 +10,6 @@ functions refuse them the same way.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,9 +22,9 @@ from dpone.errors import DponeError
 from dpone.ports.clickhouse_request import Credentials, Endpoint, check_attempt_id
 from dpone.staging.journal import ClickHouseFileAttemptJournal
 from dpone.staging.recovery import cleanup_attempt, discard_attempt
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import ATTEMPTS_DATABASE, as_json, attempts_command, dpone
 
-DB = "stg"
+DB = ATTEMPTS_DATABASE
 
 
 def journal(work: Path, attempt: str) -> Path:
@@ -71,26 +70,6 @@ def layout(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 # Nothing listens on port 1: an id that got through would fail there instead.
 NOWHERE = HttpTransport(Endpoint("127.0.0.1", 1, 1, DB), Credentials("u", "p"))
 OPERATIONS: dict[str, Callable[..., Any]] = {"cleanup": cleanup_attempt, "discard": discard_attempt}
-
-
-def attempts_command(
-    verb: str, attempt: str, work: Path, data_dir: Path, *more: str, database: str = DB
-) -> subprocess.CompletedProcess[str]:
-    """``dpone attempts VERB ATTEMPT`` on the managed server of ``data_dir`` (its own admin)."""
-    store = ["--store", str(work.parent / "store.sqlite")]
-    return dpone(
-        "attempts",
-        verb,
-        attempt,
-        "--work-dir",
-        str(work),
-        "--database",
-        database,
-        "--data-dir",
-        str(data_dir),
-        *store,
-        *more,
-    )
 
 
 def refusal(how: str, verb: str, work: Path, attempt: str) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from typing import Any
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.journal import ClickHouseFileAttemptJournal, read_events
 from tests import chhttp
-from tests.e2e.test_cli_server import as_json, dpone
-from tests.integration.test_staging import export_hostile
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.staging import export_hostile
 
 
 def _journal(work: Path, attempt: str, *documents: dict[str, Any]) -> Path:

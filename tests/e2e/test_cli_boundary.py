@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
 import signal
 import sqlite3
@@ -14,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone, run_on_terminal
 
 
 def make_table(path: Path, rows: int, *, bad_at: int | None = None) -> None:
@@ -198,33 +197,10 @@ def test_a_closed_output_pipe_ends_quietly(tmp_path: Path) -> None:
         assert done.stderr == "" and done.returncode == 1
 
 
-def _run_on_terminal(args: list[str], cwd: Path) -> tuple[int, str, str]:
-    """Run dpone with stderr on a pseudo-terminal; return (exit code, stdout, stderr)."""
-    master, slave = pty.openpty()
-    child = subprocess.Popen(
-        [sys.executable, "-m", "dpone", *args], stdout=subprocess.PIPE, stderr=slave, cwd=cwd
-    )
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(master)
-    assert child.stdout is not None
-    out = child.stdout.read().decode()
-    child.stdout.close()
-    return child.wait(), out, b"".join(chunks).decode().replace("\r\n", "\n")
-
-
 def test_export_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
     make_table(tmp_path / "src.db", 25_000)
     args = ["export", "--source", "sqlite:src.db", "--table", "t", "--out", "o.tsv"]
-    code, out, err = _run_on_terminal(args, tmp_path)
+    code, out, err = run_on_terminal(args, tmp_path)
     assert code == 0 and out.startswith("o.tsv: 25000 rows")
     shown = re.findall(r"\rexported: ([0-9,]+) rows, ([0-9.]+) MiB(?:, [0-9,]+ rows/s)?", err)
     assert [rows for rows, _ in shown] == ["10,000", "20,000", "25,000"]
@@ -237,7 +213,7 @@ def test_export_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
 def test_an_error_after_progress_starts_on_a_fresh_line(tmp_path: Path) -> None:
     make_table(tmp_path / "src.db", 25_000, bad_at=20_001)
     args = ["export", "--source", "sqlite:src.db", "--table", "t", "--out", "o.tsv"]
-    code, out, err = _run_on_terminal(args, tmp_path)
+    code, out, err = run_on_terminal(args, tmp_path)
     assert code == 1 and out == ""
     assert "\rexported: 20,000 rows" in err
     error_line = err[err.index("dpone: error:") :]

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_cli_refresh import protected_server
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import protected_server
 
 
 def write_project(tmp_path: Path, tables: dict[str, tuple[str, str]]) -> Path:

@@ -25,19 +25,19 @@ import pytest
 from dpone.contracts.composition_snapshot import SnapshotRecord
 from dpone.publication.store import SqliteSnapshotStore
 from tests import chhttp
-from tests.e2e.test_cli_refresh import (
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import (
     DATABASE,
     SERVER_KINDS,
-    _killed_in,
-    _store_states,
+    killed_in,
     make_source,
     project,
     protected_server,
     refresh,
     rows_of,
+    store_states,
     target_rows,
 )
-from tests.e2e.test_cli_server import as_json, dpone
 
 
 @pytest.fixture(scope="module", params=SERVER_KINDS)
@@ -71,7 +71,7 @@ def test_a_claim_whose_database_was_dropped_and_created_again_is_abandoned(
     assert refresh(config, "items")[0] == 0
     make_source(tmp_path / "shop.db", rows_of(9, name="new"))
     # Stopped with its claim stored: the EXCHANGE unsent, or sent with its answer lost.
-    _killed_in(tmp_path, config, lambda: "exchange_intent" in _store_states(store))
+    killed_in(tmp_path, config, lambda: "exchange_intent" in store_states(store))
     [(intent, state)] = [
         (s.intent_sha256, s.state)
         for s in SqliteSnapshotStore(store, create=False).list_snapshots()
@@ -155,7 +155,7 @@ def test_abandon_refuses_while_the_recorded_database_still_exists(
     config = project(tmp_path, server, "t_aside")
     assert refresh(config, "items")[0] == 0
     make_source(tmp_path / "shop.db", rows_of(4))
-    _killed_in(tmp_path, config, lambda: "exchange_intent" in _store_states(store))
+    killed_in(tmp_path, config, lambda: "exchange_intent" in store_states(store))
     [intent] = [
         s.intent_sha256
         for s in SqliteSnapshotStore(store, create=False).list_snapshots()

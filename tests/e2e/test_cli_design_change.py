@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from tests import chhttp
-from tests.e2e.test_cli_refresh import SERVER_KINDS, make_source, project, protected_server, refresh
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import SERVER_KINDS, make_source, project, protected_server, refresh
 
-DATABASE = "refresh_db"  # test_cli_refresh.project() targets this database
+DATABASE = "refresh_db"  # project() of tests/plugins/refresh.py targets this database
 
 
 @pytest.fixture(scope="module", params=SERVER_KINDS)

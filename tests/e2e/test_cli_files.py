@@ -6,8 +6,8 @@ import json
 import sqlite3
 from pathlib import Path
 
-from tests.e2e.test_cli_server import as_json, dpone
-from tests.integration.test_export_validate import make_hostile_db
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.staging import make_hostile_db
 
 
 def test_export_then_validate_then_verify(tmp_path: Path) -> None:

@@ -25,7 +25,8 @@ import pytest
 from dpone.contracts.composition_snapshot import SnapshotIntent
 from dpone.durable_files import temporary_siblings
 from dpone.publication.store import SqliteSnapshotStore
-from tests.e2e.test_cli_refresh import (
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import (
     SERVER_KINDS,
     confirmed,
     make_source,
@@ -34,9 +35,8 @@ from tests.e2e.test_cli_refresh import (
     rows_of,
     target_rows,
 )
-from tests.e2e.test_cli_server import as_json, dpone
 
-DATABASE = "refresh_db"  # test_cli_refresh.project() targets this database
+DATABASE = "refresh_db"  # project() of tests/plugins/refresh.py targets this database
 
 
 @pytest.fixture(scope="module", params=SERVER_KINDS)

@@ -23,17 +23,18 @@ import pytest
 from dpone.errors import StateError
 from dpone.project.leases import end_gone_lease, end_lease_command, judge_leases
 from dpone.publication.store import SqliteSnapshotStore, lease_step_key
-from tests.e2e.test_cli_refresh import (
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import (
+    DATABASE,
     SERVER_KINDS,
     converting,
     make_source,
     project,
     protected_server,
     rows_of,
+    server_options,
+    stage_argv,
 )
-from tests.e2e.test_cli_server import as_json, dpone
-
-DATABASE = "refresh_db"  # test_cli_refresh.project() targets this database
 
 
 @pytest.fixture(scope="module", params=SERVER_KINDS)
@@ -41,18 +42,6 @@ def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
     yield from protected_server(tmp_path_factory, DATABASE, "lease-ch", request.param)
-
-
-def _reach(server: dict[str, Any], root: Path) -> list[str]:
-    """The options that name ``server`` on a command: the managed server's data
-    directory, or a project file whose ``[clickhouse]`` names the remote one."""
-    if server["kind"] != "remote":
-        return ["--data-dir", str(server["data_dir"])]
-    config = root / "reach" / "dpone.toml"
-    if not config.exists():
-        config.parent.mkdir(parents=True)
-        project(config.parent, server, "t_reach")
-    return ["--config", str(config)]
 
 
 @pytest.fixture(scope="module")
@@ -102,28 +91,6 @@ def _journaled(attempt_dir: Path, events: int) -> Callable[[], bool]:
     return lambda: len(list(attempt_dir.glob("events/*/confirmed"))) >= events
 
 
-def _stage_argv(
-    export: tuple[Path, Path], server: dict[str, Any], work: Path, store: Path, attempt: str
-) -> list[str]:
-    return [
-        "stage",
-        str(export[0]),
-        "--receipt",
-        str(export[1]),
-        "--work-dir",
-        str(work),
-        "--database",
-        DATABASE,
-        *_reach(server, work.parent),
-        "--principal",
-        "pool",
-        "--store",
-        str(store),
-        "--attempt-id",
-        attempt,
-    ]
-
-
 def test_killed_stages_exhaust_the_pool_until_their_leases_are_ended(
     tmp_path: Path, server: dict[str, Any], export: tuple[Path, Path]
 ) -> None:
@@ -131,7 +98,7 @@ def test_killed_stages_exhaust_the_pool_until_their_leases_are_ended(
     for n in range(4):
         attempt = f"kill-{n}"
         process = _run_until(
-            _stage_argv(export, server, work, store, attempt), _journaled(work / attempt, 3)
+            stage_argv(export, server, work, store, attempt), _journaled(work / attempt, 3)
         )
         if n == 0:
             # While its process runs, the lease is live and is never ended.
@@ -144,7 +111,7 @@ def test_killed_stages_exhaust_the_pool_until_their_leases_are_ended(
             assert opened.get_lease(verdict.lease_id).active
             assert process.poll() is None, "the stage ended before it was killed"
         _kill(process)
-    fifth = dpone(*_stage_argv(export, server, work, store, "kill-4"), "--json")
+    fifth = dpone(*stage_argv(export, server, work, store, "kill-4"), "--json")
     assert fifth.returncode == 1 and as_json(fifth)["error"]["code"] == "pool_exhausted"
 
     listed = dpone("snapshot", "leases", "--store", str(store), "--work-dir", str(work), "--json")
@@ -172,7 +139,7 @@ def test_killed_stages_exhaust_the_pool_until_their_leases_are_ended(
 
     # Ended, but not proven quiescent: the users are not leased again until their last
     # lease's closure is proven (a request of a killed stage may still arrive).
-    held = dpone(*_stage_argv(export, server, work, store, "held-1"), "--json")
+    held = dpone(*stage_argv(export, server, work, store, "held-1"), "--json")
     assert held.returncode == 1 and as_json(held)["error"]["code"] == "pool_exhausted"
     assert sorted(as_json(held)["error"]["details"]["unproven_leases"]) == sorted(
         e["lease_id"] for e in leases
@@ -184,13 +151,13 @@ def test_killed_stages_exhaust_the_pool_until_their_leases_are_ended(
             entry["lease_id"],
             "--store",
             str(store),
-            *_reach(server, tmp_path),
+            *server_options(server, tmp_path),
             "--json",
         )
         assert closed.returncode == 0, closed.stdout + closed.stderr
     # The pool has its users back. A stage that completes keeps its lease for
     # `prepare` (live even though its process has exited) until `attempts discard`.
-    staged = dpone(*_stage_argv(export, server, work, store, "done-1"), "--json")
+    staged = dpone(*stage_argv(export, server, work, store, "done-1"), "--json")
     assert staged.returncode == 0, staged.stdout + staged.stderr
     (verdict,) = judge_leases(opened, [work])
     assert (verdict.holder, verdict.reason) == ("live", "staged_unprepared")
@@ -214,7 +181,7 @@ def test_killed_stages_exhaust_the_pool_until_their_leases_are_ended(
         str(work),
         "--database",
         DATABASE,
-        *_reach(server, tmp_path),
+        *server_options(server, tmp_path),
         "--store",
         str(store),
         "--json",

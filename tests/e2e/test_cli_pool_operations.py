@@ -22,8 +22,8 @@ from dpone.localserver.pool_file import remote_grants, remote_role, remote_users
 from dpone.publication.store import open_store
 from dpone.sql import quote_literal
 from tests import chhttp
-from tests.e2e.test_cli_refresh import make_source, rows_of
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import make_source, rows_of
 from tests.remote_server import SQL_ACCESS_RUN_FILES, OperatedServer
 
 DATABASE = "pool_ops_db"

@@ -16,9 +16,14 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_cli_protect_memory import refresh_items, write_project
-from tests.e2e.test_cli_refresh import make_source, protected_server, rows_of
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import (
+    make_source,
+    protected_server,
+    refresh_items,
+    rows_of,
+    write_project,
+)
 
 DATABASE = "px_db"
 

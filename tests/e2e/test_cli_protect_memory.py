@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from tests import chhttp
-from tests.e2e.test_cli_refresh import make_source, rows_of
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import make_source, refresh_items, rows_of, write_project
 
 PROTECTED = ("pm_db", "pm_other")
 PLAIN = "pm_plain"  # exists on the server, never protected
@@ -35,29 +35,9 @@ def _stop(data_dir: Path) -> None:
     assert stopped.returncode == 0, stopped.stderr
 
 
-def write_project(
-    config: Path, data_dir: Path, target: str, *, work_dir: str = "work", project_extra: str = ""
-) -> Path:
-    """A project file publishing the SQLite table ``items`` of ``shop.db`` into ``target``."""
-    config.write_text(
-        f'[project]\nwork_dir = "{work_dir}"\nstore = "store.sqlite"\n{project_extra}'
-        f'[clickhouse]\ndata_dir = "{data_dir}"\n'
-        '[sources.shop]\nkind = "sqlite"\npath = "shop.db"\n'
-        f'[tables.items]\nsource = "shop"\ntable = "items"\ntarget = "{target}"\n'
-        'order_by = "id"\n'
-    )
-    return config
-
-
 def _project(tmp_path: Path, data_dir: Path, database: str) -> Path:
     config = tmp_path / f"{database}.toml"
     return write_project(config, data_dir, f"{database}.items", work_dir=f"work-{database}")
-
-
-def refresh_items(config: Path) -> tuple[int, dict[str, Any]]:
-    """``dpone refresh items --json``: the exit code and the table's report."""
-    done = dpone("refresh", "items", "--config", str(config), "--json")
-    return done.returncode, as_json(done)["tables"][0]
 
 
 def test_a_restart_without_protect_protects_what_the_last_start_did(tmp_path: Path) -> None:

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from tests import chhttp
-from tests.e2e.test_cli_refresh import SERVER_KINDS
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import SERVER_KINDS
 from tests.remote_server import remote_server
 
 DB = "pubdb"

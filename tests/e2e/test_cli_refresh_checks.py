@@ -24,7 +24,8 @@ import pytest
 
 from dpone.publication.store import SqliteSnapshotStore
 from tests import chhttp
-from tests.e2e.test_cli_refresh import (
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import (
     SERVER_KINDS,
     make_source,
     project,
@@ -32,9 +33,8 @@ from tests.e2e.test_cli_refresh import (
     refresh,
     rows_of,
 )
-from tests.e2e.test_cli_server import as_json, dpone
 
-DATABASE = "refresh_db"  # test_cli_refresh.project() targets this database
+DATABASE = "refresh_db"  # project() of tests/plugins/refresh.py targets this database
 
 
 @pytest.fixture(scope="module", params=SERVER_KINDS)

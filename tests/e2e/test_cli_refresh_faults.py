@@ -31,19 +31,20 @@ from typing import Any
 import pytest
 
 from tests import chhttp
-from tests.e2e.test_cli_refresh import (
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import (
     DATABASE,
     SERVER_KINDS,
-    _killed_in,
-    _store_states,
+    journal_state,
+    killed_in,
     make_source,
     project,
     protected_server,
     refresh,
     rows_of,
+    store_states,
     target_rows,
 )
-from tests.e2e.test_cli_server import as_json, dpone
 
 # Big enough that export, validation and staging each take a good part of a second.
 ROWS = 50_000
@@ -103,22 +104,6 @@ def _new_attempt(tmp_path: Path, before: set[str]) -> Path | None:
     return new[0] if new else None
 
 
-def _journal_state(attempt: Path | None) -> str | None:
-    """``state/outcome`` of the last confirmed event of a staging journal (None: none yet)."""
-    if attempt is None:
-        return None
-    events = sorted((attempt / "events").glob("*"))
-    for event in reversed(events):
-        if not (event / "confirmed").exists():
-            continue  # not an event (yet): its writer has not confirmed it
-        try:
-            doc = json.loads((event / "attempt.json").read_bytes())
-        except (OSError, ValueError):
-            continue  # being written
-        return f"{doc.get('state')}/{doc.get('outcome')}"
-    return None
-
-
 def _planned_table(attempt: Path) -> str:
     first = sorted((attempt / "events").glob("*"))[0]
     return str(json.loads((first / "attempt.json").read_bytes())["planned_ownership"]["table"])
@@ -129,7 +114,7 @@ def _retention_state(retention: Path, earlier: frozenset[str] = frozenset()) -> 
     journals = (
         [j for j in retention.iterdir() if j.name not in earlier] if retention.is_dir() else []
     )
-    return _journal_state(journals[0]) if len(journals) == 1 else None
+    return journal_state(journals[0]) if len(journals) == 1 else None
 
 
 def _frozen_then_killed(
@@ -249,7 +234,7 @@ def test_sigkill_during_export_and_its_validation_leaves_nothing_to_finish(
     def writing() -> bool:  # rows are being written: the file exists, not yet complete
         return any(0 < p.stat().st_size < size for p in _data_partials(tmp_path))
 
-    _killed_in(tmp_path, config, writing)
+    killed_in(tmp_path, config, writing)
     killed = _data_partials(tmp_path)
     assert len(killed) == 1 and killed[0].stat().st_size < size
     assert target_rows(port, "t_kill_export") == old
@@ -259,7 +244,7 @@ def test_sigkill_during_export_and_its_validation_leaves_nothing_to_finish(
     def validating() -> bool:  # every byte written, the file is re-read before its rename
         return any(p.stat().st_size == size for p in _data_partials(tmp_path) if p not in killed)
 
-    _killed_in(tmp_path, config, validating)
+    killed_in(tmp_path, config, validating)
     # The second refresh removed the first one's leftovers before writing its own.
     (left,) = _data_partials(tmp_path)
     assert left not in killed and left.stat().st_size == size
@@ -283,15 +268,15 @@ def test_sigkill_during_stage_verification_then_status_and_its_command(
     before = _attempt_ids(tmp_path)
 
     def verifying() -> bool:  # the INSERT was acknowledged; count and identity are checked
-        return _journal_state(_new_attempt(tmp_path, before)) == "verifying/acknowledged"
+        return journal_state(_new_attempt(tmp_path, before)) == "verifying/acknowledged"
 
-    _killed_in(tmp_path, config, verifying)
+    killed_in(tmp_path, config, verifying)
     attempt = _new_attempt(tmp_path, before)
-    assert _journal_state(attempt) == "verifying/acknowledged"
+    assert journal_state(attempt) == "verifying/acknowledged"
     assert target_rows(port, "t_kill_verify") == old
     gaps: list[str] = []
     assert finish_what_status_names(tmp_path, config, gaps) == ["verifying"]
-    assert attempt is not None and _journal_state(attempt) == "failed_cleaned/operator_cleanup"
+    assert attempt is not None and journal_state(attempt) == "failed_cleaned/operator_cleanup"
     check_after(tmp_path, config, gaps)
     refresh_publishes(config, port, "t_kill_verify", expected(ROWS, "v"))
     assert _all_partials(tmp_path) == []
@@ -315,17 +300,17 @@ def test_sigkill_during_prepare_while_ingest_closes_then_discard(
         # Staged and verified; prepare ended the ingest lease and is proving the
         # principal quiescent (samples over a window); no publisher is leased yet.
         attempt = _new_attempt(tmp_path, before)
-        if _journal_state(attempt) != "staged/staged" or attempt is None:
+        if journal_state(attempt) != "staged/staged" or attempt is None:
             return False
         return _leases(store, attempt.name) == {"ingest": 0}
 
-    _killed_in(tmp_path, config, closing_ingest)
+    killed_in(tmp_path, config, closing_ingest)
     attempt = _new_attempt(tmp_path, before)
     assert attempt is not None and _leases(store, attempt.name) == {"ingest": 0}
     assert target_rows(port, "t_kill_prepare") == old
     gaps: list[str] = []
     assert finish_what_status_names(tmp_path, config, gaps) == ["staged_unpublished"]
-    assert _journal_state(attempt) == "discarded/discarded"
+    assert journal_state(attempt) == "discarded/discarded"
     table = _planned_table(attempt)
     generation = chhttp.rows(
         port,
@@ -350,7 +335,7 @@ def test_sigkill_during_retention_keeps_the_new_target_and_finishes_the_drop(
     retention = tmp_path / "work" / "retention"
 
     def dropping() -> bool:
-        if _store_states(store).count("published") < run:
+        if store_states(store).count("published") < run:
             return False
         # Published: retention follows within milliseconds. Its journal's first event
         # (the copy's facts) is durable; the DROP's intent comes next.
@@ -379,7 +364,7 @@ def test_sigkill_during_retention_keeps_the_new_target_and_finishes_the_drop(
             break
         assert len(list(retention.iterdir())) == done + 1
     assert at_kill == "discarding/retention_planned", at_kill
-    (journal,) = [j for j in retention.iterdir() if _journal_state(j) != "discarded/discarded"]
+    (journal,) = [j for j in retention.iterdir() if journal_state(j) != "discarded/discarded"]
     copy = _planned_table(journal)  # the rollback copy beyond keep_rollback = 1
     # Published before the kill: the target is the new snapshot.
     assert target_rows(port, "t_kill_retention") == expected(5, f"r{run}-")
@@ -470,7 +455,7 @@ def test_refresh_over_the_client_transport_and_a_kill_while_loading(
 
     def loading() -> bool:  # the server runs the INSERT the client sends
         attempt = _new_attempt(tmp_path, before)
-        if _journal_state(attempt) not in ("creating_staging/intent", "loading/intent"):
+        if journal_state(attempt) not in ("creating_staging/intent", "loading/intent"):
             return False
         assert attempt is not None
         insert = f"dpone-b02-{attempt.name}-insert"
@@ -483,7 +468,7 @@ def test_refresh_over_the_client_transport_and_a_kill_while_loading(
             3.0,
         )
 
-    _killed_in(tmp_path, config, loading)
+    killed_in(tmp_path, config, loading)
     assert target_rows(port, "t_client") == now
     gaps: list[str] = []
     kinds = finish_what_status_names(tmp_path, config, gaps)

@@ -25,9 +25,8 @@ import pytest
 
 from dpone.publication.store import SqliteSnapshotStore
 from tests import chhttp
-from tests.e2e.test_cli_boundary import _run_on_terminal
-from tests.e2e.test_cli_refresh import SERVER_KINDS, clickhouse_section, protected_server
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone, run_on_terminal
+from tests.plugins.refresh import SERVER_KINDS, clickhouse_section, protected_server
 
 DATABASE = "jobs_db"
 
@@ -220,7 +219,7 @@ def test_on_a_terminal_one_line_shows_every_running_tables_phase(
     tmp_path: Path, server: dict[str, Any]
 ) -> None:
     config = _project(tmp_path, server, 3, 20_000, "line")
-    code, out, err = _run_on_terminal(
+    code, out, err = run_on_terminal(
         ["refresh", "--all", "--jobs", "3", "--config", str(config)], tmp_path
     )
     assert code == 0, out + err

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 
 from tests import chhttp
-from tests.e2e.test_cli_refresh import protected_server
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import protected_server
 from tests.postgres_cluster import PostgresCluster
 
 DATABASE = "pg_refresh_db"

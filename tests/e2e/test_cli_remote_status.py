@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from tests import chhttp
-from tests.e2e.test_cli_refresh import make_source, rows_of
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import make_source, rows_of
 from tests.remote_server import remote_server
 
 DATABASE = "rstatus_db"

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from tests import chhttp
-from tests.e2e.test_cli_refresh import make_source, rows_of, target_rows
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import make_source, rows_of, target_rows
 from tests.remote_server import remote_server
 from tests.tls_terminator import Terminator, tls_terminator
 

@@ -26,19 +26,19 @@ from typing import Any
 import pytest
 
 from tests import chhttp
-from tests.e2e.test_cli_refresh import (
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import (
     DATABASE,
     SERVER_KINDS,
-    _store_states,
+    journal_state,
     make_source,
     project,
     protected_server,
     refresh,
     rows_of,
+    store_states,
     target_rows,
 )
-from tests.e2e.test_cli_refresh_faults import _journal_state
-from tests.e2e.test_cli_server import as_json, dpone
 
 
 @pytest.fixture(scope="module", params=SERVER_KINDS)
@@ -178,9 +178,9 @@ def test_retire_refuses_while_a_publication_is_unfinished(
     store = tmp_path / "store.sqlite"
     killed(
         ["refresh", "--config", str(config), "items"],
-        lambda: "exchange_intent" in _store_states(store),
+        lambda: "exchange_intent" in store_states(store),
     )
-    assert "exchange_intent" in _store_states(store)
+    assert "exchange_intent" in store_states(store)
     held = tables_named(port, ["t_retire_blocked"])
 
     refused = retire(config, "items", "--yes", "--json")
@@ -235,7 +235,7 @@ def killed(args: list[str], ready: Callable[[], bool]) -> bool:
 def _planned_drop(retire_dir: Path) -> bool:
     """A retire journal has recorded its table's facts and not yet its DROP's intent."""
     journals = list(retire_dir.iterdir()) if retire_dir.is_dir() else []
-    return any(_journal_state(j) == "discarding/retention_planned" for j in journals)
+    return any(journal_state(j) == "discarding/retention_planned" for j in journals)
 
 
 def test_sigkill_mid_retire_then_status_names_the_retire_that_finishes_it(
@@ -258,8 +258,8 @@ def test_sigkill_mid_retire_then_status_names_the_retire_that_finishes_it(
             break
     else:
         pytest.fail("no retire was seen between a drop's facts and its DROP in five tries")
-    (cut,) = [j for j in retire_dir.iterdir() if _journal_state(j) != "discarded/discarded"]
-    assert _journal_state(cut) == "discarding/retention_planned"
+    (cut,) = [j for j in retire_dir.iterdir() if journal_state(j) != "discarded/discarded"]
+    assert journal_state(cut) == "discarding/retention_planned"
     left = tables_named(port, names)
     assert left and set(left) <= set(names)  # halfway: some dropped, the cut one is there
     assert all(left[n] == before[n] for n in left)
@@ -279,7 +279,7 @@ def test_sigkill_mid_retire_then_status_names_the_retire_that_finishes_it(
     assert [f["journal"] for f in report["finished_journals"]] == [str(cut)]
     assert report["finished_journals"][0]["state"] == "discarded"
     assert tables_named(port, names) == {}
-    assert _journal_state(cut) == "discarded/discarded"
+    assert journal_state(cut) == "discarded/discarded"
     status = dpone("status", "--config", str(config), "--json")
     assert status.returncode == 0, status.stdout
     (entry,) = as_json(status)["targets"]
@@ -291,13 +291,13 @@ def test_sigkill_mid_retire_then_status_names_the_retire_that_finishes_it(
 def _prepared_then_killed(config: Path, store: Path) -> None:
     """A refresh killed after its intent is PREPARED and before its claim (retried)."""
     for run in range(8):
-        known = len(_store_states(store))
+        known = len(store_states(store))
         make_source(config.parent / "shop.db", rows_of(4, name=f"cut{run}-"))
         killed(
             ["refresh", "--config", str(config), "items"],
             functools.partial(_more_records, store, known),
         )
-        states = _store_states(store)
+        states = store_states(store)
         if states[-1] == "prepared":
             return
         if states[-1] != "published":  # claimed: reconcile it, and try again
@@ -318,7 +318,7 @@ def _prepared_then_killed(config: Path, store: Path) -> None:
 
 
 def _more_records(store: Path, known: int) -> bool:
-    return len(_store_states(store)) > known
+    return len(store_states(store)) > known
 
 
 def test_rollback_copies_do_not_pile_up_after_a_publication_cut_before_its_claim(
@@ -352,7 +352,7 @@ def test_rollback_copies_do_not_pile_up_after_a_publication_cut_before_its_claim
     kinds = [i["kind"] for i in status["needs_person"]]
     assert "prepared" not in kinds and "staged_unpublished" not in kinds, status["needs_person"]
     attempt = tmp_path / "work" / "attempts" / cut["attempt"]["attempt_id"]
-    assert _journal_state(attempt) == "discarded/discarded"
+    assert journal_state(attempt) == "discarded/discarded"
     assert reports[0]["dropped_rollback_copies"][-1] == f"{DATABASE}.{cut['generation']['table']}"
 
 
@@ -383,7 +383,7 @@ def test_the_empty_target_of_a_first_publication_cut_before_its_claim_is_not_kep
             ["refresh", "--config", str(config), "items"],
             functools.partial(_more_records, store, 0),
         )
-        if _store_states(store) == ["prepared"]:
+        if store_states(store) == ["prepared"]:
             break
     else:
         pytest.fail("no first refresh was seen between its prepare and its claim in five tries")

@@ -17,14 +17,14 @@ from dpone.contracts.composition_snapshot import SnapshotIntent
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.journal import read_events
 from tests import chhttp
-from tests.e2e.test_cli_refresh import (
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import (
     SERVER_KINDS,
     clickhouse_section,
     make_source,
     protected_server,
     rows_of,
 )
-from tests.e2e.test_cli_server import as_json, dpone
 
 DATABASE = "rollback_db"
 

@@ -24,8 +24,8 @@ from dpone.ports.composition_snapshot import TargetSlot
 from dpone.publication.ownership import OwnedElsewhere, Owner, claim
 from dpone.publication.server_access import ServerAccess
 from tests import chhttp
-from tests.e2e.test_cli_server import as_json, dpone
-from tests.integration.test_staging import export_hostile
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.staging import export_hostile
 
 MAIN, DB_A, DB_B = "shared_main", "shared_a", "shared_b"
 

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from tests import chhttp
-from tests.e2e.test_cli_server import as_json, dpone
-from tests.integration.test_staging import export_hostile
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.staging import export_hostile
 
 
 def test_stage_through_the_cli(tmp_path: Path) -> None:

@@ -35,16 +35,18 @@ import pytest
 from dpone.project.leases import close_lease_command, judge_leases
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.journal import read_events
-from tests.e2e.test_cli_leases import DATABASE, _reach, _stage_argv
-from tests.e2e.test_cli_refresh import (
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import (
+    DATABASE,
     SERVER_KINDS,
     converting,
     make_source,
     project,
     protected_server,
     rows_of,
+    server_options,
+    stage_argv,
 )
-from tests.e2e.test_cli_server import as_json, dpone
 
 SLOW = {"DPONE_NATIVE": "0"}  # the Python reference: phases last seconds, not milliseconds
 
@@ -126,7 +128,7 @@ def _stage_killed_before_its_first_event(
     """
     for n in range(5):
         work, store, attempt = tmp_path / f"work-{n}", tmp_path / f"store-{n}.sqlite", f"early-{n}"
-        process = _spawn(_stage_argv(export, server, work, store, attempt))
+        process = _spawn(stage_argv(export, server, work, store, attempt))
         try:
             directory = work / attempt
             _stop_when(process, lambda: _eventless(directory))  # noqa: B023 (called here)
@@ -134,7 +136,7 @@ def _stage_killed_before_its_first_event(
                 continue  # its first event came before the stop
             # While its process lives (stopped, not dead), the attempt is never archived.
             argv = ["attempts", "archive", attempt, "--work-dir", str(work), "--store", str(store)]
-            running = dpone(*argv, *_reach(server, tmp_path), "--json")
+            running = dpone(*argv, *server_options(server, tmp_path), "--json")
             assert running.returncode == 1, running.stdout + running.stderr
             error = as_json(running)["error"]
             assert error["code"] == "attempt_running", error
@@ -150,7 +152,7 @@ def test_stage_killed_before_its_first_event_is_archived_by_the_command_list_nam
     tmp_path: Path, server: dict[str, Any], export: tuple[Path, Path]
 ) -> None:
     work, store, attempt = _stage_killed_before_its_first_event(tmp_path, server, export)
-    reach = _reach(server, tmp_path)
+    reach = server_options(server, tmp_path)
     archive = shlex.join(
         [
             *("dpone", "attempts", "archive", attempt, "--work-dir", str(work)),
@@ -213,7 +215,7 @@ def test_stage_killed_before_its_first_event_is_archived_by_the_command_list_nam
     assert as_json(again)["error"]["code"] == "attempt_not_found"
 
     # The pool has its user back and the attempt id is free: the next stage works.
-    staged = dpone(*_stage_argv(export, server, work, store, attempt), "--json")
+    staged = dpone(*stage_argv(export, server, work, store, attempt), "--json")
     assert staged.returncode == 0, staged.stdout + staged.stderr
     assert as_json(staged)["rows"] == 150_000
     # An attempt with events is never archived: its journal is the record.
@@ -265,7 +267,11 @@ def test_refresh_killed_before_its_first_event_status_names_archive_then_refresh
         "--work-dir",
         str(attempts),
         # The project's remote server is named by its project file.
-        *(["--config", str(config)] if server["kind"] == "remote" else _reach(server, root)),
+        *(
+            ["--config", str(config)]
+            if server["kind"] == "remote"
+            else server_options(server, root)
+        ),
         "--store",
         str(store),
     ]
@@ -368,7 +374,7 @@ def _interrupted_stage(
 ) -> subprocess.Popen[str]:
     """A pool stage sent ``signum`` while it converts its rows (nothing sent yet); with
     ``second``, that signal too, while its lease's closure proves the lease quiescent."""
-    argv = _stage_argv(export, server, work, store, attempt) + (["--json"] if as_json_flag else [])
+    argv = stage_argv(export, server, work, store, attempt) + (["--json"] if as_json_flag else [])
     process = _spawn(argv, SLOW)
     _stop_when(process, lambda: converting(work / attempt))
     process.send_signal(signum)
@@ -418,7 +424,7 @@ def test_a_stage_stopped_by_a_signal_says_what_it_left_in_json(
     kept = dpone("attempts", "archive", attempt, "--work-dir", str(work), "--json")
     assert kept.returncode == 1 and as_json(kept)["error"]["code"] == "journal_not_empty"
     assert as_json(kept)["error"]["details"]["next_command"] is None
-    staged = dpone(*_stage_argv(export, server, work, store, f"sig{int(signum)}-2"), "--json")
+    staged = dpone(*stage_argv(export, server, work, store, f"sig{int(signum)}-2"), "--json")
     assert staged.returncode == 0, staged.stdout + staged.stderr
 
 
@@ -451,7 +457,7 @@ def test_a_second_signal_in_the_lease_closure_names_close_lease_which_resolves_i
     assert process.returncode == 143, stdout + stderr
     details = json.loads(stdout)["error"]["details"]
     (lease,) = details["leases"]
-    command = close_lease_command(lease["lease_id"], store, _reach(server, tmp_path))
+    command = close_lease_command(lease["lease_id"], store, server_options(server, tmp_path))
     assert (lease["state"], lease["command"], details["next_command"]) == (
         "closure_unproven",
         command,
@@ -464,7 +470,7 @@ def test_a_second_signal_in_the_lease_closure_names_close_lease_which_resolves_i
     done = _run(command, "--json")
     assert done.returncode == 0 and as_json(done)["proven"] is True, done.stdout + done.stderr
     assert opened.closure_proven(opened.get_lease(lease["lease_id"]))
-    staged = dpone(*_stage_argv(export, server, work, store, "twice-2"), "--json")
+    staged = dpone(*stage_argv(export, server, work, store, "twice-2"), "--json")
     assert staged.returncode == 0, staged.stdout + staged.stderr
 
 
@@ -482,7 +488,7 @@ def test_a_spool_write_that_fails_is_a_coded_error_with_the_attempts_journal(
     """Before: the raw OSError reached the caller and the CLI printed a bare os_error with
     no attempt, journal or next command (issue 37, item 12)."""
     work, store, attempt = tmp_path / "work", tmp_path / "store.sqlite", "fsize-1"
-    argv = [sys.executable, "-m", "dpone", *_stage_argv(export, server, work, store, attempt)]
+    argv = [sys.executable, "-m", "dpone", *stage_argv(export, server, work, store, attempt)]
     env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
     done = subprocess.run(
         [*argv, "--json"],

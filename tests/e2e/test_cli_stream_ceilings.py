@@ -19,15 +19,8 @@ import pytest
 
 from dpone.staging.journal import read_events
 from tests import chhttp
-from tests.e2e.test_cli_refresh import (
-    DATABASE,  # the database project() writes targets into
-    make_source,
-    project,
-    protected_server,
-    refresh,
-    rows_of,
-)
-from tests.e2e.test_cli_server import dpone
+from tests.plugins.cli import dpone
+from tests.plugins.refresh import DATABASE, make_source, project, protected_server, refresh, rows_of
 
 ROWS = 2_000  # about 40 KB of RowBinary: over every ceiling set below
 TINY = 3

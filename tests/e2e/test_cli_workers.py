@@ -25,7 +25,7 @@ from dpone.errors import StateError
 from dpone.publication.postgres_locks import postgres_table_lock
 from dpone.publication.store import store_exists
 from tests import chhttp
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
 
 DATABASE = "workers_db"
 TABLES = [f"t{n:02d}" for n in range(30)]

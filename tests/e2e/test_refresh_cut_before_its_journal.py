@@ -22,7 +22,8 @@ import pytest
 from dpone.project.config import load_project
 from dpone.project.refresh import RefreshService
 from dpone.publication.store import SqliteSnapshotStore
-from tests.e2e.test_cli_refresh import (
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.refresh import (
     SERVER_KINDS,
     make_source,
     project,
@@ -31,7 +32,6 @@ from tests.e2e.test_cli_refresh import (
     rows_of,
     target_rows,
 )
-from tests.e2e.test_cli_server import as_json, dpone
 
 DATABASE = "refresh_db"
 

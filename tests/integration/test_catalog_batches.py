@@ -25,7 +25,7 @@ from dpone.publication.catalog import CatalogUnobservable, ClickHouseSnapshotCat
 from dpone.publication.catalog.contents import MEMO
 from dpone.publication.catalog.reads import CatalogReads
 from tests import chhttp
-from tests.conftest import CATALOG_PASSWORD, SESSION_USERS
+from tests.plugins.managed_server import CATALOG_PASSWORD, SESSION_USERS
 from tests.profile_settings import ProfileSettings
 
 DB = "dpone_batch_t"

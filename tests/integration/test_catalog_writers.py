@@ -29,8 +29,8 @@ from dpone.publication.catalog import (
 )
 from dpone.publication.store import SqliteSnapshotStore
 from tests import chhttp
-from tests.conftest import CATALOG_PASSWORD, POOL_DATABASE, SESSION_USERS
 from tests.own_servers import own_server
+from tests.plugins.managed_server import CATALOG_PASSWORD, POOL_DATABASE, SESSION_USERS
 
 DB = "dpone_cw_t"
 OTHER = "dpone_cw_other"

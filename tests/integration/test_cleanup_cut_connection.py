@@ -27,17 +27,10 @@ from dpone.ports.clickhouse_request import Endpoint
 from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
 from dpone.staging.composition import StagingConfig, build_clickhouse_staging_components
 from dpone.staging.recovery import cleanup_attempt
-from tests.integration.test_recovery_endpoint import crash
-from tests.integration.test_snapshot_executor import _read_all, _read_request
-from tests.integration.test_staging import (
-    DB,
-    export_hostile,
-    staging_database,
-    table_exists,
-)
-from tests.integration.test_staging_faults import documents
+from tests.plugins.raw_http import read_all, read_request
+from tests.plugins.staging import DB, crash, documents, export_hostile, table_exists
 
-__all__ = ["staging_database"]  # the databases, for every test here
+pytestmark = pytest.mark.usefixtures("staging_database")  # the databases, for every test here
 
 # The COUNT answered by the proxy itself: a wrong count a real server never gives,
 # the service's primary failure after its INSERT (so that its own cleanup drops).
@@ -87,7 +80,7 @@ class CuttingProxy:
 
     def _serve(self, client: socket.socket) -> None:
         with client:
-            request = _read_request(client)
+            request = read_request(client)
             head = request.split(b"\r\n", 1)[0]
             if self.count_marker is not None and self.count_marker in head:
                 client.sendall(WRONG_COUNT)
@@ -95,7 +88,7 @@ class CuttingProxy:
             if self.cut not in head or self.forward:
                 with socket.create_connection(("127.0.0.1", self.upstream)) as upstream:
                     upstream.sendall(request)
-                    answer = _read_all(upstream)
+                    answer = read_all(upstream)
             if self.cut in head:
                 self.cuts += 1
                 if self.refuse_after:

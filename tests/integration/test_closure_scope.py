@@ -24,8 +24,8 @@ from dpone.publication.lease_scope import lease_scope
 from dpone.publication.principal_issuers import LocalPoolIssuer
 from dpone.publication.store import SqliteSnapshotStore, lease_step_key
 from tests import chhttp
-from tests.conftest import POOL_DATABASE
-from tests.integration.test_principal_pool import RunningQuery
+from tests.plugins.managed_server import POOL_DATABASE
+from tests.plugins.publication_pool import RunningQuery
 
 POLICY = ClosurePolicy(samples=3, sample_spacing_seconds=0.1)
 

@@ -39,8 +39,8 @@ from dpone.preparation.spool import (
 )
 from dpone.staging.composition import StagingConfig
 from dpone.typepolicy import plan_columns
-from tests.integration.test_export_validate import make_hostile_db
-from tests.integration.test_native_conversion import bigints, binaries, encode_rows, texts
+from tests.plugins.staging import make_hostile_db
+from tests.plugins.type_samples import bigints, binaries, encode_rows, texts
 
 
 def _tiny_ranges(monkeypatch: pytest.MonkeyPatch, size: int) -> None:

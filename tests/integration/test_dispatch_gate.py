@@ -26,13 +26,8 @@ from dpone.ports.composition_snapshot import PrincipalRef
 from dpone.publication.authority import SnapshotAuthority
 from dpone.publication.dispatch_notes import dispatch_step_key
 from dpone.publication.publisher.records import principal_ref
-from tests.integration.test_publication_faults import (  # noqa: F401 (fixtures)
-    Case,
-    make_case,
-    managed,
-    rig,
-)
-from tests.publication_harness import STOP_STEPS, Rig
+from tests.plugins.publication_rig import Case
+from tests.publication_harness import STOP_STEPS
 
 P = SnapshotState
 # Stopped inside the dispatch gate: the reconcile waits for the holder.
@@ -49,11 +44,6 @@ def wait_for(predicate: functools.partial[bool], seconds: float, what: str) -> N
     while not predicate():
         assert time.monotonic() < give_up, what
         time.sleep(0.05)
-
-
-@pytest.fixture
-def case(rig: Rig, request: pytest.FixtureRequest) -> Case:  # noqa: F811
-    return make_case(rig, request)
 
 
 @pytest.mark.parametrize("step", STOP_STEPS)

@@ -16,26 +16,8 @@ from dpone.exporters.sources import SqliteSource, open_source
 from dpone.preparation.artifact import ArtifactMismatch, HeldArtifact
 from dpone.preparation.conversion import ValueNotRepresentable
 from dpone.preparation.file_validation import validate_file
-from tests.hostile_values import HOSTILE_BINARY, HOSTILE_TEXT
 from tests.oracles import bulk_text_oracle as oracle
-
-DDL = (
-    "CREATE TABLE hostile (id bigint NOT NULL, txt nvarchar, bin varbinary, "
-    "amount decimal(18, 4), ts datetime2(7), g uniqueidentifier)"
-)
-
-
-def make_hostile_db(path: Path) -> list[tuple[object, ...]]:
-    rows: list[tuple[object, ...]] = []
-    for i, text in enumerate(HOSTILE_TEXT):
-        rows.append((i, text, None, "12.5000", "2020-01-02 03:04:05.1234567", None))
-    for j, blob in enumerate(HOSTILE_BINARY):
-        rows.append((1000 + j, None, blob, None, None, "6F9619FF-8B86-D011-B42D-00C04FC964FF"))
-    rows += [(5000, "dup", b"d", "-1.5", None, None)] * 2
-    with sqlite3.connect(path) as conn:
-        conn.execute(DDL)
-        conn.executemany("INSERT INTO hostile VALUES (?, ?, ?, ?, ?, ?)", rows)
-    return rows
+from tests.plugins.staging import make_hostile_db
 
 
 def test_hostile_export_validates_and_every_value_agrees(tmp_path: Path) -> None:

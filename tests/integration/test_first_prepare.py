@@ -27,13 +27,13 @@ from dpone.publication.publisher import PublicationReceipt
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.publication.store.errors import SnapshotStoreError
 from dpone.staging.service import StagedTable
-from tests.integration.test_publication_faults import DB, managed, rig  # noqa: F401 (fixtures)
+from tests.plugins.publication_rig import DB
 from tests.publication_harness import Rig, Row, build
 
 ROWS: list[Row] = [(1, "one", 1), (2, "two", 2), (3, None, 3)]
 
 
-def test_a_first_prepare_over_a_limit_creates_no_target(rig: Rig) -> None:  # noqa: F811
+def test_a_first_prepare_over_a_limit_creates_no_target(rig: Rig) -> None:
     staged = rig.stage(ROWS, "first-limit")
     tight = dataclasses.replace(DEFAULT_LIMITS, generation_storage_bytes=1)
     config = PublicationConfig(rig.data_dir, rig.store_path, tight)
@@ -48,14 +48,14 @@ def test_a_first_prepare_over_a_limit_creates_no_target(rig: Rig) -> None:  # no
     assert rig.uuid_of(staged.table) == staged.uuid  # B is untouched
 
 
-def test_a_first_prepare_within_its_limits_still_creates_the_target(rig: Rig) -> None:  # noqa: F811
+def test_a_first_prepare_within_its_limits_still_creates_the_target(rig: Rig) -> None:
     staged = rig.stage(ROWS, "first-ok")
     prepared = rig.prepare(staged, "t_first_ok")
     assert prepared.state.value == "prepared"
     assert rig.uuid_of("t_first_ok") == prepared.target_uuid
 
 
-def test_a_refused_prepare_fences_no_older_prepared_attempt(rig: Rig) -> None:  # noqa: F811
+def test_a_refused_prepare_fences_no_older_prepared_attempt(rig: Rig) -> None:
     older = rig.stage(ROWS, "fence-old")
     target = "t_fence"
     rig.existing_target(older, target, [(9, "nine", 9)])
@@ -109,7 +109,7 @@ class _RefusingStore(SqliteSnapshotStore):
 
 
 def _prepare_after_create(
-    rig: Rig,  # noqa: F811
+    rig: Rig,
     staged: StagedTable,
     target: str,
     *then: str,
@@ -134,12 +134,12 @@ def _prepare_after_create(
     return caught.value
 
 
-def _steps(rig: Rig, staged: StagedTable) -> list[dict[str, Any]]:  # noqa: F811
+def _steps(rig: Rig, staged: StagedTable) -> list[dict[str, Any]]:
     notes = rig.components().store.step_notes(create_target_query_id(staged.journal_head))
     return [dict(n.facts) for n in notes]
 
 
-def test_a_prepare_refused_after_its_create_drops_the_empty_target(rig: Rig) -> None:  # noqa: F811
+def test_a_prepare_refused_after_its_create_drops_the_empty_target(rig: Rig) -> None:
     staged = rig.stage(ROWS, "after-create")
     refused = _prepare_after_create(rig, staged, "t_after_create", refusing=True)
     assert refused.code == "attempt_used"
@@ -168,7 +168,7 @@ def test_a_prepare_refused_after_its_create_drops_the_empty_target(rig: Rig) -> 
 
 
 def test_a_prepare_refused_for_a_writer_keeps_the_table_and_its_pending_rows(
-    rig: Rig,  # noqa: F811
+    rig: Rig,
 ) -> None:
     # A Buffer over the new target appears between the CREATE and the re-observation,
     # holding a row for it: a writer, so the prepare is refused after the CREATE. The
@@ -190,7 +190,7 @@ def test_a_prepare_refused_for_a_writer_keeps_the_table_and_its_pending_rows(
     assert rig.rows_of("t_after_buffer") == [(8, "eight", 8)]  # nothing was lost
 
 
-def test_a_created_target_that_got_a_row_is_left_and_said_so(rig: Rig) -> None:  # noqa: F811
+def test_a_created_target_that_got_a_row_is_left_and_said_so(rig: Rig) -> None:
     # A row lands in the new target (an admin's INSERT), then the store refuses the
     # intent: the table is no longer verifiably the empty one it created, so it is
     # left where it is, and the refusal says so.
@@ -209,7 +209,7 @@ def test_a_created_target_that_got_a_row_is_left_and_said_so(rig: Rig) -> None: 
     assert rig.rows_of("t_after_row") == [(7, "seven", 7)]  # nothing of it was lost
 
 
-def test_a_writer_that_appears_after_the_checks_keeps_the_table(rig: Rig) -> None:  # noqa: F811
+def test_a_writer_that_appears_after_the_checks_keeps_the_table(rig: Rig) -> None:
     # The Buffer (holding a row for the new target) appears only while the store takes
     # the intent, after the catalog was checked; the store then refuses. The catalog is
     # observed again before any DROP: the writer keeps the table, and its row.
@@ -233,7 +233,7 @@ def test_a_writer_that_appears_after_the_checks_keeps_the_table(rig: Rig) -> Non
     assert rig.rows_of(target) == [(6, "six", 6)]  # nothing was lost
 
 
-def test_a_table_another_attempts_intent_names_is_left_for_it(rig: Rig) -> None:  # noqa: F811
+def test_a_table_another_attempts_intent_names_is_left_for_it(rig: Rig) -> None:
     # While attempt A's first prepare has just created the target, attempt B of the
     # same slot prepares over it (its intent names the new table), which fences A. A
     # leaves the table to B, which publishes into it.
@@ -258,7 +258,7 @@ def test_a_table_another_attempts_intent_names_is_left_for_it(rig: Rig) -> None:
     assert rig.rows_of(target) == [*ROWS, (4, "four", 4)]
 
 
-def test_a_create_whose_lease_was_closed_meanwhile_is_not_sent(rig: Rig) -> None:  # noqa: F811
+def test_a_create_whose_lease_was_closed_meanwhile_is_not_sent(rig: Rig) -> None:
     """Before: with the publisher's credentials in hand, a prepare whose lease an
     operator closed meanwhile still sent the CREATE as the closed lease, and stored an
     intent naming it (issue 37, item 5). The lease is re-checked under the gate."""

@@ -18,7 +18,7 @@ from dpone.preparation import following_validation, native_conversion
 from dpone.preparation.conversion import ValueNotRepresentable
 from dpone.preparation.file_validation import validate_file
 from dpone.preparation.following_validation import FollowingValidation
-from tests.integration.test_export_validate import make_hostile_db
+from tests.plugins.staging import make_hostile_db
 
 SCHEMA = SourceSchema.of(
     [

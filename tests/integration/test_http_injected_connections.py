@@ -17,7 +17,7 @@ from dpone.localserver import ServerInfo
 from dpone.ports.clickhouse_errors import OutcomeUnknown
 from dpone.ports.clickhouse_request import Credentials, Endpoint, mutation, read
 from tests import chhttp
-from tests.conftest import TEST_DATABASE
+from tests.plugins.managed_server import TEST_DATABASE
 
 
 class ResponseCloseFails(PinnedConnection):

@@ -13,7 +13,6 @@ import contextlib
 import re
 import socket
 import urllib.parse
-from dataclasses import dataclass
 
 import pytest
 
@@ -21,58 +20,16 @@ from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.contracts.composition_snapshot import DEFAULT_LIMITS
 from dpone.errors import DponeError
 from dpone.ports.clickhouse_request import Credentials
-from dpone.ports.composition_snapshot import AttemptRef, StepNote, TargetSlot
+from dpone.ports.composition_snapshot import StepNote
 from dpone.publication.composition import (
-    PublicationConfig,
-    build_publication,
     staging_policy,
 )
 from dpone.publication.dispatch_notes import session_use
 from dpone.publication.store import SqliteSnapshotStore, lease_step_key
 from dpone.staging.ingest_session import ingest_session_id
 from dpone.staging.journal import read_events
-from dpone.staging.service import StagedTable
-from tests.integration.test_publication_faults import DB, managed, rig  # noqa: F401 (fixtures)
-from tests.publication_harness import Rig, Row
-
-ROWS: list[Row] = [(1, "one", 1), (2, "two", 2)]
-# A long T so that, unless the closure ends the session, it would still live when the
-# held INSERT is released (prepare takes about a second): the test cannot pass by luck.
-T = 5
-
-
-@dataclass(frozen=True)
-class Leased:
-    staged: StagedTable
-    credentials: Credentials
-    lease_id: str
-
-
-def stage(on: Rig, attempt_id: str, transport: str = "http", notes: bool = True) -> Leased:
-    """Stage ``ROWS`` as a leased ingest user, noting the drain gate under its lease
-    (``notes=False``: as a caller that passes no session notes)."""
-    staged, ingest = on.stage_leased(
-        ROWS,
-        attempt_id,
-        transport=transport,
-        policy=staging_policy(DEFAULT_LIMITS, session_timeout_seconds=T),
-        **({} if notes else {"session_notes": None}),
-    )
-    return Leased(staged, ingest.credentials, ingest.ref.lease_id)
-
-
-def prepare(on: Rig, staged: StagedTable, target: str, accept_ungated: bool = False) -> str:
-    config = PublicationConfig(
-        on.data_dir,
-        on.store_path,
-        session_timeout_seconds=T,
-        accept_ungated_ingest=accept_ungated,
-    )
-    publisher = build_publication(config, on.database).publisher
-    receipt = publisher.prepare(
-        AttemptRef(staged.journal_path, TargetSlot(on.database, target)), staged.journal_head
-    )
-    return receipt.state.value
+from tests.plugins.publication_rig import ROWS, T, prepare, stage
+from tests.publication_harness import Rig
 
 
 class HeldInsert:
@@ -111,7 +68,7 @@ class HeldInsert:
         return status, code.group(1) if code else ""
 
 
-def test_a_held_insert_of_the_ingest_user_fails_after_prepare(rig: Rig) -> None:  # noqa: F811
+def test_a_held_insert_of_the_ingest_user_fails_after_prepare(rig: Rig) -> None:
     leased = stage(rig, "gate-held")
     staged = leased.staged
     rig.existing_target(staged, "t_gate_held", [(7, "a", 7)])
@@ -149,7 +106,7 @@ def test_a_held_insert_of_the_ingest_user_fails_after_prepare(rig: Rig) -> None:
 
 
 def test_staging_on_the_client_transport_has_no_gate(
-    rig: Rig,  # noqa: F811
+    rig: Rig,
     clickhouse_client: str,
 ) -> None:
     leased = stage(rig, "gate-client", transport="client")
@@ -173,7 +130,7 @@ def test_staging_on_the_client_transport_has_no_gate(
     assert facts["gate_wait_ms"] == 0
 
 
-def test_a_transport_that_says_http_but_opens_no_gate_is_refused(rig: Rig) -> None:  # noqa: F811
+def test_a_transport_that_says_http_but_opens_no_gate_is_refused(rig: Rig) -> None:
     """Refused by what staging journaled (``drain_gate``), not by the transport's name:
     an HTTP transport a caller hands to the sink unwrapped writes outside any session."""
     staged, _ = rig.stage_leased(
@@ -194,12 +151,12 @@ def test_a_transport_that_says_http_but_opens_no_gate_is_refused(rig: Rig) -> No
     assert prepare(rig, staged, "t_gate_unwrapped", accept_ungated=True) == "prepared"
 
 
-def test_a_gated_stage_journals_its_gate(rig: Rig) -> None:  # noqa: F811
+def test_a_gated_stage_journals_its_gate(rig: Rig) -> None:
     last = read_events(stage(rig, "gate-journaled").staged.journal_path)[-1].document
     assert (last["transport"], last["drain_gate"]) == ("http", True)
 
 
-def test_a_held_insert_of_a_stage_without_notes_fails_after_prepare(rig: Rig) -> None:  # noqa: F811
+def test_a_held_insert_of_a_stage_without_notes_fails_after_prepare(rig: Rig) -> None:
     """A caller staging over HTTP without session notes still ran gated; the closure
     closes the session its writes used (derived from the attempt), so a held INSERT
     carrying it fails after ``prepared`` (it landed before: nothing probed it)."""

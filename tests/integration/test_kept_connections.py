@@ -22,7 +22,7 @@ from dpone.localserver import ServerInfo
 from dpone.ports.clickhouse_errors import ClickHouseServerError, TransportDeadline
 from dpone.ports.clickhouse_request import Credentials, Endpoint, mutation, read
 from tests import chhttp
-from tests.conftest import TEST_DATABASE
+from tests.plugins.managed_server import TEST_DATABASE
 
 # The managed server's keep_alive_timeout (localserver/config.py).
 SERVER_KEEP_ALIVE = 2.0

@@ -15,7 +15,7 @@ from dpone.localserver.layout import DataDirLayout
 from dpone.localserver.probe import accepts_connections, http_ping
 from dpone.ports.clickhouse_request import Credentials
 from tests import chhttp
-from tests.conftest import READER_PASSWORD, TEST_DATABASE
+from tests.plugins.managed_server import READER_PASSWORD, TEST_DATABASE
 
 
 def test_ready_server_answers_on_both_ports(clickhouse: ServerInfo) -> None:

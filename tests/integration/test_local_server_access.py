@@ -28,7 +28,7 @@ from dpone.localserver.layout import DataDirLayout
 from dpone.localserver.probe import accepts_connections
 from dpone.ports.clickhouse_request import Credentials
 from tests import chhttp
-from tests.conftest import TEST_DATABASE
+from tests.plugins.managed_server import TEST_DATABASE
 
 ACCESS_DENIED = "497"
 AUTHENTICATION_FAILED = "516"

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpone.connectors.bulk_text_codec import BulkTextReader, encode_record
+from dpone.connectors.bulk_text_codec import BulkTextReader
 from dpone.contracts.preparation import ROWS_DIGEST_MODULUS, rows_digest
 from dpone.contracts.schema import SourceColumn, SourceSchema
 from dpone.errors import DponeError
@@ -38,8 +38,8 @@ from dpone.preparation.spool import MODE_PYTHON, prepare_rowbinary
 from dpone.typepolicy import ColumnPlan, plan_column, plan_columns
 from dpone.typepolicy.converters import shortest_float32
 from tests.hostile_values import HOSTILE_BINARY, HOSTILE_TEXT
-from tests.integration.test_export_validate import make_hostile_db
-from tests.unit import test_type_policy as tp
+from tests.plugins.staging import make_hostile_db
+from tests.plugins.type_samples import EXACT, REFUSED, bigints, binaries, encode_rows, texts
 
 
 def reference(plans: tuple[ColumnPlan, ...], data: bytes) -> tuple[bytes, str] | None:
@@ -52,10 +52,6 @@ def reference(plans: tuple[ColumnPlan, ...], data: bytes) -> tuple[bytes, str] |
     except DponeError:
         return None
     return b"".join(rows), rows_digest(rows)
-
-
-def encode_rows(plans: tuple[ColumnPlan, ...], rows: list[list[Any]]) -> bytes:
-    return b"".join(encode_record([p.codec_column for p in plans], row) for row in rows)
 
 
 EXTRA_FIELDS = [
@@ -90,12 +86,6 @@ EXTRA_FIELDS = [
     ("date", b"2000-02-30"),
 ]
 
-# Cells of an nvarchar(max), a varbinary(max) and a bigint column, NULLs included.
-texts = st.one_of(
-    st.none(), st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=30)
-)
-binaries = st.one_of(st.none(), st.binary(max_size=20))
-bigints = st.integers(-(2**63), 2**63 - 1)
 
 numbers = st.one_of(
     st.integers(-(2**63), 2**63 - 1).map(str),
@@ -137,7 +127,7 @@ def test_the_library_is_built_and_runs() -> None:
 
 
 def test_every_edge_value_of_every_type_is_taken_with_identical_bytes() -> None:
-    for source_type, text, _ in tp.EXACT:
+    for source_type, text, _ in EXACT:
         for nullable in (False, True):
             plans = (plan_column(SourceColumn("c", source_type, nullable)),)
             data = text.encode() + b"\n" + (b"\n" if nullable else b"")
@@ -187,7 +177,7 @@ def test_hostile_text_and_binary_are_taken_with_identical_bytes() -> None:
 
 def test_refused_values_are_never_taken() -> None:
     cases: list[tuple[str, bool, bytes]] = []
-    for source_type, text, _ in tp.REFUSED:
+    for source_type, text, _ in REFUSED:
         cases += [(source_type, False, text.encode()), (source_type, True, text.encode())]
     for source_type, field in EXTRA_FIELDS:
         cases += [

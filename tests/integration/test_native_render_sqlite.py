@@ -25,7 +25,7 @@ from dpone.exporters.sources import SqliteSource, row_batches
 from dpone.typepolicy import plan_columns
 from dpone.typepolicy.source_types import parse_source_type
 from tests.hostile_values import HOSTILE_BINARY, HOSTILE_TEXT
-from tests.unit.test_native_render import GUID, TYPES
+from tests.plugins.type_samples import GUID, TYPES
 
 INTEGERS = [0, 1, -1, 2, 255, 256, 2**31, -(2**63), 2**63 - 1, 20200101]
 REALS = [0.0, -0.0, 0.1, 0.5, 1.5, 1234.5, -5165434168404.59, 1e-5, 1e-4, 1e15, 1e16]

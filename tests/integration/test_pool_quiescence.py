@@ -27,16 +27,7 @@ from dpone.ports.composition_snapshot import TargetSlot
 from dpone.publication.composition import pool_credentials
 from dpone.publication.store import SqliteSnapshotStore, lease_step_key
 from tests import chhttp
-from tests.integration.test_ingest_drain_gate import ROWS, Leased, prepare, stage
-from tests.integration.test_publication_faults import (  # noqa: F401 (fixtures)
-    DB,
-    Case,
-    P,
-    case,
-    managed,
-    rig,
-    state_of,
-)
+from tests.plugins.publication_rig import DB, ROWS, Case, Leased, P, prepare, stage, state_of
 from tests.publication_harness import Rig
 
 # An INSERT ... SELECT that runs for about 6 s (12 one-row blocks of 0.5 s) and then
@@ -78,7 +69,7 @@ def wait_until_running(on: Rig, user: str) -> None:
         pass
 
 
-def test_a_never_leased_pool_user_writing_b_is_named_and_refuses_prepare(rig: Rig) -> None:  # noqa: F811
+def test_a_never_leased_pool_user_writing_b_is_named_and_refuses_prepare(rig: Rig) -> None:
     """Before: the never-leased user's grant was allowed and nothing read what it ran:
     ``prepared``, and its row landed in B after it."""
     leased = stage(rig, "pool-b")
@@ -103,7 +94,7 @@ def test_a_never_leased_pool_user_writing_b_is_named_and_refuses_prepare(rig: Ri
     assert answers[0].status == 200  # it did write: only the refusal kept it out
 
 
-def test_a_never_leased_publisher_writing_the_target_stops_the_publish(case: Case) -> None:  # noqa: F811
+def test_a_never_leased_publisher_writing_the_target_stops_the_publish(case: Case) -> None:
     """A write into the target after prepare, by a publisher principal this store never
     leased: logged since B was sealed, it is named, and no EXCHANGE is sent. Before:
     ``published@3``, nothing named."""
@@ -152,7 +143,7 @@ def as_user(on: Rig, who: Credentials, sql: str) -> None:
 
 
 def test_an_ingest_user_another_run_holds_writing_b_is_named_and_refuses_prepare(
-    rig: Rig,  # noqa: F811
+    rig: Rig,
 ) -> None:
     """Another table's staging holds an ingest user (its lease active); that user
     writes this generation after it was sealed. Before: its active lease made it dpone's
@@ -180,14 +171,14 @@ def test_an_ingest_user_another_run_holds_writing_b_is_named_and_refuses_prepare
     assert SqliteSnapshotStore(rig.store_path, create=False).list_snapshots() == []
 
 
-def publisher_of(case: Case) -> Credentials:  # noqa: F811
+def publisher_of(case: Case) -> Credentials:
     """The credentials of the publisher ``case``'s intent binds (its lease active)."""
     intent = SnapshotIntent.from_bytes(case.store().load(case.intent).intent_bytes)
     return pool_credentials(case.rig.data_dir)[intent.publisher.user]
 
 
 def writing_the_target_is_refused(
-    case: Case,  # noqa: F811
+    case: Case,
     intent: str,
     writer: Credentials,
 ) -> tuple[list[str], str]:
@@ -209,7 +200,7 @@ def writing_the_target_is_refused(
 
 
 def test_a_publisher_another_run_holds_writing_the_target_stops_the_publish(
-    case: Case,  # noqa: F811
+    case: Case,
 ) -> None:
     """Another slot's prepared publication holds a publisher (its lease active): what it
     ran against its own target does not block this slot; its write into this slot's
@@ -235,7 +226,7 @@ def test_a_publisher_another_run_holds_writing_the_target_stops_the_publish(
 
 
 def test_an_older_attempts_publisher_of_the_same_slot_writing_the_target_stops_the_publish(
-    case: Case,  # noqa: F811
+    case: Case,
 ) -> None:
     """A newer attempt of the same slot prepares over an older one's intent; the older
     publisher's lease is still active. Its INSERT into the target (A, whose UUID stays)
@@ -255,7 +246,7 @@ def test_an_older_attempts_publisher_of_the_same_slot_writing_the_target_stops_t
 
 
 def test_a_first_publication_is_not_blocked_by_its_own_publishers_create(
-    rig: Rig,  # noqa: F811
+    rig: Rig,
 ) -> None:
     """A first publication's publisher creates the target (a logged CREATE against it,
     after B was sealed) while another run holds a pool user: its own publisher is not
@@ -276,7 +267,7 @@ def test_a_first_publication_is_not_blocked_by_its_own_publishers_create(
 
 
 def test_a_held_users_running_queries_that_write_nothing_here_do_not_block(
-    rig: Rig,  # noqa: F811
+    rig: Rig,
 ) -> None:
     """Another slot's publisher, held by its prepared run, running now: an INSERT into
     its own target, whose text names the database (here also this slot's target's
@@ -350,7 +341,7 @@ def closures(on: Rig, lease_id: str) -> list[Mapping[str, Any]]:
     ]
 
 
-def test_an_ingest_insert_without_the_session_held_open_refuses_prepare(rig: Rig) -> None:  # noqa: F811
+def test_an_ingest_insert_without_the_session_held_open_refuses_prepare(rig: Rig) -> None:
     """Before: no sample, query log or session saw it; ``prepared``, then its row landed
     in B (publish: ``not_sent_content_mismatch``)."""
     leased = stage(rig, "held-body")
@@ -389,7 +380,7 @@ def test_an_ingest_insert_without_the_session_held_open_refuses_prepare(rig: Rig
 
 
 def test_a_slow_ingest_insert_without_the_session_never_lands_after_prepared(
-    rig: Rig,  # noqa: F811
+    rig: Rig,
 ) -> None:
     """A registered INSERT ... SELECT of the ingest user without the session: the closure
     kills it (every query of the user), so it never lands after ``prepared``."""

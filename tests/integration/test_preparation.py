@@ -22,8 +22,8 @@ from dpone.preparation.conversion import ValueNotRepresentable
 from dpone.preparation.file_validation import validate_file
 from dpone.preparation.spool import PreparationBudget, PreparationError, prepare_rowbinary
 from tests import chhttp
-from tests.integration.test_export_validate import make_hostile_db
 from tests.oracles.rowbinary_oracle import decode_rows
+from tests.plugins.staging import make_hostile_db
 
 SCHEMA = SourceSchema.of(
     [

@@ -4,11 +4,7 @@ user can do exactly its job. Also the issuers: pool leases and the SQL RBAC rend
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 import uuid
 
 import pytest
@@ -42,13 +38,13 @@ from dpone.publication.principal_issuers import (
     render_grant,
 )
 from tests import chhttp
-from tests.conftest import POOL_DATABASE, POOL_PASSWORDS, TEST_DATABASE
 from tests.fakes.registry import MemoryRunRegistry
+from tests.plugins.managed_server import POOL_DATABASE, POOL_PASSWORDS, TEST_DATABASE
+from tests.plugins.publication_pool import SLOW_TABLE, RunningQuery
 
 INGEST = ingest_users()[0]
 PUBLISHER = publisher_users()[0]
 OTHER_DB = "dpone_unprotected"
-SLOW_TABLE = f"{POOL_DATABASE}.dpone_stage_slow_source"
 
 
 def as_user(port: int, sql: str, user: str) -> chhttp.Answer:
@@ -172,52 +168,6 @@ def test_publisher_exchanges_in_protected_databases_only(port: int, names: tuple
     assert uuids(port, OTHER_DB, stage, target) == elsewhere
     assert refused(as_user(port, "SELECT count() FROM system.processes", PUBLISHER))
     assert refused(as_user(port, f"KILL QUERY WHERE user = '{INGEST}' SYNC", PUBLISHER))
-
-
-class RunningQuery:
-    """A slow query of ``user`` with a known id, running in a thread until killed."""
-
-    def __init__(self, port: int, user: str, password: str, query_id: str) -> None:
-        self.port, self.query_id = port, query_id
-        self.answer: chhttp.Answer | None = None
-        # A table every pool user that runs queries can read (ingest: dpone_stage_*).
-        chhttp.query(
-            port,
-            f"CREATE TABLE IF NOT EXISTS {SLOW_TABLE} ENGINE = MergeTree ORDER BY n "
-            "AS SELECT number AS n FROM numbers(240)",
-        )
-        sql = (
-            f"SELECT sleepEachRow(0.5) FROM {SLOW_TABLE} SETTINGS max_block_size = 1, "
-            "function_sleep_max_microseconds_per_block = 200000000"
-        )
-        url = f"http://127.0.0.1:{port}/?" + urllib.parse.urlencode({"query_id": query_id})
-        self._request = urllib.request.Request(url, data=sql.encode(), method="POST")
-        self._request.add_header("X-ClickHouse-User", user)
-        self._request.add_header("X-ClickHouse-Key", password)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            with urllib.request.urlopen(self._request, timeout=180) as response:
-                self.answer = chhttp.Answer(response.status, response.read(), None)
-        except urllib.error.HTTPError as exc:
-            code = exc.headers.get("X-ClickHouse-Exception-Code")
-            self.answer = chhttp.Answer(exc.code, exc.read(), code)
-
-    def __enter__(self) -> RunningQuery:
-        self.thread.start()
-        give_up = time.monotonic() + 60
-        while not chhttp.rows(
-            self.port, f"SELECT 1 FROM system.processes WHERE query_id = '{self.query_id}'"
-        ):
-            assert self.thread.is_alive(), self.answer
-            assert time.monotonic() < give_up, "the slow query never appeared"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        chhttp.query(self.port, f"KILL QUERY WHERE query_id = '{self.query_id}' SYNC")
-        self.thread.join(timeout=60)
 
 
 def test_closer_kills_any_users_queries_and_reads_the_logs(port: int) -> None:

@@ -18,9 +18,11 @@ from dpone.publication.composition import staging_policy
 from dpone.staging.composition import build_transport
 from dpone.staging.journal import file_journals
 from dpone.staging.service import ClickHouseValidatedFileService
-from tests.integration.test_staging import DB, config, export_hostile, staging_database
+from tests.plugins.staging import DB, config, export_hostile
 
-__all__ = ["staging_database"]  # the staging database and identity, for every test here
+pytestmark = pytest.mark.usefixtures(
+    "staging_database"
+)  # the staging database and identity, for every test here
 
 
 class Recording:

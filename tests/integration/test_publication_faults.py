@@ -14,8 +14,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,8 +22,6 @@ import pytest
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.contracts.composition_snapshot import (
     SnapshotIntent,
-    SnapshotRecord,
-    SnapshotState,
     exchange_session_id,
 )
 from dpone.errors import DponeError
@@ -43,87 +40,13 @@ from dpone.publication.executor import (
 )
 from dpone.publication.publisher import (
     ClickHouseAtomicSnapshotPublisher,
-    PublicationReceipt,
 )
 from dpone.publication.store import SqliteSnapshotStore
-from dpone.staging.service import StagedTable
-from tests.publication_harness import Rig, Row, managed_publication_server
+from tests.plugins.publication_rig import A_ROWS, DB, Case, P, make_case, state_of
+from tests.publication_harness import Rig
 
-DB = "faultdb"
-P = SnapshotState
-A_ROWS: list[Row] = [(1, "a-one", 1), (2, "a-two", 2), (3, None, None)]
-B_ROWS: list[Row] = [(1, "b-one", 10), (4, "b-four", 40)]
 # Test actions that run right after the EXCHANGE answered, before the publisher reconciles.
 AfterExchange = Callable[["Case", DispatchResult, IssuedPrincipal], None]
-
-
-@pytest.fixture(scope="module")
-def managed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int, int]]:
-    """A managed server protecting ``faultdb``, as ``dpone server start --protect`` makes it."""
-    yield from managed_publication_server(tmp_path_factory, "faults", DB)
-
-
-class Case:
-    """One target with A's rows and a prepared publication of B's rows."""
-
-    def __init__(self, rig: Rig, target: str) -> None:
-        self.rig = rig
-        self.target = target
-        self.a_generation = rig.stage(A_ROWS, f"{target}-a")
-        self.a_uuid = rig.existing_target(self.a_generation, target, A_ROWS)
-        self.b: StagedTable = rig.stage(B_ROWS, f"{target}-b")
-        self.prepared = rig.prepare(self.b, target)
-        self.intent = self.prepared.intent_sha256
-        assert (self.prepared.target_uuid, self.prepared.generation_uuid) == (
-            self.a_uuid,
-            self.b.uuid,
-        )
-
-    def holds_a(self) -> bool:
-        return (self.rig.uuid_of(self.target), self.rig.rows_of(self.target)) == (
-            self.a_uuid,
-            sorted(A_ROWS),
-        )
-
-    def holds_b(self) -> bool:
-        return (self.rig.uuid_of(self.target), self.rig.rows_of(self.target)) == (
-            self.b.uuid,
-            sorted(B_ROWS),
-        )
-
-    def record(self) -> SnapshotRecord:
-        return SnapshotRecord.from_bytes(self.store().load(self.intent).record_bytes)
-
-    def store(self) -> SqliteSnapshotStore:
-        return SqliteSnapshotStore(self.rig.store_path)
-
-    def reconcile(self) -> PublicationReceipt:
-        return self.rig.components().publisher.reconcile(self.intent)
-
-    def last_facts(self) -> dict[str, object]:
-        return dict(self.store().history(self.intent)[-1].facts)
-
-    def publisher_with(
-        self, executor: type[ClickHouseSnapshotExecutor]
-    ) -> ClickHouseAtomicSnapshotPublisher:
-        return self.rig.components(executor=executor).publisher
-
-
-@pytest.fixture
-def rig(managed: tuple[Path, int, int], tmp_path: Path) -> Rig:
-    data_dir, http_port, tcp_port = managed
-    return Rig(data_dir, http_port, tcp_port, DB, tmp_path)
-
-
-def make_case(rig: Rig, request: pytest.FixtureRequest) -> Case:
-    # One target per test: an unresolved record blocks its slot for later admissions.
-    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[-40:].lower()
-    return Case(rig, name)
-
-
-@pytest.fixture
-def case(rig: Rig, request: pytest.FixtureRequest) -> Case:
-    return make_case(rig, request)
 
 
 def after_exchange(action: AfterExchange, case: Case) -> type[ClickHouseSnapshotExecutor]:
@@ -136,10 +59,6 @@ def after_exchange(action: AfterExchange, case: Case) -> type[ClickHouseSnapshot
             return result
 
     return ActingExecutor
-
-
-def state_of(receipt: PublicationReceipt) -> tuple[SnapshotState, int]:
-    return receipt.state, receipt.revision
 
 
 # ---------------------------------------------------------------------- crashes

@@ -25,10 +25,9 @@ from dpone.project.refresh import RefreshService, TableReport
 from dpone.publication.retained import headroom_policy, headroom_refusal
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.contract import StagingPolicy
-from tests.integration.test_retained_storage import (  # noqa: F401 (the server fixture)
+from tests.plugins.retained_storage import (
     B_ROWS,
     NEXT,
-    managed,
     publisher_of,
     recording_catalog,
     rig_for,
@@ -140,10 +139,10 @@ def refused_in_stage(report: TableReport) -> dict[str, object]:
 
 
 def test_a_stream_over_the_headroom_is_stopped_while_staging(
-    managed: tuple[Path, int, int],  # noqa: F811
+    retained_server: tuple[Path, int, int],
     tmp_path: Path,
 ) -> None:
-    rig = rig_for(managed, tmp_path, "head_stream")
+    rig = rig_for(retained_server, tmp_path, "head_stream")
     project, first, retained = published_once(rig, tmp_path)
     write_source(tmp_path / "shop.db", 200)  # about 13 KB of RowBinary
     details = refused_in_stage(refresh_with(project, total_transient_storage_bytes=retained + 500))
@@ -155,10 +154,10 @@ def test_a_stream_over_the_headroom_is_stopped_while_staging(
 
 
 def test_no_headroom_refuses_before_anything_is_staged(
-    managed: tuple[Path, int, int],  # noqa: F811
+    retained_server: tuple[Path, int, int],
     tmp_path: Path,
 ) -> None:
-    rig = rig_for(managed, tmp_path, "head_zero")
+    rig = rig_for(retained_server, tmp_path, "head_zero")
     project, first, retained = published_once(rig, tmp_path)
     report = refresh_with(project, total_transient_storage_bytes=retained)
     assert refused_in_stage(report) == {
@@ -174,10 +173,10 @@ def test_no_headroom_refuses_before_anything_is_staged(
 
 
 def test_retained_over_its_ceiling_refuses_before_staging(
-    managed: tuple[Path, int, int],  # noqa: F811
+    retained_server: tuple[Path, int, int],
     tmp_path: Path,
 ) -> None:
-    rig = rig_for(managed, tmp_path, "head_retained")
+    rig = rig_for(retained_server, tmp_path, "head_retained")
     project, _, retained = published_once(rig, tmp_path)
     report = refresh_with(project, retained_storage_bytes=retained - 1)
     assert refused_in_stage(report) == {
@@ -192,10 +191,10 @@ def test_retained_over_its_ceiling_refuses_before_staging(
 
 
 def test_publish_refuses_the_dispatch_when_retained_storage_grew_over_its_ceiling(
-    managed: tuple[Path, int, int],  # noqa: F811
+    retained_server: tuple[Path, int, int],
     tmp_path: Path,
 ) -> None:
-    rig = rig_for(managed, tmp_path, "head_publish")
+    rig = rig_for(retained_server, tmp_path, "head_publish")
     db, slot = rig.database, TargetSlot(rig.database, "t")
     first = rig.stage(B_ROWS, "pub-1")
     created = rig.prepare(first, "t")  # creates the empty target E (recorded, no mark)

@@ -7,16 +7,16 @@ import pytest
 from dpone.localserver import ServerInfo
 from dpone.sql import quote_identifier, quote_literal
 from tests import chhttp
-from tests.unit.test_quoting import HOSTILE
+from tests.hostile_values import HOSTILE_NAMES
 
 
-@pytest.mark.parametrize("text", HOSTILE)
+@pytest.mark.parametrize("text", HOSTILE_NAMES)
 def test_literal_round_trips(clickhouse: ServerInfo, text: str) -> None:
     got = chhttp.rows(clickhouse.http_port, f"SELECT {quote_literal(text)} AS v")
     assert got == [{"v": text}]
 
 
-@pytest.mark.parametrize("name", [n for n in HOSTILE if "\0" not in n])
+@pytest.mark.parametrize("name", [n for n in HOSTILE_NAMES if "\0" not in n])
 def test_identifier_round_trips(clickhouse: ServerInfo, name: str) -> None:
     port = clickhouse.http_port
     chhttp.query(port, "CREATE DATABASE IF NOT EXISTS quoting_db ENGINE = Atomic")

@@ -9,10 +9,6 @@ missing on B says nothing about the table on A. Pointed at A, the same commands 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -20,96 +16,19 @@ from typing import Any
 import pytest
 
 from dpone.errors import DponeError
-from dpone.localserver import LocalServer, ServerInfo, admin_credentials
+from dpone.localserver import LocalServer, ServerInfo
 from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
 from dpone.staging.composition import build_clickhouse_staging_components, build_transport
 from dpone.staging.journal import read_events
 from dpone.staging.recovery import cleanup_attempt, discard_attempt
 from dpone.staging.service import StagedTable
 from tests import chhttp
-from tests.e2e.test_cli_attempt_ids import attempts_command
-from tests.e2e.test_cli_server import as_json
-from tests.integration.test_staging import (
-    DB,
-    config,
-    create_databases,
-    export_hostile,
-    staging_database,
-    table_exists,
-)
+from tests.plugins.cli import as_json, attempts_command
+from tests.plugins.staging import DB, config, crash, create_databases, export_hostile, table_exists
 
-__all__ = ["staging_database"]  # the databases on server A, for every test here
-
-# Stages one attempt through the public composition as the administrator and dies
-# (SIGKILL) right after the first event that ``when`` describes: ``acked`` (the
-# INSERT acknowledged, recorded as settled) or ``unsent`` (the INSERT's intent; the
-# INSERT itself is never sent). Credentials come through the environment.
-CHILD = textwrap.dedent(
-    f"""
-    import os, signal, sys
-    from pathlib import Path
-    from dpone.staging import journal as journal_module
-    from dpone.ports.clickhouse_request import Credentials, Endpoint
-    from dpone.staging.contract import StagingPolicy
-    from dpone.staging.composition import StagingConfig, build_clickhouse_staging_components
-    from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
-
-    http, tcp, work, path, receipt, attempt, when, seconds = sys.argv[1:]
-    record = journal_module.ClickHouseFileAttemptJournal.record
-
-    def crashing(self, fields):
-        event = record(self, fields)
-        query = fields.get("query") or {{}}
-        settled = fields.get("settled") or {{}}
-        if (when == "unsent" and query.get("kind") == "insert") or (
-            when == "acked" and str(settled.get("query_id")).endswith("-insert")
-        ):
-            os.kill(os.getpid(), signal.SIGKILL)
-        return event
-
-    journal_module.ClickHouseFileAttemptJournal.record = crashing
-    admin = Credentials(os.environ["DPONE_TEST_USER"], os.environ["DPONE_TEST_PASSWORD"])
-    cfg = StagingConfig(
-        Endpoint("127.0.0.1", int(http), int(tcp), "{DB}"),
-        admin,
-        Path(work),
-        policy=StagingPolicy(request_seconds=float(seconds)),
-    )
-    build_clickhouse_staging_components(cfg).validated_file.stage(
-        ContractValidatedFileArtifact(Path(path), Path(receipt)), attempt
-    )
-    """
-)
-
-
-def crash(
-    info: ServerInfo, work: Path, files: tuple[Path, Path], attempt: str, when: str, seconds: float
-) -> list[dict[str, Any]]:
-    """Stage ``files`` on ``info`` in a child that dies as ``when`` says; the journal."""
-    path, receipt = files
-    admin = admin_credentials(info.data_dir)
-    child = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            CHILD,
-            str(info.http_port),
-            str(info.tcp_port),
-            str(work),
-            str(path),
-            str(receipt),
-            attempt,
-            when,
-            str(seconds),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "DPONE_TEST_USER": admin.user, "DPONE_TEST_PASSWORD": admin.password},
-    )
-    assert child.returncode == -9, child.stderr
-    return [e.document for e in read_events(work / attempt)]
+pytestmark = pytest.mark.usefixtures(
+    "staging_database"
+)  # the databases on server A, for every test here
 
 
 def snapshot(work: Path) -> dict[str, bytes]:

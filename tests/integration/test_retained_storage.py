@@ -9,19 +9,15 @@ each once; a dropped one is simply gone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from dpone.connectors.clickhouse_http import HttpTransport
-from dpone.contracts.composition_snapshot import DEFAULT_LIMITS, SnapshotLimits
 from dpone.errors import DponeError
-from dpone.localserver import LocalServer
 from dpone.localserver.principal_pool import (
     CATALOG_USER,
     CLOSER_USER,
-    managed_server_users,
     pool_names,
 )
 from dpone.ports.clickhouse_request import Endpoint
@@ -30,86 +26,24 @@ from dpone.publication.catalog import (
     ByteObservationMissing,
     CatalogUnobservable,
     ClickHouseSnapshotCatalog,
-    RecordedUuids,
 )
-from dpone.publication.composition import pool_credentials, provision_protected_databases
-from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
+from dpone.publication.composition import pool_credentials
 from dpone.publication.retained import recorded_table_uuids, recorded_target_names
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.publication.store.errors import SnapshotStoreError
 from tests import chhttp
+from tests.plugins.retained_storage import (
+    B_ROWS,
+    NEXT,
+    catalog_of,
+    publisher_of,
+    recording_catalog,
+    rig_for,
+    sizes,
+)
 from tests.publication_harness import Rig, Row
 
-# One protected database per test: the marked staging tables of one test never count
-# in another's retained bytes.
-DATABASES = (
-    *("ret_copy", "ret_first", "ret_gone", "ret_null", "ret_fail", "ret_ref", "ret_two"),
-    *("head_stream", "head_zero", "head_retained", "head_publish"),  # test_publish_headroom
-)
 A_ROWS: list[Row] = [(i, f"a-{i:04d}-" + "x" * 40, i) for i in range(1, 301)]
-B_ROWS: list[Row] = [(1, "b-one", 10), (4, "b-four", 40)]
-NEXT = "dpone_stage_next"  # a generation that does not exist yet
-
-
-@pytest.fixture(scope="module")
-def managed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int, int]]:
-    """A managed server whose pool protects every database of this module."""
-    data_dir = tmp_path_factory.mktemp("retained") / "ch"
-    server = LocalServer(data_dir, users=managed_server_users(DATABASES))
-    info = server.start()
-    try:
-        provision_protected_databases(data_dir, info.http_port, DATABASES)
-        chhttp.register_server(info.http_port, data_dir)
-        yield data_dir, info.http_port, info.tcp_port
-    finally:
-        server.stop()
-
-
-def rig_for(managed: tuple[Path, int, int], tmp_path: Path, database: str) -> Rig:
-    data_dir, http_port, tcp_port = managed
-    return Rig(data_dir, http_port, tcp_port, database, tmp_path)
-
-
-def catalog_of(rig: Rig, recorded: RecordedUuids | None) -> ClickHouseSnapshotCatalog:
-    """The catalog as ``dpone_catalog``, counting the tables ``recorded`` answers."""
-    endpoint = Endpoint("127.0.0.1", rig.http_port, rig.tcp_port, rig.database)
-    credentials = pool_credentials(rig.data_dir)[CATALOG_USER]
-    return ClickHouseSnapshotCatalog(
-        HttpTransport(endpoint, credentials),
-        trusted_users=frozenset({"dpone_admin", CATALOG_USER, CLOSER_USER, *pool_names()}),
-        recorded_uuids=recorded,
-    )
-
-
-def recording_catalog(rig: Rig) -> ClickHouseSnapshotCatalog:
-    """The catalog with the store's recorded UUIDs, as ``build_publication`` wires it."""
-    return catalog_of(rig, recorded_table_uuids(SqliteSnapshotStore(rig.store_path)))
-
-
-def publisher_of(
-    rig: Rig, limits: SnapshotLimits = DEFAULT_LIMITS
-) -> ClickHouseAtomicSnapshotPublisher:
-    """The real publisher of ``rig``, observing through :func:`recording_catalog`."""
-    parts = rig.components()
-    return ClickHouseAtomicSnapshotPublisher(
-        authority=parts.publisher.authority,
-        store=parts.store,
-        catalog=recording_catalog(rig),
-        executor=parts.publisher.executor,
-        limits=limits,
-    )
-
-
-def sizes(rig: Rig) -> dict[str, int]:
-    """``total_bytes`` of every table of the rig's database, as the administrator sees it."""
-    return {
-        r["name"]: int(r["total_bytes"])
-        for r in chhttp.rows(
-            rig.http_port,
-            "SELECT name, total_bytes FROM system.tables WHERE database = "
-            f"'{rig.database}' AND total_bytes IS NOT NULL",
-        )
-    }
 
 
 def publish_over_users_target(rig: Rig) -> tuple[str, str]:
@@ -129,9 +63,9 @@ def publish_over_users_target(rig: Rig) -> tuple[str, str]:
 
 
 def test_the_users_exchanged_out_target_is_counted(
-    managed: tuple[Path, int, int], tmp_path: Path
+    retained_server: tuple[Path, int, int], tmp_path: Path
 ) -> None:
-    rig = rig_for(managed, tmp_path, "ret_copy")
+    rig = rig_for(retained_server, tmp_path, "ret_copy")
     target, copy = publish_over_users_target(rig)
     slot = TargetSlot(rig.database, target)
     size = sizes(rig)
@@ -147,9 +81,9 @@ def test_the_users_exchanged_out_target_is_counted(
 
 
 def test_the_empty_target_a_first_publication_created_is_counted(
-    managed: tuple[Path, int, int], tmp_path: Path
+    retained_server: tuple[Path, int, int], tmp_path: Path
 ) -> None:
-    rig = rig_for(managed, tmp_path, "ret_first")
+    rig = rig_for(retained_server, tmp_path, "ret_first")
     b = rig.stage(B_ROWS, "first-b")
     prepared = rig.prepare(b, "t")  # creates the empty target E: no mark, recorded as A
     assert publisher_of(rig).publish(prepared.intent_sha256).state.value == "published"
@@ -168,9 +102,9 @@ def test_the_empty_target_a_first_publication_created_is_counted(
 
 
 def test_each_table_counts_once_and_a_dropped_one_is_gone(
-    managed: tuple[Path, int, int], tmp_path: Path
+    retained_server: tuple[Path, int, int], tmp_path: Path
 ) -> None:
-    rig = rig_for(managed, tmp_path, "ret_gone")
+    rig = rig_for(retained_server, tmp_path, "ret_gone")
     target, copy = publish_over_users_target(rig)
     staged = rig.stage(B_ROWS, "gone-next")
     rig.prepare(staged, target)  # its generation is now both marked and recorded
@@ -185,9 +119,9 @@ def test_each_table_counts_once_and_a_dropped_one_is_gone(
 
 
 def test_a_recorded_table_without_a_byte_counter_is_missing_not_zero(
-    managed: tuple[Path, int, int], tmp_path: Path
+    retained_server: tuple[Path, int, int], tmp_path: Path
 ) -> None:
-    rig = rig_for(managed, tmp_path, "ret_null")
+    rig = rig_for(retained_server, tmp_path, "ret_null")
     db = rig.database
     rig.admin(f"CREATE TABLE {db}.t (id UInt64) ENGINE = MergeTree ORDER BY id")
     rig.admin(f"CREATE VIEW {db}.recorded_view AS SELECT toUInt64(1) AS id")
@@ -202,9 +136,9 @@ def test_a_recorded_table_without_a_byte_counter_is_missing_not_zero(
 
 
 def test_an_unreadable_record_of_tables_is_unobservable(
-    managed: tuple[Path, int, int], tmp_path: Path
+    retained_server: tuple[Path, int, int], tmp_path: Path
 ) -> None:
-    rig = rig_for(managed, tmp_path, "ret_fail")
+    rig = rig_for(retained_server, tmp_path, "ret_fail")
     rig.admin(f"CREATE TABLE {rig.database}.t (id UInt64) ENGINE = MergeTree ORDER BY id")
 
     def unreadable(database: str) -> set[str]:
@@ -223,9 +157,9 @@ def test_an_unreadable_record_of_tables_is_unobservable(
 
 
 def test_the_recorded_uuids_are_every_intents_a_and_b_of_the_database(
-    managed: tuple[Path, int, int], tmp_path: Path
+    retained_server: tuple[Path, int, int], tmp_path: Path
 ) -> None:
-    rig = rig_for(managed, tmp_path, "ret_ref")
+    rig = rig_for(retained_server, tmp_path, "ret_ref")
     b = rig.stage(B_ROWS, "ref-b")
     prepared = rig.prepare(b, "t")
     uuids = recorded_table_uuids(SqliteSnapshotStore(rig.store_path))
@@ -234,9 +168,9 @@ def test_the_recorded_uuids_are_every_intents_a_and_b_of_the_database(
 
 
 def test_another_slots_live_target_is_not_this_slots_retained_storage(
-    managed: tuple[Path, int, int], tmp_path: Path
+    retained_server: tuple[Path, int, int], tmp_path: Path
 ) -> None:
-    rig = rig_for(managed, tmp_path, "ret_two")
+    rig = rig_for(retained_server, tmp_path, "ret_two")
     target, copy = publish_over_users_target(rig)  # slot "t": its B is now its target
     other = rig.stage(B_ROWS, "other-b")
     rig.existing_target(other, "u", [])

@@ -32,11 +32,11 @@ from dpone.ports.composition_snapshot import (
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
 from dpone.publication.journal_evidence import AuthorityError
 from dpone.staging.journal import ClickHouseFileAttemptJournal, JournalEvent
-from tests.conftest import POOL_PASSWORDS
-from tests.integration.test_principal_pool import RunningQuery
-from tests.integration.test_snapshot_executor import (
+from tests.plugins.managed_server import POOL_PASSWORDS
+from tests.plugins.publication_pool import (
     DB,
     Pool,
+    RunningQuery,
     make_authority,
     make_intent,
     make_pool,

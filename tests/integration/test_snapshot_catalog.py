@@ -28,8 +28,8 @@ from dpone.publication.catalog import (
     writer_grant_blockers,
 )
 from tests import chhttp
-from tests.conftest import CATALOG_PASSWORD, SESSION_USERS
 from tests.own_servers import own_server
+from tests.plugins.managed_server import CATALOG_PASSWORD, SESSION_USERS
 
 DB = "dpone_cat_t"
 # Every session user is trusted except the one declared to hold ambient write grants.

@@ -6,46 +6,42 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import socket
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
 
-from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.contracts.composition_snapshot import (
-    IntentPrincipal,
     SnapshotIntent,
-    SnapshotLimits,
     create_target_query_id,
     exchange_query_id,
     exchange_session_id,
 )
 from dpone.localserver import ServerInfo
-from dpone.localserver.principal_pool import CLOSER_USER, ROLE_INGEST, ROLE_PUBLISHER, pool_names
+from dpone.localserver.principal_pool import ROLE_INGEST, ROLE_PUBLISHER
 from dpone.ports.clickhouse_request import Credentials, Endpoint
 from dpone.ports.composition_snapshot import (
     DispatchOutcome,
     IssuedPrincipal,
-    PrincipalRef,
     TargetSlot,
 )
-from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
+from dpone.publication.authority import ClosurePolicy
 from dpone.publication.dispatch_gate import DispatchGate
-from dpone.publication.dispatch_notes import DispatchGuard, SessionUse
+from dpone.publication.dispatch_notes import DispatchGuard
 from dpone.publication.executor import ClickHouseSnapshotExecutor, ExecutorError
-from dpone.publication.lease_scope import LeaseScope
-from dpone.publication.principal_issuers import LocalPoolIssuer
 from tests import chhttp
-from tests.conftest import POOL_DATABASE
-from tests.fakes.registry import MemoryRunRegistry
-
-DB = POOL_DATABASE
+from tests.plugins.publication_pool import (
+    DB,
+    Pool,
+    make_authority,
+    make_intent,
+    make_pool,
+    new_gate,
+)
+from tests.plugins.raw_http import read_all, read_request
 
 
 def uuid_of(port: int, table: str) -> str | None:
@@ -66,47 +62,9 @@ def log_types(port: int, query_id: str) -> list[str]:
     return [r["type"] for r in rows]
 
 
-@dataclass
-class Pool:
-    """The pool on the session's server: registry, issuer, credentials, endpoint."""
-
-    info: ServerInfo
-    registry: MemoryRunRegistry
-    issuer: LocalPoolIssuer
-    credentials: dict[str, Credentials]
-    user_ids: dict[str, str]
-
-    @property
-    def port(self) -> int:
-        return self.info.http_port
-
-    def endpoint(self, port: int | None = None) -> Endpoint:
-        return Endpoint("127.0.0.1", port or self.info.http_port, self.info.tcp_port, DB)
-
-
 @pytest.fixture
 def pool(clickhouse: ServerInfo, pool_credentials: dict[str, Credentials]) -> Pool:
     return make_pool(clickhouse, pool_credentials)
-
-
-def make_pool(clickhouse: ServerInfo, pool_credentials: dict[str, Credentials]) -> Pool:
-    """A fresh registry and pool issuer over the session server's declared pool."""
-    chhttp.query(clickhouse.http_port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
-    ids = {
-        r["name"]: r["id"]
-        for r in chhttp.rows(
-            clickhouse.http_port, "SELECT name, toString(id) AS id FROM system.users"
-        )
-    }
-    user_ids = {name: ids[name] for name in pool_names()}
-    registry = MemoryRunRegistry()
-    return Pool(
-        clickhouse,
-        registry,
-        LocalPoolIssuer(registry, pool_credentials, user_ids),
-        dict(pool_credentials),
-        user_ids,
-    )
 
 
 @pytest.fixture
@@ -127,47 +85,6 @@ def tables(pool: Pool) -> tuple[str, str]:
     )
     chhttp.query(pool.port, f"INSERT INTO {DB}.{target} VALUES (9, 'old', 0)")
     return generation, target
-
-
-def make_intent(
-    publisher: PrincipalRef,
-    ingest: PrincipalRef,
-    generation: str,
-    target: str,
-    *,
-    attempt_id: str = "a1",
-) -> SnapshotIntent:
-    """An intent as prepare would bind it (only what the executor and authority read)."""
-    sha = hashlib.sha256(uuid.uuid4().bytes).hexdigest()
-    limits = SnapshotLimits(10**6, 10**9, 10**9, 10**9, 10**10, 10**10)
-    return SnapshotIntent(
-        request_id=f"request-{attempt_id}",
-        attempt_id=attempt_id,
-        slot_epoch=1,
-        attempt_epoch=1,
-        server_id=str(uuid.uuid4()),
-        server_id_source="dpone_identity_table",
-        database=DB,
-        database_uuid=str(uuid.uuid4()),
-        target_table=target,
-        target_uuid=str(uuid.uuid4()),
-        generation_table=generation,
-        generation_uuid=str(uuid.uuid4()),
-        staged_event_sha256="e" * 64,
-        semantic_id="f" * 64,
-        design_sha256="d" * 64,
-        receipt_sha256="c" * 64,
-        source_rows=2,
-        source_bytes=10,
-        wire_bytes=20,
-        content_digest="0" * 32,
-        ingest=IntentPrincipal(ingest.user, ingest.user_uuid, ingest.lease_id),
-        publisher=IntentPrincipal(publisher.user, publisher.user_uuid, publisher.lease_id),
-        limits=limits,
-        prepared_at="2026-01-01T00:00:00.000000Z",
-        raw=b"",
-        sha256=sha,
-    )
 
 
 def issue_pair(pool: Pool, attempt_id: str) -> tuple[IssuedPrincipal, IssuedPrincipal]:
@@ -194,47 +111,12 @@ class UnstoredGuard(DispatchGuard):
         self.notes.append(dict(facts))
 
 
-def new_gate() -> DispatchGate:
-    """A dispatch gate of its own (a lock file in a fresh temporary directory)."""
-    return DispatchGate(Path(tempfile.mkdtemp(prefix="dpone-gate-")) / "gate.lock")
-
-
 def executor_on(
     endpoint: Endpoint, gate: DispatchGate | None = None, **options: Any
 ) -> ClickHouseSnapshotExecutor:
     """An executor with its own gate (or ``gate``) and an :class:`UnstoredGuard`."""
     return ClickHouseSnapshotExecutor(
         endpoint, dispatch_gate=gate or new_gate(), guard=UnstoredGuard(), **options
-    )
-
-
-def scope_with(lease_id: str, sessions: list[str]) -> LeaseScope:
-    """A lease's scope whose sessions were opened with no recorded answer (full wait)."""
-    return LeaseScope(
-        lease_id, 0, None, (), tuple(SessionUse(s, True, None) for s in sessions), False
-    )
-
-
-def make_authority(
-    pool: Pool,
-    gate: DispatchGate,
-    sessions: dict[str, list[str]],
-    *,
-    policy: ClosurePolicy | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-    endpoint: Endpoint | None = None,
-) -> SnapshotAuthority:
-    """An authority over ``pool``; ``endpoint``: where its closes and probes go."""
-    return SnapshotAuthority(
-        registry=pool.registry,
-        issuer=pool.issuer,
-        closer=HttpTransport(pool.endpoint(), pool.credentials[CLOSER_USER]),
-        endpoint=endpoint or pool.endpoint(),
-        probe_credentials=pool.issuer.role_credentials,
-        scope_of=lambda ref: scope_with(ref.lease_id, sessions.get(ref.lease_id, [])),
-        dispatch_gate=gate,
-        policy=policy or ClosurePolicy(samples=3, sample_spacing_seconds=0.2),
-        sleep=sleep,
     )
 
 
@@ -430,7 +312,7 @@ class HoldingProxy:
 
     def _serve(self, client: socket.socket) -> None:
         with client:
-            request = _read_request(client)
+            request = read_request(client)
             marked = self.marker in request
             if marked and self.answer_marked is not None:
                 client.sendall(self.answer_marked)
@@ -440,42 +322,12 @@ class HoldingProxy:
                 self.release.wait()
             with socket.create_connection(("127.0.0.1", self.upstream)) as upstream:
                 upstream.sendall(request)
-                answer = _read_all(upstream)
+                answer = read_all(upstream)
             if marked:
                 self.late_answers.append(answer)
                 self.answered.set()
             with contextlib.suppress(OSError):  # the client may have given up long ago
                 client.sendall(answer)
-
-
-def _read_request(sock: socket.socket) -> bytes:
-    """One request from ``sock``, marked ``Connection: close``: these proxies answer one
-    request per connection, so the server's answer must say so (or the transport, told
-    the connection is kept, would send its next request on it)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":", 1)[1])
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        body += chunk
-    return head + b"\r\nConnection: close\r\n\r\n" + body
-
-
-def _read_all(sock: socket.socket) -> bytes:
-    chunks = []
-    while chunk := sock.recv(65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 @pytest.fixture

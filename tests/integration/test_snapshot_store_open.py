@@ -23,7 +23,7 @@ from dpone.publication.store import (
     SqliteSnapshotStore,
     lease_step_key,
 )
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
 
 INTENT = "ab" * 32
 

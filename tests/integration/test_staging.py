@@ -4,86 +4,40 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dpone.errors import DponeError, JournalError
-from dpone.exporters.export import export_table
-from dpone.exporters.sources import SqliteSource
 from dpone.localserver import ServerInfo, admin_credentials
 from dpone.ports.clickhouse_request import ClickHouseRequest, Endpoint
 from dpone.ports.clickhouse_result import QueryResult
 from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
 from dpone.sinks import ClickHouseSink
-from dpone.staging.composition import StagingConfig, build_transport
-from dpone.staging.contract import StagingPolicy
+from dpone.staging.composition import build_transport
 from dpone.staging.journal import file_journals, read_events
 from dpone.staging.recovery import list_attempts
 from dpone.staging.service import ClickHouseValidatedFileService
 from tests import chhttp
-from tests.hostile_values import HOSTILE_BINARY, HOSTILE_TEXT
+from tests.plugins.staging import (
+    DB,
+    Interfering,
+    config,
+    export_hostile,
+    fake_count,
+    interfering_sink,
+    runner,
+    states,
+    table_exists,
+)
 
-DB = "staging_db"
-
-
-def export_hostile(
-    tmp_path: Path, rows: int | None = None
-) -> tuple[Path, Path, list[tuple[Any, ...]]]:
-    """A hostile-values table with types every client can insert."""
-    data: list[tuple[Any, ...]] = [(i, t, None, None) for i, t in enumerate(HOSTILE_TEXT)]
-    data += [
-        (1000 + i, None, b, "6F9619FF-8B86-D011-B42D-00C04FC964FF")
-        for i, b in enumerate(HOSTILE_BINARY)
-    ]
-    data += [(5000, "dup", b"d", None)] * 2
-    if rows is not None:
-        data = data[:rows]
-    db = tmp_path / "src.db"
-    with sqlite3.connect(db) as conn:
-        conn.execute(
-            "CREATE TABLE t (id bigint NOT NULL, txt nvarchar, bin varbinary, g uniqueidentifier)"
-        )
-        conn.executemany("INSERT INTO t VALUES (?, ?, ?, ?)", data)
-    result = export_table(SqliteSource(db), "t", tmp_path / "t.tsv")
-    return result.path, result.receipt_path, data
-
-
-def config(info: ServerInfo, work: Path, kind: str = "http", **policy: Any) -> StagingConfig:
-    return StagingConfig(
-        Endpoint("127.0.0.1", info.http_port, info.tcp_port, DB),
-        admin_credentials(info.data_dir),
-        work,
-        transport=kind,
-        policy=StagingPolicy(**policy),
-    )
-
-
-@pytest.fixture(autouse=True)
-def staging_database(clickhouse: ServerInfo) -> None:
-    """The Atomic database, and the server's dpone identity (so event numbers are fixed)."""
-    create_databases(clickhouse.http_port)
-
-
-def create_databases(port: int) -> None:
-    chhttp.query(port, f"CREATE DATABASE IF NOT EXISTS {DB} ENGINE = Atomic")
-    chhttp.query(port, "CREATE DATABASE IF NOT EXISTS _dpone_identity ENGINE = Atomic")
+pytestmark = pytest.mark.usefixtures("staging_database")  # the databases, for every test here
 
 
 @pytest.fixture
 def kind(transport_kind: str) -> str:
     return transport_kind
-
-
-def table_exists(info: ServerInfo, table: str) -> bool:
-    return chhttp.query(info.http_port, f"EXISTS TABLE {DB}.{table}") == "1\n"
-
-
-def states(attempt_dir: Path) -> list[str]:
-    return [e.document["state"] for e in read_events(attempt_dir)]
 
 
 def test_hostile_values_stage_and_read_back_equal(
@@ -172,51 +126,6 @@ def test_every_event_records_counts_null_until_known(
         )
     [failed] = read_events(tmp_path / "work" / "counts-2")
     assert failed.document["counts"] == {"prepared_rows": None, "observed_count": None}
-
-
-class Interfering:
-    """A real transport with a hook that runs before chosen requests (faults a server cannot make)."""
-
-    def __init__(self, inner: Any, hook: Callable[[ClickHouseRequest], QueryResult | None]) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.endpoint = inner.endpoint
-        self.hook = hook
-
-    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
-        replaced = self.hook(request)
-        result = self.inner.execute(request, deadline=deadline)
-        return replaced if replaced is not None else result
-
-
-def runner(inner: Any) -> Any:
-    """A ``runner_factory`` that hands the sink's service ``inner`` (a wrapped transport)."""
-
-    def factory(cfg: StagingConfig, policy: StagingPolicy) -> Any:
-        assert policy == cfg.policy  # the service's policy reaches the factory
-        return inner
-
-    return factory
-
-
-def interfering_sink(
-    info: ServerInfo,
-    work: Path,
-    hook: Callable[[ClickHouseRequest], QueryResult | None],
-    **policy: Any,
-) -> ClickHouseSink:
-    """The public sink whose service runs through a real transport with ``hook``."""
-    cfg = config(info, work, **policy)
-    return ClickHouseSink(cfg, runner_factory=runner(Interfering(build_transport(cfg), hook)))
-
-
-def fake_count(output: bytes) -> Callable[[ClickHouseRequest], QueryResult | None]:
-    def hook(request: ClickHouseRequest) -> QueryResult | None:
-        if "-read-count-" in request.query_id:
-            return QueryResult(request.query_id, output, None, None, "http")
-        return None
-
-    return hook
 
 
 @pytest.mark.parametrize(

@@ -15,17 +15,9 @@ from dpone.ports.clickhouse_request import ClickHouseRequest
 from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
 from dpone.sinks import ClickHouseSink
 from dpone.staging.composition import build_transport
-from tests.integration.test_staging import (
-    Interfering,
-    config,
-    export_hostile,
-    runner,
-    staging_database,
-    states,
-    table_exists,
-)
+from tests.plugins.staging import Interfering, config, export_hostile, runner, states, table_exists
 
-__all__ = ["staging_database"]  # the databases, for every test here
+pytestmark = pytest.mark.usefixtures("staging_database")  # the databases, for every test here
 
 
 def test_an_attempt_is_active_once_whichever_object_it_enters_through(tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ from dpone.ports.clickhouse_request import Credentials
 from dpone.staging.journal import read_events
 from dpone.staging.recovery import list_attempts
 from tests import chhttp
-from tests.e2e.test_cli_server import dpone
-from tests.integration.test_staging import DB, create_databases, export_hostile
+from tests.plugins.cli import dpone
+from tests.plugins.staging import DB, create_databases, export_hostile
 
 CHILD = textwrap.dedent(
     f"""

@@ -29,26 +29,24 @@ from dpone.staging.journal import ClickHouseFileAttemptJournal, file_journals, r
 from dpone.staging.recovery import list_attempts
 from dpone.staging.service import ClickHouseValidatedFileService
 from tests import chhttp
-from tests.conftest import STAGER_PASSWORD
-from tests.integration.test_staging import (
+from tests.plugins.managed_server import STAGER_PASSWORD
+from tests.plugins.staging import (
     DB,
     Interfering,
+    Wrapped,
     config,
+    documents,
     export_hostile,
     fake_count,
     interfering_sink,
     runner,
-    staging_database,
     states,
     table_exists,
+    wrapped_transport,
 )
 
-__all__ = ["staging_database"]  # the databases, for every test here
+pytestmark = pytest.mark.usefixtures("staging_database")  # the databases, for every test here
 WRONG_COUNT = fake_count(b'{"n":1}\n')  # the primary failure: count_mismatch, after INSERT
-
-
-def documents(attempt_dir: Path) -> list[dict[str, Any]]:
-    return [e.document for e in read_events(attempt_dir)]
 
 
 def chain(*hooks: Callable[[ClickHouseRequest], QueryResult | None]) -> Any:
@@ -220,50 +218,12 @@ def test_unobservable_cleanup_is_retained_unknown_with_the_table_listed(
     assert table_exists(clickhouse, table) is not dropped
 
 
-class Wrapped:
-    """A real transport; ``fault(request, inner, deadline)`` may take over one request."""
-
-    def __init__(
-        self, inner: Any, fault: Callable[[ClickHouseRequest, Any, float], QueryResult | None]
-    ) -> None:
-        self.inner, self.fault = inner, fault
-        self.name, self.endpoint = inner.name, inner.endpoint
-
-    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
-        taken = self.fault(request, self.inner, deadline)
-        if taken is not None:
-            return taken
-        result: QueryResult = self.inner.execute(request, deadline=deadline)
-        return result
-
-
-def wrapped_transport(cfg: Any, fault: Any, count: bytes | None) -> Wrapped:
-    """A real transport; ``fault`` may take over a request, ``count`` replaces the COUNT."""
-    inner: Any = build_transport(cfg)
-    if count is not None:
-        inner = Interfering(inner, fake_count(count))
-    return Wrapped(inner, fault)
-
-
 def wrapped_sink(
     info: ServerInfo, work: Path, fault: Any, count: bytes | None = b'{"n":1}\n'
 ) -> ClickHouseSink:
     """The public sink whose service runs through :func:`wrapped_transport`."""
     cfg = config(info, work)
     return ClickHouseSink(cfg, runner_factory=runner(wrapped_transport(cfg, fault, count)))
-
-
-def wrapped_service(
-    info: ServerInfo, work: Path, fault: Any, count: bytes | None = b'{"n":1}\n'
-) -> ClickHouseValidatedFileService:
-    """The service itself around :func:`wrapped_transport` (for callers that need it)."""
-    cfg = config(info, work)
-    return ClickHouseValidatedFileService(
-        wrapped_transport(cfg, fault, count),
-        DB,
-        journal_factory=file_journals(work),
-        policy=cfg.policy,
-    )
 
 
 def test_a_drop_the_server_refuses_ends_cleanup_failed(

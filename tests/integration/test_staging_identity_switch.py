@@ -23,17 +23,11 @@ from dpone.sinks import ClickHouseSink
 from dpone.staging.composition import build_transport
 from dpone.staging.journal import read_events
 from tests import chhttp
-from tests.integration.test_staging import (
-    DB,
-    config,
-    create_databases,
-    export_hostile,
-    runner,
-    staging_database,
-    table_exists,
-)
+from tests.plugins.staging import DB, config, create_databases, export_hostile, runner, table_exists
 
-__all__ = ["staging_database"]  # the databases on server A, for every test here
+pytestmark = pytest.mark.usefixtures(
+    "staging_database"
+)  # the databases on server A, for every test here
 
 
 @pytest.fixture(scope="module")

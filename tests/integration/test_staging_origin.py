@@ -28,17 +28,17 @@ from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials, Endpo
 from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
 from dpone.staging.composition import build_transport
 from dpone.staging.recovery import cleanup_attempt
-from tests.conftest import STAGER_PASSWORD
-from tests.integration.test_staging import (
+from tests.plugins.managed_server import STAGER_PASSWORD
+from tests.plugins.staging import (
     DB,
     config,
+    documents,
     export_hostile,
-    staging_database,
     table_exists,
+    wrapped_service,
 )
-from tests.integration.test_staging_faults import documents, wrapped_service
 
-__all__ = ["staging_database"]  # the databases, for every test here
+pytestmark = pytest.mark.usefixtures("staging_database")  # the databases, for every test here
 
 # Stages one attempt as the administrator and dies (SIGKILL) around journal event ``at``:
 # "after" it is durable, or "before" it is written (the request it follows has run).

@@ -35,8 +35,8 @@ from dpone.staging.composition import (
 from dpone.staging.journal import read_events
 from dpone.staging.recovery import finishing_command, left_behind
 from tests import chhttp
-from tests.e2e.test_cli_server import as_json, dpone
-from tests.integration.test_staging import DB, export_hostile
+from tests.plugins.cli import as_json, dpone
+from tests.plugins.staging import DB, export_hostile
 
 CHILD = textwrap.dedent(
     f"""

@@ -17,15 +17,9 @@ from dpone.preparation.artifact import FileVerificationBudget, HeldArtifact
 from dpone.sinks import ClickHouseSink
 from dpone.staging.journal import ClickHouseFileAttemptJournal, file_journals, read_events
 from dpone.staging.recovery import survey_attempts
-from tests.integration.test_staging import (
-    config,
-    export_hostile,
-    staging_database,
-    states,
-    table_exists,
-)
+from tests.plugins.staging import config, export_hostile, states, table_exists
 
-__all__ = ["staging_database"]  # the databases, for every test here
+pytestmark = pytest.mark.usefixtures("staging_database")  # the databases, for every test here
 
 
 @contextlib.contextmanager

@@ -21,16 +21,9 @@ from dpone.sinks import ClickHouseSink
 from dpone.staging.contract import StagingPolicy
 from dpone.staging.journal import ClickHouseFileAttemptJournal, read_events
 from tests import chhttp
-from tests.integration.test_staging import (
-    config,
-    export_hostile,
-    interfering_sink,
-    staging_database,
-    states,
-    table_exists,
-)
+from tests.plugins.staging import config, export_hostile, interfering_sink, states, table_exists
 
-__all__ = ["staging_database"]  # the databases, for every test here
+pytestmark = pytest.mark.usefixtures("staging_database")  # the databases, for every test here
 
 
 @pytest.mark.parametrize(

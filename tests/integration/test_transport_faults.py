@@ -27,8 +27,8 @@ from dpone.ports.clickhouse_errors import (
 )
 from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials, Endpoint, read
 from tests import chhttp
-from tests.conftest import READER_PASSWORD, TEST_DATABASE
-from tests.integration.test_transports import DB, fake_client, make_transport, soon
+from tests.plugins.managed_server import READER_PASSWORD, TEST_DATABASE
+from tests.plugins.transports import DB, fake_client, make_transport, soon
 
 
 @pytest.fixture

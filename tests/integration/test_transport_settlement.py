@@ -17,7 +17,7 @@ from dpone.sinks import ClickHouseSink
 from dpone.staging.composition import StagingConfig
 from dpone.staging.journal import read_events
 from tests import chhttp
-from tests.integration.test_staging import DB, Interfering, config, export_hostile, table_exists
+from tests.plugins.staging import DB, Interfering, config, export_hostile, table_exists
 
 
 def test_an_insert_never_sent_needs_no_termination_proof(

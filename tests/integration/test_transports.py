@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from dpone.connectors.clickhouse_client import ClientTransport
 from dpone.connectors.clickhouse_http import HttpTransport
 from dpone.connectors.endpoint_identity import (
     EndpointIdentityError,
@@ -32,7 +31,7 @@ from dpone.connectors.remote_termination import (
     prove_termination,
     query_log_state,
 )
-from dpone.localserver import LocalServer, ServerInfo, admin_credentials
+from dpone.localserver import LocalServer, ServerInfo
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_errors import (
     ClickHouseServerError,
@@ -42,40 +41,17 @@ from dpone.ports.clickhouse_errors import (
 )
 from dpone.ports.clickhouse_request import (
     ClickHouseRequest,
-    Credentials,
-    Endpoint,
     mutation,
     mutation_query_id,
     read,
 )
 from dpone.ports.clickhouse_result import QueryResult
 from tests import chhttp
-from tests.conftest import READER_PASSWORD, TEST_DATABASE
+from tests.plugins.managed_server import READER_PASSWORD, TEST_DATABASE
+from tests.plugins.transports import DB, fake_client, make_transport, soon
 from tests.profile_settings import ProfileSettings
 
 Factory = Callable[..., Any]
-DB = "transport_db"
-
-
-def soon(seconds: float = 30.0) -> float:
-    return time.monotonic() + seconds
-
-
-def make_transport(
-    kind: str,
-    info: ServerInfo,
-    *,
-    user: str | None = None,
-    password: str = "",
-    database: str = DB,
-    **kwargs: Any,
-) -> HttpTransport | ClientTransport:
-    """A transport as ``user``, by default the server's administrator."""
-    endpoint = Endpoint("127.0.0.1", info.http_port, info.tcp_port, database)
-    credentials = admin_credentials(info.data_dir) if user is None else Credentials(user, password)
-    if kind == "http":
-        return HttpTransport(endpoint, credentials, **kwargs)
-    return ClientTransport(endpoint, credentials, **kwargs)
 
 
 @pytest.fixture
@@ -321,13 +297,6 @@ def test_client_binary_missing(clickhouse: ServerInfo) -> None:
     with pytest.raises(NotSubmitted) as caught:
         t.execute(read("SELECT 1", "r-missing-client"), deadline=soon())
     assert caught.value.code == "client_missing"
-
-
-def fake_client(tmp_path: Path, body: str) -> str:
-    script = tmp_path / "fake-client"
-    script.write_text("#!/bin/sh\n" + body + "\n")
-    script.chmod(0o755)
-    return str(script)
 
 
 def test_client_killed_by_signal(clickhouse: ServerInfo, tmp_path: Path) -> None:

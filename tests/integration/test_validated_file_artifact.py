@@ -11,7 +11,7 @@ from dpone.contracts.receipt import FileReceipt
 from dpone.errors import DeadlineError, StateError
 from dpone.preparation.artifact import ArtifactMismatch, FileVerificationBudget, HeldArtifact
 from dpone.preparation.validated_file_artifact import ContractValidatedFileArtifact
-from tests.integration.test_staging import export_hostile
+from tests.plugins.staging import export_hostile
 
 
 def test_binding_complete_and_busy(tmp_path: Path) -> None:

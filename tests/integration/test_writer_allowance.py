@@ -15,14 +15,13 @@ from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.project.leases import close_lease, unproven_closures
 from dpone.publication.publisher import SnapshotPublicationError
 from dpone.publication.store import SqliteSnapshotStore
-from tests.integration.test_publication_faults import DB, managed, rig  # noqa: F401 (fixtures)
 from tests.publication_harness import Rig, Row
 
 ROWS: list[Row] = [(1, "one", 1), (2, "two", 2)]
 
 
 def test_an_unproven_ended_lease_blocks_prepare_until_its_closure_is_proven(
-    rig: Rig,  # noqa: F811
+    rig: Rig,
 ) -> None:
     staged = rig.stage(ROWS, "allow-main")
     rig.existing_target(staged, "t_allow", [(9, "a", 9)])

@@ -14,7 +14,7 @@ from typing import Any
 from dpone.staging.journal import ClickHouseFileAttemptJournal, read_events
 from dpone.staging.leftovers import finishing_command
 from dpone.staging.recovery import survey_attempts
-from tests.e2e.test_cli_server import as_json, dpone
+from tests.plugins.cli import as_json, dpone
 
 VERIFYING = {
     "state": "verifying",

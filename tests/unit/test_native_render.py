@@ -29,47 +29,12 @@ from dpone.exporters.records import RecordWriter
 from dpone.typepolicy import ColumnPlan, plan_column
 from dpone.typepolicy.source_types import SourceType, parse_source_type
 from tests.hostile_values import HOSTILE_BINARY, HOSTILE_TEXT
+from tests.plugins.type_samples import GUID, TYPES
 
 
 def test_the_compiled_renderer_is_built_for_these_tests() -> None:
     """Every test here is about it: a missing build fails, never skips."""
     assert native_render.available(), native_render.unavailable_reason()
-
-
-TYPES = [
-    "bit",
-    "tinyint",
-    "smallint",
-    "int",
-    "bigint",
-    "decimal(9, 2)",
-    "decimal(18, 2)",
-    "decimal(38, 10)",
-    "numeric(5, 0)",
-    "money",
-    "smallmoney",
-    "float",
-    "float(53)",
-    "real",
-    "float(24)",
-    "date",
-    "datetime",
-    "datetime2(7)",
-    "datetime2(3)",
-    "smalldatetime",
-    "datetimeoffset(7)",
-    "time(7)",
-    "uniqueidentifier",
-    "nvarchar(10)",
-    "varchar(max)",
-    "char(3)",
-    "text",
-    "xml",
-    "binary(4)",
-    "varbinary(max)",
-    "image",
-    "rowversion",
-]
 
 
 class Color(enum.IntEnum):
@@ -101,7 +66,6 @@ class MyDatetime(dt.datetime):
 
 
 TZ = dt.timezone(dt.timedelta(hours=5, minutes=30))
-GUID = "6f9619ff-8b86-d011-b42d-00c04fc964ff"
 
 INTS: list[Any] = [0, 1, -1, 2, 7, 255, 256, -32768, 2**31 - 1, -(2**31), 2**63 - 1]
 INTS += [-(2**63), 2**63, -(2**63) - 1, 10**30, -(10**37), 10**5000, True, False, Color.RED]

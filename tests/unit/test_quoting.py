@@ -5,24 +5,10 @@ from __future__ import annotations
 import pytest
 
 from dpone.sql import quote_identifier, quote_literal
-
-HOSTILE = [
-    "plain",
-    "with space",
-    "back`tick",
-    "quote'd",
-    'double"q',
-    "back\\slash",
-    "new\nline",
-    "tab\there",
-    "nul\0byte",
-    "semi;DROP TABLE x;--",
-    "ünïcødé ✓ 表",
-    "\x01\x1f\x7f",
-]
+from tests.hostile_values import HOSTILE_NAMES
 
 
-@pytest.mark.parametrize("text", HOSTILE)
+@pytest.mark.parametrize("text", HOSTILE_NAMES)
 def test_quoted_forms_contain_no_raw_quote_or_control(text: str) -> None:
     for quoted, q in ((quote_literal(text), "'"), (quote_identifier(text), "`")):
         inner = quoted[1:-1]

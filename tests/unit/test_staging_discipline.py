@@ -17,7 +17,7 @@ from dpone.preparation.validated_file_artifact import ContractValidatedFileArtif
 from dpone.staging.contract import StagingPolicy
 from dpone.staging.journal import ClickHouseFileAttemptJournal, read_events
 from dpone.staging.service import ClickHouseValidatedFileService
-from tests.integration.test_staging import export_hostile
+from tests.plugins.staging import export_hostile
 
 EVENT = {"state": "checking", "outcome": "admitted", "cleanup_inventory": {}}
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
 import math
-import uuid
 from typing import Any
 
 import pytest
@@ -14,8 +11,7 @@ from dpone.contracts.schema import SourceColumn
 from dpone.errors import PolicyError
 from dpone.typepolicy import Refused, plan_column
 from tests.oracles.rowbinary_oracle import decode_rows
-
-D = decimal.Decimal
+from tests.plugins.type_samples import EXACT, REFUSED, D
 
 
 def roundtrip(
@@ -32,66 +28,6 @@ def refused(source_type: str, cell: Any, override: str | None = None) -> Refused
     with pytest.raises(Refused) as caught:
         plan.encode(cell)
     return caught.value
-
-
-# (source type, canonical text, decoded value)
-EXACT = [
-    ("bit", "0", False),
-    ("bit", "1", True),
-    ("tinyint", "0", 0),
-    ("tinyint", "255", 255),
-    ("smallint", "-32768", -32768),
-    ("smallint", "32767", 32767),
-    ("int", "-2147483648", -(2**31)),
-    ("int", "2147483647", 2**31 - 1),
-    ("bigint", "-9223372036854775808", -(2**63)),
-    ("bigint", "9223372036854775807", 2**63 - 1),
-    ("decimal(9, 0)", "999999999", D("999999999")),
-    ("decimal(9, 9)", "-0.999999999", D("-0.999999999")),
-    ("decimal(18, 4)", "99999999999999.9999", D("99999999999999.9999")),
-    ("decimal(18, 4)", "-1.5", D("-1.5000")),
-    ("decimal(18, 4)", "1.50000", D("1.5")),
-    ("numeric(38, 0)", "9" * 38, D("9" * 38)),
-    ("decimal(38, 38)", "0." + "9" * 38, D("0." + "9" * 38)),
-    ("decimal(38, 10)", "-" + "9" * 28 + "." + "9" * 10, D("-" + "9" * 28 + "." + "9" * 10)),
-    ("decimal", "123", D(123)),
-    ("money", "-922337203685477.5808", D("-922337203685477.5808")),
-    ("smallmoney", "214748.3647", D("214748.3647")),
-    ("float", "0.1", 0.1),
-    ("float", "1.7976931348623157e+308", 1.7976931348623157e308),
-    ("float", "5e-324", 5e-324),
-    ("float(53)", "-2.5", -2.5),
-    ("real", "0.1", 0.10000000149011612),
-    ("float(24)", "3.4028235e+38", 3.4028234663852886e38),
-    ("real", "1.401298464324817e-45", 1.401298464324817e-45),
-    ("date", "1900-01-01", dt.date(1900, 1, 1)),
-    ("date", "2299-12-31", dt.date(2299, 12, 31)),
-    ("date", "2000-02-29", dt.date(2000, 2, 29)),
-    ("datetime", "1900-01-01 00:00:00.000", "1900-01-01 00:00:00.000"),
-    ("datetime", "2020-01-02 03:04:05.997", "2020-01-02 03:04:05.997"),
-    ("smalldatetime", "2079-06-06 23:59:00", "2079-06-06 23:59:00"),
-    ("datetime2(7)", "2299-12-31 23:59:59.9999999", "2299-12-31 23:59:59.9999999"),
-    ("datetime2(7)", "1969-12-31 23:59:59.9999999", "1969-12-31 23:59:59.9999999"),
-    ("datetime2", "1900-01-01 00:00:00.0000000", "1900-01-01 00:00:00.0000000"),
-    (
-        "datetimeoffset(7)",
-        "2020-01-01 00:30:00.1234567 +05:30",
-        ("2019-12-31 19:00:00.1234567", 330),
-    ),
-    ("datetimeoffset(0)", "1900-01-01 10:00:00 +10:00", ("1900-01-01 00:00:00", 600)),
-    ("datetimeoffset(3)", "2299-12-31 14:00:00.000 -09:59", ("2299-12-31 23:59:00.000", -599)),
-    ("time(7)", "00:00:00.0000000", "00:00:00.0000000"),
-    ("time(7)", "23:59:59.9999999", "23:59:59.9999999"),
-    ("time(0)", "12:34:56", "12:34:56"),
-    ("time(3)", "12:34:56.7", "12:34:56.700"),
-    (
-        "uniqueidentifier",
-        "6F9619FF-8B86-D011-B42D-00C04FC964FF",
-        uuid.UUID("6f9619ff-8b86-d011-b42d-00c04fc964ff"),
-    ),
-    ("uniqueidentifier", "00000000-0000-0000-0000-000000000000", uuid.UUID(int=0)),
-    ("uniqueidentifier", "ffffffff-ffff-ffff-ffff-ffffffffffff", uuid.UUID(int=2**128 - 1)),
-]
 
 
 @pytest.mark.parametrize(("source_type", "text", "expected"), EXACT)
@@ -128,46 +64,6 @@ def test_float_specials() -> None:
         refused("real", "36e7122").code == "value_not_representable"
     )  # found by the engine differential test
     assert refused("real", "0.1000000001").code == "value_not_representable"  # would round
-
-
-REFUSED: list[tuple[str, str, str]] = [
-    ("tinyint", "256", "value_not_representable"),
-    ("tinyint", "-1", "value_not_representable"),
-    ("smallint", "32768", "value_not_representable"),
-    ("int", "2147483648", "value_not_representable"),
-    ("bigint", "9223372036854775808", "value_not_representable"),
-    ("int", "-0", "invalid_value"),
-    ("int", "01", "invalid_value"),
-    ("int", "+1", "invalid_value"),
-    ("int", "1.0", "invalid_value"),
-    ("int", " 1", "invalid_value"),
-    ("bit", "2", "invalid_value"),
-    ("bit", "true", "invalid_value"),
-    ("decimal(9, 2)", "1.234", "value_not_representable"),  # no rounding
-    ("decimal(9, 2)", "10000000.00", "value_not_representable"),
-    ("decimal(38, 0)", "1" + "0" * 38, "value_not_representable"),
-    ("decimal(9, 2)", "-0.00", "invalid_value"),
-    ("decimal(9, 2)", "1e3", "invalid_value"),
-    ("decimal(9, 2)", ".5", "invalid_value"),
-    ("date", "1899-12-31", "value_not_representable"),
-    ("date", "2300-01-01", "value_not_representable"),
-    ("date", "0001-01-01", "value_not_representable"),
-    ("date", "2021-02-29", "invalid_value"),
-    ("date", "2021-1-1", "invalid_value"),
-    ("datetime2(7)", "1899-12-31 23:59:59.9999999", "value_not_representable"),
-    ("datetime2(7)", "2300-01-01 00:00:00", "value_not_representable"),
-    ("datetime2(7)", "2020-01-01T00:00:00", "invalid_value"),
-    ("datetime2(7)", "2020-01-01 24:00:00", "invalid_value"),
-    ("datetime", "1753-01-01 00:00:00.000", "value_not_representable"),
-    ("smalldatetime", "2020-01-01 00:00:30", "invalid_value"),
-    ("datetimeoffset(7)", "1900-01-01 00:00:00 +00:01", "value_not_representable"),
-    ("datetimeoffset(7)", "2020-01-01 00:00:00 +14:01", "invalid_value"),
-    ("datetimeoffset(7)", "2020-01-01 00:00:00", "invalid_value"),
-    ("time(7)", "24:00:00", "invalid_value"),
-    ("time(2)", "00:00:00.123", "value_not_representable"),
-    ("uniqueidentifier", "{6F9619FF-8B86-D011-B42D-00C04FC964FF}", "invalid_value"),
-    ("uniqueidentifier", "6F9619FF8B86D011B42D00C04FC964FF", "invalid_value"),
-]
 
 
 @pytest.mark.parametrize(("source_type", "text", "code"), REFUSED)
