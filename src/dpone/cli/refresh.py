@@ -31,6 +31,7 @@ from dpone.project.config import DESIGN_CHANGES, MAX_JOBS, Project, TableConfig,
 from dpone.project.design_change import describe_change
 from dpone.project.jobs import JobProgress, Running, run_jobs
 from dpone.project.refresh import RefreshService, TableReport
+from dpone.project.refresh_checks import catalog_cleared
 from dpone.project.table_run import RunReport
 from dpone.publication.composition import pool_credentials
 
@@ -114,6 +115,8 @@ def preflight(project: Project, tables: list[TableConfig]) -> None:
 # A `--jobs` run's worker: the tables come one per line on standard input, and each
 # report is printed as one line `{"report": ...}` as its table ends (project/jobs.py).
 @click.option("--worker", is_flag=True, hidden=True)
+# A worker's tables that its run found clear at its start (catalog_cleared), one each.
+@click.option("--cleared", "cleared_names", multiple=True, hidden=True)
 def refresh(
     names: tuple[str, ...],
     every: bool,
@@ -124,6 +127,7 @@ def refresh(
     design_change: str | None,
     as_json: bool,
     worker: bool,
+    cleared_names: tuple[str, ...],
 ) -> None:
     """Export, stage, prepare, guard and publish each table; report what happened.
 
@@ -132,21 +136,24 @@ def refresh(
     with reported_errors(as_json):
         project = load_project(config_path)
         if worker:
-            _serve(project, allow_shrink, design_change)
+            _serve(project, allow_shrink, design_change, frozenset(cleared_names))
             return
         tables = select_tables(project, names, every)
         preflight(project, tables)
+        # The targets of several tables are observed together once, before the first.
+        cleared = catalog_cleared(project, tables)
         jobs = min(jobs or project.jobs, len(tables))
         if jobs > 1:
             extra = [*(["--allow-shrink"] if allow_shrink else [])]
             extra += ["--design-change", design_change] if design_change else []
+            extra += [f"--cleared={name}" for name in sorted(cleared)]
             _refresh_jobs(config_path, tables, jobs, extra, fail_fast, as_json)
             return
         # A table run by `refresh --jobs` shows its progress through its parent's line.
         progress: PhaseProgress | JobProgress | None = (
             PhaseProgress() if TerminalProgress.on_terminal(as_json) else JobProgress.from_env()
         )
-        service = _service(project, allow_shrink, design_change, progress)
+        service = _service(project, allow_shrink, design_change, progress, cleared)
         reports: list[TableReport] = []
         for table in tables:
             stopped = reports and (reports[-1].interrupted or (fail_fast and not reports[-1].ok))
@@ -167,6 +174,7 @@ def _service(
     allow_shrink: bool,
     design_change: str | None,
     progress: PhaseProgress | JobProgress | None,
+    cleared: frozenset[str] = frozenset(),
 ) -> RefreshService:
     return RefreshService(
         project,
@@ -174,12 +182,15 @@ def _service(
         design_change=design_change,
         progress=progress,
         done=progress.finish if progress is not None else None,
+        cleared=cleared,
     )
 
 
-def _serve(project: Project, allow_shrink: bool, design_change: str | None) -> None:
+def _serve(
+    project: Project, allow_shrink: bool, design_change: str | None, cleared: frozenset[str]
+) -> None:
     """Refresh each table named on standard input, one at a time, until its end."""
-    service = _service(project, allow_shrink, design_change, JobProgress.from_env())
+    service = _service(project, allow_shrink, design_change, JobProgress.from_env(), cleared)
     while line := sys.stdin.readline():
         table = select_tables(project, (line.strip(),), False)[0]
         report = service.refresh(table)

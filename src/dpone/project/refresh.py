@@ -136,9 +136,13 @@ class RefreshService:
         progress: Progress | None = None,
         done: Callable[[], None] | None = None,
         design_change: str | None = None,
+        cleared: frozenset[str] = frozenset(),
     ) -> None:
         self.project = project
         self.allow_shrink = allow_shrink
+        # Tables whose targets the run found clear at its start, for all of them at once
+        # (refresh_checks.catalog_cleared): their check does not observe them again.
+        self.cleared = cleared
         self.design_change = design_change  # this run's choice over each table's own
         self.progress = progress
         self.done = done or (lambda: None)
@@ -207,7 +211,7 @@ class RefreshService:
                 held.enter_context(
                     table_lock(self.project.work_dir, table.name, self.project.store)
                 )
-                checks = RefreshChecks(self.project, self.design_change)
+                checks = RefreshChecks(self.project, self.design_change, self.cleared)
                 report.design_change = checks.check(table, report.attempt_id)
                 replace = checks.replaces(table)
                 # The check built the publication's parts (its claims and the pool's

@@ -14,7 +14,7 @@ import fcntl
 import os
 import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from dpone.ports.composition_snapshot import TargetSlot
 from dpone.project.config import Project, TableConfig
 from dpone.project.design_change import column_changes, describe_change
 from dpone.project.table_run import REQUEST_SECONDS, publication_for, snapshot_command
+from dpone.publication.catalog import ClickHouseSnapshotCatalog
 from dpone.publication.composition import (
     PublicationComponents,
     check_ownership,
@@ -67,9 +68,16 @@ class RefreshChecks:
     """The ``check`` phase's reads of one refresh (``design_change``: the run's choice
     over each table's own ``on_design_change``)."""
 
-    def __init__(self, project: Project, design_change: str | None = None) -> None:
+    def __init__(
+        self,
+        project: Project,
+        design_change: str | None = None,
+        cleared: frozenset[str] = frozenset(),
+    ) -> None:
         self.project = project
         self.design_change = design_change
+        # Tables whose targets this run already found clear (:func:`catalog_cleared`).
+        self.cleared = cleared
         # What the check built to observe the target, for the rest of the same run.
         self.parts: PublicationComponents | None = None
 
@@ -236,6 +244,8 @@ class RefreshChecks:
         parts = publication_for(self.project, table, claim_ownership=not read_only)
         if not read_only:
             self.parts = parts
+        if table.name in self.cleared:
+            return  # observed with the run's other tables of its database, and clear
         observation = parts.publisher.observe_settled(slot, staging_table_name(attempt_id))
         refuse_side_effects(observation)
         # The generation does not exist yet (nor, before a first publication, the
@@ -287,6 +297,40 @@ class RefreshChecks:
                 changes=changes,
             )
         return changes
+
+
+def catalog_cleared(project: Project, tables: Sequence[TableConfig]) -> frozenset[str]:
+    """The tables whose targets nothing would refuse now, observed for each database
+    at once (:meth:`~dpone.publication.catalog.ClickHouseSnapshotCatalog.slots_blockers`:
+    one request for them all, as many as there are tables).
+
+    A run of several tables asks this once, before the first: each such table's
+    ``check`` then does not observe its target again (prepare observes everything,
+    fresh, before anything is published; a side effect that appears meanwhile is
+    refused there). Any other table, or all of them when the store does not exist
+    yet or the read fails, is checked on its own as a single table is: a blocker
+    found here is refused by that table's own check, with its own error.
+    """
+    if len(tables) < 2 or not store_exists(project.store):
+        return frozenset()
+    databases: dict[str, list[TableConfig]] = {}
+    for table in tables:
+        databases.setdefault(table.database, []).append(table)
+    cleared: set[str] = set()
+    for database, group in databases.items():
+        if len(group) < 2:
+            continue
+        try:  # read-only: no ownership marker is made before the tables' own checks
+            catalog = publication_for(project, group[0], claim_ownership=False).publisher.catalog
+            if not isinstance(catalog, ClickHouseSnapshotCatalog):
+                continue
+            judged = catalog.slots_blockers(
+                database, [(t.target, staging_table_name(new_attempt_id())) for t in group]
+            )
+        except DponeError:
+            continue  # each table's own check reads and names it
+        cleared |= {t.name for t in group if judged.get(t.target) == ()}
+    return frozenset(cleared)
 
 
 @contextmanager

@@ -77,6 +77,7 @@ from dpone.publication.catalog.retained_storage import (
     total_bytes,
 )
 from dpone.publication.catalog.side_effects import SideEffects
+from dpone.publication.catalog.slots import SlotView, slots_blockers
 from dpone.publication.catalog.sql import column_elements, column_ttls, engine_clauses
 from dpone.sql import in_list, quote_literal
 
@@ -265,6 +266,22 @@ class ClickHouseSnapshotCatalog:
             observed_at=_now(),
             absent_writers=_absent_writers(side, slot.database, names, tables) if side else (),
         )
+
+    def slots_blockers(
+        self, database: str, pairs: Sequence[tuple[str, str]]
+    ) -> dict[str, tuple[Blocker, ...] | None]:
+        """What would refuse each ``(target, generation)`` slot of ``database``, read for
+        all of them at once (:mod:`.slots`): by target, its blockers and the writers of
+        its absent names, as :meth:`observe` would find them; None for a slot to be
+        observed on its own (no such database, or its generation exists)."""
+        reads = CatalogReads(self._transport, self._clock() + self._timeout, self._clock)
+        views = []
+        for target, generation in pairs:
+            slot = TargetSlot(database, target)
+            _two_names(slot, generation)
+            allowed = self._allowed(slot, generation)
+            views.append(SlotView(target, generation, allowed, self._idle(slot, generation)))
+        return slots_blockers(reads, database, views, _TABLES_SQL)
 
     def side_effects_now(self, slot: TargetSlot, generation_table: str) -> tuple[Blocker, ...]:
         """The side effects on both names now, in one request (or, past the response

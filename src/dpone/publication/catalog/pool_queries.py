@@ -36,7 +36,7 @@ wrote, and a write into B that finished in between shows in B's content digest.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from dpone.ports.composition_snapshot import Blocker
@@ -66,9 +66,10 @@ _SQL = (
 # A name as a whole word of a query's text, not followed by a dot (see pool_queries_read).
 _WORD = r"\b{}\b[`\"]?([^.`\"]|$)"
 # B's creation: the window's lower bound (the epoch when there is no B: nothing read).
+# Observed with other slots (:mod:`.slots`), the latest of their generations' creations.
 _SINCE = (
     "SELECT max(metadata_modification_time) FROM system.tables "
-    "WHERE database = {db} AND name = {generation}"
+    "WHERE database = {db} AND name {generation}"
 )
 
 
@@ -84,14 +85,29 @@ class PoolQuery:
     names: tuple[str, ...]
 
 
-def pool_queries_read(database: str, names: tuple[str, str], pool: Mapping[str, Idle]) -> Read:
-    """The read of every query of ``pool``'s users against ``names`` (see the module doc)."""
+def pool_queries_read(
+    database: str,
+    names: Sequence[str],
+    pool: Mapping[str, Idle],
+    generations: Sequence[str] | None = None,
+    held: Collection[str] | None = None,
+) -> Read:
+    """The read of every query of ``pool``'s users against ``names`` (see the module doc).
+
+    ``generations``: the Bs whose creation bounds the logged queries (default: the
+    second name, the observed publication's B); ``held``: the users whose running
+    SELECTs are not read (default: those ``pool`` says another run holds).
+    """
     db = quote_literal(database)
     array = "[" + ", ".join(quote_literal(n) for n in names) + "]"
     qualified = "[" + ", ".join(quote_literal(f"{database}.{n}") for n in names) + "]"
-    since = _SINCE.format(db=db, generation=quote_literal(names[1]))
+    bs = [names[1]] if generations is None else list(generations)
+    which = f"= {quote_literal(bs[0])}" if len(bs) == 1 else f"IN {in_list(bs)}"
+    since = _SINCE.format(db=db, generation=which)
     users = in_list(sorted(pool)) if pool else "('')"
-    held = sorted(user for user, idle in pool.items() if idle.held_by)
+    not_selects = sorted(
+        (user for user, idle in pool.items() if idle.held_by) if held is None else held
+    )
     # A running query names a table as a whole word of its text (a short target name
     # is not found inside every other word), not followed by a dot (closing quote or
     # not): there it names a database, the slot's own or another that shares the name.
@@ -100,7 +116,7 @@ def pool_queries_read(database: str, names: tuple[str, str], pool: Mapping[str, 
         names=array,
         words=words,
         users=users,
-        held=in_list(held) if held else "('')",
+        held=in_list(not_selects) if not_selects else "('')",
         db=db,
         since=since,
         qualified=qualified,

@@ -8,7 +8,7 @@ dictionaries reading from it, mutations in flight, row policies, and untrusted w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,11 +44,15 @@ class SideEffects:
 
     @staticmethod
     def reads(
-        database: str, names: tuple[str, str], pool: Mapping[str, Idle] | None = None
+        database: str,
+        names: Sequence[str],
+        pool: Mapping[str, Idle] | None = None,
+        pool_read: Read | None = None,
     ) -> list[Read]:
         """The reads of :meth:`read` that depend on no other answer, in its order
         (the pool's queries only for a nonempty ``pool``: the accounted users, see
-        :func:`~dpone.publication.catalog.allowance.accounted_pool_users`)."""
+        :func:`~dpone.publication.catalog.allowance.accounted_pool_users`; ``pool_read``:
+        their read when several slots are observed at once, :mod:`.slots`)."""
         db = quote_literal(database)
         return [
             (
@@ -70,7 +74,7 @@ class SideEffects:
                 f"database IN ({db}, '') AND table IN ({in_list(names)[1:-1]}, '')",
             ),
             *ServerAccess.reads(database),
-            *([pool_queries_read(database, names, pool)] if pool else []),
+            *([pool_read or pool_queries_read(database, names, pool)] if pool else []),
         ]
 
     @classmethod
@@ -78,9 +82,10 @@ class SideEffects:
         cls,
         reads: CatalogReads,
         database: str,
-        names: tuple[str, str],
+        names: Sequence[str],
         trusted: frozenset[str],
         idle_since: Mapping[str, Idle] | None = None,
+        pool_read: Read | None = None,
     ) -> SideEffects:
         """Read the facts for both names, in one fixed order of queries.
 
@@ -89,7 +94,7 @@ class SideEffects:
         queries against both names are read too (none given: not read).
         """
         idle = dict(idle_since or {})
-        sql = dict(cls.reads(database, names, idle))
+        sql = dict(cls.reads(database, names, idle, pool_read))
         incoming = reads.rows("incoming_views", sql["incoming_views"])
         writer_tables = WriterTables.read(reads, database, names)
         refreshable = frozenset(
