@@ -229,3 +229,48 @@ def test_a_database_that_is_not_atomic_is_refused_before_the_export(
         assert _attempts(tmp_path) == set()
     finally:
         chhttp.query(server["http_port"], "DROP DATABASE memdb")
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_run_observes_its_targets_once_and_refuses_the_blocked_one_in_its_check(
+    tmp_path: Path, server: dict[str, Any], jobs: str
+) -> None:
+    """A run of several tables observes their targets together before the first (issue
+    33): a clear table's check does not observe its target again; a blocked one is
+    refused by its own check, exporting nothing, and the others publish."""
+    make_source(tmp_path / "shop.db", rows_of(5))
+    config = project(tmp_path, server, f"t_many_a{jobs}")
+    tables = "".join(
+        f'[tables.{name}]\nsource = "shop"\ntable = "items"\n'
+        f'target = "{DATABASE}.t_many_{name}{jobs}"\norder_by = "id"\n'
+        for name in ("b", "c")
+    )
+    config.write_text(config.read_text().replace("[tables.items]", tables + "[tables.a]"))
+    first, document = refresh(config, "--all")
+    assert first == 0, document
+    port = server["http_port"]
+    chhttp.query(port, f"CREATE TABLE {DATABASE}.src_b{jobs} (id Int64) ENGINE = Memory")
+    chhttp.query(
+        port,
+        f"CREATE MATERIALIZED VIEW {DATABASE}.mv_b{jobs} TO {DATABASE}.t_many_b{jobs} "
+        f"AS SELECT id, '' AS name, toDecimal64(0, 2) AS price FROM {DATABASE}.src_b{jobs}",
+    )
+    try:
+        code, document = refresh(config, "--all", "--jobs", jobs)
+        assert code == 1, document
+        reports = {r["table"]: r for r in document["tables"]}
+        assert {t: r["outcome"] for t, r in reports.items()} == {
+            "a": "published",
+            "b": "failed",
+            "c": "published",
+        }, document
+        blocked = reports["b"]
+        assert (blocked["phase"], blocked["error"]["code"]) == ("check", "side_effect_present")
+        assert list(blocked["timings"]) == ["check"]  # nothing exported or staged
+        # The clear ones skip their own observation of the target (three requests when
+        # nothing blocks): the refused check, which ends at its observation, sends more.
+        checks = {t: r["traffic"]["check"]["requests"] for t, r in reports.items()}
+        assert checks["b"] > checks["a"] == checks["c"], checks
+    finally:
+        chhttp.query(port, f"DROP TABLE {DATABASE}.mv_b{jobs}")
+        chhttp.query(port, f"DROP TABLE {DATABASE}.src_b{jobs}")
