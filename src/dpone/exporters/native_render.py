@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from dpone.connectors.bulk_text_codec import CodecColumn, ColumnKind
 from dpone.exporters.render import FAMILIES, renderer_for
 from dpone.preparation.native.rowbinary import ENV_SWITCH
+from dpone.typepolicy import registry
 from dpone.typepolicy.source_types import SourceType
 
 if TYPE_CHECKING:
@@ -36,25 +37,10 @@ __all__ = [
     "unavailable_reason",
 ]
 
-# The operation of each renderer family, as native/render.c numbers them.
-_OPS = {
-    "integer": 1,
-    "bit": 2,
-    "decimal": 3,
-    "float64": 4,
-    "float32": 5,
-    "date": 6,
-    "datetime7": 7,
-    "datetime3": 8,
-    "datetime0": 9,
-    "datetimeoffset": 10,
-    "time": 11,
-    "uuid": 12,
-    "text": 13,
-    "binary": 14,
-}
-# The column kind each family's field has (the policy pairs them so).
-_KINDS = {"text": ColumnKind.TEXT, "binary": ColumnKind.BINARY}
+# The operation of each renderer family, as native/render.c numbers them, and the
+# column kind each family's field has (the policy pairs them so): the registry's.
+_OPS = {r.name: r.op for r in registry.RENDERINGS if r.op is not None}
+_KINDS = {r.name: r.kind for r in registry.RENDERINGS if r.kind is not ColumnKind.RAW}
 
 
 def _load() -> tuple[ModuleType | None, str | None]:

@@ -5,10 +5,14 @@ declared type the policy, its receipts and its renderers read (they were first
 written for SQL Server, so that is the spelling, e.g. ``datetime2(6)``). A source
 never needs to know that spelling: ``timestamp(6)`` of PostgreSQL is
 ``families.timestamp(6)``, its ``int4`` is ``families.integer(32)``. The rules of
-each family (target type, text grammar, range) are in ``docs/type-policy.md``.
+each family (target type, text grammar, range) are in ``docs/type-policy.md``; the
+families themselves, each defined once, in ``registry.py``.
 """
 
 from __future__ import annotations
+
+from dpone.errors import PolicyError
+from dpone.typepolicy import registry
 
 _INTEGERS = {8: "tinyint", 16: "smallint", 32: "int", 64: "bigint"}
 
@@ -67,3 +71,13 @@ def text() -> str:
 def binary() -> str:
     """Bytes of any length (``String``)."""
     return "varbinary(max)"
+
+
+def declared(name: str, *params: int) -> str:
+    """Any declared type of the registry by its name, ``declared("datetime2", 3)``: how
+    a source names a family added to ``registry.py`` that has no function here."""
+    if registry.declared_type(name) is None:
+        raise PolicyError(
+            f"no type family declares {name!r}", code="unsupported_type", source_type=name
+        )
+    return f"{name}({', '.join(str(p) for p in params)})" if params else name

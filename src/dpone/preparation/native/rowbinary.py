@@ -22,7 +22,7 @@ from pathlib import Path
 from dpone.connectors.bulk_text_codec import ColumnKind
 from dpone.errors import DponeError
 from dpone.preparation.modes import MODE_NATIVE
-from dpone.typepolicy import ColumnPlan
+from dpone.typepolicy import ColumnPlan, registry
 
 __all__ = [
     "MODE_NATIVE",
@@ -38,21 +38,9 @@ LIBRARY = Path(__file__).with_name("_rowbinary.so")
 ENV_SWITCH = "DPONE_NATIVE"
 
 _KINDS = {ColumnKind.TEXT: 0, ColumnKind.BINARY: 1, ColumnKind.RAW: 2}
-_FAMILIES = {
-    "int": 1,
-    "uint": 2,
-    "bool": 3,
-    "decimal": 4,
-    "float": 5,
-    "date": 6,
-    "datetime": 7,
-    "time": 8,
-    "dto": 9,
-    "uuid": 10,
-    "string": 11,
-    "lowcardinality": 11,
-    "fixed": 12,
-}
+# The code of each type family the C side knows (the registry's; a family without
+# one is declined to the reference).
+_FAMILIES = registry.native_codes()
 _SPEC_WIDTH = 5
 _INT32_MAX = (1 << 31) - 1
 _INT64_MAX = (1 << 63) - 1
@@ -143,8 +131,8 @@ def column_spec(plans: tuple[ColumnPlan, ...]) -> ctypes.Array[ctypes.c_int32] |
         if target is None:
             return None  # no target to describe: the reference converts with the plan alone
         family, params = target.family, target.params
-        textual = family in ("string", "lowcardinality", "fixed")
-        if textual == (plan.kind is ColumnKind.RAW):
+        known = registry.FAMILIES.get(family)
+        if known is None or known.textual == (plan.kind is ColumnKind.RAW):
             return None
         if family == "decimal" and params[0] > 38:
             return None
