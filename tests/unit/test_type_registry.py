@@ -219,3 +219,13 @@ def test_a_declared_name_no_family_has_is_refused_by_the_families_helper() -> No
         families.declared("ipv4")
     assert caught.value.code == "unsupported_type"
     assert families.declared("datetime2", 6) == families.timestamp(6)
+
+
+@pytest.mark.parametrize("declared", ["float(max)", "float(0)", "float(54)"])
+def test_a_float_width_that_is_not_1_to_53_is_refused_when_planned(declared: str) -> None:
+    """Before: ``float(max)`` was planned as Float64 and its rendering failed on
+    ``int('max')``, an internal error where a coded refusal belongs."""
+    with pytest.raises(PolicyError) as refused:
+        plan_column(SourceColumn("f", declared, True))
+    assert refused.value.code == "unsupported_type"
+    assert "float(n) needs 1 <= n <= 53" in refused.value.message

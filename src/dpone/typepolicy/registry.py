@@ -124,7 +124,7 @@ def _decimal_params(st: SourceType) -> Params:
 def _float_params(st: SourceType) -> Params:
     numeric = _numbers(st)
     bits = numeric[0] if numeric else 53
-    if not 1 <= bits <= 53:
+    if len(numeric) != len(st.params) or not 1 <= bits <= 53:  # float(max) too
         raise Unsupported("float(n) needs 1 <= n <= 53")
     return (32 if bits <= 24 else 64,)
 
