@@ -34,6 +34,7 @@ from dpone.publication.store import (
     open_store,
     store_exists,
 )
+from dpone.publication.store.leases import CLOSURE_STEP, lease_step_key
 from dpone.publication.store.postgres import check_store_url, is_store_url
 
 SLOT = TargetSlot("sales", "orders")
@@ -246,6 +247,21 @@ def test_leases_take_the_first_free_user_and_end_once(location: StoreLocation) -
     assert [r.lease.lease_id for r in store.lease_records()] == [two.lease_id]
     last = {r.lease.user: r.lease.active for r in store.last_lease_records()}
     assert last == {"u1": False, "u2": True}
+
+
+def test_only_a_leases_last_closure_says_whether_it_was_proven(location: StoreLocation) -> None:
+    store = open_store(location)
+    lease = store.lease("ingest", ("u1",), "a1")
+    key = lease_step_key(lease.lease_id)
+    assert not store.closure_proven(lease)  # none noted
+    store.note_step(key, {"step": CLOSURE_STEP, "proven": True})
+    store.note_step(key, {"step": "session_opened", "session_id": "s1"})  # not a closure
+    assert store.closure_proven(lease)
+    store.note_step(key, {"step": CLOSURE_STEP, "proven": False})  # withdraws the proof
+    store.note_step(key, {"step": "session_opened", "session_id": "s2"})
+    assert not store.closure_proven(lease)
+    store.note_step(key, {"step": CLOSURE_STEP, "proven": True})
+    assert store.closure_proven(lease)
 
 
 class _CommitThenRaise:

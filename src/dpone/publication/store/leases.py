@@ -244,10 +244,15 @@ def _lease_row(conn: StoreConnection, lease_id: str) -> Lease:
 def _closure_proven(conn: StoreConnection, lease_id: str) -> bool:
     """Whether the last closure noted for ``lease_id`` was proven (False: none noted)."""
     rows = conn.execute(
-        "SELECT facts FROM steps WHERE key = ? ORDER BY id", (lease_step_key(lease_id),)
+        "SELECT facts FROM steps WHERE key = ? ORDER BY id DESC", (lease_step_key(lease_id),)
     ).fetchall()
-    closures = [f for f in (decode_facts(row[0]) for row in rows) if f.get("step") == CLOSURE_STEP]
-    return bool(closures) and closures[-1].get("proven") is True
+    # Newest first, up to the last closure: the notes before it (a closure's facts are
+    # large) are never decoded, and this is asked for every pool user at each look.
+    for row in rows:
+        facts = decode_facts(row[0])
+        if facts.get("step") == CLOSURE_STEP:
+            return facts.get("proven") is True
+    return False
 
 
 def _unproven_last_lease(conn: StoreConnection, user: str) -> str | None:
