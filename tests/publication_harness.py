@@ -60,7 +60,7 @@ from dpone.publication.composition import (
     issue_ingest,
     provision_protected_databases,
 )
-from dpone.publication.executor import ClickHouseSnapshotExecutor
+from dpone.publication.dispatch.executor import ClickHouseSnapshotExecutor
 from dpone.publication.publisher import PublicationReceipt
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.sinks import ClickHouseSink

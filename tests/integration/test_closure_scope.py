@@ -19,7 +19,7 @@ from dpone.localserver.principal_pool import (
 )
 from dpone.ports.clickhouse_request import Credentials, Endpoint
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
-from dpone.publication.dispatch_gate import DispatchGate, DispatchGateBusy
+from dpone.publication.dispatch.dispatch_gate import DispatchGate, DispatchGateBusy
 from dpone.publication.lease_scope import lease_scope
 from dpone.publication.principal_issuers import LocalPoolIssuer
 from dpone.publication.store import SqliteSnapshotStore, lease_step_key

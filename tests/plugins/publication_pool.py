@@ -31,8 +31,8 @@ from dpone.ports.composition_snapshot import (
     PrincipalRef,
 )
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
-from dpone.publication.dispatch_gate import DispatchGate
-from dpone.publication.dispatch_notes import SessionUse
+from dpone.publication.dispatch.dispatch_gate import DispatchGate
+from dpone.publication.dispatch.dispatch_notes import SessionUse
 from dpone.publication.lease_scope import LeaseScope
 from dpone.publication.principal_issuers import (
     LocalPoolIssuer,

@@ -11,7 +11,7 @@ inconsistency raises ``evidence_unverified`` naming what was wrong.
 revoked while the server runs) acts on one lease, never on a bare user name (its
 :class:`~dpone.publication.lease_scope.LeaseScope`):
 
-1. holding the dispatch gate (:mod:`dpone.publication.dispatch_gate`) that every
+1. holding the dispatch gate (:mod:`dpone.publication.dispatch.dispatch_gate`) that every
    dispatch holds: the server's clock, then the lease ends (no credentials, and no
    dispatch of this lease can open a session or send from now on), then the lease's
    scope is read: its window, its query-id marks and its sessions' dispatch notes;
@@ -78,8 +78,8 @@ from dpone.ports.composition_snapshot import (
     SnapshotRunRegistry,
     SourceEvidence,
 )
-from dpone.publication.dispatch_gate import Gate
-from dpone.publication.executor import (
+from dpone.publication.dispatch.dispatch_gate import Gate
+from dpone.publication.dispatch.executor import (
     SESSION_MARGIN_SECONDS,
     SESSION_TIMEOUT_SECONDS,
     TransportFactory,

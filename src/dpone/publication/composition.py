@@ -49,9 +49,9 @@ from dpone.ports.composition_snapshot import Admission, IssuedPrincipal, Lease, 
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
 from dpone.publication.catalog import ClickHouseSnapshotCatalog
 from dpone.publication.catalog.allowance import accounted_pool_users, lease_allowance
-from dpone.publication.dispatch_gate import gate_for
-from dpone.publication.dispatch_notes import DispatchGuard
-from dpone.publication.executor import (
+from dpone.publication.dispatch.dispatch_gate import gate_for
+from dpone.publication.dispatch.dispatch_notes import DispatchGuard
+from dpone.publication.dispatch.executor import (
     SESSION_MARGIN_SECONDS,
     SESSION_TIMEOUT_SECONDS,
     ClickHouseSnapshotExecutor,

@@ -44,7 +44,7 @@ from dpone.localserver.pool_file import read_pool_file, remote_grants, remote_ro
 from dpone.localserver.principal_pool import DEFAULT_POOL, PoolNames
 from dpone.ports.clickhouse_errors import NotSubmitted, TransportDeadline
 from dpone.ports.clickhouse_request import Credentials, read
-from dpone.publication.dispatch_gate import gate_for
+from dpone.publication.dispatch.dispatch_gate import gate_for
 from dpone.publication.pool_logging import (
     QUERY_LOG_OFF_FIX,
     WHO,

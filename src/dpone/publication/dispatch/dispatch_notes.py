@@ -1,6 +1,6 @@
 """What a dispatch durably notes about its drain-gate session, and the guard it runs under.
 
-The executor, holding the dispatch gate (:mod:`dpone.publication.dispatch_gate`), notes
+The executor, holding the dispatch gate (:mod:`dpone.publication.dispatch.dispatch_gate`), notes
 in the store's ``steps`` under ``dispatch/<intent_sha256>``:
 
 - ``session_opening`` before the request that opens the session leaves;
