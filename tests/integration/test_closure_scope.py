@@ -21,7 +21,7 @@ from dpone.ports.clickhouse_request import Credentials, Endpoint
 from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
 from dpone.publication.dispatch.dispatch_gate import DispatchGate, DispatchGateBusy
 from dpone.publication.lease_scope import lease_scope
-from dpone.publication.principal_issuers import LocalPoolIssuer
+from dpone.publication.principals.principal_issuers import LocalPoolIssuer
 from dpone.publication.store import SqliteSnapshotStore, lease_step_key
 from tests import chhttp
 from tests.plugins.managed_server import POOL_DATABASE

@@ -34,7 +34,7 @@ from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
 from dpone.publication.dispatch.dispatch_gate import DispatchGate
 from dpone.publication.dispatch.dispatch_notes import SessionUse
 from dpone.publication.lease_scope import LeaseScope
-from dpone.publication.principal_issuers import (
+from dpone.publication.principals.principal_issuers import (
     LocalPoolIssuer,
 )
 from tests import chhttp

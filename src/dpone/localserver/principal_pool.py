@@ -3,7 +3,7 @@
 The embedded server reads users, passwords and grants only from ``users.xml`` at start
 (SQL ``CREATE USER`` and ``GRANT`` are refused), so principals cannot be issued or
 revoked while it runs. dpone therefore declares a fixed pool and leases its members
-through the run registry (:mod:`dpone.publication.principal_issuers`):
+through the run registry (:mod:`dpone.publication.principals.principal_issuers`):
 
 - ``dpone_catalog``: reads every system table (``system.grants``, ``system.users``,
   ``system.row_policies`` included) and every table of the protected databases.

@@ -93,7 +93,7 @@ from dpone.publication.journal_evidence import (
 )
 from dpone.publication.lease_scope import LeaseScope
 from dpone.publication.login_account import login_findings, settle_logins, started_and_logins
-from dpone.publication.principal_issuers import PrincipalIssuer
+from dpone.publication.principals.principal_issuers import PrincipalIssuer
 from dpone.publication.session_drain import CLOSED, SESSION_NOT_FOUND, SessionDrain
 from dpone.publication.store.leases import CLOSURE_STEP, lease_step_key
 from dpone.sql import quote_literal

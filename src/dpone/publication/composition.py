@@ -57,12 +57,12 @@ from dpone.publication.dispatch.executor import (
     ClickHouseSnapshotExecutor,
 )
 from dpone.publication.lease_scope import lease_scope, micros
-from dpone.publication.ownership import OwnedElsewhere, Owner, claim
-from dpone.publication.pool_verify import protected_databases, render_command
-from dpone.publication.principal_issuers import LocalPoolIssuer, observe_user_ids
+from dpone.publication.principals.ownership import OwnedElsewhere, Owner, claim
+from dpone.publication.principals.pool_verify import protected_databases, render_command
+from dpone.publication.principals.principal_issuers import LocalPoolIssuer, observe_user_ids
+from dpone.publication.principals.server_access import RemoteServer, ServerAccess
 from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
 from dpone.publication.retained import recorded_table_uuids, recorded_target_names
-from dpone.publication.server_access import RemoteServer, ServerAccess
 from dpone.publication.store import (
     SnapshotStore,
     StoreLocation,
@@ -230,7 +230,7 @@ def build_issuer(
     """The pool issuer: credentials from the file, user ids observed by the operator.
 
     Nothing leases a principal without it, so it first makes sure the server records
-    ``store`` as the pool's owner (``pool_owned_elsewhere``: publication/ownership.py;
+    ``store`` as the pool's owner (``pool_owned_elsewhere``: publication/principals/ownership.py;
     ``create=False``: only refused when another store owns it).
     """
     access = as_access(server)
