@@ -51,7 +51,7 @@ from dpone.ports.clickhouse_request import ClickHouseRequest, Endpoint
 from dpone.ports.clickhouse_result import QueryResult
 from dpone.ports.composition_snapshot import AttemptRef, IssuedPrincipal, TargetSlot
 from dpone.publication import composition as snapshot_composition
-from dpone.publication.authority import SnapshotAuthority
+from dpone.publication.authority.snapshot_authority import SnapshotAuthority
 from dpone.publication.composition import (
     PublicationComponents,
     PublicationConfig,

@@ -215,7 +215,7 @@ def role_grants(role: str, databases: Sequence[str]) -> tuple[Grant, ...]:
         )
     if role == ROLE_CLOSER:
         # The session log: a closure counts the user's open sign-ins
-        # (dpone.publication.login_account).
+        # (dpone.publication.authority.login_account).
         return (
             Grant("KILL QUERY", "*.*"),
             Grant("SELECT", "system.processes"),

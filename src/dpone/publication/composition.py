@@ -46,7 +46,8 @@ from dpone.localserver.principal_pool import (
 from dpone.localserver.protected import restart_commands
 from dpone.ports.clickhouse_request import Credentials, Endpoint, read
 from dpone.ports.composition_snapshot import Admission, IssuedPrincipal, Lease, TargetSlot
-from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
+from dpone.publication.authority.lease_scope import lease_scope, micros
+from dpone.publication.authority.snapshot_authority import ClosurePolicy, SnapshotAuthority
 from dpone.publication.catalog import ClickHouseSnapshotCatalog
 from dpone.publication.catalog.allowance import accounted_pool_users, lease_allowance
 from dpone.publication.dispatch.dispatch_gate import gate_for
@@ -56,7 +57,6 @@ from dpone.publication.dispatch.executor import (
     SESSION_TIMEOUT_SECONDS,
     ClickHouseSnapshotExecutor,
 )
-from dpone.publication.lease_scope import lease_scope, micros
 from dpone.publication.principals.ownership import OwnedElsewhere, Owner, claim
 from dpone.publication.principals.pool_verify import protected_databases, render_command
 from dpone.publication.principals.principal_issuers import LocalPoolIssuer, observe_user_ids
@@ -156,7 +156,7 @@ def ingest_session_notes(store_path: StoreLocation, lease_id: str) -> SessionNot
 
     Pass it as :attr:`~dpone.staging.composition.StagingConfig.session_notes` of the
     attempt staged as that lease; the closure of the lease reads them
-    (:func:`~dpone.publication.lease_scope.lease_scope`).
+    (:func:`~dpone.publication.authority.lease_scope.lease_scope`).
     """
     key = lease_step_key(lease_id)
     store = open_store(store_path, create=False)
