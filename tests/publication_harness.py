@@ -51,7 +51,7 @@ from dpone.ports.clickhouse_request import ClickHouseRequest, Endpoint
 from dpone.ports.clickhouse_result import QueryResult
 from dpone.ports.composition_snapshot import AttemptRef, IssuedPrincipal, TargetSlot
 from dpone.publication import composition as snapshot_composition
-from dpone.publication.authority import SnapshotAuthority
+from dpone.publication.authority.snapshot_authority import SnapshotAuthority
 from dpone.publication.composition import (
     PublicationComponents,
     PublicationConfig,
@@ -60,7 +60,7 @@ from dpone.publication.composition import (
     issue_ingest,
     provision_protected_databases,
 )
-from dpone.publication.executor import ClickHouseSnapshotExecutor
+from dpone.publication.dispatch.executor import ClickHouseSnapshotExecutor
 from dpone.publication.publisher import PublicationReceipt
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.sinks import ClickHouseSink

@@ -356,8 +356,8 @@ def test_the_projects_drain_gate_settings_reach_the_refresh_publisher(
 ) -> None:
     from dpone.project.config import load_project
     from dpone.project.table_run import publication_for
-    from dpone.publication.authority import SnapshotAuthority
-    from dpone.publication.executor import ClickHouseSnapshotExecutor
+    from dpone.publication.authority.snapshot_authority import SnapshotAuthority
+    from dpone.publication.dispatch.executor import ClickHouseSnapshotExecutor
 
     config = project(
         tmp_path,

@@ -21,8 +21,8 @@ import pytest
 
 from dpone.localserver.principal_pool import PoolNames
 from dpone.ports.composition_snapshot import TargetSlot
-from dpone.publication.ownership import OwnedElsewhere, Owner, claim
-from dpone.publication.server_access import ServerAccess
+from dpone.publication.principals.ownership import OwnedElsewhere, Owner, claim
+from dpone.publication.principals.server_access import ServerAccess
 from tests import chhttp
 from tests.plugins.cli import as_json, dpone
 from tests.plugins.staging import export_hostile

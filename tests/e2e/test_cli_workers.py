@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from dpone.errors import StateError
-from dpone.publication.postgres_locks import postgres_table_lock
+from dpone.publication.dispatch.postgres_locks import postgres_table_lock
 from dpone.publication.store import store_exists
 from tests import chhttp
 from tests.plugins.cli import as_json, dpone

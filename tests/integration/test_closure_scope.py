@@ -18,10 +18,10 @@ from dpone.localserver.principal_pool import (
     pool_names,
 )
 from dpone.ports.clickhouse_request import Credentials, Endpoint
-from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
-from dpone.publication.dispatch_gate import DispatchGate, DispatchGateBusy
-from dpone.publication.lease_scope import lease_scope
-from dpone.publication.principal_issuers import LocalPoolIssuer
+from dpone.publication.authority.lease_scope import lease_scope
+from dpone.publication.authority.snapshot_authority import ClosurePolicy, SnapshotAuthority
+from dpone.publication.dispatch.dispatch_gate import DispatchGate, DispatchGateBusy
+from dpone.publication.principals.principal_issuers import LocalPoolIssuer
 from dpone.publication.store import SqliteSnapshotStore, lease_step_key
 from tests import chhttp
 from tests.plugins.managed_server import POOL_DATABASE

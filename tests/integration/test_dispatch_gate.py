@@ -23,8 +23,8 @@ from dpone.contracts.composition_snapshot import (
     SnapshotState,
 )
 from dpone.ports.composition_snapshot import PrincipalRef
-from dpone.publication.authority import SnapshotAuthority
-from dpone.publication.dispatch_notes import dispatch_step_key
+from dpone.publication.authority.snapshot_authority import SnapshotAuthority
+from dpone.publication.dispatch.dispatch_notes import dispatch_step_key
 from dpone.publication.publisher.records import principal_ref
 from tests.plugins.publication_rig import Case
 from tests.publication_harness import STOP_STEPS

@@ -22,7 +22,7 @@ from dpone.ports.composition_snapshot import (
 )
 from dpone.project.retention import created_target
 from dpone.publication.composition import PublicationConfig
-from dpone.publication.executor import ClickHouseSnapshotExecutor
+from dpone.publication.dispatch.executor import ClickHouseSnapshotExecutor
 from dpone.publication.publisher import PublicationReceipt
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.publication.store.errors import SnapshotStoreError

@@ -24,7 +24,7 @@ from dpone.ports.composition_snapshot import StepNote
 from dpone.publication.composition import (
     staging_policy,
 )
-from dpone.publication.dispatch_notes import session_use
+from dpone.publication.dispatch.dispatch_notes import session_use
 from dpone.publication.store import SqliteSnapshotStore, lease_step_key
 from dpone.staging.ingest_session import ingest_session_id
 from dpone.staging.journal import read_events

@@ -21,8 +21,8 @@ import pytest
 
 from dpone.errors import ConfigurationError
 from dpone.localserver.pool_sql import POOL_SETTINGS
-from dpone.publication.pool_verify import MIN_SERVER_VERSION, require_server_version
-from dpone.publication.server_access import RemoteServer, ServerAccess
+from dpone.publication.principals.pool_verify import MIN_SERVER_VERSION, require_server_version
+from dpone.publication.principals.server_access import RemoteServer, ServerAccess
 from tests import chhttp
 from tests.remote_server import remote_server
 

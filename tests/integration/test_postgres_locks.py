@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 from dpone.errors import StateError
-from dpone.publication.dispatch_gate import DispatchGateBusy
-from dpone.publication.postgres_locks import (
+from dpone.publication.dispatch.dispatch_gate import DispatchGateBusy
+from dpone.publication.dispatch.postgres_locks import (
     AdvisoryLockLost,
     PostgresDispatchGate,
     postgres_table_lock,
@@ -27,7 +27,7 @@ from dpone.publication.postgres_locks import (
 HOLD = """
 import os, signal, sys
 from dpone.errors import StateError
-from dpone.publication.postgres_locks import (
+from dpone.publication.dispatch.postgres_locks import (
     AdvisoryLockLost,
     PostgresDispatchGate,
     postgres_table_lock,

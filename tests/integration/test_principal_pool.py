@@ -28,7 +28,7 @@ from dpone.localserver.principal_pool import (
 from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
 from dpone.ports.clickhouse_result import QueryResult
 from dpone.ports.composition_snapshot import ClosureStrength, PrincipalRef
-from dpone.publication.principal_issuers import (
+from dpone.publication.principals.principal_issuers import (
     LocalPoolIssuer,
     PrincipalError,
     SqlRbacIssuer,

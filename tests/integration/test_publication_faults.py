@@ -33,8 +33,8 @@ from dpone.publication.composition import (
     build_publication,
     pool_credentials,
 )
-from dpone.publication.dispatch_notes import BEFORE_EXCHANGE
-from dpone.publication.executor import (
+from dpone.publication.dispatch.dispatch_notes import BEFORE_EXCHANGE
+from dpone.publication.dispatch.executor import (
     ClickHouseSnapshotExecutor,
     session_request,
 )

@@ -22,7 +22,7 @@ from dpone.errors import DponeError
 from dpone.ports.composition_snapshot import AttemptRef, TargetSlot
 from dpone.project.config import Project, load_project
 from dpone.project.refresh import RefreshService, TableReport
-from dpone.publication.retained import headroom_policy, headroom_refusal
+from dpone.publication.ceilings.retained import headroom_policy, headroom_refusal
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.contract import StagingPolicy
 from tests.plugins.retained_storage import (

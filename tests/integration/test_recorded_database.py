@@ -23,7 +23,7 @@ from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotRecord,
 from dpone.errors import DponeError
 from dpone.publication.catalog import ClickHouseSnapshotCatalog
 from dpone.publication.composition import pool_credentials
-from dpone.publication.server_access import ServerAccess
+from dpone.publication.principals.server_access import ServerAccess
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.staging.service import StagedTable
 from tests import chhttp

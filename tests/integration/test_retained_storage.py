@@ -27,8 +27,8 @@ from dpone.publication.catalog import (
     CatalogUnobservable,
     ClickHouseSnapshotCatalog,
 )
+from dpone.publication.ceilings.retained import recorded_table_uuids, recorded_target_names
 from dpone.publication.composition import pool_credentials
-from dpone.publication.retained import recorded_table_uuids, recorded_target_names
 from dpone.publication.store import SqliteSnapshotStore
 from dpone.publication.store.errors import SnapshotStoreError
 from tests import chhttp

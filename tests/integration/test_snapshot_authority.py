@@ -29,8 +29,8 @@ from dpone.ports.composition_snapshot import (
     PrincipalRef,
     TargetSlot,
 )
-from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
-from dpone.publication.journal_evidence import AuthorityError
+from dpone.publication.authority.journal_evidence import AuthorityError
+from dpone.publication.authority.snapshot_authority import ClosurePolicy, SnapshotAuthority
 from dpone.staging.journal import ClickHouseFileAttemptJournal, JournalEvent
 from tests.plugins.managed_server import POOL_PASSWORDS
 from tests.plugins.publication_pool import (

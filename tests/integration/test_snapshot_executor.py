@@ -28,10 +28,10 @@ from dpone.ports.composition_snapshot import (
     IssuedPrincipal,
     TargetSlot,
 )
-from dpone.publication.authority import ClosurePolicy
-from dpone.publication.dispatch_gate import DispatchGate
-from dpone.publication.dispatch_notes import DispatchGuard
-from dpone.publication.executor import ClickHouseSnapshotExecutor, ExecutorError
+from dpone.publication.authority.snapshot_authority import ClosurePolicy
+from dpone.publication.dispatch.dispatch_gate import DispatchGate
+from dpone.publication.dispatch.dispatch_notes import DispatchGuard
+from dpone.publication.dispatch.executor import ClickHouseSnapshotExecutor, ExecutorError
 from tests import chhttp
 from tests.plugins.publication_pool import (
     DB,

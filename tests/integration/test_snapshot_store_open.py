@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from dpone.errors import DponeError
-from dpone.publication.holder_process import Liveness, current_process, holder_liveness
 from dpone.publication.store import (
     SnapshotStoreError,
     SqliteSnapshotStore,
     lease_step_key,
 )
+from dpone.publication.store.holder_process import Liveness, current_process, holder_liveness
 from tests.plugins.cli import as_json, dpone
 
 INTENT = "ab" * 32

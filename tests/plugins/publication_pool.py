@@ -30,11 +30,11 @@ from dpone.ports.clickhouse_request import Credentials, Endpoint
 from dpone.ports.composition_snapshot import (
     PrincipalRef,
 )
-from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
-from dpone.publication.dispatch_gate import DispatchGate
-from dpone.publication.dispatch_notes import SessionUse
-from dpone.publication.lease_scope import LeaseScope
-from dpone.publication.principal_issuers import (
+from dpone.publication.authority.lease_scope import LeaseScope
+from dpone.publication.authority.snapshot_authority import ClosurePolicy, SnapshotAuthority
+from dpone.publication.dispatch.dispatch_gate import DispatchGate
+from dpone.publication.dispatch.dispatch_notes import SessionUse
+from dpone.publication.principals.principal_issuers import (
     LocalPoolIssuer,
 )
 from tests import chhttp

@@ -26,7 +26,7 @@ from dpone.publication.composition import (
     build_publication,
     staging_policy,
 )
-from dpone.publication.executor import (
+from dpone.publication.dispatch.executor import (
     ClickHouseSnapshotExecutor,
 )
 from dpone.publication.publisher import (

@@ -23,9 +23,9 @@ from dpone.publication.catalog import (
     ClickHouseSnapshotCatalog,
     RecordedUuids,
 )
+from dpone.publication.ceilings.retained import recorded_table_uuids
 from dpone.publication.composition import pool_credentials, provision_protected_databases
 from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
-from dpone.publication.retained import recorded_table_uuids
 from dpone.publication.store import SqliteSnapshotStore
 from tests import chhttp
 from tests.publication_harness import Rig, Row

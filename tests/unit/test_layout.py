@@ -122,6 +122,66 @@ def test_the_rank_check_itself_sees_an_upward_import() -> None:
     assert _rank(_room("dpone.ports.clickhouse")) < _rank(_room("dpone.connectors.clickhouse_http"))
 
 
+# Publication's wiring stays at its top; every other module lives in a sub-room
+# (docs/architecture.md: dispatch/, authority/, principals/, store/, ...), and the
+# sub-rooms import each other without a cycle (issue 34).
+PUBLICATION_WIRING = ("dpone.publication.composition", "dpone.publication.settings")
+
+
+def _sub_room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["dpone", "publication"] or len(parts) < 3 or module in PUBLICATION_WIRING:
+        return None
+    return parts[2]
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str]:
+    """One cycle of ``edges`` as the path that closes it, or [] when there is none."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return []
+        for target in sorted(edges.get(node, ())):
+            if found := visit(target, [*path, node]):
+                return found
+        done.add(node)
+        return []
+
+    for node in sorted(edges):
+        if found := visit(node, []):
+            return found
+    return []
+
+
+def test_publication_modules_live_in_its_sub_rooms() -> None:
+    flat = [
+        _module_name(path)
+        for path in (PACKAGE / "publication").glob("*.py")
+        if _module_name(path) not in ("dpone.publication", *PUBLICATION_WIRING)
+    ]
+    assert flat == []
+
+
+def test_publication_sub_rooms_import_each_other_without_a_cycle() -> None:
+    edges: dict[str, set[str]] = {}
+    for path in (PACKAGE / "publication").rglob("*.py"):
+        source = _sub_room(_module_name(path))
+        for _, target in _imports(path):
+            room = _sub_room(target)
+            if source and room and room != source:
+                edges.setdefault(source, set()).add(room)
+    assert "dispatch" in edges.get("authority", set())
+    assert _cycle(edges) == []
+
+
+def test_the_cycle_check_itself_sees_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b", "c"}, "b": {"c"}}) == []
+
+
 @pytest.mark.parametrize(("module", "name"), SEED_NAMES)
 def test_the_source_documents_names_stay_importable(module: str, name: str) -> None:
     assert hasattr(importlib.import_module(module), name)

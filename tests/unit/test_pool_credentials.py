@@ -14,7 +14,7 @@ from dpone.localserver.errors import CredentialsCorrupt
 from dpone.localserver.pool_credentials import read_pool_credentials
 from dpone.localserver.pool_file import check_retired, render_pool
 from dpone.localserver.principal_pool import PoolNames
-from dpone.publication.server_access import (
+from dpone.publication.principals.server_access import (
     _NEW_TAKEN,
     RemoteServer,
     ServerAccess,

@@ -25,7 +25,7 @@ from dpone.localserver.protected import (
 )
 from dpone.ports.composition_snapshot import TargetSlot
 from dpone.project.config import parse_project
-from dpone.publication.ownership import Marker, Owner, owner_of
+from dpone.publication.principals.ownership import Marker, Owner, owner_of
 from dpone.publication.store import SqliteSnapshotStore
 
 

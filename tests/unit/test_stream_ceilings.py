@@ -8,9 +8,9 @@ import pytest
 
 from dpone.contracts.composition_snapshot import DEFAULT_LIMITS, SnapshotLimits
 from dpone.errors import DponeError
+from dpone.publication.ceilings.retained import headroom_policy, headroom_refusal
+from dpone.publication.ceilings.stream_ceilings import stream_refusal
 from dpone.publication.composition import staging_policy
-from dpone.publication.retained import headroom_policy, headroom_refusal
-from dpone.publication.stream_ceilings import stream_refusal
 
 LIMITS = dataclasses.replace(
     DEFAULT_LIMITS,

@@ -26,9 +26,9 @@ from dpone.localserver.principal_pool import PoolNames
 from dpone.project.config import load_project
 from dpone.project.hand_over import hand_over_project
 from dpone.publication.composition import check_ownership
-from dpone.publication.ownership import OwnedElsewhere
-from dpone.publication.pool_rotation import finish_rotation
-from dpone.publication.pool_verify import verify_pool
+from dpone.publication.principals.ownership import OwnedElsewhere
+from dpone.publication.principals.pool_rotation import finish_rotation
+from dpone.publication.principals.pool_verify import verify_pool
 from dpone.publication.store import StoreLocation, open_store, store_exists
 
 

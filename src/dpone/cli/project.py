@@ -21,8 +21,8 @@ from dpone.publication.composition import (
     pool_protects,
     pool_remedy,
 )
-from dpone.publication.ownership import OwnedElsewhere
-from dpone.publication.pool_verify import verify_pool
+from dpone.publication.principals.ownership import OwnedElsewhere
+from dpone.publication.principals.pool_verify import verify_pool
 from dpone.publication.store import store_exists
 from dpone.typepolicy import column_problems, refusals
 

@@ -32,6 +32,7 @@ from dpone.errors import ConfigurationError, DponeError
 from dpone.ports.clickhouse_request import check_attempt_id
 from dpone.project.ingest_leases import lease_ids, release_after_failure, store_given
 from dpone.project.server import server_access
+from dpone.publication.ceilings.stream_ceilings import stream_refusal
 from dpone.publication.composition import (
     ingest_session_notes,
     issue_ingest,
@@ -39,7 +40,6 @@ from dpone.publication.composition import (
     staging_policy,
 )
 from dpone.publication.store import StoreLocation
-from dpone.publication.stream_ceilings import stream_refusal
 from dpone.staging.composition import StagingConfig
 from dpone.staging.journal import read_events, verify_journal
 from dpone.staging.leftovers import NO_EVENTS, finishing_command, left_behind

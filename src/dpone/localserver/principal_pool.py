@@ -3,7 +3,7 @@
 The embedded server reads users, passwords and grants only from ``users.xml`` at start
 (SQL ``CREATE USER`` and ``GRANT`` are refused), so principals cannot be issued or
 revoked while it runs. dpone therefore declares a fixed pool and leases its members
-through the run registry (:mod:`dpone.publication.principal_issuers`):
+through the run registry (:mod:`dpone.publication.principals.principal_issuers`):
 
 - ``dpone_catalog``: reads every system table (``system.grants``, ``system.users``,
   ``system.row_policies`` included) and every table of the protected databases.
@@ -215,7 +215,7 @@ def role_grants(role: str, databases: Sequence[str]) -> tuple[Grant, ...]:
         )
     if role == ROLE_CLOSER:
         # The session log: a closure counts the user's open sign-ins
-        # (dpone.publication.login_account).
+        # (dpone.publication.authority.login_account).
         return (
             Grant("KILL QUERY", "*.*"),
             Grant("SELECT", "system.processes"),

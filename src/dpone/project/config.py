@@ -50,7 +50,7 @@ from dpone.project.config_reader import (
     one_of,
 )
 from dpone.project.source_config import read_source
-from dpone.publication.server_access import RemoteServer, ServerAccess
+from dpone.publication.principals.server_access import RemoteServer, ServerAccess
 from dpone.publication.settings import (
     REMOTE_SESSION_MARGIN_SECONDS,
     SETTINGS,

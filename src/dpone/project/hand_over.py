@@ -1,7 +1,7 @@
 """Handing a project's pool and target slots over from a store that is gone.
 
 The server records one store as the owner of a pool and of each target slot
-(:mod:`dpone.publication.ownership`). When that store is really gone (its disk lost,
+(:mod:`dpone.publication.principals.ownership`). When that store is really gone (its disk lost,
 the project moved to a new store), its owner markers would refuse this project's store
 for good. :func:`hand_over_project` gives this project's store what the named old
 store owns, and nothing else: a marker owned by any third store is left and reported.
@@ -14,7 +14,7 @@ from typing import Any
 from dpone.errors import ConfigurationError
 from dpone.ports.composition_snapshot import TargetSlot
 from dpone.project.config import Project
-from dpone.publication.ownership import Owner, hand_over
+from dpone.publication.principals.ownership import Owner, hand_over
 from dpone.publication.store import open_store
 
 

@@ -18,7 +18,7 @@ from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.project.leases import GONE, close_lease, close_lease_command, judge_leases
 from dpone.project.server import server_access
 from dpone.publication.composition import DEFAULT_STORE, PublicationConfig, build_publication
-from dpone.publication.server_access import ServerAccess
+from dpone.publication.principals.server_access import ServerAccess
 from dpone.publication.store import StoreLocation, open_store, store_exists
 
 

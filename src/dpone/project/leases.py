@@ -28,7 +28,7 @@ Ingest leases (taken by ``stage`` / ``refresh`` / ``rollback``):
   leftovers on the server are ``attempts cleanup``'s business.
 - no journal is found: unknown (it may be staged in a work dir not searched).
 
-A process is gone only as :mod:`dpone.publication.holder_process` proves it (pid, start
+A process is gone only as :mod:`dpone.publication.store.holder_process` proves it (pid, start
 time, boot, pid namespace, host recorded when the lease was issued); anything else is
 ``unknown`` and is never ended. Every ``gone`` fact is permanent, so a judgement made
 before the ending write cannot turn false before it.
@@ -52,8 +52,8 @@ from dpone.errors import DponeError, StateError
 from dpone.localserver.principal_pool import ROLE_INGEST, ROLE_PUBLISHER
 from dpone.ports.composition_snapshot import ClosureProof, PrincipalRef, TargetSlot
 from dpone.publication.composition import PublicationComponents
-from dpone.publication.holder_process import Liveness, holder_liveness
 from dpone.publication.store import LeaseRecord, SnapshotStore
+from dpone.publication.store.holder_process import Liveness, holder_liveness
 from dpone.staging.journal import read_events
 from dpone.staging.states import TERMINAL
 

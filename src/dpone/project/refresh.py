@@ -78,13 +78,13 @@ from dpone.project.table_run import (
 )
 from dpone.project.workers import register_attempt
 from dpone.publication.catalog import ClickHouseSnapshotCatalog
+from dpone.publication.ceilings.retained import headroom_policy, headroom_refusal
+from dpone.publication.ceilings.stream_ceilings import stream_refusal
 from dpone.publication.composition import (
     PublicationComponents,
     ingest_session_notes,
     staging_policy,
 )
-from dpone.publication.retained import headroom_policy, headroom_refusal
-from dpone.publication.stream_ceilings import stream_refusal
 from dpone.staging.composition import StagingConfig
 from dpone.staging.contract import PhysicalDesign, StagingPolicy
 from dpone.staging.journal import read_events

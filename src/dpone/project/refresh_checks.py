@@ -44,9 +44,9 @@ from dpone.publication.composition import (
     require_database,
     require_protected,
 )
-from dpone.publication.ownership import OwnedElsewhere
-from dpone.publication.pool_verify import require_server_version, verify_pool
-from dpone.publication.postgres_locks import postgres_table_lock
+from dpone.publication.dispatch.postgres_locks import postgres_table_lock
+from dpone.publication.principals.ownership import OwnedElsewhere
+from dpone.publication.principals.pool_verify import require_server_version, verify_pool
 from dpone.publication.publisher.rules import refuse_absent_writers, refuse_side_effects
 from dpone.publication.settings import ungated_transport
 from dpone.publication.store import StoreLocation, open_store, store_exists

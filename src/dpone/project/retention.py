@@ -55,8 +55,8 @@ from dpone.errors import DponeError, StateError
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import read_query_id
 from dpone.ports.composition_snapshot import DispatchOutcome, TargetSlot
+from dpone.publication.ceilings.retained import StoredIntent, stored_intents
 from dpone.publication.publisher.created_target import DROP_STEP, OBSERVED_STEP
-from dpone.publication.retained import StoredIntent, stored_intents
 from dpone.publication.store import SnapshotStore, SnapshotSummary
 from dpone.staging.cleanup import drop_owned_table
 from dpone.staging.journal import ClickHouseFileAttemptJournal, read_events

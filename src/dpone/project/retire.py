@@ -60,8 +60,8 @@ from dpone.project.retention import (
     rollback_copies,
     unfinished_publication,
 )
+from dpone.publication.ceilings.retained import stored_intents
 from dpone.publication.composition import check_ownership
-from dpone.publication.retained import stored_intents
 from dpone.publication.store import SnapshotStore, open_store
 from dpone.staging.journal import read_events
 from dpone.staging.recovery import discard_attempt, survey_attempts

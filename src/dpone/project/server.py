@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpone.project.config import load_project
-from dpone.publication.server_access import ServerAccess
+from dpone.publication.principals.server_access import ServerAccess
 
 
 def server_access(data_dir: Path, project_config: Path | None) -> ServerAccess:

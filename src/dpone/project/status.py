@@ -42,8 +42,8 @@ from dpone.project.leases import (
 from dpone.project.retention import copies_in_database, superseded_prepared
 from dpone.project.retire import known_slots, retire_command, retired_slot
 from dpone.project.workers import attempt_worker
-from dpone.publication.retained import stored_intents
-from dpone.publication.server_access import REACH_SECONDS, reach_failure
+from dpone.publication.ceilings.retained import stored_intents
+from dpone.publication.principals.server_access import REACH_SECONDS, reach_failure
 from dpone.publication.store import SnapshotStore, SnapshotSummary, open_store, store_exists
 from dpone.publication.store.retirement import RETIRED
 from dpone.staging.recovery import finishing_command, list_attempts

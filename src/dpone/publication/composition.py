@@ -46,23 +46,24 @@ from dpone.localserver.principal_pool import (
 from dpone.localserver.protected import restart_commands
 from dpone.ports.clickhouse_request import Credentials, Endpoint, read
 from dpone.ports.composition_snapshot import Admission, IssuedPrincipal, Lease, TargetSlot
-from dpone.publication.authority import ClosurePolicy, SnapshotAuthority
+from dpone.publication.authority.lease_scope import lease_scope, micros
+from dpone.publication.authority.snapshot_authority import ClosurePolicy, SnapshotAuthority
 from dpone.publication.catalog import ClickHouseSnapshotCatalog
 from dpone.publication.catalog.allowance import accounted_pool_users, lease_allowance
-from dpone.publication.dispatch_gate import gate_for
-from dpone.publication.dispatch_notes import DispatchGuard
-from dpone.publication.executor import (
+from dpone.publication.ceilings.retained import recorded_table_uuids, recorded_target_names
+from dpone.publication.ceilings.stream_ceilings import stored_bytes_bound, stream_bytes_bound
+from dpone.publication.dispatch.dispatch_gate import gate_for
+from dpone.publication.dispatch.dispatch_notes import DispatchGuard
+from dpone.publication.dispatch.executor import (
     SESSION_MARGIN_SECONDS,
     SESSION_TIMEOUT_SECONDS,
     ClickHouseSnapshotExecutor,
 )
-from dpone.publication.lease_scope import lease_scope, micros
-from dpone.publication.ownership import OwnedElsewhere, Owner, claim
-from dpone.publication.pool_verify import protected_databases, render_command
-from dpone.publication.principal_issuers import LocalPoolIssuer, observe_user_ids
+from dpone.publication.principals.ownership import OwnedElsewhere, Owner, claim
+from dpone.publication.principals.pool_verify import protected_databases, render_command
+from dpone.publication.principals.principal_issuers import LocalPoolIssuer, observe_user_ids
+from dpone.publication.principals.server_access import RemoteServer, ServerAccess
 from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
-from dpone.publication.retained import recorded_table_uuids, recorded_target_names
-from dpone.publication.server_access import RemoteServer, ServerAccess
 from dpone.publication.store import (
     SnapshotStore,
     StoreLocation,
@@ -71,7 +72,6 @@ from dpone.publication.store import (
     store_exists,
 )
 from dpone.publication.store.steps import STORE_IDENTITY_KEY
-from dpone.publication.stream_ceilings import stored_bytes_bound, stream_bytes_bound
 from dpone.sql import quote_identifier, quote_literal
 from dpone.staging.contract import StagingPolicy
 from dpone.staging.ingest_session import SessionNotes
@@ -137,7 +137,7 @@ def staging_policy(
     scan of the file, and the smallest of wire bytes, generation storage and total
     transient storage the spool as it is written and the INSERT body as it is sent,
     and the smallest of the two storage ceilings what the staged table holds before
-    it is recorded staged (:mod:`dpone.publication.stream_ceilings`); the final values
+    it is recorded staged (:mod:`dpone.publication.ceilings.stream_ceilings`); the final values
     are checked again at ``prepare``. The ingest drain
     gate's T is the publication's (``[publication]`` ``session_timeout_seconds``).
     """
@@ -156,7 +156,7 @@ def ingest_session_notes(store_path: StoreLocation, lease_id: str) -> SessionNot
 
     Pass it as :attr:`~dpone.staging.composition.StagingConfig.session_notes` of the
     attempt staged as that lease; the closure of the lease reads them
-    (:func:`~dpone.publication.lease_scope.lease_scope`).
+    (:func:`~dpone.publication.authority.lease_scope.lease_scope`).
     """
     key = lease_step_key(lease_id)
     store = open_store(store_path, create=False)
@@ -230,7 +230,7 @@ def build_issuer(
     """The pool issuer: credentials from the file, user ids observed by the operator.
 
     Nothing leases a principal without it, so it first makes sure the server records
-    ``store`` as the pool's owner (``pool_owned_elsewhere``: publication/ownership.py;
+    ``store`` as the pool's owner (``pool_owned_elsewhere``: publication/principals/ownership.py;
     ``create=False``: only refused when another store owns it).
     """
     access = as_access(server)
@@ -482,7 +482,7 @@ def _catalog(
     # may be in other hands, so its grants are an outside writer's until the operator's
     # render leaves it out. What a user ran against either table blocks unless the
     # observed publication's own lease holds it (catalog/pool_queries.py). Retained
-    # storage counts every table whose UUID the store recorded (publication/retained.py).
+    # storage counts every table whose UUID the store recorded (publication/ceilings/retained.py).
     pool = access.pool
     in_use = access.members_in_use()
     return ClickHouseSnapshotCatalog(

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dpone.publication.executor import SESSION_MARGIN_SECONDS, SESSION_TIMEOUT_SECONDS
+from dpone.publication.dispatch.executor import SESSION_MARGIN_SECONDS, SESSION_TIMEOUT_SECONDS
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ of the private table, the INSERT, the DROP, any other) runs in the HTTP session
 ``session_check=1``. So a write that arrives after the session expired (T after the
 last request in it ended) fails with 372 SESSION_NOT_FOUND and changes nothing; the
 publication's closure waits out T and proves the session gone with a probe
-(:mod:`dpone.publication.authority`). The opening goes before every write, not once:
-a DROP in cleanup may come long after the INSERT, when the session has expired.
+(:mod:`dpone.publication.authority.snapshot_authority`). The opening goes before every
+write, not once: a DROP in cleanup may come long after the INSERT, when the session has
+expired.
 
 Reads stay outside the session: a session admits one request at a time (373
 SESSION_IS_LOCKED), and a cleanup's ``KILL QUERY`` must run while the INSERT it stops

@@ -131,10 +131,10 @@ class ClickHouseSnapshotCatalog:
     observation for the principals allowed now (for a leased pool,
     :func:`lease_allowance`). Any other user able to write either table blocks.
     ``recorded_uuids``, when given, answers per database the table UUIDs the store
-    recorded (:func:`dpone.publication.retained.recorded_table_uuids`), read once
+    recorded (:func:`dpone.publication.ceilings.retained.recorded_table_uuids`), read once
     per observation: every table holding one counts toward the retained bytes, except
     a table under a name ``live_targets`` answers (another slot's live target,
-    :func:`dpone.publication.retained.recorded_target_names`), which is that slot's A.
+    :func:`dpone.publication.ceilings.retained.recorded_target_names`), which is that slot's A.
     ``idle_pool``, when given, answers per observation the pool's users that no lease
     of the observed publication holds (:func:`accounted_pool_users`: without an active
     lease, or held by another run's): what they ran against either table is read in

@@ -20,7 +20,7 @@ from typing import Any
 
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotState, exchange_query_id
 from dpone.ports.composition_snapshot import StepNote
-from dpone.publication.login_account import LOGINS_UNOBSERVABLE
+from dpone.publication.authority.login_account import LOGINS_UNOBSERVABLE
 from dpone.publication.publisher.ports import PublisherPorts
 from dpone.publication.publisher.receipts import SnapshotPublicationError
 from dpone.publication.publisher.reconcile import PUBLISHER_LOGINS_UNOBSERVABLE, Reconcile

@@ -16,7 +16,7 @@ have a stake in it. It is left, and the refusal says why, when:
   try the drop).
 
 Otherwise the executor sends the DROP only while the name still holds that UUID with no
-row (:meth:`~dpone.publication.executor.ClickHouseSnapshotExecutor.drop_created_target`).
+row (:meth:`~dpone.publication.dispatch.executor.ClickHouseSnapshotExecutor.drop_created_target`).
 A table left is recorded as this generation's CREATE: the next prepare publishes into it.
 """
 

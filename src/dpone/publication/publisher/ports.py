@@ -23,10 +23,10 @@ from dpone.ports.composition_snapshot import (
     SnapshotPublicationStore,
     TargetSlot,
 )
-from dpone.publication.holder_process import Liveness, current_process, holder_liveness
 from dpone.publication.publisher.receipts import SnapshotPublicationError, utc_now
 from dpone.publication.publisher.records import principal_ref
 from dpone.publication.store import SnapshotStore
+from dpone.publication.store.holder_process import Liveness, current_process, holder_liveness
 
 # How long a caller that lost the claim waits for the winner's outcome, and how often
 # it looks. The wait only delays the loser's answer; it never changes what happens.

@@ -24,7 +24,7 @@ from dpone.ports.composition_snapshot import (
     PublicationEvidence,
     TableObservation,
 )
-from dpone.publication.login_account import logins_unobserved
+from dpone.publication.authority.login_account import logins_unobserved
 from dpone.publication.publisher.created_target import CreatedTarget
 from dpone.publication.publisher.ports import PublisherPorts
 from dpone.publication.publisher.receipts import (

@@ -29,7 +29,7 @@ from dpone.ports.composition_snapshot import (
     DispatchResult,
     OwnershipState,
 )
-from dpone.publication.login_account import LOGINS_UNOBSERVABLE
+from dpone.publication.authority.login_account import LOGINS_UNOBSERVABLE
 from dpone.publication.publisher.ports import PublisherPorts
 from dpone.publication.publisher.receipts import (
     PublicationReceipt,

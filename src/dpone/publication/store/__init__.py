@@ -29,7 +29,7 @@ Layout (every ``at`` is UTC ISO 8601, every ``facts`` canonical JSON bytes)::
               -- at most one active lease per user (partial unique index)
     steps    (id PK autoincrement, key, facts, at)           -- append-only
 
-A lease's holder process (:mod:`dpone.publication.holder_process`) is noted in ``steps``
+A lease's holder process (:mod:`dpone.publication.store.holder_process`) is noted in ``steps``
 under the key ``lease/<lease_id>`` in the transaction that issues the lease; an
 operator's end of a lease whose holder is gone is noted there too, with the facts
 that proved it, in the transaction that ends it. A slot's retirement (``dpone retire``)

@@ -1,6 +1,6 @@
 """Principal leases: at most one active lease per user, each with its holder noted.
 
-A lease's holder process (:mod:`dpone.publication.holder_process`) is noted in ``steps``
+A lease's holder process (:mod:`dpone.publication.store.holder_process`) is noted in ``steps``
 under the key ``lease/<lease_id>`` in the transaction that issues the lease; an
 operator's end of a lease whose holder is gone is noted there too, with the facts
 that proved it, in the transaction that ends it. Under the same key the lease's
@@ -19,9 +19,9 @@ from typing import Any
 
 from dpone.contracts import canonical_json
 from dpone.ports.composition_snapshot import Lease
-from dpone.publication.holder_process import HolderProcess, current_process
 from dpone.publication.store.connections import StoreConnection, StoreConnections
 from dpone.publication.store.errors import SnapshotStoreError
+from dpone.publication.store.holder_process import HolderProcess, current_process
 from dpone.publication.store.schema import decode_facts, now
 from dpone.publication.store.steps import append_step
 

@@ -44,7 +44,7 @@ class StepNotes:
     def store_identity(self) -> str:
         """This store's identity: a UUID made once, when it is first asked for.
 
-        What the server's ownership markers name (:mod:`dpone.publication.ownership`):
+        What the server's ownership markers name (:mod:`dpone.publication.principals.ownership`):
         a store made again at the same path is another store. Made in the write
         transaction that checks none exists, so two processes agree on it.
         """

@@ -58,9 +58,9 @@ def gate_path(store_path: Path) -> Path:
 
 def gate_for(store: Path | str) -> Gate:
     """The gates of the store at ``store``: files beside a SQLite store, advisory locks
-    in a PostgreSQL store's database (:mod:`dpone.publication.postgres_locks`)."""
+    in a PostgreSQL store's database (:mod:`dpone.publication.dispatch.postgres_locks`)."""
     if isinstance(store, str) and is_store_url(store):
-        from dpone.publication.postgres_locks import PostgresDispatchGate
+        from dpone.publication.dispatch.postgres_locks import PostgresDispatchGate
 
         return PostgresDispatchGate(store)
     return DispatchGate(gate_path(Path(store)))

@@ -40,8 +40,8 @@ from typing import Any
 from dpone.errors import DponeError
 from dpone.ports.clickhouse_errors import ClickHouseServerError
 from dpone.ports.clickhouse_request import Credentials, Endpoint, RequestKind
-from dpone.publication.dispatch_notes import PROBE_OPEN, SessionUse
-from dpone.publication.executor import TransportFactory, session_request
+from dpone.publication.dispatch.dispatch_notes import PROBE_OPEN, SessionUse
+from dpone.publication.dispatch.executor import TransportFactory, session_request
 
 SESSION_NOT_FOUND = 372
 CLOSED = "closed"

@@ -1,6 +1,6 @@
 """A closure's account of the principal's open sign-ins: every request, whatever its shape.
 
-The drain gate (:mod:`dpone.publication.session_drain`) stops what runs in the lease's
+The drain gate (:mod:`dpone.publication.authority.session_drain`) stops what runs in the lease's
 own HTTP sessions, the process samples and the query log what the server registered
 as a query. A request as the same user *without* the session parameters, whose body
 the server is still reading (an INSERT whose chunked body is held open: the server

@@ -44,7 +44,7 @@ from dpone.ports.composition_snapshot import (
     PrincipalRef,
     SnapshotRunRegistry,
 )
-from dpone.publication.holder_process import Liveness, holder_liveness
+from dpone.publication.store.holder_process import Liveness, holder_liveness
 from dpone.sql import quote_identifier, quote_literal
 
 ISSUABLE_ROLES = (ROLE_INGEST, ROLE_PUBLISHER)

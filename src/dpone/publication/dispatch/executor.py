@@ -20,9 +20,9 @@ Three statements, each with its own query id, never retried:
   372 SESSION_NOT_FOUND and changes nothing (the authority's drain gate).
 
 Every dispatch holds the dispatch gate it shares with the authority's closure, across
-processes (:mod:`dpone.publication.dispatch_gate`). Holding it, ``exchange`` re-checks
+processes (:mod:`dpone.publication.dispatch.dispatch_gate`). Holding it, ``exchange`` re-checks
 that its lease is still the intent's active publisher lease and that the record is the
-intent's EXCHANGE_INTENT@2 (:class:`~dpone.publication.dispatch_notes.DispatchGuard`),
+intent's EXCHANGE_INTENT@2 (:class:`~dpone.publication.dispatch.dispatch_notes.DispatchGuard`),
 immediately before it opens the session and again before it sends the EXCHANGE; it
 notes durably that it opens the session before it does, and when (wall clock) and how
 each request answered, after it did; a refused re-check is noted with its reason. A
@@ -72,8 +72,8 @@ from dpone.ports.composition_snapshot import (
     IssuedPrincipal,
     TargetSlot,
 )
-from dpone.publication.dispatch_gate import Gate
-from dpone.publication.dispatch_notes import (
+from dpone.publication.dispatch.dispatch_gate import Gate
+from dpone.publication.dispatch.dispatch_notes import (
     BEFORE_EXCHANGE,
     BEFORE_SESSION,
     OPENING,

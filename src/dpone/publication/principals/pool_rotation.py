@@ -2,7 +2,7 @@
 
 ``dpone pool render --rotate-from`` wrote a credentials file that keeps each principal's
 previous password beside the new one, and dpone signs in with the new as soon as the
-server takes it (:func:`~dpone.publication.server_access.rotated_credentials`).
+server takes it (:func:`~dpone.publication.principals.server_access.rotated_credentials`).
 :func:`finish_rotation` ends the overlap on dpone's side: it signs in with every new
 password first (nothing changes unless the server takes them all), then drops the
 previous ones from the credentials file and gives the SQL that leaves each principal
@@ -19,7 +19,7 @@ from dpone.localserver.config import ServerUser
 from dpone.localserver.pool_file import credentials_json, read_pool_file, remote_users
 from dpone.localserver.pool_sql import retire_old_sql
 from dpone.ports.clickhouse_request import Credentials
-from dpone.publication.server_access import ServerAccess, sign_in
+from dpone.publication.principals.server_access import ServerAccess, sign_in
 
 
 @dataclass(frozen=True)

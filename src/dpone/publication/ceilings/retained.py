@@ -23,10 +23,10 @@ from typing import NamedTuple, Protocol
 
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotLimits
 from dpone.errors import DponeError
+from dpone.publication.ceilings.stream_ceilings import STORED_CODE
 from dpone.publication.publisher.receipts import SnapshotPublicationError
 from dpone.publication.publisher.rules import ceiling_exceeded
 from dpone.publication.store import SnapshotSummary
-from dpone.publication.stream_ceilings import STORED_CODE
 from dpone.staging.contract import StagingPolicy
 
 RETAINED_CEILING = "retained_storage_bytes"

@@ -1,6 +1,6 @@
 """What a dispatch durably notes about its drain-gate session, and the guard it runs under.
 
-The executor, holding the dispatch gate (:mod:`dpone.publication.dispatch_gate`), notes
+The executor, holding the dispatch gate (:mod:`dpone.publication.dispatch.dispatch_gate`), notes
 in the store's ``steps`` under ``dispatch/<intent_sha256>``:
 
 - ``session_opening`` before the request that opens the session leaves;
@@ -20,7 +20,7 @@ Closure reads these notes under the same gate (:func:`session_use`): no
 writes the note before opening, under the gate, after re-checking the lease that
 closure has already ended), so there is nothing to close or wait for; otherwise
 closure closes the session and, when the close does not end it, waits T from now
-(:mod:`dpone.publication.session_drain`). The answers' times stay in the facts.
+(:mod:`dpone.publication.authority.session_drain`). The answers' times stay in the facts.
 
 :class:`DispatchGuard` is the executor's re-check: the lease is still active and is the
 intent's exact publisher lease, and the record is the intent's EXCHANGE_INTENT@2.

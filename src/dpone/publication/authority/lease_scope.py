@@ -38,7 +38,7 @@ from dpone.contracts.composition_snapshot import (
 from dpone.errors import StateError
 from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.ports.composition_snapshot import PrincipalRef
-from dpone.publication.dispatch_notes import (
+from dpone.publication.dispatch.dispatch_notes import (
     SessionUse,
     dispatch_step_key,
     session_ids,

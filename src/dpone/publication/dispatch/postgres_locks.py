@@ -1,7 +1,7 @@
 """The dispatch gate and the table lock of a PostgreSQL store, as advisory locks.
 
 Workers on several machines share one PostgreSQL store, so what the SQLite store keeps
-as files beside it (:mod:`dpone.publication.dispatch_gate`, and the table lock of
+as files beside it (:mod:`dpone.publication.dispatch.dispatch_gate`, and the table lock of
 :func:`dpone.project.refresh_checks.table_lock`) is held on that server instead: a
 session-level advisory lock on a session of its own (no idle or statement timeout,
 TCP keepalives), taken for the ``with`` block and released when the session ends. A
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from dpone.errors import StateError
-from dpone.publication.dispatch_gate import GATE_WAIT_SECONDS, DispatchGateBusy, Gate
+from dpone.publication.dispatch.dispatch_gate import GATE_WAIT_SECONDS, DispatchGateBusy, Gate
 from dpone.publication.store.errors import SnapshotStoreError
 from dpone.publication.store.postgres import check_store_url, connect
 

@@ -10,7 +10,7 @@ the server itself:
 - each protected database exists and is ``Atomic`` (``EXCHANGE TABLES`` needs it);
 - the server's version is one dpone supports (:data:`MIN_SERVER_VERSION`);
 - every principal's queries are logged from their start, and it cannot change that
-  (:mod:`dpone.publication.pool_logging`);
+  (:mod:`dpone.publication.principals.pool_logging`);
 - its identity: ``serverUUID()``, or where a server reports the Nil UUID (the
   embedded engine), the ``_dpone_identity`` database, whose one ``CREATE`` statement
   the report names when it is missing.
@@ -44,14 +44,14 @@ from dpone.localserver.pool_file import read_pool_file, remote_grants, remote_ro
 from dpone.localserver.principal_pool import DEFAULT_POOL, PoolNames
 from dpone.ports.clickhouse_errors import NotSubmitted, TransportDeadline
 from dpone.ports.clickhouse_request import Credentials, read
-from dpone.publication.dispatch_gate import gate_for
-from dpone.publication.pool_logging import (
+from dpone.publication.dispatch.dispatch_gate import gate_for
+from dpone.publication.principals.pool_logging import (
     QUERY_LOG_OFF_FIX,
     WHO,
     changeable_fix,
     query_log_problems,
 )
-from dpone.publication.server_access import ServerAccess
+from dpone.publication.principals.server_access import ServerAccess
 from dpone.sql import quote_literal
 
 # The oldest server line dpone accepts: the 26.3 long-term-support line. Time and Time64,

@@ -9,9 +9,9 @@ inconsistency raises ``evidence_unverified`` naming what was wrong.
 
 ``close_principal`` (custodial on the embedded server, where a user cannot be
 revoked while the server runs) acts on one lease, never on a bare user name (its
-:class:`~dpone.publication.lease_scope.LeaseScope`):
+:class:`~dpone.publication.authority.lease_scope.LeaseScope`):
 
-1. holding the dispatch gate (:mod:`dpone.publication.dispatch_gate`) that every
+1. holding the dispatch gate (:mod:`dpone.publication.dispatch.dispatch_gate`) that every
    dispatch holds: the server's clock, then the lease ends (no credentials, and no
    dispatch of this lease can open a session or send from now on), then the lease's
    scope is read: its window, its query-id marks and its sessions' dispatch notes;
@@ -19,7 +19,7 @@ revoked while the server runs) acts on one lease, never on a bare user name (its
    the user's latest; only the lease's marked queries once the user was leased again;
 3. samples of ``system.processes`` for the user over a window (several, never one);
 4. the drain gate for each HTTP session of the lease
-   (:mod:`dpone.publication.session_drain`): the session is closed first
+   (:mod:`dpone.publication.authority.session_drain`): the session is closed first
    (``close_session=1``, with the principal's credentials: sessions are per user), so
    a request delayed in flight fails with 372 on arrival; only a session the close did
    not end (373: a request holds it; no answer; a probe right after it found it open)
@@ -36,18 +36,14 @@ revoked while the server runs) acts on one lease, never on a bare user name (its
    cut by a server stop or crash) is settled by the restart: the process that ran it
    is gone (``facts["query_log"]["settled_by_restart"]``);
 6. while the lease is the user's latest, the user's open sign-ins
-   (:mod:`dpone.publication.login_account`): a request of any shape the server has
+   (:mod:`dpone.publication.authority.login_account`): a request of any shape the server has
    authenticated and not ended, such as an INSERT without the session parameters
    whose body is held open, which no sample or query log shows yet.
 
-The proof is ``proven`` only when every step held; ``facts`` record all of it. The
-sessions of step 4 are the publisher's EXCHANGE session and the ingest lease's
-staging session (:mod:`dpone.staging.ingest_session`, noted under the lease's key);
-for an ingest lease ``facts["ingest_gate"]`` says whether its writes ran gated
-(``http_session``) or not (``none``: the ``client`` transport, or no session noted,
-where a late write is stopped by nothing but the samples and the query log). Every
-proof is appended to the store under the lease's step key
-(:func:`~dpone.publication.store.leases.lease_step_key`), proven or not.
+The proof is ``proven`` only when every step held; ``facts`` record all of it, and
+it is appended to the store under the lease's step key, proven or not. Step 4's
+sessions (the publisher's EXCHANGE session, the ingest lease's staging session) and an
+ingest lease's ``facts["ingest_gate"]`` are in docs/publication-principals.md.
 """
 
 from __future__ import annotations
@@ -78,23 +74,27 @@ from dpone.ports.composition_snapshot import (
     SnapshotRunRegistry,
     SourceEvidence,
 )
-from dpone.publication.dispatch_gate import Gate
-from dpone.publication.executor import (
-    SESSION_MARGIN_SECONDS,
-    SESSION_TIMEOUT_SECONDS,
-    TransportFactory,
-)
-from dpone.publication.journal_evidence import (
+from dpone.publication.authority.journal_evidence import (
     AuthorityError,
     generation_evidence,
     journal_member,
     journal_receipt,
     unverified,
 )
-from dpone.publication.lease_scope import LeaseScope
-from dpone.publication.login_account import login_findings, settle_logins, started_and_logins
-from dpone.publication.principal_issuers import PrincipalIssuer
-from dpone.publication.session_drain import CLOSED, SESSION_NOT_FOUND, SessionDrain
+from dpone.publication.authority.lease_scope import LeaseScope
+from dpone.publication.authority.login_account import (
+    login_findings,
+    settle_logins,
+    started_and_logins,
+)
+from dpone.publication.authority.session_drain import CLOSED, SESSION_NOT_FOUND, SessionDrain
+from dpone.publication.dispatch.dispatch_gate import Gate
+from dpone.publication.dispatch.executor import (
+    SESSION_MARGIN_SECONDS,
+    SESSION_TIMEOUT_SECONDS,
+    TransportFactory,
+)
+from dpone.publication.principals.principal_issuers import PrincipalIssuer
 from dpone.publication.store.leases import CLOSURE_STEP, lease_step_key
 from dpone.sql import quote_literal
 from dpone.staging.journal import JournalEvent, read_events
@@ -138,7 +138,7 @@ class SnapshotAuthority:
         note_step: Callable[[str, Mapping[str, Any]], object] | None = None,
     ) -> None:
         """``closer`` runs as the closer principal; ``scope_of`` reads what belongs to a
-        lease (:func:`dpone.publication.lease_scope.lease_scope`): its window, marks and
+        lease (:func:`dpone.publication.authority.lease_scope.lease_scope`): its window, marks and
         sessions with their dispatch notes. ``wall_clock`` is the clock the executor
         notes its answers in (Unix seconds); ``note_step`` (the store's) keeps a probe
         that found a session open, so that the next closure waits the full T again."""
@@ -565,7 +565,7 @@ class SnapshotAuthority:
 
     def _logins(self, user: str, scope: LeaseScope, first: int | None) -> dict[str, Any]:
         """The user's open sign-ins, read again while some are open (see
-        :mod:`dpone.publication.login_account`); not judged once the user was leased
+        :mod:`dpone.publication.authority.login_account`); not judged once the user was leased
         again (the new lease's requests are its own)."""
         if scope.relet:
             return {"observed": False, "open": None, "reads": 0, "skipped": "relet"}

@@ -35,7 +35,7 @@ from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_errors import ClickHouseServerError
 from dpone.ports.clickhouse_request import mutation, read
 from dpone.ports.composition_snapshot import TargetSlot
-from dpone.publication.server_access import ServerAccess
+from dpone.publication.principals.server_access import ServerAccess
 from dpone.publication.store import SnapshotStore
 from dpone.sql import quote_identifier, quote_literal
 
