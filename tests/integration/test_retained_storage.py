@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.contracts.composition_snapshot import SnapshotIntent
 from dpone.errors import DponeError
 from dpone.localserver.principal_pool import (
     CATALOG_USER,
@@ -165,6 +166,44 @@ def test_the_recorded_uuids_are_every_intents_a_and_b_of_the_database(
     uuids = recorded_table_uuids(SqliteSnapshotStore(rig.store_path))
     assert uuids(rig.database) == {prepared.target_uuid, prepared.generation_uuid}
     assert uuids("another_database") == frozenset()
+
+
+def test_each_intent_is_parsed_once_a_process_and_a_new_one_is_counted(
+    retained_server: tuple[Path, int, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The history grows by every table of every run: an observation reads the
+    database's intent digests and parses only the intents stored since (issue 33)."""
+    parsed: list[bytes] = []
+    real = SnapshotIntent.from_bytes
+
+    def counted(data: bytes) -> SnapshotIntent:
+        parsed.append(data)
+        return real(data)
+
+    monkeypatch.setattr(SnapshotIntent, "from_bytes", staticmethod(counted))
+    rig = rig_for(retained_server, tmp_path, "ret_once")
+    first = rig.prepare(rig.stage(B_ROWS, "once-b"), "t")
+    store = SqliteSnapshotStore(rig.store_path)
+    uuids, names = recorded_table_uuids(store), recorded_target_names(store)
+    for _ in range(3):
+        assert uuids(rig.database) == {first.target_uuid, first.generation_uuid}
+        assert names(rig.database) == {"t"}
+    other = rig.stage(B_ROWS, "once-c")
+    rig.existing_target(other, "u", [])
+    second = rig.prepare(other, "u")
+    for _ in range(3):
+        assert uuids(rig.database) == {
+            first.target_uuid,
+            first.generation_uuid,
+            second.target_uuid,
+            second.generation_uuid,
+        }
+        assert names(rig.database) == {"t", "u"}
+    # Each intent was parsed once by the recorded-UUID reads, however often they ran
+    # (the prepares' own reads of their intents are the rest).
+    intents = [s.intent_bytes for s in store.list_snapshots()]
+    recorded = [data for data in parsed if data in intents]
+    assert len(recorded) <= 2 * 2, len(recorded)
 
 
 def test_another_slots_live_target_is_not_this_slots_retained_storage(

@@ -34,6 +34,7 @@ from tests.publication_harness import Rig, Row
 # in another's retained bytes.
 DATABASES = (
     *("ret_copy", "ret_first", "ret_gone", "ret_null", "ret_fail", "ret_ref", "ret_two"),
+    "ret_once",
     *("head_stream", "head_zero", "head_retained", "head_publish"),  # test_publish_headroom
 )
 

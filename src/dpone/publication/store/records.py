@@ -116,6 +116,16 @@ class SnapshotRecords:
             raise _not_found(intent_sha256)
         return StoredSnapshot(intent_sha256, bytes(row[0]), bytes(row[1]), row[2])
 
+    def intent_keys(self, database: str) -> list[str]:
+        """The digest of every intent of ``database``, oldest first, without its bytes."""
+        with self.connections.reading("intent_keys") as conn:
+            rows = conn.execute(
+                "SELECT intent_sha256 FROM intents WHERE database = ?"
+                " ORDER BY created_at, intent_sha256",
+                (database,),
+            ).fetchall()
+        return [str(row[0]) for row in rows]
+
     def list_snapshots(self) -> list[SnapshotSummary]:
         """Every intent with its current state, oldest first (for status and lookups)."""
         with self.connections.reading("list") as conn:

@@ -140,6 +140,10 @@ class SnapshotStore:
         """The stored intent and current record (``snapshot_not_found`` when absent)."""
         return self._records.load(intent_sha256)
 
+    def intent_keys(self, database: str) -> list[str]:
+        """The digests of ``database``'s intents (:meth:`SnapshotRecords.intent_keys`)."""
+        return self._records.intent_keys(database)
+
     def list_snapshots(self) -> list[SnapshotSummary]:
         """Every intent with its current state, oldest first (for status and lookups)."""
         return self._records.list_snapshots()
