@@ -12,7 +12,7 @@ import hashlib
 import multiprocessing
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from dpone.publication.store import (
     store_exists,
 )
 from dpone.publication.store.leases import CLOSURE_STEP, lease_step_key
+from dpone.publication.store.parsed_intents import parsed_intents
 from dpone.publication.store.postgres import check_store_url, is_store_url
 
 SLOT = TargetSlot("sales", "orders")
@@ -262,6 +263,38 @@ def test_only_a_leases_last_closure_says_whether_it_was_proven(location: StoreLo
     assert not store.closure_proven(lease)
     store.note_step(key, {"step": CLOSURE_STEP, "proven": True})
     assert store.closure_proven(lease)
+
+
+def test_intents_are_listed_by_digest_and_read_by_digest(location: StoreLocation) -> None:
+    store = open_store(location)
+    _, first = prepare(store, "attempt-1")
+    other = TargetSlot("other", "orders")
+    admission = store.admit(other, "attempt-2")
+    intent = canonical_json.dumps({"attempt": "attempt-2"})
+    authority = ParentAuthority(admission.parent_request, other, admission.epochs.slot_epoch)
+    store.create(intent, PREPARED, authority)
+    second = hashlib.sha256(intent).hexdigest()
+    assert store.intent_keys() == [first, second]
+    assert (store.intent_keys("sales"), store.intent_keys("other")) == ([first], [second])
+    assert store.intent_keys("nowhere") == []
+    many = [first, *(f"{n:064x}" for n in range(1_200)), second]  # past one query's keys
+    found = store.intent_bytes(many)
+    assert found == {first: store.load(first).intent_bytes, second: intent}
+
+
+class _LosesIntentBytes:
+    def intent_bytes(self, keys: Sequence[str]) -> dict[str, bytes]:
+        return {}
+
+
+def test_an_intent_listed_without_its_bytes_is_unavailable_never_left_out(
+    location: StoreLocation,
+) -> None:
+    _, sha = prepare(open_store(location))
+    with pytest.raises(SnapshotStoreError) as caught:
+        parsed_intents(with_fault(location, _LosesIntentBytes), "sales")
+    assert caught.value.code == "store_unavailable"
+    assert caught.value.details["intent_sha256"] == sha
 
 
 class _CommitThenRaise:

@@ -32,7 +32,6 @@ from typing import Any
 
 from dpone.contracts.composition_snapshot import (
     QUERY_ID_PREFIX,
-    SnapshotIntent,
     exchange_session_id,
 )
 from dpone.errors import StateError
@@ -45,6 +44,7 @@ from dpone.publication.dispatch.dispatch_notes import (
     session_use,
 )
 from dpone.publication.store import SnapshotStore, lease_step_key
+from dpone.publication.store.parsed_intents import parsed_intents
 from dpone.staging.ingest_session import ingest_session_id
 
 STAGING_QUERY_ID_PREFIX = "dpone-b02"
@@ -105,8 +105,9 @@ def lease_scope(store: SnapshotStore, principal: PrincipalRef) -> LeaseScope:
             derived = ingest_session_id(record.lease.attempt_id)
             sessions.append(SessionUse(derived, False, None, key, derived=True))
     else:
-        for summary in store.list_snapshots():
-            intent = SnapshotIntent.from_bytes(summary.intent_bytes)
+        # Every intent ever stored is asked (a publisher's lease is bound by its intent
+        # alone), each parsed once a process (store/parsed_intents.py).
+        for intent in parsed_intents(store):
             if intent.publisher.lease_id == principal.lease_id:
                 marks.append(f"{QUERY_ID_PREFIX}-{intent.sha256[:32]}-")
                 key = dispatch_step_key(intent.sha256)

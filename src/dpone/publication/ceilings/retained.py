@@ -27,6 +27,7 @@ from dpone.publication.ceilings.stream_ceilings import STORED_CODE
 from dpone.publication.publisher.receipts import SnapshotPublicationError
 from dpone.publication.publisher.rules import ceiling_exceeded
 from dpone.publication.store import SnapshotSummary
+from dpone.publication.store.parsed_intents import parsed_intents
 from dpone.staging.contract import StagingPolicy
 
 RETAINED_CEILING = "retained_storage_bytes"
@@ -42,34 +43,13 @@ class SnapshotListing(Protocol):
         """Every intent with its current state, oldest first."""
         ...
 
-    def intent_keys(self, database: str) -> Sequence[str]:
-        """The digest of every intent of ``database``, without its bytes."""
+    def intent_keys(self, database: str | None = None) -> Sequence[str]:
+        """The digest of every intent (of ``database``), oldest first."""
         ...
 
-
-# What an intent recorded (its target's name, A's and B's UUIDs), by its digest. An
-# intent's bytes never change under their digest, so each is parsed once a process:
-# an observation then reads the database's digests and parses only the intents
-# stored since (the history grows by every table of every run).
-_RECORDED: dict[str, tuple[str, str, str]] = {}
-_RECORDED_AT_MOST = 200_000
-
-
-def _recorded(store: SnapshotListing, database: str) -> list[tuple[str, str, str]]:
-    """``(target table, target UUID, generation UUID)`` of each intent of ``database``."""
-    keys = store.intent_keys(database)
-    if any(key not in _RECORDED for key in keys):
-        if len(_RECORDED) > _RECORDED_AT_MOST:
-            _RECORDED.clear()
-        for stored in stored_intents(store, database, parse=set(keys) - set(_RECORDED)):
-            intent = stored.intent
-            _RECORDED[stored.summary.intent_sha256] = (
-                intent.target_table,
-                intent.target_uuid,
-                intent.generation_uuid,
-            )
-    # An intent is never removed from a store: one listed is always found.
-    return [_RECORDED[key] for key in keys]
+    def intent_bytes(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """The stored bytes of the intents of these digests."""
+        ...
 
 
 class StoredIntent(NamedTuple):
@@ -80,13 +60,9 @@ class StoredIntent(NamedTuple):
 
 
 def stored_intents(
-    store: SnapshotListing,
-    database: str,
-    target: str | None = None,
-    parse: set[str] | None = None,
+    store: SnapshotListing, database: str, target: str | None = None
 ) -> list[StoredIntent]:
-    """Every intent the store holds for ``database`` (or its slot ``target``), oldest first
-    (``parse``: only those of these digests).
+    """Every intent the store holds for ``database`` (or its slot ``target``), oldest first.
 
     Only the listed intents are parsed: another database's or slot's documents are
     not read.
@@ -94,9 +70,7 @@ def stored_intents(
     return [
         StoredIntent(summary, SnapshotIntent.from_bytes(summary.intent_bytes))
         for summary in store.list_snapshots()
-        if summary.database == database
-        and target in (None, summary.target_table)
-        and (parse is None or summary.intent_sha256 in parse)
+        if summary.database == database and target in (None, summary.target_table)
     ]
 
 
@@ -110,7 +84,8 @@ def recorded_table_uuids(store: SnapshotListing) -> Callable[[str], frozenset[st
     """
 
     def uuids(database: str) -> frozenset[str]:
-        return frozenset(u for _, a, b in _recorded(store, database) for u in (a, b))
+        recorded = parsed_intents(store, database)
+        return frozenset(u for i in recorded for u in (i.target_uuid, i.generation_uuid))
 
     return uuids
 
@@ -195,6 +170,6 @@ def recorded_target_names(store: SnapshotListing) -> Callable[[str], frozenset[s
     """
 
     def names(database: str) -> frozenset[str]:
-        return frozenset(target for target, _, _ in _recorded(store, database))
+        return frozenset(intent.target_table for intent in parsed_intents(store, database))
 
     return names

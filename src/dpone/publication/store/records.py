@@ -9,7 +9,7 @@ a fresh connection.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,9 @@ from dpone.publication.store.chain import ChainCheck, verify_chain
 from dpone.publication.store.connections import StoreConnection, StoreConnections, StoreHooks
 from dpone.publication.store.errors import SnapshotStoreError
 from dpone.publication.store.schema import decode_facts, now
+
+# Digests asked in one query (SQLite binds at most 32766 parameters).
+_KEYS_A_QUERY = 500
 
 
 @dataclass(frozen=True)
@@ -116,15 +119,29 @@ class SnapshotRecords:
             raise _not_found(intent_sha256)
         return StoredSnapshot(intent_sha256, bytes(row[0]), bytes(row[1]), row[2])
 
-    def intent_keys(self, database: str) -> list[str]:
-        """The digest of every intent of ``database``, oldest first, without its bytes."""
+    def intent_keys(self, database: str | None = None) -> list[str]:
+        """The digest of every intent (of ``database``), oldest first, without its bytes."""
+        where, parameters = ("WHERE database = ? ", (database,)) if database else ("", ())
         with self.connections.reading("intent_keys") as conn:
             rows = conn.execute(
-                "SELECT intent_sha256 FROM intents WHERE database = ?"
-                " ORDER BY created_at, intent_sha256",
-                (database,),
+                f"SELECT intent_sha256 FROM intents {where}ORDER BY created_at, intent_sha256",
+                parameters,
             ).fetchall()
         return [str(row[0]) for row in rows]
+
+    def intent_bytes(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """The stored bytes of the intents of these digests (those stored)."""
+        found: dict[str, bytes] = {}
+        with self.connections.reading("intent_bytes") as conn:
+            for start in range(0, len(keys), _KEYS_A_QUERY):
+                chunk = keys[start : start + _KEYS_A_QUERY]
+                rows = conn.execute(
+                    "SELECT intent_sha256, intent_bytes FROM intents WHERE intent_sha256 IN "
+                    f"({', '.join('?' for _ in chunk)})",
+                    tuple(chunk),
+                ).fetchall()
+                found.update((str(row[0]), bytes(row[1])) for row in rows)
+        return found
 
     def list_snapshots(self) -> list[SnapshotSummary]:
         """Every intent with its current state, oldest first (for status and lookups)."""

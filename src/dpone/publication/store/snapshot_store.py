@@ -19,7 +19,7 @@ faults); :class:`SnapshotStore` itself opens a SQLite file, as it always did.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -140,9 +140,13 @@ class SnapshotStore:
         """The stored intent and current record (``snapshot_not_found`` when absent)."""
         return self._records.load(intent_sha256)
 
-    def intent_keys(self, database: str) -> list[str]:
-        """The digests of ``database``'s intents (:meth:`SnapshotRecords.intent_keys`)."""
+    def intent_keys(self, database: str | None = None) -> list[str]:
+        """The digests of the intents (of ``database``): :meth:`SnapshotRecords.intent_keys`."""
         return self._records.intent_keys(database)
+
+    def intent_bytes(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """The bytes of these intents (:meth:`SnapshotRecords.intent_bytes`)."""
+        return self._records.intent_bytes(keys)
 
     def list_snapshots(self) -> list[SnapshotSummary]:
         """Every intent with its current state, oldest first (for status and lookups)."""
