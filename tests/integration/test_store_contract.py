@@ -265,7 +265,7 @@ def test_only_a_leases_last_closure_says_whether_it_was_proven(location: StoreLo
     assert store.closure_proven(lease)
 
 
-def test_intents_are_listed_by_digest_and_read_by_digest(location: StoreLocation) -> None:
+def test_intents_are_listed_by_digest_or_slot_and_read_by_digest(location: StoreLocation) -> None:
     store = open_store(location)
     _, first = prepare(store, "attempt-1")
     other = TargetSlot("other", "orders")
@@ -277,6 +277,10 @@ def test_intents_are_listed_by_digest_and_read_by_digest(location: StoreLocation
     assert store.intent_keys() == [first, second]
     assert (store.intent_keys("sales"), store.intent_keys("other")) == ([first], [second])
     assert store.intent_keys("nowhere") == []
+    listed = {slot: [x.intent_sha256 for x in store.list_snapshots(slot)] for slot in (SLOT, other)}
+    assert listed == {SLOT: [first], other: [second]}
+    assert [x.intent_sha256 for x in store.list_snapshots()] == [first, second]
+    assert store.list_snapshots(TargetSlot("sales", "nothing")) == []
     many = [first, *(f"{n:064x}" for n in range(1_200)), second]  # past one query's keys
     found = store.intent_bytes(many)
     assert found == {first: store.load(first).intent_bytes, second: intent}

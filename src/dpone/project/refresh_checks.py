@@ -137,11 +137,8 @@ class RefreshChecks:
         # Opened as the publication opens it: another table's refresh may be creating it
         # this very moment, and the store's own transaction settles who does.
         store = open_store(self.project.store)
-        for summary in store.list_snapshots():
-            if summary.blocking and (summary.database, summary.target_table) == (
-                table.database,
-                table.target,
-            ):
+        for summary in store.list_snapshots(TargetSlot(table.database, table.target)):
+            if summary.blocking:
                 # Its database dropped (and maybe created again): reconcile can prove
                 # nothing there any more, abandon frees the target.
                 recorded = SnapshotIntent.from_bytes(summary.intent_bytes).database_uuid

@@ -23,6 +23,7 @@ from typing import NamedTuple, Protocol
 
 from dpone.contracts.composition_snapshot import SnapshotIntent, SnapshotLimits
 from dpone.errors import DponeError
+from dpone.ports.composition_snapshot import TargetSlot
 from dpone.publication.ceilings.stream_ceilings import STORED_CODE
 from dpone.publication.publisher.receipts import SnapshotPublicationError
 from dpone.publication.publisher.rules import ceiling_exceeded
@@ -39,8 +40,8 @@ STREAM_BOUND_CODES = frozenset({"spool_budget_exceeded", "body_limit_exceeded"})
 class SnapshotListing(Protocol):
     """The part of a snapshot store that lists every stored intent."""
 
-    def list_snapshots(self) -> Sequence[SnapshotSummary]:
-        """Every intent with its current state, oldest first."""
+    def list_snapshots(self, slot: TargetSlot | None = None) -> Sequence[SnapshotSummary]:
+        """Every intent (of ``slot``) with its current state, oldest first."""
         ...
 
     def intent_keys(self, database: str | None = None) -> Sequence[str]:
@@ -67,9 +68,10 @@ def stored_intents(
     Only the listed intents are parsed: another database's or slot's documents are
     not read.
     """
+    listed = store.list_snapshots(None if target is None else TargetSlot(database, target))
     return [
         StoredIntent(summary, SnapshotIntent.from_bytes(summary.intent_bytes))
-        for summary in store.list_snapshots()
+        for summary in listed
         if summary.database == database and target in (None, summary.target_table)
     ]
 

@@ -16,7 +16,12 @@ from typing import Any
 from dpone.contracts import canonical_json
 from dpone.contracts.composition_snapshot import SnapshotState, check_transition, revision_ok
 from dpone.contracts.fields import DocumentError, check_type
-from dpone.ports.composition_snapshot import HistoryEntry, ParentAuthority, StoredSnapshot
+from dpone.ports.composition_snapshot import (
+    HistoryEntry,
+    ParentAuthority,
+    StoredSnapshot,
+    TargetSlot,
+)
 from dpone.publication.store.admission import (
     NOT_ABANDONED,
     UNRESOLVED_STATES,
@@ -143,14 +148,21 @@ class SnapshotRecords:
                 found.update((str(row[0]), bytes(row[1])) for row in rows)
         return found
 
-    def list_snapshots(self) -> list[SnapshotSummary]:
-        """Every intent with its current state, oldest first (for status and lookups)."""
+    def list_snapshots(self, slot: TargetSlot | None = None) -> list[SnapshotSummary]:
+        """Every intent (of ``slot``) with its current state, oldest first (for status and
+        lookups; a slot's alone is what a refresh's check reads, not the whole history)."""
+        where, parameters = (
+            (" WHERE i.database = ? AND i.target_table = ?", (slot.database, slot.table))
+            if slot is not None
+            else ("", ())
+        )
         with self.connections.reading("list") as conn:
             rows = conn.execute(
                 "SELECT i.intent_sha256, i.database, i.target_table, i.created_at, r.state,"
                 f" r.revision, i.intent_bytes, CASE WHEN {NOT_ABANDONED} THEN 0 ELSE 1 END"
-                " FROM intents i JOIN records r USING (intent_sha256)"
-                " ORDER BY i.created_at, i.intent_sha256"
+                f" FROM intents i JOIN records r USING (intent_sha256){where}"
+                " ORDER BY i.created_at, i.intent_sha256",
+                parameters,
             ).fetchall()
         return [
             SnapshotSummary(

@@ -148,9 +148,9 @@ class SnapshotStore:
         """The bytes of these intents (:meth:`SnapshotRecords.intent_bytes`)."""
         return self._records.intent_bytes(keys)
 
-    def list_snapshots(self) -> list[SnapshotSummary]:
-        """Every intent with its current state, oldest first (for status and lookups)."""
-        return self._records.list_snapshots()
+    def list_snapshots(self, slot: TargetSlot | None = None) -> list[SnapshotSummary]:
+        """Every intent (of ``slot``) with its state (:meth:`SnapshotRecords.list_snapshots`)."""
+        return self._records.list_snapshots(slot)
 
     def compare_and_set(
         self,
