@@ -27,6 +27,7 @@ class ModuleStats:
     docstring_words: int
     module_words: int
     module_lines: int
+    module_paragraphs: int
 
 
 def _docstring_node(node: _Documented) -> ast.Constant | None:
@@ -43,6 +44,11 @@ def _docstring_node(node: _Documented) -> ast.Constant | None:
     return None
 
 
+def _paragraphs(text: str) -> int:
+    """The number of blank-line-separated blocks in ``text`` (its summary line is one)."""
+    return len([block for block in text.strip().split("\n\n") if block.strip()])
+
+
 def module_stats(path: Path) -> ModuleStats:
     """Count one module's code lines and docstring words."""
     source = path.read_text(encoding="utf-8")
@@ -51,6 +57,7 @@ def module_stats(path: Path) -> ModuleStats:
     words = 0
     module_words = 0
     module_lines = 0
+    module_paragraphs = 0
     for node in ast.walk(tree):
         if not isinstance(node, _Documented):
             continue
@@ -64,12 +71,13 @@ def module_stats(path: Path) -> ModuleStats:
         if isinstance(node, ast.Module):
             module_words = count
             module_lines = end - constant.lineno + 1
+            module_paragraphs = _paragraphs(str(constant.value))
     code = 0
     for number, line in enumerate(source.splitlines(), start=1):
         stripped = line.strip()
         if stripped and not stripped.startswith("#") and number not in docstring_lines:
             code += 1
-    return ModuleStats(path, code, words, module_words, module_lines)
+    return ModuleStats(path, code, words, module_words, module_lines, module_paragraphs)
 
 
 def main(argv: list[str]) -> int:
@@ -91,6 +99,8 @@ def main(argv: list[str]) -> int:
     print(f"words per line of code: {words / code:.2f}")
     print(f"in module docstrings: {module_words} words ({module_words / words:.0%})")
     print(f"module docstrings over 8 lines: {sum(s.module_lines > 8 for s in stats)}")
+    longer = sum(s.module_paragraphs > 2 for s in stats)
+    print(f"module docstrings of more than a summary and one paragraph: {longer}")
     print(f"\nlongest module docstrings (lines, words), top {top}:")
     longest = sorted(stats, key=lambda s: (-s.module_lines, str(s.path)))[:top]
     for s in longest:
