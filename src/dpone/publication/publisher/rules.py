@@ -1,13 +1,28 @@
 """The pre-publish rules: what must hold of the catalog's observations before a publication.
 
-Each rule is one function that judges observations (read by
-:mod:`dpone.publication.catalog`) and returns a :class:`Refusal` (a stable code, the
-facts behind it and a message) or None; ``prepare`` raises it as its typed error
-(:meth:`Refusal.error`), the dispatch returns its code as the NOT_SENT reason and notes
-its facts (:meth:`Refusal.noted_facts`). A new check before publish is one more function
-here, added to :func:`generation_refusal` and :func:`exchange_refusal` alike. The rules
-and the path each serves are listed in docs/publication-catalog.md ("The rules that
-judge an observation").
+Each rule is one function that judges observations (read by :mod:`dpone.publication.catalog`)
+and returns a :class:`Refusal` (a stable code, the facts behind it and a message) or
+None. ``prepare`` raises a refusal as its typed error (:meth:`Refusal.error`); the
+dispatch before the EXCHANGE returns its code as the NOT_SENT reason and notes its facts
+in the intent's history (:meth:`Refusal.noted_facts`). A new check before publish is one
+more function here, added to :func:`generation_refusal` (prepare) and
+:func:`exchange_refusal` (dispatch) alike.
+
+Rules both paths apply:
+
+- :func:`side_effects`: neither table has a blocker (``side_effect_present``; prepare
+  applies it as soon as it observes, and again after a CREATE);
+- :func:`design`: the target keeps the design it had, the generation has the one
+  published (``design_mismatch``);
+- :func:`content`: the generation holds the staged rows and digest (``content_mismatch``);
+- :func:`ceilings`: every observed size is within its ceiling (``limit_exceeded``).
+
+Rules of one path, whose codes say which path refused:
+
+- prepare: :func:`reopened_evidence` (``evidence_unverified``), :func:`staged_generation`
+  (``evidence_unverified``), :func:`target_visible` (``catalog_unobservable``);
+- dispatch: :func:`named_tables` (``table_missing``, ``uuid_pair_changed``);
+- a refresh's first checks: :func:`absent_writers` (``side_effect_present``).
 """
 
 from __future__ import annotations
