@@ -1,24 +1,14 @@
 """File durability: a file appears under its final name only complete and synced.
 
-Two mechanisms share one temporary-file discipline (a hidden sibling created with
-``O_EXCL``, fsynced, renamed, the directory fsynced):
-
-- :func:`atomic_output` / :func:`atomic_write_bytes` replace one file of dpone's own
-  (server state, configuration);
-- :func:`atomic_outputs` writes a user's outputs (an exported file and its receipt):
-  every output is checked against every input and against the other outputs before
-  anything is written, an existing output is refused unless ``force``, and the outputs
-  are renamed together at the end, in order, so either all of them appear or none.
-
-Both create their files 0600: an export is a whole table in plain text, and a receipt
-describes it. :func:`private_directories` creates the directories dpone makes for them
-0700 (an existing directory keeps the mode its owner gave it).
-
-A writer removes its temporary file on any exception (Ctrl-C and SIGTERM included),
-but a process killed with SIGKILL runs no cleanup. So every writer holds an ``flock``
-on its temporary file from its creation until its rename, and the kernel drops it
-with the process: :func:`remove_stale_partials` (which :func:`atomic_outputs` runs for
-each output before writing it) removes the siblings nobody holds, and only those.
+Every writer uses one temporary-file discipline (a hidden sibling created with
+``O_EXCL`` and held by ``flock`` until its rename, fsynced, renamed, the directory
+fsynced): :func:`atomic_output` and :func:`atomic_write_bytes` replace one file of
+dpone's own; :func:`atomic_outputs` writes a user's outputs (an export and its receipt),
+checked against every input and each other first, refused if they exist unless
+``force``, and renamed together at the end, so all appear or none. Files are created
+0600, the directories :func:`private_directories` makes 0700, and
+:func:`remove_stale_partials` removes the temporary siblings no living writer holds.
+See docs/bulk-text-format.md and docs/operations.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The stable code of every error dpone raises, with what it means: one registry.
 
-Every :class:`dpone.errors.DponeError` carries a ``code`` (``[code] message`` when
-printed, ``code`` in ``--json`` output), set by its class or by the raiser. This module
-is the one list of those codes: each line of :data:`_TABLE` is ``code: meaning``, the
-meaning written from what the raising code does. ``tests/unit/test_error_codes.py``
-holds it to the source (every code raised is here, and every code here is raised) and
-to ``docs/errors.md``, which :func:`errors_markdown` writes (``scripts/errors_md.py``).
-
-A few codes are composed where they are raised: ``response_`` and the HTTP framing
-fault, ``lease_holder_`` and the holder's liveness, ``publication_`` and the state a
-publication ended in, ``receipt_..._mismatch`` and what differs. Each one a raiser can
-compose is listed.
+Every :class:`dpone.errors.DponeError` carries a ``code``; each line of :data:`_TABLE`
+is ``code: meaning``, written from what the raising code does, and lists the codes a
+raiser composes too. ``tests/unit/test_error_codes.py`` holds it to the source and to
+``docs/errors.md``, which :func:`errors_markdown` writes (``scripts/errors_md.py``). See
+docs/architecture.md ("An error code").
 """
 
 from __future__ import annotations

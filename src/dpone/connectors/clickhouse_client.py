@@ -1,16 +1,12 @@
 """The controlled native-protocol transport: a configured ``clickhouse-client`` child.
 
-The spool goes to the child's stdin; stdout and stderr are read without blocking and
-with caps; the absolute deadline is checked on every turn and before and after the
-final wait. Credentials travel in an anonymous in-memory configuration file passed
-as ``/dev/fd/N`` (:func:`client_config`): no file holding them is ever left on disk,
-and they are never in argv or the environment of other processes. On any
-BaseException (KeyboardInterrupt included) the child is killed and reaped first.
-
-An old client cannot send every pinned setting (Debian's 18.16 does not know
-``async_insert``). A mutation is then sent only after a read through the same client
-proved that the server's profile gives each such setting its pinned value; otherwise
-it is refused before anything is sent (``pinned_settings_not_sent``).
+The spool goes to the child's stdin, its output is read without blocking and with caps,
+and the absolute deadline is checked on every turn; credentials travel in an anonymous
+in-memory configuration file passed as ``/dev/fd/N`` (:func:`client_config`), never on
+disk, in argv or in the environment; on any BaseException the child is killed and
+reaped first. A client too old to send every pinned setting sends a mutation only after
+a read proved the server's profile pins them (``pinned_settings_not_sent`` otherwise).
+See docs/transports.md ("Client transport").
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """Binding an endpoint to a nonzero server identity and its target database.
 
-``serverUUID()`` is the server's own identity. The managed local server (the chdb
-engine) reports the Nil UUID, which is never an identity; there dpone keeps a
-persistent identity of its own: the UUID of the database ``_dpone_identity`` on that
-server, created once, and records that this is where the identity came from. Creating
-it is a mutation: the caller passes ``establish``, which journals a durable intent
-and sends the statement under its own query id; without ``establish`` a missing
-identity database is an error (a re-check must never create one).
-
-Also here: who the server says the caller is (:func:`observe_principal`) and how
-long it has been running (:func:`observe_server_start`).
+``serverUUID()`` is the server's own identity; where it is Nil (the managed server)
+dpone uses the UUID of its ``_dpone_identity`` database and records that source.
+Creating that database is a mutation: only a caller that passes ``establish`` (which
+journals a durable intent and sends it under its own query id) creates it, and a
+re-check never does. Also here: who the server says the caller is
+(:func:`observe_principal`) and when it started (:func:`observe_server_start`). See
+docs/transports.md ("Endpoint identity").
 """
 
 from __future__ import annotations

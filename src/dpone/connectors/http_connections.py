@@ -1,17 +1,11 @@
 """HTTP connections kept between requests, and the count of what was sent.
 
-A connection is kept only after a response framed completely with no byte after it,
-from a server that did not ask to close and said how long it keeps an idle
-connection (``Keep-Alive: timeout=N``). It is taken again only well within that time
-and only if nothing arrived on it while it was idle (a peer that closed it, or bytes
-no request asked for). Anything else closes it. A request is never sent again on
-another connection: a kept connection that fails is that request's failure, exactly
-as a new one's would be, and its outcome is proven the same way.
-
-The connection itself (:class:`PinnedConnection`) lands on one pinned address, proves
-it, and completes a verified TLS handshake (:func:`tls_context`) before any byte of a
-request. Connections are keyed by where they lead (the pinned address, the port, the host
-name and the TLS trust), never by user: ClickHouse authenticates every request.
+A connection is kept only after a response framed completely from a server that offered
+``Keep-Alive: timeout=N``, taken again only well within that time and only if nothing
+arrived on it while idle, and keyed by where it leads, never by user. A request is never
+sent again on another connection. :class:`PinnedConnection` lands on one pinned address,
+proves it and completes a verified TLS handshake (:func:`tls_context`) before any byte
+of a request. See docs/transports.md ("HTTP transport").
 """
 
 from __future__ import annotations

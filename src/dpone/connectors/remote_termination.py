@@ -1,14 +1,11 @@
 """Proving that a query has stopped on the server.
 
-Stopping local I/O says nothing about the server: a query keeps running when its
-connection is lost. Remote completion is proven only by
-``KILL QUERY WHERE query_id = '<id>' SYNC`` output that names that query as finished,
-or by ``system.query_log`` entries that record the query's terminal event. Empty or
-missing output is unknown. Never a wildcard KILL: the statement always names one id.
-
-Query ids are chosen by callers (attempt ids come from users), so a query-log entry
-proves something about *our* query only when its user, its database and its start
-time match the request that was dispatched (:class:`QueryOrigin`).
+A query keeps running when its connection is lost, so remote completion is proven only
+by ``KILL QUERY WHERE query_id = '<id>' SYNC`` output naming that query as finished, or
+by ``system.query_log`` entries recording its terminal event, and only for a query whose
+user, database and start time match the request dispatched (:class:`QueryOrigin`);
+empty or missing output is unknown, and a KILL always names one id. See
+docs/transports.md ("Remote termination").
 """
 
 from __future__ import annotations

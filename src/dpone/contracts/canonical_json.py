@@ -1,20 +1,10 @@
 """Canonical JSON: the one encoding of every document dpone writes.
 
-Rules (see ``docs/canonical-json.md``):
-
-- UTF-8 bytes, no BOM; objects with keys sorted by code point; no insignificant
-  whitespace (``,`` and ``:`` separators).
-- Values are objects, arrays, strings, integers, ``true``, ``false`` and ``null``.
-  There are no floating-point numbers at all (decimals travel as strings), so there
-  is no NaN, no infinity and no question of how to print a float.
-- Strings: ``"`` and ``\\`` escaped with a backslash; U+0000..U+001F as ``\\b \\t \\n
-  \\f \\r`` where JSON has a short form, else ``\\u00XX`` (lowercase hex); U+007F and
-  everything above written as raw UTF-8. Lone surrogates are refused.
-- Integers in decimal without leading zeros, ``-0`` refused.
-
-``loads`` accepts exactly the bytes ``dumps`` would produce for what it parsed:
-duplicate members, floats, NaN, BOMs, whitespace and escapes in other spellings are
-all refused.
+UTF-8 without BOM, keys sorted by code point, no insignificant whitespace, no
+floating-point numbers, one spelling of every string and integer (the rules are in
+``docs/canonical-json.md``). :func:`dumps` writes it, and :func:`loads` accepts exactly
+the bytes ``dumps`` would produce for what it parsed: duplicate members, floats, NaN,
+BOMs, whitespace and escapes in other spellings are all refused.
 """
 
 from __future__ import annotations

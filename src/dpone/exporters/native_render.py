@@ -1,14 +1,11 @@
 """The compiled renderer (``native/render.c``): driver rows to bulk text records, in C.
 
-Held to the Python renderer's bytes (``render.py`` with the codec), which stays the
-specification: it takes a row only when it gives exactly the record the Python path
-gives, and otherwise *declines* it, stopping before that row, which the caller renders
-in Python (writing it, or naming what is wrong). It never decides a refusal.
-
-The extension module is built by ``scripts/build_native.sh`` next to its source, one
-per Python version (``_render`` with the interpreter's extension suffix). Where it is
-missing or cannot be imported, or ``DPONE_NATIVE=0`` is set, the Python path renders
-alone: the same bytes, several times slower.
+Held to the Python renderer's bytes (``render.py``, which stays the specification): it
+takes a row only when it gives exactly the record the Python path gives, and otherwise
+*declines* it, for the Python path to render or refuse; it never decides a refusal.
+Built by ``scripts/build_native.sh`` next to its source, one per Python version; where
+it is missing, cannot be imported, or ``DPONE_NATIVE=0`` is set, the Python path renders
+alone, with the same bytes.
 """
 
 from __future__ import annotations

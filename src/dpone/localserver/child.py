@@ -1,33 +1,14 @@
 """Entry point of the server process: ``python -m dpone.localserver.child``.
 
-Runs in a process of its own because the embedded engine allows one server per
-process and nothing else of chdb beside it.
-
-The engine runs its own session (one batch of statements) as ``default`` with an
-empty password, which chdb 4.4 offers no way to change. So that passwordless user
-may do nothing but open and close the listeners (``SYSTEM LISTEN``), and the batch
-needs nothing more:
-
-1. ``SYSTEM START LISTEN HTTP`` and ``TCP``;
-2. the chosen ports into the listen file with ``INTO OUTFILE``: the engine's client
-   side writes it, which needs no grant (``file()`` would need ``FILE``);
-3. a statement that blocks without any privilege: a sleep over ``numbers()``, named
-   with a random tag so that its query id can be found.
-
-Everything else is the administrator's (``dpone_admin``, password read from the
-credentials file), sent over HTTP by a control thread of this process: once the
-listen file appears it flushes the logs and restores the saved query log, then
-writes the ports file, the parent's readiness signal. A line in the control FIFO
-(the parent's clean stop, or this process's parent-death watchdog) makes it flush
-the logs, save the query log and ``KILL QUERY`` the blocking statement by its query
-id; the batch then ends and the process exits.
-
-The query log is saved because this engine keeps its ``system`` database in memory:
-at the next start ``system.query_log`` is created anew and the parts on disk are
-removed. Recovery needs the log of queries run before a restart (a query found
-there has ended), so a clean stop exports it and the next start inserts it back.
-
-Exit codes tell the parent what went wrong before readiness.
+Runs in a process of its own because the embedded engine allows one server per process
+and nothing else of chdb beside it. The engine's own batch, as the passwordless
+``default``, only opens the listeners, writes their ports to the listen file and blocks
+in a sleep named with a random tag; everything else is done over HTTP by a control
+thread as the administrator: restoring the saved query log and writing the ports file
+(the parent's readiness signal) at start, and at a line in the control FIFO flushing
+and saving the query log and killing the blocking statement, after which the process
+exits. Exit codes tell the parent what went wrong before readiness. See
+docs/local-server.md ("How the server runs", "The query log across restarts").
 """
 
 from __future__ import annotations

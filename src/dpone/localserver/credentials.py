@@ -1,22 +1,12 @@
 """The managed server's passwords: generated once, kept private, rotated on request.
 
-<data_dir>/run/credentials.json        the passwords the running server accepts
-<data_dir>/run/credentials.next.json   a rotation waiting for the next start
-
-Both files are 0600 inside the 0700 ``run/`` directory and hold
-``{"users": [{"user": ..., "password": ...}, ...]}``. They list the users whose
-password dpone generated (every declared user without one); a password the caller
-declared stays the caller's. Only SHA-256 hashes reach ``users.xml``, and the server
-reads that file at start only, so a rotation is written beside the active file and
-takes effect at the next start: until then every dpone command keeps using the
-passwords the server accepts.
-
-The administrator is ``dpone_admin`` (:data:`ADMIN_USER`), whose password is
-generated like any other. The exception is ``default`` (:data:`ENGINE_USER`): the
-embedded engine runs its own session (the batch that opens the listeners) as
-``default`` with an empty password, and chdb 4.4 offers no way to give that session a
-password. ``default`` therefore has no password, is absent from these files, and may
-do nothing but open and close the listeners (see :mod:`dpone.localserver.config`).
+``<data_dir>/run/credentials.json`` holds the passwords the running server accepts and
+``<data_dir>/run/credentials.next.json`` a rotation waiting for the next start (both
+0600, ``{"users": [{"user": ..., "password": ...}, ...]}``), for every declared user
+dpone generated a password for; only SHA-256 hashes reach ``users.xml``. The
+administrator is :data:`ADMIN_USER`; the engine's :data:`ENGINE_USER` has no password,
+is absent from these files and may only open and close the listeners. See
+docs/local-server.md ("Users and the credentials file").
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """The embedded engine: whether it is installed, and whether it is the tested one.
 
-The managed server runs ClickHouse from the ``chdb-core`` package, an optional part of
-dpone (``pip install 'dpone[embedded]'``): a project whose ClickHouse is a server its
-operator runs never needs it. ``chdb`` itself accepts a range of engines, and another
-version than the one tested here may fail in ways only a start shows (a query log that
-cannot be restored after a clean stop, or none at all, so every refresh is refused).
-So :func:`check_engine` runs before a start: a missing engine names the extra to
-install; another version is refused, naming both versions and the install that fixes it.
+The managed server runs ClickHouse from the optional ``chdb-core`` package
+(``pip install 'dpone[embedded]'``). Another engine version than the tested one may fail
+in ways only a start shows (a query log that cannot be restored), so :func:`check_engine`
+runs before a start: a missing engine names the extra to install, another version is
+refused naming both versions and the install that fixes it. See
+docs/getting-started.md.
 """
 
 from __future__ import annotations

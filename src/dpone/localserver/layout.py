@@ -1,17 +1,10 @@
 """Where the managed server keeps its files inside one data directory.
 
-<data_dir>/server.lock   held (flock) by the running server process, holds its pid
-<data_dir>/start.lock    held by a process while it starts a server
-<data_dir>/state.json    pid, ports and version of the running server
-<data_dir>/protected.json the databases the server protects (0600, canonical JSON)
-<data_dir>/store/        the ClickHouse data (databases, tables, UUIDs)
-<data_dir>/run/          config.xml, users.xml, credentials.json (all 0600), control
-                         FIFO, listen file (the engine's ports), ports file (ready)
-<data_dir>/log/          server.log, server.err.log, child.log, query_log.<engine>.native
-                         (the query log kept across a clean restart)
-
-Everything is private to the owner: directories 0700, files 0600 (the server runs
-with umask 077).
+``server.lock`` (held by the running server, with its pid), ``start.lock``,
+``state.json``, ``protected.json``, ``store/`` (the ClickHouse data), ``run/`` (the
+configuration, users, credentials, control FIFO, listen and ports files) and ``log/``
+(the server's logs and the query log kept across a clean restart); directories 0700,
+files 0600. See docs/local-server.md ("Data directory").
 """
 
 from __future__ import annotations

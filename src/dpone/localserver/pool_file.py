@@ -1,23 +1,14 @@
 """The principal pool as an operator installs it on a ClickHouse server dpone does not run.
 
-:func:`render_pool` gives, from one set of generated passwords:
-
-- the server's users file in ``users.d`` format: each principal with its password's
-  SHA-256 hash (never the clear text), the networks it may connect from, a profile of
-  dpone's own (``dpone_pool``: every insert synchronous and every query logged from
-  its start, each setting constant, :data:`~dpone.localserver.pool_sql.POOL_SETTINGS`)
-  and exactly the grants its role has on the managed server (:func:`~dpone.localserver.principal_pool.role_grants`);
-- the same as SQL statements, for a server whose users are managed by SQL
-  (:mod:`dpone.localserver.pool_sql`);
-- the credentials file dpone's host reads (0600, ``{"users": [{"user": ...,
-  "password": ...}]}``, see :mod:`dpone.localserver.pool_credentials` for a retired
-  principal and a rotation's previous password), the only place the passwords exist.
-
-Besides the pool, a remote server needs the administrator's two jobs done by a
-principal with only what they need: ``dpone_keeper`` reads what status, the checks and
-the catalog read, and drops tables of the protected databases (retention's rollback
-copies, discarded generations, ``dpone retire``), nothing else. The managed server
-does those as its administrator and does not declare it.
+:func:`render_pool` gives, from one set of generated passwords, the server's users file
+(``users.d`` format: each principal's SHA-256 password hash, its networks, the
+``dpone_pool`` profile of :data:`~dpone.localserver.pool_sql.POOL_SETTINGS` and exactly
+its role's grants, :func:`~dpone.localserver.principal_pool.role_grants`), the same as
+SQL (:mod:`dpone.localserver.pool_sql`), and the 0600 credentials file dpone's host
+reads (:mod:`dpone.localserver.pool_credentials`), the only place the passwords exist.
+It also declares ``dpone_keeper``, which does on a remote server what the managed
+server's administrator does: the reads of status, the checks and the catalog, and the
+drops of retention, discard and retire. See docs/remote.md.
 """
 
 from __future__ import annotations

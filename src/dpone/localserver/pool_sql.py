@@ -1,22 +1,12 @@
 """The principal pool as SQL, for a server whose users are managed by SQL.
 
 The statements are the users file's equivalent (:mod:`dpone.localserver.pool_file`):
-the same principals, each with its password's SHA-256 (``IDENTIFIED WITH sha256_hash``,
-never the clear text), the same networks (``HOST IP``), the same settings profile
-(``dpone_pool``: :data:`POOL_SETTINGS`, each ``CONST``) and exactly the same grants, each ``GRANT ...
-TO`` its principal. The users file's ``<quota>default</quota>`` has no SQL
-counterpart: a stock server's ``default`` quota limits nothing, and a user created by
-SQL has no quota, which limits nothing either.
-
-A principal is replaced whole (``CREATE USER OR REPLACE`` drops its old grants), so
-running the file again, or a newer render, leaves exactly what it declares. A retired
-principal is dropped (``DROP USER IF EXISTS``).
-
-A rotation with overlap (:func:`rotation_sql`) adds the new password beside the old one
-(``ALTER USER ... ADD IDENTIFIED``: a server that manages users by SQL accepts several
-authentication methods per user, ClickHouse 24.9 and later), and
-:func:`retire_old_sql` keeps only the new one (``ALTER USER ... IDENTIFIED`` replaces
-every method).
+the same principals with their SHA-256 password hashes, networks, ``dpone_pool``
+profile (:data:`POOL_SETTINGS`, each ``CONST``) and grants; each principal is replaced
+whole (``CREATE USER OR REPLACE``) and a retired one dropped. A rotation with overlap
+adds the new password beside the old (:func:`rotation_sql`, ClickHouse 24.9 and later)
+and :func:`retire_old_sql` keeps only the new one. See docs/remote.md ("1. Render the
+pool", "Rotate the passwords").
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """The principal pool of the managed local server: users declared at start, leased later.
 
-The embedded server reads users, passwords and grants only from ``users.xml`` at start
-(SQL ``CREATE USER`` and ``GRANT`` are refused), so principals cannot be issued or
-revoked while it runs. dpone therefore declares a fixed pool and leases its members
-through the run registry (:mod:`dpone.publication.principals.principal_issuers`):
-
-- ``dpone_catalog``: reads every system table (``system.grants``, ``system.users``,
-  ``system.row_policies`` included) and every table of the protected databases.
-- ``dpone_closer``: ``KILL QUERY`` of any user, reads ``system.processes`` and
-  ``system.query_log``, flushes the logs.
-- ``dpone_ingest_1..N``: create, fill, read and drop the staging tables
-  ``dpone_stage_*`` of the protected databases, and nothing else.
-- ``dpone_publisher_1..N``: ``EXCHANGE TABLES`` needs SELECT, INSERT, CREATE TABLE and
-  DROP TABLE on both names, so these hold them on every table of the protected
-  databases; they create a first publication's empty target too.
-
-Grants are per database: this server refuses a wildcard database with a table
-prefix (``*.dpone_stage_*`` stops the server from starting, checked on 26.9), while
-``db.dpone_stage_*`` works. Every grant here was started on the managed server and
-each user's can and cannot was tested (tests/integration/test_principal_pool.py).
+The embedded server reads users, passwords and grants only from ``users.xml`` at start,
+so principals cannot be issued or revoked while it runs: dpone declares a fixed pool
+(``dpone_catalog``, ``dpone_closer``, ``dpone_ingest_1..N``, ``dpone_publisher_1..N``,
+:func:`pool_users`) with grants per protected database, and leases its members through
+the run registry (:mod:`dpone.publication.principals.principal_issuers`). Each role's
+grants and the server facts behind them are in docs/publication-principals.md ("The
+pool"); tests/integration/test_principal_pool.py tests each user's can and cannot.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The databases a managed server protects, recorded in its data directory.
 
-``dpone server start --protect DB ...`` declares the publication pool with grants on
-those databases, and the server reads its users at start only: a restart that forgets
-one leaves the project's database without a pool. So each start that declares the pool
-records the set in ``<data_dir>/protected.json`` (canonical JSON, 0600, replaced
+The server reads the pool's grants at start only, so each start that declares the pool
+records its databases in ``<data_dir>/protected.json`` (canonical JSON, 0600, replaced
 atomically), a later start without ``--protect`` starts the server as it was, and every
-hint that tells the user to (re)start the server prints :func:`start_command`, the exact
-command that does.
+hint to (re)start the server prints :func:`start_command`, the exact command.
 """
 
 from __future__ import annotations

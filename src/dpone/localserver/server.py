@@ -1,17 +1,12 @@
 """Start, find and stop the managed local ClickHouse server.
 
-The server runs in a child process (see :mod:`dpone.localserver.child`). Readiness is
-reported only once the chosen ports are known and both accept connections and the
-HTTP interface answers ``/ping``. A running server is found again through the
-``state.json`` of its data directory together with the lock the server holds: the
-lock, not the state file, decides whether a server is alive. The server writes its
-pid into the lock file, so a missing or corrupt ``state.json`` is rebuilt from the
-lock and the ports file: start, status and stop never contradict each other.
-
-Besides the caller's users, dpone always declares the engine's ``default`` (no
-password, may only open the listeners) and the administrator ``dpone_admin``.
-Declared users without a password get a generated one (see
-:mod:`dpone.localserver.credentials`), and the server runs with umask 077.
+The server runs in a child process (:mod:`dpone.localserver.child`), reported ready only
+once its ports are known, both accept connections and HTTP answers ``/ping``. A running
+server is found again through its data directory's lock, which decides whether it is
+alive, and ``state.json``, rebuilt from the lock's pid and the ports file when missing.
+Besides the caller's users, dpone declares the engine's ``default`` and the
+administrator ``dpone_admin``; declared users without a password get a generated one
+(:mod:`dpone.localserver.credentials`). See docs/local-server.md.
 """
 
 from __future__ import annotations

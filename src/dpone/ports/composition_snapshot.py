@@ -1,19 +1,13 @@
 """The four ports of atomic snapshot publication (seed 000), and what they return.
 
-``ClickHouseAtomicSnapshotPublisher`` (``dpone.publication.publisher``) depends
-only on these Protocols. Concrete adapters live in ``dpone.publication``:
-
-- :class:`SnapshotPublicationAuthority`: reopens the original evidence (journal,
-  receipt, admission, epochs), issues and closes principals, proves quiescence.
-- :class:`SnapshotPublicationStore`: the durable records (canonical original bytes),
-  their history, an atomic compare-and-set and an independent read-back.
-- :class:`ClickHouseSnapshotCatalog`: a fresh, complete observation of both names.
-- :class:`ClickHouseSnapshotExecutor`: the one internally rendered mutation per step,
-  each with its own query id, sent once, never retried.
-
-Every method either returns what it proved or raises a typed :mod:`dpone.errors`
-error with a stable code; none of them retries behind the caller's back, and none
-of them turns a missing observation into a zero or an empty list.
+``ClickHouseAtomicSnapshotPublisher`` (``dpone.publication.publisher``) depends only on
+these Protocols: :class:`SnapshotPublicationAuthority` (the evidence reopened,
+principals issued and closed), :class:`SnapshotPublicationStore` (durable records, their
+history, compare-and-set and an independent read-back), :class:`ClickHouseSnapshotCatalog`
+(a fresh, complete observation) and :class:`ClickHouseSnapshotExecutor` (each mutation
+rendered internally and sent once). Every method returns what it proved or raises a
+typed error with a stable code; none retries behind the caller's back, and none turns a
+missing observation into a zero or an empty list.
 """
 
 from __future__ import annotations

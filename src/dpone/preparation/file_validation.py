@@ -1,13 +1,11 @@
 """``validate_file``: scan a bulk text file under a schema and issue its receipt.
 
-One pass reads the file through the codec's reader, hashes every byte read, checks
-row width, UTF-8, escapes, hex, NOT NULL and that every value converts exactly under
-the type policy. Only a file that passes gets a receipt.
-
-By default the checks run in the compiled converter (the same conversion a
-preparation runs, over whole-record ranges hashed in order on the way, its bytes
-discarded); a file it declines goes to the Python reference, which validates it
-again and names the first bad value exactly. A receipt is the same whichever decided.
+One pass reads the file through the codec's reader, hashes every byte read, and checks
+row width, UTF-8, escapes, hex, NOT NULL and that every value converts exactly under the
+type policy; only a file that passes gets a receipt. By default the checks run in the
+compiled converter (:func:`native_check`: the conversion a preparation runs, its bytes
+discarded); a file it declines goes to the Python reference, which validates it again
+and names the first bad value exactly. The receipt is the same whichever decided.
 """
 
 from __future__ import annotations

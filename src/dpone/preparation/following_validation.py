@@ -1,22 +1,13 @@
 """Validation that follows a file while it is being written, on the other core.
 
-An export used to write its whole bulk text file and only then validate it, reading it
-back from the start: about a third of the export's time, on one core while the other
-waited. :class:`FollowingValidation` runs the same check (:func:`native_check`: the
-compiled converter over whole-record ranges, each hashed in order, the GIL released
-while it converts) in a thread of its own that reads the file through its own
-descriptor as the writer flushes whole records into it. The check reads the bytes the
-file holds, as a later ``validate_file`` would; it only starts earlier. So it cannot
-see a byte changed in place after it read it (the file's size is checked at the end,
-not its content again): the file is the export's private temporary file, under a
-hidden name in a directory the export writes, and another process of the same user
-that rewrites it can as well rewrite the published file after the rename.
-
-Only the compiled converter's acceptance of the whole file is taken from it. When it
-cannot decide (it declines a range, the file is not the size the writer says, the
-writer rewound the file and began again), :meth:`FollowingValidation.finish` returns
-None and the caller validates the finished file with ``validate_file``, which also
-names whatever is wrong: the verdict never depends on which of the two ran.
+:class:`FollowingValidation` runs the compiled check (:func:`native_check`, the GIL
+released while it converts) in a thread of its own that reads the file through its own
+descriptor as the writer flushes whole records into it, instead of reading the whole
+file back after the export. Only the compiled converter's acceptance of the whole file
+is taken from it: when it cannot decide, :meth:`FollowingValidation.finish` returns None
+and the caller validates the finished file with ``validate_file``, so the verdict never
+depends on which of the two ran. See docs/bulk-text-format.md (what an export
+guarantees).
 """
 
 from __future__ import annotations

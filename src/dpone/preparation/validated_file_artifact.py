@@ -1,16 +1,12 @@
 """``ContractValidatedFileArtifact``: a source file bound to its genuine receipt.
 
 ``file_validation_attempt(attempt_id, verification_budget=None)`` binds a freshly
-verified receipt for one attempt. The busy guard holds per attempt: an attempt id is
-active at most once in the process, whichever artifact object (and file) it entered
-through, so a second entry of an active attempt is refused (``attempt_busy``) and
-cannot reset it; other attempts, through other artifact objects of the same file, run
-beside it. One artifact object carries one active attempt (its ``active`` and latest
-summary): another attempt entering through it while it is active is refused
-(``artifact_busy``) and cannot reset the active one either. The receipt is re-read and must be byte-identical
-during the attempt: replacing it, also during verification, is rejected. ``complete``
-accepts one exact, non-boolean count equal to the receipt's rows while active. An
-exceptional exit resets the latest summary. This grants no terminal source authority.
+verified receipt for one attempt, under the busy guard: an attempt id is active at most
+once in the process (``attempt_busy``), and one artifact object carries one active
+attempt (``artifact_busy``). The receipt must stay byte-identical during the attempt;
+``complete`` accepts one exact, non-boolean count equal to the receipt's rows while
+active; an exceptional exit resets the latest summary. This grants no terminal source
+authority. See docs/staging.md ("The sequence").
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Strict parsing of ``dpone.toml`` (the standard library's TOML reader).
 
-Every problem is collected, not only the first: an unknown key, a missing one, a value
-of the wrong type or out of range, a table naming a source that does not exist. Each
-problem names its key path (``tables.customers.order_by``) and, when the key can be
-found in the text, its line. Each source's kind reads its own keys
-(:mod:`dpone.project.source_config`). Secrets are never values of the file: a source
-takes its password from where its kind says (a variable or file the file names,
-libpq's password file); a ``password`` key is refused.
-
-Relative paths are relative to the directory holding the project file.
+Every problem is collected, not only the first (an unknown or missing key, a value of
+the wrong type or out of range, a table naming no source), each with its key path and,
+when the key can be found in the text, its line; each source's kind reads its own keys
+(:mod:`dpone.project.source_config`). A ``password`` key is refused: a source takes its
+secret from where its kind says. Relative paths are relative to the directory holding
+the project file. See docs/configuration.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """What an interrupted run left, and the command that resolves each piece.
 
-A refresh or rollback stopped by Ctrl-C, SIGTERM or SIGHUP has already run its
-phase's own cleanup on the way out (a stage closes its ingest lease, an export removes
-its temporary files). Then it ends what it still holds: its intent is decided (a
-PREPARED one cancelled, a claimed one reconciled) and a generation nothing will
-publish is discarded, its ingest lease closed with a proof. A second signal cuts
-that short. What remains is read back, not guessed: the store says whether
-the run's intent exists and how far it got (its EXCHANGE may have run and been
-reconciled PUBLISHED), and :func:`~dpone.project.status.project_status` names each
-leftover of this run (its attempt, its intent, its leases, an unfinished drop) with
-the one command that resolves it, exactly as ``dpone status`` does. When nothing
-remains, the next command is the run again.
+A refresh or rollback stopped by Ctrl-C, SIGTERM or SIGHUP runs its phase's own cleanup,
+then ends what it still holds (a PREPARED intent cancelled, a claimed one reconciled, a
+generation nothing will publish discarded); a second signal cuts that short. What
+remains is read back, not guessed: the store says how far the run's intent got, and
+:func:`~dpone.project.status.project_status` names each leftover of this run with the
+one command that resolves it, exactly as ``dpone status`` does. See docs/cli.md
+(``dpone refresh``) and docs/operations.md.
 """
 
 from __future__ import annotations

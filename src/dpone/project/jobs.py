@@ -1,18 +1,11 @@
 """``dpone refresh --jobs N``: N tables at once, in N worker processes (the scheduler).
 
 Each worker is one ``dpone refresh --worker`` process that refreshes the tables this
-process hands it, one at a time, named on its standard input; it prints one report
-line per table. A process, not a thread: each table keeps what a single refresh has
-(its own attempt, leases, signal handling and report), both cores are used (the
-export renders in the process that reads) and a crash takes one worker down, never
-the others. A worker pays start-up, imports and the pool's credentials once for all
-the tables it runs, not once per table.
-
-The workers run in their own sessions, so a terminal's Ctrl-C reaches them once,
-forwarded by this process, never twice (a second signal would cut their ending
-short). A signal here stops handing out tables, is forwarded to every worker running
-one, and their reports (each saying what it left) are awaited; an idle worker is sent
-no signal: its input is closed and it ends.
+process names on its standard input, one at a time, and prints one report line per
+table; it pays start-up and the pool's credentials once for all of them. A signal here
+stops handing out tables and is forwarded once to every worker running one (they run in
+sessions of their own), whose reports are awaited; an idle worker's input is closed.
+See docs/cli.md (``dpone refresh``).
 """
 
 from __future__ import annotations

@@ -1,42 +1,14 @@
 """Leases of the principal pool whose holder is gone, proven from durable facts.
 
-A pool lease (:class:`~dpone.publication.store.SnapshotStore`)
-is ended by the process that uses it, or by the step that takes the principal over
-(``prepare``'s closure, ``reconcile``, ``cancel``, ``attempts discard``). A process
-killed with SIGKILL ends nothing: its lease stays active, and four such exhaust a role
+A process killed with SIGKILL ends none of its pool leases, and four such exhaust a role
 (``pool_exhausted``). :func:`judge_leases` decides, for every active lease, whether its
-holder can still use it, from facts that never change back once true:
-
-Publisher leases (taken by ``prepare``):
-
-- named by an intent: ``prepared`` or ``exchange_intent`` / ``commit_unknown`` -> the
-  holder is the publication (live; ``snapshot cancel`` or ``reconcile`` ends it);
-  ``published`` / ``not_published`` -> gone (``intent_terminal``).
-- named by no intent: the preparation died before storing its intent; gone once the
-  process that took the lease is gone (``process_gone``), live while it runs.
-
-Ingest leases (taken by ``stage`` / ``refresh`` / ``rollback``):
-
-- the attempt has an intent: gone (``attempt_prepared``): ``prepare`` closed the
-  principal (ending the lease first) before it stored the intent.
-- the attempt's journal (under one of the given journal directories) ended in a
-  terminal state other than ``staged`` -> gone (``attempt_terminal``).
-- it ended ``staged``: a later ``prepare`` may still use it (live;
-  ``attempts discard`` ends it), unless it is a rollback's journal, which nothing but
-  its own process publishes: gone once that process is gone (``rollback_abandoned``).
-- it has no terminal state: gone once its process is gone (``process_gone``); its
-  leftovers on the server are ``attempts cleanup``'s business.
-- no journal is found: unknown (it may be staged in a work dir not searched).
-
-A process is gone only as :mod:`dpone.publication.store.holder_process` proves it (pid, start
-time, boot, pid namespace, host recorded when the lease was issued); anything else is
-``unknown`` and is never ended. Every ``gone`` fact is permanent, so a judgement made
-before the ending write cannot turn false before it.
-
-An ended lease is not yet a closed one: until a closure of it is proven and stored
-(:func:`close_lease`, the authority's ``close_principal``), its pool user may not hold
-a write grant on a publication's tables (``writer_grant`` at ``prepare``), because a
-request of that lease may still arrive. :func:`unproven_closures` lists those leases.
+holder can still use it (``gone``, ``live`` or ``unknown``), only from facts that never
+turn false once true: the intent that names a publisher lease, the journal of an ingest
+lease's attempt, and the holder process as
+:mod:`dpone.publication.store.holder_process` proves it; ``unknown`` is never ended. An
+ended lease is not yet a closed one: :func:`close_lease` proves and stores its closure,
+and :func:`unproven_closures` lists those still without one. See docs/operations.md
+(``lease_abandoned``, ``closure_unproven``).
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """The full refresh of one table: export, stage, prepare, guard, publish, report.
 
-One attempt per table and call, in phases:
-
-- ``check``: what would refuse the run later is refused before any work: the target
-  database exists and is protected, no publication of the slot awaits its outcome,
-  and no other refresh of the table runs (its lock is held to the end).
-- ``export``: the source table to a bulk text file and its receipt in the work dir
-  (validated as it is written; a failed export leaves neither).
-- ``stage``: a leased ingest principal of the pool stages the file into a private
-  generation whose physical design is the target's (read from ``system.tables`` when
-  the target exists, the declared design otherwise).
-- ``prepare``: the publisher reopens the evidence, closes the ingest principal, checks
-  the catalog (a first publication creates the empty target here) and records PREPARED.
-- ``shrink_guard``: the target's row count, observed by the administrator on the
-  intent's own target UUID, against the generation's; a drop larger than the table's
-  fraction cancels the intent (NOT_PUBLISHED, nothing sent) and discards the
-  generation, unless the caller allows it.
-- ``publish``: one claimed EXCHANGE, then reconcile (see the publisher).
-- ``retention``: rollback copies beyond the project's count are dropped, each proven
-  to be what the store says it is (see :mod:`dpone.project.retention`).
-
-Whatever fails, the target is left as it was, and the report names the phase, the
-error and the command that finishes or undoes what remains.
+:class:`RefreshService` runs one attempt per table and call, in phases: ``check``,
+``export``, ``stage``, ``prepare``, ``shrink_guard``, ``publish`` and ``retention``.
+Whatever fails, the target is left as it was, and the report names the phase, the error
+and the command that finishes or undoes what remains. See docs/architecture.md ("The
+journey of one refresh") and docs/cli.md (``dpone refresh``).
 """
 
 from __future__ import annotations

@@ -1,35 +1,14 @@
 """Rollback copies of a target: which are kept, and the verified drop of the others.
 
-After a PUBLISHED EXCHANGE the previous target sits under the generation's name: the
-rollback copy of that publication, with the previous target's UUID
-(``intent.target_uuid``). The store knows every publication, so the copies of a slot
-are derived from its PUBLISHED records, newest first; a copy exists while the
-generation's name still holds that UUID.
-
-Each table carries the ownership mark of the staging attempt that created it (the
-first column's comment), so the expected mark of a copy is the one of the oldest
-publication whose generation had the copy's UUID; the empty target a first
-publication created has no mark (:func:`recorded_owners`: the store noted its CREATE
-in the history of the intent prepared over it, whatever that intent's fate). A copy
-is dropped only when its name, UUID and mark are all as expected, and never while a
-publication of the slot is unfinished (:func:`unfinished_publication`: it may be that
-publication's generation).
-
-A publication cut short between ``prepare`` and its claim leaves a PREPARED intent
-that a later refresh supersedes: the later one takes a newer slot epoch, and an
-intent of an older epoch can never be claimed (the store rechecks the epoch with
-every write). Such an intent is not unfinished (it would stop every retention of the
-slot for good, and the copies would pile up), and its generation, like the one of a
-``not_published`` intent, is a staged table no publication can use: retention
-discards it through its staging journal (:func:`discard_superseded`, ownership
-proven by the journal's UUID and mark).
-
-Each drop is an attempt of its own under ``<work_dir>/retention/<id>``: a journal
-with the copy's facts, a durable intent, its own query id
-(``dpone-b02-<id>-discard``), the settled answer and the verified removal. A drop cut
-short leaves a journal ending ``discarding``: ``dpone status`` lists it.
-:func:`drop_recorded` is that drop for any table dpone recorded (``dpone retire``
-uses it for a target too).
+The copies of a slot are derived from its PUBLISHED records (:func:`rollback_copies`),
+each dropped only when its name, UUID and ownership mark (:func:`recorded_owners`) are
+as expected and no publication of the slot is unfinished
+(:func:`unfinished_publication`); generations no publication can use are discarded
+through their staging journals (:func:`discard_superseded`). Each drop is an attempt of
+its own under ``<work_dir>/retention/<id>`` with a journal, a durable intent and its own
+query id (``dpone-b02-<id>-discard``); :func:`drop_recorded` is that drop for any table
+dpone recorded (``dpone retire`` uses it for a target too). See docs/configuration.md
+("Rollback copies and retention") and docs/operations.md.
 """
 
 from __future__ import annotations

@@ -1,37 +1,14 @@
 """Retiring a slot: its target and rollback copies removed through recorded, proven drops.
 
-A table dropped at its source (and from ``dpone.toml``), or one no longer wanted,
-leaves its target and its rollback copies on the server, and its slot in the store.
-:func:`retire` removes them, in this order:
-
-1. **Refuse what may still move.** A publication of the slot left ``exchange_intent``,
-   ``commit_unknown`` or a claimable ``prepared`` is resolved first (the error names
-   ``dpone status`` and the command that resolves it); nothing is written.
-2. **Plan, read only.** The names that may hold the slot's tables (the target and
-   every published generation, see :func:`dpone.project.retention.rollback_copies`)
-   are observed. A table is dpone's only when its UUID is one the store recorded as
-   created by dpone for this slot and its first column carries that creation's mark
-   (:func:`dpone.project.retention.recorded_owners`); any other table there (the
-   user's own table a first publication replaced, a table someone created) is listed
-   as ``kept`` and never dropped. Without ``confirmed`` the plan is all that happens.
-3. **Fence and note.** The store notes ``retire_begun`` and fences the slot in one
-   transaction (:mod:`dpone.publication.store.retirement`): no run admitted before can
-   publish into it any more.
-4. **Finish what an earlier retire left.** A retire cut short left journals under
-   ``<work_dir>/retire`` that do not end ``discarded``: each is finished the way
-   ``dpone attempts discard`` finishes one (the cut DROP proven terminal, the table's
-   UUID and mark proven again, dropped if it is still there).
-5. **Drop.** Each planned table is dropped as its own journaled attempt
-   (:func:`dpone.project.retention.drop_recorded`: the table's facts, the DROP's
-   intent, its own query id, the settled answer, the verified removal); then the
-   slot's generations that no publication will use are discarded through their
-   staging journals.
-6. **Note ``retired``.** The store records the slot as retired (``dpone status`` shows
-   it so); a later refresh of a table with the same target starts a new life of the
-   slot (a first publication).
-
-Running the same command again after any interruption continues from what the store
-and the server show: it is idempotent.
+:func:`retire` refuses while a publication of the slot may still move, plans read-only
+which tables are dpone's (a UUID the store recorded as created for this slot, carrying
+that creation's mark; any other table is ``kept``), then fences the slot and notes
+``retire_begun`` (:mod:`dpone.publication.store.retirement`), finishes the drops an
+earlier retire left under ``<work_dir>/retire``, drops each planned table as its own
+journaled attempt (:func:`dpone.project.retention.drop_recorded`), discards the slot's
+generations no publication will use, and notes ``retired``. Without ``confirmed`` the
+plan is all that happens; run again after any interruption, it continues. See
+docs/operations.md ("Retiring a table").
 """
 
 from __future__ import annotations

@@ -1,37 +1,13 @@
 """Rollback: put the previous content of a target back through a new publication.
 
 After a PUBLISHED EXCHANGE the previous target sits under the generation's name: the
-rollback copy (see :mod:`dpone.project.retention`). A rollback never sends a blind
-second EXCHANGE. It is a new attempt that the publisher admits, prepares and publishes
-exactly like a refresh's, so the store records it, the shrink of nothing is guessed,
-and ``dpone snapshot reconcile`` finishes it if it is cut short.
-
-What the rollback attempt proves, and how:
-
-- ``locate``: from the store, the slot's newest PUBLISHED intent (the one undone) names
-  the copy: its ``generation_table`` now holds its ``target_uuid``. The content of that
-  UUID was staged by the OLDEST intent whose ``generation_uuid`` is that UUID (later
-  ones are earlier rollbacks of the same content); its staging journal, under the
-  project's ``attempts`` dir, must verify and end with the very ``staged`` event the
-  intent names (``staged_event_sha256``). A copy that is the empty target a first
-  publication created has no staging evidence: there is nothing to roll back to.
-- ``verify_copy``: the catalog (as ``dpone_catalog``) observes the target and the copy:
-  the target still has the undone intent's generation UUID, the copy the UUID the
-  evidence describes, and the copy's exact row count and server-computed content
-  digest equal the ones that staging proved (``content_mismatch`` otherwise).
-- ``evidence``: a rollback journal under ``<work_dir>/rollbacks/<attempt>`` whose
-  events carry the ORIGINAL receipt (``admitted``) and derived identity
-  (``prepared``) unchanged, and a final ``staged`` event naming the copy and its
-  UUID, the counts observed now, the endpoint identity observed now (equal to the
-  original's) and ``rollback`` facts (the undone intent, the origin intent and its
-  journal and staged event). The authority requires an ingest principal leased for
-  the attempt: one is leased and recorded; no statement ever runs as it, and the
-  publisher's ``prepare`` closes it and proves it quiescent like any other.
-- ``prepare`` and ``publish``: the normal publisher (it re-checks UUIDs, design, rows
-  and content digest against the same evidence before the EXCHANGE).
-
-Afterwards the target holds the old content again and the undone content is the new
-rollback copy, under the same name; a second rollback swaps back the same way.
+rollback copy (:mod:`dpone.project.retention`). A rollback never sends a blind second
+EXCHANGE: it locates the copy from the store, verifies it against the evidence of the
+staging that proved its content, writes a rollback journal under
+``<work_dir>/rollbacks/<attempt>`` that repeats that evidence, and has the publisher
+prepare and publish it exactly as a refresh's, so the store records it and ``dpone
+snapshot reconcile`` finishes it if it is cut short. See docs/operations.md
+("Rollback").
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """What a project's targets look like now, and everything that needs a person.
 
-Read only: the store (publications, oldest first, the pool's leases and the slots'
-retirements), the attempt, retention and retire journals under the work dir, and,
-when the managed server runs, which rollback copies still exist. Each item that needs
-a person carries the exact command to run (docs/operations.md explains each). A lease
-whose holder is proven gone (:mod:`dpone.project.leases`) is one of them: it would
-otherwise keep its pool principal forever.
-
-A slot the store knows whose table is no longer in the project file is not
-forgotten: ``removed`` lists it with what it still holds (its target, its rollback
-copies) and the ``dpone retire`` command that removes them, or as retired once
-``dpone retire`` did. A PREPARED intent a newer publication superseded can never be
-claimed: it needs no cancel, and its generation is listed as ``staged_unpublished``.
+Read only: the store (publications, the pool's leases, the slots' retirements), the
+attempt, retention and retire journals under the work dir, and, when the managed server
+runs, which rollback copies still exist. Each item that needs a person carries the exact
+command to run, among them a lease whose holder is proven gone
+(:mod:`dpone.project.leases`); a slot whose table left the project file is listed under
+``removed`` with the ``dpone retire`` that removes it; a PREPARED intent a newer one
+superseded needs no cancel, and its generation is ``staged_unpublished``. See
+docs/operations.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """The one wiring point of publication on the managed local server.
 
 ``build_publication`` assembles :class:`ClickHouseAtomicSnapshotPublisher` from the
-concrete adapters: the SQLite store (records, history, run registry, leases), the
-catalog (as ``dpone_catalog``), the executor (as the leased publisher, over HTTP), and
-the authority with the local pool issuer (closure as ``dpone_closer``). Every
-password comes from the managed server's credentials file; nothing is read from the
-environment and nothing is printed.
-
-``issue_ingest`` leases an ingest principal for one staging attempt: staging then
-runs as that pool user and records it in its journal, so that ``prepare`` can close
-it and prove it quiescent before anything is published; ``ingest_session_notes`` is
-where staging's drain gate notes its session for that closure.
-
-The catalog trusts the administrator, the catalog and the closer; a pool user may
-hold a write grant on the observed tables only as :func:`lease_allowance` answers
-from the store's leases and stored closure proofs.
+concrete adapters: the store, the catalog (as ``dpone_catalog``, trusting only the
+administrator, the catalog and the closer, and the pool as :func:`lease_allowance`
+answers), the executor (as the leased publisher, over HTTP) and the authority with the
+local pool issuer (closure as ``dpone_closer``). Every password comes from the managed
+server's credentials file, never from the environment, and nothing is printed.
+``issue_ingest`` leases the ingest principal a staging attempt runs as, and
+``ingest_session_notes`` is where staging's drain gate notes its session for that
+principal's closure.
 """
 
 from __future__ import annotations

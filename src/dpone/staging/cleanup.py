@@ -1,14 +1,11 @@
 """Removing a staging table that is proven to be the attempt's own.
 
-Shared by the three actors that drop a staging table: the service's cleanup after a
-failure, the operator's ``attempts cleanup`` and ``attempts discard`` (and the
-finalizer). Each drop has a durable intent, its own query id, and a verified
-outcome: the server's acknowledgment or a proof of the query's termination (query-log
-evidence only from the DROP's own origin), then an exact observation that the table
-is gone.
-
-Also here: the check that a later actor talks to the server an attempt's journal
-bound (:func:`check_bound_endpoint`), before it proves or drops anything.
+Shared by the actors that drop a staging table (the service's cleanup, ``attempts
+cleanup``, ``attempts discard`` and the finalizer): each drop has a durable intent, its
+own query id and a verified outcome (an acknowledgment or a proven termination, then an
+exact observation that the table is gone). :func:`check_bound_endpoint` checks first
+that a later actor talks to the server the journal bound. See docs/staging.md ("Failure
+and cleanup", "Operator recovery").
 """
 
 from __future__ import annotations

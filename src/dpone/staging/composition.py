@@ -1,20 +1,12 @@
 """Construction of the staging collaborators; the one place a transport is chosen.
 
-``build_clickhouse_staging_components`` returns an immutable bundle of three
-collaborators, built in order: the validated-file service, the decoder (receipt
-documents and their schema plans) and the finalizer (ownership-checked removal of a
-staged table). Assembly calls nothing remote. Production composition selects exactly
-one controlled transport, ``http`` or ``client``; ``auto`` is refused.
-
-Three factories are injected here (and through ``ClickHouseSink``), each with its
-production default: ``transport_factory(config)`` builds the controlled transport
-(:func:`build_transport`); ``runner_factory(config, policy)`` gives the service the
-transport it runs the attempt through (by default the transport itself; the source
-document's ``validated_file_runner_factory``); ``journal_factory(policy, attempt_id)``
-gives it each attempt's journal (by default file journals in ``config.work_dir``).
-On HTTP, both the service's and the finalizer's transport send every write inside
-the attempt's drain-gate session (:func:`ingest_gate`,
-:mod:`dpone.staging.ingest_session`).
+``build_clickhouse_staging_components`` returns an immutable bundle of the
+validated-file service, the decoder and the finalizer, calling nothing remote. It
+selects exactly one controlled transport, ``http`` or ``client`` (``auto`` is refused),
+through the injected ``transport_factory`` (:func:`build_transport`), ``runner_factory``
+and ``journal_factory``, each with its production default; on HTTP, every write of the
+service and the finalizer goes through the attempt's drain-gate session
+(:func:`ingest_gate`). See docs/staging.md.
 """
 
 from __future__ import annotations

@@ -1,36 +1,14 @@
 """The ingest principal's drain gate: every staging write inside one HTTP session.
 
-:class:`IngestSessionGate` wraps the HTTP transport staging sends through. Every write
-of an attempt (a mutation whose query id is ``dpone-b02-<attempt>-<kind>``: the CREATE
-of the private table, the INSERT, the DROP, any other) runs in the HTTP session
-:func:`ingest_session_id` ``(attempt)``: right before the write, a ``SELECT 1`` opens
-(or re-arms) the session with ``session_timeout`` T, then the write is sent with
-``session_check=1``. So a write that arrives after the session expired (T after the
-last request in it ended) fails with 372 SESSION_NOT_FOUND and changes nothing; the
-publication's closure waits out T and proves the session gone with a probe
-(:mod:`dpone.publication.authority.snapshot_authority`). The opening goes before every
-write, not once: a DROP in cleanup may come long after the INSERT, when the session has
-expired.
-
-Reads stay outside the session: a session admits one request at a time (373
-SESSION_IS_LOCKED), and a cleanup's ``KILL QUERY`` must run while the INSERT it stops
-still holds the session.
-
-With ``notes`` (the lease's step notes in the publication store), the gate notes
-durably, in order: ``session_opening`` (with T) before the opening leaves,
-``session_open_answered``, ``write_sending`` before the write leaves, and
-``write_answered`` after it answered, each answer with its wall-clock time
-(``answered_at_us``) and outcome. Closure counts its wait from the last answer, or
-from its own start when a request has no settled answer. A note that cannot be written
-before a request means the request is not sent (:class:`NotSubmitted`): nothing may
-leave unnoted. A note after an answer that cannot be written is dropped: the closure
-then finds a request without an answer and waits the full T from its own start.
-
-Limits: the opening carries no ``session_check`` (it creates the session), so the gate
-holds for what was sent through it before closure, not for a staging process that
-still runs when its lease is closed; the publication closes an ingest lease only once
-the attempt's journal ended (``staged``, or the stage call returned). The
-``client`` transport (native protocol) has no sessions, so it gets no gate.
+:class:`IngestSessionGate` wraps the HTTP transport staging sends through: right before
+each write of an attempt (``dpone-b02-<attempt>-<kind>``), a ``SELECT 1`` opens or
+re-arms the session :func:`ingest_session_id` ``(attempt)`` with ``session_timeout`` T,
+and the write is sent with ``session_check=1``, so once the publication's closure has
+closed the session a delayed write fails with 372 and changes nothing. Reads stay
+outside the session. With ``notes`` the gate notes each request durably before it
+leaves and its answer after; a request whose note cannot be written is not sent
+(:class:`NotSubmitted`). The ``client`` transport has no sessions and gets no gate. See
+docs/publication-principals.md ("The ingest drain gate").
 """
 
 from __future__ import annotations

@@ -1,34 +1,13 @@
 """The immutable attempt journal: one directory per attempt, one event per sequence.
 
-Layout: ``<work_dir>/<attempt_id>/events/<six-digit-sequence>/attempt.json``. Each
-event is canonical JSON, written by descriptor: the attempt directory is opened once
-(when the journal is opened or resumed) and every write is relative to that
-descriptor, so a path renamed or replaced under a running attempt never receives its
-events. An event is published create-only: the sequence directory is created
-exclusively, the bytes go to a private partial file that is fsynced and then
-hard-linked to ``attempt.json`` (a link never replaces), and the sequence and events
-directories are fsynced. The sequence and the previous event's SHA-256 advance only
-after all of that succeeded. The spool directory's entry in the attempt directory is
-made durable too (``spool_prepared``) before an event names the spool.
-
-An event is confirmed by its writer: once the event file and both directories are
-synced, the writer creates an empty ``events/<n>/confirmed`` (create-only, through the
-events directory, so a sequence directory moved aside meanwhile is never confirmed)
-and syncs the sequence directory again. Readers adopt only confirmed events
-(:func:`read_events`); an ``attempt.json`` without its mark is a visible file whose
-writer failed (or died before confirming), never an event: it is where the journal
-ends for every reader, :func:`pending_publication` names it, and the next ``record``
-moves it aside like a torn publication. Only a mark whose own sync failed is taken
-back; if that fails too, the journal refuses every later record
-(``journal_unconfirmed_event``) and the attempt asks an operator to look. Events of
-journal version 1 (written before the mark existed) need none.
-
-A publication that did not complete (a crash, a failed write) leaves a torn
-``events/<n>/`` directory without ``attempt.json``. ``verify`` and ``read_events``
-stop there, and the next ``record`` repairs it instead of being blocked by it: it is
-moved to ``<attempt>/torn/`` and the new event says what was found there
-(``journal_repair``). The attempt id of a journal is the one its events carry, so an
-archived (renamed) attempt directory still verifies.
+Events live at ``<work_dir>/<attempt_id>/events/<six-digit-sequence>/attempt.json``,
+canonical JSON written through the attempt directory's descriptor and published
+create-only (a fsynced partial file hard-linked into place, the directories fsynced),
+then confirmed by an empty ``confirmed`` mark; readers adopt only confirmed events
+(:func:`read_events`), and the sequence and the previous event's SHA-256 advance only
+after that. A torn or unconfirmed publication ends the journal for readers
+(:func:`pending_publication` names it) and is moved to ``<attempt>/torn/`` by the next
+``record``. See docs/staging.md ("The journal").
 """
 
 from __future__ import annotations

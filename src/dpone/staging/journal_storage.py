@@ -1,19 +1,12 @@
 """The journal's storage preflight: room and writability, checked before a write.
 
-The source document binds the file journal to a storage preflight
-(``partial(ClickHouseFileAttemptJournal, storage=StoragePreflightService())``). Before
-the attempt directory is created, and before each event is published, the journal
-asks :class:`StoragePreflightService` whether the file system it writes to can take the
-write: not mounted read-only, writable by this process, with free space and inodes
-for it. A refusal is a coded :class:`JournalError` raised before anything is written,
-so a full or read-only disk never leaves a torn publication to repair, and the attempt
-is refused before its first event (``open``) rather than mid-way.
-
-The free space needed is the write itself (an event: its bytes plus a block for each
-of its three entries) and a reserve: at ``open`` the admission reserve (the staging
-policy's ``free_space_reserve_bytes``, so an attempt starts only with room for its
-spool's reserve and its records), at each record the record reserve (none by default:
-a failure or cleanup record on a nearly full disk is still written when it fits).
+Before the attempt directory is created and before each event is published, the journal
+asks :class:`StoragePreflightService` (the source document's ``storage=`` of the file
+journal) whether its file system can take the write: not read-only, writable, with the
+free space (the write plus a reserve: the policy's ``free_space_reserve_bytes`` at
+``open``, none per record) and inodes it needs. A refusal is a coded
+:class:`JournalError` raised before anything is written, so a full disk never leaves a
+torn publication. See docs/staging.md ("The journal").
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """What an attempt left behind, the command that finishes it, and archiving an empty one.
 
-The finishing command of an attempt depends on where its journal ended
-(:func:`finishing_command`): ``attempts cleanup``, ``attempts discard``, or for a
-journal without any event ``attempts archive``. Attempt ids name one directory
-directly inside the work directory (:func:`attempt_directory`).
-
-An attempt whose journal holds no event (its process was killed after creating the
-attempt directory and before its first event) sent nothing: every mutation is preceded
-by its durable intent, and the staging table is created only after the ``prepared``
-event. Its only possible leftover elsewhere is the ingest lease its command took
-before the journal existed (the caller closes it). :func:`archive_attempt` moves such
-a directory aside, whole, into ``<work_dir>/.archived/`` (a name no attempt id can
-take), once no process has it open; nothing is deleted.
+:func:`finishing_command` names ``attempts cleanup``, ``attempts discard`` or, for a
+journal without any event, ``attempts archive``, and :func:`attempt_directory` resolves
+an attempt id to one directory directly inside the work directory. An attempt with no
+event sent nothing (every mutation follows its durable intent), so
+:func:`archive_attempt` moves its directory aside, whole, into ``<work_dir>/.archived/``
+once no process has it open; nothing is deleted. See docs/operations.md (``no_events``).
 """
 
 from __future__ import annotations

@@ -1,32 +1,14 @@
 """Finding attempts that need an operator, their verified cleanup, and discarding staged tables.
 
-An attempt needs an operator when its journal ends in ``retained_unknown`` or
-``cleanup_failed``, or ends without a terminal state at all (the process died).
-
-Cleanup needs every mutation the journal shows as sent to be settled: acknowledged
-(or answered with an exception, or never sent) as a later event records, or proven
-terminal now: by ``KILL QUERY ... SYNC`` / ``system.query_log`` (only entries of a
-query sent as the attempt's principal, in its database, within the intent's dispatch
-window: attempt ids and so query ids are chosen by users), or by the server having
-started after the mutation's dispatch window closed (a restarted server runs nothing
-of its previous life; its query log may be empty). The window closes when the
-request deadline passes, or earlier when the journal records that the sending call
-returned (``returned``: the transport had stopped sending); when the sending process
-itself died, only the deadline closes it. Only a table proven to be
-the attempt's own (UUID, ownership mark, name) is dropped. A refused cleanup writes
-nothing: ``attempts list`` shows the same afterwards. Nothing is inferred from silence.
-
-A staged table that will never be published is discarded the same way: ownership
-verified, a durable intent, its own query id (``-discard``), removal verified.
-
-A journal without events is neither cleaned nor discarded (``journal_empty``): it
-records nothing to act on, because nothing was sent; it is archived
-(:mod:`dpone.staging.leftovers`).
-
-Every operation first checks that the endpoint is the server and database the journal
-bound (``endpoint_mismatch`` otherwise, writing nothing): another server's start
-time or missing table proves nothing here. Attempt ids name one directory directly
-inside the work directory (:func:`attempt_directory`).
+An attempt needs an operator when its journal ends ``retained_unknown`` or
+``cleanup_failed``, or without a terminal state. Cleanup settles every mutation the
+journal shows as sent, from a later event or a proof now (``KILL QUERY ... SYNC``, the
+query log of the mutation's own origin, or a server started after its dispatch window
+closed), and drops only a table proven the attempt's own; discarding a staged table
+that will never be published is the same, under its own ``-discard`` query id. A
+refusal writes nothing; a journal without events is archived instead
+(:mod:`dpone.staging.leftovers`); every operation first checks the endpoint the journal
+bound (``endpoint_mismatch``). See docs/staging.md ("Operator recovery").
 """
 
 from __future__ import annotations

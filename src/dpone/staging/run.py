@@ -1,20 +1,12 @@
 """The journal-facing state of one staging attempt, changed in one place.
 
-``AttemptRun`` writes every event of an attempt: it moves the state machine (never
+:class:`AttemptRun` writes every event of an attempt: it moves the state machine (never
 implicitly), keeps the base fields every event carries, and records how each sent
-mutation settled. A mutation's intent carries its dispatch window on this machine's
-wall clock (``not_before_ms``, ``not_after_ms``): the transport never starts sending after
-the request deadline, so a server that started after ``not_after`` cannot be running
-it. The first event after a mutation returns (or fails with a settled outcome)
-carries ``settled`` with its query id: acknowledged mutations need no further proof.
-When the call that sent a mutation returns without a settled outcome (the transport
-has stopped sending: the HTTP connection is closed, the client child reaped), the next
-event carries ``returned`` with that wall time: the dispatch window closed then, so a
-server that started later cannot be running the query either.
-
-Query ids are predictable (attempt ids come from users), so query-log evidence about
-a mutation counts only for a query sent as the attempt's principal, in its database,
-within its dispatch window (:func:`dispatch_origin`).
+mutation settled (``settled``), or that its sending call returned without a settled
+outcome (``returned``, which closes its dispatch window). Query-log evidence about a
+mutation counts only for a query of the attempt's principal, in its database, within
+that window (:func:`dispatch_origin`). See docs/staging.md ("The journal", "Operator
+recovery").
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """``ClickHouseValidatedFileService``: a validated file becomes a verified staging table.
 
-It owns the attempt sequence, query ownership and failure cleanup:
-
-    checking -> preparing -> prepared -> creating_staging -> loading -> verifying -> staged
-    a failure before the CREATE intent is durable ends failed_cleaned; after it,
-    cleanup decides: failed_cleaned (terminal query, verified removal), retained_unknown
-    (state unknown, or the endpoint now another server: all is kept) or cleanup_failed
-    (a cleanup step ran and failed: the server refused the DROP).
-
-Before the expensive work it checks the server's user, the database (exists, Atomic),
-the receipt's codec and policy, and that the transport carries every target type. A
-durable journal intent (``journal_factory(policy, attempt_id)``, the port of
-:mod:`dpone.ports.attempt_journal`) precedes every mutation; each has exactly one
-``dpone-b02-<attempt>-<identity|create|insert|drop>`` query id, never retried. The
-reads that prove the staging table the attempt's own: :mod:`dpone.staging.table_checks`.
+It owns the attempt's sequence (``checking``, ``preparing``, ``prepared``,
+``creating_staging``, ``loading``, ``verifying``, ``staged``), query ownership and
+failure cleanup (``failed_cleaned``, ``retained_unknown`` or ``cleanup_failed``). A
+durable journal intent (the port of :mod:`dpone.ports.attempt_journal`) precedes every
+mutation, each with exactly one ``dpone-b02-<attempt>-<kind>`` query id, never retried;
+the reads that prove the staging table the attempt's own are
+:mod:`dpone.staging.table_checks`. See docs/staging.md.
 """
 
 from __future__ import annotations

@@ -2,15 +2,10 @@
 
 A :class:`Family` holds everything dpone knows of one family of target types: its
 ClickHouse type text, its exact reference converter, the compiled converter's code
-for it (None: the reference converts it alone), the override forms that name it, and
-the declared source types (SQL Server spelling, see ``families.py``) it is the
-default target of, each with its bulk-text column kind and the renderer of its
-driver values. The policy (``policy.py``), the renderer (``dpone.exporters.render``),
-the compiled renderer (``dpone.exporters.native_render``) and the compiled converter
-(``dpone.preparation.native.rowbinary``) read this table and keep none of their own:
-a family added here is planned, rendered and converted by the reference with no
-other file changed, and declined by the compiled paths until their C code learns it.
-``docs/type-policy.md`` describes the same table for people.
+(None: the reference converts it alone), its override forms, and the declared source
+types it is the default target of, each with its bulk-text column kind and renderer.
+The policy, the renderers and the compiled converter read this table and keep none of
+their own. See docs/architecture.md ("A type") and docs/type-policy.md.
 """
 
 from __future__ import annotations

@@ -2,27 +2,12 @@
 
 Pure: no I/O. The intent is immutable and binds everything a publication depends on;
 the record says where the publication is (state and revision) and what was observed.
-Both are canonical JSON (:mod:`dpone.contracts.canonical_json`); their digests are
-SHA-256 of the exact canonical bytes that were stored, never of a re-serialisation.
-
-States and revisions (the seed's table)::
-
-    PREPARED        exactly 1   no dispatch claim yet
-    EXCHANGE_INTENT exactly 2   the single claim is durable, the SQL outcome unknown
-    PUBLISHED       3 or 4      closed publisher, observed B/A UUID pair, full B parity
-    NOT_PUBLISHED   2 to 4      closed publisher and A/B observed; 2 only by cancellation
-    COMMIT_UNKNOWN  exactly 3   something uncertain; ownership retained (it keeps its
-                                revision while it stays unknown, so 4 and later are refused)
-
-Edges: none -> PREPARED(1); PREPARED(1) -> EXCHANGE_INTENT(2) | NOT_PUBLISHED(2);
-EXCHANGE_INTENT(2) -> PUBLISHED(3) | NOT_PUBLISHED(3) | COMMIT_UNKNOWN(3);
-COMMIT_UNKNOWN(n) -> PUBLISHED(n+1) | NOT_PUBLISHED(n+1). Never PREPARED -> COMMIT_UNKNOWN.
-
-The parts: :mod:`.states` (the states, revisions, edges and the members each state
-needs), :mod:`.intent` (the intent and its principals), :mod:`.limits` (its ceilings),
-:mod:`.record` (the record, its members and their vocabulary), :mod:`.reconcile`
-(which state observed facts prove), :mod:`.query_ids` (the statements' ids) and
-:mod:`.checks` (the value checks the documents share).
+Both are canonical JSON (:mod:`dpone.contracts.canonical_json`), and their digests are
+SHA-256 of the exact stored bytes, never of a re-serialisation. The parts:
+:mod:`.states` (the states, revisions, edges and the members each state needs),
+:mod:`.intent`, :mod:`.limits`, :mod:`.record`, :mod:`.reconcile` (which state observed
+facts prove), :mod:`.query_ids` and :mod:`.checks`. The states, their revisions and the
+allowed moves are in docs/publication.md ("The model").
 """
 
 from dpone.contracts.composition_snapshot.intent import (

@@ -1,14 +1,12 @@
 """The PostgreSQL source (``kind = "postgres"``, ``postgresql://user@host[:port]/dbname``).
 
-Through ``psycopg`` 3 (extra ``dpone[postgres]``), with libpq's conventions: host,
-port, dbname, user and ``sslmode`` in the file or DSN; the password only from libpq's
-password file (``PGPASSFILE``, else ``~/.pgpass``), never from the file, a URL, argv
-or ``PGPASSWORD``. A table is read in one ``REPEATABLE READ, READ ONLY`` transaction
-through a binary server-side cursor; its snapshot (``pg_current_snapshot()``) is
-recorded in the receipt. Each column's type is mapped onto the policy's families
-(:func:`column_type`); dates, timestamps and times are loaded from their binary form
-straight to text, so every value ClickHouse can hold is exact and any other is refused
-with ``value_out_of_range``, naming the row and the column.
+Through ``psycopg`` 3 (extra ``dpone[postgres]``) with libpq's conventions, the password
+only from libpq's password file. A table is read in one ``REPEATABLE READ, READ ONLY``
+transaction through a binary server-side cursor, its snapshot recorded in the receipt;
+each column's type is mapped onto the policy's families (:func:`column_type`), and dates,
+timestamps and times go from their binary form straight to text, so every value
+ClickHouse can hold is exact and any other is ``value_out_of_range``. See
+docs/configuration.md.
 """
 
 from __future__ import annotations

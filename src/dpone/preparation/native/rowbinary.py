@@ -1,15 +1,11 @@
-"""The compiled conversion (the C files beside this module): whole records to RowBinary, on all cores.
+"""The compiled conversion (the C files beside this module): records to RowBinary, on all cores.
 
 A converter held to the Python reference's bytes, and narrower by design: it takes a
 range of records only when it can prove the reference accepts every value in it, and
-gives the reference's exact bytes and rows digest; anything else it *declines*, and
-the caller converts the file with the reference, which names what is wrong. It never
-decides a refusal.
-
-The library is built from ``rowbinary.c`` and ``values_*.c`` by ``scripts/build_native.sh`` (which
-``scripts/bootstrap.sh`` runs); where it is
-missing or cannot run (no compiler at install time, a big-endian machine), the
-converter is simply not available and the callers use the reference.
+otherwise *declines*, for the reference to convert and name what is wrong; it never
+decides a refusal. The library is built from ``rowbinary.c`` and ``values_*.c`` by
+``scripts/build_native.sh``; where it is missing or cannot run (no compiler, a
+big-endian machine), callers use the reference. See docs/type-policy.md.
 """
 
 from __future__ import annotations

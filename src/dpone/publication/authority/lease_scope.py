@@ -1,27 +1,12 @@
 """What belongs to one lease of a pool user: the scope of its closure.
 
-A pool user is leased again and again, one active lease at a time, so closure acts on
-a lease, never on a bare user name (:class:`LeaseScope`):
-
-- its lower time bound is the lease's issue time: nothing the user ran before the
-  lease (an old attempt's INSERT cut by a server stop, whose QueryStart the saved
-  query log keeps without a finish) belongs to it;
-- its queries carry its marks: the query ids of the publisher's intent
-  (``dpone-s00-<intent[:32]>-``) or of the ingest attempt (``dpone-b02-<attempt>-``);
-- its drain-gate sessions: the publisher's, one per intent it is bound to (from the
-  intent's dispatch notes); the ingest lease's, the session staging's writes ran in
-  (:mod:`dpone.staging.ingest_session`, from the notes under the lease's own key;
-  when staging noted none (the ``client`` transport, or a caller without notes), the
-  session its gated writes would have used, ``derived``, which closure closes and
-  probes all the same);
-- while it was the user's latest lease, everything the user ran from the lease's start
-  is its own, marked or not. Once the user has been leased again (``relet``), only the
-  lease's marked queries, and what started before the lease ended, are its own: its
-  closure kills only its marked queries and accounts only for those and for what
-  started inside its window, never for the new lease's.
-
-The issue time is the store's wall clock; the managed server runs on the same host
-and clock, which the query log's ``event_time_microseconds`` is compared with.
+A pool user is leased again and again, one active lease at a time, so closure acts on a
+lease, never on a bare user name (:class:`LeaseScope`): its window from the lease's issue
+time, its query-id marks (``dpone-s00-<intent[:32]>-`` for the publisher,
+``dpone-b02-<attempt>-`` for the ingest lease), its drain-gate sessions, and whether the
+user was leased again since (``relet``), after which only the lease's marked queries and
+what started in its window are its own. See docs/publication-principals.md ("What the
+closure rests on").
 """
 
 from __future__ import annotations

@@ -1,40 +1,15 @@
 """A closure's account of the principal's open sign-ins: every request, whatever its shape.
 
-The drain gate (:mod:`dpone.publication.authority.session_drain`) stops what runs in the lease's
-own HTTP sessions, the process samples and the query log what the server registered
-as a query. A request as the same user *without* the session parameters, whose body
-the server is still reading (an INSERT whose chunked body is held open: the server
-reads up to ``max_query_size`` of it before it parses, registers or logs the query),
-is in none of them, and lands when the body ends. It is signed in, though: the server
-logs a ``LoginSuccess`` in ``system.session_log`` when it authenticates a request (or
-a native connection) and a ``Logout`` when it ends, both under the user's name. So
-the closure counts them, for the user, since the server's current process began:
-
-- logins minus logouts is the number of requests (and connections) of the user still
-  open; the closure's own requests as the user (the session closes and probes) have
-  answered by then, so any left is someone else's. (The log's ``auth_id`` would pair
-  them, but this engine writes one constant id for every sign-in: checked.) Fewer
-  logins than logouts means the log lost rows: the count is then not observed;
-- a count above zero is read again (after another ``SYSTEM FLUSH LOGS``) a few times:
-  a logout logged a moment after its answer settles; a request held open stays, and
-  the closure is not proven (``logins_open``): it waits for it, then refuses;
-- no ``system.session_log`` (a server whose configuration lacks the ``<session_log>``
-  section; ClickHouse's default config.xml has it commented out), or a closer
-  without its grant on it (a pool rendered before it): the count is
-  ``None``, the closure says so (``facts["logins"]["observed"]``) and is not proven
-  (:data:`LOGINS_UNOBSERVABLE`, for the ingest's lease and the publisher's alike)
-  unless the operator accepts a closure on samples and the query log alone
-  (``accept_ungated_ingest``). Prepare names it ``ingest_logins_unobservable``,
-  reconcile leaves the record ``commit_unknown`` with reason
-  ``publisher_logins_unobservable`` and abandon refuses with that code.
-- a user leased again (``relet``) is not counted for an earlier lease's closure (the
-  new lease's requests are its own, and the log cannot tell them apart): nothing of
-  the earlier lease is missed, because the store never leases a user again before its
-  last lease's closure is proven, and that proof, made while the lease was the
-  user's latest, counted the user's open sign-ins (or accepted them unobserved).
-
-The count is read in the request the closure already makes for the server's start
-time and its query-log account, so it costs no request when nothing is open.
+A request as the lease's user without the drain gate's session, whose body the server is
+still reading, is in no process sample and no query log yet, but the server has
+authenticated it: ``system.session_log`` logs a ``LoginSuccess`` for it and a ``Logout``
+when it ends. So, while the lease is the user's latest, the closure counts logins minus
+logouts since the server's current process began, reads a count above zero again after
+flushing the logs, and is not proven while one stays open (``logins_open``) or when the
+log cannot be read (:data:`LOGINS_UNOBSERVABLE`, unless the operator accepts a closure
+without it). The count rides on the request the closure already makes for the server's
+start time. See docs/publication-principals.md ("Every request of the principal, not one
+shape").
 """
 
 from __future__ import annotations

@@ -1,32 +1,12 @@
 """The drain gate's requests of a closure: close each opened HTTP session, then probe it.
 
-A lease's writes ran in HTTP sessions whose every request after the opening carries
-``session_check=1`` (the publisher's EXCHANGE session, the ingest lease's staging
-session): once the session is gone, a request delayed in flight fails with 372
-SESSION_NOT_FOUND and changes nothing. The closure makes the session go and proves it
-gone, with the principal's own credentials (sessions are per user):
-
-1. **close**: ``SELECT 1`` with ``session_check=1`` and ``close_session=1``. ClickHouse
-   erases a session so closed from its table before the answer's end
-   (``releaseAndCloseSession`` in ``Session.cpp``, with the server's default
-   ``enable_http_close_session``); a request that arrives afterwards cannot acquire
-   it. The close counts as ended only when a probe right after it answers 372 (a
-   server that ignores the parameter answers 200 and keeps the session); 373
-   SESSION_IS_LOCKED (a request holds it right now) or no answer leaves the session
-   to its timeout;
-2. **wait**, only for a session the close did not end: its T plus the margin, from
-   now;
-3. **probe**: ``SELECT 1`` with ``session_check=1``; the proof is 372. A probe that
-   finds the session open re-arms it for the full T (checked) and is noted, so a
-   later closure waits again.
-
-Only the opening (which creates the session) lacks ``session_check``. The executor
-sends a write only after its opening answered and after re-checking, under the
-dispatch gate, the lease this closure ended first; so an opening still in flight when
-the close answers 372 can at most create an empty session that nothing writes in.
-Closing first also turns the old window, in which a request held back for less than T
-still ran, into a 372: a closure that waits first lets it run (and then finds it in
-the query log), one that closes first stops it.
+A lease's writes run in HTTP sessions whose every request after the opening carries
+``session_check=1``, so once the session is gone a request delayed in flight fails with
+372 SESSION_NOT_FOUND and changes nothing. With the principal's own credentials
+(sessions are per user) the closure closes each session (``close_session=1``), waits T
+plus the margin only for one the close did not end, and probes it: the proof is a 372.
+See docs/publication-principals.md ("The authority", step 4, and "What the closure rests
+on").
 """
 
 from __future__ import annotations

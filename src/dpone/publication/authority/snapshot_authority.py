@@ -1,49 +1,15 @@
-"""The publication authority: reopens the evidence, issues and closes principals.
+"""The publication authority: reopens a staging attempt's evidence, issues and closes principals.
 
-``reopen`` never trusts a caller's object: it reads the staging journal from disk
-(:func:`read_events` verifies sequence, chain and canonical bytes), requires the final
-event to be ``staged`` and ``generation_ref`` to be exactly its SHA-256, reopens the
-receipt and the derived identity the journal binds, the ingest principal that every
-event names and its lease for the attempt, and the admission with its epochs. Any
-inconsistency raises ``evidence_unverified`` naming what was wrong.
-
-``close_principal`` (custodial on the embedded server, where a user cannot be
-revoked while the server runs) acts on one lease, never on a bare user name (its
-:class:`~dpone.publication.authority.lease_scope.LeaseScope`):
-
-1. holding the dispatch gate (:mod:`dpone.publication.dispatch.dispatch_gate`) that every
-   dispatch holds: the server's clock, then the lease ends (no credentials, and no
-   dispatch of this lease can open a session or send from now on), then the lease's
-   scope is read: its window, its query-id marks and its sessions' dispatch notes;
-2. ``KILL QUERY ... SYNC`` as the closer: every query of the user while this lease is
-   the user's latest; only the lease's marked queries once the user was leased again;
-3. samples of ``system.processes`` for the user over a window (several, never one);
-4. the drain gate for each HTTP session of the lease
-   (:mod:`dpone.publication.authority.session_drain`): the session is closed first
-   (``close_session=1``, with the principal's credentials: sessions are per user), so
-   a request delayed in flight fails with 372 on arrival; only a session the close did
-   not end (373: a request holds it; no answer; a probe right after it found it open)
-   is waited out, T plus a margin from now. The whole proof runs under the gate. No
-   session-opening note means no session: the executor notes the opening under the
-   gate after re-checking the lease this closure has ended. The probe, with
-   ``session_check=1``, must answer 372 SESSION_NOT_FOUND (nothing runs or can start
-   in it); 373 or an open session is not proof, and a probe that finds the session
-   open re-arms it for the full T again (checked), so a later closure waits again;
-5. ``SYSTEM FLUSH LOGS`` and the query-log account of the lease: every QueryStart of
-   the lease since the lease was issued has its finish or exception, and nothing
-   started after the closure began. Queries from before the lease are not the lease's;
-   a start without a finish from before the server's current process began (an INSERT
-   cut by a server stop or crash) is settled by the restart: the process that ran it
-   is gone (``facts["query_log"]["settled_by_restart"]``);
-6. while the lease is the user's latest, the user's open sign-ins
-   (:mod:`dpone.publication.authority.login_account`): a request of any shape the server has
-   authenticated and not ended, such as an INSERT without the session parameters
-   whose body is held open, which no sample or query log shows yet.
-
-The proof is ``proven`` only when every step held; ``facts`` record all of it, and
-it is appended to the store under the lease's step key, proven or not. Step 4's
-sessions (the publisher's EXCHANGE session, the ingest lease's staging session) and an
-ingest lease's ``facts["ingest_gate"]`` are in docs/publication-principals.md.
+:class:`SnapshotAuthority` implements the authority port. ``reopen`` never trusts a
+caller's object: it reads the staging journal, the receipt, the ingest principal and its
+lease and the admission from disk and store, and any inconsistency is
+``evidence_unverified`` naming what was wrong. ``close_principal`` acts on one lease
+(:mod:`~dpone.publication.authority.lease_scope`) under the dispatch gate: it ends the
+lease, kills and samples the lease's queries, drains its HTTP sessions
+(:mod:`~dpone.publication.authority.session_drain`), accounts for its query log and its
+open sign-ins (:mod:`~dpone.publication.authority.login_account`), and appends the proof
+to the store under the lease's step key, proven or not. The steps and what each proves
+are in docs/publication-principals.md ("The authority").
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """The ClickHouse snapshot catalog: a fresh, complete observation of a publication's names.
 
-Implements :class:`dpone.ports.composition_snapshot.ClickHouseSnapshotCatalog` over one
-:class:`~dpone.ports.clickhouse.QueryPort` that carries the catalog principal's
-credentials. Every call reads the server again (only the content digest of a table whose
-UUID, design and parts are unchanged is taken from :mod:`.contents`), every query has
-its own read query id, and any failed, partial or malformed answer raises
-:class:`CatalogUnobservable` instead of turning into an empty list or a zero. The
-rules (what is part of the design, which side effects block, which grants count as
-writers) are documented in docs/publication-catalog.md.
-
-The parts, one concern a module: the reads and their typed failures
-(:mod:`.reads`), the SQL text the server shows (:mod:`.sql`), a table's
-design and content (:mod:`.design`), the side effects around it
-(:mod:`.side_effects`), the tables that write into it (:mod:`.writers`), its
-untrusted writers (:mod:`.grants`) and which principals are allowed per observation
-(:mod:`.allowance`).
+:class:`ClickHouseSnapshotCatalog` implements
+:class:`dpone.ports.composition_snapshot.ClickHouseSnapshotCatalog` over one
+:class:`~dpone.ports.clickhouse.QueryPort` carrying the catalog principal's credentials.
+Every call reads the server again (only a content digest of an unchanged table is
+reused, :mod:`.contents`), and a failed, partial or malformed answer raises
+:class:`CatalogUnobservable`, never an empty list or a zero. Its parts, one concern a
+module: :mod:`.reads`, :mod:`.sql`, :mod:`.design`, :mod:`.side_effects`,
+:mod:`.writers`, :mod:`.grants` and :mod:`.allowance`. The rules are in
+docs/publication-catalog.md.
 """
 
 from __future__ import annotations
@@ -124,21 +118,14 @@ _TABLES_SQL = (
 class ClickHouseSnapshotCatalog:
     """Observes a publication's target slot and generation table, fresh on every call.
 
-    ``transport`` carries the catalog principal (read-only on the protected databases
-    and the system tables, plus ``SYSTEM FLUSH LOGS``). ``trusted_users`` are the users
-    whose write grants are allowed at every observation (the administrator, the
-    catalog, the closer); ``allowed_writers``, when given, is asked once per
-    observation for the principals allowed now (for a leased pool,
-    :func:`lease_allowance`). Any other user able to write either table blocks.
-    ``recorded_uuids``, when given, answers per database the table UUIDs the store
-    recorded (:func:`dpone.publication.ceilings.retained.recorded_table_uuids`), read once
-    per observation: every table holding one counts toward the retained bytes, except
-    a table under a name ``live_targets`` answers (another slot's live target,
-    :func:`dpone.publication.ceilings.retained.recorded_target_names`), which is that slot's A.
-    ``idle_pool``, when given, answers per observation the pool's users that no lease
-    of the observed publication holds (:func:`accounted_pool_users`: without an active
-    lease, or held by another run's): what they ran against either table is read in
-    the observation's batch and blocks (:mod:`.pool_queries`).
+    ``transport`` carries the catalog principal. ``trusted_users`` may hold write grants at
+    every observation; ``allowed_writers`` (for a leased pool, :func:`lease_allowance`) is
+    asked once per observation for the principals allowed now, and any other user able to
+    write either table blocks. ``recorded_uuids`` and ``live_targets``
+    (:mod:`dpone.publication.ceilings.retained`) say which tables count as retained, read
+    once per observation; ``idle_pool`` (:func:`accounted_pool_users`) names the pool users
+    whose queries against either table are read and block (:mod:`.pool_queries`). See
+    docs/publication-catalog.md and docs/publication-storage.md.
     """
 
     def __init__(

@@ -1,31 +1,14 @@
 """Which principals may hold a write grant on a publication's tables, per observation.
 
-The catalog reports every user that can write the target or the generation unless the
-user is trusted. Beside a fixed set (the administrator, the catalog, the closer), the
-caller passes an :data:`AllowedWriters` callable that answers, for each observation,
-the principals allowed now. :func:`lease_allowance` is that callable for a leased pool,
-decided by each pool user's last lease:
-
-- an active lease: allowed. The user is one of dpone's own principals in custody: its
-  credentials exist only inside the process that holds the lease, every write it sends
-  carries the lease's query-id mark and (over HTTP) runs in a drain-gated session, and
-  its closure is proven before anything of its own attempt is published. Several
-  tables of one database can therefore stage and prepare at once; what a *stale*
-  active lease (its holder killed) may still send is what ``dpone snapshot leases``
-  and ``dpone status`` name, and ending it turns it into the next case;
-- an ended lease: allowed only when the closure of that lease is proven and stored
-  (``closure_proven``). Until then a request of it may still arrive, so the user is a
-  writer outside the leases and blocks (``writer_grant``) until
-  ``dpone snapshot close-lease`` proves the closure;
-- never leased: allowed. No credential of it was handed out, so nothing of dpone's
-  runs as it (its password is in the same 0600 file as the administrator's; that file
-  is the custody either way).
-
-A grant allowed is not a write allowed: every pool user that no lease of the
-observation's own publication holds (never leased, its last lease ended, or held right
-now by another run's active lease) is accounted for at each observation by what it ran
-against the generation and the target (:mod:`.pool_queries`);
-:func:`accounted_pool_users` says who they are and since when.
+Beside a fixed set of trusted users (the administrator, the catalog, the closer), the
+caller passes an :data:`AllowedWriters` callable answering, for each observation, the
+principals allowed now. :func:`lease_allowance` is that callable for a leased pool,
+decided by each pool user's last lease: an active lease is allowed, an ended one only
+once its closure is proven and stored, a user never leased is allowed. A grant allowed
+is not a write allowed: :func:`accounted_pool_users` names the pool users whose queries
+against the tables are read (:mod:`.pool_queries`). See docs/publication-principals.md
+("Who may write: leases, not the pool") and docs/publication-catalog.md ("Who may
+write").
 """
 
 from __future__ import annotations
@@ -116,26 +99,15 @@ def accounted_pool_users(
     peer: Callable[[Lease], bool] = lambda lease: False,
 ) -> dict[str, Idle]:
     """Each pool user that no lease ``own`` accepts holds now, and since when what it
-    runs is no closed lease's:
+    runs is no closed lease's (Unix microseconds).
 
-    - no active lease: from its last lease's end, or (never leased) from when the store
-      was made (``store_made_us``; 0 when unknown): what ran before this store existed,
-      under another store the pool was handed over from, is not this store's to
-      account for;
-    - an active lease ``own`` refuses (another run's): from where it would count had
-      it no lease, its previous lease's end (``ended_us``: each user's last ended
-      lease's end), or the store's making: a query of its idle time before this lease
-      is still accounted, and what its current lease runs is another run's, which
-      never writes this publication's tables;
-    - an active lease ``own`` accepts (the observed publication's own ingest or
-      publisher): not accounted; the own closures are proven before anything is
-      published;
-    - an active lease ``peer`` accepts (another attempt's publisher of the same slot):
-      accounted as another run's, except for the statements the slot's protocol
-      decides between attempts (``slot_peer``: its CREATE of the target, its EXCHANGE).
-
-    ``last`` holds each user's last lease with its end (Unix microseconds, None while
-    active), oldest first; the last one seen of each user decides.
+    A user with no active lease counts from its last lease's end, or, never leased, from
+    the store's making (``store_made_us``; 0 when unknown); one whose active lease ``own``
+    refuses (another run's) from its previous lease's end (``ended_us``) or the store's
+    making; one whose lease ``own`` accepts is not accounted; one whose lease ``peer``
+    accepts (another attempt's publisher of the same slot) is accounted as another run's,
+    except for ``slot_peer`` statements. ``last`` holds each user's last lease with its end
+    (None while active), oldest first. See docs/publication-catalog.md ("Who may write").
     """
     latest: dict[str, tuple[Lease, int | None]] = {}
     for lease, ended in last:

@@ -1,21 +1,12 @@
 """A table's content digest, computed by the server once for each state of the table.
 
-The content (row count and digest of the stored columns, :func:`read_content`) is the
-expensive read of an observation: a full scan. A refresh observes the same two tables
-several times (its check, prepare, the recheck before the EXCHANGE and the reconcile
-after it), and the digest of a table whose UUID, design and active parts are what they
-were when its digest was computed proves nothing new. Its rows are those rows: a part
-never changes under its name, its ``hash_of_all_files`` covers every file it has, and
-whatever changes rows (an insert, a merge, a mutation, a lightweight delete or update,
-an attach, a truncate) changes the set of active parts, names or hashes.
-
-So the process keeps each digest under that key (:data:`MEMO`), and an observation
-that finds its key takes the digest instead of asking for it again. Only a plain
-MergeTree table with no blocker qualifies (:func:`content_key`). A digest is kept only
-when the parts read before it equal the parts read after it, in the observation's
-recheck, and no mutation in flight or row policy is found then: it belongs to exactly
-that set of parts. An observation that took a kept digest and then sees other parts at
-its recheck is refused. Nothing else is kept, and nothing is kept across processes.
+The content (row count and digest of the stored columns, :func:`read_content`) is a
+full scan, and a refresh observes the same tables several times. A table whose UUID,
+design and active parts are what they were when its digest was computed holds the same
+rows, so the process keeps each digest under that key (:data:`MEMO`, never across
+processes) for a plain MergeTree table with no blocker (:func:`content_key`), only when
+the parts read before and after it agree. See docs/publication-catalog.md ("What an
+observation contains").
 """
 
 from __future__ import annotations

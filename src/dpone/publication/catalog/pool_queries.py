@@ -1,36 +1,14 @@
 """Queries of the pool's other principals against a publication's tables: found, never assumed.
 
-Every pool principal but the observed publication's own (its ingest and publisher
-leases) is accounted for (:func:`.allowance.accounted_pool_users`): one with no active
-lease (never leased by this store, or its last lease ended) holds no credential dpone
-handed out, so nothing of dpone's runs as it; one held by another run's active lease
-runs that run's statements, which never touch this publication's tables (a run
-stages into its own ``dpone_stage_<attempt>`` and publishes into its own slot). Either
-way its grants still let it write the generation (B) and the target. Its write grant
-alone is allowed (:mod:`.allowance`); what it *did* is read, in the observation's one
-batched request (:meth:`~dpone.publication.catalog.reads.CatalogReads.prefetch`), from
-the server itself:
-
-- ``system.processes``: every query of such a user whose text names B or the target
-  (as a whole word not followed by ``.``: a name qualifying another is a database's),
-  running now; for a user another run holds, not a SELECT (which writes nothing, and
-  that run's reads of its own tables may mention a word equal to the target's name);
-- ``system.query_log``: every query other than a SELECT of such a user that started
-  against B or the target (its ``tables``) since B was created (its
-  ``metadata_modification_time``, a lower bound of B's sealing; with no B under the
-  name, nothing is read from the log) and from the user's ``since_us`` on: after its
-  last lease ended (what ran inside a lease is that lease's, and its closure accounted
-  for it), for a user never leased after the store was made, and for a user another
-  run holds after its previous lease ended (its idle time before the current lease
-  counts as an idle user's would).
-
-Each one found, for a user whose grants let it write that table, is a
-``pool_writer_query`` blocker naming the user, the query and the table. The read
-answers rows or fails (:class:`~dpone.publication.catalog.reads.CatalogUnobservable`):
-an empty answer is the proof of absence. The query log holds what the server
-flushed: the prepare's closure flushes it right before the observation; a later
-observation sees what the server's own flush (every second on the managed server)
-wrote, and a write into B that finished in between shows in B's content digest.
+Every pool principal but the observed publication's own may hold a write grant on the
+generation (B) and the target (:mod:`.allowance`); what it *did* is read from the server
+in the observation's one batched request
+(:meth:`~dpone.publication.catalog.reads.CatalogReads.prefetch`): its queries naming
+either table in ``system.processes`` now, and its non-SELECT queries against either in
+``system.query_log`` since B was created and since the user's own lower bound
+(:func:`.allowance.accounted_pool_users`). Each one found, for a user able to write that
+table, is a ``pool_writer_query`` blocker; an empty answer is the proof of absence. See
+docs/publication-catalog.md ("Who may write").
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Several slots of one database observed at once, for what would refuse each one.
 
-A refresh of several tables first asks, for each, whether its target has a side
-effect or a writer the publisher would refuse (``project/refresh_checks.py``). Each
-read of an observation costs the server the same whatever names it asks for
-(docs/publication.md, "Many tables in one run"), so the slots of one database are
-read together: every name of every slot in each read, and each slot judged from its
-own rows with its own allowance and its own accounted pool users, as observing it
-alone would judge it. Only a slot whose generation does not exist yet is judged
-here (its logged pool queries are then bounded as its own observation bounds them:
-no B, nothing read from the log); any other answers None, for the caller to observe
-on its own.
+A refresh of several tables first asks, for each, whether its target has a side effect
+or a writer the publisher would refuse (``project/refresh_checks.py``). A read costs the
+server the same whatever names it asks for, so the slots of one database are read
+together and each judged from its own rows as observing it alone would judge it. Only a
+slot whose generation does not exist yet is judged here; any other answers None, for the
+caller to observe on its own. See docs/publication.md ("Many tables in one run").
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Tables that write into (or follow the name of) a publication's tables: hidden writers.
 
-A ``Buffer`` flushes its rows into its destination long after they were inserted, a
-``Distributed`` (or ``Remote``) table sends inserts to the table it names, an ``Alias``
-writes through to it, and a ``Merge`` table reads every table its regular expressions
-match; all of them resolve their table by name, so after an EXCHANGE they act on the
-other table. Any other engine whose definition names the table is treated the same
-way. They are found in every database of the server, and each one is a
-``writer_table`` blocker naming the table and its engine.
-
-Engines whose definition cannot name another table (the MergeTree family, Memory,
-the Log family, Null, Set, Join, the system tables) are not read. Materialized views
-are handled by :mod:`.side_effects` through ``target_table``; plain views only read
-(docs/publication-catalog.md).
+A ``Buffer``, a ``Distributed`` or ``Remote`` table, an ``Alias`` or a ``Merge`` table
+resolves the table it names by name, so after an EXCHANGE it acts on the other table.
+Every table of the server whose engine can name another table and whose definition
+names one of the publication's tables is a ``writer_table`` blocker naming the table and
+its engine; materialized views are :mod:`.side_effects`'. See
+docs/publication-catalog.md ("Tables that write into a table").
 """
 
 from __future__ import annotations

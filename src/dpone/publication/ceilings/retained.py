@@ -1,18 +1,12 @@
 """Retained storage: the tables dpone retained or created, and the headroom they leave.
 
-Two questions about a database's storage that the store and the ceilings answer:
-
-- **Which tables count as retained.** Every intent the store holds recorded, at
-  ``prepare`` and before anything was exchanged, the UUID of the target it found (A,
-  the user's original target or the empty target a first publication created) and
-  of the generation (B). An EXCHANGE or a RENAME keeps a table's UUID, so wherever
-  those tables sit now in the database, their UUIDs say they are dpone's.
-  :func:`recorded_table_uuids` answers them, per database, fresh at each call; the
-  catalog counts every table of the slot's database whose UUID is recorded, plus
-  the staged generations that have no intent yet (their ownership mark).
-- **How much a stream may still add.** :func:`headroom_policy` narrows staging's
-  streaming byte bound to what the total transient ceiling leaves once what is
-  retained now is counted.
+:func:`recorded_table_uuids` answers, per database and fresh at each call, the UUIDs of
+the targets (A) and generations (B) every stored intent recorded at ``prepare``: an
+EXCHANGE or a RENAME keeps a table's UUID, so wherever those tables sit now, their UUIDs
+say they are dpone's, and the catalog counts them (with the staged generations that have
+no intent yet) as retained. :func:`headroom_policy` narrows staging's streaming byte
+bound to what the total transient ceiling leaves once that is counted. See
+docs/publication-storage.md.
 """
 
 from __future__ import annotations
@@ -97,22 +91,14 @@ def headroom_policy(
 ) -> StagingPolicy:
     """``base`` with its byte bounds narrowed to the storage headroom left now.
 
-    ``retained_now`` is what the slot's database retains now (the target and every
-    retained table, the catalog's count). The headroom is the total transient ceiling
-    less that; the streaming bound becomes ``min(base.max_spool_bytes, headroom)``,
-    where the base is normally already the wire-bytes ceiling, and the bound of what
-    the staged table stores ``min(base.max_stored_bytes, headroom)``.
-
-    Why wire bytes: while the INSERT streams, the producer knows only the bytes it
-    writes into the spool and sends as the body (``max_spool_bytes`` bounds both);
-    what the server will store for them (``total_bytes``, after compression, part
-    overhead and merges) exists only once the rows are in. So this bound is the
-    producer's best early stop, not a proof: the final storage values are checked
-    again at ``prepare`` and once more at ``publish`` against the intent's ceilings.
-
-    Refuses (``limit_exceeded``, naming the ceiling, the observed value and the
-    limit) when what is retained is already over its own ceiling or leaves no
-    headroom: such a generation could never be prepared.
+    ``retained_now`` is what the slot's database retains now (the catalog's count). The
+    headroom is the total transient ceiling less that; ``max_spool_bytes`` (normally the
+    wire-bytes ceiling already) and ``max_stored_bytes`` each become the smaller of
+    themselves and the headroom: an early stop, not a proof, since what the server stores
+    exists only once the rows are in. Refuses (``limit_exceeded``, naming the ceiling, the
+    observed value and the limit) when what is retained is already over its own ceiling or
+    leaves no headroom. See docs/publication-storage.md ("When the storage ceilings are
+    checked").
     """
     if retained_now > limits.retained_storage_bytes:
         raise ceiling_exceeded(RETAINED_CEILING, retained_now, limits.retained_storage_bytes)

@@ -1,22 +1,12 @@
 """Which publication ceiling stopped a staging stream, said as the ceiling.
 
-:func:`~dpone.publication.composition.staging_policy` turns a publication's ceilings
-into staging's streaming bounds: source rows bound the record count, source bytes each
-verification scan, and wire bytes, generation storage and total transient storage the
-RowBinary spool as it is written and the INSERT body as it is sent; generation storage
-and total transient storage bound what the staged table stores, checked once its rows
-are in and before it is recorded staged (a failure there drops the table). Staging
-stops at each bound with its own code (``too_many_records``,
-``verification_budget_exceeded``, ``spool_budget_exceeded``, ``body_limit_exceeded``,
-``storage_budget_exceeded``);
-:func:`stream_refusal` says which ceiling that bound was, its configured value and the
-key that sets it (``limit_exceeded``), so a person knows what to change.
-
-Why wire bytes stand for the two storage ceilings too: while the rows stream, the
-producer knows only the bytes it writes and sends; what the server stores for them
-exists only once they are in. The wire bytes are the producer's early stop (before
-anything remote), the stored size the exact one before the table counts as staged;
-both are checked again at ``prepare`` and ``publish``.
+:func:`~dpone.publication.composition.staging_policy` turns a publication's ceilings into
+staging's streaming bounds, and each bound stops a stream with staging's own code;
+:func:`stream_refusal` says which ceiling that bound stood for, its configured value and
+the key that sets it (``limit_exceeded``), so a person knows what to change. Wire bytes
+stand for the storage ceilings while the rows stream (what the server stores exists only
+once they are in): an early stop, checked again at ``prepare`` and ``publish``. See
+docs/publication-storage.md ("When the storage ceilings are checked").
 """
 
 from __future__ import annotations

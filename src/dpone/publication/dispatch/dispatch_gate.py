@@ -1,29 +1,14 @@
 """The serialization of dispatch against closure, one gate per principal, across processes.
 
-A publisher's EXCHANGE (and a first publication's CREATE, and the drop of a target it
-created) and the closure of a principal each run while holding an exclusive
-``fcntl.flock`` on that principal's file beside the snapshot store (:func:`gate_path`
-names the store's, ``<store>.dispatch.lock``; each principal's is that name plus its
-user). The executor, holding it, re-checks its lease and the claim before it opens the
-drain-gate session and again before it sends; closure ends the lease while holding it.
-So once a closure has ended a lease, no process can open that lease's session or send
-its statement any more, and a session-opening note that closure does not find was
-provably never written. Everything a dispatch or a closure does is the principal's own
-(its lease, its sessions, its queries), so the principals do not wait for each other:
-one table's closure, with its seconds of process samples, or a stopped holder, never
-holds up another table's dispatch or closure under another principal. What a dispatch
-changes is also its slot's (the target name), which two attempts of one table share:
-each dispatch takes its slot's gate before its principal's
-(:meth:`DispatchGate.held_for_slot`). A pool
-verification, which signs in as every principal, holds every principal's gate
-(:meth:`DispatchGate.held_for_all`, in one order, so no two holders can wait on each
-other).
-
-The file is opened anew for every acquisition: ``flock`` locks belong to an open file
-description, so two threads of one process exclude each other exactly as two
-processes do. A process that dies (even by SIGKILL) releases the lock with its
-descriptors; a process that is only stopped (SIGSTOP) keeps it, and a waiter gives up
-after ``wait_seconds`` with ``dispatch_gate_busy`` rather than hang.
+A dispatch (the EXCHANGE, a first publication's CREATE, the drop of a target it created)
+and the closure of a principal each hold an exclusive ``fcntl.flock`` on that
+principal's file beside the snapshot store (:func:`gate_path`: ``<store>.dispatch.lock``
+plus the user), opened anew for every acquisition; a dispatch takes its slot's gate
+first (:meth:`DispatchGate.held_for_slot`), and a pool verification holds every
+principal's gate (:meth:`DispatchGate.held_for_all`, in one order). Once a closure has
+ended a lease under the gate, no dispatch of that lease can open its session or send.
+A waiter gives up after ``wait_seconds`` with ``dispatch_gate_busy``. See
+docs/publication-principals.md ("The executor", "What the closure rests on").
 """
 
 from __future__ import annotations

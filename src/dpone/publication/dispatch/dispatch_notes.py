@@ -1,29 +1,15 @@
 """What a dispatch durably notes about its drain-gate session, and the guard it runs under.
 
-The executor, holding the dispatch gate (:mod:`dpone.publication.dispatch.dispatch_gate`), notes
-in the store's ``steps`` under ``dispatch/<intent_sha256>``:
-
-- ``session_opening`` before the request that opens the session leaves;
-- ``session_open_answered`` / ``exchange_answered`` after each request answered:
-  the wall-clock time of the answer (``answered_at``, Unix seconds), the outcome and
-  its reason;
-- ``dispatch_refused`` when a re-check under the gate refused (nothing was sent), with
-  the reason.
-
-Staging's ingest drain gate notes its session the same way under its lease's key
-(``lease/<lease_id>``, :mod:`dpone.staging.ingest_session`), with ``write_sending``
-before each write and ``write_answered`` after it; a request noted as sending without
-a later answer may still be running.
-
-Closure reads these notes under the same gate (:func:`session_use`): no
-``session_opening`` note means the session was provably never opened (the executor
-writes the note before opening, under the gate, after re-checking the lease that
-closure has already ended), so there is nothing to close or wait for; otherwise
-closure closes the session and, when the close does not end it, waits T from now
-(:mod:`dpone.publication.authority.session_drain`). The answers' times stay in the facts.
-
-:class:`DispatchGuard` is the executor's re-check: the lease is still active and is the
-intent's exact publisher lease, and the record is the intent's EXCHANGE_INTENT@2.
+Holding the dispatch gate, the executor notes in the store's ``steps`` under
+``dispatch/<intent_sha256>`` ``session_opening`` before the opening leaves,
+``session_open_answered`` and ``exchange_answered`` after each answer (``answered_at``,
+Unix seconds, the outcome and its reason), and ``dispatch_refused`` when a re-check
+refused; staging's drain gate notes its session the same way under its lease's key.
+Closure reads them under the same gate (:func:`session_use`): no ``session_opening``
+means no session to close. :class:`DispatchGuard` is the executor's re-check: the lease
+is still the intent's active publisher lease and the record is the intent's
+EXCHANGE_INTENT@2. See docs/publication-principals.md ("The executor", "The ingest drain
+gate").
 """
 
 from __future__ import annotations

@@ -1,40 +1,18 @@
 """The publication's mutations, rendered here and sent once as the publisher principal.
 
-Three statements, each with its own query id, never retried:
-
-- ``create_target`` (first publication only): an empty target with the generation's
-  design. ``CREATE TABLE target AS generation`` is not used: it copies column
-  comments (checked on 26.9), and the generation's first column carries the staging
-  attempt's ownership mark, which an empty target must never claim. The statement is
-  rendered from ``system.columns`` (name, type, default kind and expression, codec)
-  and ``system.tables.engine_full`` (PARTITION BY, ORDER BY, TTL, SETTINGS); a
-  generation with what that rendering cannot reproduce (column TTL, skipping
-  indices, projections, constraints) is refused before anything is sent. The
-  catalog compares both designs afterwards anyway (comments excluded).
-- ``drop_created_target``: a first prepare refused after its CREATE drops the empty
-  target it created, while the name still holds that table (its UUID) with no row.
-- ``exchange``: ``EXCHANGE TABLES db.target AND db.generation`` with
-  ``exchange_query_id(intent)`` inside the HTTP session ``exchange_session_id(intent)``:
-  the session is opened first with ``session_timeout`` T, then the EXCHANGE is sent
-  with ``session_check=1``, so a request delayed past the session's death fails with
-  372 SESSION_NOT_FOUND and changes nothing (the authority's drain gate).
-
-Every dispatch holds the dispatch gate it shares with the authority's closure, across
-processes (:mod:`dpone.publication.dispatch.dispatch_gate`). Holding it, ``exchange`` re-checks
-that its lease is still the intent's active publisher lease and that the record is the
-intent's EXCHANGE_INTENT@2 (:class:`~dpone.publication.dispatch.dispatch_notes.DispatchGuard`),
-immediately before it opens the session and again before it sends the EXCHANGE; it
-notes durably that it opens the session before it does, and when (wall clock) and how
-each request answered, after it did; a refused re-check is noted with its reason. A
-closure that ended the lease under the gate therefore either finds the opening note
-or knows the session was never opened and never will be. Outcomes: a complete acknowledgment is ACKNOWLEDGED;
-ClickHouse's own exception (a numbered code) is REFUSED; a request provably never
-sent is NOT_SENT; anything else, including an HTTP error without a ClickHouse code
-(which an intermediary could have produced), is UNKNOWN.
-
-A reused query id does not protect anything: the server runs a second EXCHANGE with
-the same id again and swaps the tables back (checked), so only the store's single
-claim may lead here.
+:class:`ClickHouseSnapshotExecutor` sends three statements, each with its own query id
+and never retried: ``create_target`` (a first publication's empty target, rendered from
+``system.columns`` and ``engine_full``, since ``CREATE TABLE ... AS`` would copy the
+generation's ownership mark), ``drop_created_target`` (that table again, when its
+prepare was refused after the CREATE) and ``exchange`` (the EXCHANGE, in a drain-gated
+HTTP session). Each holds the dispatch gate
+(:mod:`~dpone.publication.dispatch.dispatch_gate`), re-checks its lease and the claim
+(:class:`~dpone.publication.dispatch.dispatch_notes.DispatchGuard`) and notes its steps
+before a request leaves. A complete acknowledgment is ACKNOWLEDGED, ClickHouse's own
+numbered exception REFUSED, a request provably never sent NOT_SENT, anything else
+UNKNOWN. A reused query id protects nothing (the server swaps the tables back), so only
+the store's single claim may lead here. See docs/publication-principals.md ("The
+executor").
 """
 
 from __future__ import annotations

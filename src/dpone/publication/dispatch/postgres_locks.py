@@ -1,17 +1,12 @@
 """The dispatch gate and the table lock of a PostgreSQL store, as advisory locks.
 
 Workers on several machines share one PostgreSQL store, so what the SQLite store keeps
-as files beside it (:mod:`dpone.publication.dispatch.dispatch_gate`, and the table lock of
-:func:`dpone.project.refresh_checks.table_lock`) is held on that server instead: a
-session-level advisory lock on a session of its own (no idle or statement timeout,
-TCP keepalives), taken for the ``with`` block and released when the session ends. A
-worker that dies releases it with its session; one that is only stopped (SIGSTOP)
-keeps it, and a waiter gives up after its wait (``dispatch_gate_busy``) or at once
-(the table lock: ``refresh_busy``, naming the holder's process and host). Each lock is
-scoped to one principal, one slot or one table, never to the store: a stalled
-publisher holds up nothing but its own. A lock found gone when its block ends (its
-session was ended under it) is ``advisory_lock_lost``: the exclusion it promised did
-not hold, and the caller must not read its work as exclusive.
+as files beside it (:mod:`dpone.publication.dispatch.dispatch_gate`, and the table lock
+of :func:`dpone.project.refresh_checks.table_lock`) is a session-level advisory lock on
+that server, on a session of its own, scoped to one principal, one slot or one table,
+and released when the session ends. A lock found gone when its block ends is
+``advisory_lock_lost``. See docs/publication-principals.md ("What the closure rests on")
+and docs/deploying.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Which store owns a pool and a target slot, as the server records it.
 
-A store's leases, closures and slot epochs coordinate only what that store knows. Two
-stores on one server (two projects, or two copies of one project) would lease the same
-principals and publish into the same target, each proving what the other breaks. So
-the server records the owner: a marker table in ``_dpone_identity`` per pool
-(``owner_pool``, ``owner_pool_<name>``) and per target slot (``owner_slot_<digest>``),
-whose comment names the owning store (:class:`Owner`). ``CREATE TABLE`` of a name is
-atomic on the server: the first store to create a marker owns it, every other reads
-the winner. A store that finds its pool or a slot owned by another refuses before
-any lease, claim, export or statement (``pool_owned_elsewhere``,
-``slot_owned_elsewhere``), naming both stores and the command that hands ownership
-over once the other store is really gone (:func:`hand_over`).
-
-The markers are made and dropped as the server's operator (the managed server's
-administrator, a remote server's keeper, whose render grants exactly that).
+Two stores on one server would lease the same principals and publish into the same
+target, each proving what the other breaks, so the server records the owner: a marker
+table in ``_dpone_identity`` per pool and per target slot, whose comment names the
+owning store (:class:`Owner`). The first store to create a marker owns it; every other
+refuses before any lease, claim, export or statement (``pool_owned_elsewhere``,
+``slot_owned_elsewhere``), and :func:`hand_over` moves ownership once the other store is
+really gone. The markers are made and dropped as the server's operator. See
+docs/deploying.md ("One store owns a pool, and one store owns a target").
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """Whether the server logs every query of each pool principal, and keeps it so.
 
-Closure reads each query's ``QueryStart`` row in ``system.query_log`` to prove a
-lease's queries ended, so every principal's queries must be logged from their start
-(``log_queries`` 1, ``log_queries_probability`` 1, ``log_queries_min_type``
-``QUERY_START``, ``log_queries_min_query_duration_ms`` 0), and its inserts synchronous
-(``async_insert`` 0). The values are read as the principal itself
-(``query_log_off``). A value right now proves nothing about the next query unless the
-principal cannot change it: whoever holds its password could send ``SETTINGS
-log_queries = 0`` and be missing from the log. The rendered ``dpone_pool`` profile
-makes each constant (:data:`~dpone.localserver.pool_sql.POOL_SETTINGS`); the server's
-``system.settings`` says, per user, whether a setting may be changed (``readonly`` 1:
-it may not), so a profile rendered before the constraints (or relaxed by the
-operator) is named (``pool_settings_changeable``).
+Closure reads each query's ``QueryStart`` row to prove a lease's queries ended, so every
+principal's queries must be logged from their start and its inserts synchronous, read
+as the principal itself (``query_log_off``). A value now proves nothing about the next
+query unless the principal cannot change it (whoever holds its password could send
+``SETTINGS log_queries = 0``): the rendered ``dpone_pool`` profile makes each constant
+(:data:`~dpone.localserver.pool_sql.POOL_SETTINGS`), and a profile that leaves one
+changeable (``system.settings``, ``readonly``) is named (``pool_settings_changeable``).
+See docs/remote.md ("4. Verify the installation").
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """The end of a rotation with overlap: the old passwords removed, once the new verify.
 
-``dpone pool render --rotate-from`` wrote a credentials file that keeps each principal's
-previous password beside the new one, and dpone signs in with the new as soon as the
-server takes it (:func:`~dpone.publication.principals.server_access.rotated_credentials`).
-:func:`finish_rotation` ends the overlap on dpone's side: it signs in with every new
-password first (nothing changes unless the server takes them all), then drops the
-previous ones from the credentials file and gives the SQL that leaves each principal
-with its new password only, for a server whose users are managed by SQL.
+``dpone pool render --rotate-from`` keeps each principal's previous password beside the
+new one, and dpone signs in with the new as soon as the server takes it
+(:func:`~dpone.publication.principals.server_access.rotated_credentials`).
+:func:`finish_rotation` signs in with every new password first (nothing changes unless
+the server takes them all), then drops the previous ones from the credentials file and
+gives the SQL that leaves each principal with its new password only.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """Proof that a server's installation of dpone's principals is what dpone needs, before any work.
 
 :func:`verify_pool` signs in as every principal of the credentials file and checks, on
-the server itself:
-
-- each one authenticates and the server says it is that user (``currentUser()``);
-- its grants, read with ``SHOW GRANTS`` as itself, are exactly its role's (nothing
-  missing, nothing more: a grant beyond the role is a writer the catalog cannot
-  account for);
-- each protected database exists and is ``Atomic`` (``EXCHANGE TABLES`` needs it);
-- the server's version is one dpone supports (:data:`MIN_SERVER_VERSION`);
-- every principal's queries are logged from their start, and it cannot change that
-  (:mod:`dpone.publication.principals.pool_logging`);
-- its identity: ``serverUUID()``, or where a server reports the Nil UUID (the
-  embedded engine), the ``_dpone_identity`` database, whose one ``CREATE`` statement
-  the report names when it is missing.
-
-Every problem is collected with a stable code and the principal or database it is
-about; nothing is changed on the server.
+the server itself and changing nothing: that each authenticates as that user, that its
+grants (``SHOW GRANTS`` as itself) are exactly its role's, that each protected database
+exists and is ``Atomic``, the server's version (:data:`MIN_SERVER_VERSION`), that every
+principal's queries are logged from their start and it cannot change that
+(:mod:`dpone.publication.principals.pool_logging`), and the server's identity
+(``serverUUID()``, or ``_dpone_identity`` where the server reports the Nil UUID). Every
+problem is collected with a stable code and the principal or database it is about. See
+docs/remote.md ("4. Verify the installation").
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Issuing and revoking the ClickHouse principals of a publication, behind one interface.
 
-Two issuers:
-
-- :class:`LocalPoolIssuer` (the managed local server): the server cannot create users
-  while it runs, so a pool declared at start (:mod:`dpone.localserver.principal_pool`)
-  is leased through the run registry. Ending a lease does not stop the server from
-  accepting the password: closure there is ``custodial``.
-- :class:`SqlRbacIssuer` (a real server): ``CREATE USER ... IDENTIFIED WITH
-  sha256_hash``, the role's ``GRANT ... TO``, and ``DROP USER`` on revocation, so
-  closure is ``revoked``. The embedded server refuses these statements (code 497),
-  so this issuer is NOT run here: its rendering is tested exactly and parsed by the
-  server's ``formatQuery``; its execution sequence is tested against a recording port.
-
-Either way the registry holds the lease (durable) before any credential leaves the
-issuer, and credentials are handed out only for an active lease.
+:class:`LocalPoolIssuer` leases the pool the managed server declared at start
+(:mod:`dpone.localserver.principal_pool`), a ``custodial`` closure;
+:class:`SqlRbacIssuer` creates and drops a user per lease on a real server, a
+``revoked`` closure, and is not run here (the embedded server refuses its statements:
+its rendering and its sequence are tested). Either way the registry holds the lease
+(durable) before any credential leaves the issuer, and credentials are handed out only
+for an active lease. See docs/publication-principals.md ("Issuers").
 """
 
 from __future__ import annotations

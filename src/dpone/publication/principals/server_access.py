@@ -1,16 +1,12 @@
 """Which ClickHouse server a project works on, and as whom: the one owner of that choice.
 
-Two kinds of server, exactly one per project:
-
-- **managed** (the embedded default): the server dpone starts on its data directory.
-  Its endpoint comes from the running server's state, the pool's passwords from the
-  data directory's credentials file, and the checks, status and drops run as its
-  administrator ``dpone_admin``.
-- **remote**: a server the user runs (``[clickhouse] host = ...``). dpone never needs
-  its files, its process or an administrator there: the operator installed the pool
-  that ``dpone pool render`` wrote, and dpone's host holds the credentials file of that
-  render. The checks and status read as ``dpone_keeper``, which also makes the drops
-  (rollback copies, discarded generations, retire); nothing else has more than its role.
+Exactly one kind per project: **managed** (the embedded default), the server dpone
+starts on its data directory, its endpoint from the running server's state, the pool's
+passwords from the data directory's credentials file, its checks, status and drops as
+the administrator ``dpone_admin``; or **remote** (``[clickhouse] host = ...``), a server
+the user runs with the pool ``dpone pool render`` wrote, its credentials file on dpone's
+host, its checks, status and drops (rollback copies, discarded generations, retire) as
+``dpone_keeper``, and nothing else with more than its role. See docs/remote.md.
 """
 
 from __future__ import annotations

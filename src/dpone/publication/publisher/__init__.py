@@ -1,35 +1,15 @@
 """ClickHouseAtomicSnapshotPublisher: one sealed generation replaces a target, once.
 
-The policy of seed 000 over four injected ports (:mod:`dpone.ports.composition_snapshot`);
-no I/O of its own. The decisions live in :mod:`dpone.contracts.composition_snapshot`
-(edges, record shapes, :func:`decide_reconcile`). The publisher is composed, never
-inherited: :class:`~.ports.PublisherPorts` holds the ports and settings (and the steps
-every path shares: ``observe_settled``, ``require_recorded_database``, ``load``), and
-one class a path receives it and the paths it calls:
-
-- :class:`~.prepare.Prepare` (``prepare``, with :class:`~.created_target.CreatedTarget`
-  for a first publication's empty target): the authority reopens the evidence, the
-  ingest principal is closed and proven quiescent, the catalog is observed, the rules
-  are applied, a publisher is issued, and the intent is stored as PREPARED@1.
-- :class:`~.publish.Publish` (``publish``, with :class:`~.reconcile.Reconcile`): only
-  this call's acknowledged 1 -> 2 compare-and-set on the exact PREPARED bytes, read
-  back independently, permits the one EXCHANGE, sent only when the rules still hold;
-  then reconcile. A claimed record found by any call is reconciled, never dispatched
-  again.
-- :class:`~.reconcile.Reconcile` (``reconcile``): closes the publisher, observes both
-  names, the query log and B's content, and moves the record only along an allowed
-  edge. It never issues credentials and never calls the executor.
-- :class:`~.cancel.Cancel` (``cancel``): PREPARED@1 -> NOT_PUBLISHED@2, then the unused
-  publisher is closed.
-- :class:`~.abandon.Abandon` (``abandon``, with ``Reconcile``): a claim whose database
-  was dropped on this server ends COMMIT_UNKNOWN with its publisher closed, and an
-  operator's note frees its slot.
-
-The catalog observes (:mod:`dpone.publication.catalog`); :mod:`.rules` judges. A new
-check before publish is one function there returning a ``Refusal``, added to
-``generation_refusal`` (prepare raises it) and ``exchange_refusal`` (dispatch returns
-its code as the NOT_SENT reason). The publisher retains A: it never drops a table,
-advances a checkpoint or releases a fence.
+The policy of seed 000 over four injected ports (:mod:`dpone.ports.composition_snapshot`),
+with no I/O of its own; the decisions live in :mod:`dpone.contracts.composition_snapshot`.
+The publisher is composed, never inherited: :class:`~.ports.PublisherPorts` holds the
+ports, the settings and the steps every path shares, and each path is one class given
+it (:class:`~.prepare.Prepare`, :class:`~.publish.Publish`,
+:class:`~.reconcile.Reconcile`, :class:`~.cancel.Cancel`, :class:`~.abandon.Abandon`,
+with :class:`~.created_target.CreatedTarget` for a first publication's empty target).
+Only a call's own acknowledged, read-back claim permits the one EXCHANGE; the catalog
+observes and :mod:`.rules` judges; the publisher never drops a table. See
+docs/publication.md and docs/architecture.md ("publisher/").
 """
 
 from __future__ import annotations

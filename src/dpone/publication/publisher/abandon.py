@@ -1,16 +1,12 @@
 """``abandon``: end what a claim blocks once its database is proven gone.
 
-A claimed record (EXCHANGE_INTENT, COMMIT_UNKNOWN) blocks its slot until reconcile
-proves an outcome. When its database was dropped (and maybe created again) on the same
-server, A and B went with it: no observation can ever prove PUBLISHED (B under the
-target name with full parity) or NOT_PUBLISHED (A and B still under their names), so
-by the seed the record stays COMMIT_UNKNOWN ("altered, missing or unavailable tables
-remain unknown"). That is the honest state, and the seed allows no other edge out of
-it. ``abandon`` is the operator's way out: it reconciles a still open claim (closing
-the publisher and moving EXCHANGE_INTENT to COMMIT_UNKNOWN), proves again, fresh, that
-the database and both tables are gone from this server, proves the publisher closed,
-and notes the abandonment in the store. The record keeps its state and history; the
-note only stops it from holding the slot, so a new attempt can publish there.
+A claimed record whose database was dropped (and maybe created again) on the same server
+can never be proven PUBLISHED or NOT_PUBLISHED, so it stays COMMIT_UNKNOWN and blocks its
+slot. :class:`Abandon` is the operator's way out: it reconciles a still open claim,
+proves again, fresh, that the database and both tables are gone from this server and
+the publisher closed, and notes the abandonment in the store; the record keeps its state
+and history, and the note only stops it from holding the slot. See docs/publication.md
+("A dropped database").
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """A first publication's empty target: created after the checks, dropped if prepare is refused.
 
-The CREATE is noted durably before it is sent, its answer after, and the table it made
-is noted by UUID as soon as it is observed (``create_target_observed``): what retention
-counts as dpone's own empty target is that table, never a later table of the same name.
-
-A prepare refused after that observation drops the table again when nothing else can
-have a stake in it. It is left, and the refusal says why, when:
-
-- a blocker was seen (``side_effect_present``, or one found by observing again just
-  before the drop): a Buffer over it may hold rows not yet flushed, a writer may be
-  inserting, and neither shows in its row count;
-- another attempt may use it (``attempt_fenced``, ``slot_blocked``,
-  ``ownership_not_active``, or any stored intent names its UUID);
-- the intent itself may have been stored (``prepare_uncertain``: prepare does not even
-  try the drop).
-
-Otherwise the executor sends the DROP only while the name still holds that UUID with no
-row (:meth:`~dpone.publication.dispatch.executor.ClickHouseSnapshotExecutor.drop_created_target`).
-A table left is recorded as this generation's CREATE: the next prepare publishes into it.
+:class:`CreatedTarget` notes the CREATE durably before it is sent and its answer after,
+and notes the table it made by UUID as soon as it is observed
+(``create_target_observed``): that table, never a later one of the same name, is
+dpone's own empty target. A prepare refused afterwards drops it again, through
+:meth:`~dpone.publication.dispatch.executor.ClickHouseSnapshotExecutor.drop_created_target`,
+unless something else may have a stake in it; a table left is recorded as this
+generation's CREATE, and the next prepare publishes into it. When it is left is in
+docs/publication-principals.md ("The executor").
 """
 
 from __future__ import annotations

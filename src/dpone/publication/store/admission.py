@@ -1,11 +1,9 @@
 """The run registry: admissions to a slot, slot epochs, ownership, and the authority recheck.
 
-A run's ``parent_request`` is a random id chosen at admission; its ``attempt_epoch``
-is the store-wide admission number (1, 2, ...), its ``slot_epoch`` the slot's epoch it
-takes. Admission only reserves that epoch (the slot's next); the run takes it, fencing
+Admission only reserves a run's slot epoch (the slot's next); the run takes it, fencing
 every older run of the slot, in the transaction that stores its PREPARED intent
-(:func:`activate`). A prepare refused by any check therefore fences nothing: an older
-PREPARED attempt stays publishable until a newer one is PREPARED.
+(:func:`activate`), so a prepare refused by any check fences nothing. See
+docs/publication.md ("One attempt, one publication", "The snapshot store").
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Re-verification of one intent's record chain from the bytes the history keeps.
 
 Every transition the store writes keeps the exact canonical bytes of the revision it
-made (``history.record_bytes``), so the chain can be checked from bytes alone, with no
-trust in the ``state``, ``revision`` and ``record_sha256`` columns beside them:
-
-- each kept revision's bytes hash to the digest recorded with them, parse as a
-  canonical record of this intent, and say the state and revision the row says;
-- revisions run 1, 2, ... without a gap, each move is an edge of the state table, and
-  each record names the SHA-256 of the bytes before it (``previous_record_sha256``);
-- the last revision's bytes are exactly the current record.
-
-A transition written before the store kept bytes (a store upgraded from schema version
-1) cannot be re-verified: it is listed as ``unverifiable``, never counted as verified.
+made, so :func:`verify_chain` checks the chain from bytes alone, trusting none of the
+``state``, ``revision`` and ``record_sha256`` columns beside them; a transition from
+before the store kept bytes is listed as ``unverifiable``, never counted as verified.
+See docs/publication.md ("The model", "The snapshot store").
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The store's connections: opening the file, fresh reads and units of work.
 
-Every write is one unit of work (``BEGIN IMMEDIATE``, the checks and the writes,
-``COMMIT``; anything else rolls back), every read a fresh connection's snapshot.
 :class:`StoreConnections` is what every part of the store receives (its own object,
-never a base class); :class:`SqliteConnections` gives it on one file,
-:class:`~dpone.publication.store.postgres.PostgresConnections` on a PostgreSQL database.
-Both call the store's fault seams (:class:`StoreHooks`) around every ``COMMIT``.
+never a base class): every write one unit of work, every read a fresh connection's
+snapshot. :class:`SqliteConnections` gives it on one file,
+:class:`~dpone.publication.store.postgres.PostgresConnections` on a PostgreSQL database;
+both call the store's fault seams (:class:`StoreHooks`) around every ``COMMIT``. See
+docs/publication.md ("The snapshot store").
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Which process holds something, recorded durably, and whether it still exists.
 
-A lease of the principal pool is taken by one process. Killed with SIGKILL, that
-process cannot end its lease, so the store records who took it
-(:class:`HolderProcess`: pid, the kernel's start time of that pid, the boot, the pid
-namespace and the host) and a later reader asks :func:`holder_liveness` whether that
-exact process still exists. The answer is decided from the kernel's own facts, never
-from a timeout:
-
-- ``gone``: same host and boot and pid namespace, and ``/proc/<pid>`` is absent, is a
-  zombie, or started at another time (the pid was reused); or the same host (same
-  ``/etc/machine-id``) has booted since (no process survives a reboot).
-- ``alive``: that pid with that start time still runs here.
-- ``unknown``: the record is from another host or pid namespace (a container), or the
-  host has no machine id to compare across a reboot. Nothing here then claims either.
-
-Linux only (``/proc``); elsewhere every answer is ``unknown``.
+A lease of the principal pool is taken by one process, which cannot end it when killed
+with SIGKILL, so the store records who took it (:class:`HolderProcess`: pid, the
+kernel's start time of that pid, the boot, the pid namespace and the host) and
+:func:`holder_liveness` answers ``gone``, ``alive`` or ``unknown`` for that exact
+process from the kernel's own facts, never from a timeout (Linux's ``/proc``; elsewhere
+every answer is ``unknown``). See docs/operations.md (``lease_abandoned``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Principal leases: at most one active lease per user, each with its holder noted.
 
-A lease's holder process (:mod:`dpone.publication.store.holder_process`) is noted in ``steps``
-under the key ``lease/<lease_id>`` in the transaction that issues the lease; an
-operator's end of a lease whose holder is gone is noted there too, with the facts
-that proved it, in the transaction that ends it. Under the same key the lease's
-closures append their proofs (``{"step": "closure", "proven", "strength", "facts"}``,
-:data:`CLOSURE_STEP`), and an ingest lease's staging notes its drain-gate session
-(:mod:`dpone.staging.ingest_session`); :meth:`PrincipalLeases.closure_proven` answers
-from the last closure note.
+:class:`PrincipalLeases` issues and ends leases and notes, under the step key
+``lease/<lease_id>``, the lease's holder process in the transaction that issues it and
+an operator's end of a lease whose holder is gone in the transaction that ends it; the
+lease's closures append their proofs under the same key (:data:`CLOSURE_STEP`), and
+:meth:`PrincipalLeases.closure_proven` answers from the last one. See docs/publication.md
+("The snapshot store").
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """The snapshot store on PostgreSQL: one store that the workers of a project share.
 
-``[project] store = "postgresql://USER@HOST:PORT/DB"`` keeps everything the SQLite
-store keeps (the exact bytes of every revision, the history, the run registry, leases,
-step notes, retirement) in the schema ``dpone`` of that database. The store's parts run
-their statements unchanged through :class:`_Connection`, which gives psycopg the
-SQLite store's ``?`` parameters as its own. The semantics are the SQLite store's:
-
-- a write is one unit of work that first takes a transaction-scoped advisory lock of
-  the store (what SQLite's ``BEGIN IMMEDIATE`` gives: one writer at a time, each
-  reading every earlier commit), then checks and writes, then commits; anything else
-  rolls back, and an error while committing leaves the outcome unknown;
-- a read is one ``REPEATABLE READ`` snapshot; ``read_back`` opens a connection of its
-  own, independent of the writer's;
-- triggers refuse what SQL can: intents never change, history and steps are
-  append-only, records move only to their next revision, ownership only forward.
-
-The password never appears in the URL, argv, a report or an error: libpq reads it from
-``PGPASSFILE`` or ``~/.pgpass``, and a URL that carries one is refused. ``sslmode`` and
-the other libpq parameters of the URL are honoured as libpq honours them.
+``[project] store = "postgresql://USER@HOST:PORT/DB"`` keeps everything the SQLite store
+keeps in the schema ``dpone`` of that database, with the SQLite store's semantics: a
+write is one unit of work behind a transaction-scoped advisory lock of the store, a read
+one ``REPEATABLE READ`` snapshot, ``read_back`` a connection of its own, and triggers
+refuse what SQL can. The store's parts run their statements unchanged through
+:class:`_Connection`, which gives psycopg the ``?`` parameters as its own. The password
+is libpq's (``PGPASSFILE`` or ``~/.pgpass``) and never appears in the URL, argv, a report
+or an error. See docs/publication.md ("The snapshot store") and docs/deploying.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """Slot retirement: the store's record that a slot's tables were removed on purpose.
 
-``dpone retire`` removes a slot's target and rollback copies. The store records it in
-two notes under the slot's key (:func:`retirement_key`) in ``steps``, each written in
-one unit of work with its checks:
-
-- ``retire_begun`` (:meth:`SlotRetirement.begin_retirement`): refused with
-  ``slot_blocked`` while a record of the slot is EXCHANGE_INTENT or COMMIT_UNKNOWN, and
-  with ``publication_unfinished`` while a PREPARED intent of the slot can still be
-  claimed (its run holds the slot's current epoch). Otherwise the slot's epoch moves
-  one on, which fences every run admitted so far (an activated run can no longer
-  write, an unactivated one can no longer store its intent), and its ACTIVE runs
-  become RETIRING. Nothing of the slot can be published while its tables are dropped.
-- ``retired`` (:meth:`SlotRetirement.end_retirement`), once the drops are done: the
-  fenced runs become RETIRED. Refused (``retirement_superseded``) when a run of the
-  slot was activated since the begin: a refresh published into the slot meanwhile.
-
-A slot is retired while its last note is ``retired`` and no intent of it was stored
-after it. Both calls are idempotent: a retirement begun and cut short is continued
-(no second fence), one ended is reported as it is. Epochs only grow, so a refresh of
-the same target later is admitted as usual and starts a new life of the slot.
+``dpone retire`` removes a slot's target and rollback copies, and
+:class:`SlotRetirement` records it in two notes under the slot's key
+(:func:`retirement_key`): ``retire_begun`` (:meth:`SlotRetirement.begin_retirement`),
+which fences every run admitted so far by moving the slot's epoch on, and ``retired``
+(:meth:`SlotRetirement.end_retirement`) once the drops are done. Both are idempotent.
+What each refuses and when a slot counts as retired are in docs/publication.md ("The
+snapshot store") and docs/operations.md ("Retiring a table").
 """
 
 from __future__ import annotations

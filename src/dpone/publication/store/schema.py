@@ -1,15 +1,10 @@
 """The store's SQLite file: its schema, its identity, its creation and its column encodings.
 
-The file is created ``0600`` (a missing parent directory ``0700``) and identifies itself
-with ``PRAGMA application_id`` and ``PRAGMA user_version`` (:data:`SCHEMA_VERSION`); a
-file with another identity is refused before anything could modify it. A store of an
-older schema version is upgraded in one transaction when it is opened
-(:func:`migrate`); a newer one is refused.
-
-Version 2 keeps the exact canonical bytes of every revision in ``history`` (version 1
-kept only their digests: its rows keep a NULL ``record_bytes``) and marks a run
-``activated`` only when its PREPARED intent is stored (version 1 runs were activated at
-admission, which the upgrade keeps).
+The file is created ``0600`` and identifies itself with ``PRAGMA application_id`` and
+``PRAGMA user_version`` (:data:`SCHEMA_VERSION`); a file with another identity is
+refused before anything could modify it, an older schema version is upgraded in one
+transaction when it is opened (:func:`migrate`) and a newer one refused. The layout and
+what each version changed are in docs/publication.md ("The snapshot store").
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """The store's one public facade, :class:`SnapshotStore`, and :func:`open_store`.
 
 The facade owns one connections object
-(:class:`~dpone.publication.store.connections.StoreConnections`: SQLite's
-:class:`~dpone.publication.store.connections.SqliteConnections` or
-:class:`~dpone.publication.store.postgres.PostgresConnections`) and one object per
-part, each given those connections: :class:`SnapshotRecords`, :class:`StepNotes`,
-:class:`RunAdmission`, :class:`PrincipalLeases` and :class:`SlotRetirement`. Every
-public method delegates to the part that holds it. The facade is also the store's
-fault seams (:meth:`SnapshotStore._before_commit` and the others): the connections
-and the records call them on it, so a test's subclass that overrides one injects a
-fault at that exact point.
-
-:class:`SqliteSnapshotStore` and :class:`PostgresSnapshotStore` are thin subclasses of
-the facade that only choose the connections object (tests subclass them to inject
-faults); :class:`SnapshotStore` itself opens a SQLite file, as it always did.
+(:class:`~dpone.publication.store.connections.StoreConnections`, SQLite's or
+PostgreSQL's) and one object per part, each given those connections
+(:class:`SnapshotRecords`, :class:`StepNotes`, :class:`RunAdmission`,
+:class:`PrincipalLeases`, :class:`SlotRetirement`), and delegates every public method to
+the part that holds it. It is also the store's fault seams
+(:meth:`SnapshotStore._before_commit` and the others), which a test's subclass overrides
+to inject a fault at that exact point; :class:`SqliteSnapshotStore` and
+:class:`PostgresSnapshotStore` only choose the connections object. See
+docs/architecture.md ("A kind of store record").
 """
 
 from __future__ import annotations
