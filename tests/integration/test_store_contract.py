@@ -277,6 +277,9 @@ def test_intents_are_listed_by_digest_or_slot_and_read_by_digest(location: Store
     assert store.intent_keys() == [first, second]
     assert (store.intent_keys("sales"), store.intent_keys("other")) == ([first], [second])
     assert store.intent_keys("nowhere") == []
+    assert store.intent_keys(attempt_id="attempt-2") == [second]
+    assert store.intent_keys("sales", attempt_id="attempt-1") == [first]
+    assert store.intent_keys("sales", attempt_id="attempt-2") == []
     listed = {slot: [x.intent_sha256 for x in store.list_snapshots(slot)] for slot in (SLOT, other)}
     assert listed == {SLOT: [first], other: [second]}
     assert [x.intent_sha256 for x in store.list_snapshots()] == [first, second]

@@ -80,3 +80,27 @@ def test_round_trip(value: object) -> None:
     data = cj.dumps(value)
     assert cj.loads(data) == value
     assert cj.dumps(cj.loads(data)) == data
+
+
+_LEAVES = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text()
+_VALUES = st.recursive(
+    _LEAVES | st.sampled_from(["\ud800", "a\udfffb", b"bytes", 1j]),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text() | st.sampled_from(["\udc80", 3]), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(_VALUES)
+def test_the_fast_check_accepts_exactly_what_the_explaining_walk_accepts(value: object) -> None:
+    """dumps checks without building paths first; only a refused value is walked again
+    to say where. Both must agree on every value."""
+    try:
+        cj._check_value(value, "$")
+        walked = True
+    except cj.CanonicalJsonError:
+        walked = False
+    assert cj._plain(value) is walked

@@ -27,7 +27,8 @@ class CanonicalJsonError(FormatError):
 
 def dumps(value: JsonValue) -> bytes:
     """Encode ``value`` to its canonical UTF-8 bytes."""
-    _check_value(value, "$")
+    if not _plain(value):
+        _check_value(value, "$")  # says what is wrong, and where
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return text.encode("utf-8")
 
@@ -97,6 +98,34 @@ def _refuse_float(text: str) -> Any:
 
 def _refuse_constant(text: str) -> Any:
     raise CanonicalJsonError(f"{text} is not allowed", code="float_not_allowed")
+
+
+def _plain(value: JsonValue) -> bool:
+    """Whether ``value`` is all JSON values and encodable strings: what
+    :func:`_check_value` accepts, found without building a path for each member (every
+    document dpone reads is encoded again to prove it canonical)."""
+    if value is None or isinstance(value, bool | int):
+        return True
+    if isinstance(value, str):
+        return value.isascii() or _encodes(value)
+    if isinstance(value, list | tuple):
+        return all(_plain(item) for item in value)
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str) or not (key.isascii() or _encodes(key)):
+                return False
+            if not _plain(item):
+                return False
+        return True
+    return False  # a float or another type: refused, with its path, by _check_value
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_value(value: JsonValue, where: str) -> None:

@@ -90,9 +90,9 @@ def lease_scope(store: SnapshotStore, principal: PrincipalRef) -> LeaseScope:
             derived = ingest_session_id(record.lease.attempt_id)
             sessions.append(SessionUse(derived, False, None, key, derived=True))
     else:
-        # Every intent ever stored is asked (a publisher's lease is bound by its intent
-        # alone), each parsed once a process (store/parsed_intents.py).
-        for intent in parsed_intents(store):
+        # Only its attempt's intents can name it: the authority dispatches an intent
+        # only through a publisher leased to the intent's own attempt.
+        for intent in parsed_intents(store, attempt_id=record.lease.attempt_id):
             if intent.publisher.lease_id == principal.lease_id:
                 marks.append(f"{QUERY_ID_PREFIX}-{intent.sha256[:32]}-")
                 key = dispatch_step_key(intent.sha256)

@@ -22,7 +22,7 @@ from dpone.publication.ceilings.stream_ceilings import STORED_CODE
 from dpone.publication.publisher.receipts import SnapshotPublicationError
 from dpone.publication.publisher.rules import ceiling_exceeded
 from dpone.publication.store import SnapshotSummary
-from dpone.publication.store.parsed_intents import parsed_intents
+from dpone.publication.store.parsed_intents import recorded_tables
 from dpone.staging.contract import StagingPolicy
 
 RETAINED_CEILING = "retained_storage_bytes"
@@ -38,8 +38,10 @@ class SnapshotListing(Protocol):
         """Every intent (of ``slot``) with its current state, oldest first."""
         ...
 
-    def intent_keys(self, database: str | None = None) -> Sequence[str]:
-        """The digest of every intent (of ``database``), oldest first."""
+    def intent_keys(
+        self, database: str | None = None, *, attempt_id: str | None = None
+    ) -> Sequence[str]:
+        """The digest of every intent (of ``database``; of ``attempt_id``'s run)."""
         ...
 
     def intent_bytes(self, keys: Sequence[str]) -> dict[str, bytes]:
@@ -80,8 +82,8 @@ def recorded_table_uuids(store: SnapshotListing) -> Callable[[str], frozenset[st
     """
 
     def uuids(database: str) -> frozenset[str]:
-        recorded = parsed_intents(store, database)
-        return frozenset(u for i in recorded for u in (i.target_uuid, i.generation_uuid))
+        recorded = recorded_tables(store, database)
+        return frozenset(u for r in recorded for u in (r.target_uuid, r.generation_uuid))
 
     return uuids
 
@@ -158,6 +160,6 @@ def recorded_target_names(store: SnapshotListing) -> Callable[[str], frozenset[s
     """
 
     def names(database: str) -> frozenset[str]:
-        return frozenset(intent.target_table for intent in parsed_intents(store, database))
+        return frozenset(r.target_table for r in recorded_tables(store, database))
 
     return names

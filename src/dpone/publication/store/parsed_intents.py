@@ -1,32 +1,34 @@
-"""Stored intents, parsed once a process: the store's history is read by digest.
+"""Stored intents read by digest, each parsed once a process; see docs/publication.md.
 
-The catalog asks at every look which UUIDs the database's intents recorded, and a
-publisher's closure which intents its lease dispatched; the history they read grows by
-every table of every run (a year of a nightly run of 20 tables is 7,300 intents, each
-about 220 us to parse). An intent's bytes never change under their digest (the store
-never rewrites or removes one), so each is parsed once in a process and kept by its
-digest: a read lists the digests (:meth:`SnapshotRecords.intent_keys`, no bytes) and
-fetches and parses only the intents stored since.
+The history these reads walk grows by every table of every run (a year of a nightly
+run of 20 tables is 7,300 intents). An intent's bytes never change under their digest
+(the store's triggers refuse an update or a delete), so what was read from one is kept
+by its digest: a read lists the digests it needs (:meth:`SnapshotRecords.intent_keys`,
+no bytes) and fetches only the intents not read before in this process.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, Protocol, TypeVar
 
+from dpone.contracts import canonical_json
 from dpone.contracts.composition_snapshot import SnapshotIntent
 from dpone.publication.store.errors import SnapshotStoreError
 
-# Kept intents; past this many, the memo starts again (a parse is never wrong, only slow).
+# Kept per kind of read; past this many, a memo starts again (a read is never wrong,
+# only slower).
 _AT_MOST = 50_000
-_PARSED: dict[str, SnapshotIntent] = {}
+T = TypeVar("T")
 
 
 class IntentSource(Protocol):
     """The part of a snapshot store that lists intents by digest and gives their bytes."""
 
-    def intent_keys(self, database: str | None = None) -> Sequence[str]:
-        """The digest of every intent (of ``database``), oldest first."""
+    def intent_keys(
+        self, database: str | None = None, *, attempt_id: str | None = None
+    ) -> Sequence[str]:
+        """The digest of every intent (of ``database``; of ``attempt_id``'s run)."""
         ...
 
     def intent_bytes(self, keys: Sequence[str]) -> dict[str, bytes]:
@@ -34,27 +36,71 @@ class IntentSource(Protocol):
         ...
 
 
-def parsed_intents(store: IntentSource, database: str | None = None) -> list[SnapshotIntent]:
-    """Every intent of ``store`` (of ``database``), oldest first, parsed.
+class RecordedTables(NamedTuple):
+    """What an intent recorded of its slot: the target's name, A's and B's UUIDs."""
 
-    Only intents not parsed before in this process are read in full. A listed digest
-    whose bytes the store does not give back, or give back under another digest, is
-    ``store_unavailable`` (the store was not read consistently), never a shorter answer.
+    target_table: str
+    target_uuid: str
+    generation_uuid: str
+
+
+_PARSED: dict[str, SnapshotIntent] = {}
+_RECORDED: dict[str, RecordedTables] = {}
+
+
+def parsed_intents(
+    store: IntentSource, database: str | None = None, *, attempt_id: str | None = None
+) -> list[SnapshotIntent]:
+    """Every intent of ``store`` (of ``database``; of ``attempt_id``'s run), oldest
+    first, parsed as a document (:meth:`SnapshotIntent.from_bytes`)."""
+    keys = list(store.intent_keys(database, attempt_id=attempt_id))
+    return _read(store, keys, _PARSED, SnapshotIntent.from_bytes)
+
+
+def recorded_tables(store: IntentSource, database: str) -> list[RecordedTables]:
+    """What each intent of ``database`` recorded of its slot, oldest first.
+
+    Read from the canonical document (``canonical_json.loads``: the bytes are exactly
+    canonical) without the intent's other checks, which ``store.create`` made when it
+    stored it: the catalog asks this at every look, for the whole database's history.
     """
-    keys = list(store.intent_keys(database))
-    missing = [key for key in keys if key not in _PARSED]
+    return _read(store, list(store.intent_keys(database)), _RECORDED, _recorded)
+
+
+def _recorded(data: bytes) -> RecordedTables:
+    document = canonical_json.loads(data, what="snapshot intent")
+    try:
+        protected, generation = document["protected"], document["generation"]
+        found = (protected["target_table"], protected["target_uuid"], generation["table_uuid"])
+    except (KeyError, TypeError):
+        intent = SnapshotIntent.from_bytes(data)  # not an intent: its own coded error
+        return RecordedTables(intent.target_table, intent.target_uuid, intent.generation_uuid)
+    if not all(isinstance(value, str) for value in found):
+        intent = SnapshotIntent.from_bytes(data)
+        return RecordedTables(intent.target_table, intent.target_uuid, intent.generation_uuid)
+    return RecordedTables(*found)
+
+
+def _read(
+    store: IntentSource, keys: list[str], kept: dict[str, T], parse: Callable[[bytes], T]
+) -> list[T]:
+    """What ``parse`` reads from each intent of ``keys``, kept by digest in ``kept``.
+
+    A listed digest whose bytes the store does not give back is ``store_unavailable``
+    (the store was not read consistently), never a shorter answer.
+    """
+    missing = [key for key in keys if key not in kept]
     if missing:
-        if len(_PARSED) + len(missing) > _AT_MOST:
-            _PARSED.clear()
+        if len(kept) + len(missing) > _AT_MOST:
+            kept.clear()
             missing = keys
         found = store.intent_bytes(missing)
         for key in missing:
-            intent = SnapshotIntent.from_bytes(found[key]) if key in found else None
-            if intent is None or intent.sha256 != key:
+            if key not in found:
                 raise SnapshotStoreError(
                     f"the store lists the intent {key} but does not give back its bytes",
                     code="store_unavailable",
                     intent_sha256=key,
                 )
-            _PARSED[key] = intent
-    return [_PARSED[key] for key in keys]
+            kept[key] = parse(found[key])
+    return [kept[key] for key in keys]

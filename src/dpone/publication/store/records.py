@@ -124,13 +124,26 @@ class SnapshotRecords:
             raise _not_found(intent_sha256)
         return StoredSnapshot(intent_sha256, bytes(row[0]), bytes(row[1]), row[2])
 
-    def intent_keys(self, database: str | None = None) -> list[str]:
-        """The digest of every intent (of ``database``), oldest first, without its bytes."""
-        where, parameters = ("WHERE database = ? ", (database,)) if database else ("", ())
+    def intent_keys(
+        self, database: str | None = None, *, attempt_id: str | None = None
+    ) -> list[str]:
+        """The digest of every intent (of ``database``; of the run of ``attempt_id``),
+        oldest first, without its bytes."""
+        where, parameters = [], []
+        if database is not None:
+            where.append("i.database = ?")
+            parameters.append(database)
+        if attempt_id is not None:
+            where.append(
+                "i.parent_request IN (SELECT parent_request FROM runs WHERE attempt_id = ?)"
+            )
+            parameters.append(attempt_id)
+        condition = f" WHERE {' AND '.join(where)}" if where else ""
         with self.connections.reading("intent_keys") as conn:
             rows = conn.execute(
-                f"SELECT intent_sha256 FROM intents {where}ORDER BY created_at, intent_sha256",
-                parameters,
+                f"SELECT i.intent_sha256 FROM intents i{condition}"
+                " ORDER BY i.created_at, i.intent_sha256",
+                tuple(parameters),
             ).fetchall()
         return [str(row[0]) for row in rows]
 

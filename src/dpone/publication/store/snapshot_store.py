@@ -136,9 +136,12 @@ class SnapshotStore:
         """The stored intent and current record (``snapshot_not_found`` when absent)."""
         return self._records.load(intent_sha256)
 
-    def intent_keys(self, database: str | None = None) -> list[str]:
-        """The digests of the intents (of ``database``): :meth:`SnapshotRecords.intent_keys`."""
-        return self._records.intent_keys(database)
+    def intent_keys(
+        self, database: str | None = None, *, attempt_id: str | None = None
+    ) -> list[str]:
+        """The digests of the intents (of ``database``; of the run of ``attempt_id``):
+        :meth:`SnapshotRecords.intent_keys`."""
+        return self._records.intent_keys(database, attempt_id=attempt_id)
 
     def intent_bytes(self, keys: Sequence[str]) -> dict[str, bytes]:
         """The bytes of these intents (:meth:`SnapshotRecords.intent_bytes`)."""
