@@ -104,7 +104,7 @@ def find_rollback_source(
     store: SnapshotStore, attempts_dir: Path, database: str, target: str
 ) -> RollbackSource:
     """The copy the slot's last publication left and the journal that staged its content."""
-    mine = [s for s in store.list_snapshots() if (s.database, s.target_table) == (database, target)]
+    mine = store.list_snapshots(TargetSlot(database, target))
     # A PREPARED intent a newer epoch superseded can never move: it is not unfinished.
     pending = unfinished_publication(store, database, target)
     if pending is not None:
