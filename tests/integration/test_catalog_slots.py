@@ -8,7 +8,10 @@ answer is compared with that slot's own observation on the managed server.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -18,7 +21,7 @@ from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
 from dpone.ports.clickhouse_result import QueryResult
 from dpone.ports.composition_snapshot import Blocker, TargetSlot
-from dpone.publication.catalog import AllowedWriters, ClickHouseSnapshotCatalog
+from dpone.publication.catalog import AllowedWriters, ClickHouseSnapshotCatalog, Idle, IdlePool
 from tests import chhttp
 from tests.plugins.managed_server import CATALOG_PASSWORD, SESSION_USERS
 
@@ -56,11 +59,13 @@ def sql(server: ServerInfo, statement: str) -> str:
 
 
 def catalog(
-    server: ServerInfo, allowed: AllowedWriters | None = None
+    server: ServerInfo, allowed: AllowedWriters | None = None, idle: IdlePool | None = None
 ) -> tuple[ClickHouseSnapshotCatalog, Counted]:
     endpoint = Endpoint("127.0.0.1", server.http_port, server.tcp_port, "default")
     counted = Counted(HttpTransport(endpoint, Credentials("cat_observer", CATALOG_PASSWORD)))
-    found = ClickHouseSnapshotCatalog(counted, trusted_users=TRUSTED, allowed_writers=allowed)
+    found = ClickHouseSnapshotCatalog(
+        counted, trusted_users=TRUSTED, allowed_writers=allowed, idle_pool=idle
+    )
     return found, counted
 
 
@@ -143,6 +148,60 @@ def test_each_slot_has_its_own_allowance(database: ServerInfo) -> None:
     blocked = strict.slots_blockers(DB, [("target_t", "target_g"), ("clean_t", "clean_g")])
     assert [b.reason for b in blocked["target_t"] or ()] == ["writer_grant"]
     assert blocked["clean_t"] == ()
+
+
+@contextmanager
+def running_as_cat_writer(server: ServerInfo, statement: str) -> Iterator[None]:
+    """``statement`` running as cat_writer (a pool user here) for the block."""
+    done: list[chhttp.Answer] = []
+    thread = threading.Thread(
+        target=lambda: done.append(
+            chhttp.post(server.http_port, statement, user="cat_writer", password=CATALOG_PASSWORD)
+        )
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not chhttp.rows(
+            server.http_port, "SELECT 1 FROM system.processes WHERE user = 'cat_writer'"
+        ):
+            assert time.monotonic() < deadline and thread.is_alive(), done
+            time.sleep(0.05)
+        yield
+    finally:
+        sql(server, "KILL QUERY WHERE user = 'cat_writer' SYNC")
+        thread.join()
+
+
+def _by_target(pool: dict[str, dict[str, Idle]]) -> IdlePool:
+    return lambda slot, generation: pool[slot.table]
+
+
+def test_each_slot_accounts_its_own_pool_users(database: ServerInfo) -> None:
+    """cat_writer, which may write target_t, runs a SELECT naming it. For target_t's
+    publication it is a pool user no lease holds: its running query counts. For
+    clean_t's, another run holds it, whose running SELECTs are not counted; the read of
+    both must still see what target_t's own observation sees."""
+    held = Idle(0, True, held_by="another-attempt")
+    pools = {
+        "idle": {"target_t": {"cat_writer": Idle(0, False)}, "clean_t": {"cat_writer": held}},
+        "held": {"target_t": {"cat_writer": held}, "clean_t": {"cat_writer": held}},
+    }
+    slots = [("target_t", "target_g"), ("clean_t", "clean_g")]
+    # Its text names target_t (a running query is matched by its text).
+    statement = (
+        "SELECT sleepEachRow(0.5), 'target_t' AS t FROM system.numbers LIMIT 60 "
+        "SETTINGS max_block_size = 1"
+    )
+    with running_as_cat_writer(database, statement):
+        for kind, pool in pools.items():
+            cat, _ = catalog(database, idle=_by_target(pool))
+            found = cat.slots_blockers(DB, slots)
+            for target, generation in slots:
+                assert judged(found[target]) == alone(cat, target, generation), (kind, target)
+            pooled = [b for b in found["target_t"] or () if b.reason == "pool_writer_query"]
+            assert len(pooled) == (1 if kind == "idle" else 0), (kind, found)
+            assert found["clean_t"] == ()
 
 
 def test_no_database_judges_no_slot(clickhouse: ServerInfo) -> None:

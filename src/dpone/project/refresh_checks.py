@@ -310,6 +310,15 @@ def catalog_cleared(project: Project, tables: Sequence[TableConfig]) -> frozense
     """
     if len(tables) < 2 or not store_exists(project.store):
         return frozenset()
+    try:  # another store's pool or slot is refused before anything signs in as the pool
+        check_ownership(
+            project.clickhouse.access,
+            project.store,
+            [TargetSlot(t.database, t.target) for t in tables],
+            project=project.path,
+        )
+    except DponeError:
+        return frozenset()  # each table's own check says why
     databases: dict[str, list[TableConfig]] = {}
     for table in tables:
         databases.setdefault(table.database, []).append(table)

@@ -13,6 +13,7 @@ docs/publication-catalog.md.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -266,8 +267,8 @@ class ClickHouseSnapshotCatalog:
         for target, generation in pairs:
             slot = TargetSlot(database, target)
             _two_names(slot, generation)
-            allowed = self._allowed(slot, generation)
-            views.append(SlotView(target, generation, allowed, self._idle(slot, generation)))
+            allowed = functools.partial(self._allowed, slot, generation)
+            views.append(SlotView(target, generation, self._idle(slot, generation), allowed))
         return slots_blockers(reads, database, views, _TABLES_SQL)
 
     def side_effects_now(self, slot: TargetSlot, generation_table: str) -> tuple[Blocker, ...]:

@@ -11,7 +11,7 @@ caller to observe on its own. See docs/publication.md ("Many tables in one run")
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dpone.ports.composition_snapshot import Blocker
@@ -25,13 +25,15 @@ from dpone.sql import in_list, quote_literal
 
 @dataclass(frozen=True)
 class SlotView:
-    """One slot to judge: its target, its (not yet created) generation, the users
-    whose write grants its observation allows and the pool users it accounts for."""
+    """One slot to judge: its target, its (not yet created) generation, the pool users
+    it accounts for, and the users whose write grants it allows (asked once the server
+    was read, as a single observation asks it: a lease that ends meanwhile can only
+    make it stricter)."""
 
     target: str
     generation: str
-    allowed: frozenset[str]
     idle: Mapping[str, Idle]
+    allowed: Callable[[], frozenset[str]]
 
 
 def slots_blockers(
@@ -83,7 +85,7 @@ def slots_blockers(
         if view.generation in tables:
             judged[view.target] = None
             continue
-        own = dataclasses.replace(side, trusted=view.allowed, idle_since=dict(view.idle))
+        own = dataclasses.replace(side, trusted=view.allowed(), idle_since=dict(view.idle))
         found: list[Blocker] = []
         for name in (view.target, view.generation):
             if name in present:

@@ -9,6 +9,7 @@ no bytes) and fetches only the intents not read before in this process.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol, TypeVar
 
@@ -44,6 +45,7 @@ class RecordedTables(NamedTuple):
     generation_uuid: str
 
 
+_LOCK = threading.Lock()
 _PARSED: dict[str, SnapshotIntent] = {}
 _RECORDED: dict[str, RecordedTables] = {}
 
@@ -61,8 +63,11 @@ def recorded_tables(store: IntentSource, database: str) -> list[RecordedTables]:
     """What each intent of ``database`` recorded of its slot, oldest first.
 
     Read from the canonical document (``canonical_json.loads``: the bytes are exactly
-    canonical) without the intent's other checks, which ``store.create`` made when it
-    stored it: the catalog asks this at every look, for the whole database's history.
+    canonical) without the intent's other rules, which the publisher's prepare checked
+    when it sealed the intent (the store itself checks only that it is canonical JSON):
+    the catalog asks this at every look, for the whole database's history. A document
+    without these members, or with other values than strings, is read in full, and its
+    own coded error raised.
     """
     return _read(store, list(store.intent_keys(database)), _RECORDED, _recorded)
 
@@ -89,6 +94,13 @@ def _read(
     A listed digest whose bytes the store does not give back is ``store_unavailable``
     (the store was not read consistently), never a shorter answer.
     """
+    with _LOCK:  # a process's threads share the memo
+        return _read_locked(store, keys, kept, parse)
+
+
+def _read_locked(
+    store: IntentSource, keys: list[str], kept: dict[str, T], parse: Callable[[bytes], T]
+) -> list[T]:
     missing = [key for key in keys if key not in kept]
     if missing:
         if len(kept) + len(missing) > _AT_MOST:
