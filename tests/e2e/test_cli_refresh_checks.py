@@ -271,6 +271,10 @@ def test_a_run_observes_its_targets_once_and_refuses_the_blocked_one_in_its_chec
         # nothing blocks): the refused check, which ends at its observation, sends more.
         checks = {t: r["traffic"]["check"]["requests"] for t, r in reports.items()}
         assert checks["b"] > checks["a"] == checks["c"], checks
+        # The run's one look at every target, before the first table, is reported too.
+        shared = document["shared_check"]
+        assert shared["cleared"] == ["a", "c"], shared
+        assert shared["requests"] >= 1 and shared["seconds"] >= 0, shared
     finally:
         chhttp.query(port, f"DROP TABLE {DATABASE}.mv_b{jobs}")
         chhttp.query(port, f"DROP TABLE {DATABASE}.src_b{jobs}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ from dpone.cli.output import (
     reported_errors,
     status_line,
 )
+from dpone.connectors.http_connections import POOL
 from dpone.errors import ConfigurationError, stopping_signals_held
 from dpone.project.config import DESIGN_CHANGES, MAX_JOBS, Project, TableConfig, load_project
 from dpone.project.design_change import describe_change
@@ -141,13 +143,19 @@ def refresh(
         tables = select_tables(project, names, every)
         preflight(project, tables)
         # The targets of several tables are observed together once, before the first.
+        started, sent = time.monotonic(), POOL.traffic()
         cleared = catalog_cleared(project, tables)
+        shared = {
+            "cleared": sorted(cleared),
+            "seconds": round(time.monotonic() - started, 3),
+            **POOL.traffic().since(sent).to_dict(),
+        }
         jobs = min(jobs or project.jobs, len(tables))
         if jobs > 1:
             extra = [*(["--allow-shrink"] if allow_shrink else [])]
             extra += ["--design-change", design_change] if design_change else []
             extra += [f"--cleared={name}" for name in sorted(cleared)]
-            _refresh_jobs(config_path, tables, jobs, extra, fail_fast, as_json)
+            _refresh_jobs(config_path, tables, jobs, extra, fail_fast, as_json, shared)
             return
         # A table run by `refresh --jobs` shows its progress through its parent's line.
         progress: PhaseProgress | JobProgress | None = (
@@ -166,7 +174,11 @@ def refresh(
             reports.append(report)
             if not as_json:
                 _echo(report)
-        finish_runs(reports, as_json, lambda: {"tables": [r.to_dict() for r in reports]})
+        finish_runs(
+            reports,
+            as_json,
+            lambda: {"tables": [r.to_dict() for r in reports], "shared_check": shared},
+        )
 
 
 def _service(
@@ -207,6 +219,7 @@ def _refresh_jobs(
     options: list[str],
     fail_fast: bool,
     as_json: bool,
+    shared: dict[str, Any],
 ) -> None:
     on_terminal = TerminalProgress.on_terminal(as_json)
     # Text reports in the project's order, each as soon as every earlier one is shown.
@@ -243,7 +256,8 @@ def _refresh_jobs(
         for report in reports:
             if report.table in unshown:
                 _echo(report)
-    finish_runs(reports, as_json, lambda: {"tables": documents, "jobs": jobs}, stopped_by)
+    document = {"tables": documents, "jobs": jobs, "shared_check": shared}
+    finish_runs(reports, as_json, lambda: document, stopped_by)
 
 
 def finish_runs(
