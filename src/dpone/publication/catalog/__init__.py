@@ -45,7 +45,13 @@ from dpone.publication.catalog.contents import (
     content_key,
     read_parts,
 )
-from dpone.publication.catalog.design import design_blockers, read_designs, table_reads
+from dpone.publication.catalog.design import (
+    database_read,
+    design_blockers,
+    read_designs,
+    table_reads,
+    tables_read,
+)
 from dpone.publication.catalog.grants import (
     WRITER_ROOTS,
     GrantRow,
@@ -107,13 +113,6 @@ __all__ = [
 DEFAULT_TIMEOUT_SECONDS = 60.0
 EVENT_TYPES = ("QueryStart", "QueryFinish", "ExceptionBeforeStart", "ExceptionWhileProcessing")
 NIL_UUID = "00000000-0000-0000-0000-000000000000"
-# Both names' system.tables rows: the design, the outgoing dependents and the byte counter.
-_TABLES_SQL = (
-    "SELECT name, toString(uuid) AS uuid, engine, engine_full, create_table_query, "
-    "partition_key, sorting_key, primary_key, sampling_key, total_bytes, "
-    "dependencies_database, dependencies_table, loading_dependent_database, "
-    "loading_dependent_table FROM system.tables WHERE database = {db} AND name IN {names}"
-)
 
 
 class ClickHouseSnapshotCatalog:
@@ -269,7 +268,7 @@ class ClickHouseSnapshotCatalog:
             _two_names(slot, generation)
             allowed = functools.partial(self._allowed, slot, generation)
             views.append(SlotView(target, generation, self._idle(slot, generation), allowed))
-        return slots_blockers(reads, database, views, _TABLES_SQL)
+        return slots_blockers(reads, database, views)
 
     def side_effects_now(self, slot: TargetSlot, generation_table: str) -> tuple[Blocker, ...]:
         """The side effects on both names now, in one request (or, past the response
@@ -395,21 +394,17 @@ class ClickHouseSnapshotCatalog:
         around them, in one request with the reads ``also`` asks for (None: no such
         database). ``allowed``: the users whose write grants are accepted (default:
         this observation's allowance)."""
-        db = quote_literal(slot.database)
-        database_read = (
-            "database",
-            f"SELECT engine, toString(uuid) AS uuid FROM system.databases WHERE name = {db}",
-        )
-        tables_read = ("tables", _TABLES_SQL.format(db=db, names=in_list(names)))
+        database = database_read(slot.database)
+        names_read = tables_read(slot.database, names)
         idle = self._idle(slot, names[1]) if side_effects else {}
         around = SideEffects.reads(slot.database, names, idle) if side_effects else []
-        reads.prefetch("observe", [database_read, tables_read, *around, *also])
-        databases = reads.rows(*database_read)
+        reads.prefetch("observe", [database, names_read, *around, *also])
+        databases = reads.rows(*database)
         if not databases:
             return None
         db_engine = text_field(databases[0], "engine", reads)
         db_uuid = text_field(databases[0], "uuid", reads)
-        tables = {text_field(r, "name", reads): r for r in reads.rows(*tables_read)}
+        tables = {text_field(r, "name", reads): r for r in reads.rows(*names_read)}
         if not side_effects:
             return db_engine, db_uuid, tables, None
         if allowed is None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from dpone.ports.composition_snapshot import Blocker
 from dpone.publication.catalog.contents import PARTS_SQL
-from dpone.publication.catalog.reads import CatalogReads, text_field
+from dpone.publication.catalog.reads import CatalogReads, Read, text_field
 from dpone.publication.catalog.sql import column_ttls, engine_clauses
 from dpone.sql import in_list, quote_literal
 
@@ -21,6 +21,29 @@ from dpone.sql import in_list, quote_literal
 def tables_filter(database: str, names: Sequence[str]) -> str:
     """The WHERE condition that picks the rows of ``names`` out of a system table."""
     return f"database = {quote_literal(database)} AND table IN {in_list(names)}"
+
+
+# The names' system.tables rows: the design, the outgoing dependents and the byte counter.
+_TABLES_SQL = (
+    "SELECT name, toString(uuid) AS uuid, engine, engine_full, create_table_query, "
+    "partition_key, sorting_key, primary_key, sampling_key, total_bytes, "
+    "dependencies_database, dependencies_table, loading_dependent_database, "
+    "loading_dependent_table FROM system.tables WHERE database = {db} AND name IN {names}"
+)
+
+
+def database_read(database: str) -> Read:
+    """The read of ``database``'s engine and UUID (no row: there is no such database)."""
+    return (
+        "database",
+        "SELECT engine, toString(uuid) AS uuid FROM system.databases "
+        f"WHERE name = {quote_literal(database)}",
+    )
+
+
+def tables_read(database: str, names: Sequence[str]) -> Read:
+    """The read of the ``system.tables`` rows of ``names`` (each row naming its table)."""
+    return "tables", _TABLES_SQL.format(db=quote_literal(database), names=in_list(names))
 
 
 def table_reads(database: str, names: Sequence[str]) -> dict[str, str]:

@@ -16,11 +16,16 @@ from dataclasses import dataclass
 
 from dpone.ports.composition_snapshot import Blocker
 from dpone.publication.catalog.allowance import Idle
-from dpone.publication.catalog.design import design_blockers, read_designs, table_reads
+from dpone.publication.catalog.design import (
+    database_read,
+    design_blockers,
+    read_designs,
+    table_reads,
+    tables_read,
+)
 from dpone.publication.catalog.pool_queries import pool_queries_read
 from dpone.publication.catalog.reads import CatalogReads, text_field
 from dpone.publication.catalog.side_effects import SideEffects
-from dpone.sql import in_list, quote_literal
 
 
 @dataclass(frozen=True)
@@ -37,19 +42,14 @@ class SlotView:
 
 
 def slots_blockers(
-    reads: CatalogReads, database: str, views: Sequence[SlotView], tables_sql: str
+    reads: CatalogReads, database: str, views: Sequence[SlotView]
 ) -> dict[str, tuple[Blocker, ...] | None]:
     """Each slot's blockers (its target's side effects and design, and the writers of
     each of its names that does not exist), by target; None for a slot not judged
-    here (no such database, or its generation exists). ``tables_sql``: the catalog's
-    read of the names' ``system.tables`` rows, with ``{db}`` and ``{names}``."""
+    here (no such database, or its generation exists)."""
     names = tuple(dict.fromkeys(n for v in views for n in (v.target, v.generation)))
-    db = quote_literal(database)
-    database_read = (
-        "database",
-        f"SELECT engine, toString(uuid) AS uuid FROM system.databases WHERE name = {db}",
-    )
-    tables_read = ("tables", tables_sql.format(db=db, names=in_list(names)))
+    database_of = database_read(database)
+    names_read = tables_read(database, names)
     accounted: dict[str, Idle] = {}
     for view in views:
         accounted.update(view.idle)
@@ -66,17 +66,17 @@ def slots_blockers(
     reads.prefetch(
         "slots",
         [
-            database_read,
-            tables_read,
+            database_of,
+            names_read,
             *SideEffects.reads(database, names, accounted, pool_read),
             *design_sql.items(),
         ],
     )
-    databases = reads.rows(*database_read)
+    databases = reads.rows(*database_of)
     if not databases:
         return {v.target: None for v in views}
     db_engine = text_field(databases[0], "engine", reads)
-    tables = {text_field(r, "name", reads): r for r in reads.rows(*tables_read)}
+    tables = {text_field(r, "name", reads): r for r in reads.rows(*names_read)}
     side = SideEffects.read(reads, database, names, frozenset(), accounted, pool_read)
     present = {n: tables[n] for n in names if n in tables}
     designs = read_designs(reads, design_sql, present)

@@ -22,7 +22,7 @@ from dpone.publication.ceilings.stream_ceilings import STORED_CODE
 from dpone.publication.publisher.receipts import SnapshotPublicationError
 from dpone.publication.publisher.rules import ceiling_exceeded
 from dpone.publication.store import SnapshotSummary
-from dpone.publication.store.parsed_intents import recorded_tables
+from dpone.publication.store.parsed_intents import IntentSource, recorded_tables
 from dpone.staging.contract import StagingPolicy
 
 RETAINED_CEILING = "retained_storage_bytes"
@@ -31,21 +31,12 @@ TRANSIENT_CEILING = "total_transient_storage_bytes"
 STREAM_BOUND_CODES = frozenset({"spool_budget_exceeded", "body_limit_exceeded"})
 
 
-class SnapshotListing(Protocol):
-    """The part of a snapshot store that lists every stored intent."""
+class SnapshotListing(IntentSource, Protocol):
+    """The part of a snapshot store that lists every stored intent (and reads them by
+    digest, :class:`~dpone.publication.store.parsed_intents.IntentSource`)."""
 
     def list_snapshots(self, slot: TargetSlot | None = None) -> Sequence[SnapshotSummary]:
         """Every intent (of ``slot``) with its current state, oldest first."""
-        ...
-
-    def intent_keys(
-        self, database: str | None = None, *, attempt_id: str | None = None
-    ) -> Sequence[str]:
-        """The digest of every intent (of ``database``; of ``attempt_id``'s run)."""
-        ...
-
-    def intent_bytes(self, keys: Sequence[str]) -> dict[str, bytes]:
-        """The stored bytes of the intents of these digests."""
         ...
 
 

@@ -78,10 +78,9 @@ def _recorded(data: bytes) -> RecordedTables:
         protected, generation = document["protected"], document["generation"]
         found = (protected["target_table"], protected["target_uuid"], generation["table_uuid"])
     except (KeyError, TypeError):
+        found = None
+    if found is None or not all(isinstance(value, str) for value in found):
         intent = SnapshotIntent.from_bytes(data)  # not an intent: its own coded error
-        return RecordedTables(intent.target_table, intent.target_uuid, intent.generation_uuid)
-    if not all(isinstance(value, str) for value in found):
-        intent = SnapshotIntent.from_bytes(data)
         return RecordedTables(intent.target_table, intent.target_uuid, intent.generation_uuid)
     return RecordedTables(*found)
 
