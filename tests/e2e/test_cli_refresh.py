@@ -169,6 +169,12 @@ def test_several_tables_continue_unless_fail_fast(tmp_path: Path, server: dict[s
     assert code == 1 and [t["ok"] for t in both["tables"]] == [False, True]
     code, fast = refresh(config, "broken", "items", "--fail-fast")
     assert code == 1 and [t["outcome"] for t in fast["tables"]] == ["failed", "skipped"]
+    # Every table after the first failure is skipped, not only the next one.
+    other = '[tables.other]\nsource = "shop"\ntable = "items"\ntarget = "refresh_db.t_multi2"\n'
+    config.write_text(config.read_text() + other)
+    code, fast = refresh(config, "broken", "items", "other", "--fail-fast")
+    assert code == 1
+    assert [t["outcome"] for t in fast["tables"]] == ["failed", "skipped", "skipped"], fast
 
 
 def test_bad_project_file_names_every_problem_with_its_location(tmp_path: Path) -> None:

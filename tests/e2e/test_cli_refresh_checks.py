@@ -11,6 +11,7 @@ code and the command that resolves it, and nothing is exported or staged.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -278,3 +279,33 @@ def test_a_run_observes_its_targets_once_and_refuses_the_blocked_one_in_its_chec
     finally:
         chhttp.query(port, f"DROP TABLE {DATABASE}.mv_b{jobs}")
         chhttp.query(port, f"DROP TABLE {DATABASE}.src_b{jobs}")
+
+
+def test_a_signal_skips_every_table_after_the_one_it_stopped(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    """Before: the table after the stopped one was skipped, and the run went on with
+    the rest, publishing them after the SIGTERM."""
+    make_source(tmp_path / "shop.db", rows_of(5))
+    config = project(tmp_path, server, "t_sig_a")
+    tables = "".join(
+        f'[tables.{name}]\nsource = "shop"\ntable = "items"\n'
+        f'target = "{DATABASE}.t_sig_{name}"\norder_by = "id"\n'
+        for name in ("b", "c", "d")
+    )
+    config.write_text(config.read_text().replace("[tables.items]", "[tables.a]") + tables)
+    env = {k: v for k, v in os.environ.items() if k != "DPONE_DATA_DIR"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dpone", "refresh", "--config", str(config), "--all", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    _wait_for_state(tmp_path / "store.sqlite", "prepared", process)
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM
+    document = json.loads(out.decode().splitlines()[-1])
+    outcomes = [t["outcome"] for t in document["tables"]]
+    assert outcomes[1:] == ["skipped", "skipped", "skipped"], outcomes
+    assert document["interrupted"] == "SIGTERM"

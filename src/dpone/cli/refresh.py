@@ -163,8 +163,13 @@ def refresh(
         )
         service = _service(project, allow_shrink, design_change, progress, cleared)
         reports: list[TableReport] = []
+        stopped = False
         for table in tables:
-            stopped = reports and (reports[-1].interrupted or (fail_fast and not reports[-1].ok))
+            # A signal stops the run, as --fail-fast does at a failure: every later table
+            # is skipped (not only the next one, whose skipped report says neither).
+            stopped = stopped or bool(
+                reports and (reports[-1].interrupted or (fail_fast and not reports[-1].ok))
+            )
             if stopped:
                 skipped = TableReport(table.name, table.qualified_target, "")
                 skipped.outcome = "skipped"
