@@ -1,0 +1,110 @@
+"""Calls made at once answered by one batch, each from a batch begun after it was made.
+
+The tables of one run ask the same questions of the server at the same steps: observe
+my slot, prove my lease closed. Such a read costs the server what it costs whatever the
+number of names it covers (docs/publication.md, "Many tables in one run"), so callers
+in different threads that ask at once are answered by one call of a batch function. A
+caller is never answered from a batch that began before it asked: what a batch reads
+is read after every call it answers was made, as the caller's own read would have been.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+R = TypeVar("R")
+
+
+@dataclass(eq=False)  # a call is itself: two calls of one key are two calls
+class _Call(Generic[K, R]):
+    key: K
+    done: bool = False
+    result: R | None = None
+    error: BaseException | None = None
+
+
+class GroupCommit(Generic[K, R]):
+    """Answer ``call(key)`` from ``batch(keys)``, sharing one batch among callers.
+
+    ``batch`` receives distinct keys and returns a result for every one (a missing
+    key is an error for its caller) or raises, which every caller of that batch then
+    raises. One batch runs at a time; calls made while it runs wait for the next one.
+    A batch's first caller waits up to ``gather_seconds`` for ``expected()`` calls to
+    be pending before it starts, so that callers arriving together share it (0: start
+    at once). A key already pending waits for a later batch.
+    """
+
+    def __init__(
+        self,
+        batch: Callable[[Sequence[K]], Mapping[K, R]],
+        *,
+        expected: Callable[[], int] = lambda: 1,
+        gather_seconds: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._batch = batch
+        self._expected = expected
+        self._gather = gather_seconds
+        self._clock = clock
+        self._changed = threading.Condition()
+        self._pending: list[_Call[K, R]] = []
+        self._running = False
+        self.batches: list[int] = []  # each batch's size, in order (for reports and tests)
+
+    def __call__(self, key: K) -> R:
+        """The batch's result for ``key``, from a batch begun after this call."""
+        call: _Call[K, R] = _Call(key)
+        with self._changed:
+            self._pending.append(call)
+            self._changed.notify_all()
+            while not call.done and (self._running or self._pending[0] is not call):
+                self._changed.wait()
+            if not call.done:
+                self._running = True  # this caller leads the next batch
+        if not call.done:
+            self._lead(call)
+        if call.error is not None:
+            raise call.error
+        return call.result  # type: ignore[return-value]  # set for every answered call
+
+    def _lead(self, own: _Call[K, R]) -> None:
+        taken: list[_Call[K, R]] = [own]
+        try:
+            deadline = self._clock() + self._gather
+            with self._changed:
+                while len(self._pending) < self._expected() and self._clock() < deadline:
+                    self._changed.wait(max(0.0, deadline - self._clock()))
+                taken = self._take()
+            results: Mapping[K, R] = self._batch([c.key for c in taken])
+        except BaseException as exc:  # every caller of the batch raises what it raised
+            for call in taken:
+                call.error = exc
+        else:
+            for call in taken:
+                if call.key in results:
+                    call.result = results[call.key]
+                else:
+                    call.error = KeyError(call.key)
+        finally:
+            with self._changed:
+                for call in taken:
+                    call.done = True
+                self._pending = [c for c in self._pending if not c.done]
+                self._running = False
+                self.batches.append(len(taken))
+                self._changed.notify_all()
+
+    def _take(self) -> list[_Call[K, R]]:
+        """The pending calls of distinct keys, in order; a repeated key stays pending."""
+        taken: list[_Call[K, R]] = []
+        seen: set[K] = set()
+        for call in self._pending:
+            if call.key not in seen:
+                seen.add(call.key)
+                taken.append(call)
+        return taken
