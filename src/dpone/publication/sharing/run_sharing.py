@@ -1,0 +1,98 @@
+"""One run's shared reads: the observations and closure proofs its tables ask at once.
+
+A run that refreshes several tables in threads of one process hands every table's
+publication the same :class:`RunSharing`. The catalog of each database answers
+``observe`` and ``identities`` from one observation of every slot asked at once
+(``observe_many``), and the authority answers ``close_principal`` from one closure of
+every lease asked at once (``close_principals``): each answer is the slot's or the
+lease's own, read after it was asked (:mod:`.group_commit`). Nothing else is shared.
+See docs/publication.md ("Many tables in one run").
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from dpone.ports.composition_snapshot import CatalogObservation, ClosureProof, PrincipalRef
+from dpone.publication.sharing.group_commit import GroupCommit
+
+# A slot of one database: its target's name and its generation's.
+Pair = tuple[str, str]
+# How long a batch's first caller waits for the others the run expects.
+GATHER_SECONDS = 0.05
+
+
+class ObservesMany(Protocol):
+    """The catalog's reads of several slots of one database at once."""
+
+    def observe_many(
+        self, database: str, pairs: Sequence[Pair], *, side_effects: bool = True
+    ) -> Mapping[Pair, CatalogObservation]: ...
+
+
+class ClosesMany(Protocol):
+    """The authority's closure of several leases at once."""
+
+    def close_principals(self, principals: Sequence[PrincipalRef]) -> list[ClosureProof]: ...
+
+
+class RunSharing:
+    """The group commits of one run, by what is asked and the database it is asked of.
+
+    ``expected()`` is how many of the run's tables may ask now (its running tables):
+    a batch's first caller waits up to ``gather_seconds`` for that many.
+    """
+
+    def __init__(
+        self,
+        *,
+        expected: Callable[[], int] = lambda: 1,
+        gather_seconds: float = GATHER_SECONDS,
+    ) -> None:
+        self._expected = expected
+        self._gather = gather_seconds
+        self._lock = threading.Lock()
+        self._groups: dict[tuple[str, str], GroupCommit[Any, Any]] = {}
+
+    def observation(
+        self, catalog: ObservesMany, database: str, pair: Pair, *, side_effects: bool
+    ) -> CatalogObservation:
+        """``pair``'s observation (``side_effects=False``: its identities), read with
+        those of every slot of ``database`` asked at once."""
+        kind = "observe" if side_effects else "identities"
+
+        def batch(pairs: Sequence[Pair]) -> Mapping[Pair, CatalogObservation]:
+            return catalog.observe_many(database, pairs, side_effects=side_effects)
+
+        group: GroupCommit[Pair, CatalogObservation] = self._group(kind, database, batch)
+        return group(pair)
+
+    def closure(
+        self, authority: ClosesMany, database: str, principal: PrincipalRef
+    ) -> ClosureProof:
+        """``principal``'s closure proof, proven with every lease asked at once."""
+
+        def batch(principals: Sequence[PrincipalRef]) -> Mapping[PrincipalRef, ClosureProof]:
+            return dict(zip(principals, authority.close_principals(principals), strict=True))
+
+        group: GroupCommit[PrincipalRef, ClosureProof] = self._group("close", database, batch)
+        return group(principal)
+
+    def batches(self) -> dict[str, list[int]]:
+        """Each group's batch sizes so far, by ``kind:database`` (for the run's report)."""
+        with self._lock:
+            return {f"{k}:{d}": list(g.batches) for (k, d), g in self._groups.items()}
+
+    def _group(
+        self, kind: str, database: str, batch: Callable[[Sequence[Any]], Mapping[Any, Any]]
+    ) -> GroupCommit[Any, Any]:
+        # The first table to ask creates the group with its own port: every table's
+        # port of one database reads the same server with the same principals.
+        with self._lock:
+            group = self._groups.get((kind, database))
+            if group is None:
+                group = GroupCommit(batch, expected=self._expected, gather_seconds=self._gather)
+                self._groups[(kind, database)] = group
+            return group
