@@ -48,9 +48,8 @@ RetainedSource = Callable[[], tuple[frozenset[str], frozenset[str]]]
 
 
 class SlotsOverlap(ConfigurationError):
-    """Two slots of one observation share a name: each name is one slot's."""
-
-    code = "catalog_slots_overlap"
+    """Two slots of one observation share a name: each name is one slot's (the code is
+    ``configuration_error``: a caller's mistake, nothing was read)."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +162,8 @@ def observe_slots(
     :meth:`~dpone.publication.catalog.ClickHouseSnapshotCatalog.identities` answers.
     """
     names = slot_names([(v.target, v.generation) for v in views])
+    if not names:
+        return {}
     sql = table_reads(database, names)
     # One slot leaves its own names out of the retained read; several read every table.
     excluded = names if len(views) == 1 else ()
@@ -174,6 +175,40 @@ def observe_slots(
     around = read_around(reads, database, views, [*sql.items(), *also], side_effects=side_effects)
     if around is None:
         return {(v.target, v.generation): CatalogObservation(None, None, 0, _now()) for v in views}
+    observed, contents, answered = _observe_tables(
+        reads, database, views, (around, sql), side_effects=side_effects
+    )
+    retained_of = None
+    if side_effects:  # each slot's, read before the recheck as one slot's always was
+        kept = Retained.read(reads, database, excluded, *retained())
+        retained_of = {v.target: kept.bytes_of(reads, (v.target, v.generation)) for v in views}
+    _recheck(reads, database, names, observed, sql["parts"])
+    contents.settle(
+        answered,
+        read_parts(reads, sql["parts"], names),
+        SideEffects.tables_with_content_effects(reads, database, names),
+    )
+    return {
+        (view.target, view.generation): _slot_observation(
+            database, view, around, observed, retained_of
+        )
+        for view in views
+    }
+
+
+def _observe_tables(
+    reads: CatalogReads,
+    database: str,
+    views: Sequence[SlotView],
+    read: tuple[Around, Mapping[str, str]],
+    *,
+    side_effects: bool,
+) -> tuple[dict[str, TableObservation], ObservedContents, dict[str, dict[str, Any]]]:
+    """Every present name's observation (its blockers by its own slot's rules, none
+    without side effects), with the contents to settle after the recheck and their
+    answers."""
+    around, sql = read
+    names = tuple(n for v in views for n in (v.target, v.generation))
     tables = around.tables
     present = [name for name in names if name in tables]
     designs = read_designs(reads, sql, {n: tables[n] for n in present})
@@ -220,22 +255,7 @@ def observe_slots(
         )
         for name in present
     }
-    retained_of = None
-    if side_effects:  # each slot's, read before the recheck as one slot's always was
-        kept = Retained.read(reads, database, excluded, *retained())
-        retained_of = {v.target: kept.bytes_of(reads, (v.target, v.generation)) for v in views}
-    _recheck(reads, database, names, observed, sql["parts"])
-    contents.settle(
-        answered,
-        read_parts(reads, sql["parts"], names),
-        SideEffects.tables_with_content_effects(reads, database, names),
-    )
-    return {
-        (view.target, view.generation): _slot_observation(
-            database, view, around, observed, retained_of
-        )
-        for view in views
-    }
+    return observed, contents, answered
 
 
 def _slot_observation(
