@@ -7,19 +7,19 @@ Every call reads the server again (only a content digest of an unchanged table i
 reused, :mod:`.contents`), and a failed, partial or malformed answer raises
 :class:`CatalogUnobservable`, never an empty list or a zero. Its parts, one concern a
 module: :mod:`.reads`, :mod:`.sql`, :mod:`.design`, :mod:`.side_effects`,
-:mod:`.writers`, :mod:`.grants` and :mod:`.allowance`. The rules are in
+:mod:`.writers`, :mod:`.grants` and :mod:`.allowance`; several slots of one database
+are observed at once by :mod:`.observations`. The rules are in
 docs/publication-catalog.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
-from dpone.contracts import canonical_json
 from dpone.errors import DponeError
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.composition_snapshot import (
@@ -27,7 +27,6 @@ from dpone.ports.composition_snapshot import (
     CatalogObservation,
     ExchangeEvent,
     RecordedPresence,
-    TableObservation,
     TargetSlot,
 )
 from dpone.publication.catalog.allowance import (
@@ -38,49 +37,40 @@ from dpone.publication.catalog.allowance import (
     allowed_pool_users,
     lease_allowance,
 )
-from dpone.publication.catalog.contents import (
-    STORED_KINDS,
-    ObservedContents,
-    Parts,
-    content_key,
-    read_parts,
-)
-from dpone.publication.catalog.design import (
-    database_read,
-    design_blockers,
-    read_designs,
-    table_reads,
-    tables_read,
-)
+from dpone.publication.catalog.contents import STORED_KINDS
+from dpone.publication.catalog.design import design_sha256
 from dpone.publication.catalog.grants import (
     WRITER_ROOTS,
     GrantRow,
     writer_grant_blockers,
     writer_privileges,
 )
+from dpone.publication.catalog.observations import (
+    SlotsOverlap,
+    observe_slots,
+    read_around,
+    slot_names,
+)
 from dpone.publication.catalog.presence import read_presence
 from dpone.publication.catalog.reads import (
     ByteObservationMissing,
     CatalogReads,
     CatalogUnobservable,
-    Read,
     catalog_query_id,
-    count_field,
     text_field,
 )
 from dpone.publication.catalog.retained_storage import (
     OWNERSHIP_MARK,
     STAGE_PREFIX,
     RecordedUuids,
+    Retained,
     recorded_for,
-    retained_bytes,
     retained_reads,
     total_bytes,
 )
-from dpone.publication.catalog.side_effects import SideEffects
 from dpone.publication.catalog.slots import SlotView, slots_blockers
 from dpone.publication.catalog.sql import column_elements, column_ttls, engine_clauses
-from dpone.sql import in_list, quote_literal
+from dpone.sql import quote_literal
 
 __all__ = [
     "DEFAULT_TIMEOUT_SECONDS",
@@ -98,6 +88,7 @@ __all__ = [
     "Idle",
     "IdlePool",
     "RecordedUuids",
+    "SlotsOverlap",
     "accounted_pool_users",
     "allowed_pool_users",
     "catalog_query_id",
@@ -159,7 +150,8 @@ class ClickHouseSnapshotCatalog:
 
     def observe(self, slot: TargetSlot, generation_table: str) -> CatalogObservation:
         """Names, UUIDs, design, side effects, content and byte counters of both tables."""
-        return self._observe(slot, generation_table, side_effects=True)
+        pair = (slot.table, generation_table)
+        return self.observe_many(slot.database, [pair])[pair]
 
     def identities(self, slot: TargetSlot, generation_table: str) -> CatalogObservation:
         """What a reconcile decides by: both names' UUIDs, designs, rows and content
@@ -171,87 +163,34 @@ class ClickHouseSnapshotCatalog:
         from the kept ones only for a plain MergeTree table with no mutation in flight
         and no row policy (read in the same request), as :meth:`observe` takes it.
         """
-        return self._observe(slot, generation_table, side_effects=False)
+        pair = (slot.table, generation_table)
+        return self.observe_many(slot.database, [pair], side_effects=False)[pair]
 
-    def _observe(
-        self, slot: TargetSlot, generation_table: str, *, side_effects: bool
-    ) -> CatalogObservation:
+    def observe_many(
+        self, database: str, pairs: Sequence[tuple[str, str]], *, side_effects: bool = True
+    ) -> dict[tuple[str, str], CatalogObservation]:
+        """Each ``(target, generation)`` slot of ``database`` observed at once
+        (:mod:`.observations`), by pair: what :meth:`observe` (or, without
+        ``side_effects``, :meth:`identities`) answers for that slot alone, in the three
+        requests one observation makes, however many slots.
+
+        Each slot is judged by its own rules: its allowance (asked once the server was
+        read), its accounted pool users, its content digests and its retained storage.
+        Any name of any slot that changed during the observation raises
+        :class:`CatalogUnobservable` for the whole call. A name in two slots (two slots
+        of one run never share a target) raises
+        :class:`~.observations.SlotsOverlap`; no such database: every slot is
+        ``CatalogObservation(None, None, 0, ...)``.
+        """
         reads = CatalogReads(self._transport, self._clock() + self._timeout, self._clock)
-        names = _two_names(slot, generation_table)
-        # Both names' designs and parts and the retained storage (or, for identities
-        # alone, what changes rows with no part to show it) are asked with the
-        # database and the names in one request (a name that is not there answers
-        # nothing), then both contents (their columns come from the designs) in another.
-        sql = table_reads(slot.database, names)
-        also = (
-            retained_reads(slot, generation_table)
-            if side_effects
-            else SideEffects.content_effect_reads(slot.database, names)
-        )
-        around = self._around(
-            reads, slot, names, also=[*sql.items(), *also], side_effects=side_effects
-        )
-        if around is None:
-            return CatalogObservation(None, None, 0, _now())
-        db_engine, db_uuid, tables, side = around
-        present = [name for name in names if name in tables]
-        designs = read_designs(reads, sql, {n: tables[n] for n in present})
-        # The parts SQL asked with the designs (both names): read again at the recheck.
-        parts_sql = sql["parts"]
-        parts = read_parts(reads, parts_sql, names)
-        # Identities alone: a table whose rows can change with no part to show it.
-        with_effects = SideEffects.tables_with_content_effects
-        effects = set() if side else with_effects(reads, slot.database, names)
-        blockers = {
-            name: [
-                *design_blockers(designs[name], db_engine),
-                *(side.blockers(slot.database, name, tables[name], reads) if side else []),
-            ]
-            for name in present
-        }
-        # A digest of a table whose UUID, design and parts are unchanged proves nothing new.
-        keys = {
-            name: None
-            if name in effects
-            else content_key(
-                (db_uuid, text_field(tables[name], "uuid", reads)),
-                designs[name],
-                design_sha256(designs[name]),
-                parts[name],
-                blockers[name],
-            )
-            for name in present
-        }
-        contents = ObservedContents(
-            reads, slot.database, {name: (keys[name], designs[name]) for name in present}
-        )
-        answered = contents.read()
-        observed = {
-            name: self._table(
-                reads,
-                (slot.database, name),
-                tables[name],
-                designs[name],
-                (answered[name], parts[name], blockers[name] if side else []),
-            )
-            for name in present
-        }
-        retained = self._retained_bytes(reads, slot, generation_table) if side else 0
-        target_bytes = observed[slot.table].total_bytes if side and slot.table in observed else 0
-        # The observation spans several queries: both names must still be what they were,
-        # and the parts read again say whether each digest belongs to the parts read before.
-        self._recheck(reads, slot, names, observed, parts_sql)
-        contents.settle(
-            answered,
-            read_parts(reads, parts_sql, names),
-            SideEffects.tables_with_content_effects(reads, slot.database, names),
-        )
-        return CatalogObservation(
-            target=observed.get(slot.table),
-            generation=observed.get(generation_table),
-            retained_bytes=target_bytes + retained,
-            observed_at=_now(),
-            absent_writers=_absent_writers(side, slot.database, names, tables) if side else (),
+        slot_names(pairs)  # refused before anything is read
+        views = [self._view(TargetSlot(database, t), g, side_effects) for t, g in pairs]
+        return observe_slots(
+            reads,
+            database,
+            views,
+            functools.partial(self._retained_uuids, database),
+            side_effects=side_effects,
         )
 
     def slots_blockers(
@@ -265,7 +204,7 @@ class ClickHouseSnapshotCatalog:
         views = []
         for target, generation in pairs:
             slot = TargetSlot(database, target)
-            _two_names(slot, generation)
+            slot_names([(target, generation)])
             allowed = functools.partial(self._allowed, slot, generation)
             views.append(SlotView(target, generation, self._idle(slot, generation), allowed))
         return slots_blockers(reads, database, views)
@@ -279,12 +218,14 @@ class ClickHouseSnapshotCatalog:
         process is proving); a missing database or name is a blocker."""
         reads = CatalogReads(self._transport, self._clock() + self._timeout, self._clock)
         names = (slot.table, generation_table)
-        around = self._around(reads, slot, names, self.trusted_users | self.pool_members)
+        allowed = self.trusted_users | self.pool_members
+        view = dataclasses.replace(
+            self._view(slot, generation_table, True), allowed=lambda: allowed
+        )
+        around = read_around(reads, slot.database, [view])
         if around is None:
             return (Blocker("database_missing", f"no database {slot.database}"),)
-        _, _, tables, side = around
-        if side is None:  # read whenever side_effects is asked, as here: never
-            raise CatalogUnobservable("the side effects were not read", database=slot.database)
+        tables, side = around.tables, around.sides[slot.table]
         found: list[Blocker] = []
         for name in names:
             if name not in tables:
@@ -361,10 +302,12 @@ class ClickHouseSnapshotCatalog:
             "SELECT total_bytes FROM system.tables WHERE "
             f"database = {quote_literal(slot.database)} AND name = {quote_literal(slot.table)}",
         )
-        reads.prefetch("retained", [target_read, *retained_reads(slot, generation_table)])
+        names = (slot.table, generation_table)
+        reads.prefetch("retained", [target_read, *retained_reads(slot.database, names)])
         rows = reads.rows(*target_read)
         target = total_bytes(rows[0], reads, slot.database, slot.table) if rows else 0
-        return target + self._retained_bytes(reads, slot, generation_table)
+        kept = Retained.read(reads, slot.database, names, *self._retained_uuids(slot.database))
+        return target + kept.bytes_of(reads, names)
 
     # ------------------------------------------------------------------ internals
 
@@ -380,37 +323,12 @@ class ClickHouseSnapshotCatalog:
         )
         return self.trusted_users | allowed
 
-    def _around(
-        self,
-        reads: CatalogReads,
-        slot: TargetSlot,
-        names: tuple[str, str],
-        allowed: frozenset[str] | None = None,
-        also: Sequence[Read] = (),
-        *,
-        side_effects: bool = True,
-    ) -> tuple[str, str, dict[str, dict[str, Any]], SideEffects | None] | None:
-        """The database's engine, both names' system.tables rows and the side effects
-        around them, in one request with the reads ``also`` asks for (None: no such
-        database). ``allowed``: the users whose write grants are accepted (default:
-        this observation's allowance)."""
-        database = database_read(slot.database)
-        names_read = tables_read(slot.database, names)
-        idle = self._idle(slot, names[1]) if side_effects else {}
-        around = SideEffects.reads(slot.database, names, idle) if side_effects else []
-        reads.prefetch("observe", [database, names_read, *around, *also])
-        databases = reads.rows(*database)
-        if not databases:
-            return None
-        db_engine = text_field(databases[0], "engine", reads)
-        db_uuid = text_field(databases[0], "uuid", reads)
-        tables = {text_field(r, "name", reads): r for r in reads.rows(*names_read)}
-        if not side_effects:
-            return db_engine, db_uuid, tables, None
-        if allowed is None:
-            allowed = self._allowed(slot, names[1])
-        side = SideEffects.read(reads, slot.database, names, allowed, idle)
-        return db_engine, db_uuid, tables, side
+    def _view(self, slot: TargetSlot, generation_table: str, side_effects: bool) -> SlotView:
+        """The slot as :mod:`.observations` reads it: its names, its accounted pool users
+        (none without side effects) and its allowance, asked when the server was read."""
+        idle = self._idle(slot, generation_table) if side_effects else {}
+        allowed = functools.partial(self._allowed, slot, generation_table)
+        return SlotView(slot.table, generation_table, idle, allowed)
 
     def _idle(self, slot: TargetSlot, generation_table: str) -> dict[str, Idle]:
         """The pool's users no lease of this publication holds now (none without
@@ -425,101 +343,10 @@ class ClickHouseSnapshotCatalog:
         )
         return {u: t for u, t in idle.items() if u not in self.trusted_users}
 
-    @staticmethod
-    def _recheck_read(slot: TargetSlot, names: tuple[str, str]) -> Read:
-        return (
-            "recheck",
-            f"SELECT name, toString(uuid) AS uuid FROM system.tables WHERE database = "
-            f"{quote_literal(slot.database)} AND name IN {in_list(names)}",
-        )
-
-    def _recheck(
-        self,
-        reads: CatalogReads,
-        slot: TargetSlot,
-        names: tuple[str, str],
-        observed: Mapping[str, TableObservation],
-        parts_sql: str,
-    ) -> None:
-        """Both names still hold the tables (UUIDs) the observation read, or it raises.
-
-        Asked in one request with what the kept digests are settled by (read next): both
-        tables' parts, their mutations in flight and row policies.
-        """
-        reads.prefetch(
-            "recheck",
-            [
-                self._recheck_read(slot, names),
-                ("parts", parts_sql),
-                *SideEffects.content_effect_reads(slot.database, names),
-            ],
-        )
-        again = {
-            text_field(r, "name", reads): text_field(r, "uuid", reads)
-            for r in reads.rows(*self._recheck_read(slot, names))
-        }
-        if again != {name: table.uuid for name, table in observed.items()}:
-            raise CatalogUnobservable(
-                f"{slot.database}.{slot.table} or {names[1]} changed during the observation",
-                code="catalog_unobservable",
-                database=slot.database,
-            )
-
-    def _retained_bytes(self, reads: CatalogReads, slot: TargetSlot, generation_table: str) -> int:
-        """Bytes of every retained table of the slot's database (:func:`retained_bytes`)."""
-        recorded = recorded_for(self._recorded_uuids, slot.database, "tables")
-        live = recorded_for(self._live_targets, slot.database, "targets")
-        return retained_bytes(reads, slot, generation_table, recorded, live)
-
-    def _table(
-        self,
-        reads: CatalogReads,
-        where: tuple[str, str],
-        row: Mapping[str, Any],
-        design: dict[str, Any],
-        found: tuple[Mapping[str, Any], Parts, list[Blocker]],
-    ) -> TableObservation:
-        (database, name), (content, parts, blockers) = where, found
-        return TableObservation(
-            database=database,
-            name=name,
-            uuid=text_field(row, "uuid", reads),
-            engine=design["engine"],
-            design=design,
-            design_sha256=design_sha256(design),
-            rows=count_field(content, "rows", reads),
-            content_digest=str(content["digest"]),
-            total_bytes=total_bytes(row, reads, database, name),
-            parts=parts.count,
-            blockers=tuple(blockers),
-        )
-
-
-def design_sha256(design: Mapping[str, Any]) -> str:
-    """SHA-256 of a design's canonical JSON: the digest an intent binds at prepare."""
-    return canonical_json.sha256_hex(design)
-
-
-def _absent_writers(
-    side: SideEffects, database: str, names: tuple[str, str], tables: Mapping[str, Any]
-) -> tuple[Blocker, ...]:
-    """Who could write each of ``names`` that does not exist (yet)."""
-    return tuple(b for name in names if name not in tables for b in side.writers(database, name))
-
-
-def _two_names(slot: TargetSlot, generation_table: str) -> tuple[str, str]:
-    """The slot's target and its generation, two names, or ``catalog_unobservable``."""
-    if slot.table == generation_table:
-        raise CatalogUnobservable(
-            "the target and the generation are the same name",
-            code="catalog_unobservable",
-            table=slot.table,
-        )
-    return slot.table, generation_table
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds")
+    def _retained_uuids(self, database: str) -> tuple[frozenset[str], frozenset[str]]:
+        """The store's recorded UUIDs and live targets of ``database``, read now."""
+        recorded = recorded_for(self._recorded_uuids, database, "tables")
+        return recorded, recorded_for(self._live_targets, database, "targets")
 
 
 T = TypeVar("T")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dpone.contracts import canonical_json
 from dpone.ports.composition_snapshot import Blocker
 from dpone.publication.catalog.contents import PARTS_SQL
 from dpone.publication.catalog.reads import CatalogReads, Read, text_field
@@ -23,10 +24,12 @@ def tables_filter(database: str, names: Sequence[str]) -> str:
     return f"database = {quote_literal(database)} AND table IN {in_list(names)}"
 
 
-# The names' system.tables rows: the design, the outgoing dependents and the byte counter.
+# The names' system.tables rows: the design, the outgoing dependents, the byte counter
+# and the metadata's last change (a generation's: the pool queries' window, :mod:`.pool_queries`).
 _TABLES_SQL = (
     "SELECT name, toString(uuid) AS uuid, engine, engine_full, create_table_query, "
     "partition_key, sorting_key, primary_key, sampling_key, total_bytes, "
+    "toUnixTimestamp(metadata_modification_time) AS made_s, "
     "dependencies_database, dependencies_table, loading_dependent_database, "
     "loading_dependent_table FROM system.tables WHERE database = {db} AND name IN {names}"
 )
@@ -131,6 +134,11 @@ def _column_design(
         "codec": text_field(column, "compression_codec", reads),
         "ttl": ttls.get(text_field(column, "name", reads)),
     }
+
+
+def design_sha256(design: Mapping[str, Any]) -> str:
+    """SHA-256 of a design's canonical JSON: the digest an intent binds at prepare."""
+    return canonical_json.sha256_hex(design)
 
 
 def design_blockers(design: Mapping[str, Any], db_engine: str) -> list[Blocker]:

@@ -26,7 +26,7 @@ POOL_QUERY_REASON = "pool_writer_query"
 RUNNING = "running"
 LOGGED = "logged"
 _SQL = (
-    "SELECT 'running' AS seen, user, query_id, '' AS kind, "
+    "SELECT 'running' AS seen, user, query_id, toString(query_kind) AS kind, "
     "toInt64(0) AS at_us, "
     "arrayFilter((n, p) -> match(query, p), {names}, {words}) AS names "
     "FROM system.processes WHERE user IN {users} "
@@ -44,9 +44,10 @@ _SQL = (
 # A name as a whole word of a query's text, not followed by a dot (see pool_queries_read).
 _WORD = r"\b{}\b[`\"]?([^.`\"]|$)"
 # B's creation: the window's lower bound (the epoch when there is no B: nothing read).
-# Observed with other slots (:mod:`.slots`), the latest of their generations' creations.
+# Observed with other slots, the earliest of their generations' creations; each slot
+# then keeps the rows its own bound reads (:func:`slot_queries`).
 _SINCE = (
-    "SELECT max(metadata_modification_time) FROM system.tables "
+    "SELECT min(metadata_modification_time) FROM system.tables "
     "WHERE database = {db} AND name {generation}"
 )
 
@@ -99,6 +100,29 @@ def pool_queries_read(
         since=since,
         qualified=qualified,
     )
+
+
+def slot_queries(
+    found: Sequence[PoolQuery], idle: Mapping[str, Idle], made_s: int | None
+) -> list[PoolQuery]:
+    """The rows of ``found`` (read for several slots at once) that one slot's own read
+    would have answered: a running query unless it is a SELECT of a user another run
+    holds (``idle``, the slot's accounted users), a logged one only from the slot's own
+    generation's creation on (``made_s``, Unix seconds; None: no generation, none).
+
+    Both conditions are the ones :data:`_SQL` asks, so for a read of one slot this
+    keeps every row.
+    """
+    kept = []
+    for query in found:
+        if query.seen == RUNNING:
+            user = idle.get(query.user)
+            if query.kind == "Select" and user is not None and user.held_by:
+                continue
+        elif made_s is None or made_s <= 0 or query.at_us // 1_000_000 < made_s:
+            continue  # before the slot's own B (event_time is the query's whole second)
+        kept.append(query)
+    return kept
 
 
 def read_pool_queries(reads: CatalogReads, read: Read) -> list[PoolQuery]:

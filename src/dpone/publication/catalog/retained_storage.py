@@ -8,11 +8,11 @@ wherever they sit now) and staging's own private tables not bound by an intent y
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dpone.errors import DponeError
-from dpone.ports.composition_snapshot import TargetSlot
 from dpone.publication.catalog.reads import (
     ByteObservationMissing,
     CatalogReads,
@@ -47,14 +47,16 @@ def recorded_for(source: RecordedUuids | None, database: str, what: str) -> froz
         ) from exc
 
 
-def retained_reads(slot: TargetSlot, generation_table: str) -> list[Read]:
-    """The two reads of :func:`retained_bytes`: the other tables and staging's marks."""
-    db = quote_literal(slot.database)
+def retained_reads(database: str, excluded: Sequence[str] = ()) -> list[Read]:
+    """The two reads of :class:`Retained`: the tables of ``database`` but ``excluded``
+    (none left out: every table) and staging's marks."""
+    db = quote_literal(database)
+    but = f" AND name NOT IN {in_list(excluded)}" if excluded else ""
     return [
         (
             "retained",
-            f"SELECT name, toString(uuid) AS uuid, total_bytes FROM system.tables WHERE "
-            f"database = {db} AND name NOT IN {in_list((slot.table, generation_table))}",
+            "SELECT name, toString(uuid) AS uuid, total_bytes FROM system.tables WHERE "
+            f"database = {db}{but}",
         ),
         (
             "retained_marks",
@@ -64,39 +66,57 @@ def retained_reads(slot: TargetSlot, generation_table: str) -> list[Read]:
     ]
 
 
-def retained_bytes(
-    reads: CatalogReads,
-    slot: TargetSlot,
-    generation_table: str,
-    recorded: Collection[str],
-    live: Collection[str],
-) -> int:
-    """Bytes of every retained table of the slot's database, each counted once.
+@dataclass(frozen=True)
+class Retained:
+    """A database's tables (but the names every observed slot leaves out) and staging's
+    marks, read once for every slot of one observation, and the store's UUIDs."""
 
-    Retained: a table whose UUID the store recorded (a previous target or a
-    generation of any intent of the database, wherever it sits now), or a
-    ``dpone_stage_*`` table with staging's ownership mark (a staged generation with
-    no intent yet). The target (counted as A by the caller) and the generation
-    are not. A recorded UUID no longer present was dropped: nothing to count.
-    """
-    # ``live``: other slots' live targets hold recorded generation UUIDs: they are
-    # those slots' A, never this one's retained storage.
-    tables_read, marks_read = retained_reads(slot, generation_table)
-    tables = reads.rows(*tables_read)
-    marks = {
-        text_field(r, "table", reads): text_field(r, "comment", reads)
-        for r in reads.rows(*marks_read)
-    }
-    total = 0
-    for row in tables:
-        name = text_field(row, "name", reads)
-        if name in live:
-            continue
-        marked = name.startswith(STAGE_PREFIX) and marks.get(name, "").startswith(OWNERSHIP_MARK)
-        if not marked and text_field(row, "uuid", reads) not in recorded:
-            continue  # neither recorded nor staged by dpone: not retained
-        total += total_bytes(row, reads, slot.database, name, "retained table ")
-    return total
+    database: str
+    tables: list[dict[str, Any]]
+    marks: Mapping[str, str]
+    recorded: Collection[str]
+    live: Collection[str]
+
+    @classmethod
+    def read(
+        cls,
+        reads: CatalogReads,
+        database: str,
+        excluded: Sequence[str],
+        recorded: Collection[str],
+        live: Collection[str],
+    ) -> Retained:
+        """The rows of :func:`retained_reads` (``excluded``: a name of every slot, or none)."""
+        tables_read, marks_read = retained_reads(database, excluded)
+        tables = reads.rows(*tables_read)
+        marks = {
+            text_field(r, "table", reads): text_field(r, "comment", reads)
+            for r in reads.rows(*marks_read)
+        }
+        return cls(database, tables, marks, recorded, live)
+
+    def bytes_of(self, reads: CatalogReads, names: Collection[str]) -> int:
+        """Bytes of every retained table for the slot of ``names`` (its target and its
+        generation, never retained for it), each counted once.
+
+        Retained: a table whose UUID the store recorded (a previous target or a
+        generation of any intent of the database, wherever it sits now), or a
+        ``dpone_stage_*`` table with staging's ownership mark (a staged generation with
+        no intent yet). A recorded UUID no longer present was dropped: nothing to count.
+        """
+        # ``live``: other slots' live targets hold recorded generation UUIDs: they are
+        # those slots' A, never this one's retained storage.
+        total = 0
+        for row in self.tables:
+            name = text_field(row, "name", reads)
+            if name in names or name in self.live:
+                continue
+            mark = self.marks.get(name, "")
+            marked = name.startswith(STAGE_PREFIX) and mark.startswith(OWNERSHIP_MARK)
+            if not marked and text_field(row, "uuid", reads) not in self.recorded:
+                continue  # neither recorded nor staged by dpone: not retained
+            total += total_bytes(row, reads, self.database, name, "retained table ")
+        return total
 
 
 def total_bytes(

@@ -110,13 +110,13 @@ class SideEffects:
         )
 
     @classmethod
-    def content_effect_reads(cls, database: str, names: tuple[str, str]) -> list[Read]:
+    def content_effect_reads(cls, database: str, names: Sequence[str]) -> list[Read]:
         """The reads of what can change a table's rows with no part to show it."""
         return [r for r in cls.reads(database, names) if r[0] in ("mutations", "row_policies")]
 
     @classmethod
     def tables_with_content_effects(
-        cls, reads: CatalogReads, database: str, names: tuple[str, str]
+        cls, reads: CatalogReads, database: str, names: Sequence[str]
     ) -> set[str]:
         """Which of ``names`` have a mutation in flight or a row policy now (read again)."""
         sql = dict(cls.content_effect_reads(database, names))

@@ -23,7 +23,7 @@ from dpone.publication.catalog.design import (
     table_reads,
     tables_read,
 )
-from dpone.publication.catalog.pool_queries import pool_queries_read
+from dpone.publication.catalog.pool_queries import pool_queries_read, slot_queries
 from dpone.publication.catalog.reads import CatalogReads, text_field
 from dpone.publication.catalog.side_effects import SideEffects
 
@@ -85,7 +85,11 @@ def slots_blockers(
         if view.generation in tables:
             judged[view.target] = None
             continue
-        own = dataclasses.replace(side, trusted=view.allowed(), idle_since=dict(view.idle))
+        # Its generation does not exist: its own read would find no logged query.
+        queries = slot_queries(side.pool_queries, view.idle, None)
+        own = dataclasses.replace(
+            side, trusted=view.allowed(), idle_since=dict(view.idle), pool_queries=queries
+        )
         found: list[Blocker] = []
         for name in (view.target, view.generation):
             if name in present:
