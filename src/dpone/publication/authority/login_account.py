@@ -8,7 +8,7 @@ logouts since the server's current process began, reads a count above zero again
 flushing the logs, and is not proven while one stays open (``logins_open``) or when the
 log cannot be read (:data:`LOGINS_UNOBSERVABLE`, unless the operator accepts a closure
 without it). The count rides on the request the closure already makes for the server's
-start time. See docs/publication-principals.md ("Every request of the principal, not one
+start time, one count a user for every lease closed at once. See docs/publication-principals.md ("Every request of the principal, not one
 shape").
 """
 
