@@ -86,7 +86,7 @@ def kill(rows: Rows, leases: Sequence[LeaseFilter]) -> list[list[dict[str, Any]]
 
 
 def process_filter(lease: LeaseFilter) -> str:
-    """SQL: a process (or a query-log row) that is the lease's and not the closure's."""
+    """SQL: a process that is the lease's and not the closure's own request."""
     # The server's own FIFO query runs as user '' over the Local interface; the
     # filter on a nonempty user name excludes it. Once the user was leased again,
     # only this lease's marked queries are its own (the new lease's are not).
