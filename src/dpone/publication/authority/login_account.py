@@ -8,31 +8,28 @@ logouts since the server's current process began, reads a count above zero again
 flushing the logs, and is not proven while one stays open (``logins_open``) or when the
 log cannot be read (:data:`LOGINS_UNOBSERVABLE`, unless the operator accepts a closure
 without it). The count rides on the request the closure already makes for the server's
-start time. See docs/publication-principals.md ("Every request of the principal, not one
+start time, one count a user for every lease closed at once. See docs/publication-principals.md ("Every request of the principal, not one
 shape").
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dpone.ports.clickhouse_errors import ClickHouseServerError, OutcomeUnknown
+from dpone.publication.authority.closure_reads import SETTINGS, Rows, any_of, columns, per_lease
 from dpone.sql import quote_literal
 
-# The server's process start (a second early: uptime() counts whole seconds), the
-# user's open sign-ins since then and, when asked, the rows of the closure's query-log
-# account (each row a JSON line); one row.
+# The server's process start (a second early: uptime() counts whole seconds), each
+# user's open sign-ins since then (one column a user, closure_reads.per_lease) and, when
+# asked, the closure's query-log account (closure_reads.account_column); one row.
 _STARTED = "toUnixTimestamp64Micro(now64(6)) - (toUInt64(uptime()) + 1) * 1000000 AS us"
+_OPEN = "toInt64(countIf(type = 'LoginSuccess' AND {cond})) - toInt64(countIf(type = 'Logout' AND {cond}))"
 _LOGINS = (
-    "(SELECT toInt64(countIf(type = 'LoginSuccess')) - toInt64(countIf(type = 'Logout')) "
-    "FROM system.session_log WHERE user = {user} AND event_time_microseconds >= "
+    "(SELECT {columns} FROM system.session_log WHERE ({users}) AND event_time_microseconds >= "
     "now64(6) - toIntervalSecond(toUInt64(uptime()) + 1)) AS open_logins"
 )
-_ACCOUNT = "(SELECT groupArray(formatRowNoNewline('JSONEachRow', *)) FROM ({account})) AS rows"
-# A profile's empty_result_for_aggregation_by_empty_set must not turn "none" into no row.
-_TAIL = " SETTINGS empty_result_for_aggregation_by_empty_set = 0 FORMAT JSONEachRow"
 # ClickHouse's UNKNOWN_TABLE (the server keeps no session log) and ACCESS_DENIED (a
 # pool rendered before the closer's grant on it): the count is not observed.
 UNOBSERVED_CODES = (60, 497)
@@ -41,96 +38,91 @@ UNOBSERVED_CODES = (60, 497)
 LOGINS_UNOBSERVABLE = "logins_unobservable"
 
 
-# A closure's read: (SQL, purpose) -> the JSON rows, as the closer.
-Rows = Callable[[str, str], list[dict[str, Any]]]
-
-
 def started_and_logins(
-    rows: Rows, user: str, account: str | None = None
-) -> tuple[int, int | None, list[dict[str, Any]]]:
+    rows: Rows, users: Sequence[str], account: str | None = None
+) -> tuple[int, list[int | None], object]:
     """A time (server clock, microseconds) before the server's current process began,
-    ``user``'s open sign-ins since then (None: the server keeps no session log) and the
-    rows ``account`` (a query-log read) answers ([] when not asked), in one request."""
-    asked = [] if account is None else [_ACCOUNT.format(account=account)]
+    each of ``users``' open sign-ins since then (None: the server keeps no session log)
+    and the value of the ``account`` column (closure_reads.account_column; None when
+    not asked), in one request."""
+    asked = [] if account is None else [account]
+    conditions = [f"user = {quote_literal(u)}" for u in users]
+    logins = _LOGINS.format(columns=columns(_OPEN, conditions), users=any_of(conditions))
     try:
-        found = rows(
-            "SELECT "
-            + ", ".join([_STARTED, _LOGINS.format(user=quote_literal(user)), *asked])
-            + _TAIL,
-            "uptime",
-        )
+        found = rows("SELECT " + ", ".join([_STARTED, logins, *asked]) + SETTINGS, "uptime")
     except ClickHouseServerError as exc:
         if exc.details.get("clickhouse_code") not in UNOBSERVED_CODES:
             raise
-        found = rows("SELECT " + ", ".join([_STARTED, *asked]) + _TAIL, "uptime")
-        return _started(found, user), None, _account_rows(found, account)
-    count = found[0].get("open_logins") if len(found) == 1 else None
-    if not isinstance(count, int) or isinstance(count, bool):
+        found = rows("SELECT " + ", ".join([_STARTED, *asked]) + SETTINGS, "uptime")
+        return _started(found, users), [None] * len(users), _asked(found)
+    row = found[0] if len(found) == 1 else {}
+    counts = per_lease(row.get("open_logins"), len(users))
+    if not all(isinstance(c, int) and not isinstance(c, bool) for c in counts):
         raise OutcomeUnknown(
-            f"the closure's sign-in count of {user} answered {found!r:.200}",
+            f"the closure's sign-in count of {', '.join(users)} answered {found!r:.200}",
             code="closure_sample_malformed",
-            user=user,
+            user=users[0] if len(users) == 1 else list(users),
         )
     # More logouts than logins: the log lost rows (a full queue, a TTL), so the count
     # proves nothing and is not observed. (A lost login beside a request held open can
     # also net to zero: the log's completeness is the operator's, docs/remote.md.)
-    observed = count if count >= 0 else None
-    return _started(found, user), observed, _account_rows(found, account)
+    observed = [c if isinstance(c, int) and c >= 0 else None for c in counts]
+    return _started(found, users), observed, _asked(found)
 
 
-def _started(found: list[dict[str, Any]], user: str) -> int:
+def _started(found: list[dict[str, Any]], users: Sequence[str]) -> int:
     at_us = found[0].get("us") if len(found) == 1 else None
     if not isinstance(at_us, int) or isinstance(at_us, bool):
         raise OutcomeUnknown(
-            f"the closure's server start of {user} answered {found!r:.200}",
+            f"the closure's server start of {', '.join(users)} answered {found!r:.200}",
             code="closure_sample_malformed",
-            user=user,
+            user=users[0] if len(users) == 1 else list(users),
         )
     return at_us
 
 
-def _account_rows(found: list[dict[str, Any]], account: str | None) -> list[dict[str, Any]]:
-    """The account's rows (each a JSON line of the one row), or why they are not."""
-    if account is None:
-        return []
-    lines = found[0].get("rows") if len(found) == 1 else None
-    try:
-        if not isinstance(lines, list):
-            raise ValueError(lines)
-        rows = [json.loads(line) for line in lines]
-        if not all(isinstance(r, dict) for r in rows):
-            raise ValueError(rows)
-    except (TypeError, ValueError) as exc:
-        raise OutcomeUnknown(
-            f"the closure's query-log account answered {found!r:.200}",
-            code="closure_account_malformed",
-        ) from exc
-    return rows
+def _asked(found: list[dict[str, Any]]) -> object:
+    return found[0].get("rows") if len(found) == 1 else None
 
 
 def settle_logins(
-    first: int | None,
-    again: Callable[[], int | None],
+    first: Mapping[str, int | None],
+    again: Callable[[list[str]], Mapping[str, int | None]],
     sleep: Callable[[float], None],
     tries: int,
     spacing_seconds: float,
-) -> dict[str, Any]:
-    """The closure's login facts: ``observed``, ``open`` (the last count) and ``reads``.
+) -> dict[str, dict[str, Any]]:
+    """Each user's login facts: ``observed``, ``open`` (the last count) and ``reads``.
 
-    ``first`` is the count read with the server's start; while it is above zero it is
-    read again (``again`` flushes the logs first), up to ``tries`` more times.
+    ``first`` are the counts read with the server's start; the users whose count is
+    above zero are read again together (``again`` flushes the logs first and counts
+    the users it is given), each up to ``tries`` more times.
     """
-    if first is None:
-        return {"observed": False, "open": None, "reads": 1}
-    count, reads = first, 1
-    while count > 0 and reads <= tries:
+    counts = dict(first)
+    reads = dict.fromkeys(counts, 1)
+    unobserved = {user for user, count in counts.items() if count is None}
+    while True:
+        pending = [
+            user
+            for user, count in counts.items()
+            if user not in unobserved and (count or 0) > 0 and reads[user] <= tries
+        ]
+        if not pending:
+            break
         sleep(spacing_seconds)
-        found = again()
-        reads += 1
-        if found is None:
-            return {"observed": False, "open": None, "reads": reads}
-        count = found
-    return {"observed": True, "open": count, "reads": reads}
+        found = again(pending)
+        for user in pending:
+            reads[user] += 1
+            count = found.get(user)
+            if count is None:
+                unobserved.add(user)
+            counts[user] = count
+    return {
+        user: {"observed": False, "open": None, "reads": reads[user]}
+        if user in unobserved
+        else {"observed": True, "open": counts[user], "reads": reads[user]}
+        for user in counts
+    }
 
 
 def login_findings(logins: dict[str, Any], accept_unobserved: bool) -> list[str]:

@@ -3,20 +3,19 @@
 :class:`SnapshotAuthority` implements the authority port. ``reopen`` never trusts a
 caller's object: it reads the staging journal, the receipt, the ingest principal and its
 lease and the admission from disk and store, and any inconsistency is
-``evidence_unverified`` naming what was wrong. ``close_principal`` acts on one lease
-(:mod:`~dpone.publication.authority.lease_scope`) under the dispatch gate: it ends the
-lease, kills and samples the lease's queries, drains its HTTP sessions
-(:mod:`~dpone.publication.authority.session_drain`), accounts for its query log and its
-open sign-ins (:mod:`~dpone.publication.authority.login_account`), and appends the proof
-to the store under the lease's step key, proven or not. The steps and what each proves
-are in docs/publication-principals.md ("The authority").
+``evidence_unverified`` naming what was wrong. ``close_principal`` acts on one lease,
+``close_principals`` on several at once (one a user), both through
+:mod:`~dpone.publication.authority.closure`: under the dispatch gates it ends each
+lease, kills and samples its queries, drains its HTTP sessions, accounts for its query
+log and its open sign-ins, and appends each proof to the store under its lease's step
+key, proven or not. The steps and what each proves are in
+docs/publication-principals.md ("The authority").
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from dpone.connectors.clickhouse_http import HttpTransport
@@ -25,8 +24,7 @@ from dpone.contracts.composition_snapshot import QUERY_ID_PREFIX, SnapshotIntent
 from dpone.errors import DponeError
 from dpone.localserver.principal_pool import ROLE_INGEST, ROLE_PUBLISHER
 from dpone.ports.clickhouse import QueryPort
-from dpone.ports.clickhouse_errors import OutcomeUnknown
-from dpone.ports.clickhouse_request import Credentials, Endpoint, read
+from dpone.ports.clickhouse_request import Credentials, Endpoint
 from dpone.ports.composition_snapshot import (
     Admission,
     AttemptEpochs,
@@ -40,6 +38,10 @@ from dpone.ports.composition_snapshot import (
     SnapshotRunRegistry,
     SourceEvidence,
 )
+
+# ClosurePolicy is imported from here too, as before the closure had its own module.
+from dpone.publication.authority.closure import ClosurePolicy as ClosurePolicy
+from dpone.publication.authority.closure import LeaseCloser
 from dpone.publication.authority.journal_evidence import (
     AuthorityError,
     generation_evidence,
@@ -48,39 +50,11 @@ from dpone.publication.authority.journal_evidence import (
     unverified,
 )
 from dpone.publication.authority.lease_scope import LeaseScope
-from dpone.publication.authority.login_account import (
-    login_findings,
-    settle_logins,
-    started_and_logins,
-)
-from dpone.publication.authority.session_drain import CLOSED, SESSION_NOT_FOUND, SessionDrain
+from dpone.publication.authority.session_drain import SessionDrain
 from dpone.publication.dispatch.dispatch_gate import Gate
-from dpone.publication.dispatch.executor import (
-    SESSION_MARGIN_SECONDS,
-    SESSION_TIMEOUT_SECONDS,
-    TransportFactory,
-)
+from dpone.publication.dispatch.executor import TransportFactory
 from dpone.publication.principals.principal_issuers import PrincipalIssuer
-from dpone.publication.store.leases import CLOSURE_STEP, lease_step_key
-from dpone.sql import quote_literal
 from dpone.staging.journal import JournalEvent, read_events
-
-
-@dataclass(frozen=True)
-class ClosurePolicy:
-    """How closure samples and waits. ``session_timeout`` must be the executor's T."""
-
-    samples: int = 3
-    sample_spacing_seconds: float = 0.1
-    session_timeout: int = SESSION_TIMEOUT_SECONDS
-    # The server drops expired sessions on a periodic sweep: a session created with
-    # T = 2 still answered 2.05 s later, and 372 came reliably from T + 2 s for T = 1,
-    # 2 and 5 (checked), so the probe waits a margin more. A slower network between
-    # this host and the server needs a larger margin (the answer's travel time).
-    session_margin_seconds: float = SESSION_MARGIN_SECONDS
-    request_seconds: float = 30.0
-    # Without it, a closure that cannot count sign-ins is not proven (login_account.py).
-    accept_unobserved_logins: bool = False
 
 
 class SnapshotAuthority:
@@ -348,208 +322,25 @@ class SnapshotAuthority:
         (:meth:`~dpone.publication.store.leases.PrincipalLeases.closure_proven`); a
         proof that cannot be stored raises the store's error.
         """
-        with self.dispatch_gate.held(principal.user):
-            started_us = self._server_micros()
-            lease = self.issuer.revoke(principal)
-            # Read under the gate, after the end: no dispatch can add an opening now.
-            scope = self.scope_of(principal)
-            killed = self._kill(principal.user, scope)
-            # Proven under the gate too (a second or less once the sessions are closed):
-            # a pool verify, which signs in as every pool user, holds it as well, so its
-            # sign-ins are never this lease's queries started after the closure began.
-            proof = self._prove(principal, lease.active, scope, started_us, killed)
-        if self._note_step is not None:
-            self._note_step(
-                lease_step_key(principal.lease_id),
-                {
-                    "step": CLOSURE_STEP,
-                    "proven": proof.proven,
-                    "strength": proof.strength.value,
-                    "facts": proof.facts,
-                },
-            )
-        return proof
+        return self.close_principals([principal])[0]
 
-    def _prove(
-        self,
-        principal: PrincipalRef,
-        lease_active: bool,
-        scope: LeaseScope,
-        started_us: int,
-        killed: list[dict[str, Any]],
-    ) -> ClosureProof:
-        user = principal.user
-        unproven = ["lease_active"] if lease_active else []
-        # Each opened session is closed first; only one the close did not end is waited out.
-        closes = [self._drain.close(user, s) for s in scope.sessions if s.may_exist]
-        ended = [c["session_id"] for c in closes if c["ended"]]
-        wait = self._drain.fallback_seconds(scope.sessions, ended)
-        gate_at = self._clock() + wait
-        # The closure's own requests as the user (its closes, then its probes) may still
-        # be listed for a moment after they answered: they are not the lease's.
-        own = [str(c[k]) for c in closes for k in ("close_query_id", "check_query_id") if k in c]
-        samples = [self._sample(user, scope, own)]
-        while len(samples) < self.policy.samples or self._clock() < gate_at:
-            self._sleep(self.policy.sample_spacing_seconds)
-            samples.append(self._sample(user, scope, own))
-        gates = [self._drain.probe(user, session) for session in scope.sessions]
-        own += [str(g["probe_query_id"]) for g in gates]
-        samples.append(self._sample(user, scope, own))
-        if any(s["queries"] for s in samples):
-            unproven.append("processes_running")
-        if any(g["answer"] != SESSION_NOT_FOUND for g in gates):
-            unproven.append("session_open")
-        account = self._account(user, scope, started_us, own)
-        if account["unfinished"]:
-            unproven.append("query_log_unfinished")
-        if account["started_after_closure"]:
-            unproven.append("query_log_late_start")
-        logins = self._logins(user, scope, account.pop("open_logins"))
-        unproven += login_findings(logins, self.policy.accept_unobserved_logins)
-        facts = {
-            "user": user,
-            "lease_id": principal.lease_id,
-            "lease_active": lease_active,
-            "closure_started_us": started_us,
-            "scope": scope.to_dict(),
-            "gate_wait_ms": int(wait * 1000),
-            "closes": closes,
-            "killed": [
-                {"query_id": str(r.get("query_id")), "kill_status": str(r.get("kill_status"))}
-                for r in killed
-            ],
-            "samples": samples,
-            "sessions": gates,
-            "query_log": account,
-            "logins": logins,
-            "unproven": unproven,
-        }
-        if scope.role == ROLE_INGEST:
-            # Staging's writes in a session are gated (a late one fails with 372): one
-            # noted, or one not noted that the close found and ended. Otherwise (the
-            # client transport, which has no sessions) none is.
-            gated = any(s.opened for s in scope.sessions) or any(
-                c["answer"] == CLOSED for c in closes
-            )
-            facts["ingest_gate"] = "http_session" if gated else "none"
-        return ClosureProof(principal, not unproven, self.issuer.strength, facts)
-
-    def _kill(self, user: str, scope: LeaseScope) -> list[dict[str, Any]]:
-        """KILL the lease's queries: all of the user's while the lease is its latest."""
-        where = f"user = {quote_literal(user)}"
-        if scope.relet:
-            if not scope.marks:
-                return []
-            where += f" AND ({_marked(scope)})"
-        return self._rows(f"KILL QUERY WHERE {where} SYNC FORMAT JSONEachRow", "kill")
-
-    def _server_micros(self) -> int:
-        rows = self._rows("SELECT toUnixTimestamp64Micro(now64(6)) AS us FORMAT JSONEachRow", "now")
-        return int(rows[0]["us"])
-
-    def _sample(self, user: str, scope: LeaseScope, own: Sequence[str]) -> dict[str, Any]:
-        # The server's own FIFO query runs as user '' over the Local interface; the
-        # filter on a nonempty user name excludes it. Once the user was leased again,
-        # only this lease's marked queries are its own (the new lease's are not).
-        where = f"user = {quote_literal(user)}"
-        if own:
-            where += f" AND query_id NOT IN ({', '.join(quote_literal(q) for q in own)})"
-        if scope.relet:
-            where += f" AND ({_marked(scope) if scope.marks else '0'})"
-        # One request a sample: the server's clock (read as the query starts) and the
-        # processes it lists then (a SELECT without FROM answers one row, whatever runs).
-        rows = self._rows(
-            "SELECT toUnixTimestamp64Micro(now64(6)) AS us, (SELECT groupArray(query_id) "
-            f"FROM system.processes WHERE {where}) AS queries "
-            # A profile's empty_result_for_aggregation_by_empty_set would make "none" an error.
-            "SETTINGS empty_result_for_aggregation_by_empty_set = 0 FORMAT JSONEachRow",
-            "sample",
-        )
-        row = rows[0] if len(rows) == 1 else {}
-        at_us, queries = row.get("us"), row.get("queries")
-        if not isinstance(at_us, int) or not isinstance(queries, list):
-            raise OutcomeUnknown(
-                f"the closure's process sample of {user} answered {rows!r:.200}",
-                code="closure_sample_malformed",
-                user=user,
-            )
-        return {"at_us": at_us, "queries": sorted(str(q) for q in queries)}
-
-    def _account(
-        self, user: str, scope: LeaseScope, started_us: int, probe_ids: Sequence[str]
-    ) -> dict[str, Any]:
-        """Every query of the lease (see :class:`LeaseScope`) in the query log."""
-        self.closer.execute(
-            read("SYSTEM FLUSH LOGS", self._next_id("flush")), deadline=self._deadline()
-        )
-        excluded = ", ".join(quote_literal(p) for p in ("", *probe_ids))
-        # A query id is the lease's when its latest start is inside the lease (the lower
-        # bound) and, once the user was leased again, it is marked or began before the end.
-        owned = f"last >= {int(scope.issued_at_us)}"
-        if scope.relet:
-            ended = scope.ended_at_us if scope.ended_at_us is not None else started_us
-            marked = _marked(scope) if scope.marks else "0"
-            owned += f" AND (({marked}) OR first <= {int(ended)})"
-        account = (
-            "SELECT query_id, countIf(type = 'QueryStart') AS starts, "
-            "countIf(type IN ('QueryFinish', 'ExceptionWhileProcessing')) AS ends, "
-            "maxIf(toUnixTimestamp64Micro(event_time_microseconds), type = 'QueryStart') AS last, "
-            "minIf(toUnixTimestamp64Micro(event_time_microseconds), type = 'QueryStart') AS first "
-            f"FROM system.query_log WHERE user = {quote_literal(user)} "
-            f"AND query_id NOT IN ({excluded}) GROUP BY query_id "
-            f"HAVING starts > 0 AND {owned} AND (starts != ends OR last >= {int(started_us)}) "
-            "ORDER BY query_id"
-        )
-        # A start without a finish from before the server's current process began was
-        # cut by a stop or crash: the process that ran it is gone, so nothing of it can
-        # still run or write. The bound is a second early (uptime() counts whole
-        # seconds), so a query cut in the old process's last second stays unfinished.
-        # Asked with the account and the user's open sign-ins, in one request.
-        restarted_us, open_logins, rows = self._started_and_logins(user, account)
-        cut = [
-            str(r["query_id"])
-            for r in rows
-            if r["starts"] != r["ends"] and r["last"] < restarted_us
-        ]
-        return {
-            "since_us": scope.issued_at_us,
-            "unfinished": [
-                str(r["query_id"])
-                for r in rows
-                if r["starts"] != r["ends"] and str(r["query_id"]) not in cut
-            ],
-            "settled_by_restart": cut,
-            "server_started_before_us": restarted_us,
-            "started_after_closure": [str(r["query_id"]) for r in rows if r["last"] >= started_us],
-            "open_logins": open_logins,
-        }
-
-    def _started_and_logins(
-        self, user: str, account: str | None = None
-    ) -> tuple[int, int | None, list[dict[str, Any]]]:
-        return started_and_logins(self._rows, user, account)
-
-    def _logins(self, user: str, scope: LeaseScope, first: int | None) -> dict[str, Any]:
-        """The user's open sign-ins, read again while some are open (see
-        :mod:`dpone.publication.authority.login_account`); not judged once the user was leased
-        again (the new lease's requests are its own)."""
-        if scope.relet:
-            return {"observed": False, "open": None, "reads": 0, "skipped": "relet"}
-
-        def again() -> int | None:
-            self.closer.execute(
-                read("SYSTEM FLUSH LOGS", self._next_id("flush")), deadline=self._deadline()
-            )
-            return self._started_and_logins(user)[1]
-
-        return settle_logins(
-            first, again, self._sleep, self.policy.samples, self.policy.sample_spacing_seconds
-        )
-
-    def _rows(self, sql: str, purpose: str) -> list[dict[str, Any]]:
-        return self.closer.execute(
-            read(sql, self._next_id(purpose)), deadline=self._deadline()
-        ).json_rows()
+    def close_principals(self, principals: Sequence[PrincipalRef]) -> list[ClosureProof]:
+        """Close several leases at once (one a user, ``principals_not_distinct``
+        otherwise): each proven and stored as :meth:`close_principal` proves it alone,
+        with the closer's reads shared (:mod:`~dpone.publication.authority.closure`)."""
+        return LeaseCloser(
+            issuer=self.issuer,
+            closer=self.closer,
+            scope_of=self.scope_of,
+            gate=self.dispatch_gate,
+            policy=self.policy,
+            drain=self._drain,
+            clock=self._clock,
+            sleep=self._sleep,
+            next_id=self._next_id,
+            deadline=self._deadline,
+            note_step=self._note_step,
+        ).close(principals)
 
     def _next_id(self, purpose: str) -> str:
         self._reads += 1
@@ -557,8 +348,3 @@ class SnapshotAuthority:
 
     def _deadline(self) -> float:
         return self._clock() + self.policy.request_seconds
-
-
-def _marked(scope: LeaseScope) -> str:
-    """SQL: the query id carries one of the lease's marks."""
-    return " OR ".join(f"startsWith(query_id, {quote_literal(m)})" for m in scope.marks)
