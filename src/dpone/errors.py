@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -107,12 +108,61 @@ STOPPING_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 def stopping_signals_held() -> Iterator[None]:
     """Hold the stopping signals for a few statements that must happen together; one
     that came meanwhile is raised (by the handlers) as the block ends. Only the calling
-    thread's mask changes (Python runs handlers in the main thread)."""
+    thread's mask changes (Python runs handlers in the main thread); a signal passed on
+    to this thread (:func:`pass_signal`) is held the same way."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING_SIGNALS)
+    _HELD.depth = getattr(_HELD, "depth", 0) + 1
     try:
         yield
     finally:
+        _HELD.depth -= 1
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        stop_point()
+
+
+def signal_exception(signum: int) -> BaseException:
+    """The exception a stopping signal raises: KeyboardInterrupt for SIGINT, as Python's
+    own handler does, else :class:`Terminated`."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
+# Signals the main thread passed on to other threads of this process, by thread, not yet
+# raised there; and each thread's depth of held blocks.
+_PASSED: dict[int, list[signal.Signals]] = {}
+_PASSED_LOCK = threading.Lock()
+_HELD = threading.local()
+
+
+def pass_signal(thread: threading.Thread, signum: int) -> None:
+    """Pass a stopping signal the main thread received on to ``thread``: it is raised
+    there at the thread's next :func:`stop_point`, once for each time it was passed, as
+    the signal itself is raised once in the main thread."""
+    if thread.ident is None:
+        return
+    with _PASSED_LOCK:
+        _PASSED.setdefault(thread.ident, []).append(signal.Signals(signum))
+
+
+def stop_point() -> None:
+    """Raise here a signal passed on to this thread (:func:`pass_signal`), unless a
+    block holds the stopping signals (raised as it ends). A point where a thread may
+    stop as the main thread stops at any statement: before each request to a server
+    and at each report of progress."""
+    if getattr(_HELD, "depth", 0):
+        return
+    ident = threading.get_ident()
+    with _PASSED_LOCK:
+        passed = _PASSED.get(ident)
+        if not passed:
+            return
+        signum = passed.pop(0)
+    raise signal_exception(signum)
+
+
+def forget_passed_signals(thread: threading.Thread) -> None:
+    """Drop what was passed on to ``thread`` and never raised (it ended first)."""
+    with _PASSED_LOCK:
+        _PASSED.pop(thread.ident or -1, None)
 
 
 def interruption_signal(exc: BaseException) -> signal.Signals | None:

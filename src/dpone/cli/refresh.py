@@ -7,8 +7,8 @@ that every ``--json`` prints exactly one object holds here too).
 
 from __future__ import annotations
 
+import shlex
 import signal
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -28,14 +28,15 @@ from dpone.cli.output import (
     status_line,
 )
 from dpone.connectors.http_connections import POOL
-from dpone.errors import ConfigurationError, stopping_signals_held
+from dpone.errors import ConfigurationError
 from dpone.project.config import DESIGN_CHANGES, MAX_JOBS, Project, TableConfig, load_project
 from dpone.project.design_change import describe_change
-from dpone.project.jobs import JobProgress, Running, run_jobs
+from dpone.project.jobs import RefreshOne, Running, TableProgress, run_jobs
 from dpone.project.refresh import RefreshService, TableReport
 from dpone.project.refresh_checks import catalog_cleared
 from dpone.project.table_run import RunReport
 from dpone.publication.composition import pool_credentials
+from dpone.publication.sharing.run_sharing import RunSharing
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -103,7 +104,7 @@ def preflight(project: Project, tables: list[TableConfig]) -> None:
     "--jobs",
     type=click.IntRange(1, MAX_JOBS),
     default=None,
-    help=f"Tables refreshed at once, each in its own process (default: the project's "
+    help=f"Tables refreshed at once, in threads of one process (default: the project's "
     f"`jobs`, else 1; at most the pool's {MAX_JOBS}).",
 )
 @click.option(
@@ -114,11 +115,6 @@ def preflight(project: Project, tables: list[TableConfig]) -> None:
     "or publish the new design (default: each table's `on_design_change`, else refuse).",
 )
 @json_option
-# A `--jobs` run's worker: the tables come one per line on standard input, and each
-# report is printed as one line `{"report": ...}` as its table ends (project/jobs.py).
-@click.option("--worker", is_flag=True, hidden=True)
-# A worker's tables that its run found clear at its start (catalog_cleared), one each.
-@click.option("--cleared", "cleared_names", multiple=True, hidden=True)
 def refresh(
     names: tuple[str, ...],
     every: bool,
@@ -128,8 +124,6 @@ def refresh(
     jobs: int | None,
     design_change: str | None,
     as_json: bool,
-    worker: bool,
-    cleared_names: tuple[str, ...],
 ) -> None:
     """Export, stage, prepare, guard and publish each table; report what happened.
 
@@ -137,9 +131,6 @@ def refresh(
     """
     with reported_errors(as_json):
         project = load_project(config_path)
-        if worker:
-            _serve(project, allow_shrink, design_change, frozenset(cleared_names))
-            return
         tables = select_tables(project, names, every)
         preflight(project, tables)
         # The targets of several tables are observed together once, before the first.
@@ -152,15 +143,17 @@ def refresh(
         }
         jobs = min(jobs or project.jobs, len(tables))
         if jobs > 1:
-            extra = [*(["--allow-shrink"] if allow_shrink else [])]
-            extra += ["--design-change", design_change] if design_change else []
-            extra += [f"--cleared={name}" for name in sorted(cleared)]
-            _refresh_jobs(config_path, tables, jobs, extra, fail_fast, as_json, shared)
+            sharing = RunSharing()
+
+            def refresh_one(table: TableConfig, progress: TableProgress) -> TableReport:
+                service = _service(project, allow_shrink, design_change, progress, cleared, sharing)
+                return service.refresh(table)
+
+            _refresh_jobs(
+                config_path, tables, jobs, refresh_one, fail_fast, as_json, shared, sharing
+            )
             return
-        # A table run by `refresh --jobs` shows its progress through its parent's line.
-        progress: PhaseProgress | JobProgress | None = (
-            PhaseProgress() if TerminalProgress.on_terminal(as_json) else JobProgress.from_env()
-        )
+        progress = PhaseProgress() if TerminalProgress.on_terminal(as_json) else None
         service = _service(project, allow_shrink, design_change, progress, cleared)
         reports: list[TableReport] = []
         stopped = False
@@ -190,8 +183,9 @@ def _service(
     project: Project,
     allow_shrink: bool,
     design_change: str | None,
-    progress: PhaseProgress | JobProgress | None,
+    progress: PhaseProgress | TableProgress | None,
     cleared: frozenset[str] = frozenset(),
+    sharing: RunSharing | None = None,
 ) -> RefreshService:
     return RefreshService(
         project,
@@ -200,31 +194,19 @@ def _service(
         progress=progress,
         done=progress.finish if progress is not None else None,
         cleared=cleared,
+        sharing=sharing,
     )
-
-
-def _serve(
-    project: Project, allow_shrink: bool, design_change: str | None, cleared: frozenset[str]
-) -> None:
-    """Refresh each table named on standard input, one at a time, until its end."""
-    service = _service(project, allow_shrink, design_change, JobProgress.from_env(), cleared)
-    while line := sys.stdin.readline():
-        table = select_tables(project, (line.strip(),), False)[0]
-        report = service.refresh(table)
-        with stopping_signals_held():  # a signal now ends the worker, never its report
-            emit_json({"report": report.to_dict()})
-        if report.interrupted:  # the run stops: no next table
-            raise SystemExit(128 + signal.Signals[report.interrupted])
 
 
 def _refresh_jobs(
     config_path: Path,
     tables: list[TableConfig],
     jobs: int,
-    options: list[str],
+    refresh_one: RefreshOne,
     fail_fast: bool,
     as_json: bool,
     shared: dict[str, Any],
+    sharing: RunSharing,
 ) -> None:
     on_terminal = TerminalProgress.on_terminal(as_json)
     # Text reports in the project's order, each as soon as every earlier one is shown.
@@ -247,13 +229,16 @@ def _refresh_jobs(
             status_line(line)
 
     documents, stopped_by = run_jobs(
-        config_path,
         tables,
         jobs,
-        options=options,
+        refresh_one,
         fail_fast=fail_fast,
         on_report=show,
         on_change=changed,
+        again=lambda table: shlex.join(
+            ["dpone", "refresh", table.name, "--config", str(config_path)]
+        ),
+        sharing=sharing,
     )
     TerminalProgress.finish()
     reports = [TableReport(**d) for d in documents]
@@ -261,7 +246,13 @@ def _refresh_jobs(
         for report in reports:
             if report.table in unshown:
                 _echo(report)
-    document = {"tables": documents, "jobs": jobs, "shared_check": shared}
+    # How many tables each shared read answered, by kind and database, in order.
+    document = {
+        "tables": documents,
+        "jobs": jobs,
+        "shared_check": shared,
+        "shared_reads": sharing.batches(),
+    }
     finish_runs(reports, as_json, lambda: document, stopped_by)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import BinaryIO, NoReturn
 
 from dpone.connectors.clickhouse_client_config import client_config
-from dpone.errors import ConfigurationError, DeadlineError, DponeError
+from dpone.errors import ConfigurationError, DeadlineError, DponeError, stop_point
 from dpone.ports.clickhouse_errors import (
     ClickHouseServerError,
     DeadlineBeforeSend,
@@ -201,6 +201,7 @@ class ClientTransport:
         ``settings_not_sent`` on the result names the pinned settings this client could
         not send; on a mutation each was proven to hold on the server before sending.
         """
+        stop_point()  # a table run in a thread stops here when its run was signalled
         if request.session_id is not None:
             # HTTP sessions do not exist in the native protocol: sending without one
             # would silently drop the guarantee the caller asked for.

@@ -43,7 +43,7 @@ from dpone.connectors.http_connections import (
     keep_alive,
     tls_context,
 )
-from dpone.errors import ConfigurationError, DponeError
+from dpone.errors import ConfigurationError, DponeError, stop_point
 from dpone.ports.clickhouse_errors import (
     ClickHouseServerError,
     DeadlineBeforeSend,
@@ -144,6 +144,7 @@ class HttpTransport:
 
     def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
         """Send ``request`` once; return its complete acknowledgment or raise a typed outcome."""
+        stop_point()  # a table run in a thread stops here when its run was signalled
         if self._clock() >= deadline:
             raise DeadlineBeforeSend("deadline expired before sending", query_id=request.query_id)
         now = self._resolve(request.query_id)

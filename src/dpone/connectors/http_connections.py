@@ -108,6 +108,7 @@ class ConnectionPool:
         self._idle: dict[ConnectionKey, list[_Idle]] = {}
         self._requests = 0
         self._connections = 0
+        self._mine = threading.local()  # the calling thread's own counts
 
     def take(self, key: ConnectionKey) -> tuple[Reusable, int] | None:
         """A live idle connection to ``key`` and how many requests it has carried."""
@@ -160,11 +161,19 @@ class ConnectionPool:
         with self._lock:
             self._requests += 1
             self._connections += int(new_connection)
+        mine = self.thread_traffic()
+        self._mine.traffic = Traffic(mine.requests + 1, mine.connections + int(new_connection))
 
     def traffic(self) -> Traffic:
         """The totals so far; subtract an earlier reading for one phase's share."""
         with self._lock:
             return Traffic(self._requests, self._connections)
+
+    def thread_traffic(self) -> Traffic:
+        """The calling thread's own totals so far: one table's share when a run's tables
+        go in threads of one process."""
+        traffic = getattr(self._mine, "traffic", None)
+        return traffic if isinstance(traffic, Traffic) else Traffic()
 
     def after_fork(self) -> None:
         """In a forked child: a new lock (the parent's may have been held by another
@@ -172,6 +181,7 @@ class ConnectionPool:
         on its parent's sockets)."""
         self._lock = threading.Lock()
         self._idle = {}
+        self._mine = threading.local()
 
 
 def _quiet(connection: Reusable) -> bool:

@@ -68,6 +68,7 @@ from dpone.publication.composition import (
     ingest_session_notes,
     staging_policy,
 )
+from dpone.publication.sharing.run_sharing import RunSharing
 from dpone.staging.composition import StagingConfig
 from dpone.staging.contract import PhysicalDesign, StagingPolicy
 from dpone.staging.journal import read_events
@@ -120,8 +121,11 @@ class RefreshService:
         done: Callable[[], None] | None = None,
         design_change: str | None = None,
         cleared: frozenset[str] = frozenset(),
+        sharing: RunSharing | None = None,
     ) -> None:
         self.project = project
+        # The run's shared reads, when its tables go in threads (project/jobs.py).
+        self.sharing = sharing
         self.allow_shrink = allow_shrink
         # Tables whose targets the run found clear at its start, for all of them at once
         # (refresh_checks.catalog_cleared): their check does not observe them again.
@@ -194,12 +198,12 @@ class RefreshService:
                 held.enter_context(
                     table_lock(self.project.work_dir, table.name, self.project.store)
                 )
-                checks = RefreshChecks(self.project, self.design_change, self.cleared)
+                checks = RefreshChecks(self.project, self.design_change, self.cleared, self.sharing)
                 report.design_change = checks.check(table, report.attempt_id)
                 replace = checks.replaces(table)
                 # The check built the publication's parts (its claims and the pool's
                 # ids read): the run goes on with them rather than read them again.
-                parts = checks.parts or publication_for(self.project, table)
+                parts = checks.parts or publication_for(self.project, table, sharing=self.sharing)
             self._run_locked(table, report, phase, replace, parts)
 
     def _run_locked(

@@ -49,6 +49,7 @@ from dpone.publication.principals.ownership import OwnedElsewhere
 from dpone.publication.principals.pool_verify import require_server_version, verify_pool
 from dpone.publication.publisher.rules import refuse_absent_writers, refuse_side_effects
 from dpone.publication.settings import ungated_transport
+from dpone.publication.sharing.run_sharing import RunSharing
 from dpone.publication.store import StoreLocation, open_store, store_exists
 from dpone.publication.store.postgres import is_store_url
 from dpone.sql import quote_literal
@@ -73,9 +74,11 @@ class RefreshChecks:
         project: Project,
         design_change: str | None = None,
         cleared: frozenset[str] = frozenset(),
+        sharing: RunSharing | None = None,
     ) -> None:
         self.project = project
         self.design_change = design_change
+        self.sharing = sharing  # the run's, when its tables go in threads
         # Tables whose targets this run already found clear (:func:`catalog_cleared`).
         self.cleared = cleared
         # What the check built to observe the target, for the rest of the same run.
@@ -238,7 +241,9 @@ class RefreshChecks:
         if read_only:  # another store's pool or target, said without making a marker
             access = self.project.clickhouse.access
             check_ownership(access, self.project.store, [slot], project=self.project.path)
-        parts = publication_for(self.project, table, claim_ownership=not read_only)
+        parts = publication_for(
+            self.project, table, claim_ownership=not read_only, sharing=self.sharing
+        )
         if not read_only:
             self.parts = parts
         if table.name in self.cleared:

@@ -24,6 +24,7 @@ from dpone.publication.composition import (
     PublicationConfig,
     build_publication,
 )
+from dpone.publication.sharing.run_sharing import RunSharing
 
 REQUEST_SECONDS = 60.0
 
@@ -92,12 +93,12 @@ class Phases:
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         self.current = self.last = name
-        started, sent = time.monotonic(), POOL.traffic()
+        started, sent = time.monotonic(), POOL.thread_traffic()
         try:
             yield
         finally:
             self.timings[name] = time.monotonic() - started
-            self.traffic[name] = POOL.traffic().since(sent).to_dict()
+            self.traffic[name] = POOL.thread_traffic().since(sent).to_dict()
         self.current = None
 
 
@@ -153,10 +154,15 @@ def run_phases(
 
 
 def publication_for(
-    project: Project, table: TableConfig, *, claim_ownership: bool = True
+    project: Project,
+    table: TableConfig,
+    *,
+    claim_ownership: bool = True,
+    sharing: RunSharing | None = None,
 ) -> PublicationComponents:
     """The publisher, store and issuer that publish into ``table``'s database
-    (``claim_ownership=False``: a read-only check, which makes no ownership marker)."""
+    (``claim_ownership=False``: a read-only check, which makes no ownership marker;
+    ``sharing``: the run's, when its tables go in threads)."""
     return build_publication(
         PublicationConfig(
             project.clickhouse.data_dir,
@@ -169,6 +175,7 @@ def publication_for(
             session_timeout_seconds=project.publication.session_timeout_seconds,
             session_margin_seconds=project.publication.session_margin_seconds,
             accept_ungated_ingest=project.publication.accept_ungated_ingest,
+            sharing=sharing,
         ),
         table.database,
     )

@@ -58,6 +58,7 @@ from dpone.publication.principals.pool_verify import protected_databases, render
 from dpone.publication.principals.principal_issuers import LocalPoolIssuer, observe_user_ids
 from dpone.publication.principals.server_access import RemoteServer, ServerAccess
 from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
+from dpone.publication.sharing.run_sharing import RunSharing
 from dpone.publication.store import (
     SnapshotStore,
     StoreLocation,
@@ -102,6 +103,9 @@ class PublicationConfig:
     project: Path | None = None
     # False for a read-only check: ownership markers are read, never created.
     claim_ownership: bool = True
+    # A run whose tables go in threads: their observations and closures asked at once
+    # are answered together, each its own (publication/sharing/).
+    sharing: RunSharing | None = None
 
     @property
     def access(self) -> ServerAccess:
@@ -439,6 +443,8 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
         note_step=store.note_step,
     )
     catalog = _catalog(access, store, endpoint, credentials)
+    if config.sharing is not None:
+        config.sharing.attach(catalog, authority, database)
     executor = ClickHouseSnapshotExecutor(
         endpoint,
         dispatch_gate=gate,

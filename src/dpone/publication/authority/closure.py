@@ -38,6 +38,7 @@ from dpone.publication.authority.session_drain import CLOSED, SESSION_NOT_FOUND,
 from dpone.publication.dispatch.dispatch_gate import Gate
 from dpone.publication.dispatch.executor import SESSION_MARGIN_SECONDS, SESSION_TIMEOUT_SECONDS
 from dpone.publication.principals.principal_issuers import PrincipalIssuer
+from dpone.publication.store.holder_process import closing_here
 from dpone.publication.store.leases import CLOSURE_STEP, lease_step_key
 
 
@@ -120,6 +121,12 @@ class LeaseCloser:
             )
         if not principals:
             return []
+        # Marked from before the ends until the proofs are stored: another thread of
+        # this process waits for them as it waits for another process's closure.
+        with closing_here([p.lease_id for p in principals]):
+            return self._close(principals, users)
+
+    def _close(self, principals: Sequence[PrincipalRef], users: list[str]) -> list[ClosureProof]:
         with self.gate.held_for_all(users):
             started_us = self._server_micros()
             ended = [(p, self.issuer.revoke(p).active) for p in principals]

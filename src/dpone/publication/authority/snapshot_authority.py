@@ -96,6 +96,9 @@ class SnapshotAuthority:
         self._wall_clock = wall_clock
         self._note_step = note_step
         self._reads = 0
+        # Set by a run whose tables go in threads (publication/sharing/): a closure is
+        # then proven with the other leases asked at once, each with its own proof.
+        self.shared_close: Callable[[PrincipalRef], ClosureProof] | None = None
         self._drain = SessionDrain(
             endpoint,
             probe_credentials,
@@ -322,6 +325,8 @@ class SnapshotAuthority:
         (:meth:`~dpone.publication.store.leases.PrincipalLeases.closure_proven`); a
         proof that cannot be stored raises the store's error.
         """
+        if self.shared_close is not None:
+            return self.shared_close(principal)
         return self.close_principals([principal])[0]
 
     def close_principals(self, principals: Sequence[PrincipalRef]) -> list[ClosureProof]:

@@ -147,9 +147,14 @@ class ClickHouseSnapshotCatalog:
         self._live_targets = live_targets
         self._timeout = timeout_seconds
         self._clock = clock
+        # Set by a run whose tables go in threads (publication/sharing/): observe and
+        # identities are then answered with every slot asked at once, each its own.
+        self.shared: Callable[[TargetSlot, str, bool], CatalogObservation] | None = None
 
     def observe(self, slot: TargetSlot, generation_table: str) -> CatalogObservation:
         """Names, UUIDs, design, side effects, content and byte counters of both tables."""
+        if self.shared is not None:
+            return self.shared(slot, generation_table, True)
         pair = (slot.table, generation_table)
         return self.observe_many(slot.database, [pair])[pair]
 
@@ -163,6 +168,8 @@ class ClickHouseSnapshotCatalog:
         from the kept ones only for a plain MergeTree table with no mutation in flight
         and no row policy (read in the same request), as :meth:`observe` takes it.
         """
+        if self.shared is not None:
+            return self.shared(slot, generation_table, False)
         pair = (slot.table, generation_table)
         return self.observe_many(slot.database, [pair], side_effects=False)[pair]
 

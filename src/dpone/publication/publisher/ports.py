@@ -26,7 +26,13 @@ from dpone.ports.composition_snapshot import (
 from dpone.publication.publisher.receipts import SnapshotPublicationError, utc_now
 from dpone.publication.publisher.records import principal_ref
 from dpone.publication.store import SnapshotStore
-from dpone.publication.store.holder_process import Liveness, current_process, holder_liveness
+from dpone.publication.store.holder_process import (
+    Liveness,
+    closed_here_now,
+    current_process,
+    holder_liveness,
+    wait_closures_here,
+)
 
 # How long a caller that lost the claim waits for the winner's outcome, and how often
 # it looks. The wait only delays the loser's answer; it never changes what happens.
@@ -41,7 +47,8 @@ CLOSING_POLL_SECONDS = 0.25
 
 
 def closing_elsewhere(store: object) -> bool:
-    """Whether a pool user's last lease ended unproven while its holder still runs.
+    """Whether a pool user's last lease ended unproven while its holder still runs, or
+    another thread of this process is closing it.
 
     That holder is closing it now (a refresh ends its lease, then proves it quiescent
     and stores the proof); a holder that is gone or unknown will prove nothing.
@@ -53,6 +60,8 @@ def closing_elsewhere(store: object) -> bool:
     for record in last.values():
         if record.lease.active or store.closure_proven(record.lease):
             continue
+        if closed_here_now(record.lease.lease_id):  # another thread of this process
+            return True
         holder = record.holder
         elsewhere = holder is not None and holder.pid != here
         if elsewhere and holder_liveness(holder)[0] is Liveness.ALIVE:
@@ -141,7 +150,9 @@ class PublisherPorts:
                 continue
             if not (closing or closing_elsewhere(self.store)):
                 return observation
-            self.sleep(CLOSING_POLL_SECONDS)
+            # One this process runs is awaited to its end, not to the next poll.
+            if not wait_closures_here(CLOSING_POLL_SECONDS):
+                self.sleep(CLOSING_POLL_SECONDS)
 
     def require_recorded_database(self, database: str, recorded_uuid: str, what: str) -> None:
         """Refuse (``database_mismatch``) when ``database`` now has another UUID than the

@@ -15,7 +15,13 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from dpone.ports.composition_snapshot import CatalogObservation, ClosureProof, PrincipalRef
+from dpone.errors import DponeError
+from dpone.ports.composition_snapshot import (
+    CatalogObservation,
+    ClosureProof,
+    PrincipalRef,
+    TargetSlot,
+)
 from dpone.publication.sharing.group_commit import GroupCommit
 
 # A slot of one database: its target's name and its generation's.
@@ -38,6 +44,18 @@ class ClosesMany(Protocol):
     def close_principals(self, principals: Sequence[PrincipalRef]) -> list[ClosureProof]: ...
 
 
+class SharesObservations(ObservesMany, Protocol):
+    """A catalog whose observations a run may answer (its ``shared`` hook)."""
+
+    shared: Callable[[TargetSlot, str, bool], CatalogObservation] | None
+
+
+class SharesClosures(ClosesMany, Protocol):
+    """An authority whose closures a run may answer (its ``shared_close`` hook)."""
+
+    shared_close: Callable[[PrincipalRef], ClosureProof] | None
+
+
 class RunSharing:
     """The group commits of one run, by what is asked and the database it is asked of.
 
@@ -56,6 +74,10 @@ class RunSharing:
         self._lock = threading.Lock()
         self._groups: dict[tuple[str, str], GroupCommit[Any, Any]] = {}
 
+    def expect(self, expected: Callable[[], int]) -> None:
+        """From now on, ``expected()`` says how many tables may ask at once."""
+        self._expected = expected
+
     def observation(
         self, catalog: ObservesMany, database: str, pair: Pair, *, side_effects: bool
     ) -> CatalogObservation:
@@ -63,11 +85,31 @@ class RunSharing:
         those of every slot of ``database`` asked at once."""
         kind = "observe" if side_effects else "identities"
 
-        def batch(pairs: Sequence[Pair]) -> Mapping[Pair, CatalogObservation]:
-            return catalog.observe_many(database, pairs, side_effects=side_effects)
+        def batch(pairs: Sequence[Pair]) -> Mapping[Pair, CatalogObservation | DponeError]:
+            try:
+                return catalog.observe_many(database, pairs, side_effects=side_effects)
+            except DponeError:
+                if len(pairs) == 1:
+                    raise
+            # A name of one slot changed, say: each slot is observed alone, so that
+            # what refuses one table refuses it alone (each still read after it asked).
+            alone: dict[Pair, CatalogObservation | DponeError] = {}
+            for one in pairs:
+                try:
+                    alone[one] = catalog.observe_many(database, [one], side_effects=side_effects)[
+                        one
+                    ]
+                except DponeError as exc:
+                    alone[one] = exc
+            return alone
 
-        group: GroupCommit[Pair, CatalogObservation] = self._group(kind, database, batch)
-        return group(pair)
+        group: GroupCommit[Pair, CatalogObservation | DponeError] = self._group(
+            kind, database, batch
+        )
+        answer = group(pair)
+        if isinstance(answer, DponeError):
+            raise answer
+        return answer
 
     def closure(
         self, authority: ClosesMany, database: str, principal: PrincipalRef
@@ -79,6 +121,14 @@ class RunSharing:
 
         group: GroupCommit[PrincipalRef, ClosureProof] = self._group("close", database, batch)
         return group(principal)
+
+    def attach(self, catalog: SharesObservations, authority: SharesClosures, database: str) -> None:
+        """Answer ``catalog``'s observations and ``authority``'s closures of ``database``
+        with the run's other tables' asked at once."""
+        catalog.shared = lambda slot, generation, side: self.observation(
+            catalog, database, (slot.table, generation), side_effects=side
+        )
+        authority.shared_close = lambda principal: self.closure(authority, database, principal)
 
     def batches(self) -> dict[str, list[int]]:
         """Each group's batch sizes so far, by ``kind:database`` (for the run's report)."""
@@ -93,6 +143,8 @@ class RunSharing:
         with self._lock:
             group = self._groups.get((kind, database))
             if group is None:
-                group = GroupCommit(batch, expected=self._expected, gather_seconds=self._gather)
+                group = GroupCommit(
+                    batch, expected=lambda: self._expected(), gather_seconds=self._gather
+                )
                 self._groups[(kind, database)] = group
             return group

@@ -10,10 +10,12 @@ every answer is ``unknown``). See docs/operations.md (``lease_abandoned``).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import socket
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,3 +138,43 @@ def holder_liveness(holder: HolderProcess | None) -> tuple[Liveness, str]:
     if state in ("Z", "X"):
         return Liveness.GONE, f"process {holder.pid} has exited (not yet reaped)"
     return Liveness.ALIVE, f"process {holder.pid} still runs"
+
+
+# The leases some thread of this process is closing now (ended, the proof not yet
+# stored): another thread of the same process sees them as another process's.
+_CLOSING: dict[str, int] = {}
+_CLOSING_LOCK = threading.Condition()
+
+
+@contextlib.contextmanager
+def closing_here(lease_ids: Sequence[str]) -> Iterator[None]:
+    """Mark ``lease_ids`` as being closed by this process while the block runs (from
+    before their end until their proofs are stored)."""
+    with _CLOSING_LOCK:
+        for lease_id in lease_ids:
+            _CLOSING[lease_id] = _CLOSING.get(lease_id, 0) + 1
+    try:
+        yield
+    finally:
+        with _CLOSING_LOCK:
+            for lease_id in lease_ids:
+                _CLOSING[lease_id] -= 1
+                if not _CLOSING[lease_id]:
+                    del _CLOSING[lease_id]
+            _CLOSING_LOCK.notify_all()
+
+
+def closed_here_now(lease_id: str) -> bool:
+    """Whether a thread of this process is closing ``lease_id`` now."""
+    with _CLOSING_LOCK:
+        return lease_id in _CLOSING
+
+
+def wait_closures_here(seconds: float) -> bool:
+    """Wait until a closure this process runs ends, at most ``seconds``; False at once
+    when it runs none (the caller then waits as it would for another process)."""
+    with _CLOSING_LOCK:
+        if not _CLOSING:
+            return False
+        _CLOSING_LOCK.wait(seconds)
+        return True
