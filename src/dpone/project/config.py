@@ -63,7 +63,9 @@ DEFAULT_SHRINK_GUARD = 0.5
 DEFAULT_KEEP_ROLLBACK = 1
 DESIGN_CHANGES = ("refuse", "replace")  # a table's `on_design_change`
 # Each running refresh holds one ingest and then one publisher lease of the pool.
-MAX_JOBS = DEFAULT_POOL_SIZE
+# A table that exports or checks holds no principal: twice the pool's size keep every
+# principal busy, a table waiting its turn (project/run_slots.py).
+MAX_JOBS = 2 * DEFAULT_POOL_SIZE
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _LIMIT_KEYS = tuple(DEFAULT_LIMITS.to_document())
 # [clickhouse] keys of a remote server; host first (the others need it).

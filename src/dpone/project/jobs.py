@@ -32,6 +32,8 @@ from dpone.project.refresh import TableReport
 from dpone.publication.sharing.run_sharing import RunSharing
 
 POLL_SECONDS = 0.05
+# The phases whose steps ask the shared reads (observations, closures).
+_ASKING = ("prepare", "publish")
 # A running table's name and its progress (None before its first report of one).
 Running = tuple[str, dict[str, Any] | None]
 
@@ -105,7 +107,7 @@ def run_jobs(
     """
     run = _Run(refresh, on_report)
     if sharing is not None:
-        sharing.expect(lambda: len(run.running))
+        sharing.expect(run.asking)
     stopped = run.drive(deque(tables), jobs, fail_fast, on_change)
     done = [run.reports.get(t.name) or _skipped(t, stopped, again) for t in tables]
     return done, stopped.name if stopped is not None else None
@@ -153,6 +155,12 @@ class _Run:
                 self._close(waiting)
                 self._pass(signum)
         return self.stopped
+
+    def asking(self) -> int:
+        """How many running tables may ask the shared reads now: those preparing or
+        publishing (at least one, the one asking)."""
+        phases = [t.progress.read() for t in list(self.running)]
+        return max(1, sum(1 for p in phases if p and p.get("phase") in _ASKING))
 
     def _hand_out(self, waiting: deque[TableConfig], jobs: int) -> None:
         while waiting and not self.closed and len(self.running) < jobs:
