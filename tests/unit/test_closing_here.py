@@ -8,6 +8,7 @@ import time
 from dpone.publication.store.holder_process import (
     closed_here_now,
     closing_here,
+    wait_closures_begun_here,
     wait_closures_here,
 )
 
@@ -41,3 +42,31 @@ def test_a_waiter_wakes_when_the_closure_ends_not_at_its_timeout() -> None:
     assert time.monotonic() - began < 2.0
     thread.join(5)
     assert not closed_here_now("L9")
+
+
+def test_an_observation_waits_for_the_closures_begun_before_it_only() -> None:
+    began = time.monotonic()
+    wait_closures_begun_here(5.0)  # none running: at once
+    assert time.monotonic() - began < 1.0
+    first_in, second_in, release = threading.Event(), threading.Event(), threading.Event()
+
+    def closer(lease: str, entered: threading.Event, hold: float) -> None:
+        with closing_here([lease]):
+            entered.set()
+            release.wait(hold)
+
+    first = threading.Thread(target=closer, args=("A", first_in, 0.1))
+    first.start()
+    first_in.wait(5)
+    # Begun after the wait starts: not waited for (it holds for 5 s).
+    late = threading.Timer(
+        0.02, lambda: threading.Thread(target=closer, args=("B", second_in, 5.0)).start()
+    )
+    late.start()
+    began = time.monotonic()
+    wait_closures_begun_here(5.0)
+    took = time.monotonic() - began
+    assert 0.05 <= took < 2.0, took
+    assert not closed_here_now("A")
+    release.set()
+    first.join(5)

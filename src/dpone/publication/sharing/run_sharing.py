@@ -23,11 +23,14 @@ from dpone.ports.composition_snapshot import (
     TargetSlot,
 )
 from dpone.publication.sharing.group_commit import GroupCommit
+from dpone.publication.store.holder_process import wait_closures_begun_here
 
 # A slot of one database: its target's name and its generation's.
 Pair = tuple[str, str]
 # How long a batch's first caller waits for the others the run expects.
 GATHER_SECONDS = 0.05
+# At most this long an observation waits for the closures running as it begins.
+CLOSURE_WAIT_SECONDS = 5.0
 
 
 class ObservesMany(Protocol):
@@ -86,6 +89,10 @@ class RunSharing:
         kind = "observe" if side_effects else "identities"
 
         def batch(pairs: Sequence[Pair]) -> Mapping[Pair, CatalogObservation | DponeError]:
+            if side_effects:
+                # A lease another table is closing now would be read as a writer, and
+                # the observation taken again once its proof is stored: wait for it.
+                wait_closures_begun_here(CLOSURE_WAIT_SECONDS)
             try:
                 return catalog.observe_many(database, pairs, side_effects=side_effects)
             except DponeError:

@@ -15,6 +15,7 @@ import enum
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,3 +179,13 @@ def wait_closures_here(seconds: float) -> bool:
             return False
         _CLOSING_LOCK.wait(seconds)
         return True
+
+
+def wait_closures_begun_here(seconds: float) -> None:
+    """Wait until every closure this process runs now has ended (at most ``seconds``);
+    closures begun meanwhile are not waited for."""
+    deadline = time.monotonic() + seconds
+    with _CLOSING_LOCK:
+        begun = set(_CLOSING)
+        while begun & set(_CLOSING) and time.monotonic() < deadline:
+            _CLOSING_LOCK.wait(max(0.0, deadline - time.monotonic()))
