@@ -140,3 +140,38 @@ def test_many_rounds_of_callers_all_get_their_own_answers(hold: float) -> None:
     for _ in range(5):
         answers = _run_at_once(group, list(range(6)))
         assert {k: answers[k] for k in range(6)} == {k: k * 10 for k in range(6)}
+
+
+def test_a_leader_stopped_by_a_signal_raises_it_alone_and_the_others_get_a_later_batch() -> None:
+    calls: list[list[int]] = []
+    stop_leader = threading.Event()
+
+    def batch(keys: Sequence[int]) -> Mapping[int, int]:
+        calls.append(list(keys))
+        if not stop_leader.is_set():
+            stop_leader.set()
+            raise KeyboardInterrupt  # the signal passed to the leader's own thread
+        return {k: k * 10 for k in keys}
+
+    group: GroupCommit[int, int] = GroupCommit(batch, expected=lambda: 3, gather_seconds=0.3)
+    answers: dict[int, object] = {}
+    start = threading.Barrier(3)
+
+    def one(key: int) -> None:
+        start.wait()
+        try:
+            answers[key] = group(key)
+        except KeyboardInterrupt as exc:
+            answers[key] = exc
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in (1, 2, 3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    stopped = [k for k, v in answers.items() if isinstance(v, KeyboardInterrupt)]
+    assert len(stopped) == 1  # the leader alone
+    assert {k: v for k, v in answers.items() if k not in stopped} == {
+        k: k * 10 for k in (1, 2, 3) if k not in stopped
+    }
+    assert len(calls) == 2 and sorted(calls[1]) == sorted(k for k in (1, 2, 3) if k not in stopped)

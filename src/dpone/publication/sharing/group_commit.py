@@ -74,16 +74,22 @@ class GroupCommit(Generic[K, R]):
 
     def _lead(self, own: _Call[K, R]) -> None:
         taken: list[_Call[K, R]] = [own]
+        answered = taken
         try:
             deadline = self._clock() + self._gather
             with self._changed:
                 while len(self._pending) < self._expected() and self._clock() < deadline:
                     self._changed.wait(max(0.0, deadline - self._clock()))
-                taken = self._take()
+                taken = answered = self._take()
             results: Mapping[K, R] = self._batch([c.key for c in taken])
-        except BaseException as exc:  # every caller of the batch raises what it raised
+        except Exception as exc:  # every caller of the batch raises what it raised
             for call in taken:
                 call.error = exc
+        except BaseException as exc:
+            # This thread was stopped (a signal passed to it): it alone raises it; the
+            # others' calls wait for a batch begun after this one.
+            own.error, answered = exc, [own]
+            raise
         else:
             for call in taken:
                 if call.key in results:
@@ -92,7 +98,7 @@ class GroupCommit(Generic[K, R]):
                     call.error = KeyError(call.key)
         finally:
             with self._changed:
-                for call in taken:
+                for call in answered:
                     call.done = True
                 self._pending = [c for c in self._pending if not c.done]
                 self._running = False
