@@ -29,13 +29,11 @@ from dpone.cli.output import (
 )
 from dpone.connectors.http_connections import POOL
 from dpone.errors import ConfigurationError
-from dpone.localserver.principal_pool import DEFAULT_POOL_SIZE
 from dpone.project.config import DESIGN_CHANGES, MAX_JOBS, Project, TableConfig, load_project
 from dpone.project.design_change import describe_change
 from dpone.project.jobs import RefreshOne, Running, TableProgress, run_jobs
 from dpone.project.refresh import RefreshService, TableReport
 from dpone.project.refresh_checks import catalog_cleared
-from dpone.project.run_slots import PrincipalSlots
 from dpone.project.table_run import RunReport
 from dpone.publication.composition import pool_credentials
 from dpone.publication.sharing.run_sharing import RunSharing
@@ -107,8 +105,8 @@ def preflight(project: Project, tables: list[TableConfig]) -> None:
     type=click.IntRange(1, MAX_JOBS),
     default=None,
     help=f"Tables refreshed at once, in threads of one process (default: the project's "
-    f"`jobs`, else 1; at most {MAX_JOBS}, twice the pool's size: a table waits its turn "
-    "at a principal).",
+    f"`jobs`, else 1; at most {MAX_JOBS}, twice the pool's size: a table waits for a "
+    "free principal).",
 )
 @click.option(
     "--design-change",
@@ -147,12 +145,9 @@ def refresh(
         jobs = min(jobs or project.jobs, len(tables))
         if jobs > 1:
             sharing = RunSharing()
-            slots = PrincipalSlots(DEFAULT_POOL_SIZE)
 
             def refresh_one(table: TableConfig, progress: TableProgress) -> TableReport:
-                service = _service(
-                    project, allow_shrink, design_change, progress, cleared, sharing, slots
-                )
+                service = _service(project, allow_shrink, design_change, progress, cleared, sharing)
                 return service.refresh(table)
 
             _refresh_jobs(
@@ -192,7 +187,6 @@ def _service(
     progress: PhaseProgress | TableProgress | None,
     cleared: frozenset[str] = frozenset(),
     sharing: RunSharing | None = None,
-    slots: PrincipalSlots | None = None,
 ) -> RefreshService:
     return RefreshService(
         project,
@@ -202,7 +196,6 @@ def _service(
         done=progress.finish if progress is not None else None,
         cleared=cleared,
         sharing=sharing,
-        slots=slots,
     )
 
 

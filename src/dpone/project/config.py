@@ -64,7 +64,7 @@ DEFAULT_KEEP_ROLLBACK = 1
 DESIGN_CHANGES = ("refuse", "replace")  # a table's `on_design_change`
 # Each running refresh holds one ingest and then one publisher lease of the pool.
 # A table that exports or checks holds no principal: twice the pool's size keep every
-# principal busy, a table waiting its turn (project/run_slots.py).
+# principal busy, a table waiting for a free one (the issuer waits for it).
 MAX_JOBS = 2 * DEFAULT_POOL_SIZE
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _LIMIT_KEYS = tuple(DEFAULT_LIMITS.to_document())

@@ -30,7 +30,7 @@ from dpone.durable_files import private_directories, temporary_siblings
 from dpone.errors import DponeError
 from dpone.exporters.export import export_table, receipt_path_for
 from dpone.exporters.sources import open_source
-from dpone.localserver.principal_pool import ROLE_INGEST, ROLE_PUBLISHER
+from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import read_query_id
 from dpone.ports.composition_snapshot import AttemptRef, IssuedPrincipal, TargetSlot
@@ -50,7 +50,6 @@ from dpone.project.refresh_checks import (
     table_lock,
 )
 from dpone.project.retention import enforce_retention
-from dpone.project.run_slots import PrincipalSlot, PrincipalSlots
 from dpone.project.table_run import (
     REQUEST_SECONDS,
     Phases,
@@ -123,13 +122,10 @@ class RefreshService:
         design_change: str | None = None,
         cleared: frozenset[str] = frozenset(),
         sharing: RunSharing | None = None,
-        slots: PrincipalSlots | None = None,
     ) -> None:
         self.project = project
-        # The run's shared reads and its turns at the pool's principals, when its
-        # tables go in threads (project/jobs.py).
+        # The run's shared reads, when its tables go in threads (project/jobs.py).
         self.sharing = sharing
-        self.slots = slots or PrincipalSlots(None)
         self.allow_shrink = allow_shrink
         # Tables whose targets the run found clear at its start, for all of them at once
         # (refresh_checks.catalog_cleared): their check does not observe them again.
@@ -218,25 +214,7 @@ class RefreshService:
         replace: bool,
         parts: PublicationComponents,
     ) -> None:
-        ingest_turn = self.slots.slot(ROLE_INGEST)
-        publisher_turn = self.slots.slot(ROLE_PUBLISHER)
-        try:
-            self._run_turns(table, report, phase, replace, parts, (ingest_turn, publisher_turn))
-        finally:
-            ingest_turn.give_back()
-            publisher_turn.give_back()
-
-    def _run_turns(
-        self,
-        table: TableConfig,
-        report: TableReport,
-        phase: Phases,
-        replace: bool,
-        parts: PublicationComponents,
-        turns: tuple[PrincipalSlot, PrincipalSlot],
-    ) -> None:
         project = self.project
-        ingest_turn, publisher_turn = turns
         with phase("export"):
             exported = self._export(table, report.warnings.append)
         report.file_bytes = exported.receipt.artifact_size
@@ -248,14 +226,12 @@ class RefreshService:
             headroom = self._headroom(table, parts, report.attempt_id)  # before any lease
             # Whose files the attempt needs, for status on any worker sharing the store.
             register_attempt(parts.store, report.attempt_id, project.work_dir / "attempts")
-            ingest_turn.take()
             ingest = parts.issuer.issue(ROLE_INGEST, report.attempt_id)
             staged = self._stage(table, ingest, design, exported, report, parts, headroom)
         report.journal = str(staged.journal_path)
         report.generation_table = staged.table
         with phase("prepare"):
             self._show("prepare")
-            publisher_turn.take()  # prepare issues the publisher
             prepared = parts.publisher.prepare(
                 AttemptRef(staged.journal_path, TargetSlot(table.database, table.target)),
                 staged.journal_head,
@@ -264,7 +240,6 @@ class RefreshService:
                 # (an index, a codec, a TTL, a setting), which prepare alone can see.
                 design_change=replace,
             )
-            ingest_turn.give_back()  # its lease is closed and proven
         report.intent_sha256 = prepared.intent_sha256
         intent = SnapshotIntent.from_bytes(parts.store.load(prepared.intent_sha256).intent_bytes)
         report.target_uuid_before = intent.target_uuid
@@ -280,7 +255,6 @@ class RefreshService:
         with phase("publish"):
             self._show("publish")
             _PUBLISH.run(project, parts, report)
-            publisher_turn.give_back()  # its lease is closed with the reconcile
             self.done()
         if not project.keep_exports:
             _remove_export(exported.path, exported.receipt_path, report.warnings.append)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from dpone.errors import ConfigurationError, StateError
+from dpone.errors import ConfigurationError, StateError, stop_point
 from dpone.localserver.principal_pool import (
     DEFAULT_POOL,
     ROLE_INGEST,
@@ -37,7 +37,7 @@ from dpone.ports.composition_snapshot import (
     PrincipalRef,
     SnapshotRunRegistry,
 )
-from dpone.publication.store.holder_process import Liveness, holder_liveness
+from dpone.publication.store.holder_process import Liveness, holder_liveness, wait_closures_here
 from dpone.sql import quote_identifier, quote_literal
 
 ISSUABLE_ROLES = (ROLE_INGEST, ROLE_PUBLISHER)
@@ -189,8 +189,11 @@ class LocalPoolIssuer:
                     raise
                 if self._clock() >= deadline:
                     raise
-                self._sleep(pause)
-                pause = min(pause * 1.5, LEASE_POLL_MAX_SECONDS)  # each try takes the write lock
+                stop_point()  # a table of --jobs waiting here stops when its run does
+                # A closure this process runs frees a principal as it ends: tried then.
+                if not wait_closures_here(pause):
+                    self._sleep(pause)
+                    pause = min(pause * 1.5, LEASE_POLL_MAX_SECONDS)  # each try takes the lock
                 continue
             return self._issued(
                 PrincipalRef(lease.user, self._user_ids[lease.user], lease.lease_id)

@@ -23,6 +23,7 @@ R = TypeVar("R")
 @dataclass(eq=False)  # a call is itself: two calls of one key are two calls
 class _Call(Generic[K, R]):
     key: K
+    taken: bool = False  # by a batch, which began after the call was made
     done: bool = False
     result: R | None = None
     error: BaseException | None = None
@@ -33,10 +34,12 @@ class GroupCommit(Generic[K, R]):
 
     ``batch`` receives distinct keys and returns a result for every one (a missing
     key is an error for its caller) or raises, which every caller of that batch then
-    raises. One batch runs at a time; calls made while it runs wait for the next one.
-    A batch's first caller waits up to ``gather_seconds`` for ``expected()`` calls to
-    be pending before it starts, so that callers arriving together share it (0: start
-    at once). A key already pending waits for a later batch.
+    raises (an interruption of the leading caller's own thread excepted: it alone
+    raises it). The first caller not yet taken leads the next batch: it waits up to
+    ``gather_seconds`` for ``expected()`` calls to be pending (0: it starts at once),
+    then takes every pending call of a distinct key and runs the batch, while the
+    calls made since gather for the batch after it (batches may run at once; a key
+    already taken or pending waits for a later batch).
     """
 
     def __init__(
@@ -52,8 +55,8 @@ class GroupCommit(Generic[K, R]):
         self._gather = gather_seconds
         self._clock = clock
         self._changed = threading.Condition()
-        self._pending: list[_Call[K, R]] = []
-        self._running = False
+        self._pending: list[_Call[K, R]] = []  # made, not yet taken by a batch
+        self._gathering = False  # a leader is gathering the next batch
         self.batches: list[int] = []  # each batch's size, in order (for reports and tests)
 
     def __call__(self, key: K) -> R:
@@ -62,10 +65,11 @@ class GroupCommit(Generic[K, R]):
         with self._changed:
             self._pending.append(call)
             self._changed.notify_all()
-            while not call.done and (self._running or self._pending[0] is not call):
+            while not call.done:
+                if not call.taken and not self._gathering and self._pending[0] is call:
+                    self._gathering = True  # this caller leads the next batch
+                    break
                 self._changed.wait()
-            if not call.done:
-                self._running = True  # this caller leads the next batch
         if not call.done:
             self._lead(call)
         if call.error is not None:
@@ -73,22 +77,23 @@ class GroupCommit(Generic[K, R]):
         return call.result  # type: ignore[return-value]  # set for every answered call
 
     def _lead(self, own: _Call[K, R]) -> None:
-        taken: list[_Call[K, R]] = [own]
-        answered = taken
+        deadline = self._clock() + self._gather
+        with self._changed:
+            while len(self._pending) < self._expected() and self._clock() < deadline:
+                self._changed.wait(max(0.0, deadline - self._clock()))
+            taken = self._take()
+            self._gathering = False  # the calls made from now on gather the next batch
+            self._changed.notify_all()
         try:
-            deadline = self._clock() + self._gather
-            with self._changed:
-                while len(self._pending) < self._expected() and self._clock() < deadline:
-                    self._changed.wait(max(0.0, deadline - self._clock()))
-                taken = answered = self._take()
             results: Mapping[K, R] = self._batch([c.key for c in taken])
         except Exception as exc:  # every caller of the batch raises what it raised
             for call in taken:
                 call.error = exc
         except BaseException as exc:
             # This thread was stopped (a signal passed to it): it alone raises it; the
-            # others' calls wait for a batch begun after this one.
-            own.error, answered = exc, [own]
+            # others' calls go back to wait for a batch begun after this one.
+            own.error = exc
+            self._finish([own], again=[c for c in taken if c is not own])
             raise
         else:
             for call in taken:
@@ -96,21 +101,29 @@ class GroupCommit(Generic[K, R]):
                     call.result = results[call.key]
                 else:
                     call.error = KeyError(call.key)
-        finally:
-            with self._changed:
-                for call in answered:
-                    call.done = True
-                self._pending = [c for c in self._pending if not c.done]
-                self._running = False
-                self.batches.append(len(taken))
-                self._changed.notify_all()
+        self._finish(taken)
 
     def _take(self) -> list[_Call[K, R]]:
-        """The pending calls of distinct keys, in order; a repeated key stays pending."""
+        """The pending calls of distinct keys, in order, marked taken; a repeated key
+        stays pending."""
         taken: list[_Call[K, R]] = []
         seen: set[K] = set()
         for call in self._pending:
             if call.key not in seen:
                 seen.add(call.key)
+                call.taken = True
                 taken.append(call)
+        self._pending = [c for c in self._pending if not c.taken]
         return taken
+
+    def _finish(self, answered: Sequence[_Call[K, R]], again: Sequence[_Call[K, R]] = ()) -> None:
+        """``answered`` are done; ``again`` are pending once more, first (they were
+        made before any call pending now)."""
+        with self._changed:
+            for call in answered:
+                call.done = True
+            for call in again:
+                call.taken = False
+            self._pending = [*again, *self._pending]
+            self.batches.append(len(answered) + len(again))
+            self._changed.notify_all()
