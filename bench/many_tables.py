@@ -1,6 +1,6 @@
 """Many small tables: `dpone refresh --all --jobs N` against one table's refresh, and dlt.
 
-Usage: python -m bench.many_tables [--tables 20] [--rows 2000] [--jobs 4] [--runs 3]
+Usage: python -m bench.many_tables [--tables 20] [--rows 2000] [--jobs 8] [--runs 3]
                                    [--sequential] [--peer dlt] [--peer-venv DIR]
                                    [--keep DIR]
 
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", type=int, default=20)
     parser.add_argument("--rows", type=int, default=2_000)
-    parser.add_argument("--jobs", type=int, default=4)
+    parser.add_argument("--jobs", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sequential", action="store_true", help="Also --jobs 1, once.")
     parser.add_argument("--peer", choices=["dlt"], help="Run dlt beside dpone (bench.peer_dlt).")
