@@ -126,9 +126,10 @@ def signal_exception(signum: int) -> BaseException:
     return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
 
 
-# Signals the main thread passed on to other threads of this process, by thread, not yet
+# Signals the main thread passed on to other threads of this process, by thread (the
+# Thread itself: a thread's id may be given to a new thread once it ended), not yet
 # raised there; and each thread's depth of held blocks.
-_PASSED: dict[int, list[signal.Signals]] = {}
+_PASSED: dict[threading.Thread, list[signal.Signals]] = {}
 _PASSED_LOCK = threading.Lock()
 _HELD = threading.local()
 
@@ -137,22 +138,20 @@ def pass_signal(thread: threading.Thread, signum: int) -> None:
     """Pass a stopping signal the main thread received on to ``thread``: it is raised
     there at the thread's next :func:`stop_point`, once for each time it was passed, as
     the signal itself is raised once in the main thread."""
-    if thread.ident is None:
-        return
     with _PASSED_LOCK:
-        _PASSED.setdefault(thread.ident, []).append(signal.Signals(signum))
+        _PASSED.setdefault(thread, []).append(signal.Signals(signum))
 
 
 def stop_point() -> None:
     """Raise here a signal passed on to this thread (:func:`pass_signal`), unless a
     block holds the stopping signals (raised as it ends). A point where a thread may
-    stop as the main thread stops at any statement: before each request to a server
-    and at each report of progress."""
+    stop as the main thread stops at any statement: before each request to a server,
+    at each report of progress and in each wait of a table."""
     if getattr(_HELD, "depth", 0):
         return
-    ident = threading.get_ident()
+    me = threading.current_thread()
     with _PASSED_LOCK:
-        passed = _PASSED.get(ident)
+        passed = _PASSED.get(me)
         if not passed:
             return
         signum = passed.pop(0)
@@ -162,7 +161,7 @@ def stop_point() -> None:
 def forget_passed_signals(thread: threading.Thread) -> None:
     """Drop what was passed on to ``thread`` and never raised (it ended first)."""
     with _PASSED_LOCK:
-        _PASSED.pop(thread.ident or -1, None)
+        _PASSED.pop(thread, None)
 
 
 def interruption_signal(exc: BaseException) -> signal.Signals | None:

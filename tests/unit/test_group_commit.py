@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pytest
 
+from dpone.errors import ConfigurationError, Terminated, forget_passed_signals, pass_signal
 from dpone.publication.sharing.group_commit import GroupCommit
 
 
@@ -188,3 +189,77 @@ def test_a_call_made_while_a_batch_runs_does_not_wait_for_it_to_end() -> None:
     first.join(5)
     assert batch.overlapped
     assert [keys for _, keys in batch.batches] == [[1], [2]]
+
+
+def test_a_batch_runs_the_function_its_leader_brought() -> None:
+    ran: list[str] = []
+
+    def of(name: str) -> Callable[[Sequence[int]], Mapping[int, int]]:
+        def batch(keys: Sequence[int]) -> Mapping[int, int]:
+            ran.append(name)
+            return {k: k for k in keys}
+
+        return batch
+
+    group: GroupCommit[int, int] = GroupCommit(of("group's"))
+    assert group(1, of("first caller's")) == 1
+    assert group(2) == 2
+    assert ran == ["first caller's", "group's"]
+
+
+def test_each_caller_of_a_failed_batch_raises_its_own_copy() -> None:
+    def batch(keys: Sequence[int]) -> Mapping[int, int]:
+        try:
+            raise OSError("the socket closed")
+        except OSError as cause:
+            raise ConfigurationError("no answer", code="catalog_unobservable", at=1) from cause
+
+    group: GroupCommit[int, int] = GroupCommit(batch, expected=lambda: 3, gather_seconds=5.0)
+    answers = _run_at_once(group, [1, 2, 3])
+    errors = [answers[k] for k in (1, 2, 3)]
+    assert all(isinstance(e, ConfigurationError) for e in errors)
+    assert len({id(e) for e in errors}) == 3  # one object a caller
+    for error in errors:
+        assert isinstance(error, ConfigurationError)
+        assert (error.code, dict(error.details), error.message) == (
+            "catalog_unobservable",
+            {"at": 1},
+            "no answer",
+        )
+        assert isinstance(error.__cause__, OSError)
+
+
+def test_a_caller_waiting_for_a_batch_stops_at_a_signal_and_the_group_goes_on() -> None:
+    release = threading.Event()
+
+    def slow(keys: Sequence[int]) -> Mapping[int, int]:
+        release.wait(5)
+        return {k: k for k in keys}
+
+    expected = [2]  # the first caller waits for the second: both in one slow batch
+    group: GroupCommit[int, int] = GroupCommit(
+        slow, expected=lambda: expected[0], gather_seconds=5.0
+    )
+    first = threading.Thread(target=group, args=(1,))
+    first.start()
+    time.sleep(0.05)  # it gathers
+    raised: list[BaseException] = []
+
+    def waiting() -> None:
+        try:
+            group(2)
+        except BaseException as exc:  # the signal passed to this thread
+            raised.append(exc)
+
+    second = threading.Thread(target=waiting)
+    second.start()
+    time.sleep(0.05)
+    pass_signal(second, 15)
+    second.join(2)
+    forget_passed_signals(second)
+    assert not second.is_alive() and len(raised) == 1 and isinstance(raised[0], Terminated)
+    release.set()
+    first.join(5)
+    expected[0] = 1
+    assert group(3) == 3  # the abandoned call left nothing behind
+    assert group.batches == [2, 1]

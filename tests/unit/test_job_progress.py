@@ -89,3 +89,25 @@ def test_a_signal_passed_n_times_is_raised_n_times_and_held_in_a_held_block(time
     thread.join(10)
     forget_passed_signals(thread)
     assert raised == ["inside", "end of block"] * times
+
+
+def test_a_signal_passed_to_an_ended_thread_never_reaches_a_new_one() -> None:
+    ended = threading.Thread(target=lambda: None)
+    ended.start()
+    ended.join()
+    pass_signal(ended, 2)  # as the run's Ctrl-C met a table that had just ended
+    raised: list[BaseException] = []
+
+    def new_thread() -> None:
+        try:
+            stop_point()
+        except BaseException as exc:  # what was passed to the ended one, wrongly here
+            raised.append(exc)
+
+    # A new thread often gets the id of the one that ended: it is another thread.
+    for _ in range(5):
+        thread = threading.Thread(target=new_thread)
+        thread.start()
+        thread.join(5)
+    forget_passed_signals(ended)
+    assert raised == []

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from dpone.errors import StateError
+from dpone.errors import StateError, stop_point
 from dpone.publication.store.postgres import is_store_url
 
 GATE_WAIT_SECONDS = 120.0
@@ -123,6 +123,7 @@ class DispatchGate(Gate):
                             path=str(path),
                             user=user,
                         ) from exc
+                    stop_point()  # a table of --jobs waiting here stops when its run does
                     self._sleep(_POLL_SECONDS)
             yield
         finally:

@@ -174,19 +174,24 @@ class LocalPoolIssuer:
         While none is free and a holder of their last leases runs (another worker, or
         another table of ``--jobs``, staging, publishing or proving a closure: its
         process is alive, or on another host), it waits for one to be given back, up to
-        ``lease_wait_seconds``. Then, or at once when every holder is gone (leases and
+        ``lease_wait_seconds`` from the last time one was given back or taken. Then, or at once when every holder is gone (leases and
         closures an operator ends or proves, which status names), ``pool_exhausted``.
         """
         _check_role(role)
         candidates = self._candidates[role]
         deadline = self._clock() + self.lease_wait_seconds
         pause = LEASE_POLL_SECONDS
+        seen = self._leases_of(candidates)
         while True:
             try:
                 lease = self._registry.lease(role, candidates, attempt_id)
             except StateError as exc:
                 if exc.code != "pool_exhausted" or not self._holder_runs(candidates, attempt_id):
                     raise
+                now = self._leases_of(candidates)
+                if now != seen:  # a principal was given back and taken again: the
+                    seen = now  # pool moves, so the wait is counted from now
+                    deadline = self._clock() + self.lease_wait_seconds
                 if self._clock() >= deadline:
                     raise
                 stop_point()  # a table of --jobs waiting here stops when its run does
@@ -198,6 +203,16 @@ class LocalPoolIssuer:
             return self._issued(
                 PrincipalRef(lease.user, self._user_ids[lease.user], lease.lease_id)
             )
+
+    def _leases_of(self, users: Sequence[str]) -> frozenset[tuple[str, bool]]:
+        """The last lease of each of ``users`` and whether it is active (empty from a
+        registry that names none)."""
+        records = getattr(self._registry, "last_lease_records", None)
+        if records is None:
+            return frozenset()
+        return frozenset(
+            (r.lease.lease_id, r.lease.active) for r in records() if r.lease.user in users
+        )
 
     def _holder_runs(self, users: Sequence[str], attempt_id: str) -> bool:
         """Whether a holder of ``users``' last leases may still give one back: another

@@ -19,7 +19,7 @@ from dpone.contracts.composition_snapshot import (
     SnapshotState,
     exchange_query_id,
 )
-from dpone.errors import DponeError
+from dpone.errors import DponeError, stop_point
 from dpone.ports.composition_snapshot import DispatchOutcome, DispatchResult, ParentAuthority
 from dpone.publication.publisher.ports import CLAIM_POLL_SECONDS, PublisherPorts
 from dpone.publication.publisher.receipts import (
@@ -167,6 +167,7 @@ class Publish:
                     code="claim_exists",
                     intent_sha256=intent_sha256,
                 )
+            stop_point()  # a table of --jobs waiting here stops when its run does
             self.ports.sleep(CLAIM_POLL_SECONDS)
 
 

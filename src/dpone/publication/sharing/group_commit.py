@@ -10,20 +10,38 @@ is read after every call it answers was made, as the caller's own read would hav
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from dpone.errors import stop_point
+
 K = TypeVar("K", bound=Hashable)
 R = TypeVar("R")
+# How often a caller waiting for another's batch looks for a signal passed to it.
+_STOP_SECONDS = 0.1
+
+
+def _copy(exc: Exception) -> Exception:
+    """A caller's own copy of a batch's error (its traceback and details its own),
+    with the same cause; the error itself when it cannot be copied."""
+    try:
+        mine = copy.copy(exc)
+    except Exception:  # an exception type that does not copy: shared, as raised
+        return exc
+    mine.__cause__ = exc.__cause__
+    return mine
 
 
 @dataclass(eq=False)  # a call is itself: two calls of one key are two calls
 class _Call(Generic[K, R]):
     key: K
+    batch: Callable[[Sequence[K]], Mapping[K, R]] | None = None  # its caller's own
     taken: bool = False  # by a batch, which began after the call was made
+    abandoned: bool = False  # its caller stopped waiting (a signal passed to it)
     done: bool = False
     result: R | None = None
     error: BaseException | None = None
@@ -39,7 +57,8 @@ class GroupCommit(Generic[K, R]):
     ``gather_seconds`` for ``expected()`` calls to be pending (0: it starts at once),
     then takes every pending call of a distinct key and runs the batch, while the
     calls made since gather for the batch after it (batches may run at once; a key
-    already taken or pending waits for a later batch).
+    pending twice waits for a later batch). A caller waiting for a batch it does not
+    lead stops there when a signal was passed to its thread.
     """
 
     def __init__(
@@ -59,9 +78,10 @@ class GroupCommit(Generic[K, R]):
         self._gathering = False  # a leader is gathering the next batch
         self.batches: list[int] = []  # each batch's size, in order (for reports and tests)
 
-    def __call__(self, key: K) -> R:
-        """The batch's result for ``key``, from a batch begun after this call."""
-        call: _Call[K, R] = _Call(key)
+    def __call__(self, key: K, batch: Callable[[Sequence[K]], Mapping[K, R]] | None = None) -> R:
+        """The batch's result for ``key``, from a batch begun after this call; a batch
+        this caller leads runs ``batch`` (default: the group's)."""
+        call: _Call[K, R] = _Call(key, batch)
         with self._changed:
             self._pending.append(call)
             self._changed.notify_all()
@@ -69,12 +89,25 @@ class GroupCommit(Generic[K, R]):
                 if not call.taken and not self._gathering and self._pending[0] is call:
                     self._gathering = True  # this caller leads the next batch
                     break
-                self._changed.wait()
+                self._changed.wait(_STOP_SECONDS)
+                self._stop_point(call)
         if not call.done:
             self._lead(call)
         if call.error is not None:
             raise call.error
         return call.result  # type: ignore[return-value]  # set for every answered call
+
+    def _stop_point(self, call: _Call[K, R]) -> None:
+        """Stop waiting when a signal was passed to this thread (under the lock): the
+        call leaves the queue, or, taken, is answered to nobody."""
+        try:
+            stop_point()
+        except BaseException:
+            call.abandoned = True
+            if call in self._pending:
+                self._pending.remove(call)
+                self._changed.notify_all()
+            raise
 
     def _lead(self, own: _Call[K, R]) -> None:
         deadline = self._clock() + self._gather
@@ -85,10 +118,10 @@ class GroupCommit(Generic[K, R]):
             self._gathering = False  # the calls made from now on gather the next batch
             self._changed.notify_all()
         try:
-            results: Mapping[K, R] = self._batch([c.key for c in taken])
+            results: Mapping[K, R] = (own.batch or self._batch)([c.key for c in taken])
         except Exception as exc:  # every caller of the batch raises what it raised
             for call in taken:
-                call.error = exc
+                call.error = exc if call is own else _copy(exc)
         except BaseException as exc:
             # This thread was stopped (a signal passed to it): it alone raises it; the
             # others' calls go back to wait for a batch begun after this one.
@@ -122,8 +155,9 @@ class GroupCommit(Generic[K, R]):
         with self._changed:
             for call in answered:
                 call.done = True
-            for call in again:
+            kept = [c for c in again if not c.abandoned]
+            for call in kept:
                 call.taken = False
-            self._pending = [*again, *self._pending]
+            self._pending = [*kept, *self._pending]
             self.batches.append(len(answered) + len(again))
             self._changed.notify_all()

@@ -23,7 +23,7 @@ from dpone.ports.composition_snapshot import (
     TargetSlot,
 )
 from dpone.publication.sharing.group_commit import GroupCommit
-from dpone.publication.store.holder_process import wait_closures_begun_here
+from dpone.publication.store.holder_process import closing_here, wait_closures_begun_here
 
 # A slot of one database: its target's name and its generation's.
 Pair = tuple[str, str]
@@ -113,7 +113,7 @@ class RunSharing:
         group: GroupCommit[Pair, CatalogObservation | DponeError] = self._group(
             kind, database, batch
         )
-        answer = group(pair)
+        answer = group(pair, batch)  # a batch it leads reads through its own catalog
         if isinstance(answer, DponeError):
             raise answer
         return answer
@@ -127,7 +127,10 @@ class RunSharing:
             return dict(zip(principals, authority.close_principals(principals), strict=True))
 
         group: GroupCommit[PrincipalRef, ClosureProof] = self._group("close", database, batch)
-        return group(principal)
+        # Closing from the moment it is asked: a batch whose leader stopped may have
+        # ended the lease before this one's own batch proves it.
+        with closing_here([principal.lease_id]):
+            return group(principal, batch)  # a batch it leads closes through its own ports
 
     def attach(self, catalog: SharesObservations, authority: SharesClosures, database: str) -> None:
         """Answer ``catalog``'s observations and ``authority``'s closures of ``database``
@@ -145,8 +148,9 @@ class RunSharing:
     def _group(
         self, kind: str, database: str, batch: Callable[[Sequence[Any]], Mapping[Any, Any]]
     ) -> GroupCommit[Any, Any]:
-        # The first table to ask creates the group with its own port: every table's
-        # port of one database reads the same server with the same principals.
+        # The first table to ask creates the group; each batch then runs the batch of
+        # the caller that leads it, through that table's own ports (its credentials
+        # are read when its publication is built: a rotation meanwhile is its own).
         with self._lock:
             group = self._groups.get((kind, database))
             if group is None:
