@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -137,3 +138,22 @@ def test_traffic_is_counted(pool: ConnectionPool) -> None:
     pool.count(new_connection=False)
     pool.count(new_connection=False)
     assert pool.traffic().since(start).to_dict() == {"requests": 3, "new_connections": 1}
+
+
+def test_a_thread_working_for_another_counts_its_requests_as_that_ones() -> None:
+    pool = ConnectionPool()
+    before = pool.thread_traffic()
+    pool.count(new_connection=True)  # the caller's own
+
+    def for_the_caller() -> None:
+        pool.count(new_connection=True)
+
+    worker = threading.Thread(target=pool.carried(for_the_caller))
+    worker.start()
+    worker.join(5)
+    stranger = threading.Thread(target=lambda: pool.count(new_connection=False))
+    stranger.start()
+    stranger.join(5)
+    mine = pool.thread_traffic().since(before)
+    assert (mine.requests, mine.connections) == (2, 2)  # not the stranger's
+    assert pool.traffic().requests == 3  # the process's totals count every one

@@ -19,8 +19,8 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import ParamSpec, Protocol, TypeVar
 
 from dpone.errors import ConfigurationError
 from dpone.ports.clickhouse_errors import NotSubmitted
@@ -33,6 +33,8 @@ REUSE_MARGIN_SECONDS = 1.0
 # Idle connections kept per destination (a refresh uses one or two at a time).
 IDLE_PER_KEY = 8
 _TIMEOUT = re.compile(r"(?:^|,)\s*timeout\s*=\s*(\d+)\s*(?:,|$)", re.IGNORECASE)
+P = ParamSpec("P")
+T = TypeVar("T")
 _MAX = re.compile(r"(?:^|,)\s*max\s*=\s*(\d+)\s*(?:,|$)", re.IGNORECASE)
 
 
@@ -81,6 +83,15 @@ class _Idle:
     connection: Reusable
     usable_until: float
     served: int
+
+
+@dataclass
+class ThreadCounter:
+    """Requests sent and connections opened by one thread and those working for it."""
+
+    requests: int = 0
+    connections: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass(frozen=True)
@@ -161,8 +172,10 @@ class ConnectionPool:
         with self._lock:
             self._requests += 1
             self._connections += int(new_connection)
-        mine = self.thread_traffic()
-        self._mine.traffic = Traffic(mine.requests + 1, mine.connections + int(new_connection))
+        counter = self.counter()
+        with counter.lock:
+            counter.requests += 1
+            counter.connections += int(new_connection)
 
     def traffic(self) -> Traffic:
         """The totals so far; subtract an earlier reading for one phase's share."""
@@ -170,10 +183,33 @@ class ConnectionPool:
             return Traffic(self._requests, self._connections)
 
     def thread_traffic(self) -> Traffic:
-        """The calling thread's own totals so far: one table's share when a run's tables
-        go in threads of one process."""
-        traffic = getattr(self._mine, "traffic", None)
-        return traffic if isinstance(traffic, Traffic) else Traffic()
+        """The calling thread's own totals so far, with what threads working for it sent
+        (:meth:`carried`): one table's share when a run's tables go in threads."""
+        counter = self.counter()
+        with counter.lock:
+            return Traffic(counter.requests, counter.connections)
+
+    def counter(self) -> ThreadCounter:
+        """The calling thread's counter (made at its first request)."""
+        counter = getattr(self._mine, "counter", None)
+        if not isinstance(counter, ThreadCounter):
+            counter = self._mine.counter = ThreadCounter()
+        return counter
+
+    def carried(self, fn: Callable[P, T]) -> Callable[P, T]:
+        """``fn``, counted as the calling thread's when another thread runs it (a
+        thread working for it: the pool's sign-ins)."""
+        counter = self.counter()
+
+        def counted(*args: P.args, **kwargs: P.kwargs) -> T:
+            previous = getattr(self._mine, "counter", None)
+            self._mine.counter = counter
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._mine.counter = previous
+
+        return counted
 
     def after_fork(self) -> None:
         """In a forked child: a new lock (the parent's may have been held by another

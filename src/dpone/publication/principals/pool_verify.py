@@ -29,6 +29,7 @@ from dpone.connectors.endpoint_identity import (
     IDENTITY_DATABASE,
     NIL_UUID,
 )
+from dpone.connectors.http_connections import POOL
 from dpone.connectors.tls_probe import PLAIN_TO_TLS, TLS_PORT_FIX, plain_http_to_tls
 from dpone.durable_files import private_directories
 from dpone.errors import ConfigurationError, DponeError
@@ -229,7 +230,7 @@ def _verify(access: ServerAccess, databases: Sequence[str]) -> PoolVerification:
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpone-keeper") as beside:
         keeper = (
             beside.submit(
-                _keeper_checks,
+                POOL.carried(_keeper_checks),
                 keeper_found,
                 HttpTransport(access.endpoint("system"), credentials[pool.keeper]),
                 databases,
@@ -352,7 +353,9 @@ def _sign_in_all(
     signed: dict[str, tuple[list[dict[str, Any]], list[str]]] = {}
     users = [u for u in remote_users(access.pool) if u in credentials]
     with ThreadPoolExecutor(max_workers=len(users), thread_name_prefix="dpone-sign-in") as run:
-        answers = [run.submit(_sign_in, access, credentials, user) for user in users]
+        # Counted as the caller's requests (its phase's), though other threads send them.
+        sign_in = POOL.carried(_sign_in)
+        answers = [run.submit(sign_in, access, credentials, user) for user in users]
         for user, answer in zip(users, answers, strict=True):
             outcome = answer.result()
             if isinstance(outcome, DponeError):
