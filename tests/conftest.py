@@ -37,6 +37,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 pytest_plugins = [
     "tests.plugins.cli",
     "tests.plugins.managed_server",
+    "tests.plugins.catalog_queries",  # after managed_server, which it imports
     "tests.plugins.publication_pool",
     "tests.plugins.publication_rig",
     "tests.plugins.raw_http",

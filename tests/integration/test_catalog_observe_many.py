@@ -9,10 +9,8 @@ compared, field for field, with that slot observed alone on the managed server.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterator
 
 import pytest
 
@@ -32,6 +30,7 @@ from dpone.publication.catalog import (
 )
 from dpone.publication.catalog.contents import MEMO
 from tests import chhttp
+from tests.plugins.catalog_queries import idle_by_target, running_as_cat_writer
 from tests.plugins.managed_server import CATALOG_PASSWORD, SESSION_USERS
 
 # cat_writer may ALTER UPDATE dpone_cat_table.target_t (tests/plugins/managed_server.py).
@@ -243,33 +242,6 @@ def test_each_slots_digests_are_kept_by_its_own_rules(database: ServerInfo) -> N
     assert generation is not None and generation.rows == 3
 
 
-@contextmanager
-def running_as_cat_writer(server: ServerInfo, statement: str) -> Iterator[None]:
-    """``statement`` running as cat_writer (a pool user here) for the block."""
-    done: list[chhttp.Answer] = []
-    thread = threading.Thread(
-        target=lambda: done.append(
-            chhttp.post(server.http_port, statement, user="cat_writer", password=CATALOG_PASSWORD)
-        )
-    )
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not chhttp.rows(
-            server.http_port, "SELECT 1 FROM system.processes WHERE user = 'cat_writer'"
-        ):
-            assert time.monotonic() < deadline and thread.is_alive(), done
-            time.sleep(0.05)
-        yield
-    finally:
-        sql(server, "KILL QUERY WHERE user = 'cat_writer' SYNC")
-        thread.join()
-
-
-def by_target(pool: Mapping[str, Mapping[str, Idle]]) -> IdlePool:
-    return lambda slot, generation: dict(pool.get(slot.table, {}))
-
-
 @pytest.mark.parametrize("target_t_holds", [True, False], ids=["held", "idle"])
 def test_each_slot_accounts_its_own_pool_users(database: ServerInfo, target_t_holds: bool) -> None:
     """cat_writer (which may write target_t) runs a SELECT naming target_t. Held by
@@ -285,7 +257,7 @@ def test_each_slot_accounts_its_own_pool_users(database: ServerInfo, target_t_ho
         "SETTINGS max_block_size = 1"
     )
     with running_as_cat_writer(database, statement):
-        cat, _ = catalog(database, idle=by_target(pool))
+        cat, _ = catalog(database, idle=idle_by_target(pool))
         found = together(cat, SLOTS)
         assert found == each_alone(cat, SLOTS)
     seen = found[("target_t", "target_g")].target
@@ -318,7 +290,7 @@ def test_a_logged_write_before_a_slots_own_generation_is_not_its_blocker(
         # The write is cat_writer's as soon as target_t's own window covers it.
         early = [("target_t", "clean_g")]
         cat, _ = catalog(
-            clickhouse, idle=by_target({t: {"cat_writer": Idle(0, False)} for t, _ in slots})
+            clickhouse, idle=idle_by_target({t: {"cat_writer": Idle(0, False)} for t, _ in slots})
         )
         found = together(cat, slots)
         assert found == each_alone(cat, slots)

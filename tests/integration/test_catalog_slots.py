@@ -8,10 +8,7 @@ answer is compared with that slot's own observation on the managed server.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
@@ -23,6 +20,7 @@ from dpone.ports.clickhouse_result import QueryResult
 from dpone.ports.composition_snapshot import Blocker, TargetSlot
 from dpone.publication.catalog import AllowedWriters, ClickHouseSnapshotCatalog, Idle, IdlePool
 from tests import chhttp
+from tests.plugins.catalog_queries import idle_by_target, running_as_cat_writer
 from tests.plugins.managed_server import CATALOG_PASSWORD, SESSION_USERS
 
 # cat_writer may ALTER UPDATE dpone_cat_table.target_t (tests/plugins/managed_server.py).
@@ -150,33 +148,6 @@ def test_each_slot_has_its_own_allowance(database: ServerInfo) -> None:
     assert blocked["clean_t"] == ()
 
 
-@contextmanager
-def running_as_cat_writer(server: ServerInfo, statement: str) -> Iterator[None]:
-    """``statement`` running as cat_writer (a pool user here) for the block."""
-    done: list[chhttp.Answer] = []
-    thread = threading.Thread(
-        target=lambda: done.append(
-            chhttp.post(server.http_port, statement, user="cat_writer", password=CATALOG_PASSWORD)
-        )
-    )
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not chhttp.rows(
-            server.http_port, "SELECT 1 FROM system.processes WHERE user = 'cat_writer'"
-        ):
-            assert time.monotonic() < deadline and thread.is_alive(), done
-            time.sleep(0.05)
-        yield
-    finally:
-        sql(server, "KILL QUERY WHERE user = 'cat_writer' SYNC")
-        thread.join()
-
-
-def _by_target(pool: dict[str, dict[str, Idle]]) -> IdlePool:
-    return lambda slot, generation: pool[slot.table]
-
-
 def test_each_slot_accounts_its_own_pool_users(database: ServerInfo) -> None:
     """cat_writer, which may write target_t, runs a SELECT naming it. For target_t's
     publication it is a pool user no lease holds: its running query counts. For
@@ -195,7 +166,7 @@ def test_each_slot_accounts_its_own_pool_users(database: ServerInfo) -> None:
     )
     with running_as_cat_writer(database, statement):
         for kind, pool in pools.items():
-            cat, _ = catalog(database, idle=_by_target(pool))
+            cat, _ = catalog(database, idle=idle_by_target(pool))
             found = cat.slots_blockers(DB, slots)
             for target, generation in slots:
                 assert judged(found[target]) == alone(cat, target, generation), (kind, target)
