@@ -125,23 +125,28 @@ def _refreshing(options: list[str]) -> subprocess.Popen[str]:
     )
 
 
+def _await_intents(process: subprocess.Popen[str], store: Path, count: int) -> None:
+    """Return once the run stored ``count`` intents (it must still run meanwhile)."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            found = len(SqliteSnapshotStore(store, create=False).list_snapshots())
+        except Exception:  # polled while the refreshes write it
+            found = 0
+        if found >= count:
+            return
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
 def test_the_run_killed_outright_leaves_what_status_names_and_resolves(
     tmp_path: Path, server: dict[str, Any]
 ) -> None:
     config = _project(tmp_path, server, 6, 20_000, "kill")
     store = tmp_path / "store.sqlite"
     process = _refreshing(["--all", "--jobs", "3", "--config", str(config), "--json"])
-    deadline = time.monotonic() + 120
-    while True:  # killed once two intents exist: tables in several phases at once
-        try:
-            found = len(SqliteSnapshotStore(store, create=False).list_snapshots())
-        except Exception:  # polled while the refreshes write it
-            found = 0
-        if found >= 2:
-            break
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
+    _await_intents(process, store, 2)  # killed then: tables in several phases at once
     process.send_signal(signal.SIGKILL)
     out, _ = process.communicate(timeout=60)
     assert process.returncode == -signal.SIGKILL and out == "", out
@@ -170,17 +175,7 @@ def test_a_signal_reaches_every_running_table_once_and_each_says_what_it_left(
     config = _project(tmp_path, server, 6, 20_000, "stop")
     store = tmp_path / "store.sqlite"
     process = _refreshing(["--all", "--jobs", "3", "--config", str(config), "--json"])
-    deadline = time.monotonic() + 120
-    while True:  # stop once three intents exist: three tables are past their stage
-        try:
-            found = len(SqliteSnapshotStore(store, create=False).list_snapshots())
-        except Exception:  # polled while the refreshes write it
-            found = 0
-        if found >= 3:
-            break
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
+    _await_intents(process, store, 3)  # stopped then: three tables are past their stage
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=180)
     assert process.returncode == 128 + signal.SIGINT, (out, err)
