@@ -5,6 +5,7 @@ the sign-in count, the window) shared by all of them (issue 33)."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.connectors.http_connections import POOL
 from dpone.contracts.composition_snapshot import QUERY_ID_PREFIX
 from dpone.errors import StateError
 from dpone.localserver import ServerInfo
@@ -324,3 +326,54 @@ def test_every_users_gate_is_held_in_sorted_order_before_any_lease_ends(
     gate.taken.clear()
     authority.close_principals(given)
     assert gate.taken == sorted(r.user for r in refs)
+
+
+class SlowSamples(CountingCloser):
+    """The closer's transport over a slow link: each sample takes ``delay`` seconds more
+    before it reaches the server."""
+
+    def __init__(self, inner: QueryPort, delay: float) -> None:
+        super().__init__(inner)
+        self.delay = delay
+
+    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
+        if f"{QUERY_ID_PREFIX}-close-sample-" in request.query_id:
+            time.sleep(self.delay)
+        return super().execute(request, deadline=deadline)
+
+
+def test_samples_are_paced_by_the_clock_not_lengthened_by_their_round_trips(
+    pool: Pool,
+) -> None:
+    delay, spacing = 0.06, POLICY.sample_spacing_seconds
+    authority = make_authority(pool, new_gate(), {}, policy=POLICY)
+    authority.closer = SlowSamples(
+        HttpTransport(pool.endpoint(), pool.credentials[CLOSER_USER]), delay
+    )
+    proof = authority.close_principal(pool.issuer.issue(ROLE_INGEST, "paced").ref)
+    assert proof.proven, proof.facts["unproven"]
+    # The window's samples (the last one follows the gate's probe): each began the
+    # spacing after the one before it began, however long its trip took; a sleep of
+    # the spacing after each answer would put them spacing + delay apart.
+    times = [s["at_us"] for s in proof.facts["samples"][: POLICY.samples]]
+    gaps = [(b - a) / 1_000_000 for a, b in itertools.pairwise(times)]
+    assert len(gaps) == POLICY.samples - 1
+    assert all(spacing - 0.005 <= gap < spacing + delay / 2 for gap in gaps), gaps
+
+
+def test_the_sessions_closes_and_probes_are_counted_as_the_closing_threads(pool: Pool) -> None:
+    refs = [
+        pool.issuer.issue(ROLE_INGEST, f"drain{i}-{uuid.uuid4().hex[:6]}").ref for i in range(3)
+    ]
+    sessions = {ref.lease_id: [f"never-opened-{uuid.uuid4().hex}"] for ref in refs}
+    authority = make_authority(pool, new_gate(), sessions, policy=POLICY)
+    before = POOL.thread_traffic()
+    proofs = authority.close_principals(refs)
+    sent = POOL.thread_traffic().since(before)
+    assert all(p.proven for p in proofs), [p.facts["unproven"] for p in proofs]
+    # Each session (never opened) answers its close and the check after it with 372,
+    # and its probe too: three requests a session, sent side by side in threads that
+    # work for this one, on top of the closer's eight.
+    assert [[c["answer"] for c in p.facts["closes"]] for p in proofs] == [[372]] * 3
+    assert [[g["answer"] for g in p.facts["sessions"]] for p in proofs] == [[372]] * 3
+    assert sent.requests == len(ONE_CLOSURE) + 3 * 3

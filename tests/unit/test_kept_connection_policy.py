@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 from collections.abc import Iterator
@@ -10,11 +11,13 @@ import pytest
 
 from dpone.connectors.http_connections import (
     IDLE_PER_KEY,
+    POOL,
     REUSE_MARGIN_SECONDS,
     ConnectionKey,
     ConnectionPool,
     KeepAlive,
     keep_alive,
+    side_by_side,
 )
 
 KEY: ConnectionKey = ("127.0.0.1", 8123, "localhost", False, None)
@@ -157,3 +160,23 @@ def test_a_thread_working_for_another_counts_its_requests_as_that_ones() -> None
     mine = pool.thread_traffic().since(before)
     assert (mine.requests, mine.connections) == (2, 2)  # not the stranger's
     assert pool.traffic().requests == 3  # the process's totals count every one
+
+
+def test_side_by_side_runs_calls_together_answers_in_order_counted_as_the_callers() -> None:
+    # Three calls that each wait for the other two: run one after another, they would
+    # break the barrier.
+    together = threading.Barrier(3, timeout=10)
+    before = POOL.thread_traffic()
+
+    def call(n: int) -> tuple[int, bool]:
+        together.wait()
+        POOL.count(new_connection=n == 0)
+        return n, threading.current_thread() is threading.main_thread()
+
+    answers = side_by_side([functools.partial(call, n) for n in range(3)])
+    assert answers == [(0, False), (1, False), (2, False)]
+    mine = POOL.thread_traffic().since(before)
+    assert (mine.requests, mine.connections) == (3, 1)
+    # One call runs where it is: no thread for it.
+    assert side_by_side([lambda: threading.current_thread()]) == [threading.current_thread()]
+    assert side_by_side([]) == []

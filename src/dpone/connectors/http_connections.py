@@ -18,7 +18,8 @@ import select
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import ParamSpec, Protocol, TypeVar
 
@@ -298,3 +299,14 @@ def tls_context(endpoint: Endpoint) -> ssl.SSLContext | None:
 POOL = ConnectionPool()
 """The process's pool, shared by every :class:`~dpone.connectors.clickhouse_http.HttpTransport`."""
 os.register_at_fork(after_in_child=POOL.after_fork)
+
+
+def side_by_side(calls: Sequence[Callable[[], T]]) -> list[T]:
+    """Each call's result, in the order given. Several independent requests run in
+    threads of their own (one round trip for them all, not one each), their traffic
+    counted as the caller's (:meth:`ConnectionPool.carried`); one runs where it is."""
+    if len(calls) <= 1:
+        return [call() for call in calls]
+    with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="dpone-beside") as run:
+        answers = [run.submit(POOL.carried(call)) for call in calls]
+        return [answer.result() for answer in answers]

@@ -16,10 +16,12 @@ authority"); the sharing in docs/publication.md ("Many tables in one run").
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpone.connectors.http_connections import side_by_side
 from dpone.errors import DponeError
 from dpone.localserver.principal_pool import ROLE_INGEST
 from dpone.ports.clickhouse import QueryPort
@@ -144,11 +146,19 @@ class LeaseCloser:
         return proofs
 
     def _prove(self, closing: list[_Closing], started_us: int) -> list[ClosureProof]:
+        # Each opened session is closed first (as its own user, every session of every
+        # lease side by side); only one the close did not end is waited out.
+        closes = side_by_side(
+            [
+                functools.partial(self.drain.close, c.principal.user, s)
+                for c in closing
+                for s in c.scope.sessions
+                if s.may_exist
+            ]
+        )
         for c in closing:
-            # Each opened session is closed first; only one the close did not end is
-            # waited out.
-            user, sessions = c.principal.user, c.scope.sessions
-            c.closes = [self.drain.close(user, s) for s in sessions if s.may_exist]
+            sessions = c.scope.sessions
+            c.closes = [closes.pop(0) for s in sessions if s.may_exist]
             ended = [x["session_id"] for x in c.closes if x["ended"]]
             c.wait = self.drain.fallback_seconds(sessions, ended)
             # The closure's own requests as the user (its closes, then its probes) may
@@ -158,12 +168,24 @@ class LeaseCloser:
             ]
         # One window for every lease: as long as the longest wait of them all.
         gate_at = self.clock() + max(c.wait for c in closing)
+        spacing = self.policy.sample_spacing_seconds
+        # Paced by the clock: each sample begins the spacing after the one before it
+        # began, so a sample's own round trip does not lengthen the window.
+        began = self.clock()
         self._sample(closing)
         while len(closing[0].samples) < self.policy.samples or self.clock() < gate_at:
-            self.sleep(self.policy.sample_spacing_seconds)
+            self.sleep(max(began + spacing - self.clock(), 0.0))
+            began = self.clock()
             self._sample(closing)
+        probes = side_by_side(
+            [
+                functools.partial(self.drain.probe, c.principal.user, s)
+                for c in closing
+                for s in c.scope.sessions
+            ]
+        )
         for c in closing:
-            c.gates = [self.drain.probe(c.principal.user, s) for s in c.scope.sessions]
+            c.gates = [probes.pop(0) for _ in c.scope.sessions]
             c.own += [str(g["probe_query_id"]) for g in c.gates]
         self._sample(closing)
         accounts, first = self._account(closing, started_us)
