@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dpone.connectors.clickhouse_http import HttpTransport
+from dpone.connectors.clickhouse_http import HttpTransport, resolve_ipv4_and_ipv6
 from dpone.connectors.http_connections import POOL
 from dpone.errors import ConfigurationError
 from dpone.ports.clickhouse_errors import (
@@ -205,6 +205,21 @@ def test_address_drift_and_ambiguous_endpoints_are_refused() -> None:
             resolver=lambda h, p: ["10.0.0.1", "10.0.0.2"],
         )
     assert ambiguous.value.code == "ambiguous_endpoint"
+
+
+def test_an_address_written_out_is_not_looked_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+
+    def lookup(host: str, port: int, **_: object) -> list[tuple[object, ...]]:
+        asked.append(host)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.1.2.3", port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    assert resolve_ipv4_and_ipv6("127.0.0.1", 8123) == ["127.0.0.1"]
+    assert resolve_ipv4_and_ipv6("::1", 8123) == ["::1"]
+    assert asked == []
+    assert resolve_ipv4_and_ipv6("db.example", 8123) == ["10.1.2.3"]
+    assert asked == ["db.example"]
 
 
 def test_connect_refused_is_not_submitted() -> None:

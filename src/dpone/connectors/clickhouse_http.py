@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
+import ipaddress
 import json
 import os
 import re
@@ -63,7 +64,10 @@ Resolver = Callable[[str, int], list[str]]
 
 
 def resolve_ipv4_and_ipv6(host: str, port: int) -> list[str]:
-    """All addresses of ``host``, sorted, via ``getaddrinfo``."""
+    """All addresses of ``host``, sorted, via ``getaddrinfo`` (an address written out
+    is itself, without a lookup: it is asked before every request)."""
+    with contextlib.suppress(ValueError):
+        return [str(ipaddress.ip_address(host))]
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return sorted({str(info[4][0]) for info in infos})
 

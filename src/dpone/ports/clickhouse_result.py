@@ -57,7 +57,7 @@ class QueryResult:
                 **{**where, "byte_offset": offset + exc.start},
             ) from exc
         try:
-            row = json.loads(text, parse_float=_refuse_float, parse_constant=_refuse_float)
+            row = _DECODER.decode(text)
         except ValueError as exc:
             raise OutcomeUnknown(
                 f"control output line {number} of query {self.query_id} is not a JSON row",
@@ -75,3 +75,7 @@ class QueryResult:
 
 def _refuse_float(text: str) -> Any:
     raise ValueError(f"non-integer number {text} in control output")
+
+
+# One decoder for every row (json.loads with options builds a new one each call).
+_DECODER = json.JSONDecoder(parse_float=_refuse_float, parse_constant=_refuse_float)
