@@ -20,9 +20,21 @@ from dpone.connectors.endpoint_identity import EndpointIdentityError, observe_pr
 from dpone.connectors.http_connections import POOL
 from dpone.localserver import ServerInfo, admin_credentials
 from dpone.ports.clickhouse_request import ClickHouseRequest, Credentials, Endpoint
+from dpone.ports.clickhouse_result import QueryResult
+from dpone.sinks import ClickHouseSink
+from dpone.staging.composition import build_transport
 from tests import chhttp
 from tests.plugins.managed_server import STAGER_PASSWORD
-from tests.plugins.staging import DB, export_hostile, interfering_sink
+from tests.plugins.staging import (
+    DB,
+    Interfering,
+    Wrapped,
+    config,
+    export_hostile,
+    interfering_sink,
+    runner,
+    states,
+)
 
 pytestmark = pytest.mark.usefixtures("staging_database")  # the databases, for every test here
 
@@ -84,3 +96,43 @@ def test_a_user_who_may_not_read_system_users_is_still_checked(clickhouse: Serve
             deadline=time.monotonic() + 30,
         )
     assert caught.value.code == "principal_mismatch"
+
+
+def test_a_batch_over_the_response_budget_is_asked_read_by_read(
+    clickhouse: ServerInfo, tmp_path: Path
+) -> None:
+    path, receipt, data = export_hostile(tmp_path)
+    sizes: dict[str, int] = {}
+
+    def measure(request: ClickHouseRequest, inner: Any, deadline: float) -> QueryResult:
+        result: QueryResult = inner.execute(request, deadline=deadline)
+        sizes[re.sub(r".*-read-([a-z_]+)-.*", r"\1", request.query_id)] = len(result.output)
+        return result
+
+    cfg = config(clickhouse, tmp_path / "work")
+    ClickHouseSink(
+        cfg, runner_factory=runner(Wrapped(build_transport(cfg), measure))
+    ).stage_validated_file(path, receipt, attempt_id="sizes-1")
+    # A budget the batch after the CREATE fits in (with room for the chunks' framing),
+    # the one after the INSERT (the same reads and more) does not.
+    budget = sizes["table"] + 64
+    assert sizes["verify"] > budget + 64, sizes
+    sent: list[str] = []
+
+    def record(request: ClickHouseRequest) -> None:
+        sent.append(re.sub(r"-[0-9]+", "", request.query_id.split("-budget-1-", 1)[-1]))
+
+    inner = HttpTransport(cfg.endpoint, cfg.credentials, body_budget=budget)
+    staged = ClickHouseSink(
+        cfg, runner_factory=runner(Interfering(inner, record))
+    ).stage_validated_file(path, receipt, attempt_id="budget-1")
+    assert staged.rows == len(data)
+    assert states(staged.journal_path)[-1] == "staged"
+    # The batch is asked again read by read, each with its own checks.
+    assert sent[sent.index("insert") + 1 :] == [
+        "read-verify",
+        "read-identity-endpoint",
+        "read-table",
+        "read-count",
+        "read-stored_bytes",
+    ]

@@ -26,6 +26,7 @@ from dpone.connectors.endpoint_identity import (
     observe_identity,
 )
 from dpone.contracts.preparation import TargetColumn
+from dpone.errors import TransportError
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_errors import ClickHouseServerError
 from dpone.ports.clickhouse_request import read
@@ -88,6 +89,8 @@ def qualified_name(database: str, table: str) -> str:
 # Each read's rows, as the JSONEachRow lines it would have answered on its own.
 _BATCHED = "(SELECT groupArray(formatRowNoNewline('JSONEachRow', *)) FROM ({sql})) AS r_{name}"
 ENDPOINT = "endpoint"
+# A batch answer over the transport's response budget (HTTP, client).
+_TOO_LARGE = frozenset({"response_body_budget_exceeded", "output_budget_exceeded"})
 
 
 class StagingTableChecks:
@@ -126,8 +129,8 @@ class StagingTableChecks:
         """Ask ``reads`` of ``table`` (``table``, ``columns``, ``count``, ``stored_bytes``)
         and, with ``endpoint``, the endpoint's identity, in one request (``purpose``)
         for the checks that will take them. Only a saving of round trips: a batch the
-        server refused, or answered in another shape, keeps nothing; a batch lost or late
-        is that read's failure, as the first of its reads would have had it.
+        server refused, answered over the response budget or in another shape keeps
+        nothing; a batch lost or late is the failure its first read would have had.
         """
         columns = [_BATCHED.format(sql=self._sql(name, table), name=name) for name in reads]
         if endpoint:
@@ -140,6 +143,10 @@ class StagingTableChecks:
             )
         except ClickHouseServerError:
             return  # it ran and failed: each check asks its own read, for its own error
+        except TransportError as exc:
+            if exc.code not in _TOO_LARGE:
+                raise  # lost, cut or late: the failure of the first read it holds
+            return  # too large together: each check asks its own read
         rows = result.json_rows()
         answers: list[list[str]] = []
         for name in reads:
