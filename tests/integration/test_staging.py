@@ -163,7 +163,7 @@ def test_table_altered_between_checks_is_refused(clickhouse: ServerInfo, tmp_pat
 
     def alter(request: ClickHouseRequest) -> None:
         nonlocal seen
-        if "-read-table-" in request.query_id:
+        if "-read-table-" in request.query_id or "-read-verify-" in request.query_id:
             seen += 1
             if seen == 2:  # after the INSERT, before the second identity check
                 chhttp.query(
@@ -352,7 +352,7 @@ def test_verification_deadline_after_the_insert(clickhouse: ServerInfo, tmp_path
     now = [0.0]
 
     def jump(request: ClickHouseRequest) -> None:
-        if "-read-count-" in request.query_id:
+        if "-read-verify-" in request.query_id:  # the first read after the INSERT
             now[0] += 10_000.0  # the verification phase overruns
 
     from dpone.connectors.clickhouse_http import HttpTransport
@@ -368,7 +368,7 @@ def test_verification_deadline_after_the_insert(clickhouse: ServerInfo, tmp_path
     )
     with pytest.raises(DponeError) as caught:
         svc.stage(ContractValidatedFileArtifact(path, receipt), "late-verify-1")
-    # The COUNT request finds the verification deadline already spent and is never sent.
+    # The reads after the INSERT find the verification deadline spent: never sent.
     assert caught.value.code == "transport_deadline" and caught.value.details["submitted"] is False
     assert states(tmp_path / "work" / "late-verify-1")[-1] == "failed_cleaned"
     assert not table_exists(clickhouse, "dpone_stage_late_hverify_h1")

@@ -33,6 +33,7 @@ from tests.plugins.managed_server import STAGER_PASSWORD
 from tests.plugins.staging import (
     DB,
     Interfering,
+    Replacement,
     Wrapped,
     config,
     documents,
@@ -49,8 +50,8 @@ pytestmark = pytest.mark.usefixtures("staging_database")  # the databases, for e
 WRONG_COUNT = fake_count(b'{"n":1}\n')  # the primary failure: count_mismatch, after INSERT
 
 
-def chain(*hooks: Callable[[ClickHouseRequest], QueryResult | None]) -> Any:
-    def hook(request: ClickHouseRequest) -> QueryResult | None:
+def chain(*hooks: Callable[[ClickHouseRequest], Replacement]) -> Any:
+    def hook(request: ClickHouseRequest) -> Replacement:
         replaced = None
         for h in hooks:
             replaced = h(request) or replaced
@@ -69,7 +70,7 @@ def test_completion_belongs_to_the_verification_deadline(
     now = [0.0]
 
     def slow_load(request: ClickHouseRequest) -> None:
-        if "-read-count-" in request.query_id:
+        if "-read-verify-" in request.query_id:  # the first read after the INSERT
             now[0] += 1000.0  # the load took longer than the whole preparation deadline
 
     cfg = config(

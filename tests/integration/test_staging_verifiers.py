@@ -8,20 +8,26 @@ a failure at admission leaves its record, and the error carries it.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dpone.errors import DponeError
 from dpone.localserver import ServerInfo
 from dpone.ports.clickhouse_request import ClickHouseRequest
-from dpone.ports.clickhouse_result import QueryResult
 from dpone.sinks import ClickHouseSink
 from dpone.staging.contract import StagingPolicy
 from dpone.staging.journal import ClickHouseFileAttemptJournal, read_events
-from tests import chhttp
-from tests.plugins.staging import config, export_hostile, interfering_sink, states, table_exists
+from tests.plugins.staging import (
+    Replacement,
+    config,
+    export_hostile,
+    interfering_sink,
+    rewrite_read,
+    states,
+    table_exists,
+)
 
 pytestmark = pytest.mark.usefixtures("staging_database")  # the databases, for every test here
 
@@ -36,15 +42,16 @@ def test_a_control_row_without_a_member_is_a_coded_error(
     path, receipt, _ = export_hostile(tmp_path)
     seen: list[str] = []
 
-    def incomplete(request: ClickHouseRequest) -> QueryResult | None:
-        if f"-read-{purpose}-" not in request.query_id or seen:
-            return None
-        seen.append(request.query_id)  # the first one: right after the CREATE
-        rows = chhttp.query(clickhouse.http_port, request.statement).splitlines()
-        first, *rest = (json.loads(r) for r in rows)
+    def without(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        first, *rest = rows
         del first[drop]
-        body = "".join(json.dumps(r) + "\n" for r in [first, *rest]).encode()
-        return QueryResult(request.query_id, body, None, None, "http")
+        return [first, *rest]
+
+    def incomplete(request: ClickHouseRequest) -> Replacement:
+        if "-read-table-" not in request.query_id or seen:
+            return None
+        seen.append(request.query_id)  # the first one (table and columns): after the CREATE
+        return rewrite_read(purpose, without)
 
     attempt = f"incomplete-{purpose}-{drop}"
     with pytest.raises(DponeError) as caught:

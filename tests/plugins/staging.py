@@ -4,6 +4,8 @@ a stager child killed mid-journal."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import sqlite3
 import subprocess
@@ -85,10 +87,15 @@ def states(attempt_dir: Path) -> list[str]:
     return [e.document["state"] for e in read_events(attempt_dir)]
 
 
+# A hook's answer: the result to hand on instead of the server's, or a function that
+# makes it from the server's result, or None (the server's result, as it is).
+Replacement = QueryResult | Callable[[QueryResult], QueryResult] | None
+
+
 class Interfering:
     """A real transport with a hook that runs before chosen requests (faults a server cannot make)."""
 
-    def __init__(self, inner: Any, hook: Callable[[ClickHouseRequest], QueryResult | None]) -> None:
+    def __init__(self, inner: Any, hook: Callable[[ClickHouseRequest], Replacement]) -> None:
         self.inner = inner
         self.name = inner.name
         self.endpoint = inner.endpoint
@@ -96,8 +103,24 @@ class Interfering:
 
     def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
         replaced = self.hook(request)
-        result = self.inner.execute(request, deadline=deadline)
+        result: QueryResult = self.inner.execute(request, deadline=deadline)
+        if callable(replaced):
+            return replaced(result)
         return replaced if replaced is not None else result
+
+
+def rewrite_read(
+    read: str, change: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+) -> Callable[[QueryResult], QueryResult]:
+    """The batched result with the rows of its ``read`` (``table``, ``count``...) changed."""
+
+    def rewrite(result: QueryResult) -> QueryResult:
+        [row] = result.json_rows()
+        rows = [json.loads(line) for line in row[f"r_{read}"]]
+        row[f"r_{read}"] = [json.dumps(r) for r in change(rows)]
+        return dataclasses.replace(result, output=json.dumps(row).encode() + b"\n")
+
+    return rewrite
 
 
 def runner(inner: Any) -> Any:
@@ -113,7 +136,7 @@ def runner(inner: Any) -> Any:
 def interfering_sink(
     info: ServerInfo,
     work: Path,
-    hook: Callable[[ClickHouseRequest], QueryResult | None],
+    hook: Callable[[ClickHouseRequest], Replacement],
     **policy: Any,
 ) -> ClickHouseSink:
     """The public sink whose service runs through a real transport with ``hook``."""
@@ -121,8 +144,13 @@ def interfering_sink(
     return ClickHouseSink(cfg, runner_factory=runner(Interfering(build_transport(cfg), hook)))
 
 
-def fake_count(output: bytes) -> Callable[[ClickHouseRequest], QueryResult | None]:
-    def hook(request: ClickHouseRequest) -> QueryResult | None:
+def fake_count(output: bytes) -> Callable[[ClickHouseRequest], Replacement]:
+    """COUNT answers ``output``: in the batch read after the INSERT, or on its own."""
+    lines = output.splitlines()
+
+    def hook(request: ClickHouseRequest) -> Replacement:
+        if "-read-verify-" in request.query_id:
+            return rewrite_read("count", lambda _: [json.loads(line) for line in lines])
         if "-read-count-" in request.query_id:
             return QueryResult(request.query_id, output, None, None, "http")
         return None

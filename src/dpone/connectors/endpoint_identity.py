@@ -124,12 +124,37 @@ def observe_identity(
     # The server's identity, the identity database's and the target database's rows in
     # one request: one round trip, and one moment of the server for all three.
     query_id = f"{probe_prefix}-endpoint"
-    row = _one(transport, _endpoint_sql(database), query_id, deadline, *_ENDPOINT_MEMBERS)
-    identities, uuids, engines = (_texts(row, m, query_id) for m in _ENDPOINT_MEMBERS[1:])
+    rows = _rows(transport, _endpoint_sql(database), query_id, deadline)
+    return identity_of_rows(
+        transport,
+        database,
+        rows,
+        query_id,
+        probe_prefix=probe_prefix,
+        deadline=deadline,
+        establish=establish,
+    )
+
+
+def identity_of_rows(
+    transport: QueryPort,
+    database: str,
+    rows: list[dict[str, Any]],
+    query_id: str,
+    *,
+    probe_prefix: str,
+    deadline: float,
+    establish: Callable[[str], object] | None = None,
+) -> EndpointIdentity:
+    """The identity :func:`observe_identity` proves from ``rows``, the answer of query
+    ``query_id`` to a SELECT of :func:`endpoint_columns` (alone or with other columns).
+    """
+    row = _one_row(rows, "endpoint identity", query_id, *ENDPOINT_MEMBERS)
+    identities, uuids, engines = (_texts(row, m, query_id) for m in ENDPOINT_MEMBERS[1:])
     server_id, source = _text(row, "id", query_id), SOURCE_SERVER_UUID
     if server_id == NIL_UUID:
         server_id, source = (
-            _dpone_identity(transport, identities, probe_prefix, deadline, establish),
+            _dpone_identity(transport, identities, probe_prefix, deadline, establish, query_id),
             SOURCE_DPONE_TABLE,
         )
     if not uuids:
@@ -158,7 +183,7 @@ def observe_identity(
     return EndpointIdentity(server_id, source, database, uuids[0], engines[0])
 
 
-_ENDPOINT_MEMBERS = ("id", "identity", "database_uuid", "database_engine")
+ENDPOINT_MEMBERS = ("id", "identity", "database_uuid", "database_engine")
 # An aggregate over nothing (a database that does not exist) answers an empty array,
 # whatever a user's profile sets (empty_result_for_aggregation_by_empty_set = 1 would
 # make the scalar subquery an error).
@@ -169,16 +194,21 @@ _IDENTITY_SQL = (
 )
 
 
-def _endpoint_sql(database: str) -> str:
-    """serverUUID(), and as arrays (empty: no such database) the identity database's
-    UUID and the target database's UUID and engine."""
+def endpoint_columns(database: str) -> str:
+    """The select list of the endpoint read (:data:`ENDPOINT_MEMBERS`): serverUUID(),
+    and as arrays (empty: no such database) the identity database's UUID and the target
+    database's UUID and engine. Its statement needs :data:`EMPTY_SET_ANSWERS`."""
     named = f"FROM system.databases WHERE name = {quote_literal(database)}"
     return (
-        "SELECT toString(serverUUID()) AS id, "
+        "toString(serverUUID()) AS id, "
         f"(SELECT groupArray(uuid) FROM ({_IDENTITY_SQL})) AS identity, "
         f"(SELECT groupArray(toString(uuid)) {named}) AS database_uuid, "
-        f"(SELECT groupArray(engine) {named}) AS database_engine{EMPTY_SET_ANSWERS}"
+        f"(SELECT groupArray(engine) {named}) AS database_engine"
     )
+
+
+def _endpoint_sql(database: str) -> str:
+    return f"SELECT {endpoint_columns(database)}{EMPTY_SET_ANSWERS}"
 
 
 def _text(row: dict[str, Any], member: str, query_id: str) -> str:
@@ -223,7 +253,7 @@ def observe_server_id(
     if server_id != NIL_UUID:
         return server_id, SOURCE_SERVER_UUID
     identities = _texts(row, "identity", query_id)
-    return _dpone_identity(transport, identities, probe_prefix, deadline, establish), (
+    return _dpone_identity(transport, identities, probe_prefix, deadline, establish, query_id), (
         SOURCE_DPONE_TABLE
     )
 
@@ -234,12 +264,12 @@ def _dpone_identity(
     probe_prefix: str,
     deadline: float,
     establish: Callable[[str], object] | None,
+    query_id: str,
 ) -> str:
     # The database's own UUID, assigned by the server at creation and persisted with
     # it, is the identity: it needs no data rows. It is created only when missing, so
     # a user without CREATE DATABASE can stage once an administrator created it.
     rows = [{"uuid": uuid} for uuid in identities]
-    query_id = f"{probe_prefix}-endpoint"
     if not rows and establish is not None:
         try:
             establish(IDENTITY_CREATE)
@@ -271,27 +301,35 @@ def observe_principal(
     """``{"user", "user_uuid"}``: the user the server says it serves, and its id.
 
     The server must name the user the credentials name (``user``; None takes the
-    server's word). ``system.users`` needs a grant
+    server's word). Both are asked in one request. ``system.users`` needs a grant
     that a user limited to its databases lacks (checked on the managed server: code
-    497); then ``user_uuid`` is None and only an administrator can observe it
-    (:func:`observe_user_uuid`).
+    497); then ``currentUser()`` is asked alone, ``user_uuid`` is None and only an
+    administrator can observe it (:func:`observe_user_uuid`).
     """
-    row = _one(transport, "SELECT currentUser() AS user", f"{probe_prefix}-user", deadline, "user")
+    query_id = f"{probe_prefix}-user"
+    named = "currentUser()" if user is None else quote_literal(user)
+    both = (
+        "SELECT currentUser() AS user, (SELECT groupArray(toString(id)) FROM system.users "
+        f"WHERE name = {named}) AS ids{EMPTY_SET_ANSWERS}"
+    )
+    try:
+        row = _one(transport, both, query_id, deadline, "user", "ids")
+    except ClickHouseServerError as exc:
+        if exc.details.get("clickhouse_code") not in (ACCESS_DENIED, str(ACCESS_DENIED)):
+            raise
+        query_id = f"{probe_prefix}-user-only"
+        row = _one(transport, "SELECT currentUser() AS user", query_id, deadline, "user")
     user = user if user is not None else str(row["user"])
     if row["user"] != user:
         raise EndpointIdentityError(
             f"the server serves user {row['user']!r}, the credentials name {user!r}",
             code="principal_mismatch",
         )
-    try:
-        uuid = observe_user_uuid(
-            transport, user, query_id=f"{probe_prefix}-user-id", deadline=deadline
-        )
-    except ClickHouseServerError as exc:
-        if exc.details.get("clickhouse_code") not in (ACCESS_DENIED, str(ACCESS_DENIED)):
-            raise
-        uuid = None
-    return {"user": user, "user_uuid": uuid}
+    if "ids" not in row:
+        return {"user": user, "user_uuid": None}
+    ids = [{"id": i} for i in _texts(row, "ids", query_id)]
+    uuid = _one_row(ids, f"the id of user {user!r}", query_id, "id")["id"]
+    return {"user": user, "user_uuid": str(uuid)}
 
 
 def observe_user_uuid(transport: QueryPort, user: str, *, query_id: str, deadline: float) -> str:

@@ -68,12 +68,7 @@ from dpone.staging.run import (
     settlement,
 )
 from dpone.staging.states import StageState
-from dpone.staging.table_checks import (
-    EndpointChanged,
-    StagingTableChecks,
-    check_endpoint,
-    qualified_name,
-)
+from dpone.staging.table_checks import EndpointChanged, StagingTableChecks, qualified_name
 from dpone.typepolicy import plan_columns
 
 S = StageState
@@ -376,9 +371,11 @@ class ClickHouseValidatedFileService:
         deadline: float,
     ) -> int:
         """Everything after the INSERT, under the verification deadline."""
-        # The endpoint first: elsewhere, a missing table would read as "never created".
-        self._check_endpoint(run, deadline, "after the INSERT")
         checks = self._checks(run)
+        reads = ("table", "columns", "count", "stored_bytes")
+        checks.prefetch("verify", table, reads, deadline, endpoint=True)  # one round trip
+        # The endpoint first: elsewhere, a missing table would read as "never created".
+        self._check_endpoint(run, deadline, "after the INSERT", checks)
         again = checks.identity(table, comment, prepared.identity.target_schema, deadline)
         if again != run.table_uuid:
             raise StagingError(
@@ -402,13 +399,13 @@ class ClickHouseValidatedFileService:
         self._check_deadline(deadline, "completion")
         return count
 
-    def _check_endpoint(self, run: AttemptRun, deadline: float, when: str) -> None:
-        check_endpoint(
-            self.transport,
-            self.database,
+    def _check_endpoint(
+        self, run: AttemptRun, deadline: float, when: str, checks: StagingTableChecks | None = None
+    ) -> None:
+        (checks or self._checks(run)).endpoint(
             run.base["endpoint_identity"],
             probe_prefix=self._read_id(run, "identity"),
-            deadline=self._bounded(deadline),
+            deadline=deadline,
             when=when,
         )
 

@@ -3,17 +3,32 @@
 Reads only: the name is free before the CREATE; after it, the table is the one this
 attempt made (UUID, engine, physical design, columns, ownership comment) and, after
 the INSERT, holds exactly the prepared rows. Every refusal is a :class:`StagingError`.
+
+Reads the service knows it will make are asked together first, in one request
+(:meth:`StagingTableChecks.prefetch`): each check then takes its own rows from that
+answer, in the same order and with the same checks, naming the batch's query id. A
+batch the server refused (a missing table, a missing grant) or answered in another
+shape keeps nothing: each check then asks its own read, as if there were no batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dpone.connectors.clickhouse_tables import table_exists
-from dpone.connectors.endpoint_identity import NIL_UUID, observe_identity
+from dpone.connectors.endpoint_identity import (
+    EMPTY_SET_ANSWERS,
+    NIL_UUID,
+    endpoint_columns,
+    identity_of_rows,
+    observe_identity,
+)
 from dpone.contracts.preparation import TargetColumn
+from dpone.errors import TransportError
 from dpone.ports.clickhouse import QueryPort
+from dpone.ports.clickhouse_errors import ClickHouseServerError
 from dpone.ports.clickhouse_request import read
 from dpone.sql import quote_identifier, quote_literal
 from dpone.staging.contract import PhysicalDesign, StagingError
@@ -37,11 +52,26 @@ def check_endpoint(
     probe_prefix: str,
     deadline: float,
     when: str,
+    answered: tuple[str, list[dict[str, Any]]] | None = None,
 ) -> None:
-    """Refuse an endpoint whose identity is no longer ``before`` (the attempt's)."""
-    now = observe_identity(
-        transport, database, probe_prefix=probe_prefix, deadline=deadline
-    ).to_document()
+    """Refuse an endpoint whose identity is no longer ``before`` (the attempt's).
+
+    ``answered``: the query id and rows of a batch that already read the endpoint.
+    """
+    if answered is None:
+        identity = observe_identity(
+            transport, database, probe_prefix=probe_prefix, deadline=deadline
+        )
+    else:
+        identity = identity_of_rows(
+            transport,
+            database,
+            answered[1],
+            answered[0],
+            probe_prefix=probe_prefix,
+            deadline=deadline,
+        )
+    now = identity.to_document()
     if now != before:
         raise EndpointChanged(
             f"the endpoint's identity changed during the attempt: {now} {when}, "
@@ -54,6 +84,13 @@ def check_endpoint(
 def qualified_name(database: str, table: str) -> str:
     """``database.table``, both quoted."""
     return f"{quote_identifier(database)}.{quote_identifier(table)}"
+
+
+# Each read's rows, as the JSONEachRow lines it would have answered on its own.
+_BATCHED = "(SELECT groupArray(formatRowNoNewline('JSONEachRow', *)) FROM ({sql})) AS r_{name}"
+ENDPOINT = "endpoint"
+# A batch answer over the transport's response budget (HTTP, client).
+_TOO_LARGE = frozenset({"response_body_budget_exceeded", "output_budget_exceeded"})
 
 
 class StagingTableChecks:
@@ -77,6 +114,88 @@ class StagingTableChecks:
         self.design = design
         self._read_id = read_id
         self._bounded = bounded
+        # A prefetched answer per read (ENDPOINT: the endpoint's): its query id, its rows.
+        self._ready: dict[str, tuple[str, list[dict[str, Any]]]] = {}
+
+    def prefetch(
+        self,
+        purpose: str,
+        table: str,
+        reads: Sequence[str],
+        deadline: float,
+        *,
+        endpoint: bool = False,
+    ) -> None:
+        """Ask ``reads`` of ``table`` (``table``, ``columns``, ``count``, ``stored_bytes``)
+        and, with ``endpoint``, the endpoint's identity, in one request (``purpose``)
+        for the checks that will take them. Only a saving of round trips: a batch the
+        server refused, answered over the response budget or in another shape keeps
+        nothing; a batch lost or late is the failure its first read would have had.
+        """
+        columns = [_BATCHED.format(sql=self._sql(name, table), name=name) for name in reads]
+        if endpoint:
+            columns.insert(0, endpoint_columns(self.database))
+        query_id = self._read_id(purpose)
+        statement = f"SELECT {', '.join(columns)}{EMPTY_SET_ANSWERS} FORMAT JSONEachRow"
+        try:
+            result = self.transport.execute(
+                read(statement, query_id), deadline=self._bounded(deadline)
+            )
+        except ClickHouseServerError:
+            return  # it ran and failed: each check asks its own read, for its own error
+        except TransportError as exc:
+            if exc.code not in _TOO_LARGE:
+                raise  # lost, cut or late: the failure of the first read it holds
+            return  # too large together: each check asks its own read
+        rows = result.json_rows()
+        answers: list[list[str]] = []
+        for name in reads:
+            lines = rows[0].get(f"r_{name}") if len(rows) == 1 else None
+            if not isinstance(lines, list) or not all(isinstance(x, str) for x in lines):
+                return  # an answer of another shape: each check asks its own read
+            answers.append(lines)
+        for name, answer in zip(reads, answers, strict=True):
+            text = "".join(f"{line}\n" for line in answer).encode("utf-8")
+            self._ready[name] = (query_id, dataclasses.replace(result, output=text).json_rows())
+        if endpoint:
+            row = {k: v for k, v in rows[0].items() if not k.startswith("r_")}
+            self._ready[ENDPOINT] = (query_id, [row])
+
+    def _sql(self, name: str, table: str) -> str:
+        """The SELECT of the read ``name`` about ``table`` (without FORMAT)."""
+        database, named = quote_literal(self.database), quote_literal(table)
+        if name == "table":
+            return (
+                "SELECT toString(uuid) AS uuid, engine, is_temporary, sorting_key, "
+                f"partition_key FROM system.tables WHERE database = {database} AND name = {named}"
+            )
+        if name == "columns":
+            return (
+                "SELECT name, type, comment FROM system.columns "
+                f"WHERE database = {database} AND table = {named} ORDER BY position"
+            )
+        if name == "count":
+            return f"SELECT count() AS n FROM {qualified_name(self.database, table)}"
+        if name == "stored_bytes":
+            return (
+                "SELECT total_bytes AS b FROM system.tables "
+                f"WHERE database = {database} AND name = {named}"
+            )
+        raise ValueError(f"no staging read {name!r}")
+
+    def endpoint(
+        self, before: Mapping[str, Any], *, probe_prefix: str, deadline: float, when: str
+    ) -> None:
+        """:func:`check_endpoint`, on the prefetched answer if there is one."""
+        check_endpoint(
+            self.transport,
+            self.database,
+            before,
+            probe_prefix=probe_prefix,
+            deadline=self._bounded(deadline),
+            when=when,
+            answered=self._ready.pop(ENDPOINT, None),
+        )
 
     def absent(self, table: str, deadline: float) -> None:
         """Refuse a ``table`` that exists before this attempt created it."""
@@ -96,10 +215,10 @@ class StagingTableChecks:
         self, table: str, comment: str, schema: Sequence[TargetColumn], deadline: float
     ) -> str:
         """The UUID of ``table``, once it is proven the one this attempt created."""
+        if "table" not in self._ready:
+            self.prefetch("table", table, ("table", "columns"), deadline)
         rows = self._control_rows(
-            "SELECT toString(uuid) AS uuid, engine, is_temporary, sorting_key, partition_key "
-            f"FROM system.tables WHERE database = {quote_literal(self.database)} "
-            f"AND name = {quote_literal(table)}",
+            table,
             "table",
             ("uuid", "engine", "is_temporary", "sorting_key", "partition_key"),
             deadline,
@@ -121,14 +240,7 @@ class StagingTableChecks:
             or t["partition_key"] != self.design.expected_partition_key
         ):
             problems.append("physical design differs")
-        cols = self._control_rows(
-            "SELECT name, type, comment FROM system.columns "
-            f"WHERE database = {quote_literal(self.database)} AND table = {quote_literal(table)} "
-            "ORDER BY position",
-            "columns",
-            ("name", "type", "comment"),
-            deadline,
-        )
+        cols = self._control_rows(table, "columns", ("name", "type", "comment"), deadline)
         expected = [{"name": c.name, "type": c.clickhouse_type} for c in schema]
         if [{"name": c["name"], "type": c["type"]} for c in cols] != expected:
             problems.append("columns differ from the prepared schema")
@@ -142,14 +254,23 @@ class StagingTableChecks:
             )
         return str(t["uuid"])
 
+    def _answer(
+        self, table: str, purpose: str, deadline: float
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """The query id and rows of the read ``purpose``: prefetched, or asked now."""
+        ready = self._ready.pop(purpose, None)
+        if ready is not None:
+            return ready
+        query_id = self._read_id(purpose)
+        statement = f"{self._sql(purpose, table)} FORMAT JSONEachRow"
+        result = self.transport.execute(read(statement, query_id), deadline=self._bounded(deadline))
+        return query_id, result.json_rows()
+
     def _control_rows(
-        self, statement: str, purpose: str, members: Sequence[str], deadline: float
+        self, table: str, purpose: str, members: Sequence[str], deadline: float
     ) -> list[dict[str, Any]]:
         """The rows of one control read; each must carry every member asked for."""
-        query_id = self._read_id(purpose)
-        rows = self.transport.execute(
-            read(f"{statement} FORMAT JSONEachRow", query_id), deadline=self._bounded(deadline)
-        ).json_rows()
+        query_id, rows = self._answer(table, purpose, deadline)
         for ordinal, row in enumerate(rows, start=1):
             missing = [m for m in members if not isinstance(row, dict) or m not in row]
             if missing:
@@ -165,14 +286,7 @@ class StagingTableChecks:
 
     def count(self, table: str, deadline: float) -> int:
         """The exact row count of ``table``, as an integer the server returned."""
-        rows = self.transport.execute(
-            read(
-                f"SELECT count() AS n FROM {qualified_name(self.database, table)} "
-                "FORMAT JSONEachRow",
-                self._read_id("count"),
-            ),
-            deadline=self._bounded(deadline),
-        ).json_rows()
+        _, rows = self._answer(table, "count", deadline)
         if len(rows) != 1 or set(rows[0]) != {"n"}:
             raise StagingError(
                 f"COUNT returned {len(rows)} rows {rows!r:.200}", code="count_unobservable"
@@ -191,13 +305,7 @@ class StagingTableChecks:
         ``storage_budget_exceeded`` over it; a missing counter is
         ``stored_bytes_unobservable``, never zero.
         """
-        rows = self._control_rows(
-            "SELECT total_bytes AS b FROM system.tables "
-            f"WHERE database = {quote_literal(self.database)} AND name = {quote_literal(table)}",
-            "stored_bytes",
-            ("b",),
-            deadline,
-        )
+        rows = self._control_rows(table, "stored_bytes", ("b",), deadline)
         value = rows[0]["b"] if len(rows) == 1 else None
         if isinstance(value, bool) or not isinstance(value, int):
             raise StagingError(
