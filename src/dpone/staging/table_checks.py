@@ -13,10 +13,10 @@ shape keeps nothing: each check then asks its own read, as if there were no batc
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dpone.connectors.batched_reads import batched_columns, split_answers
 from dpone.connectors.clickhouse_tables import table_exists
 from dpone.connectors.endpoint_identity import (
     EMPTY_SET_ANSWERS,
@@ -86,8 +86,6 @@ def qualified_name(database: str, table: str) -> str:
     return f"{quote_identifier(database)}.{quote_identifier(table)}"
 
 
-# Each read's rows, as the JSONEachRow lines it would have answered on its own.
-_BATCHED = "(SELECT groupArray(formatRowNoNewline('JSONEachRow', *)) FROM ({sql})) AS r_{name}"
 ENDPOINT = "endpoint"
 # A batch answer over the transport's response budget (HTTP, client).
 _TOO_LARGE = frozenset({"response_body_budget_exceeded", "output_budget_exceeded"})
@@ -132,7 +130,10 @@ class StagingTableChecks:
         server refused, answered over the response budget or in another shape keeps
         nothing; a batch lost or late is the failure its first read would have had.
         """
-        columns = [_BATCHED.format(sql=self._sql(name, table), name=name) for name in reads]
+        names = [f"r_{name}" for name in reads]
+        columns = batched_columns(
+            [(n, self._sql(r, table)) for n, r in zip(names, reads, strict=True)]
+        )
         if endpoint:
             columns.insert(0, endpoint_columns(self.database))
         query_id = self._read_id(purpose)
@@ -147,19 +148,14 @@ class StagingTableChecks:
             if exc.code not in _TOO_LARGE:
                 raise  # lost, cut or late: the failure of the first read it holds
             return  # too large together: each check asks its own read
-        rows = result.json_rows()
-        answers: list[list[str]] = []
-        for name in reads:
-            lines = rows[0].get(f"r_{name}") if len(rows) == 1 else None
-            if not isinstance(lines, list) or not all(isinstance(x, str) for x in lines):
-                return  # an answer of another shape: each check asks its own read
-            answers.append(lines)
+        split = split_answers(result, names)
+        if split is None:
+            return  # an answer of another shape: each check asks its own read
+        row, answers = split
         for name, answer in zip(reads, answers, strict=True):
-            text = "".join(f"{line}\n" for line in answer).encode("utf-8")
-            self._ready[name] = (query_id, dataclasses.replace(result, output=text).json_rows())
+            self._ready[name] = (query_id, answer)
         if endpoint:
-            row = {k: v for k, v in rows[0].items() if not k.startswith("r_")}
-            self._ready[ENDPOINT] = (query_id, [row])
+            self._ready[ENDPOINT] = (query_id, [{k: v for k, v in row.items() if k not in names}])
 
     def _sql(self, name: str, table: str) -> str:
         """The SELECT of the read ``name`` about ``table`` (without FORMAT)."""

@@ -9,12 +9,12 @@ leaves every read to be asked on its own, as if there had been no batch.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dpone.connectors.batched_reads import batched_columns, split_answers
 from dpone.errors import DeadlineError, DponeError, StateError, TransportError
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_errors import ClickHouseServerError
@@ -24,10 +24,9 @@ _PURPOSE = re.compile(r"[a-z0-9_]{1,32}")
 _UNKNOWN_TABLE = 60
 # A read: its purpose (part of its query id) and its SELECT, without FORMAT.
 Read = tuple[str, str]
+
+
 # Each read's rows, as the JSONEachRow lines it would have answered on its own.
-_BATCHED = "(SELECT groupArray(formatRowNoNewline('JSONEachRow', *)) FROM ({sql})) AS r{n}"
-
-
 class CatalogUnobservable(StateError):
     """The catalog could not observe something completely; nothing was assumed instead."""
 
@@ -76,19 +75,18 @@ class CatalogReads:
             return
         self._sequence += 1
         query_id = catalog_query_id(self._observation, purpose, self._sequence)
-        columns = ", ".join(_BATCHED.format(sql=sql, n=n) for n, (_, sql) in enumerate(wanted))
+        names = [f"r{n}" for n in range(len(wanted))]
+        columns = ", ".join(
+            batched_columns([(n, sql) for n, (_, sql) in zip(names, wanted, strict=True)])
+        )
         try:
             result = self._transport.execute(
                 read(f"SELECT {columns} FORMAT JSONEachRow", query_id), deadline=self._deadline
             )
-            (row,) = result.json_rows()
-            answers = []
-            for n in range(len(wanted)):
-                lines = row[f"r{n}"]
-                if not isinstance(lines, list) or not all(isinstance(x, str) for x in lines):
-                    return
-                text = "".join(f"{line}\n" for line in lines).encode("utf-8")
-                answers.append(dataclasses.replace(result, output=text).json_rows())
+            split = split_answers(result, names)
+            if split is None:
+                return  # an answer of another shape: each read is asked on its own
+            answers = split[1]
         except ClickHouseServerError:
             return  # it ran and failed: each read is asked on its own, for its own error
         except (TransportError, DeadlineError) as exc:

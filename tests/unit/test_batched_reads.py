@@ -1,0 +1,56 @@
+"""Several reads in one request: the select list, and each read's rows split out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dpone.connectors.batched_reads import batched_columns, split_answers
+from dpone.ports.clickhouse_errors import OutcomeUnknown
+from dpone.ports.clickhouse_result import QueryResult
+
+
+def _result(*rows: dict[str, object]) -> QueryResult:
+    output = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    return QueryResult("q-batch", output, None, None, "http")
+
+
+def test_each_read_is_one_column_of_its_rows() -> None:
+    assert batched_columns(
+        [("r0", "SELECT 1 AS a"), ("r_count", "SELECT count() AS n FROM t")]
+    ) == [
+        "(SELECT groupArray(formatRowNoNewline('JSONEachRow', *)) FROM (SELECT 1 AS a)) AS r0",
+        "(SELECT groupArray(formatRowNoNewline('JSONEachRow', *)) FROM "
+        "(SELECT count() AS n FROM t)) AS r_count",
+    ]
+
+
+def test_each_columns_rows_are_parsed_as_its_own_answer() -> None:
+    row = {"id": "server-1", "r0": ['{"a":1}', '{"a":2}'], "r1": []}
+    split = split_answers(_result(row), ["r0", "r1"])
+    assert split is not None
+    whole, answers = split
+    assert whole == row
+    assert answers == [[{"a": 1}, {"a": 2}], []]
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        (),  # no row
+        ({"r0": []}, {"r0": []}),  # two rows
+        ({"r1": []},),  # the column missing
+        ({"r0": "not a list"},),
+        ({"r0": [1, 2]},),  # not lines of text
+    ],
+)
+def test_an_answer_of_another_shape_is_none(rows: tuple[dict[str, object], ...]) -> None:
+    assert split_answers(_result(*rows), ["r0"]) is None
+
+
+def test_a_line_that_is_not_a_json_row_is_refused_as_its_own_answer_would_be() -> None:
+    with pytest.raises(OutcomeUnknown) as refused:
+        split_answers(_result({"r0": ['{"a": 1.5}']}), ["r0"])
+    assert refused.value.code == "invalid_control_output"
+    assert refused.value.details["query_id"] == "q-batch"
