@@ -40,12 +40,14 @@ from dpone.publication.composition import (
     PublicationComponents,
     check_ownership,
     claim_slots,
-    database_replaced,
-    require_database,
-    require_protected,
 )
 from dpone.publication.dispatch.postgres_locks import postgres_table_lock
 from dpone.publication.principals.ownership import OwnedElsewhere
+from dpone.publication.principals.pool_databases import (
+    database_replaced,
+    require_database,
+    require_protected_database,
+)
 from dpone.publication.principals.pool_verify import require_server_version, verify_pool
 from dpone.publication.publisher.rules import refuse_absent_writers, refuse_side_effects
 from dpone.publication.settings import ungated_transport
@@ -132,8 +134,7 @@ class RefreshChecks:
             require_server_version(access)
         else:
             self._installation(table)  # the version among the rest of the installation
-        require_database(access, table.database)
-        require_protected(access, table.database)
+        require_protected_database(access, table.database)  # exists, Atomic, protected
         if not store_exists(self.project.store):
             self._no_store_yet(table)
             return  # no publication of the slot can be waiting
