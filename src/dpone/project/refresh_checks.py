@@ -92,13 +92,14 @@ class RefreshChecks:
 
     def check(self, table: TableConfig, attempt_id: str) -> list[dict[str, Any]]:
         """Refuse what would refuse the run later; the decided design change (or [])."""
-        self._where_and_when(table)
-        self._ownership(table)
+        owned = self._where_and_when(table)
+        self._ownership(table, owned)
         self._target(table, attempt_id)
         return self._design_change(table, attempt_id)
 
-    def _where_and_when(self, table: TableConfig) -> None:
-        """What would refuse the run later, refused now, before the export.
+    def _where_and_when(self, table: TableConfig) -> bool:
+        """What would refuse the run later, refused now, before the export; whether the
+        server already records this store as the owner of the pool and the table's slot.
 
         The server is a version dpone supports (``server_too_old``); the target
         database exists and the server protects it (``database_missing``,
@@ -115,7 +116,7 @@ class RefreshChecks:
         # Another store's pool or target is refused before anything signs in as the
         # pool's principals (a remote pool's verification does, as every one of them).
         try:
-            check_ownership(
+            owned = check_ownership(
                 access,
                 self.project.store,
                 [TargetSlot(table.database, table.target)],
@@ -137,7 +138,7 @@ class RefreshChecks:
         require_protected_database(access, table.database)  # exists, Atomic, protected
         if not store_exists(self.project.store):
             self._no_store_yet(table)
-            return  # no publication of the slot can be waiting
+            return False  # no publication of the slot can be waiting, nothing is owned
         # Opened as the publication opens it: another table's refresh may be creating it
         # this very moment, and the store's own transaction settles who does.
         store = open_store(self.project.store)
@@ -163,6 +164,7 @@ class RefreshChecks:
                     state=summary.state,
                     next_command=command,
                 )
+        return owned
 
     def _installation(self, table: TableConfig) -> None:
         """On a remote server, the pool's installation as ``dpone pool verify`` proves it
@@ -214,11 +216,18 @@ class RefreshChecks:
                 uuid=found.uuid,
             )
 
-    def _ownership(self, table: TableConfig) -> None:
+    def _ownership(self, table: TableConfig, owned: bool = False) -> None:
         """The server records this project's store as the owner of its pool and of the
         table's slot, or the run is refused (``pool_owned_elsewhere``,
         ``slot_owned_elsewhere``), before anything is leased, claimed or exported: two
-        stores on one server would otherwise break each other's proofs."""
+        stores on one server would otherwise break each other's proofs.
+
+        ``owned``: the check's read of the same markers found both this store's, and
+        nothing this run does since makes, drops or changes a marker: a claim would
+        read the same and create nothing, so it is not asked again.
+        """
+        if owned:
+            return
         store = open_store(self.project.store)
         claim_slots(
             self.project.clickhouse.access,
@@ -242,8 +251,14 @@ class RefreshChecks:
         if read_only:  # another store's pool or target, said without making a marker
             access = self.project.clickhouse.access
             check_ownership(access, self.project.store, [slot], project=self.project.path)
+        # Not read-only: :meth:`_ownership` has just found (or made) the pool's marker
+        # this store's, and the issuer need not read it again.
         parts = publication_for(
-            self.project, table, claim_ownership=not read_only, sharing=self.sharing
+            self.project,
+            table,
+            claim_ownership=not read_only,
+            sharing=self.sharing,
+            pool_claimed=not read_only,
         )
         if not read_only:
             self.parts = parts

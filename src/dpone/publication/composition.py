@@ -105,6 +105,9 @@ class PublicationConfig:
     # A run whose tables go in threads: their observations and closures asked at once
     # are answered together, each its own (publication/sharing/).
     sharing: RunSharing | None = None
+    # The caller's own claim of the pool (and its slots) for this store read every
+    # marker its own just now: the issuer does not read the pool's marker again.
+    pool_claimed: bool = False
 
     @property
     def access(self) -> ServerAccess:
@@ -193,16 +196,19 @@ def build_issuer(
     *,
     project: Path | None = None,
     create: bool = True,
+    claimed: bool = False,
 ) -> LocalPoolIssuer:
     """The pool issuer: credentials from the file, user ids observed by the operator.
 
     Nothing leases a principal without it, so it first makes sure the server records
     ``store`` as the pool's owner (``pool_owned_elsewhere``: publication/principals/ownership.py;
-    ``create=False``: only refused when another store owns it).
+    ``create=False``: only refused when another store owns it), unless the caller's
+    claim for ``store`` just found the pool's marker its own (``claimed``).
     """
     access = as_access(server)
     credentials = pool_credentials(access)
-    claim_slots(access, store, (), project=project, create=create)
+    if not claimed:
+        claim_slots(access, store, (), project=project, create=create)
     operator = HttpTransport(endpoint, access.operator())
     in_use = access.members_in_use()  # a retired principal is never leased again
     ids = observe_user_ids(
@@ -221,11 +227,12 @@ def claim_slots(
     *,
     project: Path | None = None,
     create: bool = True,
-) -> None:
+) -> bool:
     """The server records ``store`` as the owner of the pool and of ``slots``, or this
-    refuses (``pool_owned_elsewhere``, ``slot_owned_elsewhere``) before anything is done."""
+    refuses (``pool_owned_elsewhere``, ``slot_owned_elsewhere``) before anything is done.
+    True when its one read found every marker already ``store``'s (see :func:`claim`)."""
     me = Owner.of_store(store)
-    claim(as_access(server), me, slots, project=project, create=create)
+    return claim(as_access(server), me, slots, project=project, create=create)
 
 
 def check_ownership(
@@ -234,10 +241,11 @@ def check_ownership(
     slots: Iterable[TargetSlot] = (),
     *,
     project: Path | None = None,
-) -> None:
+) -> bool:
     """Refuse when another store owns the pool or one of ``slots``; read-only: it makes
     no store and no marker (a project whose store is not made yet owns nothing). Asked
-    before anything signs in as the pool's principals."""
+    before anything signs in as the pool's principals. True when every marker is there,
+    the store's (see :func:`claim`)."""
     me = None
     if store_exists(location):
         # Opened as the publication opens it: another of the project's refreshes may be
@@ -245,7 +253,7 @@ def check_ownership(
         store = open_store(location)
         me = Owner.of_store(store)
     try:
-        claim(as_access(server), me, slots, project=project, create=False)
+        return claim(as_access(server), me, slots, project=project, create=False)
     except OwnedElsewhere as exc:
         owner = exc.details.get("owner") or {}
         here = location if isinstance(location, str) else str(Path(location).absolute())
@@ -286,7 +294,12 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
     endpoint = access.endpoint(database)
     store = open_store(config.store_path, create=config.create_store)
     issuer = build_issuer(
-        access, store, endpoint, project=config.project, create=config.claim_ownership
+        access,
+        store,
+        endpoint,
+        project=config.project,
+        create=config.claim_ownership,
+        claimed=config.pool_claimed,
     )
     credentials = pool_credentials(access)
     # One gate beside the store, across processes: a dispatch and a closure never
