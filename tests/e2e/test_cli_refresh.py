@@ -429,5 +429,6 @@ def test_a_steady_refresh_checks_and_keeps_its_copies_in_few_requests(
     # whose check also verifies the installed pool), and retention 2, then 4.
     most = 8 if server["kind"] == "managed" else 33
     assert [t["check"] <= most for t in traffic[1:]] == [True, True], traffic
-    # Retention: the first has no copy to drop; the others drop one (DROP and its count).
+    # Retention observes the copies in one read; the later runs each drop one (the DROP
+    # and the count that verifies it).
     assert [t["retention"] for t in traffic] == [1, 3, 3], traffic
