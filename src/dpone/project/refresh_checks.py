@@ -31,7 +31,7 @@ from dpone.errors import ConfigurationError, DponeError, StateError
 from dpone.exporters.sources import open_source
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import read, read_query_id
-from dpone.ports.composition_snapshot import TargetSlot
+from dpone.ports.composition_snapshot import CatalogObservation, TargetSlot
 from dpone.project.config import Project, TableConfig
 from dpone.project.design_change import column_changes, describe_change
 from dpone.project.table_run import REQUEST_SECONDS, publication_for, snapshot_command
@@ -94,8 +94,8 @@ class RefreshChecks:
         """Refuse what would refuse the run later; the decided design change (or [])."""
         owned = self._where_and_when(table)
         self._ownership(table, owned)
-        self._target(table, attempt_id)
-        return self._design_change(table, attempt_id)
+        observed = self._target(table, attempt_id)
+        return self._design_change(table, attempt_id, observed)
 
     def _where_and_when(self, table: TableConfig) -> bool:
         """What would refuse the run later, refused now, before the export; whether the
@@ -243,10 +243,13 @@ class RefreshChecks:
         require_database(self.project.clickhouse.access, table.database)
         self._target(table, new_attempt_id(), read_only=True)
 
-    def _target(self, table: TableConfig, attempt_id: str, *, read_only: bool = False) -> None:
+    def _target(
+        self, table: TableConfig, attempt_id: str, *, read_only: bool = False
+    ) -> CatalogObservation | None:
         """The target has no side effect the publisher refuses (a view or dictionary
         reading it, a Buffer or Distributed table writing it, a writer outside the
-        leases...): refused now, as prepare would refuse it after the export."""
+        leases...): refused now, as prepare would refuse it after the export. The
+        observation that said so (None: the run's shared look found the target clear)."""
         slot = TargetSlot(table.database, table.target)
         if read_only:  # another store's pool or target, said without making a marker
             access = self.project.clickhouse.access
@@ -263,14 +266,17 @@ class RefreshChecks:
         if not read_only:
             self.parts = parts
         if table.name in self.cleared:
-            return  # observed with the run's other tables of its database, and clear
+            return None  # observed with the run's other tables of its database, and clear
         observation = parts.publisher.observe_settled(slot, staging_table_name(attempt_id))
         refuse_side_effects(observation)
         # The generation does not exist yet (nor, before a first publication, the
         # target): who could write it once created is refused now, not after the export.
         refuse_absent_writers(observation, table.database)
+        return observation
 
-    def _design_change(self, table: TableConfig, attempt_id: str) -> list[dict[str, Any]]:
+    def _design_change(
+        self, table: TableConfig, attempt_id: str, observed: CatalogObservation | None = None
+    ) -> list[dict[str, Any]]:
         """The columns in which the source differs from the target, decided now.
 
         Empty when they agree, the target does not exist yet, or the source cannot be
@@ -279,21 +285,12 @@ class RefreshChecks:
         ``on_design_change`` (or this run's ``--design-change``) is ``replace``: the
         new design is then published through the same one EXCHANGE, and the old
         content stays as the rollback copy.
+
+        The target's columns are those of ``observed``, the check's observation of the
+        target just made (its design holds them as ``system.columns`` shows them, in
+        their order); read here only when the check made none.
         """
-        admin = HttpTransport(
-            self.project.clickhouse.access.endpoint(table.database),
-            self.project.clickhouse.access.operator(),
-        )
-        target = [
-            (str(r["name"]), str(r["type"]))
-            for r in select_rows(
-                admin,
-                "SELECT name, type FROM system.columns WHERE "
-                f"database = {literal(table.database)} AND table = {literal(table.target)} "
-                "ORDER BY position",
-                read_query_id(attempt_id, "refresh_columns", 1),
-            )
-        ]
+        target = self._target_columns(table, attempt_id, observed)
         if not target:
             return []
         try:
@@ -315,6 +312,28 @@ class RefreshChecks:
                 changes=changes,
             )
         return changes
+
+    def _target_columns(
+        self, table: TableConfig, attempt_id: str, observed: CatalogObservation | None
+    ) -> list[tuple[str, str]]:
+        """The target's columns (name, type) in their order; [] when it does not exist."""
+        if observed is not None:
+            design = observed.target.design if observed.target is not None else {"columns": []}
+            return [(str(c["name"]), str(c["type"])) for c in design["columns"]]
+        admin = HttpTransport(
+            self.project.clickhouse.access.endpoint(table.database),
+            self.project.clickhouse.access.operator(),
+        )
+        return [
+            (str(r["name"]), str(r["type"]))
+            for r in select_rows(
+                admin,
+                "SELECT name, type FROM system.columns WHERE "
+                f"database = {literal(table.database)} AND table = {literal(table.target)} "
+                "ORDER BY position",
+                read_query_id(attempt_id, "refresh_columns", 1),
+            )
+        ]
 
 
 def catalog_cleared(project: Project, tables: Sequence[TableConfig]) -> frozenset[str]:
