@@ -48,7 +48,7 @@ from dpone.publication.principals.pool_databases import (
     require_database,
     require_protected_database,
 )
-from dpone.publication.principals.pool_verify import require_server_version, verify_pool
+from dpone.publication.principals.pool_verify import verify_pool
 from dpone.publication.publisher.rules import refuse_absent_writers, refuse_side_effects
 from dpone.publication.settings import ungated_transport
 from dpone.publication.sharing.run_sharing import RunSharing
@@ -131,11 +131,10 @@ class RefreshChecks:
             # refused sign-in) without signing in as the pool, as `dpone pool verify` does.
             self._installation(table)
             raise
-        if access.managed:
-            require_server_version(access)
-        else:
+        if not access.managed:
             self._installation(table)  # the version among the rest of the installation
-        require_protected_database(access, table.database)  # exists, Atomic, protected
+        # The managed server's version, then the database exists, is Atomic and protected.
+        require_protected_database(access, table.database, version=access.managed)
         if not store_exists(self.project.store):
             self._no_store_yet(table)
             return False  # no publication of the slot can be waiting, nothing is owned

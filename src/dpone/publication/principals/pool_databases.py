@@ -18,7 +18,11 @@ from dpone.errors import ConfigurationError
 from dpone.localserver.protected import restart_commands
 from dpone.ports.clickhouse_errors import ClickHouseServerError
 from dpone.ports.clickhouse_request import read
-from dpone.publication.principals.pool_verify import protected_databases, render_command
+from dpone.publication.principals.pool_verify import (
+    protected_databases,
+    render_command,
+    require_server_version,
+)
 from dpone.publication.principals.server_access import ServerAccess
 from dpone.sql import quote_identifier, quote_literal
 
@@ -111,14 +115,20 @@ def require_protected(
     )
 
 
-def require_protected_database(server: ServerAccess | Path, database: str) -> None:
-    """:func:`require_database`, then :func:`require_protected`: the same refusals in
-    the same order, the count each asks first asked together in one request (a count
-    only a refusal needs is asked then, on its own)."""
+def require_protected_database(
+    server: ServerAccess | Path, database: str, *, version: bool = False
+) -> None:
+    """:func:`~dpone.publication.principals.pool_verify.require_server_version` (when
+    ``version``), :func:`require_database`, then :func:`require_protected`: the same
+    refusals in the same order, what each asks first asked together in one request (a
+    count only a refusal needs is asked then, on its own)."""
     access = as_access(server)
     grants = _grants_where(access, database)
     atomic = _atomic_where(database)
-    known = _operator_counts(access, [atomic] if grants is None else [atomic, grants])
+    wheres = [atomic] if grants is None else [atomic, grants]
+    known, seen = _operator_counts(access, wheres, version=version)
+    if version:
+        require_server_version(access, version=seen)  # None: asked again, on its own
     require_database(access, database, known=known)
     require_protected(access, database, known=known)
 
@@ -179,21 +189,30 @@ def _operator_count(
     return rows != [{"n": 0}]
 
 
-def _operator_counts(server: ServerAccess | Path, wheres: list[str]) -> dict[str, bool]:
-    """Each of ``wheres`` as :func:`_operator_count` answers it, in one request.
+def _operator_counts(
+    server: ServerAccess | Path, wheres: list[str], *, version: bool = False
+) -> tuple[dict[str, bool], str | None]:
+    """Each of ``wheres`` as :func:`_operator_count` answers it, and the server's
+    version when ``version``, in one request.
 
-    Empty when that request ran and failed (the server's error for one of them): each
-    count is then asked on its own, in its turn, for its own error.
+    No counts and no version when that request ran and failed (the server's error for
+    one of them): each is then asked on its own, in its turn, for its own error.
     """
-    columns = ", ".join(f"(SELECT count() FROM {w}) AS n{i}" for i, w in enumerate(wheres))
+    columns = [f"(SELECT count() FROM {w}) AS n{i}" for i, w in enumerate(wheres)]
+    names = {f"n{i}" for i in range(len(wheres))} | ({"v"} if version else set())
     try:
-        rows = _operator_read(as_access(server), columns, "database")
+        rows = _operator_read(
+            as_access(server),
+            ", ".join((["version() AS v"] if version else []) + columns),
+            "database",
+        )
     except ClickHouseServerError:
-        return {}
-    names = {f"n{i}" for i in range(len(wheres))}
+        return {}, None
     if len(rows) != 1 or set(rows[0]) != names:
-        return dict.fromkeys(wheres, True)  # as a malformed count answers alone
-    return {w: rows[0][f"n{i}"] != 0 for i, w in enumerate(wheres)}
+        return dict.fromkeys(wheres, True), None  # as a malformed count answers alone
+    seen = rows[0].get("v")
+    counts = {w: rows[0][f"n{i}"] != 0 for i, w in enumerate(wheres)}
+    return counts, seen if isinstance(seen, str) else None
 
 
 def _operator_read(access: ServerAccess, select: str, what: str) -> list[dict[str, Any]]:
