@@ -407,3 +407,30 @@ def test_every_directory_dpone_creates_for_a_project_is_private(
     assert "state/db" in names
     wide = {p.relative_to(tmp_path).as_posix(): oct(p.stat().st_mode & 0o777) for p in made}
     assert {k: v for k, v in wide.items() if int(v, 8) & 0o077} == {}, wide
+
+
+def test_a_steady_refresh_checks_and_keeps_its_copies_in_few_requests(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    """Issue 33: each request of a refresh is one more round trip. A refresh of a table
+    dpone already publishes sends, in its check, one read of the ownership markers
+    (three before: the check's, the claim's and the issuer's), one of the managed
+    server's version and the target database's existence and grants (three before),
+    and takes the target's columns from its observation of the target (read again
+    before); its retention observes the copies in one read (two before) beside each
+    copy's verified drop."""
+    make_source(tmp_path / "shop.db", rows_of(5))
+    config = project(tmp_path, server, "t_trips")
+    traffic = []
+    for run in range(3):
+        make_source(tmp_path / "shop.db", rows_of(5, name=f"r{run}-"))
+        code, done = refresh(config, "items")
+        assert code == 0, done
+        traffic.append({k: v["requests"] for k, v in done["tables"][0]["traffic"].items()})
+    # Before: the check sent 11 requests on the managed server (36 on the remote one,
+    # whose check also verifies the installed pool), and retention 2, then 4.
+    most = 6 if server["kind"] == "managed" else 32
+    assert [t["check"] <= most for t in traffic[1:]] == [True, True], traffic
+    # Retention observes the copies in one read; the later runs each drop one (the DROP
+    # and the count that verifies it).
+    assert [t["retention"] for t in traffic] == [1, 3, 3], traffic

@@ -151,7 +151,7 @@ def test_an_observation_batched_equals_one_read_at_a_time(
     assert (batched_requests, alone_requests) == (3, 23)
 
 
-def test_ownerships_of_many_names_in_two_reads(server: ServerInfo, odd_table: str) -> None:
+def test_ownerships_of_many_names_in_one_read(server: ServerInfo, odd_table: str) -> None:
     other = f"own_{uuid.uuid4().hex[:8]}"
     sql(
         server,
@@ -172,7 +172,7 @@ def test_ownerships_of_many_names_in_two_reads(server: ServerInfo, odd_table: st
     found: dict[str, object] = {}
     assert (
         requests_of(lambda: found.update(observe_ownerships(admin, DB, names, next_id, deadline)))
-        == 2
+        == 1
     )
     each = {n: observe_ownership(admin, DB, n, next_id, deadline) for n in names}
     assert found == {n: o for n, o in each.items() if o is not None}

@@ -15,13 +15,9 @@ from dpone.errors import ConfigurationError, DponeError, PolicyError
 from dpone.exporters.sources import open_source
 from dpone.project.config import Project, TableConfig, load_project, not_a_file
 from dpone.project.refresh_checks import RefreshChecks
-from dpone.publication.composition import (
-    check_ownership,
-    pool_credentials,
-    pool_protects,
-    pool_remedy,
-)
+from dpone.publication.composition import check_ownership, pool_credentials
 from dpone.publication.principals.ownership import OwnedElsewhere
+from dpone.publication.principals.pool_databases import pool_protects, pool_remedy
 from dpone.publication.principals.pool_verify import verify_pool
 from dpone.publication.store import store_exists
 from dpone.typepolicy import column_problems, refusals

@@ -36,9 +36,9 @@ from dpone.publication.ceilings.stream_ceilings import stream_refusal
 from dpone.publication.composition import (
     ingest_session_notes,
     issue_ingest,
-    pool_protects,
     staging_policy,
 )
+from dpone.publication.principals.pool_databases import pool_protects
 from dpone.publication.store import StoreLocation
 from dpone.staging.composition import StagingConfig
 from dpone.staging.journal import read_events, verify_journal

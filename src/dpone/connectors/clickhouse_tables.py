@@ -9,6 +9,7 @@ that either answer exactly or raise (a missing observation is never "absent").
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -120,22 +121,43 @@ def observe_ownerships(
 ) -> dict[str, Ownership]:
     """Each named table that exists: its UUID and first column's comment.
 
-    Two reads however many names (one when none exists): a slot's rollback copies are
-    observed in one go, not one request per publication the store remembers.
+    One read however many names: a slot's rollback copies are observed in one go, not
+    one request per publication the store remembers. The tables and their first
+    columns are two scalar subqueries of that one request, each answered as the
+    JSONEachRow lines it would have answered alone and checked as strictly.
     """
     wanted = sorted(set(tables))
     if not wanted:
         return {}
     where = f"database = {quote_literal(database)} AND "
     query_id = next_id()
-    rows = transport.execute(
+    result = transport.execute(
         read(
-            f"SELECT name, toString(uuid) AS uuid FROM system.tables WHERE {where}name IN "
-            f"{in_list(wanted)} FORMAT JSONEachRow",
+            "SELECT "
+            + _as_lines(
+                f"SELECT name, toString(uuid) AS uuid FROM system.tables WHERE {where}name IN "
+                f"{in_list(wanted)}",
+                "t",
+            )
+            + ", "
+            + _as_lines(
+                f"SELECT table, comment FROM system.columns WHERE {where}table IN "
+                f"{in_list(wanted)} AND position = 1",
+                "c",
+            )
+            + " FORMAT JSONEachRow",
             query_id,
         ),
         deadline=deadline,
-    ).json_rows()
+    )
+    answer = result.json_rows()
+    if len(answer) != 1 or not all(_lines(answer[0].get(k)) for k in ("t", "c")):
+        raise TableObservationError(
+            f"tables of {database} observed as {answer!r:.200}", query_id=query_id
+        )
+    rows, columns = (
+        dataclasses.replace(result, output=_joined(answer[0][k])).json_rows() for k in "tc"
+    )
     uuids: dict[str, str] = {}
     for row in rows:
         name, uuid = row.get("name"), row.get("uuid")
@@ -144,19 +166,22 @@ def observe_ownerships(
                 f"tables of {database} observed as {rows!r:.200}", query_id=query_id
             )
         uuids[name] = uuid
-    if not uuids:
-        return {}
-    columns = transport.execute(
-        read(
-            f"SELECT table, comment FROM system.columns WHERE {where}table IN {in_list(sorted(uuids))} "
-            "AND position = 1 FORMAT JSONEachRow",
-            next_id(),
-        ),
-        deadline=deadline,
-    ).json_rows()
     comments = {
         row["table"]: row["comment"]
         for row in columns
         if isinstance(row.get("table"), str) and isinstance(row.get("comment"), str)
     }
     return {name: Ownership(uuid, comments.get(name)) for name, uuid in uuids.items()}
+
+
+def _as_lines(sql: str, alias: str) -> str:
+    """``sql``'s rows as one array of JSONEachRow lines, a column of a one-row answer."""
+    return f"(SELECT groupArray(formatRowNoNewline('JSONEachRow', *)) FROM ({sql})) AS {alias}"
+
+
+def _lines(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(x, str) for x in value)
+
+
+def _joined(lines: list[str]) -> bytes:
+    return "".join(f"{line}\n" for line in lines).encode("utf-8")

@@ -31,7 +31,7 @@ from dpone.errors import ConfigurationError, DponeError, StateError
 from dpone.exporters.sources import open_source
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import read, read_query_id
-from dpone.ports.composition_snapshot import TargetSlot
+from dpone.ports.composition_snapshot import CatalogObservation, TargetSlot
 from dpone.project.config import Project, TableConfig
 from dpone.project.design_change import column_changes, describe_change
 from dpone.project.table_run import REQUEST_SECONDS, publication_for, snapshot_command
@@ -40,13 +40,15 @@ from dpone.publication.composition import (
     PublicationComponents,
     check_ownership,
     claim_slots,
-    database_replaced,
-    require_database,
-    require_protected,
 )
 from dpone.publication.dispatch.postgres_locks import postgres_table_lock
 from dpone.publication.principals.ownership import OwnedElsewhere
-from dpone.publication.principals.pool_verify import require_server_version, verify_pool
+from dpone.publication.principals.pool_databases import (
+    database_replaced,
+    require_database,
+    require_protected_database,
+)
+from dpone.publication.principals.pool_verify import verify_pool
 from dpone.publication.publisher.rules import refuse_absent_writers, refuse_side_effects
 from dpone.publication.settings import ungated_transport
 from dpone.publication.sharing.run_sharing import RunSharing
@@ -90,13 +92,14 @@ class RefreshChecks:
 
     def check(self, table: TableConfig, attempt_id: str) -> list[dict[str, Any]]:
         """Refuse what would refuse the run later; the decided design change (or [])."""
-        self._where_and_when(table)
-        self._ownership(table)
-        self._target(table, attempt_id)
-        return self._design_change(table, attempt_id)
+        owned = self._where_and_when(table)
+        self._ownership(table, owned)
+        observed = self._target(table, attempt_id)
+        return self._design_change(table, attempt_id, observed)
 
-    def _where_and_when(self, table: TableConfig) -> None:
-        """What would refuse the run later, refused now, before the export.
+    def _where_and_when(self, table: TableConfig) -> bool:
+        """What would refuse the run later, refused now, before the export; whether the
+        server already records this store as the owner of the pool and the table's slot.
 
         The server is a version dpone supports (``server_too_old``); the target
         database exists and the server protects it (``database_missing``,
@@ -113,7 +116,7 @@ class RefreshChecks:
         # Another store's pool or target is refused before anything signs in as the
         # pool's principals (a remote pool's verification does, as every one of them).
         try:
-            check_ownership(
+            owned = check_ownership(
                 access,
                 self.project.store,
                 [TargetSlot(table.database, table.target)],
@@ -128,15 +131,13 @@ class RefreshChecks:
             # refused sign-in) without signing in as the pool, as `dpone pool verify` does.
             self._installation(table)
             raise
-        if access.managed:
-            require_server_version(access)
-        else:
+        if not access.managed:
             self._installation(table)  # the version among the rest of the installation
-        require_database(access, table.database)
-        require_protected(access, table.database)
+        # The managed server's version, then the database exists, is Atomic and protected.
+        require_protected_database(access, table.database, version=access.managed)
         if not store_exists(self.project.store):
             self._no_store_yet(table)
-            return  # no publication of the slot can be waiting
+            return False  # no publication of the slot can be waiting, nothing is owned
         # Opened as the publication opens it: another table's refresh may be creating it
         # this very moment, and the store's own transaction settles who does.
         store = open_store(self.project.store)
@@ -162,6 +163,7 @@ class RefreshChecks:
                     state=summary.state,
                     next_command=command,
                 )
+        return owned
 
     def _installation(self, table: TableConfig) -> None:
         """On a remote server, the pool's installation as ``dpone pool verify`` proves it
@@ -213,11 +215,18 @@ class RefreshChecks:
                 uuid=found.uuid,
             )
 
-    def _ownership(self, table: TableConfig) -> None:
+    def _ownership(self, table: TableConfig, owned: bool = False) -> None:
         """The server records this project's store as the owner of its pool and of the
         table's slot, or the run is refused (``pool_owned_elsewhere``,
         ``slot_owned_elsewhere``), before anything is leased, claimed or exported: two
-        stores on one server would otherwise break each other's proofs."""
+        stores on one server would otherwise break each other's proofs.
+
+        ``owned``: the check's read of the same markers found both this store's, and
+        nothing this run does since makes, drops or changes a marker: a claim would
+        read the same and create nothing, so it is not asked again.
+        """
+        if owned:
+            return
         store = open_store(self.project.store)
         claim_slots(
             self.project.clickhouse.access,
@@ -233,28 +242,40 @@ class RefreshChecks:
         require_database(self.project.clickhouse.access, table.database)
         self._target(table, new_attempt_id(), read_only=True)
 
-    def _target(self, table: TableConfig, attempt_id: str, *, read_only: bool = False) -> None:
+    def _target(
+        self, table: TableConfig, attempt_id: str, *, read_only: bool = False
+    ) -> CatalogObservation | None:
         """The target has no side effect the publisher refuses (a view or dictionary
         reading it, a Buffer or Distributed table writing it, a writer outside the
-        leases...): refused now, as prepare would refuse it after the export."""
+        leases...): refused now, as prepare would refuse it after the export. The
+        observation that said so (None: the run's shared look found the target clear)."""
         slot = TargetSlot(table.database, table.target)
         if read_only:  # another store's pool or target, said without making a marker
             access = self.project.clickhouse.access
             check_ownership(access, self.project.store, [slot], project=self.project.path)
+        # Not read-only: :meth:`_ownership` has just found (or made) the pool's marker
+        # this store's, and the issuer need not read it again.
         parts = publication_for(
-            self.project, table, claim_ownership=not read_only, sharing=self.sharing
+            self.project,
+            table,
+            claim_ownership=not read_only,
+            sharing=self.sharing,
+            pool_claimed=not read_only,
         )
         if not read_only:
             self.parts = parts
         if table.name in self.cleared:
-            return  # observed with the run's other tables of its database, and clear
+            return None  # observed with the run's other tables of its database, and clear
         observation = parts.publisher.observe_settled(slot, staging_table_name(attempt_id))
         refuse_side_effects(observation)
         # The generation does not exist yet (nor, before a first publication, the
         # target): who could write it once created is refused now, not after the export.
         refuse_absent_writers(observation, table.database)
+        return observation
 
-    def _design_change(self, table: TableConfig, attempt_id: str) -> list[dict[str, Any]]:
+    def _design_change(
+        self, table: TableConfig, attempt_id: str, observed: CatalogObservation | None = None
+    ) -> list[dict[str, Any]]:
         """The columns in which the source differs from the target, decided now.
 
         Empty when they agree, the target does not exist yet, or the source cannot be
@@ -263,21 +284,12 @@ class RefreshChecks:
         ``on_design_change`` (or this run's ``--design-change``) is ``replace``: the
         new design is then published through the same one EXCHANGE, and the old
         content stays as the rollback copy.
+
+        The target's columns are those of ``observed``, the check's observation of the
+        target just made (its design holds them as ``system.columns`` shows them, in
+        their order); read here only when the check made none.
         """
-        admin = HttpTransport(
-            self.project.clickhouse.access.endpoint(table.database),
-            self.project.clickhouse.access.operator(),
-        )
-        target = [
-            (str(r["name"]), str(r["type"]))
-            for r in select_rows(
-                admin,
-                "SELECT name, type FROM system.columns WHERE "
-                f"database = {literal(table.database)} AND table = {literal(table.target)} "
-                "ORDER BY position",
-                read_query_id(attempt_id, "refresh_columns", 1),
-            )
-        ]
+        target = self._target_columns(table, attempt_id, observed)
         if not target:
             return []
         try:
@@ -299,6 +311,28 @@ class RefreshChecks:
                 changes=changes,
             )
         return changes
+
+    def _target_columns(
+        self, table: TableConfig, attempt_id: str, observed: CatalogObservation | None
+    ) -> list[tuple[str, str]]:
+        """The target's columns (name, type) in their order; [] when it does not exist."""
+        if observed is not None:
+            design = observed.target.design if observed.target is not None else {"columns": []}
+            return [(str(c["name"]), str(c["type"])) for c in design["columns"]]
+        admin = HttpTransport(
+            self.project.clickhouse.access.endpoint(table.database),
+            self.project.clickhouse.access.operator(),
+        )
+        return [
+            (str(r["name"]), str(r["type"]))
+            for r in select_rows(
+                admin,
+                "SELECT name, type FROM system.columns WHERE "
+                f"database = {literal(table.database)} AND table = {literal(table.target)} "
+                "ORDER BY position",
+                read_query_id(attempt_id, "refresh_columns", 1),
+            )
+        ]
 
 
 def catalog_cleared(project: Project, tables: Sequence[TableConfig]) -> frozenset[str]:

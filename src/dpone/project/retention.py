@@ -192,7 +192,7 @@ def copies_in_database(
     targets: Sequence[str],
     purpose: str,
 ) -> dict[str, list[tuple[RollbackCopy, Ownership]]]:
-    """:func:`existing_copies` of several targets of one database, in two reads at most."""
+    """:func:`existing_copies` of several targets of one database, in one read at most."""
     copies = {target: rollback_copies(store, database, target) for target in targets}
     newest = next((c[0].intent.attempt_id for c in copies.values() if c), None)
     if newest is None:

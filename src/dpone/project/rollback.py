@@ -47,7 +47,8 @@ from dpone.project.table_run import (
     publication_for,
     run_phases,
 )
-from dpone.publication.composition import PublicationComponents, check_ownership, require_database
+from dpone.publication.composition import PublicationComponents, check_ownership
+from dpone.publication.principals.pool_databases import require_database
 from dpone.publication.store import SnapshotStore
 from dpone.staging.journal import (
     ClickHouseFileAttemptJournal,

@@ -159,10 +159,12 @@ def publication_for(
     *,
     claim_ownership: bool = True,
     sharing: RunSharing | None = None,
+    pool_claimed: bool = False,
 ) -> PublicationComponents:
     """The publisher, store and issuer that publish into ``table``'s database
     (``claim_ownership=False``: a read-only check, which makes no ownership marker;
-    ``sharing``: the run's, when its tables go in threads)."""
+    ``sharing``: the run's, when its tables go in threads; ``pool_claimed``: the
+    caller's claim of the pool for the project's store has just read its marker)."""
     return build_publication(
         PublicationConfig(
             project.clickhouse.data_dir,
@@ -176,6 +178,7 @@ def publication_for(
             session_margin_seconds=project.publication.session_margin_seconds,
             accept_ungated_ingest=project.publication.accept_ungated_ingest,
             sharing=sharing,
+            pool_claimed=pool_claimed,
         ),
         table.database,
     )

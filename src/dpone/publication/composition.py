@@ -37,8 +37,7 @@ from dpone.localserver.principal_pool import (
     PoolNames,
     check_databases,
 )
-from dpone.localserver.protected import restart_commands
-from dpone.ports.clickhouse_request import Credentials, Endpoint, read
+from dpone.ports.clickhouse_request import Credentials, Endpoint
 from dpone.ports.composition_snapshot import Admission, IssuedPrincipal, Lease, TargetSlot
 from dpone.publication.authority.lease_scope import lease_scope, micros
 from dpone.publication.authority.snapshot_authority import ClosurePolicy, SnapshotAuthority
@@ -54,7 +53,7 @@ from dpone.publication.dispatch.executor import (
     ClickHouseSnapshotExecutor,
 )
 from dpone.publication.principals.ownership import OwnedElsewhere, Owner, claim
-from dpone.publication.principals.pool_verify import protected_databases, render_command
+from dpone.publication.principals.pool_databases import as_access, pool_remedy
 from dpone.publication.principals.principal_issuers import LocalPoolIssuer, observe_user_ids
 from dpone.publication.principals.server_access import RemoteServer, ServerAccess
 from dpone.publication.publisher import ClickHouseAtomicSnapshotPublisher
@@ -67,7 +66,7 @@ from dpone.publication.store import (
     store_exists,
 )
 from dpone.publication.store.steps import STORE_IDENTITY_KEY
-from dpone.sql import quote_identifier, quote_literal
+from dpone.sql import quote_identifier
 from dpone.staging.contract import StagingPolicy
 from dpone.staging.ingest_session import SessionNotes
 
@@ -106,6 +105,9 @@ class PublicationConfig:
     # A run whose tables go in threads: their observations and closures asked at once
     # are answered together, each its own (publication/sharing/).
     sharing: RunSharing | None = None
+    # The caller's own claim of the pool (and its slots) for this store read every
+    # marker its own just now: the issuer does not read the pool's marker again.
+    pool_claimed: bool = False
 
     @property
     def access(self) -> ServerAccess:
@@ -165,11 +167,6 @@ def ingest_session_notes(store_path: StoreLocation, lease_id: str) -> SessionNot
     return note
 
 
-def as_access(server: ServerAccess | Path) -> ServerAccess:
-    """``server`` as a :class:`ServerAccess`; a data directory names its managed server."""
-    return server if isinstance(server, ServerAccess) else ServerAccess(server)
-
-
 def managed_endpoint(data_dir: Path, database: str) -> Endpoint:
     """The running managed server's endpoint in ``database`` (``server_not_running``)."""
     return ServerAccess(data_dir).endpoint(database)
@@ -192,31 +189,6 @@ def pool_credentials(server: ServerAccess | Path) -> dict[str, Credentials]:
     return known
 
 
-def _pool_command(access: ServerAccess, also: tuple[str, ...] = ()) -> str:
-    """The command that gives the server its pool (over ``also`` too)."""
-    if access.managed:
-        if access.pool.name:
-            return restart_commands(access.data_dir, pools={access.pool.name: also})
-        return restart_commands(access.data_dir, also=also)
-    # Every database the installed pool protects now, and the new ones: a users file
-    # over fewer would take the grants of the others away.
-    databases = (*(protected_databases(access) or ()), *also) or ("DB",)
-    return render_command(databases, access.pool)
-
-
-def pool_remedy(access: ServerAccess, also: tuple[str, ...] = ()) -> tuple[str, str]:
-    """What gives the server its pool over ``also`` (a restart, or a render to install),
-    in words and as the one command (reading what a remote pool protects once)."""
-    command = _pool_command(access, also)
-    if access.managed:
-        return f"restart it with `{command}`", command
-    return (
-        f"render it with `{command}`, have the operator install the users file in the "
-        "server's users.d, and point credentials_file at the credentials file",
-        command,
-    )
-
-
 def build_issuer(
     server: ServerAccess | Path,
     store: SnapshotStore,
@@ -224,16 +196,19 @@ def build_issuer(
     *,
     project: Path | None = None,
     create: bool = True,
+    claimed: bool = False,
 ) -> LocalPoolIssuer:
     """The pool issuer: credentials from the file, user ids observed by the operator.
 
     Nothing leases a principal without it, so it first makes sure the server records
     ``store`` as the pool's owner (``pool_owned_elsewhere``: publication/principals/ownership.py;
-    ``create=False``: only refused when another store owns it).
+    ``create=False``: only refused when another store owns it), unless the caller's
+    claim for ``store`` just found the pool's marker its own (``claimed``).
     """
     access = as_access(server)
     credentials = pool_credentials(access)
-    claim_slots(access, store, (), project=project, create=create)
+    if not claimed:
+        claim_slots(access, store, (), project=project, create=create)
     operator = HttpTransport(endpoint, access.operator())
     in_use = access.members_in_use()  # a retired principal is never leased again
     ids = observe_user_ids(
@@ -252,11 +227,12 @@ def claim_slots(
     *,
     project: Path | None = None,
     create: bool = True,
-) -> None:
+) -> bool:
     """The server records ``store`` as the owner of the pool and of ``slots``, or this
-    refuses (``pool_owned_elsewhere``, ``slot_owned_elsewhere``) before anything is done."""
+    refuses (``pool_owned_elsewhere``, ``slot_owned_elsewhere``) before anything is done.
+    True when its one read found every marker already ``store``'s (see :func:`claim`)."""
     me = Owner.of_store(store)
-    claim(as_access(server), me, slots, project=project, create=create)
+    return claim(as_access(server), me, slots, project=project, create=create)
 
 
 def check_ownership(
@@ -265,10 +241,11 @@ def check_ownership(
     slots: Iterable[TargetSlot] = (),
     *,
     project: Path | None = None,
-) -> None:
+) -> bool:
     """Refuse when another store owns the pool or one of ``slots``; read-only: it makes
     no store and no marker (a project whose store is not made yet owns nothing). Asked
-    before anything signs in as the pool's principals."""
+    before anything signs in as the pool's principals. True when every marker is there,
+    the store's (see :func:`claim`)."""
     me = None
     if store_exists(location):
         # Opened as the publication opens it: another of the project's refreshes may be
@@ -276,7 +253,7 @@ def check_ownership(
         store = open_store(location)
         me = Owner.of_store(store)
     try:
-        claim(as_access(server), me, slots, project=project, create=False)
+        return claim(as_access(server), me, slots, project=project, create=False)
     except OwnedElsewhere as exc:
         owner = exc.details.get("owner") or {}
         here = location if isinstance(location, str) else str(Path(location).absolute())
@@ -294,108 +271,6 @@ def check_ownership(
             owner=owner,
             next_command=exc.details.get("next_command"),
         ) from exc
-
-
-def pool_protects(server: ServerAccess | Path, database: str) -> bool:
-    """Whether the server declares the pool with grants on ``database``.
-
-    Read from the server's own ``system.grants``: the users file is applied when the
-    server reads it, so what the server shows is what holds.
-    """
-    access = as_access(server)
-    if access.pool.catalog not in access.known_credentials():
-        return False
-    # The first ingest principal in use: a retired one may be gone from the server.
-    ingest = next(u for u in access.pool.ingest() if u in access.members_in_use())
-    return _operator_count(
-        access,
-        "system.grants WHERE user_name = "
-        f"{quote_literal(ingest)} AND database = {quote_literal(database)}",
-        "pool-grants",
-    )
-
-
-def require_protected(server: ServerAccess | Path, database: str) -> None:
-    """Refuse ``database`` unless the server's pool holds its grants there.
-
-    A pool user sees no database it has no grant on, so staging into one would answer
-    that it "does not exist" even when it does. Refused as ``database_not_protected``
-    with the command that protects it (and keeps every database protected now).
-    """
-    access = as_access(server)
-    if pool_protects(access, database):
-        return
-    exists = _operator_count(
-        access, f"system.databases WHERE name = {quote_literal(database)}", "database"
-    )
-    what = "the managed server" if access.managed else access.describe()
-    remedy, command = pool_remedy(access, (database,))
-    raise ConfigurationError(
-        f"{what} does not protect database {database!r}"
-        f"{'' if exists else ' (which does not exist yet)'}: its publication pool has no "
-        f"grants there; {remedy}",
-        code="database_not_protected",
-        database=database,
-        database_exists=exists,
-        next_command=command,
-    )
-
-
-def require_database(server: ServerAccess | Path, database: str) -> None:
-    """Refuse ``database`` unless it exists on the server (``database_missing``) and is
-    Atomic (``database_not_atomic``).
-
-    Asked before any work: a pool user would be told the same only after the export,
-    and as the server's raw ``UNKNOWN_DATABASE``.
-    """
-    access = as_access(server)
-    named = f"system.databases WHERE name = {quote_literal(database)}"
-    if _operator_count(access, f"{named} AND engine = 'Atomic'", "database"):
-        return
-    statement = f"CREATE DATABASE {quote_identifier(database)} ENGINE = Atomic"
-    if _operator_count(access, named, "database"):
-        raise ConfigurationError(
-            f"database {database!r} is not Atomic: EXCHANGE TABLES and the UUIDs dpone's "
-            "proofs rest on need an Atomic database (a Replicated or Shared one is not "
-            f"supported); point the table's target at one (`{statement}`)",
-            code="database_not_atomic",
-            database=database,
-        )
-    where = "the managed server" if access.managed else access.describe()
-    raise ConfigurationError(
-        f"database {database!r} does not exist on {where}; create it as its "
-        f"administrator (`{statement}`), or point the table's target at an existing one",
-        code="database_missing",
-        database=database,
-        statement=statement,
-    )
-
-
-def database_replaced(server: ServerAccess | Path, database: str, recorded_uuid: str) -> bool:
-    """Whether ``database`` now has another UUID than ``recorded_uuid``, or none (dropped,
-    perhaps created again): what an intent recorded there is gone with it."""
-    named = f"system.databases WHERE name = {quote_literal(database)}"
-    kept = f"{named} AND uuid = toUUIDOrZero({quote_literal(recorded_uuid)})"
-    return not _operator_count(server, kept, "database")
-
-
-def _operator_count(server: ServerAccess | Path, where: str, what: str) -> bool:
-    """Whether ``SELECT count() FROM <where>`` is not zero, asked as the operator."""
-    access = as_access(server)
-    # Asked from `system`: the database concerned may not exist.
-    endpoint = access.endpoint("system")
-    rows = (
-        HttpTransport(endpoint, access.operator())
-        .execute(
-            read(
-                f"SELECT count() AS n FROM {where} FORMAT JSONEachRow",
-                f"dpone-s00-{what}-{time.time_ns()}",
-            ),
-            deadline=time.monotonic() + REQUEST_SECONDS,
-        )
-        .json_rows()
-    )
-    return rows != [{"n": 0}]
 
 
 def issue_ingest(
@@ -419,7 +294,12 @@ def build_publication(config: PublicationConfig, database: str) -> PublicationCo
     endpoint = access.endpoint(database)
     store = open_store(config.store_path, create=config.create_store)
     issuer = build_issuer(
-        access, store, endpoint, project=config.project, create=config.claim_ownership
+        access,
+        store,
+        endpoint,
+        project=config.project,
+        create=config.claim_ownership,
+        claimed=config.pool_claimed,
     )
     credentials = pool_credentials(access)
     # One gate beside the store, across processes: a dispatch and a closure never

@@ -103,7 +103,7 @@ def claim(
     *,
     project: Path | None,
     create: bool = True,
-) -> None:
+) -> bool:
     """Own the access's pool and ``slots`` for ``me``, or refuse (``*_owned_elsewhere``).
 
     One read of the markers. The pool comes first: a store refused the pool claims no
@@ -113,11 +113,16 @@ def claim(
     claimed, exported or sent anything yet. ``create=False`` (a read-only check)
     creates nothing, and ``me`` None (a project whose store is not made yet) owns
     nothing: any marker there is another store's.
+
+    True when that one read found every marker, each ``me``'s: a claim of the same
+    markers for ``me`` made before anything could change them would read the same and
+    do nothing else, so it need not be asked (a refresh's check).
     """
     markers = [Marker(access.pool.marker, "pool", access.pool.describe())]
     markers += [Marker.of_slot(s) for s in dict.fromkeys(slots)]
     operator = HttpTransport(access.endpoint("system"), access.operator())
     owners = _read(operator, markers)
+    all_found = all(m.name in owners for m in markers)
     for marker in markers:
         if marker.name not in owners:
             if not create or me is None:
@@ -127,6 +132,7 @@ def claim(
         found = owners.get(marker.name)
         if me is None or found is None or found.store != me.store:
             raise _elsewhere(access, marker, me, found, project)
+    return all_found and me is not None
 
 
 def hand_over(

@@ -151,15 +151,17 @@ def grant_pairs(statements: Sequence[str]) -> set[tuple[str, str]]:
 
 
 def require_server_version(
-    access: ServerAccess, minimum: tuple[int, int] = MIN_SERVER_VERSION
+    access: ServerAccess,
+    minimum: tuple[int, int] = MIN_SERVER_VERSION,
+    *,
+    version: str | None = None,
 ) -> str:
     """The server's version; refused (``server_too_old``, naming the version and what
-    needs a newer one) when it is older than ``minimum``: never a late SQL error."""
-    version = str(
-        _rows(HttpTransport(access.endpoint("system"), access.operator()), _VERSION, "version")[0][
-            "v"
-        ]
-    )
+    needs a newer one) when it is older than ``minimum``: never a late SQL error.
+    ``version``: as the server answered it just now, in a read of its own caller."""
+    if version is None:
+        operator = HttpTransport(access.endpoint("system"), access.operator())
+        version = str(_rows(operator, _VERSION, "version")[0]["v"])
     if parse_version(version) < minimum:
         raise ConfigurationError(
             too_old_message(version, minimum),
