@@ -9,10 +9,10 @@ that either answer exactly or raise (a missing observation is never "absent").
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from dpone.connectors.batched_reads import batched_columns, split_answers
 from dpone.errors import StateError
 from dpone.ports.clickhouse import QueryPort
 from dpone.ports.clickhouse_request import check_attempt_id, read
@@ -131,33 +131,28 @@ def observe_ownerships(
         return {}
     where = f"database = {quote_literal(database)} AND "
     query_id = next_id()
-    result = transport.execute(
-        read(
-            "SELECT "
-            + _as_lines(
-                f"SELECT name, toString(uuid) AS uuid FROM system.tables WHERE {where}name IN "
-                f"{in_list(wanted)}",
-                "t",
-            )
-            + ", "
-            + _as_lines(
-                f"SELECT table, comment FROM system.columns WHERE {where}table IN "
-                f"{in_list(wanted)} AND position = 1",
-                "c",
-            )
-            + " FORMAT JSONEachRow",
-            query_id,
+    reads = [
+        (
+            "t",
+            f"SELECT name, toString(uuid) AS uuid FROM system.tables WHERE {where}name IN "
+            f"{in_list(wanted)}",
         ),
+        (
+            "c",
+            f"SELECT table, comment FROM system.columns WHERE {where}table IN "
+            f"{in_list(wanted)} AND position = 1",
+        ),
+    ]
+    result = transport.execute(
+        read(f"SELECT {', '.join(batched_columns(reads))} FORMAT JSONEachRow", query_id),
         deadline=deadline,
     )
-    answer = result.json_rows()
-    if len(answer) != 1 or not all(_lines(answer[0].get(k)) for k in ("t", "c")):
+    split = split_answers(result, ["t", "c"])
+    if split is None:
         raise TableObservationError(
-            f"tables of {database} observed as {answer!r:.200}", query_id=query_id
+            f"tables of {database} observed as {result.output!r:.200}", query_id=query_id
         )
-    rows, columns = (
-        dataclasses.replace(result, output=_joined(answer[0][k])).json_rows() for k in "tc"
-    )
+    rows, columns = split[1]
     uuids: dict[str, str] = {}
     for row in rows:
         name, uuid = row.get("name"), row.get("uuid")
@@ -172,16 +167,3 @@ def observe_ownerships(
         if isinstance(row.get("table"), str) and isinstance(row.get("comment"), str)
     }
     return {name: Ownership(uuid, comments.get(name)) for name, uuid in uuids.items()}
-
-
-def _as_lines(sql: str, alias: str) -> str:
-    """``sql``'s rows as one array of JSONEachRow lines, a column of a one-row answer."""
-    return f"(SELECT groupArray(formatRowNoNewline('JSONEachRow', *)) FROM ({sql})) AS {alias}"
-
-
-def _lines(value: object) -> bool:
-    return isinstance(value, list) and all(isinstance(x, str) for x in value)
-
-
-def _joined(lines: list[str]) -> bytes:
-    return "".join(f"{line}\n" for line in lines).encode("utf-8")
