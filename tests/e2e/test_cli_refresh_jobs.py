@@ -80,12 +80,13 @@ def test_twenty_tables_with_eight_jobs_each_publish_with_their_own_report(
     assert done.returncode == 1, done.stdout + done.stderr
     document = as_json(done)
     assert document["jobs"] == 8 and document["ok"] is False
-    # Tables that asked at once shared one read: observations and closure proofs.
+    # Tables that asked at once shared one read: observations, last looks and closure proofs.
     shared = document["shared_reads"]
-    for kind in ("observe", "identities", "close"):
+    for kind in ("observe", "identities", "close", "side_effects"):
         sizes = shared[f"{kind}:{DATABASE}"]
         assert max(sizes) > 1, shared
     assert sum(shared[f"close:{DATABASE}"]) == 2 * 19, shared  # an ingest and a publisher each
+    assert sum(shared[f"side_effects:{DATABASE}"]) == 19, shared  # a last look each
     reports = {r["table"]: r for r in document["tables"]}
     assert list(reports) == [f"t{n:02d}" for n in range(20)]  # the project's order
     assert (reports["t07"]["outcome"], reports["t07"]["phase"]) == ("failed", "export")

@@ -352,3 +352,31 @@ def test_two_slots_never_share_a_name(clickhouse: ServerInfo) -> None:
         cat.observe_many(DB, [("a", "a")])
     assert cat.observe_many(DB, []) == {}
     assert counted.sent == 0  # refused before anything was read
+
+
+def test_each_slots_last_look_equals_its_own(database: ServerInfo) -> None:
+    """The executor's last look before an EXCHANGE, for several slots at once: each
+    slot's blockers are those of its own names, as its own look finds them, in the
+    one request its own look takes."""
+    cat, counted = catalog(database)
+    alone = {(t, g): cat.side_effects_now(TargetSlot(DB, t), g) for t, g in SLOTS}
+    counted.sent = 0
+    found = cat.side_effects_many(DB, SLOTS)
+    assert counted.sent == 1
+    assert found == alone
+    assert {pair: sorted(b.reason for b in seen) for pair, seen in found.items()} == {
+        # cat_writer may ALTER UPDATE target_t: an outside writer, trusted by no slot.
+        ("target_t", "target_g"): ["writer_grant"],
+        ("mv_t", "mv_g"): ["incoming_mv", "table_missing"],
+        ("mut_t", "mut_g"): ["mutation_in_flight"],
+        ("new_t", "new_g"): ["table_missing"],
+    }
+
+
+def test_a_last_look_at_a_missing_database_blocks_every_slot(clickhouse: ServerInfo) -> None:
+    cat, _ = catalog(clickhouse)
+    found = cat.side_effects_many("dpone_no_such_db", [("a_t", "a_g"), ("b_t", "b_g")])
+    assert {pair: [b.reason for b in seen] for pair, seen in found.items()} == {
+        ("a_t", "a_g"): ["database_missing"],
+        ("b_t", "b_g"): ["database_missing"],
+    }

@@ -5,7 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 
+from dpone.errors import DponeError
 from dpone.ports.composition_snapshot import (
+    Blocker,
     CatalogObservation,
     ClosureProof,
     ClosureStrength,
@@ -25,6 +27,16 @@ class _Catalog:
     ) -> Mapping[Pair, CatalogObservation]:
         self.calls.append((database, tuple(pairs), side_effects))
         return {p: CatalogObservation(None, None, 0, f"{database}.{p[0]}/{p[1]}") for p in pairs}
+
+    def side_effects_many(
+        self, database: str, pairs: Sequence[Pair]
+    ) -> Mapping[Pair, tuple[Blocker, ...]]:
+        """A blocker naming each pair; a batch holding ("bad", ...) fails whole, and
+        that slot alone fails on its own."""
+        self.calls.append((database, tuple(pairs), True))
+        if any(t == "bad" for t, _ in pairs):
+            raise DponeError("a name changed during the look", code="catalog_unobservable")
+        return {p: (Blocker("seen", f"{database}.{p[0]}/{p[1]}"),) for p in pairs}
 
 
 class _Authority:
@@ -93,3 +105,24 @@ def test_each_lease_gets_its_own_proof_from_a_shared_closure() -> None:
         (refs[2], True),
     ]
     assert len(authority.calls) == 1 and sorted(authority.calls[0]) == ["u1", "u2", "u3"]
+
+
+def test_last_looks_asked_together_are_one_read_and_a_failing_slot_fails_alone() -> None:
+    catalog = _Catalog()
+    sharing = RunSharing(expected=lambda: 3, gather_seconds=5.0)
+    pairs = [("t1", "g1"), ("bad", "g2"), ("t3", "g3")]
+
+    def look(pair: Pair) -> object:
+        try:
+            return sharing.side_effects(catalog, "db", pair)
+        except DponeError as exc:
+            return exc
+
+    answers = _together([lambda p=p: look(p) for p in pairs])
+    assert answers[0] == (Blocker("seen", "db.t1/g1"),)
+    assert isinstance(answers[1], DponeError) and answers[1].code == "catalog_unobservable"
+    assert answers[2] == (Blocker("seen", "db.t3/g3"),)
+    # One look for the three, failed whole; then each slot looked at alone.
+    assert sorted(catalog.calls[0][1]) == sorted(pairs)
+    assert sorted(c[1] for c in catalog.calls[1:]) == sorted((p,) for p in pairs)
+    assert sharing.batches() == {"side_effects:db": [3]}

@@ -150,6 +150,8 @@ class ClickHouseSnapshotCatalog:
         # Set by a run whose tables go in threads (publication/sharing/): observe and
         # identities are then answered with every slot asked at once, each its own.
         self.shared: Callable[[TargetSlot, str, bool], CatalogObservation] | None = None
+        # And side_effects_now, with every slot asked at once.
+        self.shared_side_effects: Callable[[TargetSlot, str], tuple[Blocker, ...]] | None = None
 
     def observe(self, slot: TargetSlot, generation_table: str) -> CatalogObservation:
         """Names, UUIDs, design, side effects, content and byte counters of both tables."""
@@ -223,23 +225,41 @@ class ClickHouseSnapshotCatalog:
         that appeared since the observation). The pool's own
         principals are judged by the observation (which waits for a closure another
         process is proving); a missing database or name is a blocker."""
+        if self.shared_side_effects is not None:
+            return self.shared_side_effects(slot, generation_table)
+        pair = (slot.table, generation_table)
+        return self.side_effects_many(slot.database, [pair])[pair]
+
+    def side_effects_many(
+        self, database: str, pairs: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[Blocker, ...]]:
+        """:meth:`side_effects_now` of each ``(target, generation)`` slot of
+        ``database``, looked at once (one read of everything around their names), by
+        pair; each slot's blockers are those of its own names."""
         reads = CatalogReads(self._transport, self._clock() + self._timeout, self._clock)
-        names = (slot.table, generation_table)
+        slot_names(pairs)  # refused before anything is read
         allowed = self.trusted_users | self.pool_members
-        view = dataclasses.replace(
-            self._view(slot, generation_table, True), allowed=lambda: allowed
-        )
-        around = read_around(reads, slot.database, [view])
+        views = [
+            dataclasses.replace(
+                self._view(TargetSlot(database, target), generation, True),
+                allowed=lambda: allowed,
+            )
+            for target, generation in pairs
+        ]
+        around = read_around(reads, database, views)
         if around is None:
-            return (Blocker("database_missing", f"no database {slot.database}"),)
-        tables, side = around.tables, around.sides[slot.table]
-        found: list[Blocker] = []
-        for name in names:
-            if name not in tables:
-                found.append(Blocker("table_missing", f"no table {slot.database}.{name}"))
-            else:
-                found.extend(side.blockers(slot.database, name, tables[name], reads))
-        return tuple(found)
+            missing = (Blocker("database_missing", f"no database {database}"),)
+            return {pair: missing for pair in pairs}
+        looks: dict[tuple[str, str], tuple[Blocker, ...]] = {}
+        for target, generation in pairs:
+            side, found = around.sides[target], []
+            for name in (target, generation):
+                if name not in around.tables:
+                    found.append(Blocker("table_missing", f"no table {database}.{name}"))
+                else:
+                    found.extend(side.blockers(database, name, around.tables[name], reads))
+            looks[(target, generation)] = tuple(found)
+        return looks
 
     def exchange_events(self, query_id: str) -> list[ExchangeEvent]:
         """Every query-log row of ``query_id`` after ``SYSTEM FLUSH LOGS``, in order."""

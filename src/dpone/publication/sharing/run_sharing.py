@@ -3,7 +3,9 @@
 A run that refreshes several tables in threads of one process hands every table's
 publication the same :class:`RunSharing`. The catalog of each database answers
 ``observe`` and ``identities`` from one observation of every slot asked at once
-(``observe_many``), and the authority answers ``close_principal`` from one closure of
+(``observe_many``), and the executor's last look before an EXCHANGE
+(``side_effects_now``) from one look at every slot asked at once
+(``side_effects_many``); the authority answers ``close_principal`` from one closure of
 every lease asked at once (``close_principals``): each answer is the slot's or the
 lease's own, read after it was asked (:mod:`.group_commit`). Nothing else is shared.
 See docs/publication.md ("Many tables in one run").
@@ -13,10 +15,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from dpone.errors import DponeError
 from dpone.ports.composition_snapshot import (
+    Blocker,
     CatalogObservation,
     ClosureProof,
     PrincipalRef,
@@ -27,6 +30,7 @@ from dpone.publication.store.holder_process import closing_here, wait_closures_b
 
 # A slot of one database: its target's name and its generation's.
 Pair = tuple[str, str]
+T = TypeVar("T")
 # How long a batch's first caller waits for the others the run expects, and how long
 # without a new call ends the wait sooner (tables at the same step ask within a few ms).
 GATHER_SECONDS = 0.05
@@ -43,16 +47,26 @@ class ObservesMany(Protocol):
     ) -> Mapping[Pair, CatalogObservation]: ...
 
 
+class LooksMany(Protocol):
+    """The catalog's last look at the side effects of several slots at once."""
+
+    def side_effects_many(
+        self, database: str, pairs: Sequence[Pair]
+    ) -> Mapping[Pair, tuple[Blocker, ...]]: ...
+
+
 class ClosesMany(Protocol):
     """The authority's closure of several leases at once."""
 
     def close_principals(self, principals: Sequence[PrincipalRef]) -> list[ClosureProof]: ...
 
 
-class SharesObservations(ObservesMany, Protocol):
-    """A catalog whose observations a run may answer (its ``shared`` hook)."""
+class SharesObservations(ObservesMany, LooksMany, Protocol):
+    """A catalog whose observations and last looks a run may answer (its ``shared``
+    and ``shared_side_effects`` hooks)."""
 
     shared: Callable[[TargetSlot, str, bool], CatalogObservation] | None
+    shared_side_effects: Callable[[TargetSlot, str], tuple[Blocker, ...]] | None
 
 
 class SharesClosures(ClosesMany, Protocol):
@@ -90,31 +104,51 @@ class RunSharing:
         those of every slot of ``database`` asked at once."""
         kind = "observe" if side_effects else "identities"
 
-        def batch(pairs: Sequence[Pair]) -> Mapping[Pair, CatalogObservation | DponeError]:
+        def observe(pairs: Sequence[Pair]) -> Mapping[Pair, CatalogObservation]:
             if side_effects:
                 # A lease another table is closing now would be read as a writer, and
                 # the observation taken again once its proof is stored: wait for it.
                 wait_closures_begun_here(CLOSURE_WAIT_SECONDS)
+            return catalog.observe_many(database, pairs, side_effects=side_effects)
+
+        return self._answer(kind, database, pair, observe)
+
+    def side_effects(self, catalog: LooksMany, database: str, pair: Pair) -> tuple[Blocker, ...]:
+        """``pair``'s last look before its EXCHANGE, read with those of every slot of
+        ``database`` asked at once (the pool's principals are left to the observation,
+        so it waits for no closure)."""
+
+        def look(pairs: Sequence[Pair]) -> Mapping[Pair, tuple[Blocker, ...]]:
+            return catalog.side_effects_many(database, pairs)
+
+        return self._answer("side_effects", database, pair, look)
+
+    def _answer(
+        self,
+        kind: str,
+        database: str,
+        pair: Pair,
+        read_many: Callable[[Sequence[Pair]], Mapping[Pair, T]],
+    ) -> T:
+        """``pair``'s answer from one ``read_many`` of every slot asked at once."""
+
+        def batch(pairs: Sequence[Pair]) -> Mapping[Pair, T | DponeError]:
             try:
-                return catalog.observe_many(database, pairs, side_effects=side_effects)
+                return read_many(pairs)
             except DponeError:
                 if len(pairs) == 1:
                     raise
-            # A name of one slot changed, say: each slot is observed alone, so that
-            # what refuses one table refuses it alone (each still read after it asked).
-            alone: dict[Pair, CatalogObservation | DponeError] = {}
+            # A name of one slot changed, say: each slot is read alone, so that what
+            # refuses one table refuses it alone (each still read after it asked).
+            alone: dict[Pair, T | DponeError] = {}
             for one in pairs:
                 try:
-                    alone[one] = catalog.observe_many(database, [one], side_effects=side_effects)[
-                        one
-                    ]
+                    alone[one] = read_many([one])[one]
                 except DponeError as exc:
                     alone[one] = exc
             return alone
 
-        group: GroupCommit[Pair, CatalogObservation | DponeError] = self._group(
-            kind, database, batch
-        )
+        group: GroupCommit[Pair, T | DponeError] = self._group(kind, database, batch)
         answer = group(pair, batch)  # a batch it leads reads through its own catalog
         if isinstance(answer, DponeError):
             raise answer
@@ -135,10 +169,13 @@ class RunSharing:
             return group(principal, batch)  # a batch it leads closes through its own ports
 
     def attach(self, catalog: SharesObservations, authority: SharesClosures, database: str) -> None:
-        """Answer ``catalog``'s observations and ``authority``'s closures of ``database``
-        with the run's other tables' asked at once."""
+        """Answer ``catalog``'s observations and last looks and ``authority``'s closures
+        of ``database`` with the run's other tables' asked at once."""
         catalog.shared = lambda slot, generation, side: self.observation(
             catalog, database, (slot.table, generation), side_effects=side
+        )
+        catalog.shared_side_effects = lambda slot, generation: self.side_effects(
+            catalog, database, (slot.table, generation)
         )
         authority.shared_close = lambda principal: self.closure(authority, database, principal)
 
