@@ -134,20 +134,6 @@ def test_the_gather_ends_at_its_deadline_when_fewer_callers_come() -> None:
     assert group.batches == [1]
 
 
-def test_the_gather_ends_once_no_call_came_for_the_quiet_time() -> None:
-    batch = _Recorder()
-    group: GroupCommit[int, int] = GroupCommit(
-        batch, expected=lambda: 5, gather_seconds=5.0, quiet_seconds=0.05
-    )
-    started = time.monotonic()
-    assert group(1) == 10
-    assert 0.04 <= time.monotonic() - started < 1.0  # not the gather's 5 s
-    # Calls that keep coming within the quiet time are all gathered.
-    answers = _run_at_once(group, [2, 3, 4])
-    assert {k: answers[k] for k in (2, 3, 4)} == {2: 20, 3: 30, 4: 40}
-    assert group.batches == [1, 3]
-
-
 @pytest.mark.parametrize("hold", [0.0, 0.005])
 def test_many_rounds_of_callers_all_get_their_own_answers(hold: float) -> None:
     group: GroupCommit[int, int] = GroupCommit(_Recorder(hold=hold))

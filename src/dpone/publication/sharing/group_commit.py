@@ -55,7 +55,7 @@ class GroupCommit(Generic[K, R]):
     raises (an interruption of the leading caller's own thread excepted: it alone
     raises it). The first caller not yet taken leads the next batch: it waits up to
     ``gather_seconds`` for ``expected()`` calls to be pending (0: it starts at once),
-    or until no call came for ``quiet_seconds``, then takes every pending call of a distinct key and runs the batch, while the
+    then takes every pending call of a distinct key and runs the batch, while the
     calls made since gather for the batch after it (batches may run at once; a key
     pending twice waits for a later batch). A caller waiting for a batch it does not
     lead stops there when a signal was passed to its thread.
@@ -67,15 +67,11 @@ class GroupCommit(Generic[K, R]):
         *,
         expected: Callable[[], int] = lambda: 1,
         gather_seconds: float = 0.0,
-        quiet_seconds: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._batch = batch
         self._expected = expected
         self._gather = gather_seconds
-        # The gather also ends once no call came for this long (None: only at its end).
-        self._quiet = gather_seconds if quiet_seconds is None else quiet_seconds
-        self._arrived = 0.0  # when the last call was made
         self._clock = clock
         self._changed = threading.Condition()
         self._pending: list[_Call[K, R]] = []  # made, not yet taken by a batch
@@ -88,7 +84,6 @@ class GroupCommit(Generic[K, R]):
         call: _Call[K, R] = _Call(key, batch)
         with self._changed:
             self._pending.append(call)
-            self._arrived = self._clock()
             self._changed.notify_all()
             while not call.done:
                 if not call.taken and not self._gathering and self._pending[0] is call:
@@ -117,11 +112,8 @@ class GroupCommit(Generic[K, R]):
     def _lead(self, own: _Call[K, R]) -> None:
         deadline = self._clock() + self._gather
         with self._changed:
-            while len(self._pending) < self._expected():
-                until = min(deadline, self._arrived + self._quiet)
-                if self._clock() >= until:
-                    break
-                self._changed.wait(until - self._clock())
+            while len(self._pending) < self._expected() and self._clock() < deadline:
+                self._changed.wait(max(0.0, deadline - self._clock()))
             taken = self._take()
             self._gathering = False  # the calls made from now on gather the next batch
             self._changed.notify_all()

@@ -31,10 +31,8 @@ from dpone.publication.store.holder_process import closing_here, wait_closures_b
 # A slot of one database: its target's name and its generation's.
 Pair = tuple[str, str]
 T = TypeVar("T")
-# How long a batch's first caller waits for the others the run expects, and how long
-# without a new call ends the wait sooner (tables at the same step ask within a few ms).
+# How long a batch's first caller waits for the others the run expects.
 GATHER_SECONDS = 0.05
-QUIET_SECONDS = 0.015
 # At most this long an observation waits for the closures running as it begins.
 CLOSURE_WAIT_SECONDS = 5.0
 
@@ -194,10 +192,7 @@ class RunSharing:
             group = self._groups.get((kind, database))
             if group is None:
                 group = GroupCommit(
-                    batch,
-                    expected=lambda: self._expected(),
-                    gather_seconds=self._gather,
-                    quiet_seconds=min(self._gather, QUIET_SECONDS),
+                    batch, expected=lambda: self._expected(), gather_seconds=self._gather
                 )
                 self._groups[(kind, database)] = group
             return group
