@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +17,7 @@ from dpone.connectors.http_connections import (
     ConnectionKey,
     ConnectionPool,
     KeepAlive,
+    both,
     keep_alive,
     side_by_side,
 )
@@ -174,9 +176,28 @@ def test_side_by_side_runs_calls_together_answers_in_order_counted_as_the_caller
         return n, threading.current_thread() is threading.main_thread()
 
     answers = side_by_side([functools.partial(call, n) for n in range(3)])
-    assert answers == [(0, False), (1, False), (2, False)]
+    # The first in the calling thread (here the main one), the others beside it.
+    assert answers == [(0, True), (1, False), (2, False)]
     mine = POOL.thread_traffic().since(before)
     assert (mine.requests, mine.connections) == (3, 1)
     # One call runs where it is: no thread for it.
     assert side_by_side([lambda: threading.current_thread()]) == [threading.current_thread()]
     assert side_by_side([]) == []
+
+
+def test_side_by_side_raises_the_first_error_once_every_call_ended() -> None:
+    ended: list[int] = []
+
+    def fails(n: int) -> int:
+        time.sleep(0.05 * n)
+        ended.append(n)
+        raise ValueError(f"call {n}")
+
+    with pytest.raises(ValueError, match="call 1"):
+        side_by_side([lambda: 0, functools.partial(fails, 1), functools.partial(fails, 2)])
+    assert sorted(ended) == [1, 2]
+
+
+def test_both_answers_two_types_in_order_the_first_where_it_is() -> None:
+    here = threading.current_thread()
+    assert both(lambda: (threading.current_thread() is here, "a"), lambda: 2) == ((True, "a"), 2)

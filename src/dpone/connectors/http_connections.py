@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import ParamSpec, Protocol, TypeVar
+from typing import ParamSpec, Protocol, TypeVar, cast
 
 from dpone.errors import ConfigurationError
 from dpone.ports.clickhouse_errors import NotSubmitted
@@ -36,6 +36,8 @@ IDLE_PER_KEY = 8
 _TIMEOUT = re.compile(r"(?:^|,)\s*timeout\s*=\s*(\d+)\s*(?:,|$)", re.IGNORECASE)
 P = ParamSpec("P")
 T = TypeVar("T")
+A = TypeVar("A")
+B = TypeVar("B")
 _MAX = re.compile(r"(?:^|,)\s*max\s*=\s*(\d+)\s*(?:,|$)", re.IGNORECASE)
 
 
@@ -302,11 +304,26 @@ os.register_at_fork(after_in_child=POOL.after_fork)
 
 
 def side_by_side(calls: Sequence[Callable[[], T]]) -> list[T]:
-    """Each call's result, in the order given. Several independent requests run in
-    threads of their own (one round trip for them all, not one each), their traffic
-    counted as the caller's (:meth:`ConnectionPool.carried`); one runs where it is."""
+    """Each call's result, in the order given. Independent requests run at once (one
+    round trip for them all, not one each): the first in the calling thread, each
+    other in a thread of its own, its traffic counted as the caller's
+    (:meth:`ConnectionPool.carried`). The first error raised, in that order, is
+    raised once every call has ended."""
     if len(calls) <= 1:
         return [call() for call in calls]
-    with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="dpone-beside") as run:
-        answers = [run.submit(POOL.carried(call)) for call in calls]
-        return [answer.result() for answer in answers]
+    with ThreadPoolExecutor(max_workers=len(calls) - 1, thread_name_prefix="dpone-beside") as run:
+        others = [run.submit(POOL.carried(call)) for call in calls[1:]]
+        try:
+            first = calls[0]()
+        finally:
+            done = [answer.exception() for answer in others]  # waits for each to end
+        errors = [e for e in done if e is not None]
+        if errors:
+            raise errors[0]
+        return [first, *(answer.result() for answer in others)]
+
+
+def both(first: Callable[[], A], second: Callable[[], B]) -> tuple[A, B]:
+    """:func:`side_by_side` of two calls that answer different types."""
+    answers: list[object] = side_by_side([first, second])
+    return cast(A, answers[0]), cast(B, answers[1])

@@ -8,9 +8,11 @@ credentials and never calls the executor.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
+from dpone.connectors.http_connections import both
 from dpone.contracts.composition_snapshot import (
     TERMINAL,
     ReconcileFacts,
@@ -185,19 +187,12 @@ class Reconcile:
         dispatch: RecordDispatch | None,
         tables: bool = True,
     ) -> ReconcileFacts:
-        observation: CatalogObservation | None = None
-        try:
-            if tables:
-                observation = self.ports.catalog.identities(
-                    intent_slot(intent), intent.generation_table
-                )
-        except DponeError:
-            observation = None
-        try:
-            events = self.ports.catalog.exchange_events(exchange_query_id(intent.sha256))
-            finishes: int | None = sum(1 for e in events if e.type == "QueryFinish")
-        except DponeError:
-            finishes = None
+        # Two independent reads, asked at once: both names' identities, and the query
+        # log's account of the EXCHANGE (a flush, then its rows).
+        observation, finishes = both(
+            functools.partial(self._identities, intent, tables),
+            functools.partial(self._exchange_finishes, intent),
+        )
         target = None if observation is None else observation.target
         generation = None if observation is None else observation.generation
         return ReconcileFacts(
@@ -210,6 +205,23 @@ class Reconcile:
             dispatch_outcome=None if dispatch is None else dispatch.outcome,
             target_design_sha256=None if target is None else target.design_sha256,
         )
+
+    def _identities(self, intent: SnapshotIntent, tables: bool) -> CatalogObservation | None:
+        """Both names' identities now (None: not asked, or unobservable)."""
+        if not tables:
+            return None
+        try:
+            return self.ports.catalog.identities(intent_slot(intent), intent.generation_table)
+        except DponeError:
+            return None
+
+    def _exchange_finishes(self, intent: SnapshotIntent) -> int | None:
+        """How many times the query log says the EXCHANGE finished (None: unreadable)."""
+        try:
+            events = self.ports.catalog.exchange_events(exchange_query_id(intent.sha256))
+        except DponeError:
+            return None
+        return sum(1 for e in events if e.type == "QueryFinish")
 
 
 def _reason(
