@@ -226,17 +226,26 @@ def test_init_writes_an_example_that_check_accepts(tmp_path: Path, server: dict[
     assert [p["code"] for p in refused["problems"]] == ["database_not_protected"]
 
 
-def test_status_and_retention_keep_one_rollback_copy(
-    tmp_path: Path, server: dict[str, Any]
-) -> None:
+def three_refreshes(
+    tmp_path: Path, server: dict[str, Any], target: str
+) -> tuple[Path, list[dict[str, Any]]]:
+    """The project of ``items`` into ``target``, and the reports of three refreshes of
+    five rows, each with other names."""
     make_source(tmp_path / "shop.db", rows_of(5))
-    config = project(tmp_path, server, "t_keep")
+    config = project(tmp_path, server, target)
     reports = []
     for run in range(3):
         make_source(tmp_path / "shop.db", rows_of(5, name=f"r{run}-"))
         code, done = refresh(config, "items")
         assert code == 0, done
         reports.append(done["tables"][0])
+    return config, reports
+
+
+def test_status_and_retention_keep_one_rollback_copy(
+    tmp_path: Path, server: dict[str, Any]
+) -> None:
+    config, reports = three_refreshes(tmp_path, server, "t_keep")
     # Each publication after the first dropped the copy before it, verified and journaled.
     assert reports[1]["dropped_rollback_copies"] == [f"{DATABASE}.{reports[0]['generation_table']}"]
     assert reports[2]["dropped_rollback_copies"] == [f"{DATABASE}.{reports[1]['generation_table']}"]
@@ -419,14 +428,8 @@ def test_a_steady_refresh_checks_and_keeps_its_copies_in_few_requests(
     and takes the target's columns from its observation of the target (read again
     before); its retention observes the copies in one read (two before) beside each
     copy's verified drop."""
-    make_source(tmp_path / "shop.db", rows_of(5))
-    config = project(tmp_path, server, "t_trips")
-    traffic = []
-    for run in range(3):
-        make_source(tmp_path / "shop.db", rows_of(5, name=f"r{run}-"))
-        code, done = refresh(config, "items")
-        assert code == 0, done
-        traffic.append({k: v["requests"] for k, v in done["tables"][0]["traffic"].items()})
+    _, reports = three_refreshes(tmp_path, server, "t_trips")
+    traffic = [{k: v["requests"] for k, v in r["traffic"].items()} for r in reports]
     # Before: the check sent 11 requests on the managed server (36 on the remote one,
     # whose check also verifies the installed pool), and retention 2, then 4.
     most = 6 if server["kind"] == "managed" else 32
