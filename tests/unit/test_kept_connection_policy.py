@@ -6,7 +6,7 @@ import functools
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -193,8 +193,10 @@ def test_side_by_side_raises_the_first_error_once_every_call_ended() -> None:
         ended.append(n)
         raise ValueError(f"call {n}")
 
+    calls: list[Callable[[], int]] = [lambda: 0, functools.partial(fails, 1)]
+    calls.append(functools.partial(fails, 2))
     with pytest.raises(ValueError, match="call 1"):
-        side_by_side([lambda: 0, functools.partial(fails, 1), functools.partial(fails, 2)])
+        side_by_side(calls)
     assert sorted(ended) == [1, 2]
 
 
