@@ -39,7 +39,7 @@ from tests.plugins.staging import (
 pytestmark = pytest.mark.usefixtures("staging_database")  # the databases, for every test here
 
 
-def test_one_staging_sends_nine_requests(clickhouse: ServerInfo, tmp_path: Path) -> None:
+def test_one_staging_sends_ten_requests(clickhouse: ServerInfo, tmp_path: Path) -> None:
     path, receipt, data = export_hostile(tmp_path)
     sent: list[str] = []
 
@@ -61,9 +61,10 @@ def test_one_staging_sends_nine_requests(clickhouse: ServerInfo, tmp_path: Path)
         "read-table",  # the table's row and its columns
         "read-session_open",
         "insert",
-        "read-verify",  # the endpoint, the table's row and columns, COUNT, stored bytes
+        "read-verify",  # the endpoint, the table's row and columns, its stored bytes
+        "read-count",  # the single COUNT: its own identified request (seed 001)
     ]
-    assert traffic.requests == len(sent) == 9, traffic  # each one HTTP request
+    assert traffic.requests == len(sent) == 10, traffic  # each one HTTP request
 
 
 def principal_of(clickhouse: ServerInfo, credentials: Credentials) -> tuple[Any, int]:
@@ -128,7 +129,9 @@ def test_a_batch_over_the_response_budget_is_asked_read_by_read(
     ).stage_validated_file(path, receipt, attempt_id="budget-1")
     assert staged.rows == len(data)
     assert states(staged.journal_path)[-1] == "staged"
-    # The batch is asked again read by read, each with its own checks.
+    # The batch's reads are asked again without it, each with its own checks: the
+    # endpoint, the table's row and columns (one request, as after the CREATE), then
+    # the COUNT, as always on its own, and the stored bytes.
     assert sent[sent.index("insert") + 1 :] == [
         "read-verify",
         "read-identity-endpoint",

@@ -17,7 +17,6 @@ from dpone.connectors.http_connections import (
     ConnectionKey,
     ConnectionPool,
     KeepAlive,
-    both,
     keep_alive,
     side_by_side,
 )
@@ -185,21 +184,26 @@ def test_side_by_side_runs_calls_together_answers_in_order_counted_as_the_caller
     assert side_by_side([]) == []
 
 
-def test_side_by_side_raises_the_first_error_once_every_call_ended() -> None:
+def test_side_by_side_raises_the_first_error_in_order_once_every_call_ended() -> None:
     ended: list[int] = []
 
-    def fails(n: int) -> int:
-        time.sleep(0.05 * n)
+    def fails(n: int, after: float) -> int:
+        time.sleep(after)
         ended.append(n)
         raise ValueError(f"call {n}")
 
-    calls: list[Callable[[], int]] = [lambda: 0, functools.partial(fails, 1)]
-    calls.append(functools.partial(fails, 2))
-    with pytest.raises(ValueError, match="call 1"):
+    # Call 2 fails first in time, the calling thread's call 0 last: the error raised is
+    # call 0's, the first in order, the others noted on it.
+    calls: list[Callable[[], int]] = [
+        functools.partial(fails, 0, 0.1),
+        lambda: 1,
+        functools.partial(fails, 2, 0.0),
+        functools.partial(fails, 3, 0.05),
+    ]
+    with pytest.raises(ValueError, match="call 0") as raised:
         side_by_side(calls)
-    assert sorted(ended) == [1, 2]
-
-
-def test_both_answers_two_types_in_order_the_first_where_it_is() -> None:
-    here = threading.current_thread()
-    assert both(lambda: (threading.current_thread() is here, "a"), lambda: 2) == ((True, "a"), 2)
+    assert sorted(ended) == [0, 2, 3]
+    assert [n for n in raised.value.__notes__ if "call 2" in n or "call 3" in n] == [
+        "also raised beside it: ValueError('call 2')",
+        "also raised beside it: ValueError('call 3')",
+    ]

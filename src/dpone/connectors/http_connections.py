@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import ParamSpec, Protocol, TypeVar, cast
+from typing import ParamSpec, Protocol, TypeVar
 
 from dpone.errors import ConfigurationError
 from dpone.ports.clickhouse_errors import NotSubmitted
@@ -36,8 +36,6 @@ IDLE_PER_KEY = 8
 _TIMEOUT = re.compile(r"(?:^|,)\s*timeout\s*=\s*(\d+)\s*(?:,|$)", re.IGNORECASE)
 P = ParamSpec("P")
 T = TypeVar("T")
-A = TypeVar("A")
-B = TypeVar("B")
 _MAX = re.compile(r"(?:^|,)\s*max\s*=\s*(\d+)\s*(?:,|$)", re.IGNORECASE)
 
 
@@ -305,25 +303,30 @@ os.register_at_fork(after_in_child=POOL.after_fork)
 
 def side_by_side(calls: Sequence[Callable[[], T]]) -> list[T]:
     """Each call's result, in the order given. Independent requests run at once (one
-    round trip for them all, not one each): the first in the calling thread, each
-    other in a thread of its own, its traffic counted as the caller's
-    (:meth:`ConnectionPool.carried`). The first error raised, in that order, is
-    raised once every call has ended."""
+    round trip for them all, not one each): the first in the calling thread, the
+    others in threads beside it (at most :data:`IDLE_PER_KEY` at a time), their
+    traffic counted as the caller's (:meth:`ConnectionPool.carried`). Once every call
+    has ended, the first error in that order is raised, the others' noted on it.
+
+    A signal passed to the calling thread stops it at its own next request; the
+    requests beside it run to their end (each bounded by its deadline)."""
     if len(calls) <= 1:
         return [call() for call in calls]
-    with ThreadPoolExecutor(max_workers=len(calls) - 1, thread_name_prefix="dpone-beside") as run:
+    workers = min(len(calls) - 1, IDLE_PER_KEY)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dpone-beside") as run:
         others = [run.submit(POOL.carried(call)) for call in calls[1:]]
+        first: list[T] = []
+        errors: list[BaseException] = []
         try:
-            first = calls[0]()
-        finally:
-            done = [answer.exception() for answer in others]  # waits for each to end
-        errors = [e for e in done if e is not None]
-        if errors:
-            raise errors[0]
-        return [first, *(answer.result() for answer in others)]
-
-
-def both(first: Callable[[], A], second: Callable[[], B]) -> tuple[A, B]:
-    """:func:`side_by_side` of two calls that answer different types."""
-    answers: list[object] = side_by_side([first, second])
-    return cast(A, answers[0]), cast(B, answers[1])
+            first.append(calls[0]())
+        except BaseException as exc:
+            errors.append(exc)
+        for answer in others:  # each waited for to its end
+            error = answer.exception()
+            if error is not None:
+                errors.append(error)
+    if errors:
+        for later in errors[1:]:
+            errors[0].add_note(f"also raised beside it: {later!r:.300}")
+        raise errors[0]
+    return [*first, *(answer.result() for answer in others)]

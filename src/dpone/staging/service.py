@@ -372,8 +372,10 @@ class ClickHouseValidatedFileService:
     ) -> int:
         """Everything after the INSERT, under the verification deadline."""
         checks = self._checks(run)
-        reads = ("table", "columns", "count", "stored_bytes")
-        checks.prefetch("verify", table, reads, deadline, endpoint=True)  # one round trip
+        # The probes and descriptions in one identified request; the single COUNT in
+        # its own (seed 001), asked once the identity held.
+        reads = ("table", "columns", "stored_bytes")
+        checks.prefetch("verify", table, reads, deadline, endpoint=True)
         # The endpoint first: elsewhere, a missing table would read as "never created".
         self._check_endpoint(run, deadline, "after the INSERT", checks)
         again = checks.identity(table, comment, prepared.identity.target_schema, deadline)

@@ -124,7 +124,7 @@ class StagingTableChecks:
         *,
         endpoint: bool = False,
     ) -> None:
-        """Ask ``reads`` of ``table`` (``table``, ``columns``, ``count``, ``stored_bytes``)
+        """Ask ``reads`` of ``table`` (``table``, ``columns``, ``stored_bytes``)
         and, with ``endpoint``, the endpoint's identity, in one request (``purpose``)
         for the checks that will take them. Only a saving of round trips: a batch the
         server refused, answered over the response budget or in another shape keeps
@@ -170,8 +170,6 @@ class StagingTableChecks:
                 "SELECT name, type, comment FROM system.columns "
                 f"WHERE database = {database} AND table = {named} ORDER BY position"
             )
-        if name == "count":
-            return f"SELECT count() AS n FROM {qualified_name(self.database, table)}"
         if name == "stored_bytes":
             return (
                 "SELECT total_bytes AS b FROM system.tables "
@@ -281,8 +279,16 @@ class StagingTableChecks:
         return rows
 
     def count(self, table: str, deadline: float) -> int:
-        """The exact row count of ``table``, as an integer the server returned."""
-        _, rows = self._answer(table, "count", deadline)
+        """The exact row count of ``table``, as an integer the server returned: the
+        single COUNT, always its own identified request (seed 001), never batched."""
+        rows = self.transport.execute(
+            read(
+                f"SELECT count() AS n FROM {qualified_name(self.database, table)} "
+                "FORMAT JSONEachRow",
+                self._read_id("count"),
+            ),
+            deadline=self._bounded(deadline),
+        ).json_rows()
         if len(rows) != 1 or set(rows[0]) != {"n"}:
             raise StagingError(
                 f"COUNT returned {len(rows)} rows {rows!r:.200}", code="count_unobservable"

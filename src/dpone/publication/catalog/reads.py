@@ -26,7 +26,6 @@ _UNKNOWN_TABLE = 60
 Read = tuple[str, str]
 
 
-# Each read's rows, as the JSONEachRow lines it would have answered on its own.
 class CatalogUnobservable(StateError):
     """The catalog could not observe something completely; nothing was assumed instead."""
 

@@ -196,7 +196,8 @@ def _operator_counts(
     version when ``version``, in one request.
 
     No counts and no version when that request ran and failed (the server's error for
-    one of them): each is then asked on its own, in its turn, for its own error.
+    one of them) or answered in another shape (not one row of integer counts): each is
+    then asked on its own, in its turn, for its own error or answer.
     """
     columns = [f"(SELECT count() FROM {w}) AS n{i}" for i, w in enumerate(wheres)]
     names = {f"n{i}" for i in range(len(wheres))} | ({"v"} if version else set())
@@ -209,7 +210,10 @@ def _operator_counts(
     except ClickHouseServerError:
         return {}, None
     if len(rows) != 1 or set(rows[0]) != names:
-        return dict.fromkeys(wheres, True), None  # as a malformed count answers alone
+        return {}, None
+    found = [rows[0][f"n{i}"] for i in range(len(wheres))]
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in found):
+        return {}, None
     seen = rows[0].get("v")
     counts = {w: rows[0][f"n{i}"] != 0 for i, w in enumerate(wheres)}
     return counts, seen if isinstance(seen, str) else None

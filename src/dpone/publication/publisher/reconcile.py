@@ -8,11 +8,9 @@ credentials and never calls the executor.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
-from dpone.connectors.http_connections import both
 from dpone.contracts.composition_snapshot import (
     TERMINAL,
     ReconcileFacts,
@@ -187,12 +185,10 @@ class Reconcile:
         dispatch: RecordDispatch | None,
         tables: bool = True,
     ) -> ReconcileFacts:
-        # Two independent reads, asked at once: both names' identities, and the query
-        # log's account of the EXCHANGE (a flush, then its rows).
-        observation, finishes = both(
-            functools.partial(self._identities, intent, tables),
-            functools.partial(self._exchange_finishes, intent),
-        )
+        # In this order, never side by side: the query log is flushed and read after
+        # the names were, so an EXCHANGE that made the names observed is in it.
+        observation = self._identities(intent, tables)
+        finishes = self._exchange_finishes(intent)
         target = None if observation is None else observation.target
         generation = None if observation is None else observation.generation
         return ReconcileFacts(
