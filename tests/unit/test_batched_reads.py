@@ -7,8 +7,10 @@ from collections.abc import Mapping
 
 import pytest
 
-from dpone.connectors.batched_reads import batched_columns, split_answers
-from dpone.ports.clickhouse_errors import OutcomeUnknown
+from dpone.connectors.batched_reads import ask_together, batched_columns, split_answers
+from dpone.errors import TransportError
+from dpone.ports.clickhouse_errors import ClickHouseServerError, OutcomeUnknown, TransportDeadline
+from dpone.ports.clickhouse_request import ClickHouseRequest
 from dpone.ports.clickhouse_result import QueryResult
 
 
@@ -55,3 +57,53 @@ def test_a_line_that_is_not_a_json_row_is_refused_as_its_own_answer_would_be() -
         split_answers(_result({"r0": ['{"a": 1.5}']}), ["r0"])
     assert refused.value.code == "invalid_control_output"
     assert refused.value.details["query_id"] == "q-batch"
+
+
+class _Answers:
+    """A transport that answers each request with the next of ``outcomes`` (a result,
+    or an error to raise), keeping the statements it was asked."""
+
+    name = "answers"
+
+    def __init__(self, *outcomes: QueryResult | Exception) -> None:
+        self.outcomes = list(outcomes)
+        self.asked: list[str] = []
+
+    def execute(self, request: ClickHouseRequest, *, deadline: float) -> QueryResult:
+        self.asked.append(request.statement)
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+
+def test_asked_together_in_one_request_and_split() -> None:
+    transport = _Answers(_result({"id": "s", "r0": ['{"a":1}']}))
+    found = ask_together(transport, ["toString(1) AS id", "x AS r0"], ["r0"], "q", 9.0, suffix=" S")
+    assert found == ({"id": "s", "r0": ['{"a":1}']}, [[{"a": 1}]])
+    assert transport.asked == ["SELECT toString(1) AS id, x AS r0 S FORMAT JSONEachRow"]
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        ClickHouseServerError("unknown table", clickhouse_code=60),  # ran, refused
+        TransportError("over the budget", code="response_body_budget_exceeded"),
+        TransportError("over the cap", code="output_budget_exceeded"),
+        _result({"r1": []}),  # another shape
+    ],
+)
+def test_a_batch_refused_too_large_or_misshapen_is_none(outcome: QueryResult | Exception) -> None:
+    assert ask_together(_Answers(outcome), ["x AS r0"], ["r0"], "q", 9.0) is None
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        OutcomeUnknown("connection cut", code="connection_lost"),
+        TransportDeadline("late", code="deadline_exceeded"),
+    ],
+)
+def test_a_batch_lost_cut_or_late_is_that_failure(outcome: Exception) -> None:
+    with pytest.raises(type(outcome)):
+        ask_together(_Answers(outcome), ["x AS r0"], ["r0"], "q", 9.0)

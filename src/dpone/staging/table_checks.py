@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dpone.connectors.batched_reads import batched_columns, split_answers
+from dpone.connectors.batched_reads import ask_together, batched_columns
 from dpone.connectors.clickhouse_tables import table_exists
 from dpone.connectors.endpoint_identity import (
     EMPTY_SET_ANSWERS,
@@ -26,9 +26,7 @@ from dpone.connectors.endpoint_identity import (
     observe_identity,
 )
 from dpone.contracts.preparation import TargetColumn
-from dpone.errors import TransportError
 from dpone.ports.clickhouse import QueryPort
-from dpone.ports.clickhouse_errors import ClickHouseServerError
 from dpone.ports.clickhouse_request import read
 from dpone.sql import quote_identifier, quote_literal
 from dpone.staging.contract import PhysicalDesign, StagingError
@@ -87,8 +85,6 @@ def qualified_name(database: str, table: str) -> str:
 
 
 ENDPOINT = "endpoint"
-# A batch answer over the transport's response budget (HTTP, client).
-_TOO_LARGE = frozenset({"response_body_budget_exceeded", "output_budget_exceeded"})
 
 
 class StagingTableChecks:
@@ -137,20 +133,16 @@ class StagingTableChecks:
         if endpoint:
             columns.insert(0, endpoint_columns(self.database))
         query_id = self._read_id(purpose)
-        statement = f"SELECT {', '.join(columns)}{EMPTY_SET_ANSWERS} FORMAT JSONEachRow"
-        try:
-            result = self.transport.execute(
-                read(statement, query_id), deadline=self._bounded(deadline)
-            )
-        except ClickHouseServerError:
-            return  # it ran and failed: each check asks its own read, for its own error
-        except TransportError as exc:
-            if exc.code not in _TOO_LARGE:
-                raise  # lost, cut or late: the failure of the first read it holds
-            return  # too large together: each check asks its own read
-        split = split_answers(result, names)
+        split = ask_together(
+            self.transport,
+            columns,
+            names,
+            query_id,
+            self._bounded(deadline),
+            suffix=EMPTY_SET_ANSWERS,
+        )
         if split is None:
-            return  # an answer of another shape: each check asks its own read
+            return  # refused, too large or of another shape: each check asks its own read
         row, answers = split
         for name, answer in zip(reads, answers, strict=True):
             self._ready[name] = (query_id, answer)

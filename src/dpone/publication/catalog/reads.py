@@ -14,10 +14,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dpone.connectors.batched_reads import batched_columns, split_answers
+from dpone.connectors.batched_reads import ask_together, batched_columns
 from dpone.errors import DeadlineError, DponeError, StateError, TransportError
 from dpone.ports.clickhouse import QueryPort
-from dpone.ports.clickhouse_errors import ClickHouseServerError
 from dpone.ports.clickhouse_request import read
 
 _PURPOSE = re.compile(r"[a-z0-9_]{1,32}")
@@ -75,26 +74,17 @@ class CatalogReads:
         self._sequence += 1
         query_id = catalog_query_id(self._observation, purpose, self._sequence)
         names = [f"r{n}" for n in range(len(wanted))]
-        columns = ", ".join(
-            batched_columns([(n, sql) for n, (_, sql) in zip(names, wanted, strict=True)])
-        )
+        columns = batched_columns([(n, sql) for n, (_, sql) in zip(names, wanted, strict=True)])
         try:
-            result = self._transport.execute(
-                read(f"SELECT {columns} FORMAT JSONEachRow", query_id), deadline=self._deadline
-            )
-            split = split_answers(result, names)
-            if split is None:
-                return  # an answer of another shape: each read is asked on its own
-            answers = split[1]
-        except ClickHouseServerError:
-            return  # it ran and failed: each read is asked on its own, for its own error
+            split = ask_together(self._transport, columns, names, query_id, self._deadline)
         except (TransportError, DeadlineError) as exc:
-            if exc.code != "response_body_budget_exceeded":
-                # Lost, cut or late: never asked again behind the caller's back.
-                raise self._unobservable(purpose, query_id, exc) from exc
-            return  # too large together: each read is asked on its own
-        except (DponeError, ValueError, KeyError):
+            # Lost, cut or late: never asked again behind the caller's back.
+            raise self._unobservable(purpose, query_id, exc) from exc
+        except DponeError:
             return  # an answer of another shape: each read is asked on its own
+        if split is None:
+            return  # refused, too large or of another shape: each read on its own
+        answers = split[1]
         for key, answer in zip(wanted, answers, strict=True):
             self._ready[key] = (query_id, answer)
 
