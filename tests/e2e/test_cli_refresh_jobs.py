@@ -141,13 +141,22 @@ def _await_intents(process: subprocess.Popen[str], store: Path, count: int) -> N
         time.sleep(0.005)
 
 
+def _running_until_intents(
+    tmp_path: Path, server: dict[str, Any], tag: str, intents: int
+) -> tuple[Path, subprocess.Popen[str]]:
+    """A project of six tables of 20,000 rows, and its `refresh --all --jobs 3 --json`
+    still running once it stored ``intents`` intents."""
+    config = _project(tmp_path, server, 6, 20_000, tag)
+    process = _refreshing(["--all", "--jobs", "3", "--config", str(config), "--json"])
+    _await_intents(process, tmp_path / "store.sqlite", intents)
+    return config, process
+
+
 def test_the_run_killed_outright_leaves_what_status_names_and_resolves(
     tmp_path: Path, server: dict[str, Any]
 ) -> None:
-    config = _project(tmp_path, server, 6, 20_000, "kill")
-    store = tmp_path / "store.sqlite"
-    process = _refreshing(["--all", "--jobs", "3", "--config", str(config), "--json"])
-    _await_intents(process, store, 2)  # killed then: tables in several phases at once
+    # Killed once two intents are stored: tables in several phases at once.
+    config, process = _running_until_intents(tmp_path, server, "kill", 2)
     process.send_signal(signal.SIGKILL)
     out, _ = process.communicate(timeout=60)
     assert process.returncode == -signal.SIGKILL and out == "", out
@@ -173,10 +182,8 @@ def test_the_run_killed_outright_leaves_what_status_names_and_resolves(
 def test_a_signal_reaches_every_running_table_once_and_each_says_what_it_left(
     tmp_path: Path, server: dict[str, Any]
 ) -> None:
-    config = _project(tmp_path, server, 6, 20_000, "stop")
-    store = tmp_path / "store.sqlite"
-    process = _refreshing(["--all", "--jobs", "3", "--config", str(config), "--json"])
-    _await_intents(process, store, 3)  # stopped then: three tables are past their stage
+    # Stopped once three intents are stored: three tables are past their stage.
+    config, process = _running_until_intents(tmp_path, server, "stop", 3)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=180)
     assert process.returncode == 128 + signal.SIGINT, (out, err)

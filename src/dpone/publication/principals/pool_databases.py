@@ -215,7 +215,7 @@ def _operator_counts(
     if not all(isinstance(n, int) and not isinstance(n, bool) for n in found):
         return {}, None
     seen = rows[0].get("v")
-    counts = {w: rows[0][f"n{i}"] != 0 for i, w in enumerate(wheres)}
+    counts = {w: n != 0 for w, n in zip(wheres, found, strict=True)}
     return counts, seen if isinstance(seen, str) else None
 
 

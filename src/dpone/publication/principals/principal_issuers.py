@@ -174,8 +174,9 @@ class LocalPoolIssuer:
         While none is free and a holder of their last leases runs (another worker, or
         another table of ``--jobs``, staging, publishing or proving a closure: its
         process is alive, or on another host), it waits for one to be given back, up to
-        ``lease_wait_seconds`` from the last time one was given back or taken. Then, or at once when every holder is gone (leases and
-        closures an operator ends or proves, which status names), ``pool_exhausted``.
+        ``lease_wait_seconds`` from the last time one was given back or taken. Then, or
+        at once when every holder is gone (leases and closures an operator ends or
+        proves, which status names), ``pool_exhausted``.
         """
         _check_role(role)
         candidates = self._candidates[role]
